@@ -1,0 +1,12 @@
+"""The one module that knows TransformerLens: hooks, weights, scale, rotary, GQA, masks.
+
+Analyzers ask it for "the query of head h in layer l as scored" and never spell hook names.
+"""
+
+from tl_dynamics.adapter._host import HostInfo, LayerSpec, VERIFIED_HF_ATTENTION
+from tl_dynamics.adapter._layer import LayerAttention
+from tl_dynamics.adapter._model import Batch, ModelAdapter, Prompt
+from tl_dynamics.adapter._weights import HeadWeights
+
+__all__ = ["Batch", "HeadWeights", "HostInfo", "LayerAttention", "LayerSpec", "ModelAdapter",
+           "Prompt", "VERIFIED_HF_ATTENTION"]

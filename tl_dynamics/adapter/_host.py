@@ -1,0 +1,207 @@
+"""What a TransformerLens model is, and how each of its attention layers really scores.
+
+This module reads TransformerLens (and the wrapped Hugging Face modules) once per model and
+records, per layer, the facts the recomputation needs: score scale, soft-cap, sliding window,
+causality, rotary style, ALiBi. The cfg fields known to be wrong on the bridge (``attn_scale``
+is -1, no window, no ``query_pre_attn_scalar``) are never used; see
+``docs/host-surface.md`` in the shared folder for the measurements behind every rule here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from tl_dynamics.errors import TLDynamicsError
+
+Host = Literal["hooked", "bridge"]
+RotaryStyle = Literal["none", "hooked", "half", "interleaved"]
+
+# Hugging Face attention modules whose bridge surface was measured exact (host-surface.md §1).
+VERIFIED_HF_ATTENTION = {
+    "GPT2Attention": "gpt2", "GPTNeoSelfAttention": "gptneo", "GPTJAttention": "gptj",
+    "GPTNeoXAttention": "gptneox", "LlamaAttention": "llama", "MistralAttention": "mistral",
+    "Qwen2Attention": "qwen2", "Gemma2Attention": "gemma2", "Gemma3Attention": "gemma3",
+    "OPTAttention": "opt", "BloomAttention": "bloom", "PhiAttention": "phi",
+    "Phi3Attention": "phi3", "OlmoAttention": "olmo", "Olmo2Attention": "olmo2",
+    "StableLmAttention": "stablelm", "BertAttention": "bert",
+}
+# Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
+RECONSTRUCTING_BRIDGES = {
+    "PositionEmbeddingsAttentionBridge", "JointQKVAttentionBridge",
+    "JointQKVPositionEmbeddingsAttentionBridge", "BloomAttentionBridge",
+}
+# Bridge attention class that runs the HF module and fires hook_attn_scores on its weights.
+DELEGATING_BRIDGES = {"AttentionBridge"}
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """How one attention layer scores, as read from the model (not from cfg defaults).
+
+    Attributes:
+        scale: ``c`` in ``s = c <q, k> + bias``.
+        softcap: ``cap`` in ``cap * tanh(s / cap)``, or None.
+        window: sliding/local window ``w`` (key ``j`` allowed iff ``j > i - w``), or None.
+        causal: whether key ``j`` must satisfy ``j <= i``.
+        rotary: how q and k are rotated: ``"none"``; ``"hooked"`` (the model fires rotated
+            q/k hooks); ``"half"`` (rotate_half with the model's cos/sin on the first
+            ``rotary_dim`` dims); ``"interleaved"`` (GPT-J style, base ``rotary_base``).
+        alibi: ``"none"``, ``"key"`` (Bloom: ``slope_h * key_position``) or ``"relative"``
+            (HookedTransformer: ``slope_h * (j - i)``).
+        scores_hook: what the model's ``hook_attn_scores`` holds: ``"logits"`` (pre-softmax,
+            post-mask) or ``"pattern"`` (post-softmax weights, on delegating bridges).
+        qk_norm: whether q/k are normalised after their projections (q is then not linear
+            in the layer input).
+    """
+
+    layer: int
+    scale: float
+    softcap: float | None
+    window: int | None
+    causal: bool
+    rotary: RotaryStyle
+    rotary_dim: int | None
+    rotary_base: float | None
+    alibi: Literal["none", "key", "relative"]
+    scores_hook: Literal["logits", "pattern"]
+    qk_norm: bool
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    host: Host
+    tl_version: str
+    compat: bool
+    architecture: str
+    family: str
+
+
+def tl_version() -> str:
+    return getattr(importlib.import_module("transformer_lens"), "__version__", "unknown")
+
+
+def detect_host(model: Any) -> Host:
+    """``"hooked"`` or ``"bridge"``; a clear error for anything else."""
+    names = {cls.__name__ for cls in type(model).__mro__}
+    if "HookedTransformer" in names:
+        return "hooked"
+    if "TransformerBridge" in names:
+        return "bridge"
+    raise TLDynamicsError(
+        f"expected a TransformerLens model (HookedTransformer or TransformerBridge), "
+        f"got an object of type {type(model).__module__}.{type(model).__name__}")
+
+
+def host_info(model: Any) -> HostInfo:
+    host = detect_host(model)
+    if host == "hooked":
+        cfg = model.cfg
+        return HostInfo(host, tl_version(), False, str(cfg.original_architecture or "HookedTransformer"),
+                        "hooked")
+    orig = model.blocks[0].attn.original_component
+    family = VERIFIED_HF_ATTENTION.get(type(orig).__name__)
+    architecture = str(getattr(model.cfg, "architecture", None) or type(model.original_model).__name__)
+    if family is None:
+        raise TLDynamicsError(
+            f"unsupported architecture {architecture!r}: its attention module "
+            f"{type(orig).__name__} (bridged by {type(model.blocks[0].attn).__name__}) has not been "
+            f"verified to reproduce exactly; supported attention modules: "
+            f"{sorted(VERIFIED_HF_ATTENTION)}, or a HookedTransformer")
+    compat = bool(getattr(model, "compatibility_mode", False))
+    return HostInfo(host, tl_version(), compat, architecture, family)
+
+
+def layer_specs(model: Any, info: HostInfo) -> list[LayerSpec]:
+    if info.host == "hooked":
+        return [_hooked_spec(model, layer) for layer in range(model.cfg.n_layers)]
+    return [_bridge_spec(model, info, layer) for layer in range(model.cfg.n_layers)]
+
+
+def _hooked_spec(model: Any, layer: int) -> LayerSpec:
+    cfg = model.cfg
+    attn = model.blocks[layer].attn
+    for flag, what in (("use_logn_attn", "log-n attention scaling"),
+                       ("use_attention_sinks", "learned attention sinks")):
+        if getattr(cfg, flag, False):
+            raise TLDynamicsError(f"unsupported HookedTransformer config: {flag}=True ({what}) "
+                                  "is not part of the exact score recipe")
+    pos_type = cfg.positional_embedding_type
+    if pos_type not in ("standard", "rotary", "alibi", "shortformer"):
+        raise TLDynamicsError(f"unsupported positional_embedding_type {pos_type!r}; "
+                              "supported: standard, shortformer, rotary, alibi")
+    local = getattr(attn, "attn_type", "global") == "local"  # cfg.attn_types alone is not used
+    cap = getattr(cfg, "attn_scores_soft_cap", -1.0)
+    return LayerSpec(
+        layer=layer, scale=1.0 / float(attn.attn_scale),
+        softcap=float(cap) if cap and cap > 0 else None,
+        window=int(cfg.window_size) if local else None,
+        causal=cfg.attention_dir == "causal",
+        rotary="hooked" if pos_type == "rotary" else "none",
+        rotary_dim=cfg.rotary_dim if pos_type == "rotary" else None,
+        rotary_base=float(cfg.rotary_base) if pos_type == "rotary" else None,
+        alibi="relative" if pos_type == "alibi" else "none",
+        scores_hook="logits", qk_norm=False)
+
+
+def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
+    attn = model.blocks[layer].attn
+    orig = attn.original_component
+    hf_cfg = model.original_model.config
+    kind = type(attn).__name__
+    if kind not in RECONSTRUCTING_BRIDGES | DELEGATING_BRIDGES:
+        raise TLDynamicsError(f"unsupported attention bridge {kind} in layer {layer} of "
+                              f"{info.architecture}; supported: "
+                              f"{sorted(RECONSTRUCTING_BRIDGES | DELEGATING_BRIDGES)}")
+    family = info.family
+    if family == "gptneo":
+        scale = 1.0  # GPT-Neo does not scale its scores
+    elif family == "gptj":
+        scale = 1.0 / float(orig.scale_attn)
+    elif family == "bloom":
+        scale = float(orig.inv_norm_factor)
+    else:
+        scale = float(getattr(orig, "scaling", None) or orig.self.scaling)
+
+    cap = getattr(orig, "attn_logit_softcapping", None)
+    if hasattr(orig, "sliding_window"):
+        window = orig.sliding_window
+    elif hasattr(orig, "attention_type"):
+        window = hf_cfg.window_size if orig.attention_type == "local" else None
+    else:
+        window = getattr(hf_cfg, "sliding_window", None)
+
+    rotary: RotaryStyle = "none"
+    rotary_dim, base = None, None
+    if family == "gptj":
+        rotary, rotary_dim, base = "interleaved", int(orig.rotary_dim or model.cfg.d_head), 10000.0
+    elif model.cfg.positional_embedding_type == "rotary":
+        rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
+
+    # Encoder or decoder: from the HF module, since cfg.attention_dir is wrong for BERT on 3.9.
+    causal = bool(getattr(orig, "is_causal", getattr(getattr(orig, "self", None), "is_causal", True)))
+    if family == "bert":
+        causal = False
+    return LayerSpec(
+        layer=layer, scale=scale, softcap=float(cap) if cap else None,
+        window=int(window) if window else None, causal=causal,
+        rotary=rotary, rotary_dim=rotary_dim, rotary_base=base,
+        alibi="key" if family == "bloom" else "none",
+        scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
+        qk_norm=family in ("gemma3", "olmo2"))
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi head slopes as Bloom/HF build them (also HookedTransformer's multipliers)."""
+    closest = 2 ** math.floor(math.log2(n_heads))
+    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
+    slopes = [base ** (i + 1) for i in range(closest)]
+    if closest != n_heads:
+        extra_base = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
+        n_extra = min(closest, n_heads - closest)
+        slopes += [extra_base ** (2 * i + 1) for i in range(n_extra)]
+    return torch.tensor(slopes, dtype=torch.float32)

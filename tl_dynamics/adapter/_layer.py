@@ -1,0 +1,122 @@
+"""One attention layer's inputs as the model scored them, and the exact recomputation.
+
+Pure tensors: no model, no hooks. Everything the analyzers need is a method here, so the
+recipe ``s = c <q, k> + bias -> soft-cap -> mask -> softmax -> pattern @ v -> z @ W_O`` is
+written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from tl_dynamics.adapter._host import LayerSpec
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """Queries, keys and values of one layer exactly as the model scored them.
+
+    ``q``, ``k`` and ``v`` are float32, rotary applied where the architecture has it, with
+    grouped K/V heads already mapped to their query heads. ``allowed[b, i, j]`` says whether
+    query ``i`` may attend to key ``j`` (causal, sliding window and key padding together);
+    ``query_valid[b, i]`` is False on padding query rows, whose pattern is meaningless.
+    ``reference`` holds the model's own cached activations when they were asked for
+    (keys ``"scores"``, ``"pattern"``, ``"z"``, ``"out"``); ``spec.scores_hook`` says
+    whether ``"scores"`` holds logits or, on delegating bridges, the pattern itself.
+
+    Example:
+        >>> from tl_dynamics import testing
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> adapter = ModelAdapter(testing.tiny_model("llama"))     # doctest: +SKIP
+        >>> la = adapter.attention("def f(x): return x", layers=[0])[0]  # doctest: +SKIP
+        >>> la.pattern().shape                                      # doctest: +SKIP
+        torch.Size([1, 4, 9, 9])
+    """
+
+    spec: LayerSpec
+    q: Float[Tensor, "batch pos head d_head"]
+    k: Float[Tensor, "batch pos head d_head"]
+    v: Float[Tensor, "batch pos head d_head"]
+    position_bias: Float[Tensor, "batch head pos pos"] | None
+    allowed: Bool[Tensor, "batch pos pos"]
+    query_valid: Bool[Tensor, "batch pos"]
+    W_O: Float[Tensor, "head d_head d_model"]
+    b_O: Float[Tensor, " d_model"]
+    reference: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def layer(self) -> int:
+        return self.spec.layer
+
+    @property
+    def scale(self) -> float:
+        return self.spec.scale
+
+    @property
+    def softcap(self) -> float | None:
+        return self.spec.softcap
+
+    @property
+    def n_heads(self) -> int:
+        return self.q.shape[2]
+
+    def _heads(self, heads: Sequence[int] | None) -> slice | list[int]:
+        return slice(None) if heads is None else list(heads)
+
+    def bias(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"] | None:
+        """The additive position bias ``p_ij`` (ALiBi), or None when the model has none."""
+        if self.position_bias is None:
+            return None
+        return self.position_bias[:, self._heads(heads)]
+
+    def raw_scores(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
+        """``r_ij = c <q_i, k_j> + p_ij`` before soft-capping and masking."""
+        h = self._heads(heads)
+        r = torch.einsum("bihd,bjhd->bhij", self.q[:, :, h], self.k[:, :, h]) * self.scale
+        bias = self.bias(heads)
+        return r if bias is None else r + bias
+
+    def capped(self, raw: Float[Tensor, "batch head pos pos"]) -> Float[Tensor, "batch head pos pos"]:
+        """Apply the model's soft-cap (identity when it has none)."""
+        cap = self.softcap
+        return raw if cap is None else cap * torch.tanh(raw / cap)
+
+    def scores(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
+        """The pre-softmax scores the model's softmax sees on allowed entries (post-cap)."""
+        return self.capped(self.raw_scores(heads))
+
+    def masked_softmax(self, scores: Float[Tensor, "batch head pos pos"]) -> Float[Tensor, "batch head pos pos"]:
+        """Softmax over allowed keys; rows with no allowed key (pad queries) are all zero."""
+        allowed = self.allowed[:, None]
+        masked = scores.masked_fill(~allowed, float("-inf"))
+        empty = ~allowed.any(-1, keepdim=True)
+        return torch.softmax(masked.masked_fill(empty, 0.0), dim=-1).masked_fill(~allowed, 0.0)
+
+    def pattern(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
+        """The attention pattern, recomputed: equals the model's ``hook_pattern`` on valid rows."""
+        return self.masked_softmax(self.scores(heads))
+
+    def z(self, heads: Sequence[int] | None = None,
+          pattern: Tensor | None = None) -> Float[Tensor, "batch pos head d_head"]:
+        """``pattern @ v`` per head: equals the model's ``hook_z`` on valid rows."""
+        h = self._heads(heads)
+        pattern = self.pattern(heads) if pattern is None else pattern
+        return torch.einsum("bhij,bjhd->bihd", pattern, self.v[:, :, h])
+
+    def head_outputs(self, heads: Sequence[int] | None = None,
+                     z: Tensor | None = None) -> Float[Tensor, "batch pos head d_model"]:
+        """Per-head outputs ``z_h @ W_O[h]``; over all heads they sum (plus ``b_O``) to the
+        attention output."""
+        h = self._heads(heads)
+        z = self.z(heads) if z is None else z
+        return torch.einsum("bihd,hdm->bihm", z, self.W_O[h])
+
+    def source_outputs(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch pos head d_model"]:
+        """Per-source head outputs ``o_j = v_j @ W_O`` (the contextual MLP's outgoing weights)."""
+        h = self._heads(heads)
+        return torch.einsum("bjhd,hdm->bjhm", self.v[:, :, h], self.W_O[h])

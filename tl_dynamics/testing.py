@@ -1,0 +1,185 @@
+"""Tiny, randomly initialised models for tests, examples and benchmarks, built offline.
+
+Every architecture of the exactness matrix can be built from its Hugging Face config class
+and booted through ``TransformerBridge.boot_transformers`` from a local folder, and a set of
+``HookedTransformerConfig`` variants covers the legacy host. Nothing here touches a model hub.
+
+Example:
+    >>> from tl_dynamics import testing
+    >>> model = testing.tiny_model("llama")          # doctest: +SKIP
+    >>> model.cfg.n_layers                           # doctest: +SKIP
+    2
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tl_dynamics.errors import TLDynamicsError
+
+D_MODEL, N_HEADS, D_HEAD, N_LAYERS, N_CTX = 64, 4, 16, 2, 64
+INIT_STD = 0.2
+WINDOW = 4
+SOFTCAP = 2.0
+QUERY_PRE_ATTN_SCALAR = 32  # != D_HEAD, so a scale read from cfg.d_head would be wrong
+
+_COMMON = dict(num_hidden_layers=N_LAYERS, hidden_size=D_MODEL, num_attention_heads=N_HEADS,
+               intermediate_size=4 * D_MODEL, max_position_embeddings=N_CTX,
+               initializer_range=INIT_STD)
+_GQA = dict(num_key_value_heads=2)
+
+# arch name -> (transformers config class, model class, config kwargs)
+HF_ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             dict(n_layer=N_LAYERS, n_embd=D_MODEL, n_head=N_HEADS, n_positions=N_CTX,
+                  initializer_range=INIT_STD)),
+    "gptneo": ("GPTNeoConfig", "GPTNeoForCausalLM",
+               dict(num_layers=N_LAYERS, hidden_size=D_MODEL, num_heads=N_HEADS,
+                    attention_types=[[["global", "local"], 1]], window_size=WINDOW,
+                    max_position_embeddings=N_CTX, initializer_range=INIT_STD)),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM",
+             dict(n_layer=N_LAYERS, n_embd=D_MODEL, n_head=N_HEADS, rotary_dim=8,
+                  n_positions=N_CTX, initializer_range=INIT_STD)),
+    "gptneox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(_COMMON, rotary_pct=0.25)),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(_COMMON, **_GQA)),
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                dict(_COMMON, **_GQA, sliding_window=WINDOW)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(_COMMON, **_GQA)),
+    "qwen2-sliding": ("Qwen2Config", "Qwen2ForCausalLM",
+                      dict(_COMMON, **_GQA, use_sliding_window=True, sliding_window=WINDOW,
+                           max_window_layers=1,
+                           layer_types=["full_attention", "sliding_attention"])),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(_COMMON, **_GQA, head_dim=D_HEAD, query_pre_attn_scalar=QUERY_PRE_ATTN_SCALAR,
+                    attn_logit_softcapping=SOFTCAP, final_logit_softcapping=None,
+                    sliding_window=WINDOW)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(_COMMON, **_GQA, head_dim=D_HEAD, query_pre_attn_scalar=QUERY_PRE_ATTN_SCALAR,
+                    sliding_window=WINDOW,
+                    layer_types=["sliding_attention", "full_attention"])),
+    "opt": ("OPTConfig", "OPTForCausalLM",
+            dict(num_hidden_layers=N_LAYERS, hidden_size=D_MODEL, num_attention_heads=N_HEADS,
+                 ffn_dim=4 * D_MODEL, word_embed_proj_dim=D_MODEL,
+                 max_position_embeddings=N_CTX, init_std=INIT_STD)),
+    "bloom": ("BloomConfig", "BloomForCausalLM",
+              dict(n_layer=N_LAYERS, hidden_size=D_MODEL, n_head=N_HEADS,
+                   initializer_range=INIT_STD)),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(_COMMON, partial_rotary_factor=0.5)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_COMMON, pad_token_id=0)),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(_COMMON)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_COMMON)),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM",
+                 dict(_COMMON, num_key_value_heads=N_HEADS, partial_rotary_factor=0.25)),
+    "bert": ("BertConfig", "BertForMaskedLM",
+             dict(num_hidden_layers=N_LAYERS, hidden_size=D_MODEL, num_attention_heads=N_HEADS,
+                  intermediate_size=4 * D_MODEL, max_position_embeddings=N_CTX,
+                  initializer_range=INIT_STD)),
+}
+
+# HookedTransformerConfig variants (TransformerLens 3.x)
+_HT_BASE = dict(n_layers=N_LAYERS, d_model=D_MODEL, n_heads=N_HEADS, d_head=D_HEAD, n_ctx=N_CTX,
+                d_mlp=4 * D_MODEL, act_fn="gelu", initializer_range=INIT_STD, seed=0,
+                normalization_type="LN")
+HOOKED_VARIANTS: dict[str, dict[str, Any]] = {
+    "gpt2-like": dict(_HT_BASE),
+    "rotary": dict(_HT_BASE, positional_embedding_type="rotary", rotary_dim=8),
+    "gqa-rms": dict(_HT_BASE, positional_embedding_type="rotary", rotary_dim=D_HEAD,
+                    n_key_value_heads=2, normalization_type="RMS", act_fn="silu", gated_mlp=True),
+    "attn-only": dict(_HT_BASE, attn_only=True, d_mlp=None),
+    "no-norm": dict(_HT_BASE, normalization_type=None),
+    "ln-pre": dict(_HT_BASE, normalization_type="LNPre"),
+    "softcap": dict(_HT_BASE, attn_scores_soft_cap=SOFTCAP),
+    "alibi": dict(_HT_BASE, positional_embedding_type="alibi"),
+    "local": dict(_HT_BASE, attn_types=["global", "local"], window_size=WINDOW, use_local_attn=True),
+    "attn-scale-2": dict(_HT_BASE, attn_scale=2.0),
+    "bidirectional": dict(_HT_BASE, attention_dir="bidirectional"),
+}
+
+_CORPUS = (Path(__file__).parent / "testing.py", Path(torch.__file__).parent / "functional.py")
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer trained on local source files; pad = BOS = EOS = id 0."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    text = [p.read_text(errors="ignore")[:200_000] for p in _CORPUS if p.exists()]
+    tok.train_from_iterator(text, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   unk_token="<|endoftext|>")
+    # Round-trip through a folder: HookedTransformer re-loads tokenizers by name_or_path.
+    folder = Path(tempfile.mkdtemp(prefix="tl_dynamics_tok_"))
+    fast.save_pretrained(folder)
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
+
+
+def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -> Path:
+    """Save a tiny random Hugging Face model of ``arch`` (a key of ``HF_ARCHS``) to a folder."""
+    if arch not in HF_ARCHS:
+        raise TLDynamicsError(f"unknown tiny architecture {arch!r}; valid: {sorted(HF_ARCHS)}")
+    import transformers
+
+    config_name, model_name, kwargs = HF_ARCHS[arch]
+    tok = tokenizer()
+    config = getattr(transformers, config_name)(vocab_size=len(tok), bos_token_id=0,
+                                                eos_token_id=0, **kwargs)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).eval()
+    folder = Path(root or tempfile.mkdtemp(prefix="tl_dynamics_")) / arch
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def tiny_bridge(arch: str, compat: bool = False, root: str | os.PathLike | None = None):
+    """Boot a tiny random ``arch`` model with ``TransformerBridge.boot_transformers``."""
+    bridge_cls = bridge_class()
+    model = bridge_cls.boot_transformers(str(hf_folder(arch, root)), device="cpu")
+    if compat:
+        model.enable_compatibility_mode(disable_warnings=True)
+    return model.eval()
+
+
+def tiny_hooked(variant: str = "gpt2-like", **overrides: Any):
+    """Build a tiny random ``HookedTransformer`` (TransformerLens 3.x only)."""
+    if variant not in HOOKED_VARIANTS:
+        raise TLDynamicsError(f"unknown HookedTransformer variant {variant!r}; "
+                              f"valid: {sorted(HOOKED_VARIANTS)}")
+    tl = importlib.import_module("transformer_lens")
+    if not hasattr(tl, "HookedTransformer"):
+        raise TLDynamicsError("HookedTransformer is not available in transformer_lens "
+                              f"{getattr(tl, '__version__', '?')} (it was removed in 4.0)")
+    cfg = tl.HookedTransformerConfig(**{**HOOKED_VARIANTS[variant], **overrides},
+                                     d_vocab=len(tokenizer()))
+    model = tl.HookedTransformer(cfg, tokenizer=tokenizer())
+    return model.eval()
+
+
+def tiny_model(arch: str = "gpt2", compat: bool = False):
+    """A tiny random model on whichever host is installed: a bridge arch or a hooked variant."""
+    if arch in HF_ARCHS:
+        return tiny_bridge(arch, compat=compat)
+    return tiny_hooked(arch)
+
+
+def bridge_class():
+    """``TransformerBridge`` from wherever this TransformerLens version keeps it."""
+    tl = importlib.import_module("transformer_lens")
+    if hasattr(tl, "TransformerBridge"):
+        return tl.TransformerBridge
+    return importlib.import_module("transformer_lens.model_bridge").TransformerBridge
