@@ -128,6 +128,13 @@ def tokenizer(vocab_size: int = 512):
     return PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
 def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -> Path:
     """Save a tiny random Hugging Face model of ``arch`` (a key of ``HF_ARCHS``) to a folder."""
     if arch not in HF_ARCHS:
@@ -149,6 +156,7 @@ def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -
 def tiny_bridge(arch: str, compat: bool = False, root: str | os.PathLike | None = None):
     """Boot a tiny random ``arch`` model with ``TransformerBridge.boot_transformers``."""
     bridge_cls = bridge_class()
+    _quiet_transformers()
     model = bridge_cls.boot_transformers(str(hf_folder(arch, root)), device="cpu")
     if compat:
         model.enable_compatibility_mode(disable_warnings=True)
@@ -161,7 +169,7 @@ def tiny_hooked(variant: str = "gpt2-like", **overrides: Any):
         raise TLDynamicsError(f"unknown HookedTransformer variant {variant!r}; "
                               f"valid: {sorted(HOOKED_VARIANTS)}")
     tl = importlib.import_module("transformer_lens")
-    if not hasattr(tl, "HookedTransformer"):
+    if not has_hooked_transformer():
         raise TLDynamicsError("HookedTransformer is not available in transformer_lens "
                               f"{getattr(tl, '__version__', '?')} (it was removed in 4.0)")
     cfg = tl.HookedTransformerConfig(**{**HOOKED_VARIANTS[variant], **overrides},
@@ -175,6 +183,15 @@ def tiny_model(arch: str = "gpt2", compat: bool = False):
     if arch in HF_ARCHS:
         return tiny_bridge(arch, compat=compat)
     return tiny_hooked(arch)
+
+
+def has_hooked_transformer() -> bool:
+    """Whether this TransformerLens still ships ``HookedTransformer`` (3.x does, 4.x does not)."""
+    tl = importlib.import_module("transformer_lens")
+    try:
+        return getattr(tl, "HookedTransformer", None) is not None
+    except ImportError:  # 4.x raises ImportError with a migration note
+        return False
 
 
 def bridge_class():

@@ -310,6 +310,34 @@ class ModelAdapter:
             return None if pos_embed is None else _weights.model_param(pos_embed, "W_pos")
         return self._cached(("W_pos",), compute)
 
+    def final_norm(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        """The model's own final normalisation (identity where it has none), in float32."""
+        ln = getattr(self.model, "ln_final", None)
+        if ln is None:
+            return resid.float()
+        with torch.no_grad():
+            return ln(resid.to(self.dtype)).float()
+
+    def unembed(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+        """``x @ W_U + b_U`` (x already normalised)."""
+        return x.float() @ self.W_U + self.b_U
+
+    def logit_lens(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+        """Logits read from a residual-stream state as the model's own head would: final
+        normalisation, then unembedding. Equals the model's logits on the last ``resid_post``
+        for decoder language models (tested). Encoders raise: their MLM head is not a final
+        norm plus unembedding."""
+        if self.is_encoder:
+            raise TLDynamicsError(f"the logit lens is not applicable to the encoder "
+                                  f"{self.info.architecture}: its masked-LM head is not a final "
+                                  "normalisation followed by the unembedding")
+        return self.unembed(self.final_norm(resid))
+
+    @property
+    def is_encoder(self) -> bool:
+        """True for bidirectional (encoder) models."""
+        return any(not spec.causal for spec in self.specs)
+
     def hooked_alibi(self, layer: int, n_pos: int) -> Tensor:
         """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``."""
         from transformer_lens.components import AbstractAttention
