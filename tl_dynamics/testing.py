@@ -141,6 +141,7 @@ def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -
         raise TLDynamicsError(f"unknown tiny architecture {arch!r}; valid: {sorted(HF_ARCHS)}")
     import transformers
 
+    _quiet_transformers()
     config_name, model_name, kwargs = HF_ARCHS[arch]
     tok = tokenizer()
     config = getattr(transformers, config_name)(vocab_size=len(tok), bos_token_id=0,

@@ -1,0 +1,167 @@
+"""Builders mirroring circuitsvis's Python API, with token strings escaped.
+
+circuitsvis inserts token strings as raw HTML in ColoredTokens, ColoredTokensMulti, TopkTokens
+and TextNeuronActivations, so those builders escape them. AttentionHeads and AttentionPattern
+draw tokens on a canvas (chart.js axis labels), where text is never parsed as HTML: escaping
+there would display ``&lt;BOS&gt;``, so their tokens are passed as they are (checked in the
+browser tests: hostile tokens neither execute nor break the page, and read as written).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any, Sequence
+
+import numpy as np
+
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.viz._component import Component, escape_tokens, html_escape
+
+
+def _array(values: Any, ndim: int, what: str) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().float().numpy()
+    arr = np.asarray(values, dtype=np.float32)
+    if arr.ndim != ndim:
+        raise TLDynamicsError(f"{what} must have {ndim} dimensions, got shape {arr.shape}")
+    return arr
+
+
+def _check_tokens(tokens: Sequence[str], n: int, what: str) -> None:
+    if len(tokens) != n:
+        raise TLDynamicsError(f"{what}: {len(tokens)} tokens but the values cover {n} positions")
+
+
+def attention_heads(attention: Any, tokens: Sequence[str], head_names: Sequence[str] | None = None,
+                    max_value: float | None = None, min_value: float | None = None,
+                    mask_upper_tri: bool | None = None, caption: str = "") -> Component:
+    """Grid of attention patterns ``[head, dest, src]`` with a zoomed view (AttentionHeads)."""
+    arr = _array(attention, 3, "attention")
+    _check_tokens(tokens, arr.shape[-1], "attention_heads")
+    names = None if head_names is None else [str(n) for n in head_names]
+    if names is not None and len(names) != arr.shape[0]:
+        raise TLDynamicsError(f"{len(names)} head names for {arr.shape[0]} heads")
+    return Component("AttentionHeads", dict(
+        attention=arr, tokens=[str(t) for t in tokens], attentionHeadNames=names,
+        maxValue=max_value, minValue=min_value, maskUpperTri=mask_upper_tri), caption=caption)
+
+
+def attention_pattern(tokens: Sequence[str], attention: Any, caption: str = "",
+                      **options: Any) -> Component:
+    """One ``[dest, src]`` pattern (AttentionPattern)."""
+    arr = _array(attention, 2, "attention")
+    _check_tokens(tokens, arr.shape[-1], "attention_pattern")
+    return Component("AttentionPattern", dict(tokens=[str(t) for t in tokens], attention=arr,
+                                              **_camel(options)), caption=caption)
+
+
+def colored_tokens(tokens: Sequence[str], values: Any, min_value: float | None = None,
+                   max_value: float | None = None, caption: str = "", **options: Any) -> Component:
+    """Tokens coloured by one value each (ColoredTokens)."""
+    arr = _array(values, 1, "values")
+    _check_tokens(tokens, arr.shape[0], "colored_tokens")
+    return Component("ColoredTokens", dict(tokens=escape_tokens(tokens), values=arr,
+                                           minValue=min_value, maxValue=max_value,
+                                           **_camel(options)), caption=caption)
+
+
+def colored_tokens_multi(tokens: Sequence[str], values: Any, labels: Sequence[str] | None = None,
+                         caption: str = "") -> Component:
+    """Tokens with several values each ``[tokens, K]``, selectable (ColoredTokensMulti)."""
+    arr = _array(values, 2, "values")
+    _check_tokens(tokens, arr.shape[0], "colored_tokens_multi")
+    return Component("ColoredTokensMulti", dict(
+        tokens=escape_tokens(tokens), values=arr,
+        labels=None if labels is None else [html_escape(x) for x in labels]), caption=caption)
+
+
+def text_neuron_activations(tokens: Sequence[str], activations: Any,
+                            first_dimension_name: str = "Layer",
+                            second_dimension_name: str = "Neuron",
+                            first_dimension_labels: Sequence[str] | None = None,
+                            second_dimension_labels: Sequence[str] | None = None,
+                            caption: str = "") -> Component:
+    """Per-token activations ``[tokens, first_dim, second_dim]`` (TextNeuronActivations)."""
+    arr = _array(activations, 3, "activations")
+    _check_tokens(tokens, arr.shape[0], "text_neuron_activations")
+    labels = (lambda xs: None if xs is None else [html_escape(x) for x in xs])
+    return Component("TextNeuronActivations", dict(
+        tokens=escape_tokens(tokens), activations=arr,
+        firstDimensionName=html_escape(first_dimension_name),
+        secondDimensionName=html_escape(second_dimension_name),
+        firstDimensionLabels=labels(first_dimension_labels),
+        secondDimensionLabels=labels(second_dimension_labels)), caption=caption)
+
+
+def topk_tokens(tokens: Sequence[Sequence[str]], activations: Sequence[Any], max_k: int = 7,
+                first_dimension_name: str = "Layer", third_dimension_name: str = "Neuron",
+                sample_labels: Sequence[str] | None = None, caption: str = "") -> Component:
+    """Top-k and bottom-k tokens per neuron; ``activations[s]`` is ``[layers, tokens, neurons]``."""
+    if len(tokens) != len(activations):
+        raise TLDynamicsError(f"{len(tokens)} token lists for {len(activations)} samples")
+    top_v, top_i, bot_v, bot_i = [], [], [], []
+    for toks, act in zip(tokens, activations):
+        arr = _array(act, 3, "activations[sample]")
+        _check_tokens(toks, arr.shape[1], "topk_tokens")
+        k = min(arr.shape[1], max_k)
+        order = np.argsort(-arr, axis=1, kind="stable")
+        top = order[:, :k]
+        bottom = order[:, ::-1][:, :k]
+        top_v.append(np.take_along_axis(arr, top, 1))
+        top_i.append(top)
+        bot_v.append(np.take_along_axis(arr, bottom, 1))
+        bot_i.append(bottom)
+    return Component("TopkTokens", dict(
+        tokens=[escape_tokens(t) for t in tokens], topkVals=top_v, topkIdxs=top_i,
+        bottomkVals=bot_v, bottomkIdxs=bot_i,
+        firstDimensionName=html_escape(first_dimension_name),
+        thirdDimensionName=html_escape(third_dimension_name),
+        sampleLabels=None if sample_labels is None else [html_escape(s) for s in sample_labels]),
+        caption=caption)
+
+
+def figure(fig: Any, caption: str = "", close: bool = True) -> Component:
+    """A matplotlib figure as an inline PNG (no network, no script)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    if close:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return Component(html=f'<img class="tld-figure" alt="{html_escape(caption or "figure")}" '
+                          f'src="data:image/png;base64,{data}">', caption=caption)
+
+
+def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{:.4g}") -> Component:
+    """A pandas DataFrame as an HTML table; every cell is escaped."""
+    shown = df.head(max_rows)
+    head = "".join(f"<th>{html_escape(c)}</th>" for c in [shown.index.name or ""] + list(shown.columns))
+    rows = []
+    for index, row in shown.iterrows():
+        cells = [index] + list(row.values)
+        rows.append("<tr>" + "".join(f"<td>{html_escape(_fmt(v, float_format))}</td>" for v in cells)
+                    + "</tr>")
+    more = f'<p class="caption">{len(df) - max_rows} more rows not shown</p>' if len(df) > max_rows else ""
+    return Component(html=f'<table class="tld-table"><thead><tr>{head}</tr></thead>'
+                          f'<tbody>{"".join(rows)}</tbody></table>{more}', caption=caption)
+
+
+def text(body: str, caption: str = "") -> Component:
+    """A paragraph of plain (escaped) text."""
+    return Component(html=f"<p>{html_escape(body)}</p>", caption=caption)
+
+
+def _fmt(value: Any, float_format: str) -> str:
+    if isinstance(value, (float, np.floating)):
+        return float_format.format(value)
+    return str(value)
+
+
+def _camel(options: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in options.items():
+        head, *rest = key.split("_")
+        out[head + "".join(word.title() for word in rest)] = value
+    return out
