@@ -1,0 +1,216 @@
+"""``ContextualMLP``: one head of one prompt, written as an MLP per destination position."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from tl_dynamics.contextual_mlp import _core
+from tl_dynamics.contextual_mlp._frame import RotaryFrame
+from tl_dynamics.contextual_mlp._results import Evaluation, Exactness, Neurons
+from tl_dynamics.errors import TLDynamicsError
+
+DEFAULT_CHUNK = 4096  # query inputs evaluated at once: chunk x (n_src + d_head + d_model) floats
+
+
+@dataclass(frozen=True)
+class ContextualMLP:
+    """Head ``head`` of layer ``layer`` on one prompt row, as a contextual MLP per destination.
+
+    Stored (memory ``O(pos * (d_model + d_head) + pos^2)`` floats): the query inputs ``x``, the
+    scored keys, the outgoing weights ``a_i = v_i W_O`` (independent of the destination), the
+    head's ``W_Q``/``b_Q``, masks and position bias, and the rotary frame. The incoming weights
+    ``b_i`` (``[n_src, d_model]`` per destination) are built only by ``neurons(T)`` or, for all
+    destinations at once (``[pos, pos, d_model]``), by ``incoming_all()``; evaluation never
+    forms them.
+
+    Example:
+        >>> from tl_dynamics import contextual_mlp, testing
+        >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layer=1, head=0)
+        >>> n = mlp.neurons(3)                      # the MLP at destination 3: 4 neurons
+        >>> n.a.shape, n.b.shape, n.c.shape
+        (torch.Size([4, 64]), torch.Size([4, 64]), torch.Size([4]))
+        >>> bool((mlp.evaluate(mlp.x[3], 3).outputs[0] - mlp.output(3)).abs().max() < 1e-5)
+        True
+    """
+
+    layer: int
+    head: int
+    row: int
+    architecture: str
+    tokens: Int[Tensor, " pos"] | None
+    str_tokens: tuple[str, ...]
+    x: Float[Tensor, "pos d_model"]
+    keys: Float[Tensor, "pos d_head"]
+    outgoing: Float[Tensor, "pos d_model"]
+    W_Q: Float[Tensor, "d_model d_head"]
+    b_Q: Float[Tensor, " d_head"]
+    scale: float
+    softcap: float | None
+    allowed: Bool[Tensor, "pos pos"]
+    query_valid: Bool[Tensor, " pos"]
+    bias: Float[Tensor, "pos pos"] | None
+    frame: RotaryFrame
+    reference_pattern: Float[Tensor, "pos pos"] | None = None
+    reference_output: Float[Tensor, "pos d_model"] | None = None
+
+    def __repr__(self) -> str:
+        return (f"ContextualMLP({self.architecture}, layer={self.layer}, head={self.head}, "
+                f"row={self.row}, positions={self.n_pos}, d_model={self.d_model})")
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def n_pos(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def d_model(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def positions(self) -> list[int]:
+        """Destinations with a real query (padding rows excluded)."""
+        return [int(p) for p in torch.nonzero(self.query_valid).flatten()]
+
+    def check_position(self, position: int) -> int:
+        """``position`` as a valid destination index (negative counts from the end)."""
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise TLDynamicsError(f"position must be an int, got {position!r}")
+        pos = position + self.n_pos if position < 0 else position
+        if not 0 <= pos < self.n_pos:
+            raise TLDynamicsError(f"position {position} is out of range: this prompt has "
+                                  f"{self.n_pos} positions (valid: 0..{self.n_pos - 1} or "
+                                  f"-{self.n_pos}..-1)")
+        if not bool(self.query_valid[pos]):
+            raise TLDynamicsError(f"position {position} is padding (its query attends nowhere); "
+                                  f"valid destinations: {self.positions}")
+        return pos
+
+    def sources(self, position: int) -> Int[Tensor, " src"]:
+        """The hidden neurons at ``position``: the source positions its query may attend to."""
+        return torch.nonzero(self.allowed[self.check_position(position)]).flatten()
+
+    def query_frame_keys(self, position: int) -> Float[Tensor, "src d_head"]:
+        """The allowed keys rotated back into the query's frame at ``position``."""
+        pos = self.check_position(position)
+        return self.frame.to_query_frame(self.keys[self.sources(pos)], pos)
+
+    def _bias(self, pos: int, src: Tensor) -> Tensor | None:
+        return None if self.bias is None else self.bias[pos, src]
+
+    # ------------------------------------------------------------------ weights
+    def neurons(self, position: int) -> Neurons:
+        """``a_i``, ``b_i``, ``c_i`` of every neuron at ``position`` (builds ``[n_src, d_model]``)."""
+        pos = self.check_position(position)
+        src = self.sources(pos)
+        b, c = _core.incoming_weights(self.W_Q, self.b_Q, self.query_frame_keys(pos), self.scale,
+                                      self._bias(pos, src))
+        acts = _core.hidden((b @ self.x[pos] + c)[None], self.softcap)[0]
+        return Neurons(layer=self.layer, head=self.head, position=pos, sources=src,
+                       source_tokens=tuple(self.str_tokens[i] for i in src.tolist()),
+                       a=self.outgoing[src], b=b, c=c, activations=acts, softcap=self.softcap)
+
+    def incoming_all(self) -> tuple[Float[Tensor, "pos pos d_model"], Float[Tensor, "pos pos"]]:
+        """All incoming weights and biases ``[dest, src, d_model]``, ``[dest, src]`` (zero where not
+        allowed). Memory: ``pos^2 * d_model`` floats; prefer ``neurons(T)`` one destination at a
+        time for long prompts."""
+        b_all = torch.zeros(self.n_pos, self.n_pos, self.d_model)
+        c_all = torch.zeros(self.n_pos, self.n_pos)
+        for pos in self.positions:
+            n = self.neurons(pos)
+            b_all[pos, n.sources], c_all[pos, n.sources] = n.b, n.c
+        return b_all, c_all
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, x: Float[Tensor, "... d_model"], position: int,
+                 chunk_size: int = DEFAULT_CHUNK, keep_outputs: bool = True,
+                 labels: list[str] | None = None) -> Evaluation:
+        """Run the MLP of ``position`` (its context fixed) on arbitrary query inputs ``x``.
+
+        ``x`` is ``[d_model]`` or ``[n, d_model]`` in the space the layer's W_Q reads (after the
+        layer's input normalisation). Evaluated ``chunk_size`` rows at a time; outputs
+        (``[n, d_model]``) are kept only with ``keep_outputs``.
+        """
+        pos = self.check_position(position)
+        xs = torch.as_tensor(x, dtype=torch.float32)
+        xs = xs[None] if xs.ndim == 1 else xs
+        if xs.ndim != 2 or xs.shape[1] != self.d_model:
+            raise TLDynamicsError(f"query inputs must be [d_model] or [n, d_model] with d_model="
+                                  f"{self.d_model}, got {tuple(torch.as_tensor(x).shape)}")
+        if chunk_size < 1:
+            raise TLDynamicsError(f"chunk_size must be >= 1, got {chunk_size}")
+        src = self.sources(pos)
+        keys, bias = self.query_frame_keys(pos), self._bias(pos, src)
+        acts, outs = [], []
+        for start in range(0, xs.shape[0], chunk_size):
+            q = xs[start:start + chunk_size] @ self.W_Q + self.b_Q
+            h = _core.hidden(_core.preactivations(q, keys, self.scale, bias), self.softcap)
+            acts.append(h)
+            if keep_outputs:
+                outs.append(_core.output(h, self.outgoing[src]))
+        h = torch.cat(acts)
+        return Evaluation(
+            layer=self.layer, head=self.head, position=pos, sources=src,
+            source_tokens=tuple(self.str_tokens[i] for i in src.tolist()),
+            activations=h, outputs=torch.cat(outs) if keep_outputs else None,
+            winners=src[h.argmax(-1)], labels=tuple(labels) if labels is not None else
+            tuple(f"x{i}" for i in range(h.shape[0])))
+
+    def activations(self, position: int) -> Float[Tensor, " src"]:
+        """Hidden activations at the real query input (the pattern row over ``sources``)."""
+        return self.evaluate(self.x[self.check_position(position)], position,
+                             keep_outputs=False).activations[0]
+
+    def output(self, position: int) -> Float[Tensor, " d_model"]:
+        """``g(x_T)``: the head's output at ``position`` (before ``b_O``)."""
+        return self.evaluate(self.x[self.check_position(position)], position).outputs[0]
+
+    def pattern(self) -> Float[Tensor, "pos pos"]:
+        """Activations at the real inputs for every destination, as a ``[dest, src]`` pattern."""
+        out = torch.zeros(self.n_pos, self.n_pos)
+        for pos in self.positions:
+            out[pos, self.sources(pos)] = self.activations(pos)
+        return out
+
+    def importance(self, position: int) -> Float[Tensor, " src"]:
+        """``activation_i * |a_i|`` at the real query input of ``position``."""
+        return _core.importance(self.activations(position), self.outgoing[self.sources(position)])
+
+    def winner(self, position: int) -> int:
+        """The source position of the most active neuron at the real query input."""
+        return int(self.sources(position)[self.activations(position).argmax()])
+
+    # ------------------------------------------------------------------ checks and views
+    def exactness(self) -> Exactness:
+        """Compare, at every real destination, the MLP built from explicit ``(a_i, b_i, c_i)``
+        with the model's own head output (``z_h W_O[h]``) and pattern row."""
+        if self.reference_output is None or self.reference_pattern is None:
+            raise TLDynamicsError("this ContextualMLP holds no reference activations; build it "
+                                  "with reference=True to check exactness")
+        positions = self.positions
+        out_err, pat_err = torch.zeros(len(positions)), torch.zeros(len(positions))
+        for n, pos in enumerate(positions):
+            neurons = self.neurons(pos)
+            g = neurons.activations @ neurons.a
+            row = torch.zeros(self.n_pos)
+            row[neurons.sources] = neurons.activations
+            out_err[n] = (g - self.reference_output[pos]).abs().max()
+            pat_err[n] = (row - self.reference_pattern[pos]).abs().max()
+        return Exactness(layer=self.layer, head=self.head, architecture=self.architecture,
+                         positions=tuple(positions), output_error=out_err, pattern_error=pat_err)
+
+    def to_dataframe(self, positions: list[int] | None = None) -> pd.DataFrame:
+        """One row per (destination, neuron): activation, importance, ``|a_i|``, ``|b_i|``, ``c_i``."""
+        frames = [self.neurons(p).to_dataframe() for p in (positions or self.positions)]
+        return pd.concat(frames, ignore_index=True)
+
+    def show(self, position: int | None = None):
+        """Neurons = source tokens. Without ``position``: every destination's hidden activations
+        (``text_neuron_activations``); with it: that destination's neurons and their importance."""
+        from tl_dynamics.contextual_mlp import _views
+
+        return _views.show_mlp(self, position)

@@ -1,0 +1,123 @@
+"""Frozen result objects: one destination's neurons, an evaluation, an exactness check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Neurons:
+    """The contextual MLP of one head at one destination ``position``.
+
+    ``a`` (outgoing), ``b`` (incoming) are ``[n_src, d_model]``, ``c`` (biases) ``[n_src]``;
+    ``activations`` are the normalised hidden activations at the real query input (the pattern
+    row over ``sources``).
+    """
+
+    layer: int
+    head: int
+    position: int
+    sources: Int[Tensor, " src"]
+    source_tokens: tuple[str, ...]
+    a: Float[Tensor, "src d_model"]
+    b: Float[Tensor, "src d_model"]
+    c: Float[Tensor, " src"]
+    activations: Float[Tensor, " src"]
+    softcap: float | None = None
+
+    @property
+    def importance(self) -> Float[Tensor, " src"]:
+        """``activation_i * |a_i|``."""
+        return self.activations * self.a.norm(dim=-1)
+
+    @property
+    def winner(self) -> int:
+        """Source position of the most active neuron."""
+        return int(self.sources[self.activations.argmax()])
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return pd.DataFrame({
+            "layer": self.layer, "head": self.head, "position": self.position,
+            "source": self.sources.tolist(), "token": list(self.source_tokens),
+            "activation": self.activations.tolist(), "importance": self.importance.tolist(),
+            "a_norm": self.a.norm(dim=-1).tolist(), "b_norm": self.b.norm(dim=-1).tolist(),
+            "c": self.c.tolist()})
+
+    def show(self):
+        from tl_dynamics import viz
+
+        return viz.table(self.to_dataframe(), caption=f"L{self.layer}H{self.head} neurons at "
+                         f"destination {self.position}")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A head's contextual MLP at ``position`` evaluated on ``n`` query inputs.
+
+    ``activations[n, src]`` over the neurons ``sources``; ``winners[n]`` the source position of
+    the most active neuron per input; ``outputs[n, d_model]`` (None unless kept).
+    """
+
+    layer: int
+    head: int
+    position: int
+    sources: Int[Tensor, " src"]
+    source_tokens: tuple[str, ...]
+    activations: Float[Tensor, "n src"]
+    outputs: Float[Tensor, "n d_model"] | None
+    winners: Int[Tensor, " n"]
+    labels: tuple[str, ...]
+
+    def winner_tokens(self) -> list[str]:
+        lookup = dict(zip(self.sources.tolist(), self.source_tokens))
+        return [lookup[int(w)] for w in self.winners]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        df = pd.DataFrame({
+            "input": list(self.labels), "winner": self.winners.tolist(),
+            "winner_token": self.winner_tokens(),
+            "winner_activation": self.activations.max(-1).values.tolist()})
+        if self.outputs is not None:
+            df["output_norm"] = self.outputs.norm(dim=-1).tolist()
+        df.insert(0, "position", self.position)
+        return df
+
+    def show(self, max_k: int = 7):
+        """Each input's activations over the neurons (source tokens), top-k neurons per input."""
+        from tl_dynamics import viz
+
+        acts = self.activations.T[None]  # [layers=1, tokens=src, neurons=inputs]
+        return viz.topk_tokens([list(self.source_tokens)], [acts], max_k=max_k,
+                               first_dimension_name="Head", third_dimension_name="Query input",
+                               caption=f"L{self.layer}H{self.head} at destination "
+                               f"{self.position}: most active neurons (source tokens) per query")
+
+
+@dataclass(frozen=True)
+class Exactness:
+    """Max abs errors per destination of the explicit MLP against the model's own activations."""
+
+    layer: int
+    head: int
+    architecture: str
+    positions: tuple[int, ...]
+    output_error: Float[Tensor, " n"]
+    pattern_error: Float[Tensor, " n"]
+
+    @property
+    def max_output_error(self) -> float:
+        return float(self.output_error.max()) if len(self.positions) else 0.0
+
+    @property
+    def max_pattern_error(self) -> float:
+        return float(self.pattern_error.max()) if len(self.positions) else 0.0
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return pd.DataFrame({"architecture": self.architecture, "layer": self.layer,
+                             "head": self.head, "position": list(self.positions),
+                             "output_error": self.output_error.tolist(),
+                             "pattern_error": self.pattern_error.tolist()})
