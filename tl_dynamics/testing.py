@@ -201,3 +201,41 @@ def bridge_class():
     if hasattr(tl, "TransformerBridge"):
         return tl.TransformerBridge
     return importlib.import_module("transformer_lens.model_bridge").TransformerBridge
+
+
+@functools.lru_cache(maxsize=None)
+def cached_model(arch: str, compat: bool = False):
+    """``tiny_model`` built once per process (tests share it; do not mutate it)."""
+    return tiny_model(arch, compat=compat)
+
+
+PROMPTS = ("def f(x): return x + 1", "import os\nprint(os.path.join('a', 'b'))  # longer line")
+
+
+def reconstruction_errors(adapter, prompt=PROMPTS, padding_side: str = "right") -> dict[str, float]:
+    """Largest absolute differences between the adapter's recomputation and the model's own
+    cached activations, over valid query rows: ``scores`` (where the scores hook holds logits;
+    NaN otherwise), ``pattern``, ``z``, ``out`` (head outputs summed plus ``b_O`` against the
+    attention output), ``scores_hook_is_pattern`` (1.0 where the cache's scores equal its pattern).
+    """
+    worst = {"scores": float("nan"), "pattern": 0.0, "z": 0.0, "out": 0.0,
+             "scores_hook_is_pattern": 0.0}
+    for la in adapter.attention(prompt, reference=True, padding_side=padding_side).values():
+        ref, rows = la.reference, la.query_valid
+        pattern = la.pattern()
+        worst["pattern"] = max(worst["pattern"], _masked_max(pattern - ref["pattern"], rows[:, None, :, None]))
+        if la.spec.scores_hook == "logits":
+            keep = la.allowed[:, None] & rows[:, None, :, None]
+            err = (la.scores() - ref["scores"]).abs().masked_fill(~keep, 0.0).max().item()
+            worst["scores"] = err if worst["scores"] != worst["scores"] else max(worst["scores"], err)
+        elif torch.equal(ref["scores"], ref["pattern"]):
+            worst["scores_hook_is_pattern"] = 1.0
+        z = la.z(pattern=pattern)
+        worst["z"] = max(worst["z"], _masked_max(z - ref["z"], rows[:, :, None, None]))
+        out = la.head_outputs(z=z).sum(2) + la.b_O
+        worst["out"] = max(worst["out"], _masked_max(out - ref["out"], rows[:, :, None]))
+    return worst
+
+
+def _masked_max(diff: torch.Tensor, keep: torch.Tensor) -> float:
+    return (diff.abs() * keep).max().item()

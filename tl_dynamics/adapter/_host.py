@@ -82,7 +82,12 @@ class HostInfo:
 
 
 def tl_version() -> str:
-    return getattr(importlib.import_module("transformer_lens"), "__version__", "unknown")
+    from importlib import metadata
+
+    try:
+        return metadata.version("transformer-lens")
+    except metadata.PackageNotFoundError:
+        return getattr(importlib.import_module("transformer_lens"), "__version__", "unknown")
 
 
 def detect_host(model: Any) -> Host:

@@ -137,7 +137,7 @@ class ModelAdapter:
                 raise TLDynamicsError("prompt is empty: give at least one character of text")
             if self.model.tokenizer is None:
                 raise TLDynamicsError("this model has no tokenizer: pass a token tensor instead")
-            tokens = self.model.to_tokens(texts, padding_side=padding_side)
+            tokens = self.model.to_tokens(texts, padding_side=padding_side, truncate=False)
             key_valid = self._padding_mask(tokens, padding_side) if len(texts) > 1 else \
                 torch.ones_like(tokens, dtype=torch.bool)
         if tokens.shape[1] == 0:
