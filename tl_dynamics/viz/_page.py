@@ -44,6 +44,7 @@ class Page:
     title: str
     meta: list[tuple[str, str]] = field(default_factory=list)
     sections: list[Section] = field(default_factory=list)
+    failed_sections: list[str] = field(default_factory=list)
 
     def add_section(self, title: str, items: list[Item], intro: str = "") -> Section:
         section = Section(title, list(items), intro)

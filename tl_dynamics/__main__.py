@@ -1,0 +1,5 @@
+import sys
+
+from tl_dynamics.cli import main
+
+sys.exit(main())
