@@ -1,0 +1,147 @@
+"""Seed the particle dynamics from one attention head of a real model (through the adapter only).
+
+The mapping, in the paper's column convention (``<Q x, K y>``, ``V x``), for a head with
+TransformerLens weights ``W_Q, W_K, W_V: [d_model, d_head]``, ``W_O: [d_head, d_model]``
+and score multiplier ``c`` (scores are ``c <x W_Q, y W_K>``):
+
+    Q := W_Q^T,  K := W_K^T   (so Q^T K = W_Q W_K^T, the head's bilinear QK form, [d_model, d_model])
+    V := (W_V W_O)^T          (x V_row = x W_V W_O is the head's OV map on row vectors)
+    beta := c * radius^2
+
+so particles live on ``S^{d_model - 1}``. What this drops: the biases ``b_Q, b_K, b_V,
+b_O``; the input normalisation (its gain and centring; particles are plain unit
+vectors); positional information (rotary, ALiBi, learned positions), the causal mask
+unless you pass ``causal=True`` to :func:`simulate`; the other heads, the MLPs, and the
+fact that a real model changes weights from layer to layer (here one head acts for all
+time). ``radius`` is the norm of the vectors the head really scores: a LayerNorm output
+has norm about ``sqrt(d_model)`` times its gain, so ``radius=sqrt(d_model)`` gives the
+model's own score scale, while ``radius=1`` (default) keeps ``beta = c`` as the issue asks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tl_dynamics.errors import TLDynamicsError
+
+from ._checks import Problems, shape_str
+
+
+@dataclass(frozen=True)
+class HeadDynamics:
+    """``Q, K, V, beta`` for :func:`simulate`, taken from one head, with provenance.
+
+    ``Q, K: [d_head, d_model]``, ``V: [d_model, d_model]``; ``simulate(x0, **hd.kwargs())``.
+    """
+
+    Q: Tensor
+    K: Tensor
+    V: Tensor
+    beta: float
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def d(self) -> int:
+        return int(self.V.shape[0])
+
+    @property
+    def qk(self) -> Tensor:
+        """The bilinear form ``Q^T K = W_Q W_K^T`` (``[d_model, d_model]``)."""
+        return self.Q.transpose(-1, -2) @ self.K
+
+    @property
+    def ov(self) -> Tensor:
+        """The head's OV map on row vectors, ``W_V W_O = V^T`` (``[d_model, d_model]``)."""
+        return self.V.transpose(-1, -2)
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`simulate` (``beta, Q, K, V, source``)."""
+        return {"beta": self.beta, "Q": self.Q, "K": self.K, "V": self.V, "source": dict(self.source)}
+
+    def __repr__(self) -> str:
+        s = self.source
+        return f"HeadDynamics(layer={s.get('layer')}, head={s.get('head')}, d={self.d}, d_head={self.Q.shape[0]}, beta={self.beta:.4g})"
+
+
+def from_head(model, layer: int, head: int, radius: float = 1.0, dtype: torch.dtype = torch.float64) -> HeadDynamics:
+    """Read ``W_Q, W_K, W_V, W_O`` and the score scale of ``(layer, head)`` and map them to ``Q, K, V, beta``.
+
+    ``model`` is anything :class:`tl_dynamics.adapter.ModelAdapter` accepts, or an object
+    that already has ``head_weights(layer, head)`` (an adapter). See the module docstring
+    for the mapping and what it leaves out.
+
+    >>> from types import SimpleNamespace as NS
+    >>> W = NS(W_Q=torch.eye(4, 2), W_K=torch.eye(4, 2), W_V=torch.eye(4, 2), W_O=torch.eye(2, 4), scale=0.5)
+    >>> hd = from_head(NS(head_weights=lambda layer, head: W), 0, 0)
+    >>> hd.beta, tuple(hd.Q.shape), tuple(hd.V.shape)
+    (0.5, (2, 4), (4, 4))
+    """
+    p = Problems("from_head")
+    r = None
+    try:
+        r = float(radius)
+    except (TypeError, ValueError):
+        pass
+    if r is None or not math.isfinite(r) or r <= 0:
+        p.add(f"radius must be a finite number > 0, got {radius!r}")
+    if dtype not in (torch.float64, torch.float32):
+        p.add(f"dtype must be torch.float64 or torch.float32, got {dtype}")
+    p.raise_if_any()
+    adapter = model if hasattr(model, "head_weights") else _adapter(model)
+    w = adapter.head_weights(layer, head)
+
+    p = Problems(f"from_head(layer={layer}, head={head})")
+    mats = {}
+    for name in ("W_Q", "W_K", "W_V", "W_O"):
+        m = getattr(w, name, None)
+        if not isinstance(m, torch.Tensor) or m.ndim != 2:
+            p.add(f"head_weights().{name} must be a 2-D tensor, got {shape_str(m) if m is not None else 'nothing'}")
+        else:
+            mats[name] = m.detach().to(dtype)
+    scale = getattr(w, "scale", None)
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        scale = None
+    if scale is None or not math.isfinite(scale) or scale <= 0:
+        p.add(f"head_weights().scale must be a number > 0 (the score multiplier), got {getattr(w, 'scale', None)!r}")
+    p.raise_if_any()
+    WQ, WK, WV, WO = mats["W_Q"], mats["W_K"], mats["W_V"], mats["W_O"]
+    dm, dh = WQ.shape
+    expect = {"W_Q": (dm, dh), "W_K": (dm, dh), "W_V": (dm, WV.shape[1]), "W_O": (WV.shape[1], dm)}
+    for name, want in expect.items():
+        if tuple(mats[name].shape) != want:
+            p.add(f"{name} must be [{want[0]}, {want[1]}] given W_Q {list(WQ.shape)} and W_V {list(WV.shape)}, got {list(mats[name].shape)}")
+    p.raise_if_any()
+    source = {
+        "kind": "head",
+        "layer": layer,
+        "head": head,
+        "model": _model_name(model),
+        "scale": scale,
+        "radius": r,
+        "dropped": "biases, input normalisation, positions, other heads, MLPs",
+    }
+    return HeadDynamics(Q=WQ.T.contiguous(), K=WK.T.contiguous(), V=(WV @ WO).T.contiguous(), beta=scale * r * r, source=source)
+
+
+def _adapter(model):
+    try:
+        from tl_dynamics.adapter import ModelAdapter
+    except ImportError as exc:  # the adapter is another module of this package
+        raise TLDynamicsError(
+            "from_head needs tl_dynamics.adapter.ModelAdapter, which could not be imported "
+            f"({exc}); pass an object with .head_weights(layer, head) instead"
+        ) from exc
+    return ModelAdapter(model)
+
+
+def _model_name(model) -> str:
+    cfg = getattr(model, "cfg", None)
+    name = getattr(cfg, "model_name", None) if cfg is not None else None
+    return str(name) if name else type(model).__name__
