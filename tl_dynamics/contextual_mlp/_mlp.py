@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics.contextual_mlp import _core
+from tl_dynamics.contextual_mlp import _core, _readout
 from tl_dynamics.contextual_mlp._frame import RotaryFrame
 from tl_dynamics.contextual_mlp._results import Evaluation, Exactness, Neurons
 from tl_dynamics.errors import TLDynamicsError
+
+if TYPE_CHECKING:
+    from tl_dynamics.adapter import ModelAdapter
 
 DEFAULT_CHUNK = 4096  # query inputs evaluated at once: chunk x (n_src + d_head + d_model) floats
 
@@ -183,6 +187,28 @@ class ContextualMLP:
     def winner(self, position: int) -> int:
         """The source position of the most active neuron at the real query input."""
         return int(self.sources(position)[self.activations(position).argmax()])
+
+    # ------------------------------------------------------------------ counterfactuals, read-outs
+    def evaluate_tokens(self, adapter: "ModelAdapter", tokens, position: int,
+                        normalise: str = "match") -> Evaluation:
+        """The MLP of ``position`` on the (normalised) embeddings of ``tokens``
+        (see ``contextual_mlp.evaluate_tokens``)."""
+        return _readout.evaluate_tokens(self, adapter, tokens, position, normalise)
+
+    def evaluate_vocab(self, adapter: "ModelAdapter", position: int, normalise: str = "match",
+                       chunk_size: int = DEFAULT_CHUNK, keep_outputs: bool = False) -> Evaluation:
+        """The MLP of ``position`` on every vocabulary token, in chunks."""
+        return _readout.evaluate_vocab(self, adapter, position, normalise, chunk_size, keep_outputs)
+
+    def written_tokens(self, adapter: "ModelAdapter", position: int | None = None,
+                       k: int = 10) -> "_readout.Readout":
+        """Tokens each neuron's ``a_i`` writes, read through the unembedding."""
+        return _readout.written_tokens(self, adapter, position, k)
+
+    def read_tokens(self, adapter: "ModelAdapter", position: int, k: int = 10,
+                    normalise: str = "match") -> "_readout.Readout":
+        """Tokens whose query input switches each neuron of ``position`` on (``b_i`` vs ``W_E``)."""
+        return _readout.read_tokens(self, adapter, position, k, normalise)
 
     # ------------------------------------------------------------------ checks and views
     def exactness(self) -> Exactness:

@@ -1,0 +1,358 @@
+"""Attention as a contextual MLP: exact reconstruction on the exactness matrix, agreement with a
+naive per-neuron loop, counterfactual queries, read-outs, growth, views, errors, and the
+induction head of the shipped induction model."""
+
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import requires_hooked
+from tl_dynamics import contextual_mlp as cm
+from tl_dynamics import testing, viz
+from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.contextual_mlp import _frame
+from tl_dynamics.errors import TLDynamicsError
+
+# fp32: the explicit MLP (b_i . x_T + c_i, softmax, sum of a_i) reorders the model's sums of
+# ~16-64 O(1) products; errors seen <= 8e-6 (GPT-Neo, unscaled scores), the issue's bound is 1e-5.
+EXACT_TOL = 1e-5
+# Two fp32 routes to the same numbers (query route vs explicit b_i, chunked vs not).
+ROUTE_TOL = 1e-5
+INDUCTION_MIN_WINNERS = 0.9  # the issue's bound
+REPORT_SECONDS = 2.0
+QK_NORM = {"gemma3", "olmo2"}
+MATRIX = [(arch, compat) for arch in testing.HF_ARCHS for compat in (False, True)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tensors are tiny ([pos, 64] x [64, 16]): with 2 threads on a loaded 2-core machine,
+    thread hand-off makes each matmul ~1000x slower (17 ms instead of 11 us, measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def adapter_for(arch, compat=False):
+    return ModelAdapter(testing.cached_model(arch, compat))
+
+
+def all_mlps(adapter, prompt=testing.PROMPTS, side="right"):
+    batch = adapter.tokenize(prompt, padding_side=side)
+    return [m for layer in range(adapter.n_layers) for m in cm.compute_layer(adapter, batch, layer)]
+
+
+def assert_exact(mlps):
+    assert mlps
+    for m in mlps:
+        e = m.exactness()
+        assert len(e.positions) >= 5
+        assert e.max_output_error <= EXACT_TOL, (m, e.to_dataframe())
+        assert e.max_pattern_error <= EXACT_TOL, (m, e.to_dataframe())
+
+
+# ------------------------------------------------------------------ exactness matrix
+@pytest.mark.parametrize("arch,compat", MATRIX, ids=[f"{a}-{'compat' if c else 'raw'}" for a, c in MATRIX])
+def test_mlp_reproduces_head_output_and_pattern(arch, compat):
+    adapter = adapter_for(arch, compat)
+    if arch in QK_NORM:
+        with pytest.raises(TLDynamicsError, match=r"qk-norm.*not a linear function.*not gemma3, olmo2"):
+            all_mlps(adapter)
+        return
+    assert_exact(all_mlps(adapter))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gptj", "bloom", "gemma2"])
+def test_mlp_exact_on_left_padded_batches(arch):
+    assert_exact(all_mlps(adapter_for(arch), side="left"))
+
+
+@requires_hooked
+@pytest.mark.parametrize("variant", list(testing.HOOKED_VARIANTS))
+def test_mlp_exact_on_hooked_transformer(variant):
+    adapter = adapter_for(variant)
+    prompt = testing.PROMPTS[0] if adapter.is_encoder else testing.PROMPTS
+    assert_exact(all_mlps(adapter, prompt, side="left" if variant == "rotary" else "right"))
+
+
+def test_head_output_matches_adapter_recomputation_and_model_z():
+    """The reference is the model's own z through W_O; it also equals the adapter's head output."""
+    adapter = adapter_for("llama")
+    la = adapter.attention(testing.PROMPTS[0], layers=[1], reference=True)[1]
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=3)
+    own = la.head_outputs([3])[0, :, 0]
+    for pos in mlp.positions:
+        assert (mlp.output(pos) - own[pos]).abs().max() <= EXACT_TOL
+
+
+# ------------------------------------------------------------------ the weights themselves
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma2", "bloom", "mistral"])
+def test_naive_per_neuron_loop_agrees(arch):
+    """Explicit (a_i, b_i, c_i) one neuron at a time == the vectorised evaluation, at the real
+    query input and at random ones (soft-cap on gemma2, ALiBi on bloom, window on mistral)."""
+    mlp = cm.compute(adapter_for(arch), testing.PROMPTS[1], layer=1, head=1)
+    gen = torch.Generator().manual_seed(0)
+    for pos in (0, 3, mlp.n_pos - 1):
+        n = mlp.neurons(pos)
+        xs = [mlp.x[pos], torch.randn(mlp.d_model, generator=gen) * mlp.x[pos].norm() / 8]
+        for x in xs:
+            naive_out, naive_h = cm.naive_mlp(x, n.a, n.b, n.c, mlp.softcap)
+            fast = mlp.evaluate(x, pos)
+            assert torch.allclose(fast.outputs[0], naive_out, atol=ROUTE_TOL)
+            assert torch.allclose(fast.activations[0], naive_h, atol=ROUTE_TOL)
+        assert torch.equal(n.sources, mlp.sources(pos))
+
+
+def test_weights_follow_their_definitions():
+    adapter = adapter_for("gpt2")
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=0, head=2)
+    la = adapter.attention(testing.PROMPTS[0], layers=[0])[0]
+    pos = 5
+    n = mlp.neurons(pos)
+    assert n.a.shape == n.b.shape == (pos + 1, adapter.d_model) and n.c.shape == (pos + 1,)
+    W_Q, b_Q, c = adapter.W_Q(0)[2], adapter.b_Q(0)[2], la.scale
+    k = la.k[0, : pos + 1, 2]
+    assert torch.allclose(n.a, torch.einsum("jd,dm->jm", la.v[0, : pos + 1, 2], adapter.W_O(0)[2]))
+    assert torch.allclose(n.b, c * k @ W_Q.T)
+    assert torch.allclose(n.c, c * k @ b_Q)
+
+
+def test_rotary_incoming_weights_depend_on_the_destination():
+    """b_i for a fixed source changes with the query position on rotary models only."""
+    for arch, rotary in (("llama", True), ("gpt2", False)):
+        mlp = cm.compute(adapter_for(arch), testing.PROMPTS[0], layer=0, head=0)
+        b4, b8 = mlp.neurons(4).b[2], mlp.neurons(8).b[2]
+        assert (not torch.allclose(b4, b8, atol=1e-4)) == rotary, arch
+
+
+def test_window_limits_the_neurons():
+    mlp = cm.compute(adapter_for("mistral"), testing.PROMPTS[1], layer=0, head=0)
+    last = mlp.positions[-1]
+    assert mlp.sources(last).tolist() == list(range(last - testing.WINDOW + 1, last + 1))
+
+
+def test_incoming_all_matches_per_destination_neurons():
+    mlp = cm.compute(adapter_for("phi"), testing.PROMPTS[0], layer=1, head=0)
+    b_all, c_all = mlp.incoming_all()
+    assert b_all.shape == (mlp.n_pos, mlp.n_pos, mlp.d_model)
+    for pos in (0, 4, mlp.n_pos - 1):
+        n = mlp.neurons(pos)
+        assert torch.equal(b_all[pos, n.sources], n.b) and torch.equal(c_all[pos, n.sources], n.c)
+    assert b_all[2, 3:].abs().sum() == 0  # not allowed: zero
+
+
+def test_a_wrong_rotary_frame_is_refused():
+    adapter = adapter_for("llama")
+    captured = {}
+    out = {}
+    batch = adapter.tokenize(testing.PROMPTS[0])
+    with adapter.hooks(_frame.cos_sin_hooks(adapter, [0], captured)):
+        out.update(adapter.attention(batch, layers=[0], inputs=True))
+    assert cm.build_frames(adapter, out[0], batch.key_valid, captured)[0].style == "half"
+    captured[(0, "cos")] = captured[(0, "cos")].roll(1, dims=1)  # positions off by one
+    with pytest.raises(TLDynamicsError, match="could not reproduce the scored rotary query"):
+        cm.build_frames(adapter, out[0], batch.key_valid, captured)
+
+
+# ------------------------------------------------------------------ counterfactual queries
+def test_counterfactual_at_the_real_input_is_the_real_output():
+    mlp = cm.compute(adapter_for("qwen2"), testing.PROMPTS[1], layer=1, head=2)
+    for pos in mlp.positions:
+        ev = mlp.evaluate(mlp.x[pos], pos)
+        assert (ev.outputs[0] - mlp.reference_output[pos]).abs().max() <= EXACT_TOL
+        assert ev.winners[0] == int(mlp.reference_pattern[pos].argmax())
+
+
+def test_batch_and_chunked_evaluation_agree():
+    mlp = cm.compute(adapter_for("gptj"), testing.PROMPTS[0], layer=1, head=1)
+    xs = torch.randn(37, mlp.d_model, generator=torch.Generator().manual_seed(1))
+    whole, chunked = mlp.evaluate(xs, 6), mlp.evaluate(xs, 6, chunk_size=5)
+    assert torch.allclose(whole.outputs, chunked.outputs, atol=ROUTE_TOL)
+    assert torch.equal(whole.winners, chunked.winners)
+    assert whole.activations.shape == (37, 7)
+    assert torch.allclose(whole.activations.sum(-1), torch.ones(37))
+    assert mlp.evaluate(xs, 6, keep_outputs=False).outputs is None
+
+
+def test_token_and_vocabulary_queries():
+    adapter = adapter_for("gpt2")
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=0)
+    ids = [5, 17, 300]
+    ev = mlp.evaluate_tokens(adapter, ids, position=7)
+    vocab = mlp.evaluate_vocab(adapter, position=7, chunk_size=100)
+    assert vocab.activations.shape == (adapter.W_E.shape[0], 8)
+    assert torch.allclose(vocab.activations[ids], ev.activations, atol=ROUTE_TOL)
+    assert ev.labels == tuple(adapter.model.tokenizer.decode([i]) for i in ids)
+    x = cm.token_inputs(mlp, adapter, torch.tensor(ids), 7)
+    assert torch.allclose(x.norm(dim=-1), mlp.x[7].norm().expand(3))  # normalise="match"
+    raw = cm.token_inputs(mlp, adapter, torch.tensor(ids), 7, normalise="none")
+    assert torch.allclose(raw, adapter.W_E[ids] + adapter.W_pos[7])
+    assert set(ev.to_dataframe().columns) >= {"input", "winner", "winner_token", "output_norm"}
+
+
+# ------------------------------------------------------------------ interpretation
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_written_tokens_are_the_logit_lens_of_a_direction(arch):
+    """direction_logits(a) + unembed(final_norm(0)) is exactly the model's logit lens of a (the
+    bias part dropped), and it depends only on a's direction."""
+    adapter = adapter_for(arch)
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=1)
+    a = mlp.outgoing[:4]
+    lens = adapter.logit_lens(a)
+    zero = adapter.unembed(adapter.final_norm(torch.zeros(1, adapter.d_model)))
+    assert torch.allclose(cm.direction_logits(adapter, a) + zero, lens, atol=1e-4)
+    assert torch.allclose(cm.direction_logits(adapter, 3 * a), cm.direction_logits(adapter, a), atol=1e-4)
+    r = mlp.written_tokens(adapter, k=4)
+    assert r.top_ids.shape == (mlp.n_pos, 4)
+    assert torch.equal(r.top_ids[2], cm.direction_logits(adapter, a[2:3])[0].topk(4).indices)
+    assert (r.top_values[:, :1] >= r.bottom_values).all()
+    assert len(r.top_tokens(2)) == 4
+
+
+def test_read_tokens_use_incoming_weights_against_embeddings():
+    adapter = adapter_for("llama")
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=0)
+    pos = 6
+    r = mlp.read_tokens(adapter, pos, k=3, normalise="none")
+    n = mlp.neurons(pos)
+    pre = adapter.W_E @ n.b.T + n.c  # b_i . x(tok) + c_i with x(tok) = W_E[tok] (no W_pos here)
+    assert torch.allclose(r.top_values, pre.T.topk(3, dim=-1).values, atol=1e-4)
+    assert torch.allclose(r.bottom_values, (-pre.T).topk(3, dim=-1).values.neg(), atol=1e-4)
+
+
+def test_importance_and_winner():
+    mlp = cm.compute(adapter_for("gpt2"), testing.PROMPTS[0], layer=1, head=3)
+    n = mlp.neurons(6)
+    assert torch.allclose(mlp.importance(6), n.activations * n.a.norm(dim=-1))
+    assert mlp.winner(6) == n.winner == int(mlp.reference_pattern[6].argmax())
+    df = mlp.to_dataframe()
+    assert len(df) == sum(p + 1 for p in mlp.positions)
+    assert set(df.columns) >= {"position", "source", "token", "activation", "importance", "c"}
+
+
+# ------------------------------------------------------------------ growth
+def test_growth_counts_neurons_and_splits_the_output():
+    mlp = cm.compute(adapter_for("gpt2"), testing.PROMPTS[1], layer=1, head=0)
+    g = cm.growth(mlp, prompt_length=5)
+    assert g.positions[0] == 4 and g.n_new[0] == 0 and g.new_attention[0] == 0
+    assert g.n_neurons.tolist() == [p + 1 for p in g.positions]
+    assert g.n_new.tolist() == [p - 4 for p in g.positions]
+    pos = g.positions[-1]
+    h, a, src = mlp.activations(pos), mlp.outgoing[mlp.sources(pos)], mlp.sources(pos)
+    out = h @ a
+    old_share = (h[src < 5] @ a[src < 5]) @ out / (out @ out)
+    assert abs(float(old_share + g.new_output_share[-1]) - 1) < 1e-4
+    assert abs(float(g.new_attention[-1]) - float(h[src >= 5].sum())) < 1e-6
+    assert isinstance(g.to_dataframe(), pd.DataFrame)
+
+
+def test_generate_growth_adds_one_neuron_per_token():
+    adapter = adapter_for("gpt2")
+    g = cm.generate_growth(adapter, "def f", layer=1, head=2, max_new_tokens=3)
+    assert g.n_new.tolist() == [0, 1, 2, 3]
+    assert len(g.str_tokens) == g.prompt_length + 3
+
+
+# ------------------------------------------------------------------ attach, views, report
+def test_attach_collects_during_own_forward_and_removes_its_hooks():
+    adapter = adapter_for("llama")
+    batch = adapter.tokenize(list(testing.PROMPTS))
+    before = {name: len(point.fwd_hooks) for name, point in adapter.model.hook_dict.items()}
+    with cm.attach(adapter, layers=[0, 1], heads=[1], batch=batch, reference=True) as mlps:
+        adapter.forward(batch)
+    after = {name: len(point.fwd_hooks) for name, point in adapter.model.hook_dict.items()}
+    assert before == after
+    assert [(m.layer, m.row) for m in mlps] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert mlps[1].str_tokens == tuple(adapter.str_tokens(batch, 1))
+    assert_exact(mlps)
+
+
+def test_views_are_viz_components():
+    adapter = adapter_for("gpt2")
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=0)
+    whole, one = mlp.show(), mlp.show(5)
+    assert [c.name for c in whole.components] == ["TextNeuronActivations", "TopkTokens"]
+    assert whole.components[0].props["activations"].shape == (mlp.n_pos, 1, mlp.n_pos)
+    assert one.components[0].name == "ColoredTokens"
+    assert mlp.written_tokens(adapter, k=3).show().name == "TopkTokens"
+    assert mlp.evaluate_tokens(adapter, [3, 4], 5).show().name == "TopkTokens"
+    assert mlp.neurons(5).show().name is None  # an escaped HTML table
+
+
+def test_report_section_adds_one_section_quickly():
+    adapter = adapter_for("gpt2")
+    page = viz.Page("t")
+    start = time.perf_counter()
+    cm.report_section(page, adapter, adapter.tokenize(list(testing.PROMPTS)))
+    assert time.perf_counter() - start < REPORT_SECONDS
+    assert [s.title for s in page.sections] == ["Attention as a contextual MLP"]
+    assert "contextual" in page.to_html()
+    qk = viz.Page("t")
+    cm.report_section(qk, adapter_for("olmo2"), adapter_for("olmo2").tokenize("x = 1"))
+    assert "Not applicable" in qk.to_html()
+
+
+# ------------------------------------------------------------------ errors
+def test_bad_requests_give_clear_errors():
+    adapter = adapter_for("gpt2")
+    mlp = cm.compute(adapter, list(testing.PROMPTS), layer=0, head=0, row=0)
+    n = mlp.n_pos
+    cases = [
+        (lambda: cm.compute(adapter, "x", layer=5, head=0), r"layer 5 is out of range.*valid: 0\.\.1"),
+        (lambda: cm.compute(adapter, "x", layer=0, head=9), r"head 9 in layer 0 is out of range.*0\.\.3"),
+        (lambda: cm.compute(adapter, "x", layer=0, head=0, row=2), r"row 2 is out of range.*valid: 0\.\.0"),
+        (lambda: mlp.neurons(n), rf"position {n} is out of range.*valid: 0\.\.{n - 1}"),
+        (lambda: mlp.neurons(n - 1), r"position .* is padding.*valid destinations"),
+        (lambda: mlp.neurons(1.5), r"position must be an int, got 1\.5"),
+        (lambda: mlp.evaluate(torch.zeros(3, 5), 2), r"\[n, d_model\] with d_model=64, got \(3, 5\)"),
+        (lambda: mlp.evaluate(torch.zeros(64), 2, chunk_size=0), r"chunk_size must be >= 1"),
+        (lambda: mlp.evaluate_tokens(adapter, [10 ** 6], 2), r"token ids must be .* in 0\.\.\d+"),
+        (lambda: cm.token_inputs(mlp, adapter, torch.tensor([1]), 2, normalise="ln"),
+         r"normalise must be 'match' or 'none', got 'ln'"),
+        (lambda: cm.growth(mlp, 0), r"prompt_length must be an int in 1\.\.\d+"),
+        (lambda: cm.generate_growth(adapter, "x", 0, 0, max_new_tokens=10 ** 4),
+         r"max_new_tokens must be in 1\.\.\d+"),
+        (lambda: mlp.written_tokens(adapter).top_tokens(10 ** 3), r"source 1000 is not a neuron"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TLDynamicsError, match=message):
+            call()
+    bert = adapter_for("bert")
+    with pytest.raises(TLDynamicsError, match="needs a decoder language model"):
+        cm.compute(bert, "x = 1", 0, 0).written_tokens(bert)
+    with pytest.raises(TLDynamicsError, match="needs a causal head"):
+        cm.growth(cm.compute(bert, "x = 1", 0, 0), 1)
+
+
+# ------------------------------------------------------------------ ground truth: induction
+def _repeated_prompt(adapter, period=20, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    bos = int(adapter.tokenize("A").tokens[0, 0])
+    symbols = adapter.tokenize("".join(chr(c) for c in range(ord("A"), ord("Z") + 1))).tokens[0]
+    symbols = symbols[symbols != bos]
+    segment = symbols[torch.randperm(len(symbols), generator=gen)[:period]]
+    return torch.cat([torch.tensor([bos]), segment, segment])[None], period
+
+
+def test_induction_head_winner_is_the_token_after_the_earlier_copy():
+    zoo = pytest.importorskip("tl_dynamics.zoo", reason="the model zoo is not installed")
+    try:
+        model = zoo.load("induction-2l")
+    except TLDynamicsError as err:  # the shipped files are not there yet
+        pytest.skip(f"induction-2l is missing: {err}")
+    adapter = ModelAdapter(model)
+    tokens, period = _repeated_prompt(adapter)
+    second = range(1 + period, 1 + 2 * period)  # positions of the second copy
+    mlps = cm.compute_layer(adapter, tokens, layer=1)
+
+    def induction_score(m):  # attention to the token after the earlier copy
+        return float(sum(m.reference_pattern[t, t - period + 1] for t in second)) / period
+
+    head = max(mlps, key=induction_score)
+    assert induction_score(head) > 0.5, [induction_score(m) for m in mlps]
+    hits = [head.winner(t) == t - period + 1 for t in second]
+    assert sum(hits) / len(hits) >= INDUCTION_MIN_WINNERS, hits
+    assert head.exactness().max_output_error <= EXACT_TOL
