@@ -1,0 +1,172 @@
+"""Entry points: ``compute`` (one call) and ``attach`` (collect during the user's own runs)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.odds_ratio import _stats
+from tl_dynamics.odds_ratio._result import Decomposition, HeadStats, OddsRatioResult
+from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
+
+
+def as_adapter(model: Any) -> ModelAdapter:
+    return model if isinstance(model, ModelAdapter) else ModelAdapter(model)
+
+
+def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
+                    tokens: torch.Tensor | None = None,
+                    str_tokens: Sequence[Sequence[str]] = (),
+                    dtype: torch.dtype = torch.float32) -> Decomposition:
+    """The exact split of one captured layer (from ``ModelAdapter.capture``/``attention``).
+
+    Example:
+        >>> from tl_dynamics import testing                                   # doctest: +SKIP
+        >>> from tl_dynamics.adapter import ModelAdapter                      # doctest: +SKIP
+        >>> la = ModelAdapter(testing.tiny_model("gpt2")).attention("a b")[0]  # doctest: +SKIP
+        >>> dec = decompose_layer(la, heads=[0, 1])                           # doctest: +SKIP
+        >>> dec.parts.total().shape                                           # doctest: +SKIP
+        torch.Size([1, 2, 2, 2])
+    """
+    heads = list(heads)
+    parts = split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads), dtype)
+    prior_p, lik_p = counterfactual_patterns(parts, la.allowed)
+    if tokens is None:
+        tokens = torch.zeros(la.q.shape[:2], dtype=torch.long)
+    return Decomposition(model=model, layer=la.layer, heads=tuple(heads), tokens=tokens,
+                         str_tokens=tuple(tuple(t) for t in str_tokens), parts=parts,
+                         pattern=la.pattern(heads), prior_pattern=prior_p,
+                         likelihood_pattern=lik_p, allowed=la.allowed,
+                         query_valid=la.query_valid, softcap=la.softcap)
+
+
+class OddsRatioCollector:
+    """Accumulates per-head statistics over every forward pass run while attached.
+
+    Only ``[layer, head]`` sums are kept unless ``keep_tensors`` (then every pass's
+    ``Decomposition`` per layer and per-prompt sink facts are kept too).
+    """
+
+    def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
+                 keep_tensors: bool = False, dtype: torch.dtype = torch.float32):
+        self.adapter, self.layers, self.heads = adapter, layers, heads
+        self.keep_tensors, self.dtype = keep_tensors, dtype
+        shape = (len(layers), len(heads))
+        self._sums = {k: np.zeros(shape) for k in _stats.SUM_KEYS}
+        self._sink_sums = {k: np.zeros(shape) for k in ("sink_mass", "sink_first", "sink_by_prior",
+                                                         "sink_prior_adv", "sink_loglik_adv")}
+        self._prompts = 0
+        self._passes: list[dict[int, Decomposition]] = []
+        self._sinks: list[dict[int, dict[str, torch.Tensor]]] = []
+        self._batch: Batch | None = None
+        self._seen_in_pass: set[int] = set()
+        self._in_forward = False
+
+    def on_outer_layer(self, la: LayerAttention) -> None:
+        """The ``attach`` block's callback: ``forward`` collects with its own padding mask."""
+        if not self._in_forward:
+            self.on_layer(la)
+
+    def _new_pass(self) -> None:
+        self._seen_in_pass = set()
+        if self.keep_tensors:
+            self._passes.append({})
+            self._sinks.append({})
+
+    def on_layer(self, la: LayerAttention) -> None:
+        if not self._seen_in_pass or la.layer in self._seen_in_pass:
+            self._new_pass()
+            self._prompts += int(la.q.shape[0])
+        self._seen_in_pass.add(la.layer)
+        a = self.layers.index(la.layer)
+        h = self.heads
+        sums, sinks = _stats.layer_sums(la.q[:, :, h], la.k[:, :, h], la.scale, la.bias(h),
+                                        la.allowed, la.query_valid, la.softcap)
+        for key, value in sums.items():
+            self._sums[key][a] += value.cpu().numpy()
+        by_prior = sinks["sink_prior_adv"] > sinks["sink_loglik_adv"]
+        for key, value in (("sink_mass", sinks["sink_mass"]), ("sink_first", sinks["sink_position"] == 0),
+                           ("sink_by_prior", by_prior), ("sink_prior_adv", sinks["sink_prior_adv"]),
+                           ("sink_loglik_adv", sinks["sink_loglik_adv"])):
+            self._sink_sums[key][a] += value.double().sum(0).cpu().numpy()
+        if self.keep_tensors:
+            tokens = self._batch.tokens if self._batch is not None else None
+            strs = [self.adapter.str_tokens(self._batch, row) for row in range(len(tokens))] \
+                if tokens is not None and self.adapter.model.tokenizer is not None else ()
+            self._passes[-1][la.layer] = decompose_layer(
+                la, h, self.adapter.info.architecture, tokens, strs, self.dtype)
+            self._sinks[-1][la.layer] = {k: v.cpu() for k, v in sinks.items()}
+
+    def forward(self, prompt: Prompt | Batch, padding_side: str = "right") -> torch.Tensor:
+        """Run the model on a prompt or padded batch with its padding mask, collecting."""
+        batch = prompt if isinstance(prompt, Batch) else self.adapter.tokenize(prompt, padding_side)
+        self._batch, self._in_forward, self._seen_in_pass = batch, True, set()
+        try:
+            with self.adapter.capture(self.on_layer, self.layers, batch=batch):
+                return self.adapter.forward(batch)
+        finally:
+            self._batch, self._in_forward, self._seen_in_pass = None, False, set()
+
+    def result(self) -> OddsRatioResult:
+        """Everything collected so far (copies: collecting more does not change it)."""
+        specs = [self.adapter.specs[layer] for layer in self.layers]
+        stats = HeadStats(model=self.adapter.info.architecture, layers=tuple(self.layers),
+                          heads=tuple(self.heads), scale=tuple(s.scale for s in specs),
+                          softcap=tuple(s.softcap for s in specs), n_prompts=self._prompts,
+                          sums={k: v.copy() for k, v in self._sums.items()},
+                          sink_sums={k: v.copy() for k, v in self._sink_sums.items()})
+        return OddsRatioResult(stats, tuple(dict(p) for p in self._passes),
+                               tuple(dict(s) for s in self._sinks))
+
+
+@contextmanager
+def attach(model: Any, layers: int | Sequence[int] | None = None,
+           heads: int | Sequence[int] | None = None, keep_tensors: bool = False,
+           dtype: torch.dtype = torch.float32) -> Iterator[OddsRatioCollector]:
+    """Collect odds-ratio statistics during every forward pass run inside the block.
+
+    Statistics stream: only per-head sums are kept unless ``keep_tensors=True``. Unpadded
+    inputs can go straight through ``model(tokens)``; for padded batches use
+    ``collector.forward(prompts, padding_side=...)`` so the padding mask is known.
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing                 # doctest: +SKIP
+        >>> model = testing.tiny_model("gpt2")                          # doctest: +SKIP
+        >>> with odds_ratio.attach(model, layers=[1]) as collector:     # doctest: +SKIP
+        ...     _ = model(model.to_tokens("def f(x): return x"))
+        ...     _ = model(model.to_tokens("a = b + c"))
+        >>> collector.result().to_dataframe()["label"].tolist()        # doctest: +SKIP
+        ['likelihood-driven', 'mixed', 'likelihood-driven', 'likelihood-driven']
+    """
+    adapter = as_adapter(model)
+    collector = OddsRatioCollector(adapter, adapter.check_layers(layers), adapter.check_heads(heads),
+                                   keep_tensors, dtype)
+    with adapter.capture(collector.on_outer_layer, collector.layers):
+        yield collector
+
+
+def compute(model: Any, prompt: Prompt | Batch, layers: int | Sequence[int] | None = None,
+            heads: int | Sequence[int] | None = None, keep_tensors: bool = True,
+            padding_side: str = "right", dtype: torch.dtype = torch.float32) -> OddsRatioResult:
+    """Run the model once on ``prompt`` and split the scores of the asked layers and heads.
+
+    ``prompt`` is a string, a list of strings (padded on ``padding_side``), a token tensor or
+    an adapter ``Batch``. Returns per-head statistics and, with ``keep_tensors``, the
+    per-layer ``Decomposition`` (``result[layer]``).
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing                  # doctest: +SKIP
+        >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1", layers=0)  # doctest: +SKIP
+        >>> res[0].parts.key_prior.shape                                 # doctest: +SKIP
+        torch.Size([1, 4, 3])
+    """
+    adapter = as_adapter(model)
+    collector = OddsRatioCollector(adapter, adapter.check_layers(layers), adapter.check_heads(heads),
+                                   keep_tensors, dtype)
+    collector.forward(prompt, padding_side)
+    return collector.result()

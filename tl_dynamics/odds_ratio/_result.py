@@ -1,0 +1,257 @@
+"""Result objects: per-head statistics (streamed) and per-prompt decompositions (on request)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from tl_dynamics.odds_ratio._split import ScoreParts
+
+# A head is "prior-driven" when the key prior's additive share of the row-centred score
+# variance, Cov(prior, r) / Var(r), is at least LABEL_THRESHOLD, "likelihood-driven" when the
+# log-likelihood's share is, and "mixed" otherwise. The shares (prior, loglik, bias) add up to
+# one, so 2/3 means the term explains at least twice as much as the others together.
+LABEL_THRESHOLD = 2.0 / 3.0
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def label(attr_prior: float, attr_loglik: float, threshold: float = LABEL_THRESHOLD) -> str:
+    """``prior-driven``, ``likelihood-driven`` or ``mixed`` from the additive shares."""
+    if attr_prior >= threshold:
+        return "prior-driven"
+    if attr_loglik >= threshold:
+        return "likelihood-driven"
+    return "mixed"
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    """Per-head aggregates of the odds-ratio split over every prompt seen.
+
+    ``sums[name]`` and ``sink_sums[name]`` are ``[len(layers), len(heads)]`` float64 arrays of
+    running sums (see ``_stats.SUM_KEYS``); the properties divide them out. Row statistics use
+    valid query rows with at least two allowed keys; the variance split is of the pre-cap
+    score ``r = c<q,k> + p`` (``softcapped`` says which layers then soft-cap).
+
+    Two decompositions of the row-centred variance ``Var(r)`` are given, because the key
+    prior and the log-likelihood are strongly anti-correlated along a row:
+    ``var_*`` + ``cov_prior_loglik`` + ``cov_bias`` (the covariance terms shown) add to one;
+    the additive attribution ``attr_* = Cov(term, r) / Var(r)`` also adds to one, term by
+    term, and is what ``label`` uses.
+    """
+
+    model: str
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    scale: tuple[float, ...]
+    softcap: tuple[float | None, ...]
+    n_prompts: int
+    sums: dict[str, np.ndarray] = field(repr=False)
+    sink_sums: dict[str, np.ndarray] = field(repr=False)
+
+    def __repr__(self) -> str:
+        return (f"HeadStats({self.model}, layers={list(self.layers)}, heads={list(self.heads)}, "
+                f"prompts={self.n_prompts})")
+
+    def _ratio(self, num: np.ndarray, den: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+    @property
+    def sigma2(self) -> np.ndarray:
+        """Effective temperature ``1/c`` per layer."""
+        return np.array([1.0 / c for c in self.scale])
+
+    def shares(self) -> dict[str, np.ndarray]:
+        """Variance shares ``[layer, head]`` (pooled over rows: sums of row covariances over
+        the sum of row variances)."""
+        s = self.sums
+        var_r = s["var_r"]
+        cov_r_loglik = var_r - s["cov_r_prior"] - s["cov_r_bias"]
+        var_loglik = (var_r + s["var_prior"] + s["var_bias"] - 2 * s["cov_r_prior"]
+                      - 2 * s["cov_r_bias"] + 2 * s["cov_prior_bias"])
+        cov_prior_loglik = s["cov_r_prior"] - s["var_prior"] - s["cov_prior_bias"]
+        cov_bias_loglik = s["cov_r_bias"] - s["cov_prior_bias"] - s["var_bias"]
+        raw = {"attr_prior": s["cov_r_prior"], "attr_loglik": cov_r_loglik, "attr_bias": s["cov_r_bias"],
+               "var_prior": s["var_prior"], "var_loglik": var_loglik, "var_bias": s["var_bias"],
+               "cov_prior_loglik": 2 * cov_prior_loglik,
+               "cov_bias": 2 * (s["cov_prior_bias"] + cov_bias_loglik)}
+        return {k: self._ratio(v, var_r) for k, v in raw.items()}
+
+    def means(self) -> dict[str, np.ndarray]:
+        rows = self.sums["rows"]
+        return {k: self._ratio(self.sums[k], rows) for k in ("kl_prior", "kl_loglik", "entropy")}
+
+    def labels(self, threshold: float = LABEL_THRESHOLD) -> np.ndarray:
+        sh = self.shares()
+        out = np.empty(sh["attr_prior"].shape, dtype=object)
+        for idx in np.ndindex(out.shape):
+            out[idx] = label(sh["attr_prior"][idx], sh["attr_loglik"][idx], threshold)
+        return out
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per head: shares, KLs, entropy, label and sink summary."""
+        sh, mn, lab = self.shares(), self.means(), self.labels()
+        n = max(self.n_prompts, 1)
+        sk = self.sink_sums
+        records = []
+        for a, layer in enumerate(self.layers):
+            for b, head in enumerate(self.heads):
+                rec: dict[str, Any] = {"head": head_name(layer, head), "layer": layer, "index": head,
+                                       "sigma2": 1.0 / self.scale[a],
+                                       "softcap": self.softcap[a], "rows": int(self.sums["rows"][a, b])}
+                rec.update({k: float(v[a, b]) for k, v in sh.items()})
+                rec.update({k: float(v[a, b]) for k, v in mn.items()})
+                rec["label"] = lab[a, b]
+                rec["sink_mass"] = float(sk["sink_mass"][a, b] / n)
+                rec["sink_first_share"] = float(sk["sink_first"][a, b] / n)
+                rec["sink_by_prior_share"] = float(sk["sink_by_prior"][a, b] / n)
+                rec["sink_prior_adv"] = float(sk["sink_prior_adv"][a, b] / n)
+                rec["sink_loglik_adv"] = float(sk["sink_loglik_adv"][a, b] / n)
+                records.append(rec)
+        return pd.DataFrame.from_records(records).set_index("head")
+
+    def show(self, max_rows: int = 60) -> Any:
+        """A table of the per-head statistics (``tl_dynamics.viz`` component)."""
+        from tl_dynamics.odds_ratio import _views
+
+        return _views.stats_view(self, max_rows)
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """The exact split of one layer's scores for one batch of prompts (per-prompt tensors).
+
+    ``parts`` holds query term, key prior, log-likelihood and bias for ``heads``; ``pattern``
+    is the model's pattern (recomputed exactly; equal to its own ``hook_pattern`` on valid
+    rows), ``prior_pattern``/``likelihood_pattern`` the counterfactuals. When ``softcap`` is
+    set the parts sum to the **pre-cap** score; the model then applies
+    ``softcap * tanh(r / softcap)`` before its softmax.
+    """
+
+    model: str
+    layer: int
+    heads: tuple[int, ...]
+    tokens: Int[Tensor, "batch pos"]
+    str_tokens: tuple[tuple[str, ...], ...]
+    parts: ScoreParts
+    pattern: Float[Tensor, "batch head q k"]
+    prior_pattern: Float[Tensor, "batch head q k"]
+    likelihood_pattern: Float[Tensor, "batch head q k"]
+    allowed: Bool[Tensor, "batch q k"]
+    query_valid: Bool[Tensor, "batch q"]
+    softcap: float | None
+
+    def __repr__(self) -> str:
+        return (f"Decomposition({self.model}, layer={self.layer}, heads={list(self.heads)}, "
+                f"batch={tuple(self.tokens.shape)}, precap={self.softcap is not None})")
+
+    @property
+    def precap(self) -> bool:
+        """True when the split is of the pre-cap score (the layer soft-caps)."""
+        return self.softcap is not None
+
+    def head_index(self, head: int) -> int:
+        from tl_dynamics.errors import TLDynamicsError
+
+        if head not in self.heads:
+            raise TLDynamicsError(f"head {head!r} was not decomposed in layer {self.layer}; "
+                                  f"decomposed heads: {list(self.heads)}")
+        return self.heads.index(head)
+
+    def kl(self) -> dict[str, Float[Tensor, "batch head q"]]:
+        """Per row ``KL(real || prior-only)`` and ``KL(real || likelihood-only)``."""
+        from tl_dynamics.odds_ratio._split import row_kl
+
+        def log(p: Tensor) -> Tensor:
+            return torch.where(self.allowed[:, None], p.clamp(min=1e-45).log(), float("-inf"))
+        log_real = log(self.pattern)
+        return {"prior": row_kl(log_real, log(self.prior_pattern)),
+                "loglik": row_kl(log_real, log(self.likelihood_pattern))}
+
+    def to_dataframe(self, row: int = 0) -> pd.DataFrame:
+        """Per key of prompt ``row``: key prior per head and attention received."""
+        valid = self.allowed[row].any(0)
+        toks = [t for t, v in zip(self.str_tokens[row], valid.tolist()) if v]
+        frames = []
+        for b, head in enumerate(self.heads):
+            received = (self.pattern[row, b] * self.query_valid[row, :, None]).sum(0)[valid]
+            frames.append(pd.DataFrame({"head": head_name(self.layer, head),
+                                        "position": torch.nonzero(valid).flatten().tolist(),
+                                        "token": toks,
+                                        "key_prior": self.parts.key_prior[row, b][valid].tolist(),
+                                        "attention_received": received.tolist()}))
+        return pd.concat(frames, ignore_index=True)
+
+    def show(self, heads: int | list[int] | None = None, row: int = 0) -> Any:
+        """Real pattern beside prior-only and likelihood-only patterns, the three score parts,
+        and the key prior per token (``tl_dynamics.viz`` components)."""
+        from tl_dynamics.odds_ratio import _views
+
+        return _views.decomposition_view(self, heads, row)
+
+
+@dataclass(frozen=True)
+class OddsRatioResult:
+    """What ``compute`` and ``attach`` return: per-head statistics, and per-prompt
+    decompositions (``{layer: Decomposition}`` per forward pass) when they were asked for."""
+
+    stats: HeadStats
+    decompositions: tuple[dict[int, Decomposition], ...] = ()
+    sinks: tuple[dict[int, dict[str, Tensor]], ...] = ()
+
+    def __repr__(self) -> str:
+        return f"OddsRatioResult({self.stats!r}, passes_kept={len(self.decompositions)})"
+
+    def __getitem__(self, layer: int) -> Decomposition:
+        """The decomposition of ``layer`` in the first kept forward pass."""
+        from tl_dynamics.errors import TLDynamicsError
+
+        if not self.decompositions:
+            raise TLDynamicsError("no per-prompt tensors were kept: pass keep_tensors=True")
+        first = self.decompositions[0]
+        if layer not in first:
+            raise TLDynamicsError(f"layer {layer!r} was not decomposed; decomposed layers: "
+                                  f"{sorted(first)}")
+        return first[layer]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.stats.to_dataframe()
+
+    def sink_table(self) -> pd.DataFrame:
+        """Per kept prompt and head: the source position taking most attention (counted in
+        real tokens), its token, mean attention mass, and whether it wins by prior or by
+        likelihood (its attention-weighted score advantage over the row mean, split)."""
+        records = []
+        for p, (sinks, decs) in enumerate(zip(self.sinks, self.decompositions)):
+            for layer, facts in sinks.items():
+                dec = decs.get(layer)
+                for b in range(facts["sink_mass"].shape[0]):
+                    real = torch.nonzero(dec.allowed[b].any(0)).flatten().tolist() if dec else []
+                    toks = [dec.str_tokens[b][i] for i in real] if dec and dec.str_tokens else []
+                    for h, head in enumerate(self.stats.heads):
+                        pos = int(facts["sink_position"][b, h])
+                        prior_adv = float(facts["sink_prior_adv"][b, h])
+                        loglik_adv = float(facts["sink_loglik_adv"][b, h])
+                        records.append({
+                            "pass": p, "prompt": b, "head": head_name(layer, head), "layer": layer,
+                            "position": pos, "token": toks[pos] if pos < len(toks) else str(pos),
+                            "mass": float(facts["sink_mass"][b, h]), "prior_adv": prior_adv,
+                            "loglik_adv": loglik_adv, "bias_adv": float(facts["sink_bias_adv"][b, h]),
+                            "prior_rank": int(facts["sink_prior_rank"][b, h]),
+                            "wins_by": "prior" if prior_adv > loglik_adv else "likelihood"})
+        return pd.DataFrame.from_records(records)
+
+    def show(self, heads: int | list[int] | None = None, row: int = 0) -> Any:
+        from tl_dynamics.odds_ratio import _views
+
+        return _views.result_view(self, heads, row)

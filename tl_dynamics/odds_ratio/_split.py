@@ -1,0 +1,128 @@
+"""The polarisation split of attention scores: pure tensors in, tensors out (no model).
+
+``r_ij = c <q_i, k_j> + p_ij = query_term_i + key_prior_j + loglik_ij + p_ij`` with
+``query_term_i = (c/2)|q_i|^2``, ``key_prior_j = (c/2)|k_j|^2`` and
+``loglik_ij = -(c/2)|q_i - k_j|^2`` (math.md §1). The query term is constant along a row, so
+it cancels in the softmax; the pattern is a posterior over source positions, key prior times
+distance likelihood.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from tl_dynamics.errors import TLDynamicsError
+
+
+@dataclass(frozen=True)
+class ScoreParts:
+    """The four additive parts of the raw (pre-cap) scores of some heads.
+
+    ``query_term[b, h, i]``, ``key_prior[b, h, j]``, ``loglik[b, h, i, j]`` and ``bias``
+    (``[b, h, i, j]`` or None when the model has no position bias). ``scale`` is ``c``.
+    """
+
+    query_term: Float[Tensor, "batch head q"]
+    key_prior: Float[Tensor, "batch head k"]
+    loglik: Float[Tensor, "batch head q k"]
+    bias: Float[Tensor, "batch head q k"] | None
+    scale: float
+
+    @property
+    def sigma2(self) -> float:
+        """The effective temperature ``sigma^2 = 1/c`` of the Gaussian odds ratio."""
+        return 1.0 / self.scale
+
+    def total(self) -> Float[Tensor, "batch head q k"]:
+        """``query_term + key_prior + loglik + bias``: the raw score ``c<q,k> + p``."""
+        out = self.query_term[..., :, None] + self.key_prior[..., None, :] + self.loglik
+        return out if self.bias is None else out + self.bias
+
+    def prior_logits(self) -> Float[Tensor, "batch head q k"]:
+        """``key_prior_j + p_ij``: the logits of the prior-only counterfactual."""
+        out = self.key_prior[..., None, :].expand_as(self.loglik)
+        return out if self.bias is None else out + self.bias
+
+    def likelihood_logits(self) -> Float[Tensor, "batch head q k"]:
+        """``loglik_ij + p_ij``: the logits of the likelihood-only counterfactual."""
+        return self.loglik if self.bias is None else self.loglik + self.bias
+
+
+def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
+                 scale: float, bias: Float[Tensor, "batch head pos pos"] | None = None,
+                 dtype: torch.dtype = torch.float32) -> ScoreParts:
+    """Split ``c <q_i, k_j> + p_ij`` into query term, key prior, distance log-likelihood, bias.
+
+    The log-likelihood is computed from the distances themselves (not from the expanded
+    inner product), so the identity ``total() == c<q,k> + p`` is a real check; in float32
+    it holds to about ``1e-7`` times ``(c/2)(|q|^2 + |k|^2)`` (pass ``dtype=torch.float64``
+    for large models).
+
+    Example:
+        >>> import torch
+        >>> q = torch.tensor([[[[1.0, 0.0]]], [[[0.0, 0.0]]]]).reshape(1, 2, 1, 2)
+        >>> parts = split_scores(q, q, scale=0.5)
+        >>> parts.key_prior.tolist(), parts.loglik[0, 0].tolist()
+        ([[[0.25, 0.0]]], [[-0.0, -0.25], [-0.25, -0.0]])
+    """
+    if q.ndim != 4 or k.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise TLDynamicsError(f"q and k must be [batch, pos, head, d_head] with the same batch, "
+                              f"heads and d_head; got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if not scale > 0:
+        raise TLDynamicsError(f"score scale c must be positive (sigma^2 = 1/c), got {scale}")
+    qh = q.to(dtype).permute(0, 2, 1, 3)  # [b, h, i, d]
+    kh = k.to(dtype).permute(0, 2, 1, 3)
+    half = scale / 2.0
+    query_term = half * qh.pow(2).sum(-1)
+    key_prior = half * kh.pow(2).sum(-1)
+    loglik = -half * _squared_distances(qh, kh)
+    bias = None if bias is None else bias.to(dtype).expand_as(loglik)
+    return ScoreParts(query_term, key_prior, loglik, bias, float(scale))
+
+
+# Largest [batch, head, q-chunk, k, d_head] difference tensor formed at once.
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def _squared_distances(qh: Tensor, kh: Tensor) -> Tensor:
+    """``|q_i - k_j|^2`` from the differences themselves (no cancellation), in query chunks."""
+    b, h, n_q, d = qh.shape
+    step = max(1, _CHUNK_ELEMENTS // max(1, b * h * kh.shape[2] * d))
+    return torch.cat([(qh[:, :, i:i + step, None] - kh[:, :, None]).pow(2).sum(-1)
+                      for i in range(0, n_q, step)], dim=2)
+
+
+def masked_log_softmax(logits: Float[Tensor, "batch head q k"],
+                       allowed: Bool[Tensor, "batch q k"]) -> Float[Tensor, "batch head q k"]:
+    """Log-softmax over allowed keys; disallowed entries and empty rows are ``-inf``."""
+    masked = logits.masked_fill(~allowed[:, None], float("-inf"))
+    lse = torch.logsumexp(masked, dim=-1, keepdim=True)
+    return masked - lse.masked_fill(torch.isinf(lse), 0.0)
+
+
+def masked_softmax(logits: Float[Tensor, "batch head q k"],
+                   allowed: Bool[Tensor, "batch q k"]) -> Float[Tensor, "batch head q k"]:
+    """Softmax over allowed keys; zero elsewhere and on rows with no allowed key."""
+    return masked_log_softmax(logits, allowed).exp()
+
+
+def counterfactual_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"]
+                            ) -> tuple[Float[Tensor, "batch head q k"], Float[Tensor, "batch head q k"]]:
+    """Prior-only ``softmax(key_prior + p)`` and likelihood-only ``softmax(loglik + p)``.
+
+    Both are taken over the allowed keys and are not soft-capped (the cap acts on the whole
+    score, query term included, so it has no meaning for one part alone).
+    """
+    return (masked_softmax(parts.prior_logits(), allowed),
+            masked_softmax(parts.likelihood_logits(), allowed))
+
+
+def row_kl(log_p: Float[Tensor, "... k"], log_q: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
+    """``KL(p || q) = sum_j p_j (log p_j - log q_j)`` per row, with ``0 log 0 = 0``."""
+    p = log_p.exp()
+    diff = torch.where(p > 0, log_p - log_q, torch.zeros_like(log_p))
+    return (p * diff).sum(-1)

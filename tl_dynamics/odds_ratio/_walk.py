@@ -1,0 +1,72 @@
+"""Model-facing Markov-chain views: one head's chain, and patterns composed through depth."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from tl_dynamics.adapter import Batch, Prompt
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.odds_ratio._markov import DAMPING, ChainSummary, chain_summary, compose
+
+
+def _batch_row(adapter: Any, prompt: Prompt | Batch, row: int) -> tuple[Batch, list[int]]:
+    batch = prompt if isinstance(prompt, Batch) else adapter.tokenize(prompt)
+    if not 0 <= row < batch.tokens.shape[0]:
+        raise TLDynamicsError(f"row {row!r} is out of range: the batch has {batch.tokens.shape[0]} "
+                              f"prompts (valid: 0..{batch.tokens.shape[0] - 1})")
+    return batch, torch.nonzero(batch.key_valid[row]).flatten().tolist()
+
+
+def markov(model: Any, prompt: Prompt | Batch, layer: int, head: int, row: int = 0,
+           alpha: float = DAMPING) -> ChainSummary:
+    """One head's pattern on one prompt as a Markov chain on its real positions.
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing                      # doctest: +SKIP
+        >>> chain = odds_ratio.markov(testing.tiny_model("bert"), "a b c", 0, 1)  # doctest: +SKIP
+        >>> float(chain.stationary.sum())                                    # doctest: +SKIP
+        1.0
+    """
+    from tl_dynamics.odds_ratio._api import as_adapter
+
+    adapter = as_adapter(model)
+    adapter.check_layer(layer)
+    adapter.check_head(head, layer)
+    batch, real = _batch_row(adapter, prompt, row)
+    la = adapter.attention(batch, layers=[layer])[layer]
+    S = la.pattern([head])[row, 0][real][:, real]
+    tokens = adapter.str_tokens(batch, row)
+    return chain_summary(S, layer, head, [tokens[i] for i in real], alpha)
+
+
+def composed(model: Any, prompt: Prompt | Batch, layers: Sequence[int] | None = None,
+             heads: Mapping[int, int] | None = None, residual: float | None = None,
+             row: int = 0) -> Float[Tensor, "pos pos"]:
+    """Patterns composed through ``layers`` (first first) on the real positions of one prompt.
+
+    Each layer contributes one head (``heads[layer]``) or, by default, the mean over its heads
+    (as attention rollout does). ``residual=0.5`` gives attention rollout (Abnar & Zuidema
+    2020); ``None`` the plain product.
+    """
+    from tl_dynamics.odds_ratio._api import as_adapter
+
+    adapter = as_adapter(model)
+    layers = adapter.check_layers(layers)
+    heads = dict(heads or {})
+    for layer, head in heads.items():
+        adapter.check_layer(layer)
+        adapter.check_head(head, layer)
+    batch, real = _batch_row(adapter, prompt, row)
+    patterns: dict[int, Tensor] = {}
+
+    def keep(la: Any) -> None:
+        full = la.pattern([heads[la.layer]] if la.layer in heads else None)[row]
+        patterns[la.layer] = full.mean(0)[real][:, real]
+
+    with adapter.capture(keep, layers, batch=batch):
+        adapter.forward(batch)
+    return compose([patterns[layer] for layer in sorted(layers)], residual)
