@@ -2,6 +2,7 @@
 naive per-neuron loop, counterfactual queries, read-outs, growth, views, errors, and the
 induction head of the shipped induction model."""
 
+import dataclasses
 import time
 
 import pandas as pd
@@ -155,6 +156,12 @@ def test_a_wrong_rotary_frame_is_refused():
     captured[(0, "cos")] = captured[(0, "cos")].roll(1, dims=1)  # positions off by one
     with pytest.raises(TLDynamicsError, match="could not reproduce the scored rotary query"):
         cm.build_frames(adapter, out[0], batch.key_valid, captured)
+    gpt2 = adapter_for("gpt2")
+    la = gpt2.attention(batch.tokens, layers=[0], inputs=True)[0]
+    assert cm.build_frames(gpt2, la, batch.key_valid, {})[0].style == "none"
+    wrong = dataclasses.replace(la, q=la.q * 1.01)  # x W_Q + b_Q no longer the scored query
+    with pytest.raises(TLDynamicsError, match=r"could not reproduce the scored query from x W_Q"):
+        cm.build_frames(gpt2, wrong, batch.key_valid, {})
 
 
 # ------------------------------------------------------------------ counterfactual queries

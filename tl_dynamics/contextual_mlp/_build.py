@@ -8,7 +8,8 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
-from tl_dynamics.contextual_mlp._frame import RotaryFrame, build_frames, cos_sin_hooks, unrotated_queries
+from tl_dynamics.contextual_mlp._frame import (RotaryFrame, build_frames, check_inputs, check_linear,
+                                               cos_sin_hooks)
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.errors import TLDynamicsError
 
@@ -31,7 +32,7 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
     if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < n_batch:
         raise TLDynamicsError(f"row {row!r} is out of range: the batch has {n_batch} rows "
                               f"(valid: 0..{n_batch - 1})")
-    unrotated_queries(adapter, la)  # raises for qk-norm layers and missing inputs
+    check_inputs(adapter, la)
     if frame is None:
         if la.spec.rotary != "none":
             raise TLDynamicsError(f"layer {la.layer} is rotary: pass its verified frame "
@@ -60,8 +61,6 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
 
 def _layer_mlps(adapter: ModelAdapter, la: LayerAttention, heads: list[int], captured: dict,
                 batch: Batch | None) -> list[ContextualMLP]:
-    if la.spec.qk_norm:
-        unrotated_queries(adapter, la)  # the clear qk-norm error
     key_valid = batch.key_valid if batch is not None else la.allowed.any(dim=1)
     frames = build_frames(adapter, la, key_valid, captured)
     out = []
@@ -96,12 +95,7 @@ def attach(model: Any, layers: int | Sequence[int] | None = None,
     layer_list = adapter.check_layers(layers)
     head_list = adapter.check_heads(heads)
     for layer in layer_list:
-        if adapter.specs[layer].qk_norm:
-            raise TLDynamicsError(
-                f"layer {layer} of {adapter.info.architecture} normalises q and k after their "
-                "projections (qk-norm), so the query is not a linear function of the layer input "
-                "and attention is not a contextual MLP with fixed incoming weights b_i; supported: "
-                "architectures without qk-norm (not gemma3, olmo2)")
+        check_linear(adapter, layer)
     captured: dict = {}
     collected: list[ContextualMLP] = []
 

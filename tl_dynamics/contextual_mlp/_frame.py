@@ -85,62 +85,77 @@ def _keep(sink: dict, layer: int, role: str):
     return fn
 
 
-def unrotated_queries(adapter: "ModelAdapter", la: "LayerAttention") -> Float[Tensor, "batch pos head d_head"]:
-    """``x W_Q + b_Q`` from the captured attention input (needs ``inputs=True``)."""
-    if la.spec.qk_norm:
+def check_linear(adapter: "ModelAdapter", layer: int) -> None:
+    """Raise unless ``layer``'s query is a linear function of its input (no qk-norm)."""
+    if adapter.specs[layer].qk_norm:
         raise TLDynamicsError(
-            f"layer {la.layer} of {adapter.info.architecture} normalises q and k after their "
+            f"layer {layer} of {adapter.info.architecture} normalises q and k after their "
             "projections (qk-norm), so the query is not a linear function of the layer input and "
             "attention is not a contextual MLP with fixed incoming weights b_i; supported: "
             "architectures without qk-norm (not gemma3, olmo2)")
+
+
+def check_inputs(adapter: "ModelAdapter", la: "LayerAttention") -> None:
+    """Raise unless ``la`` can be written as a contextual MLP (linear query, input captured)."""
+    check_linear(adapter, la.layer)
     if "x" not in la.reference:
         raise TLDynamicsError(f"layer {la.layer}: the attention input x was not captured; capture "
                               "with inputs=True (adapter.attention(..., inputs=True))")
+
+
+def unrotated_queries(adapter: "ModelAdapter", la: "LayerAttention") -> Float[Tensor, "batch pos head d_head"]:
+    """``x W_Q + b_Q`` from the captured attention input (needs ``inputs=True``)."""
+    check_inputs(adapter, la)
     x = la.reference["x"]
     return torch.einsum("bpm,hmd->bphd", x, adapter.W_Q(la.layer)) + adapter.b_Q(la.layer)
 
 
 def build_frames(adapter: "ModelAdapter", la: "LayerAttention", key_valid: Tensor,
                  captured: dict) -> list[RotaryFrame]:
-    """One verified ``RotaryFrame`` per batch row of ``la``.
+    """One verified ``RotaryFrame`` per batch row of ``la``: ``R_p (x_p W_Q + b_Q)`` must equal
+    the query the model scored (on every architecture, rotary or not), else this raises.
 
     ``captured`` holds ``{(layer, "cos"|"sin"): tensor}`` from ``cos_sin_hooks``.
     """
     spec = la.spec
     n_batch, n_pos = la.q.shape[:2]
-    if spec.rotary == "none":
-        return [RotaryFrame("none")] * n_batch
     q_lin = unrotated_queries(adapter, la)
-    candidates: list[tuple[Style, Tensor, Tensor]] = []
-    if spec.rotary == "half" and (la.layer, "cos") in captured:
+    candidates: list[list[RotaryFrame]] = []
+    if spec.rotary == "none":
+        candidates.append([RotaryFrame("none")] * n_batch)
+    elif spec.rotary == "half" and (la.layer, "cos") in captured:
         cos, sin = captured[(la.layer, "cos")], captured[(la.layer, "sin")]
         cos, sin = (t.expand(n_batch, *t.shape[1:]) if t.shape[0] == 1 else t for t in (cos, sin))
-        candidates.append(("half", cos, sin))
+        candidates.append(_per_row("half", cos, sin, n_pos))
     elif spec.rotary_dim is not None and spec.rotary_base is not None:
         positions = _rotary.positions_from_mask(key_valid.to(la.q.device))
         cos, sin = _rotary.interleaved_cos_sin(positions, spec.rotary_dim, spec.rotary_base)
-        if spec.rotary != "interleaved":  # rotate_half layout of the same frequencies
-            cos = torch.cat((cos[..., ::2], cos[..., ::2]), -1)
-            sin = torch.cat((sin[..., ::2], sin[..., ::2]), -1)
-            candidates.append(("half", cos, sin))
-            cos, sin = _rotary.interleaved_cos_sin(positions, spec.rotary_dim, spec.rotary_base)
-        candidates.append(("interleaved", cos, sin))
+        if spec.rotary != "interleaved":  # rotate_half layout of the same frequencies first
+            candidates.append(_per_row("half", torch.cat((cos[..., ::2], cos[..., ::2]), -1),
+                                       torch.cat((sin[..., ::2], sin[..., ::2]), -1), n_pos))
+        candidates.append(_per_row("interleaved", cos, sin, n_pos))
     if not candidates:
         raise TLDynamicsError(
             f"layer {la.layer} of {adapter.info.architecture} is rotary ({spec.rotary!r}) but its "
             "rotation is unknown: the model fired no cos/sin and its spec gives no rotary_dim/base")
     valid = key_valid.to(la.q.device)
+    if not valid.any():
+        return candidates[0]
+    scale = max(la.q[valid].abs().max().item(), 1.0)
     worst = float("inf")
-    for style, cos, sin in candidates:
-        frames = [RotaryFrame(style, cos[b, :n_pos].float(), sin[b, :n_pos].float())
-                  for b in range(n_batch)]
+    for frames in candidates:
         rotated = torch.stack([f.rotate(q_lin[b]) for b, f in enumerate(frames)])
-        err = (rotated - la.q)[valid].abs().max().item() if valid.any() else 0.0
-        scale = la.q[valid].abs().max().item() if valid.any() else 1.0
-        if err <= FRAME_RTOL * max(scale, 1.0):
+        err = (rotated - la.q)[valid].abs().max().item()
+        if err <= FRAME_RTOL * scale:
             return frames
         worst = min(worst, err)
+    what = "rotary query" if spec.rotary != "none" else "query"
     raise TLDynamicsError(
-        f"layer {la.layer} of {adapter.info.architecture}: could not reproduce the scored rotary "
-        f"query from x W_Q + b_Q (best max error {worst:.3g}, tried "
-        f"{[c[0] for c in candidates]}); the contextual-MLP weights would be wrong here")
+        f"layer {la.layer} of {adapter.info.architecture}: could not reproduce the scored {what} "
+        f"from x W_Q + b_Q (best max error {worst:.3g}, tried "
+        f"{[c[0].style for c in candidates]}); the contextual-MLP weights would be wrong here")
+
+
+def _per_row(style: Style, cos: Tensor, sin: Tensor, n_pos: int) -> list[RotaryFrame]:
+    return [RotaryFrame(style, cos[b, :n_pos].float(), sin[b, :n_pos].float())
+            for b in range(cos.shape[0])]
