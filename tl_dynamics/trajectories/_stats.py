@@ -1,0 +1,231 @@
+"""``TrajectoryStats``: dataset-level statistics that add up exactly across batches and runs.
+
+Integer quantities (histogram counts, ranks, cluster counts, events) are int64 counts; real
+quantities are ``ExactSum`` totals of per-batch float64 sums. Merging two runs adds both, so
+``a.merge(b)`` equals the single run over the same batches bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.trajectories import _particles as P
+from tl_dynamics.trajectories._exact import ExactSum
+from tl_dynamics.trajectories._points import Standardizer
+
+# per-token float statistics: name -> (raw key, point offset)
+_TOKEN_FLOATS = ("norm", "step", "rel_step", "turning", "cos_final")
+_LENS_FLOATS = ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")
+
+
+def _valid_sum(x: Tensor, valid: Tensor) -> tuple[Tensor, np.ndarray]:
+    """Sum (float64) and count over batch and position of ``x [batch, point, pos]`` at valid
+    tokens where it is defined (not NaN)."""
+    v = valid[:, None, :].expand_as(x) & ~torch.isnan(x)
+    return torch.where(v, x.double(), 0.0).sum((0, 2)), v.sum((0, 2)).numpy().astype(np.int64)
+
+
+def _add_float(ints: dict, sums: dict, name: str, x: Tensor, valid: Tensor) -> None:
+    total, count = _valid_sum(x, valid)
+    sums[name] = ExactSum.of(total)
+    ints[f"count_{name}"] = count
+
+
+def reduce_batch(raw: dict[str, Tensor], key_valid: Tensor, meta: dict[str, Any]
+                 ) -> "TrajectoryStats":
+    """The statistics of one batch (a ``PointComputer``'s stacked output)."""
+    ints: dict[str, np.ndarray] = {}
+    sums: dict[str, ExactSum] = {}
+    n_tok = int(key_valid.sum())
+    ints["n_tokens"] = np.array(n_tok, dtype=np.int64)
+    ints["n_prompts"] = np.array(key_valid.shape[0], dtype=np.int64)
+    for name in _TOKEN_FLOATS:
+        if name in raw:
+            _add_float(ints, sums, name, raw[name], key_valid)
+    sums["state_sum"] = ExactSum.of(raw["state_sum"])
+    sums["state_sumsq"] = ExactSum.of(raw["state_sumsq"])
+    if "rank" in raw:
+        rank = raw["rank"]
+        has = rank >= 0  # [batch, point, pos]
+        ints["n_lens_tokens"] = np.array(int(has[:, 0].sum()), dtype=np.int64)
+        ints["rank_sum"] = torch.where(has, rank, 0).sum((0, 2)).numpy().astype(np.int64)
+        ints["top1"] = (rank == 0).sum((0, 2)).numpy().astype(np.int64)
+        sums["log_rank"] = ExactSum.of(torch.where(has, torch.log1p(rank.double()), 0.0).sum((0, 2)))
+        lens_valid = has[:, 0]
+        for name in _LENS_FLOATS:
+            _add_float(ints, sums, name, raw[name], lens_valid)
+        settle = raw["settling"][lens_valid]
+        n_points = rank.shape[1]
+        ints["settling"] = torch.bincount(settle, minlength=n_points + 1).numpy().astype(np.int64)
+    ints["cos_hist"] = raw["cos_hist"].sum(0).numpy().astype(np.int64)
+    ints["n_pairs"] = raw["n_pairs"].sum(0).numpy().astype(np.int64)
+    sums["cos_sum"] = ExactSum.of(raw["cos_sum"].sum(0))
+    sums["erank"] = ExactSum.of(raw["erank"].double().sum(0))
+    for name in ("clusters", "merges", "splits"):
+        ints[name] = raw[name].sum(0).numpy().astype(np.int64)
+    return TrajectoryStats(meta=dict(meta), ints=ints, sums=sums)
+
+
+@dataclass(frozen=True, eq=False)
+class TrajectoryStats:
+    """Streamed trajectory statistics over many prompts (see ``stream`` and ``attach``).
+
+    ``meta`` records what was computed (architecture, point labels, eps, options); runs merge
+    only when it matches. Means are over real tokens (per-token statistics), over prompts
+    (cluster counts, events, effective rank) or over token pairs (cosines).
+    """
+
+    meta: dict[str, Any]
+    ints: dict[str, np.ndarray] = field(default_factory=dict)
+    sums: dict[str, ExactSum] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ merging
+    def merge(self, other: "TrajectoryStats") -> "TrajectoryStats":
+        """The statistics of both runs together, exactly (integer and exact-sum addition)."""
+        if not isinstance(other, TrajectoryStats):
+            raise TLDynamicsError(f"can only merge TrajectoryStats, got {type(other).__name__}")
+        if self.meta != other.meta:
+            diff = sorted(k for k in set(self.meta) | set(other.meta)
+                          if self.meta.get(k) != other.meta.get(k))
+            raise TLDynamicsError(f"cannot merge statistics computed differently: they differ in "
+                                  f"{diff} ({[self.meta.get(k) for k in diff]} vs "
+                                  f"{[other.meta.get(k) for k in diff]})")
+        if set(self.ints) != set(other.ints) or set(self.sums) != set(other.sums):
+            raise TLDynamicsError("cannot merge: one run has next-token statistics and the other "
+                                  "does not (pass batch=... to attach, or the same lens option)")
+        return replace(self, ints={k: v + other.ints[k] for k, v in self.ints.items()},
+                       sums={k: v + other.sums[k] for k, v in self.sums.items()})
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, TrajectoryStats) and self.meta == other.meta
+                and set(self.ints) == set(other.ints)
+                and all(np.array_equal(v, other.ints[k]) for k, v in self.ints.items())
+                and self.sums == other.sums)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------ meta
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(self.meta["labels"])
+
+    @property
+    def eps(self) -> tuple[float, ...]:
+        return tuple(self.meta["eps"])
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.ints["n_prompts"])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.ints["n_tokens"])
+
+    @property
+    def has_lens(self) -> bool:
+        return "rank_sum" in self.ints
+
+    def __repr__(self) -> str:
+        return (f"TrajectoryStats({self.meta['architecture']}, prompts={self.n_prompts}, "
+                f"tokens={self.n_tokens}, points={len(self.labels)}, lens={self.has_lens})")
+
+    # ------------------------------------------------------------------ means
+    def _mean(self, name: str, count: int | np.ndarray) -> np.ndarray:
+        return self.sums[name].value() / np.maximum(count, 1)
+
+    def mean(self, name: str) -> np.ndarray:
+        """Mean over real tokens of a per-token statistic, per point (``norm``, ``step``,
+        ``rel_step``, ``turning``, ``cos_final``) or per next-token statistic (``cos_embed``,
+        ``dist_embed``, ``cos_unembed``, ``dist_unembed``, ``log_rank``)."""
+        if name in _TOKEN_FLOATS:
+            return self._mean(name, self.ints[f"count_{name}"])
+        if name in _LENS_FLOATS:
+            self._need_lens(name)
+            return self._mean(name, self.ints[f"count_{name}"])
+        if name == "log_rank":
+            self._need_lens(name)
+            return self._mean(name, int(self.ints["n_lens_tokens"]))
+        raise TLDynamicsError(f"unknown statistic {name!r}; valid: "
+                              f"{list(_TOKEN_FLOATS + _LENS_FLOATS + ('log_rank',))}")
+
+    def _need_lens(self, what: str) -> None:
+        if not self.has_lens:
+            raise TLDynamicsError(f"{what} needs the next-token statistics, which this run does "
+                                  f"not have: {self.meta.get('lens_note') or 'lens off'}")
+
+    def mean_rank(self) -> np.ndarray:
+        """Mean logit-lens rank of the true next token per point (0 = always top-1)."""
+        self._need_lens("mean_rank")
+        return self.ints["rank_sum"] / max(int(self.ints["n_lens_tokens"]), 1)
+
+    def top1_rate(self) -> np.ndarray:
+        self._need_lens("top1_rate")
+        return self.ints["top1"] / max(int(self.ints["n_lens_tokens"]), 1)
+
+    def settling_histogram(self) -> np.ndarray:
+        """Counts of tokens by settling point; the last bin counts tokens that never settle."""
+        self._need_lens("settling_histogram")
+        return self.ints["settling"].copy()
+
+    def cos_histogram(self, density: bool = True) -> np.ndarray:
+        """Pairwise-cosine histogram per point ``[point, N_BINS]`` on ``BIN_EDGES``."""
+        h = self.ints["cos_hist"]
+        if not density:
+            return h.copy()
+        return h / np.maximum(h.sum(1, keepdims=True), 1) / (2.0 / P.N_BINS)
+
+    def mean_pairwise_cos(self) -> np.ndarray:
+        return self.sums["cos_sum"].value() / np.maximum(self.ints["n_pairs"], 1)
+
+    def effective_rank(self) -> np.ndarray:
+        """Mean effective rank of the prompts' token clouds, per point."""
+        return self.sums["erank"].value() / max(self.n_prompts, 1)
+
+    def _eps_index(self, eps: float) -> int:
+        for i, e in enumerate(self.eps):
+            if abs(e - eps) < 1e-12:
+                return i
+        raise TLDynamicsError(f"eps={eps!r} was not computed; valid: {list(self.eps)} "
+                              "(pass eps=... when streaming)")
+
+    def cluster_counts(self, eps: float) -> np.ndarray:
+        """Mean number of clusters per prompt at each point, threshold ``cos > 1 - eps``.
+
+        Shaped ``[point]`` (index ``p`` is depth ``p`` when not flattened), ready to set beside
+        a particle simulation's cluster counts over time.
+        """
+        return self.ints["clusters"][self._eps_index(eps)] / max(self.n_prompts, 1)
+
+    def merge_events(self, eps: float) -> np.ndarray:
+        """Mean merge events per prompt between consecutive points ``[point - 1]``."""
+        return self.ints["merges"][self._eps_index(eps)] / max(self.n_prompts, 1)
+
+    def split_events(self, eps: float) -> np.ndarray:
+        return self.ints["splits"][self._eps_index(eps)] / max(self.n_prompts, 1)
+
+    def standardizer(self) -> Standardizer:
+        """Dataset per-dimension mean and std per point, for a second, standardised pass."""
+        n = max(self.n_tokens, 1)
+        mean = self.sums["state_sum"].value() / n
+        var = np.maximum(self.sums["state_sumsq"].value() / n - mean ** 2, 0.0)
+        return Standardizer(torch.tensor(mean, dtype=torch.float32),
+                            torch.tensor(np.sqrt(var), dtype=torch.float32))
+
+    # ------------------------------------------------------------------ views
+    def to_dataframe(self) -> Any:
+        """One row per trajectory point with every mean statistic."""
+        from tl_dynamics.trajectories._views import stats_frame
+
+        return stats_frame(self)
+
+    def show(self) -> Any:
+        """Per-point plots: pairwise-cosine histograms, cluster counts, lens rank."""
+        from tl_dynamics.trajectories._views import show_stats
+
+        return show_stats(self)

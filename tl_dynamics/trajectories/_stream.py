@@ -1,0 +1,154 @@
+"""Streaming: statistics over thousands of prompts in padded batches, memory bounded by a batch."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Sequence
+
+from torch import Tensor
+
+from tl_dynamics.adapter import Batch, ModelAdapter
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.trajectories import _particles as P
+from tl_dynamics.trajectories._points import Config, StandardizeArg, point_labels, point_roles
+from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
+from tl_dynamics.trajectories._trajectory import as_adapter, lens_note
+from tl_dynamics.trajectories._walk import Walker
+
+
+def _meta(adapter: ModelAdapter, cfg: Config, note: str) -> dict[str, Any]:
+    std = cfg.standardize
+    return dict(architecture=adapter.info.architecture, d_model=adapter.d_model,
+                labels=point_labels(point_roles(adapter, cfg.flattened)), eps=tuple(cfg.eps),
+                n_bins=P.N_BINS, flattened=cfg.flattened, skip_first=cfg.skip_first,
+                standardize="dataset" if not isinstance(std, (type(None), bool, str)) else
+                ("prompt" if std in (True, "prompt") else "none"),
+                lens_note=note)
+
+
+class Accumulator:
+    """Adds each forward pass's statistics; ``result()`` returns the ``TrajectoryStats`` so far."""
+
+    def __init__(self, adapter: ModelAdapter, cfg: Config, batch: Batch | None = None):
+        self.adapter, self.cfg = adapter, cfg
+        self.walker = Walker(adapter, cfg, self._add, batch)
+        self.total: TrajectoryStats | None = None
+
+    def set_batch(self, batch: Batch | None) -> None:
+        """Give the batch of the next forward pass (padding mask and next-token targets)."""
+        self.walker.set_batch(batch)
+
+    def _add(self, raw: dict[str, Tensor], batch: Batch | None) -> None:
+        valid = raw["norm"].new_ones(raw["norm"].shape[0], raw["norm"].shape[2]).bool() \
+            if batch is None else batch.key_valid
+        meta = _meta(self.adapter, self.cfg, lens_note(self.adapter, self.cfg.lens, batch))
+        part = reduce_batch(raw, valid, meta)
+        self.total = part if self.total is None else self.total.merge(part)
+
+    def result(self) -> TrajectoryStats:
+        if self.total is None:
+            raise TLDynamicsError("no forward pass has run inside attach(): run the model on "
+                                  "some prompts first")
+        return self.total
+
+
+def _config(eps: Sequence[float], flattened: bool, lens: bool, standardize: StandardizeArg,
+            skip_first: bool) -> Config:
+    return Config(eps=tuple(eps), flattened=flattened, lens=lens, standardize=standardize,
+                  skip_first=skip_first)
+
+
+@contextmanager
+def attach(model: Any, batch: Batch | None = None, eps: Sequence[float] = P.DEFAULT_EPS,
+           flattened: bool = False, lens: bool = True, standardize: StandardizeArg = None,
+           skip_first: bool = False) -> Iterator[Accumulator]:
+    """Accumulate trajectory statistics during the user's own forward passes.
+
+    Without ``batch`` every position counts as real and next-token statistics are skipped;
+    call ``acc.set_batch(batch)`` before each padded call to give its mask and tokens.
+
+    Example:
+        >>> from tl_dynamics import testing, trajectories
+        >>> model = testing.tiny_model("gpt2")                     # doctest: +SKIP
+        >>> with trajectories.attach(model) as acc:                # doctest: +SKIP
+        ...     _ = model(model.to_tokens("x = 1"))
+        >>> acc.result().cluster_counts(0.1).shape                 # doctest: +SKIP
+        (3,)
+    """
+    adapter = as_adapter(model)
+    acc = Accumulator(adapter, _config(eps, flattened, lens, standardize, skip_first), batch)
+    with acc.walker.attached():
+        yield acc
+
+
+def _batches(adapter: ModelAdapter, prompts: Iterable[Any], batch_size: int,
+             padding_side: str) -> Iterator[Batch]:
+    chunk: list[Any] = []
+    for prompt in prompts:
+        if isinstance(prompt, Batch):
+            if chunk:
+                yield adapter.tokenize(chunk, padding_side)
+                chunk = []
+            yield prompt
+            continue
+        chunk.append(prompt)
+        if len(chunk) == batch_size:
+            yield adapter.tokenize(chunk, padding_side)
+            chunk = []
+    if chunk:
+        yield adapter.tokenize(chunk, padding_side)
+
+
+def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16,
+           eps: Sequence[float] = P.DEFAULT_EPS, flattened: bool = False, lens: bool = True,
+           standardize: StandardizeArg = None, skip_first: bool = False,
+           padding_side: str = "right", progress: bool = True,
+           total: int | None = None) -> TrajectoryStats:
+    """Trajectory statistics over many prompts, in padded batches of ``batch_size``.
+
+    Peak memory is one batch's activations plus fixed-size accumulators. Two runs over a
+    split of the same batches merge exactly: ``stream(m, a).merge(stream(m, b))`` equals
+    ``stream(m, a + b)`` when ``len(a)`` is a multiple of ``batch_size``.
+
+    Example:
+        >>> from tl_dynamics import testing, trajectories
+        >>> stats = trajectories.stream(testing.tiny_model("gpt2"), ["a = 1", "b = 2"] * 8,
+        ...                             batch_size=4, progress=False)   # doctest: +SKIP
+        >>> stats.n_prompts                                              # doctest: +SKIP
+        16
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise TLDynamicsError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if isinstance(prompts, (str, Tensor)):
+        raise TLDynamicsError("stream takes an iterable of prompts (strings or Batch objects); "
+                              "for one prompt use trajectories.compute")
+    adapter = as_adapter(model)
+    acc = Accumulator(adapter, _config(eps, flattened, lens, standardize, skip_first))
+    if total is None and hasattr(prompts, "__len__"):
+        total = len(prompts)  # type: ignore[arg-type]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="trajectories", unit="prompt")
+    try:
+        with acc.walker.attached():
+            for batch in _batches(adapter, prompts, batch_size, padding_side):
+                acc.set_batch(batch)
+                adapter.forward(batch)
+                if bar is not None:
+                    bar.update(batch.tokens.shape[0])
+    finally:
+        if bar is not None:
+            bar.close()
+    return acc.result()
+
+
+def merge(runs: Sequence[TrajectoryStats]) -> TrajectoryStats:
+    """Merge several runs (e.g. from different processes) into one, exactly."""
+    if not runs:
+        raise TLDynamicsError("merge needs at least one TrajectoryStats")
+    out = runs[0]
+    for run in runs[1:]:
+        out = out.merge(run)
+    return out

@@ -1,0 +1,82 @@
+"""Hook plumbing: route each residual point of a forward pass to a ``PointComputer``."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.trajectories._points import (Config, PointComputer, check_config, next_tokens,
+                                              point_roles)
+
+if TYPE_CHECKING:
+    from tl_dynamics.adapter import Batch, ModelAdapter
+
+
+def lens_applies(adapter: "ModelAdapter") -> bool:
+    """The logit lens (and next-token approach) is defined for decoder language models only."""
+    return not adapter.is_encoder
+
+
+class Walker:
+    """Owns one ``PointComputer`` per forward pass and hands its stacked output to ``sink``.
+
+    ``batch`` gives the padding mask and the tokens (for the next-token targets); without it
+    every position counts as real and the next-token statistics are skipped.
+    """
+
+    def __init__(self, adapter: "ModelAdapter", cfg: Config,
+                 sink: Callable[[dict[str, Tensor], "Batch | None"], None],
+                 batch: "Batch | None" = None):
+        check_config(adapter, cfg)
+        self.adapter, self.cfg, self.sink, self.batch = adapter, cfg, sink, batch
+        self.roles = point_roles(adapter, cfg.flattened)
+        self.computer: PointComputer | None = None
+
+    def set_batch(self, batch: "Batch | None") -> None:
+        """The batch of the next forward pass (for ``attach`` around the user's own calls)."""
+        self.batch = batch
+
+    def _start(self, z: Tensor) -> PointComputer:
+        batch = self.batch
+        if batch is not None and tuple(batch.tokens.shape) != tuple(z.shape[:2]):
+            raise TLDynamicsError(f"the forward pass runs tokens of shape {tuple(z.shape[:2])} but "
+                                  f"the batch given has {tuple(batch.tokens.shape)}")
+        if batch is None:
+            key_valid = torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
+            targets = None
+        else:
+            key_valid = batch.key_valid.to(z.device)
+            targets = None
+            if self.cfg.lens and lens_applies(self.adapter):
+                targets = next_tokens(batch.tokens.to(z.device), key_valid)
+        return PointComputer(self.adapter, self.cfg, key_valid, targets, len(self.roles))
+
+    def hooks(self) -> list[tuple[str, int, Callable[[Tensor], None]]]:
+        def make(p: int) -> Callable[[Tensor], None]:
+            def fn(z: Tensor) -> None:
+                if p == 0:
+                    self.computer = self._start(z)
+                if self.computer is None:
+                    raise TLDynamicsError("a residual point fired before the first one")
+                self.computer.add(p, z)
+            return fn
+        return [(role, layer, make(p)) for p, (role, layer) in enumerate(self.roles)]
+
+    def end(self) -> None:
+        computer, self.computer = self.computer, None
+        if computer is not None:
+            self.sink(computer.finish(), self.batch)
+
+    @contextmanager
+    def attached(self) -> Iterator["Walker"]:
+        with self.adapter.hooks(self.hooks(), on_forward_end=self.end):
+            yield self
+
+    def run(self, batch: "Batch") -> None:
+        self.batch = batch
+        with self.attached():
+            self.adapter.forward(batch)
