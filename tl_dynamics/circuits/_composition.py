@@ -1,0 +1,227 @@
+"""Q-, K- and V-composition scores for every pair of heads in different layers.
+
+For an earlier head ``h1`` and a later head ``h2`` (row-vector convention):
+
+    Q: |W_OV^h1 W_QK^h2|_F,  K: |W_OV^h1 (W_QK^h2)^T|_F,  V: |W_OV^h1 W_OV^h2|_F,
+
+each divided by ``|W_OV^h1|_F |M^h2|_F``, with ``W_OV = W_V W_O`` and ``W_QK = W_Q W_K^T``
+(biases, LayerNorm and rotary rotations left out, as in Elhage et al. 2021). All pairs are
+computed at once from Gram matrices, one per head and side: with ``W_OV^h1 = W_V W_O`` and
+``S^T S = W_V^T W_V`` (``d_head``-sized), ``|W_OV Y|_F = |S W_O Y|_F``; likewise on the later side; ``|X Y|_F^2 = <X^T X, Y Y^T>``, so a pair costs
+one ``d_model^2`` inner product and no ``d_model x d_model`` product is formed per pair.
+
+The baseline is the same score for random matrices of the same shapes: ``BASELINE_SAMPLES``
+independent draws (seed ``BASELINE_SEED``) of standard normal factors ``[d_model, d_head]``
+and ``[d_head, d_model]`` on each side. A pair is called composing only when its score exceeds
+the baseline mean by more than ``CHANCE_Z`` baseline standard deviations; otherwise the score
+cannot tell composition from chance. (The Frobenius score is known to miss real circuits: on an
+induction model the K-composition of its previous-token and induction heads sat at the random
+baseline; the token-level circuits in ``token_composition`` do separate it.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from tl_dynamics.circuits._labels import as_adapter
+from tl_dynamics.circuits._views import head_labels, heatmaps
+from tl_dynamics.errors import TLDynamicsError
+
+BASELINE_SAMPLES = 200
+BASELINE_SEED = 0
+CHANCE_Z = 3.0
+KINDS = ("Q", "K", "V")
+
+
+def left_factors(W_V: Float[Tensor, "n d_model d_head"], W_O: Float[Tensor, "n d_head d_model"]
+                 ) -> Float[Tensor, "n d_head d_model"]:
+    """``X`` with ``X^T X = W_OV^T W_OV``: ``S W_O`` where ``S^T S = W_V^T W_V``."""
+    return gram_root(W_V) @ W_O
+
+
+def right_factors(kind: str, W_Q: Tensor, W_K: Tensor, W_V: Tensor, W_O: Tensor
+                  ) -> Float[Tensor, "n d_head d_model"]:
+    """``X`` with ``X^T X = M M^T``, ``M`` the later head's ``W_QK`` (Q), ``W_QK^T`` (K) or
+    ``W_OV`` (V): e.g. ``M = W_Q W_K^T`` gives ``X = S_K W_Q^T`` with ``S_K^T S_K = W_K^T W_K``."""
+    if kind == "Q":
+        outer, inner = W_Q, W_K
+    elif kind == "K":
+        outer, inner = W_K, W_Q
+    else:
+        outer, inner = W_V, W_O.transpose(1, 2)
+    return gram_root(inner) @ outer.transpose(1, 2)
+
+
+def gram_root(W: Float[Tensor, "n d_model d_head"]) -> Float[Tensor, "n d_head d_head"]:
+    """``S`` with ``S^T S = W^T W``: the transposed Cholesky factor of the small Gram matrix, or
+    ``Lambda^(1/2) U^T`` from its eigendecomposition where it is singular (a QR factor would do,
+    but batched QR and float32 ``eigh`` are slow on CPU)."""
+    gram = W.transpose(1, 2) @ W
+    factor, info = torch.linalg.cholesky_ex(gram)
+    root = factor.transpose(1, 2)
+    bad = info != 0
+    if bad.any():
+        lam, U = torch.linalg.eigh(gram[bad].double())
+        root[bad] = (lam.clamp_min(0).sqrt()[..., :, None] * U.transpose(1, 2)).to(root.dtype)
+    return root
+
+
+def grams(X: Float[Tensor, "n r d"]) -> Float[Tensor, "n d_d"]:
+    """``X^T X`` per head, flattened (one batched product: faster on CPU than forming only
+    the blocks above the diagonal)."""
+    return (X.transpose(1, 2) @ X).flatten(1)
+
+
+def pair_scores(left: Float[Tensor, "n1 r d"], right: Float[Tensor, "n2 r d"],
+                left_grams: Tensor | None = None) -> Float[Tensor, "n1 n2"]:
+    """Normalised Frobenius norms ``<G_L, G_R>^(1/2) /
+    (tr G_L tr G_R)^(1/2)`` with ``G = X^T X``, for every pair of rows of ``left``, ``right``."""
+    if left_grams is None:
+        left_grams = grams(left)
+    inner = left_grams @ grams(right).T
+    norms = left.square().sum((1, 2))[:, None] * right.square().sum((1, 2))[None]
+    return inner.clamp_min(0).sqrt() / norms.clamp_min(torch.finfo(norms.dtype).tiny).sqrt()
+
+
+def random_baseline(d_model: int, d_head: int, n_samples: int = BASELINE_SAMPLES,
+                    seed: int = BASELINE_SEED) -> Float[Tensor, " n_samples"]:
+    """Scores ``|X Y|_F / (|X|_F |Y|_F)`` of independent ``X = A B``, ``Y = C D`` with standard
+    normal ``A, C: [d_model, d_head]`` and ``B, D: [d_head, d_model]``."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for start in range(0, n_samples, 50):
+        n = min(50, n_samples - start)
+        a, c = (torch.randn(n, d_model, d_head, generator=gen) for _ in range(2))
+        b, d = (torch.randn(n, d_head, d_model, generator=gen) for _ in range(2))
+        # |A (B C) D|^2 = tr(G_A M G_D M^T) with M = B C, G_A = A^T A, G_D = D D^T (d_head-sized)
+        m = b @ c
+        g_a, g_d = a.transpose(1, 2) @ a, d @ d.transpose(1, 2)
+        num = (m * (g_a @ m @ g_d)).sum((1, 2))
+        den = torch.einsum("nij,nji->n", g_a, b @ b.transpose(1, 2)) * \
+            torch.einsum("nij,nji->n", c.transpose(1, 2) @ c, g_d)
+        out.append((num / den).sqrt())
+    return torch.cat(out)
+
+
+@dataclass(frozen=True)
+class CompositionScores:
+    """Composition scores ``[kind, layer1, head1, layer2, head2]`` (NaN unless layer1 < layer2),
+    against a random baseline of the same shapes.
+
+    ``excess`` is the score minus the baseline mean; ``beyond_chance`` marks the pairs that
+    exceed the baseline by more than ``z`` baseline standard deviations: only those can be
+    told from chance by this score.
+    """
+
+    kinds: tuple[str, ...]
+    scores: Float[Tensor, "kind layer1 head1 layer2 head2"]
+    baseline_mean: float
+    baseline_std: float
+    n_samples: int
+    seed: int
+    z: float
+    notes: tuple[str, ...]
+    architecture: str
+
+    def __repr__(self) -> str:
+        return (f"CompositionScores({'/'.join(self.kinds)}, {self.scores.shape[1]} layers x "
+                f"{self.scores.shape[2]} heads, baseline {self.baseline_mean:.3f} ± "
+                f"{self.baseline_std:.3f})")
+
+    def of(self, kind: str) -> Float[Tensor, "layer1 head1 layer2 head2"]:
+        if kind not in self.kinds:
+            raise TLDynamicsError(f"composition kind {kind!r} was not computed; computed: {list(self.kinds)}")
+        return self.scores[self.kinds.index(kind)]
+
+    @property
+    def excess(self) -> Tensor:
+        return self.scores - self.baseline_mean
+
+    @property
+    def beyond_chance(self) -> Tensor:
+        return self.excess > self.z * self.baseline_std
+
+    def summary(self) -> str:
+        """Plain-language verdict per kind: how many pairs the score can tell from chance."""
+        lines = [f"Random baseline ({self.n_samples} samples, seed {self.seed}): "
+                 f"{self.baseline_mean:.4f} ± {self.baseline_std:.4f}."]
+        for i, kind in enumerate(self.kinds):
+            valid = ~torch.isnan(self.scores[i])
+            n_pairs, n_hit = int(valid.sum()), int(self.beyond_chance[i][valid].sum())
+            top = float(self.scores[i][valid].max()) if n_pairs else float("nan")
+            verdict = ("none of them can be told from chance by this score" if n_hit == 0 else
+                       f"{n_hit} pair(s) exceed it by more than {self.z:g} standard deviations; the "
+                       f"other {n_pairs - n_hit} cannot be told from chance")
+            lines.append(f"{kind}-composition: {n_pairs} head pairs, highest {top:.4f}; {verdict}.")
+        return "\n".join(lines)
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        idx = (~torch.isnan(self.scores)).nonzero().tolist()
+        rows = [dict(kind=self.kinds[k], layer1=l1, head1=h1, layer2=l2, head2=h2,
+                     score=float(self.scores[k, l1, h1, l2, h2])) for k, l1, h1, l2, h2 in idx]
+        frame = pd.DataFrame(rows, columns=["kind", "layer1", "head1", "layer2", "head2", "score"])
+        frame["baseline_mean"], frame["baseline_std"] = self.baseline_mean, self.baseline_std
+        frame["excess"] = frame["score"] - self.baseline_mean
+        frame["z"] = frame["excess"] / self.baseline_std
+        frame["beyond_chance"] = frame["z"] > self.z
+        return frame
+
+    def show(self):
+        """Heat maps of score minus baseline, earlier heads (rows) by later heads (columns)."""
+        n_layers, n_heads = self.scores.shape[1], self.scores.shape[2]
+        rows, cols = list(range(n_layers - 1)), list(range(1, n_layers))
+        panels = []
+        for i, kind in enumerate(self.kinds):
+            block = self.excess[i][rows][:, :, cols].reshape(len(rows) * n_heads, len(cols) * n_heads)
+            panels.append((f"{kind}-composition minus baseline", block.numpy()))
+        return heatmaps(panels, head_labels(rows, n_heads), head_labels(cols, n_heads),
+                        caption=self.summary().replace("\n", " "), xlabel="later head",
+                        ylabel="earlier head")
+
+
+def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int = BASELINE_SAMPLES,
+                       seed: int = BASELINE_SEED, z: float = CHANCE_Z,
+                       progress: bool = False) -> CompositionScores:
+    """Q-, K- and V-composition scores of all head pairs across layers, vectorised.
+
+    Example:
+        >>> from tl_dynamics import circuits, zoo
+        >>> comp = circuits.composition_scores(zoo.load("induction-2l"))  # doctest: +SKIP
+        >>> print(comp.summary())                                        # doctest: +SKIP
+    """
+    adapter = as_adapter(model)
+    kinds = tuple(kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if not kinds or bad:
+        raise TLDynamicsError(f"composition kinds {bad or list(kinds)!r} are not valid; valid: {list(KINDS)}")
+    if not isinstance(n_samples, int) or n_samples < 2:
+        raise TLDynamicsError(f"n_samples={n_samples!r}: the baseline needs at least 2 samples")
+    L, H = adapter.n_layers, adapter.n_heads
+    scores = torch.full((len(kinds), L, H, L, H), float("nan"))
+    if L > 1:
+        W = {name: torch.stack([getattr(adapter, name)(l) for l in range(L)])
+             for name in ("W_Q", "W_K", "W_V", "W_O")}
+        left = left_factors(W["W_V"][:-1].flatten(0, 1), W["W_O"][:-1].flatten(0, 1))
+        left_g = grams(left)
+        for l2 in tqdm(range(1, L), desc="composition", disable=not progress, leave=False):
+            weights = [W[name][l2] for name in ("W_Q", "W_K", "W_V", "W_O")]
+            right = torch.cat([right_factors(kind, *weights) for kind in kinds])
+            block = pair_scores(left[: l2 * H], right, left_g[: l2 * H])  # [l2*H, kinds*H]
+            scores[:, :l2, :, l2, :] = block.reshape(l2, H, len(kinds), H).permute(2, 0, 1, 3)
+            del right, block
+    base = random_baseline(adapter.d_model, adapter.d_head, n_samples, seed)
+    notes = ("Weights only: biases, LayerNorm and rotary rotations are left out.",
+             f"Random baseline: {n_samples} draws (seed {seed}) of standard normal factors of the "
+             f"same shapes; pairs within {z:g} baseline standard deviations cannot be told from chance.",
+             "A Frobenius score near the baseline does not rule composition out: it weighs every "
+             "direction equally; check token-level circuits (token_composition).")
+    return CompositionScores(kinds, scores, float(base.mean()), float(base.std()), n_samples, seed,
+                             float(z), notes, adapter.info.architecture)

@@ -1,0 +1,110 @@
+"""The QK circuit of a rotary head across relative offsets, summarised without forming it.
+
+For each offset ``delta`` (query position minus key position) and the full vocabulary circuit
+``M_delta = c (E W_Q + b_Q) R_delta (E W_K + b_K)^T``:
+
+- ``mean``: the mean of all ``d_vocab^2`` entries, ``mean_q R_delta mean_k^T`` (how much the
+  head prefers that offset whatever the tokens);
+- ``same_token``: the mean diagonal entry (a token attending to the same token ``delta`` back);
+- ``frobenius``: ``|M_delta|_F`` from ``d_head``-sized Gram matrices;
+- ``positivity``: ``sum(Re lambda)/sum(|lambda|)`` of ``M_delta``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from tl_dynamics.circuits._build import checked_head, keys, queries
+from tl_dynamics.circuits._circuit import positivity
+from tl_dynamics.circuits._labels import as_adapter
+from tl_dynamics.circuits._rotary import cached_rotary_map, offsets_checked
+from tl_dynamics.errors import TLDynamicsError
+
+DEFAULT_OFFSETS = range(0, 32)
+STATS = ("mean", "same_token", "frobenius", "positivity")
+
+
+@dataclass(frozen=True)
+class OffsetSummary:
+    """Per-offset statistics of a rotary head's full QK circuit (``[len(offsets)]`` each)."""
+
+    layer: int
+    head: int
+    offsets: tuple[int, ...]
+    mean: Float[Tensor, " offset"]
+    same_token: Float[Tensor, " offset"]
+    frobenius: Float[Tensor, " offset"]
+    positivity: Float[Tensor, " offset"]
+    architecture: str
+
+    def __repr__(self) -> str:
+        return f"OffsetSummary(L{self.layer}H{self.head}, offsets {self.offsets[0]}..{self.offsets[-1]})"
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        return pd.DataFrame(dict(offset=list(self.offsets), **{s: getattr(self, s).numpy() for s in STATS}))
+
+    def show(self):
+        """Line plots of each statistic against the offset."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg", force=False)
+            import matplotlib.pyplot as plt
+        except ImportError:
+            from tl_dynamics import viz
+
+            return viz.table(self.to_dataframe(), caption=f"QK circuit of L{self.layer}H{self.head} by offset")
+        from tl_dynamics import viz
+
+        fig, axes = plt.subplots(1, len(STATS), figsize=(3.2 * len(STATS), 2.6))
+        for ax, stat in zip(axes, STATS):
+            ax.plot(list(self.offsets), getattr(self, stat).numpy(), marker=".")
+            ax.set_title(stat.replace("_", " "), fontsize=9)
+            ax.set_xlabel("offset (query - key)", fontsize=8)
+        fig.tight_layout()
+        return viz.figure(fig, caption=f"Full QK circuit of L{self.layer}H{self.head} across rotary offsets")
+
+
+def offset_summary(model: Any, layer: int, head: int,
+                   offsets: int | Sequence[int] | range = DEFAULT_OFFSETS,
+                   biases: bool = True) -> OffsetSummary:
+    """Summarise a rotary head's full QK circuit at each relative offset.
+
+    Example:
+        >>> from tl_dynamics import circuits, testing
+        >>> s = circuits.offset_summary(testing.tiny_model("llama"), 0, 1, range(8))  # doctest: +SKIP
+        >>> s.to_dataframe().shape                                                 # doctest: +SKIP
+        (8, 5)
+    """
+    adapter = as_adapter(model)
+    layer, head = checked_head(adapter, layer, head)
+    rmap = cached_rotary_map(adapter, layer)
+    if rmap is None:
+        raise TLDynamicsError(f"offset_summary needs a rotary layer; layer {layer} of "
+                              f"{adapter.info.architecture} has none (use positional_qk_circuit "
+                              "for learned positions)")
+    offsets = offsets_checked(offsets if isinstance(offsets, int) else list(offsets), adapter.n_ctx)
+    E = adapter.W_E
+    q = queries(adapter, layer, head, E, biases)  # [vocab, d_head], scale included
+    k = keys(adapter, layer, head, E, biases)
+    gram_q, gram_k = q.T @ q, k.T @ k
+    cross = q.T @ k  # sum_t q_t^T k_t, for the diagonal mean
+    mean_q, mean_k = q.mean(0), k.mean(0)
+    n = E.shape[0]
+    stats: dict[str, list[float]] = {s: [] for s in STATS}
+    for delta in offsets:
+        R = rmap.matrix(delta, adapter.d_head)
+        stats["mean"].append(float(mean_q @ R @ mean_k))
+        stats["same_token"].append(float((R * cross).sum() / n))
+        stats["frobenius"].append(float(torch.trace(R.T @ gram_q @ R @ gram_k).clamp_min(0).sqrt()))
+        stats["positivity"].append(float(positivity(torch.linalg.eigvals(k.T @ (q @ R)))))
+    return OffsetSummary(layer, head, tuple(offsets),
+                         **{s: torch.tensor(v) for s, v in stats.items()},
+                         architecture=adapter.info.architecture)

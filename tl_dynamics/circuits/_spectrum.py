@@ -1,0 +1,151 @@
+"""Copying (OV) and positivity (QK) scores for every head, from ``d_head x d_head`` factors.
+
+For ``M = E W B`` (``E``: the embedding rows, ``[d_vocab, d_model]``) the nonzero eigenvalues
+of the vocabulary-sized circuit equal those of the small factor, computed here without any
+vocabulary-sized product: ``(E^T E)`` or ``(W_U E)`` (``d_model x d_model``) is formed once and
+shared by every head. Biases enter through a column of ones appended to ``E``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Complex, Float
+from torch import Tensor
+from transformer_lens import FactoredMatrix
+
+from tl_dynamics.circuits._build import norm_note, rotation
+from tl_dynamics.circuits._circuit import positivity
+from tl_dynamics.circuits._labels import as_adapter
+from tl_dynamics.circuits._views import heatmaps
+from tl_dynamics.errors import TLDynamicsError
+
+
+@dataclass(frozen=True)
+class HeadScores:
+    """One score per head (``[len(layers), n_heads]``) with each head's spectrum.
+
+    ``kind`` is ``"OV copying"`` (``sum(Re lambda)/sum(|lambda|)`` of ``W_E W_V W_O W_U``;
+    near 1: the head copies the token it attends to into the logits) or ``"QK positivity"``
+    (the same for ``W_E W_Q W_K^T W_E^T``; near 1: tokens attend to themselves).
+    """
+
+    kind: str
+    layers: tuple[int, ...]
+    scores: Float[Tensor, "layer head"]
+    eigenvalues: Complex[Tensor, "layer head d_head"]
+    offset: int | None
+    notes: tuple[str, ...]
+    architecture: str
+
+    def __repr__(self) -> str:
+        return f"HeadScores({self.kind}, layers {list(self.layers)}, heads {self.scores.shape[1]})"
+
+    def score(self, layer: int, head: int) -> float:
+        if layer not in self.layers:
+            raise TLDynamicsError(f"layer {layer} was not scored; scored layers: {list(self.layers)}")
+        return float(self.scores[self.layers.index(layer), head])
+
+    def best(self, layer: int) -> int:
+        """The head of ``layer`` with the highest score."""
+        if layer not in self.layers:
+            raise TLDynamicsError(f"layer {layer} was not scored; scored layers: {list(self.layers)}")
+        return int(self.scores[self.layers.index(layer)].argmax())
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        rows = []
+        for i, layer in enumerate(self.layers):
+            for head in range(self.scores.shape[1]):
+                lam = self.eigenvalues[i, head]
+                rows.append(dict(layer=layer, head=head, score=float(self.scores[i, head]),
+                                 trace=float(lam.real.sum()), abs_sum=float(lam.abs().sum()),
+                                 largest_abs_eigenvalue=float(lam.abs().max())))
+        frame = pd.DataFrame(rows)
+        frame.attrs.update(kind=self.kind, offset=self.offset)
+        return frame
+
+    def show(self):
+        """Heat map of the scores, layers by heads, from -1 to 1."""
+        return heatmaps([(self.kind, self.scores.numpy())], [f"L{l}" for l in self.layers],
+                        [f"H{h}" for h in range(self.scores.shape[1])],
+                        caption=f"{self.kind} per head: sum(Re λ)/sum(|λ|)", xlabel="head",
+                        ylabel="layer", vmin=-1.0, vmax=1.0)
+
+
+def _embedding(adapter, biases: bool) -> Tensor:
+    E = adapter.W_E
+    return torch.cat([E, torch.ones(E.shape[0], 1)], dim=1) if biases else E
+
+
+def _augmented(weight: Tensor, bias: Tensor, biases: bool) -> Tensor:
+    """``[head, d_model (+1), d_head]``: the bias as an extra input row."""
+    return torch.cat([weight, bias[:, None, :]], dim=1) if biases else weight
+
+
+def _checked_layers(adapter, layers: int | Sequence[int] | None) -> list[int]:
+    return adapter.check_layers(layers)
+
+
+def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
+                   biases: bool = True) -> HeadScores:
+    """OV copying score of every head: eigenvalues of ``W_E W_V W_O W_U`` from its
+    ``d_head x d_head`` factor ``W_O (W_U W_E) W_V``.
+
+    Example:
+        >>> from tl_dynamics import circuits, zoo
+        >>> scores = circuits.copying_scores(zoo.load("induction-2l"))   # doctest: +SKIP
+        >>> scores.scores.shape                                          # doctest: +SKIP
+        torch.Size([2, 4])
+    """
+    adapter = as_adapter(model)
+    layers = _checked_layers(adapter, layers)
+    E = _embedding(adapter, biases)
+    if adapter.W_U.shape[1] != E.shape[0]:
+        raise TLDynamicsError(f"the copying score needs the unembedding to cover the embedding's "
+                              f"vocabulary: W_E has {E.shape[0]} rows, W_U has "
+                              f"{adapter.W_U.shape[1]} columns")
+    UE = adapter.W_U @ E  # [d_model, d_model (+1)]
+    eig = []
+    for layer in layers:
+        A = _augmented(adapter.W_V(layer), adapter.b_V(layer), biases)
+        B = adapter.W_O(layer) @ UE
+        eig.append(FactoredMatrix(A, B).eigenvalues)
+    eig = torch.stack(eig)
+    notes = (f"b_V {'included' if biases else 'left out'}; b_O, b_U and the final LayerNorm left out.",
+             norm_note(adapter))
+    return HeadScores("OV copying", tuple(layers), positivity(eig), eig, None, notes,
+                      adapter.info.architecture)
+
+
+def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
+                         offset: int | None = None, biases: bool = True) -> HeadScores:
+    """Positivity of every head's full QK circuit ``W_E W_Q R_offset W_K^T W_E^T`` (rotary
+    layers: at ``offset``, 0 by default), from ``W_K^T (W_E^T W_E) W_Q R``."""
+    adapter = as_adapter(model)
+    layers = _checked_layers(adapter, layers)
+    E = _embedding(adapter, biases)
+    gram = E.T @ E
+    eig, used = [], None
+    for layer in layers:
+        rot, used_here = rotation(adapter, layer, offset)
+        used = used_here if used_here is not None else used
+        scale = adapter.specs[layer].scale
+        A = _augmented(adapter.W_Q(layer), adapter.b_Q(layer), biases) * scale
+        A = A if rot is None else A @ rot
+        B = _augmented(adapter.W_K(layer), adapter.b_K(layer), biases).transpose(1, 2) @ gram
+        eig.append(FactoredMatrix(A, B).eigenvalues)
+    eig = torch.stack(eig)
+    notes = [f"b_Q, b_K {'included' if biases else 'left out'}.", norm_note(adapter)]
+    if used is not None:
+        notes.append(f"Rotary layers at offset {used} (query minus key position).")
+    if any(adapter.specs[l].qk_norm for l in layers):
+        notes.append("q/k normalisation (qk_norm) is left out of the bilinear circuit.")
+    return HeadScores("QK positivity", tuple(layers), positivity(eig), eig, used, tuple(notes),
+                      adapter.info.architecture)
+
+
