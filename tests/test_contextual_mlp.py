@@ -277,6 +277,17 @@ def test_attach_collects_during_own_forward_and_removes_its_hooks():
     assert_exact(mlps)
 
 
+def test_save_and_load_round_trip(tmp_path):
+    mlp = cm.compute(adapter_for("phi"), testing.PROMPTS[0], layer=1, head=2)
+    back = cm.ContextualMLP.load(mlp.save(tmp_path / "mlp.pt"))
+    assert (back.layer, back.head, back.str_tokens, back.frame.style) == \
+        (mlp.layer, mlp.head, mlp.str_tokens, "half")
+    assert torch.equal(back.neurons(5).b, mlp.neurons(5).b)
+    torch.save({"something": 1}, tmp_path / "other.pt")
+    with pytest.raises(TLDynamicsError, match="is not a saved ContextualMLP"):
+        cm.ContextualMLP.load(tmp_path / "other.pt")
+
+
 def test_views_are_viz_components():
     adapter = adapter_for("gpt2")
     mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=0)

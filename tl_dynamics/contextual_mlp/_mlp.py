@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -18,6 +20,11 @@ from tl_dynamics.errors import TLDynamicsError
 if TYPE_CHECKING:
     from tl_dynamics.adapter import ModelAdapter
 
+SAVE_FORMAT = "tl_dynamics.contextual_mlp/1"
+# The MLP is evaluated in float64 from the float32 activations: its error against the model is
+# then the model's own float32 rounding alone (on a d_model=256 GPT-2 shape at 512 tokens: max
+# 6.8e-6 against 1.1e-5 when evaluated in float32). Results are returned in float32.
+WORK_DTYPE = torch.float64
 DEFAULT_CHUNK = 4096  # query inputs evaluated at once: chunk x (n_src + d_head + d_model) floats
 
 
@@ -100,23 +107,31 @@ class ContextualMLP:
 
     def query_frame_keys(self, position: int) -> Float[Tensor, "src d_head"]:
         """The allowed keys rotated back into the query's frame at ``position``."""
-        pos = self.check_position(position)
-        return self.frame.to_query_frame(self.keys[self.sources(pos)], pos)
+        return self._keys(self.check_position(position)).float()
+
+    def _keys(self, pos: int) -> Tensor:
+        return self.frame.to_query_frame(self.keys[self.sources(pos)].to(WORK_DTYPE), pos)
 
     def _bias(self, pos: int, src: Tensor) -> Tensor | None:
-        return None if self.bias is None else self.bias[pos, src]
+        return None if self.bias is None else self.bias[pos, src].to(WORK_DTYPE)
+
+    def _weights(self, pos: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(sources, b, c, activations at x_T)`` in ``WORK_DTYPE``."""
+        src = self.sources(pos)
+        b, c = _core.incoming_weights(self.W_Q.to(WORK_DTYPE), self.b_Q.to(WORK_DTYPE),
+                                      self._keys(pos), self.scale, self._bias(pos, src))
+        acts = _core.hidden((b @ self.x[pos].to(WORK_DTYPE) + c)[None], self.softcap)[0]
+        return src, b, c, acts
 
     # ------------------------------------------------------------------ weights
     def neurons(self, position: int) -> Neurons:
         """``a_i``, ``b_i``, ``c_i`` of every neuron at ``position`` (builds ``[n_src, d_model]``)."""
         pos = self.check_position(position)
-        src = self.sources(pos)
-        b, c = _core.incoming_weights(self.W_Q, self.b_Q, self.query_frame_keys(pos), self.scale,
-                                      self._bias(pos, src))
-        acts = _core.hidden((b @ self.x[pos] + c)[None], self.softcap)[0]
+        src, b, c, acts = self._weights(pos)
         return Neurons(layer=self.layer, head=self.head, position=pos, sources=src,
                        source_tokens=tuple(self.str_tokens[i] for i in src.tolist()),
-                       a=self.outgoing[src], b=b, c=c, activations=acts, softcap=self.softcap)
+                       a=self.outgoing[src], b=b.float(), c=c.float(), activations=acts.float(),
+                       softcap=self.softcap)
 
     def incoming_all(self) -> tuple[Float[Tensor, "pos pos d_model"], Float[Tensor, "pos pos"]]:
         """All incoming weights and biases ``[dest, src, d_model]``, ``[dest, src]`` (zero where not
@@ -148,14 +163,15 @@ class ContextualMLP:
         if chunk_size < 1:
             raise TLDynamicsError(f"chunk_size must be >= 1, got {chunk_size}")
         src = self.sources(pos)
-        keys, bias = self.query_frame_keys(pos), self._bias(pos, src)
+        keys, bias = self._keys(pos), self._bias(pos, src)
+        W_Q, b_Q, a = (t.to(WORK_DTYPE) for t in (self.W_Q, self.b_Q, self.outgoing[src]))
         acts, outs = [], []
         for start in range(0, xs.shape[0], chunk_size):
-            q = xs[start:start + chunk_size] @ self.W_Q + self.b_Q
+            q = xs[start:start + chunk_size].to(WORK_DTYPE) @ W_Q + b_Q
             h = _core.hidden(_core.preactivations(q, keys, self.scale, bias), self.softcap)
-            acts.append(h)
+            acts.append(h.float())
             if keep_outputs:
-                outs.append(_core.output(h, self.outgoing[src]))
+                outs.append(_core.output(h, a).float())
         h = torch.cat(acts)
         return Evaluation(
             layer=self.layer, head=self.head, position=pos, sources=src,
@@ -220,10 +236,10 @@ class ContextualMLP:
         positions = self.positions
         out_err, pat_err = torch.zeros(len(positions)), torch.zeros(len(positions))
         for n, pos in enumerate(positions):
-            neurons = self.neurons(pos)
-            g = neurons.activations @ neurons.a
-            row = torch.zeros(self.n_pos)
-            row[neurons.sources] = neurons.activations
+            src, b, c, acts = self._weights(pos)  # explicit b_i . x_T + c_i
+            g = acts @ self.outgoing[src].to(WORK_DTYPE)
+            row = torch.zeros(self.n_pos, dtype=WORK_DTYPE)
+            row[src] = acts
             out_err[n] = (g - self.reference_output[pos]).abs().max()
             pat_err[n] = (row - self.reference_pattern[pos]).abs().max()
         return Exactness(layer=self.layer, head=self.head, architecture=self.architecture,
@@ -233,6 +249,25 @@ class ContextualMLP:
         """One row per (destination, neuron): activation, importance, ``|a_i|``, ``|b_i|``, ``c_i``."""
         frames = [self.neurons(p).to_dataframe() for p in (positions or self.positions)]
         return pd.concat(frames, ignore_index=True)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this MLP (tensors and provenance) to ``path`` with ``torch.save``."""
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["frame"] = {f.name: getattr(self.frame, f.name) for f in fields(self.frame)}
+        path = Path(path)
+        torch.save({"format": SAVE_FORMAT, "state": state}, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ContextualMLP":
+        """Read an MLP written by ``save``."""
+        blob = torch.load(Path(path), weights_only=False)
+        if not isinstance(blob, dict) or blob.get("format") != SAVE_FORMAT:
+            raise TLDynamicsError(f"{path} is not a saved ContextualMLP (expected format "
+                                  f"{SAVE_FORMAT!r})")
+        state = dict(blob["state"])
+        state["frame"] = RotaryFrame(**state["frame"])
+        return cls(**state)
 
     def show(self, position: int | None = None):
         """Neurons = source tokens. Without ``position``: every destination's hidden activations
