@@ -114,23 +114,22 @@ class Field:
 
     def drive(self, x: Tensor) -> Tensor:
         """The unprojected field ``g_i = sum_j w_ij V x_j`` (``[runs, n, d]``); velocity is ``P_x g``."""
+        # beta scales the small [runs, n, d/m] factor, never the [runs, n, n] scores
         if self.B is not None:
-            s = (x @ self.B) @ x.transpose(-1, -2)
+            s = (x @ (self.B * self.beta)) @ x.transpose(-1, -2)
         elif self.Qt is not None:
-            s = (x @ self.Qt) @ (x @ self.Kt).transpose(-1, -2)
+            s = (x @ (self.Qt * self.beta)) @ (x @ self.Kt).transpose(-1, -2)
         else:
-            s = x @ x.transpose(-1, -2)
-        s = s * self.beta
+            s = (x * self.beta) @ x.transpose(-1, -2)
         n = x.shape[-2]
         if self.dynamics == "SA":
             if self.causal:
-                s = s.masked_fill(_upper(n, x.device), float("-inf"))
+                s = s.masked_fill_(_upper(n, x.device), float("-inf"))
             w = torch.softmax(s, dim=-1)
         else:
-            w = torch.exp(s)
+            w = s.sub_(math.log(n)).exp_()  # exp(s) / n in one pass
             if self.causal:
-                w = w.masked_fill(_upper(n, x.device), 0.0)
-            w = w / n
+                w = w.masked_fill_(_upper(n, x.device), 0.0)
         vx = x if self.Vt is None else x @ self.Vt
         return w @ vx
 

@@ -21,6 +21,7 @@ model's own score scale, while ``radius=1`` (default) keeps ``beta = c`` as the 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,4 +145,6 @@ def _adapter(model):
 def _model_name(model) -> str:
     cfg = getattr(model, "cfg", None)
     name = getattr(cfg, "model_name", None) if cfg is not None else None
-    return str(name) if name else type(model).__name__
+    if not name:
+        return type(model).__name__
+    return os.path.basename(str(name).rstrip("/\\")) or str(name)  # local folders: keep the last part
