@@ -125,6 +125,7 @@ def build_frames(adapter: "ModelAdapter", la: "LayerAttention", key_valid: Tenso
         candidates.append([RotaryFrame("none")] * n_batch)
     elif spec.rotary == "half" and (la.layer, "cos") in captured:
         cos, sin = captured[(la.layer, "cos")], captured[(la.layer, "sin")]
+        cos, sin = (t[None] if t.ndim == 2 else t for t in (cos, sin))  # [batch, pos, rot]
         cos, sin = (t.expand(n_batch, *t.shape[1:]) if t.shape[0] == 1 else t for t in (cos, sin))
         candidates.append(_per_row("half", cos, sin, n_pos))
     elif spec.rotary_dim is not None and spec.rotary_base is not None:
