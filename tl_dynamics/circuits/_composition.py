@@ -30,7 +30,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tl_dynamics.circuits._labels import as_adapter
-from tl_dynamics.circuits._views import head_labels, heatmaps
+from tl_dynamics.circuits._views import Panel, head_labels, heatmaps, symmetric_limits
 from tl_dynamics.errors import TLDynamicsError
 
 BASELINE_SAMPLES = 200
@@ -155,9 +155,9 @@ class CompositionScores:
             valid = ~torch.isnan(self.scores[i])
             n_pairs, n_hit = int(valid.sum()), int(self.beyond_chance[i][valid].sum())
             top = float(self.scores[i][valid].max()) if n_pairs else float("nan")
-            verdict = ("none of them can be told from chance by this score" if n_hit == 0 else
-                       f"{n_hit} pair(s) exceed it by more than {self.z:g} standard deviations; the "
-                       f"other {n_pairs - n_hit} cannot be told from chance")
+            verdict = ("this score cannot tell any of them from chance" if n_hit == 0 else
+                       f"{n_hit} pair(s) exceed it by more than {self.z:g} standard deviations; "
+                       f"this score cannot tell the other {n_pairs - n_hit} from chance")
             lines.append(f"{kind}-composition: {n_pairs} head pairs, highest {top:.4f}; {verdict}.")
         return "\n".join(lines)
 
@@ -176,15 +176,17 @@ class CompositionScores:
 
     def show(self):
         """Heat maps of score minus baseline, earlier heads (rows) by later heads (columns)."""
+        return heatmaps(self.panels(), caption=self.summary().replace("\n", " "))
+
+    def panels(self) -> list[Panel]:
         n_layers, n_heads = self.scores.shape[1], self.scores.shape[2]
         rows, cols = list(range(n_layers - 1)), list(range(1, n_layers))
-        panels = []
-        for i, kind in enumerate(self.kinds):
-            block = self.excess[i][rows][:, :, cols].reshape(len(rows) * n_heads, len(cols) * n_heads)
-            panels.append((f"{kind}-composition minus baseline", block.numpy()))
-        return heatmaps(panels, head_labels(rows, n_heads), head_labels(cols, n_heads),
-                        caption=self.summary().replace("\n", " "), xlabel="later head",
-                        ylabel="earlier head")
+        blocks = [self.excess[i][rows][:, :, cols].reshape(len(rows) * n_heads, len(cols) * n_heads).numpy()
+                  for i in range(len(self.kinds))]
+        limits = symmetric_limits(blocks)  # one colour scale for all kinds
+        return [Panel(f"{kind}-composition minus baseline", block, head_labels(rows, n_heads),
+                      head_labels(cols, n_heads), "later head", "earlier head", limits)
+                for kind, block in zip(self.kinds, blocks)]
 
 
 def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int = BASELINE_SAMPLES,
@@ -220,7 +222,7 @@ def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int 
     base = random_baseline(adapter.d_model, adapter.d_head, n_samples, seed)
     notes = ("Weights only: biases, LayerNorm and rotary rotations are left out.",
              f"Random baseline: {n_samples} draws (seed {seed}) of standard normal factors of the "
-             f"same shapes; pairs within {z:g} baseline standard deviations cannot be told from chance.",
+             f"same shapes; for pairs within {z:g} baseline standard deviations of it the score cannot tell composition from chance.",
              "A Frobenius score near the baseline does not rule composition out: it weighs every "
              "direction equally; check token-level circuits (token_composition).")
     return CompositionScores(kinds, scores, float(base.mean()), float(base.std()), n_samples, seed,

@@ -15,7 +15,7 @@ from tl_dynamics.adapter import Batch
 from tl_dynamics.circuits._build import checked_head, keys, ov_notes, qk_notes, queries, values
 from tl_dynamics.circuits._labels import as_adapter
 from tl_dynamics.circuits._rotary import cached_rotary_map
-from tl_dynamics.circuits._views import heatmaps
+from tl_dynamics.circuits._views import Panel, heatmaps
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -62,14 +62,19 @@ class PromptCircuit:
         return frame
 
     def show(self):
-        """Heat maps of the QK table (disallowed keys blank) and the OV table."""
+        """The pattern these circuits alone would give (circuitsvis) and heat maps of the QK
+        table (disallowed keys blank) and the OV table."""
         labels = [f"{k}:{t!r}" for k, t in enumerate(self.tokens)]
         qk = self.qk.masked_fill(~self.allowed, float("nan")).numpy()
-        return heatmaps([(f"QK L{self.layer}H{self.head} (query row, key column)", qk),
-                         (f"OV L{self.layer}H{self.head} (source row, output token column)",
-                          self.ov.numpy().astype(np.float32))], labels, labels,
-                        caption=f"Per-prompt circuits of L{self.layer}H{self.head}"
-                                f"{' with positions' if self.positions else ''}")
+        name = f"L{self.layer}H{self.head}"
+        return viz.group(
+            viz.attention_pattern(list(self.tokens), self.pattern(),
+                                  caption=f"{name}: softmax of the per-prompt QK circuit"),
+            heatmaps([Panel(f"QK {name} (query row, key column)", qk, labels, labels),
+                      Panel(f"OV {name} (source row, output token column)",
+                            self.ov.numpy().astype(np.float32), labels, labels)],
+                     caption=f"Per-prompt circuits of {name}"
+                             f"{' with positions' if self.positions else ''}"))
 
 
 def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bool = True,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from tl_dynamics import viz
@@ -34,19 +33,20 @@ class CircuitsOverview:
         return frame
 
     def show(self):
-        items = [head_scores_view(self.copying, self.qk_positivity), self.composition.show()]
+        items = [head_scores_view(self.copying, self.qk_positivity, self.composition)]
         items += [pc.show() for pc in self.prompt.values()]
         return viz.group(*items, caption="QK/OV circuits")
 
 
-def head_scores_view(copying: HeadScores, positivity: HeadScores):
-    n_heads = copying.scores.shape[1]
-    return heatmaps([("OV copying", copying.scores.numpy()), ("QK positivity", positivity.scores.numpy())],
-                    [f"L{l}" for l in copying.layers], [f"H{h}" for h in range(n_heads)],
-                    caption="Eigenvalue positivity sum(Re λ)/sum(|λ|) of each head's full OV circuit "
-                            "(W_E W_V W_O W_U: +1 copies) and QK circuit (W_E W_Q W_K^T W_E^T: +1 "
-                            "attends to the same token)", xlabel="head", ylabel="layer",
-                    vmin=-1.0, vmax=1.0)
+def head_scores_view(copying: HeadScores, positivity: HeadScores,
+                     composition: CompositionScores | None = None):
+    panels = [copying.panel(), positivity.panel()] + ([] if composition is None else composition.panels())
+    caption = ("Eigenvalue positivity sum(Re λ)/sum(|λ|) of each head's full OV circuit "
+               "(W_E W_V W_O W_U: +1 copies) and QK circuit (W_E W_Q W_K^T W_E^T: +1 attends to "
+               "the same token)")
+    if composition is not None:
+        caption += "; composition scores minus their random baseline. " + composition.summary().replace("\n", " ")
+    return heatmaps(panels, caption=caption)
 
 
 def compute(model: Any, prompt: Any = None, heads: Sequence[tuple[int, int]] | None = None,
@@ -84,12 +84,15 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     ids = torch.unique(batch.tokens[0][keep])
     readout = ov_circuit(adapter, last, head).topk(7, ids)
     single = Batch(batch.tokens[:1], batch.key_valid[:1], batch.padding_side)
-    items = [head_scores_view(copying, positivity),
-             viz.text(composition.summary()), composition.show(),
+    pc = prompt_circuit(adapter, single, last, head)
+    items = [viz.text(composition.summary()), head_scores_view(copying, positivity, composition),
              viz.text(f"L{last}H{head} has the highest OV copying score in the last layer "
                       f"({copying.score(last, head):.3f}). Its OV read-out for the prompt's tokens "
                       "(direct effect on the logits, full vocabulary, streamed):"),
-             readout.show(), prompt_circuit(adapter, single, last, head).show()]
+             readout.show(),
+             viz.attention_pattern(list(pc.tokens), pc.pattern(),
+                                   caption=f"L{last}H{head}: the pattern its per-prompt QK circuit "
+                                           "alone gives (token and position embeddings only)")]
     page.add_section("QK and OV circuits", items, intro=(
         "Weight-based circuits (Elhage et al. 2021), kept factored: no vocabulary x vocabulary "
         "matrix is formed. " + copying.notes[-1] + " " + composition.notes[-1]))

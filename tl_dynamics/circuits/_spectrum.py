@@ -20,7 +20,7 @@ from transformer_lens import FactoredMatrix
 from tl_dynamics.circuits._build import norm_note, rotation
 from tl_dynamics.circuits._circuit import positivity
 from tl_dynamics.circuits._labels import as_adapter
-from tl_dynamics.circuits._views import heatmaps
+from tl_dynamics.circuits._views import Panel, heatmaps
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -71,10 +71,11 @@ class HeadScores:
 
     def show(self):
         """Heat map of the scores, layers by heads, from -1 to 1."""
-        return heatmaps([(self.kind, self.scores.numpy())], [f"L{l}" for l in self.layers],
-                        [f"H{h}" for h in range(self.scores.shape[1])],
-                        caption=f"{self.kind} per head: sum(Re λ)/sum(|λ|)", xlabel="head",
-                        ylabel="layer", vmin=-1.0, vmax=1.0)
+        return heatmaps([self.panel()], caption=f"{self.kind} per head: sum(Re λ)/sum(|λ|)")
+
+    def panel(self) -> Panel:
+        return Panel(self.kind, self.scores.numpy(), [f"L{l}" for l in self.layers],
+                     [f"H{h}" for h in range(self.scores.shape[1])], "head", "layer", (-1.0, 1.0))
 
 
 def _embedding(adapter, biases: bool) -> Tensor:

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from tl_dynamics import viz
 
+MAX_TICKS = 48  # beyond this many rows/columns, label every n-th only
 
-def heatmaps(panels: Sequence[tuple[str, np.ndarray]], row_labels: Sequence[str],
-             col_labels: Sequence[str], caption: str, xlabel: str = "", ylabel: str = "",
-             symmetric: bool = True, vmin: float | None = None, vmax: float | None = None):
-    """One or more heat maps side by side; NaN cells are left blank.
 
-    Falls back to a table per panel when matplotlib is not installed.
+class Panel(NamedTuple):
+    title: str
+    values: np.ndarray
+    row_labels: Sequence[str]
+    col_labels: Sequence[str]
+    xlabel: str = ""
+    ylabel: str = ""
+    limits: tuple[float, float] | None = None  # default: symmetric around 0
+
+
+def heatmaps(panels: Sequence[Panel], caption: str):
+    """Heat maps side by side in one figure; NaN cells are left blank.
+
+    Falls back to one table per panel when matplotlib is not installed.
     """
     try:
         import matplotlib
@@ -24,29 +34,35 @@ def heatmaps(panels: Sequence[tuple[str, np.ndarray]], row_labels: Sequence[str]
     except ImportError:
         import pandas as pd
 
-        return viz.group(*[viz.table(pd.DataFrame(values, index=list(row_labels),
-                                                  columns=list(col_labels)), caption=f"{title}")
-                           for title, values in panels], caption=caption + " (matplotlib is not "
-                                                                          "installed: tables)")
-    n = len(panels)
-    width = min(6.0, 1.2 + 0.32 * len(col_labels))
-    height = min(6.0, 1.0 + 0.3 * len(row_labels))
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
-    for ax, (title, values) in zip(axes[0], panels):
-        finite = values[np.isfinite(values)]
-        lim = float(np.abs(finite).max()) if finite.size else 1.0
-        lo, hi = (vmin, vmax) if vmin is not None or vmax is not None else \
-            ((-lim, lim) if symmetric else (float(finite.min()) if finite.size else 0.0, lim))
-        image = ax.imshow(np.ma.masked_invalid(values), cmap="RdBu_r" if symmetric else "viridis",
-                          vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
-        ax.set_title(title, fontsize=9)
-        ax.set_xticks(range(len(col_labels)), list(col_labels), rotation=90, fontsize=6)
-        ax.set_yticks(range(len(row_labels)), list(row_labels), fontsize=6)
-        ax.set_xlabel(xlabel, fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    fig.tight_layout()
+        return viz.group(*[viz.table(pd.DataFrame(p.values, index=list(p.row_labels),
+                                                  columns=list(p.col_labels)), caption=p.title)
+                           for p in panels],
+                         caption=caption + " (matplotlib is not installed: shown as tables)")
+    widths = [min(5.5, 1.5 + 0.25 * len(p.col_labels)) for p in panels]
+    height = max(min(5.5, 1.2 + 0.25 * len(p.row_labels)) for p in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), height), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    for n, (ax, p) in enumerate(zip(axes[0], panels)):
+        lo, hi = p.limits or symmetric_limits([p.values])
+        image = ax.imshow(np.ma.masked_invalid(p.values), cmap="RdBu_r", vmin=lo, vmax=hi,
+                          aspect="auto", interpolation="nearest")
+        ax.set_title(p.title, fontsize=8)
+        for labels, set_ticks in ((p.col_labels, ax.set_xticks), (p.row_labels, ax.set_yticks)):
+            step = max(1, -(-len(labels) // MAX_TICKS))
+            ticks = list(range(0, len(labels), step))
+            set_ticks(ticks, [str(labels[t]) for t in ticks], fontsize=5)
+        ax.tick_params(axis="x", labelrotation=90)
+        ax.set_xlabel(p.xlabel, fontsize=7)
+        ax.set_ylabel(p.ylabel, fontsize=7)
+        if n + 1 == len(panels) or panels[n + 1].limits != p.limits or p.limits is None:
+            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)  # one per run of shared limits
     return viz.figure(fig, caption=caption)
+
+
+def symmetric_limits(arrays: Sequence[np.ndarray]) -> tuple[float, float]:
+    finite = np.concatenate([a[np.isfinite(a)].ravel() for a in arrays])
+    lim = float(np.abs(finite).max()) if finite.size else 1.0
+    return (-lim, lim) if lim > 0 else (-1.0, 1.0)
 
 
 def head_labels(layers: Sequence[int], n_heads: int) -> list[str]:
