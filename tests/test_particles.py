@@ -204,6 +204,15 @@ def test_causal_first_particle_only_sees_itself():
     assert max_dist(run.states[-1, :, 1:], run.states[0, :, 1:]) > 1e-3
 
 
+def test_simulate_restores_the_callers_thread_count():
+    torch.set_num_threads(2)
+    try:
+        simulate(random_init(2, 4, 2, gen(26)), 1.0, t_max=0.5, record_every=0.5)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_per_run_beta_equals_separate_runs():
     x0 = random_init(2, 8, 2, gen(14))
     both = simulate(x0, torch.tensor([1.0, 6.0]), t_max=4.0, record_every=1.0, dt=0.05)

@@ -114,13 +114,14 @@ class Field:
 
     def drive(self, x: Tensor) -> Tensor:
         """The unprojected field ``g_i = sum_j w_ij V x_j`` (``[runs, n, d]``); velocity is ``P_x g``."""
-        # beta scales the small [runs, n, d/m] factor, never the [runs, n, n] scores
+        # beta scales the [runs, n, d] factor, never the [runs, n, n] scores
+        xb = x * self.beta
         if self.B is not None:
-            s = (x @ (self.B * self.beta)) @ x.transpose(-1, -2)
+            s = (xb @ self.B) @ x.transpose(-1, -2)
         elif self.Qt is not None:
-            s = (x @ (self.Qt * self.beta)) @ (x @ self.Kt).transpose(-1, -2)
+            s = (xb @ self.Qt) @ (x @ self.Kt).transpose(-1, -2)
         else:
-            s = (x * self.beta) @ x.transpose(-1, -2)
+            s = xb @ x.transpose(-1, -2)
         n = x.shape[-2]
         if self.dynamics == "SA":
             if self.causal:
