@@ -12,6 +12,7 @@ import torch
 from tl_dynamics import odds_ratio as orr
 from tl_dynamics import testing, viz
 from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.odds_ratio import _fast, _stats
 from tl_dynamics.errors import TLDynamicsError
 from conftest import HAS_HOOKED
 
@@ -171,6 +172,33 @@ def test_streamed_statistics_equal_a_direct_per_row_computation(arch, side):
     assert (shares["cov_prior_loglik"] < 0).mean() > 0.5  # the anti-correlation math.md warns of
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_fast_streaming_path_equals_the_direct_path(side):
+    """The chunked path (matrix-product moments, banded keys, likelihood partition from the
+    real pattern) against the direct full-tensor path, on real q/k with padding."""
+    for arch in ("gpt2-like", "bidirectional", "local") if HAS_HOOKED else ("gpt2", "bert", "mistral"):
+        adapter = adapter_for(arch)
+        prompt = testing.PROMPTS[0] if adapter.info.host == "hooked" and adapter.is_encoder \
+            else list(testing.PROMPTS)
+        for la in adapter.attention(prompt, padding_side=side).values():
+            args = (la.q, la.k, la.scale, None, la.allowed, la.query_valid)
+            assert _fast.row_facts(la.q, la.k, la.scale, la.allowed, la.query_valid) is not None
+            fast, fast_sinks = _stats.layer_sums(*args, fast=True)
+            direct, direct_sinks = _stats.layer_sums(*args, fast=False)
+            for key in fast:
+                torch.testing.assert_close(fast[key], direct[key], rtol=1e-4, atol=1e-5)
+            for key in fast_sinks:
+                torch.testing.assert_close(fast_sinks[key].double(), direct_sinks[key].double(),
+                                           rtol=1e-4, atol=1e-4)
+
+
+def test_fast_path_declines_keys_whose_priors_span_too_far():
+    q, k = planted("loud")
+    k[0, 3] *= 4.0  # prior 0.25 * 576 = 144 nats above the rest
+    allowed = torch.ones(1, 12, 12, dtype=torch.bool)
+    assert _fast.row_facts(q, k, 0.5, allowed, torch.ones(1, 12, dtype=torch.bool)) is None
+
+
 def test_attach_streams_over_the_users_own_forward_passes():
     adapter = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
     model = adapter.model
@@ -221,7 +249,7 @@ def test_planted_heads_get_the_right_label_and_sink_mechanism(kind, expected):
     q, k = planted(kind)
     n = q.shape[1]
     allowed = torch.ones(1, n, n, dtype=torch.bool)
-    sums, sinks = orr._stats.layer_sums(q, k, 0.5, None, allowed, torch.ones(1, n, dtype=torch.bool))
+    sums, sinks = _stats.layer_sums(q, k, 0.5, None, allowed, torch.ones(1, n, dtype=torch.bool))
     attr_prior = float(sums["cov_r_prior"] / sums["var_r"])
     attr_loglik = 1.0 - attr_prior
     assert orr.label(attr_prior, attr_loglik) == expected
@@ -245,8 +273,8 @@ def test_permuting_the_tokens_of_a_bidirectional_head_permutes_the_result():
     assert torch.allclose(moved.loglik, base.loglik[..., perm, :][..., perm], atol=1e-6)
     allowed = la.allowed[:, perm][:, :, perm]
     valid = la.query_valid[:, perm]
-    s1, _ = orr._stats.layer_sums(la.q, la.k, la.scale, None, la.allowed, la.query_valid)
-    s2, _ = orr._stats.layer_sums(la.q[:, perm], la.k[:, perm], la.scale, None, allowed, valid)
+    s1, _ = _stats.layer_sums(la.q, la.k, la.scale, None, la.allowed, la.query_valid)
+    s2, _ = _stats.layer_sums(la.q[:, perm], la.k[:, perm], la.scale, None, allowed, valid)
     for key in s1:
         torch.testing.assert_close(s1[key], s2[key], rtol=1e-4, atol=1e-6)
     pattern = la.pattern([0])[0, 0]

@@ -42,7 +42,8 @@ def _key_lse(values: Float[Tensor, "batch head k"], allowed_f: Float[Tensor, "ba
 def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
                scale: float, bias: Float[Tensor, "batch head pos pos"] | None,
                allowed: Bool[Tensor, "batch pos pos"], query_valid: Bool[Tensor, "batch pos"],
-               softcap: float | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+               softcap: float | None = None, fast: bool = True
+               ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Per-head sums over this batch's valid rows, and per-prompt sink facts.
 
     Returns ``(sums, sinks)``: ``sums[name]`` is ``[head]`` float64 (names ``SUM_KEYS``);
@@ -51,9 +52,25 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
     advantage over the row mean split into prior, log-likelihood and bias parts (averaged over
     query rows weighted by their attention to it), and the rank of its key prior among the
     prompt's keys (0 = loudest key).
+
+    ``fast`` uses ``_fast.row_facts`` (query chunks, matrix products for the row moments)
+    where it applies (no position bias, no soft-cap, key priors within ``_fast.MAX_PRIOR_SPREAD``
+    nats); it equals the direct computation here (tested).
     """
+    from tl_dynamics.odds_ratio import _fast
+
     q, k = q.float(), k.float()
-    n_batch = q.shape[0]
+    facts = None
+    if fast and bias is None and softcap is None:
+        facts = _fast.row_facts(q, k, scale, allowed, query_valid)
+    if facts is None:
+        facts = _direct_row_facts(q, k, scale, bias, allowed, query_valid, softcap)
+    return _finish(facts, allowed, query_valid)
+
+
+def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, allowed: Tensor,
+                      query_valid: Tensor, softcap: float | None) -> dict[str, Tensor]:
+    """Row statistics from the full ``[batch, head, q, k]`` scores (any bias, any soft-cap)."""
     half = scale / 2.0
     r = torch.einsum("bihd,bjhd->bhij", q, k) * scale
     if bias is not None:
@@ -61,9 +78,7 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
         r = r + bias
     prior = half * k.pow(2).sum(-1).transpose(1, 2)  # [b, h, j]
     allowed_f = allowed.float()
-    n_keys = allowed_f.sum(-1)  # [b, i]
-    rows = (query_valid & (n_keys >= 2)).float()  # [b, i]
-    n_safe = n_keys.clamp(min=1.0)[:, None]  # [b, 1, i]
+    n_safe = allowed_f.sum(-1).clamp(min=1.0)[:, None]  # [b, 1, i]
     mask = allowed[:, None].expand_as(r)
 
     # --- centred second moments along rows (two-pass for r; float64 for the per-key parts)
@@ -75,14 +90,14 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
     p64, a64 = prior.double(), allowed_f.double()
     sum_p = torch.einsum("bij,bhj->bhi", a64, p64)
     var_prior = torch.einsum("bij,bhj->bhi", a64, p64 * p64) - sum_p * sum_p / n_safe.double()
+    out = {"var_r": var_r, "var_prior": var_prior, "cov_r_prior": cov_r_prior,
+           "mean_r": mean_r, "mean_prior": sum_p / n_safe.double(), "prior": prior}
     if bias is not None:
         b_masked = bias.masked_fill(~mask, 0.0)
         b_c = (bias - (b_masked.sum(-1) / n_safe)[..., None]).masked_fill(~mask, 0.0)
-        var_bias = torch.einsum("bhij,bhij->bhi", b_c, b_c)
-        cov_r_bias = torch.einsum("bhij,bhij->bhi", r_c, b_c)
-        cov_prior_bias = torch.einsum("bhij,bhj->bhi", b_c, prior)
-    else:
-        var_bias = cov_r_bias = cov_prior_bias = torch.zeros_like(var_r)
+        out["var_bias"] = torch.einsum("bhij,bhij->bhi", b_c, b_c)
+        out["cov_r_bias"] = torch.einsum("bhij,bhij->bhi", r_c, b_c)
+        out["cov_prior_bias"] = torch.einsum("bhij,bhj->bhi", b_c, prior)
 
     # --- KL(real || counterfactual) = sum S log S - sum S x + lse(x)
     s = r if softcap is None else softcap * torch.tanh(r / softcap)
@@ -94,54 +109,72 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
     pattern_prior = torch.einsum("bhij,bhj->bhi", pattern, prior)
     r_dot = s_dot if softcap is None else torch.einsum("bhij,bhij->bhi", pattern, r_masked)
     lse_lik = _masked_lse(r - prior[:, :, None, :], mask)
-    kl_loglik = neg_entropy - (r_dot - pattern_prior) + lse_lik
+    out["kl_loglik"] = neg_entropy - (r_dot - pattern_prior) + lse_lik
     if bias is None:
-        kl_prior = neg_entropy - pattern_prior + _key_lse(prior, allowed_f, mask)
+        out["kl_prior"] = neg_entropy - pattern_prior + _key_lse(prior, allowed_f, mask)
     else:
         logits = prior[:, :, None, :] + bias
-        kl_prior = (neg_entropy - torch.einsum("bhij,bhij->bhi", pattern, logits.masked_fill(~mask, 0.0))
-                    + _masked_lse(logits, mask))
+        out["kl_prior"] = (neg_entropy - torch.einsum("bhij,bhij->bhi", pattern,
+                                                      logits.masked_fill(~mask, 0.0))
+                           + _masked_lse(logits, mask))
+    out["neg_entropy"] = neg_entropy
 
-    w = rows[:, None, :].double()  # [b, 1, i]
-
-    def total(x: Tensor) -> Tensor:  # rows without keys hold inf/nan: drop them, not weight them
-        return torch.where(w > 0, x.double() * w, torch.zeros((), dtype=torch.float64)).sum(dim=(0, 2))
-
-    sums = {"rows": w.expand(n_batch, q.shape[2], -1).sum(dim=(0, 2)), "var_r": total(var_r),
-            "var_prior": total(var_prior), "var_bias": total(var_bias),
-            "cov_r_prior": total(cov_r_prior), "cov_r_bias": total(cov_r_bias),
-            "cov_prior_bias": total(cov_prior_bias), "kl_prior": total(kl_prior.clamp(min=0)),
-            "kl_loglik": total(kl_loglik.clamp(min=0)), "entropy": total(-neg_entropy)}
-    sinks = _sinks(r, prior, bias, pattern, mean_r, sum_p / n_safe.double(), mask,
-                   query_valid, allowed)
-    return sums, sinks
+    # --- the sink: the column with the most attention, and each row's view of it
+    valid = query_valid[:, None, :, None].float()
+    column = (pattern * valid).sum(2)
+    top = column.argmax(-1)  # [b, h]
+    idx = top[:, :, None, None].expand(-1, -1, r.shape[2], 1)
+    out.update(column=column, top=top, r_top=r.gather(-1, idx).squeeze(-1),
+               pattern_top=pattern.gather(-1, idx).squeeze(-1))
+    if bias is not None:
+        b_masked = bias.masked_fill(~mask, 0.0)
+        out["bias_adv"] = bias.gather(-1, idx).squeeze(-1) - b_masked.sum(-1) / n_safe
+    return out
 
 
-def _sinks(r: Tensor, prior: Tensor, bias: Tensor | None, pattern: Tensor, mean_r: Tensor,
-           mean_p: Tensor, mask: Tensor, query_valid: Tensor, allowed: Tensor) -> dict[str, Tensor]:
-    valid = query_valid[:, None, :, None].float()  # [b, 1, i, 1]
-    n_rows = query_valid.float().sum(-1).clamp(min=1.0)[:, None, None]  # [b, 1, 1]
-    column = (pattern * valid).sum(2) / n_rows  # [b, h, j]: mean attention received
-    mass, top = column.max(-1)  # [b, h]
+def _finish(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor
+            ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    rows = (query_valid & (allowed.sum(-1) >= 2))[:, None, :].double()  # [b, 1, i]
+    n_heads = facts["var_r"].shape[1]
+
+    def total(name: str) -> Tensor:  # rows without keys hold inf/nan: drop them, not weight them
+        x = facts.get(name)
+        if x is None:
+            return torch.zeros(n_heads, dtype=torch.float64)
+        x = x.double() * rows
+        return torch.where(rows > 0, x, torch.zeros((), dtype=torch.float64)).sum(dim=(0, 2))
+
+    sums = {name: total(name) for name in ("var_r", "var_prior", "var_bias", "cov_r_prior",
+                                             "cov_r_bias", "cov_prior_bias")}
+    facts["kl_prior"] = facts["kl_prior"].clamp(min=0)
+    facts["kl_loglik"] = facts["kl_loglik"].clamp(min=0)
+    facts["entropy"] = -facts["neg_entropy"]
+    sums.update(rows=rows.expand(-1, n_heads, -1).sum(dim=(0, 2)), kl_prior=total("kl_prior"),
+                kl_loglik=total("kl_loglik"), entropy=total("entropy"))
+    return sums, _sinks(facts, allowed, query_valid)
+
+
+def _sinks(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor) -> dict[str, Tensor]:
+    n_rows = query_valid.float().sum(-1).clamp(min=1.0)[:, None]  # [b, 1]
+    top, prior = facts["top"], facts["prior"]
+    mass = facts["column"].gather(-1, top[..., None]).squeeze(-1) / n_rows  # [b, h]
     key_valid = allowed.any(1)  # [b, j]
     first_real = key_valid.float().argmax(-1)  # [b]
     position = top - first_real[:, None].long()
 
-    idx = top[:, :, None, None].expand(-1, -1, r.shape[2], 1)
-    weight = pattern.gather(-1, idx).squeeze(-1) * query_valid[:, None].float()  # [b, h, i]
+    weight = facts["pattern_top"] * query_valid[:, None].float()  # [b, h, i]
     weight = weight / weight.sum(-1, keepdim=True).clamp(min=1e-30)
-    r_adv = r.gather(-1, idx).squeeze(-1) - mean_r
+    r_adv = facts["r_top"] - facts["mean_r"]
     p_top = prior.gather(-1, top[..., None])  # [b, h, 1]
-    p_adv = (p_top.double() - mean_p).float()
-    if bias is not None:
-        b_masked = bias.masked_fill(~mask, 0.0)
-        n_safe = mask.float().sum(-1).clamp(min=1.0)
-        b_adv = bias.gather(-1, idx).squeeze(-1) - b_masked.sum(-1) / n_safe
-    else:
-        b_adv = torch.zeros_like(r_adv)
+    p_adv = (p_top.double() - facts["mean_prior"]).float()
+    b_adv = facts.get("bias_adv")
+    b_adv = torch.zeros_like(r_adv) if b_adv is None else b_adv
     l_adv = r_adv - p_adv - b_adv
     prior_key = prior.masked_fill(~key_valid[:, None], float("-inf"))
     rank = (prior_key > p_top).sum(-1)  # [b, h]: keys louder than the sink
-    return {"sink_mass": mass, "sink_position": position,
-            "sink_prior_adv": (weight * p_adv).sum(-1), "sink_loglik_adv": (weight * l_adv).sum(-1),
-            "sink_bias_adv": (weight * b_adv).sum(-1), "sink_prior_rank": rank}
+
+    def avg(x: Tensor) -> Tensor:
+        return torch.where(weight > 0, weight * x, torch.zeros(())).sum(-1)
+
+    return {"sink_mass": mass, "sink_position": position, "sink_prior_adv": avg(p_adv),
+            "sink_loglik_adv": avg(l_adv), "sink_bias_adv": avg(b_adv), "sink_prior_rank": rank}
