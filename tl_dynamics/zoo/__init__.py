@@ -1,0 +1,16 @@
+"""Small trained TransformerLens models shipped inside the package, loadable offline.
+
+``load(name)`` gives a ``TransformerBridge`` on TransformerLens 4.x and a ``HookedTransformer``
+on 3.x, tokenizer included; ``names()`` lists what there is. Each model folder under
+``tl_dynamics/zoo/models/`` has a ``MODEL_CARD.md`` with its training data, losses and head
+structure; ``python -m tl_dynamics.zoo.train NAME`` rebuilds it.
+
+>>> from tl_dynamics import zoo
+>>> model = zoo.load("code-2l")
+>>> model.to_str_tokens("def f(x):")[:3]
+['<|endoftext|>', 'def', ' f']
+"""
+
+from tl_dynamics.zoo._load import load, names
+
+__all__ = ["load", "names"]
