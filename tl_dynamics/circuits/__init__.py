@@ -9,6 +9,23 @@
 - ``composition_circuit``, ``token_composition``: token-level circuits through earlier heads.
 - ``prompt_circuit``: a head's QK and OV tables on one prompt's tokens.
 - ``compute``, ``report_section``: the one-call overview and the report page section.
+
+What the circuits include, and what they leave out (each result repeats it in ``notes``):
+
+- Scores are as the model computes them: the layer's score scale, and ``b_Q``/``b_K``/``b_V``
+  unless ``biases=False``; grouped K/V heads are mapped to their query heads. Soft-caps and
+  ALiBi biases are not part of the bilinear circuit; q/k normalisation (``qk_norm``: Gemma 3,
+  OLMo 2) makes the QK circuit differ from the model's scores, and the result says so.
+- LayerNorm is not applied to the embedding rows. In compatibility mode (and with
+  ``HookedTransformer.from_pretrained``'s ``fold_ln``) its weights are folded into ``W_Q``,
+  ``W_K``, ``W_V``, so only its centring and per-row scaling are left out; on a raw bridge or a
+  model built from a config the weight and bias are left out too.
+- Composition scores are weight-only Frobenius scores reported against a random baseline of the
+  same shapes. Where a pair is within ``CHANCE_Z`` baseline standard deviations, the score
+  cannot tell composition from chance, and ``summary()`` says so. It can miss a real circuit:
+  on an induction model the K-composition of the previous-token heads into the induction head
+  can sit at the random baseline while the token-level K-circuit (``token_composition``) picks
+  the matching key for nearly every token.
 """
 
 from tl_dynamics.circuits._build import ov_circuit, positional_qk_circuit, qk_circuit

@@ -69,7 +69,7 @@ def rotation(adapter: ModelAdapter, layer: int, offset: int | None) -> tuple[Ten
                                   "positions enter through W_pos or a position bias)")
         return None, None
     offset = offsets_checked(0 if offset is None else offset, adapter.n_ctx)[0]
-    return rmap.matrix(offset, adapter.d_head), offset
+    return rmap.matrix(offset, adapter.d_head).to(adapter.W_Q(layer).device), offset
 
 
 def queries(adapter: ModelAdapter, layer: int, heads: Any, rows: Tensor, biases: bool,

@@ -196,7 +196,7 @@ class TokenTopK:
 
     def _row_values(self, r: int, cols: Tensor) -> Tensor:
         if self.source is not None:
-            return self.source.entries([int(self.rows[r])], cols)[0]
+            return self.source.entries([int(self.rows[r])], cols)[0].cpu()
         merged = {int(i): float(v) for i, v in zip(self.indices[r], self.values[r])}
         if self.bottom_indices is not None:
             merged.update({int(i): float(v) for i, v in zip(self.bottom_indices[r], self.bottom_values[r])})

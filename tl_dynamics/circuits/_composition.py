@@ -217,7 +217,7 @@ def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int 
             weights = [W[name][l2] for name in ("W_Q", "W_K", "W_V", "W_O")]
             right = torch.cat([right_factors(kind, *weights) for kind in kinds])
             block = pair_scores(left[: l2 * H], right, left_g[: l2 * H])  # [l2*H, kinds*H]
-            scores[:, :l2, :, l2, :] = block.reshape(l2, H, len(kinds), H).permute(2, 0, 1, 3)
+            scores[:, :l2, :, l2, :] = block.reshape(l2, H, len(kinds), H).permute(2, 0, 1, 3).cpu()
             del right, block
     base = random_baseline(adapter.d_model, adapter.d_head, n_samples, seed)
     notes = ("Weights only: biases, LayerNorm and rotary rotations are left out.",

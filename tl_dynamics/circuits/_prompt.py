@@ -120,5 +120,5 @@ def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bo
         notes.append("Positions included: " + ("rotary offsets i - j." if rmap is not None
                                                else "learned position embeddings added to W_E."))
     tokens = adapter.str_tokens(Batch(ids[None], torch.ones(1, n, dtype=torch.bool), "right"))
-    return PromptCircuit(layer, head, tuple(tokens), ids, q @ k.T, ov, allowed, positions,
+    return PromptCircuit(layer, head, tuple(tokens), ids.cpu(), (q @ k.T).cpu(), ov.cpu(), allowed, positions,
                          tuple(dict.fromkeys(notes)), adapter.info.architecture)

@@ -70,7 +70,7 @@ class RotaryMap:
         """Rotate vectors as the model rotates a query or key at ``positions`` (dim 0 of ``x``)."""
         shape = x.shape
         flat = x.reshape(1, shape[0], -1, shape[-1])  # [1, pos, rest, d_head]
-        cos, sin = self.cos_sin(positions)
+        cos, sin = (t.to(x.device) for t in self.cos_sin(positions.cpu()))
         apply = _rotary.apply_half if self.layout == "half" else _rotary.apply_interleaved
         return apply(flat.float(), cos, sin)[0].reshape(shape)
 

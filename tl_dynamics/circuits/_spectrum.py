@@ -80,7 +80,7 @@ class HeadScores:
 
 def _embedding(adapter, biases: bool) -> Tensor:
     E = adapter.W_E
-    return torch.cat([E, torch.ones(E.shape[0], 1)], dim=1) if biases else E
+    return torch.cat([E, torch.ones(E.shape[0], 1, dtype=E.dtype, device=E.device)], dim=1) if biases else E
 
 
 def _augmented(weight: Tensor, bias: Tensor, biases: bool) -> Tensor:
@@ -116,7 +116,7 @@ def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
         A = _augmented(adapter.W_V(layer), adapter.b_V(layer), biases)
         B = adapter.W_O(layer) @ UE
         eig.append(FactoredMatrix(A, B).eigenvalues)
-    eig = torch.stack(eig)
+    eig = torch.stack(eig).cpu()
     notes = (f"b_V {'included' if biases else 'left out'}; b_O, b_U and the final LayerNorm left out.",
              norm_note(adapter))
     return HeadScores("OV copying", tuple(layers), positivity(eig), eig, None, notes,
@@ -140,7 +140,7 @@ def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
         A = A if rot is None else A @ rot
         B = _augmented(adapter.W_K(layer), adapter.b_K(layer), biases).transpose(1, 2) @ gram
         eig.append(FactoredMatrix(A, B).eigenvalues)
-    eig = torch.stack(eig)
+    eig = torch.stack(eig).cpu()
     notes = [f"b_Q, b_K {'included' if biases else 'left out'}.", norm_note(adapter)]
     if used is not None:
         notes.append(f"Rotary layers at offset {used} (query minus key position).")

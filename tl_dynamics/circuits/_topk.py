@@ -73,12 +73,12 @@ def topk_rows(matrix, k: int, rows: Sequence[int] | Tensor | None = None, larges
     values, indices = [], []
     starts = range(0, len(ids), step)
     for start in tqdm(starts, desc="top-k rows", disable=not progress or len(starts) < 2, leave=False):
-        block = A[ids[start:start + step]] @ B
+        block = A[ids[start:start + step].to(A.device)] @ B
         v, i = block.topk(k, dim=1, largest=largest)
         values.append(v)
         indices.append(i)
         del block
-    return torch.cat(values), torch.cat(indices), ids
+    return torch.cat(values).cpu(), torch.cat(indices).cpu(), ids
 
 
 def argmax_rows(matrix, rows: Sequence[int] | Tensor | None = None,

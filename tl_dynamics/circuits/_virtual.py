@@ -151,4 +151,4 @@ def token_composition(model: Any, path: str, later: tuple[int, int],
     their own token, streamed over the vocabulary."""
     circuit = composition_circuit(model, path, later, earlier, biases, offset)
     fraction, best, ids = _topk.own_best_fraction(circuit.matrix, rows)
-    return TokenComposition(path, circuit, ids, best, fraction, 1.0 / circuit.matrix.rdim)
+    return TokenComposition(path, circuit, ids.cpu(), best.cpu(), fraction, 1.0 / circuit.matrix.rdim)
