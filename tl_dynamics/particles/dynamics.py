@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from ._checks import Problems, check_beta, check_dynamics, check_matrix, check_states
@@ -29,7 +30,7 @@ USA_EXP_LIMIT = {torch.float64: 700.0, torch.float32: 85.0}
 
 def random_init(
     runs: int, n: int, d: int, generator: Optional[torch.Generator] = None, dtype: torch.dtype = torch.float64
-) -> Tensor:
+) -> Float[Tensor, "runs n d"]:
     """``[runs, n, d]`` points drawn independently and uniformly on ``S^{d-1}``.
 
     >>> x0 = random_init(4, 32, 2, torch.Generator().manual_seed(0))
@@ -45,7 +46,7 @@ def random_init(
     return g / g.norm(dim=-1, keepdim=True)
 
 
-def identity_qkv(d: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+def identity_qkv(d: int, dtype: torch.dtype = torch.float64) -> tuple[Float[Tensor, "d d"], Float[Tensor, "d d"], Float[Tensor, "d d"]]:
     """``(Q, K, V) = (I_d, I_d, I_d)``: the paper's clustering setting. (``None`` means the same.)
 
     >>> Q, K, V = identity_qkv(3)
@@ -112,7 +113,7 @@ class Field:
 
         return replace(self, beta=pick(self.beta), B=pick(self.B), Qt=pick(self.Qt), Kt=pick(self.Kt), Vt=pick(self.Vt))
 
-    def drive(self, x: Tensor) -> Tensor:
+    def drive(self, x: Float[Tensor, "runs n d"]) -> Float[Tensor, "runs n d"]:
         """The unprojected field ``g_i = sum_j w_ij V x_j`` (``[runs, n, d]``); velocity is ``P_x g``."""
         # beta scales the [runs, n, d] factor, never the [runs, n, n] scores
         xb = x * self.beta
@@ -201,14 +202,14 @@ def _opnorm(B: Optional[Tensor], Qt: Optional[Tensor], Kt: Optional[Tensor]) -> 
 
 
 def velocity(
-    x: Tensor,
+    x: Float[Tensor, "runs n d"],
     beta=1.0,
-    Q: Optional[Tensor] = None,
-    K: Optional[Tensor] = None,
-    V: Optional[Tensor] = None,
+    Q: Optional[Float[Tensor, "*runs m d"]] = None,
+    K: Optional[Float[Tensor, "*runs m d"]] = None,
+    V: Optional[Float[Tensor, "*runs d d"]] = None,
     dynamics: str = "SA",
     causal: bool = False,
-) -> Tensor:
+) -> Float[Tensor, "runs n d"]:
     """The right-hand side ``dx/dt`` of (SA) or (USA) at ``x: [runs, n, d]`` (tangent to the sphere).
 
     >>> x = random_init(1, 5, 3, torch.Generator().manual_seed(0))

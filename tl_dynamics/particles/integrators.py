@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Union
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from .dynamics import Field
@@ -35,7 +36,7 @@ from .dynamics import Field
 Step = Union[float, Tensor]  # a number or [runs, 1, 1]
 
 
-def boost(x: Tensor, g: Tensor, h: Step) -> Tensor:
+def boost(x: Float[Tensor, "*batch n d"], g: Float[Tensor, "*batch n d"], h: Step) -> Float[Tensor, "*batch n d"]:
     """Exact time-``h`` flow of ``x' = g - <g, x> x`` with ``g`` frozen (rows of ``[..., n, d]``).
 
     With ``c = <x, g/|g|>`` and ``s = exp(-|g| h)`` the flow is

@@ -10,6 +10,7 @@ particle index in the component (so labels are canonical and comparable across t
 from __future__ import annotations
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from ._checks import Problems, check_eps
@@ -18,7 +19,7 @@ from ._checks import Problems, check_eps
 DEFAULT_EPS = 1e-2
 
 
-def gram(x: Tensor) -> Tensor:
+def gram(x: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
     """``<x_i, x_j>`` for all pairs: ``[..., n, d] -> [..., n, n]``."""
     return x @ x.transpose(-1, -2)
 
@@ -32,15 +33,15 @@ def _pairs_mean(m: Tensor) -> Tensor:
     return m[..., iu[0], iu[1]].to(torch.float64).mean(-1)
 
 
-def mean_cosine_from_gram(G: Tensor) -> Tensor:
+def mean_cosine_from_gram(G: Float[Tensor, "*batch n n"]) -> Float[Tensor, "*batch"]:
     return _pairs_mean(G)
 
 
-def close_fraction_from_gram(G: Tensor, eps: float) -> Tensor:
+def close_fraction_from_gram(G: Float[Tensor, "*batch n n"], eps: float) -> Float[Tensor, "*batch"]:
     return _pairs_mean(G > 1 - eps)
 
 
-def cluster_labels_from_gram(G: Tensor, eps: float) -> Tensor:
+def cluster_labels_from_gram(G: Float[Tensor, "*batch n n"], eps: float) -> Int[Tensor, "*batch n"]:
     """Connected components of ``G > 1 - eps``: ``[..., n]`` int64, smallest index per component.
 
     Min-label propagation with pointer jumping: a few passes over ``[..., n, n]`` for
@@ -60,7 +61,7 @@ def cluster_labels_from_gram(G: Tensor, eps: float) -> Tensor:
     return lab.reshape(*lead, n)
 
 
-def count_from_labels(labels: Tensor) -> Tensor:
+def count_from_labels(labels: Int[Tensor, "*batch n"]) -> Int[Tensor, "*batch"]:
     """Number of clusters from canonical labels ``[..., n] -> [...]``."""
     n = labels.shape[-1]
     return (labels == torch.arange(n)).sum(-1)
@@ -75,7 +76,7 @@ def _x_checked(where: str, x: Tensor, eps) -> float:
     return e
 
 
-def mean_cosine(x: Tensor) -> Tensor:
+def mean_cosine(x: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch"]:
     """Mean of ``<x_i, x_j>`` over pairs ``i < j``: ``[..., n, d] -> [...]``.
 
     >>> x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]])
@@ -86,7 +87,7 @@ def mean_cosine(x: Tensor) -> Tensor:
     return mean_cosine_from_gram(gram(x))
 
 
-def close_fraction(x: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+def close_fraction(x: Float[Tensor, "*batch n d"], eps: float = DEFAULT_EPS) -> Float[Tensor, "*batch"]:
     """Fraction of pairs ``i < j`` that are eps-close: ``[..., n, d] -> [...]``.
 
     >>> x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]])
@@ -97,7 +98,7 @@ def close_fraction(x: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     return close_fraction_from_gram(gram(x), e)
 
 
-def cluster_labels(x: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+def cluster_labels(x: Float[Tensor, "*batch n d"], eps: float = DEFAULT_EPS) -> Int[Tensor, "*batch n"]:
     """Cluster of each particle (smallest index in its eps-connected component): ``[..., n]``.
 
     >>> x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]])
@@ -108,7 +109,7 @@ def cluster_labels(x: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     return cluster_labels_from_gram(gram(x), e)
 
 
-def cluster_count(x: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+def cluster_count(x: Float[Tensor, "*batch n d"], eps: float = DEFAULT_EPS) -> Int[Tensor, "*batch"]:
     """Number of eps-clusters (connected components of ``<x_i, x_j> > 1 - eps``): ``[...]``.
 
     >>> x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]])

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence, Union
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from tl_dynamics.errors import TLDynamicsError
@@ -68,11 +69,11 @@ def _record_times(p: Problems, t_max, record_every, times) -> Optional[Tensor]:
 
 
 def simulate(
-    x0: Tensor,
-    beta: Union[float, Tensor] = 1.0,
-    Q: Optional[Tensor] = None,
-    K: Optional[Tensor] = None,
-    V: Optional[Tensor] = None,
+    x0: Float[Tensor, "runs n d"],
+    beta: Union[float, Float[Tensor, " runs"]] = 1.0,
+    Q: Optional[Float[Tensor, "*runs m d"]] = None,
+    K: Optional[Float[Tensor, "*runs m d"]] = None,
+    V: Optional[Float[Tensor, "*runs d d"]] = None,
     *,
     dynamics: str = "SA",
     t_max: Optional[float] = None,

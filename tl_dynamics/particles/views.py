@@ -167,7 +167,14 @@ def run_figure(run_obj, eps: Optional[float] = None, run: int = 0) -> FigureView
 
 
 def phase_figure(*diagrams) -> FigureView:
-    """Heat maps of the eps-close pair fraction over (t, beta), side by side."""
+    """Heat maps of the eps-close pair fraction over (t, beta), side by side.
+
+    >>> import torch
+    >>> from tl_dynamics.particles import phase_diagram
+    >>> sa = phase_diagram([0.0, 4.0], [0.0, 2.0], n=8, runs=2, generator=torch.Generator().manual_seed(0))
+    >>> phase_figure(sa).png()[:4]
+    b'\\x89PNG'
+    """
     if not diagrams:
         raise TLDynamicsError("phase_figure: give at least one PhaseDiagram")
     fig = Figure(figsize=(4.6 * len(diagrams), 3.8))
@@ -199,6 +206,13 @@ def report_section(obj, title: Optional[str] = None) -> str:
 
     ``obj``: a :class:`ParticleRun`, a :class:`PhaseDiagram`, a sequence of phase
     diagrams (drawn side by side) or a :class:`FigureView`.
+
+    >>> import torch
+    >>> from tl_dynamics.particles import random_init, simulate
+    >>> run = simulate(random_init(2, 6, 2, torch.Generator().manual_seed(0)), 4.0, t_max=2.0)
+    >>> html = report_section(run, title="beta = 4 & d = 2")
+    >>> html[:76]
+    '<section class="tl-dynamics-particles"><h3>beta = 4 &amp; d = 2</h3><figure>'
     """
     from .phase import PhaseDiagram
     from .result import ParticleRun
