@@ -78,7 +78,9 @@ def phase_diagram(
 
     Every beta starts from the same ``runs`` random initial conditions (common random
     numbers, so differences along beta are not sampling noise), and all betas are
-    integrated in one batch with per-run adaptive steps.
+    integrated in one batch with per-run adaptive steps. (SA) is cheap at any beta;
+    (USA) needs about ``e^beta`` steps per unit time (see :mod:`.integrators`), so keep
+    its betas moderate (<= 6 runs in seconds for n = 32, d = 2).
 
     >>> pd_ = phase_diagram([1.0, 4.0], [0.0, 5.0], n=8, runs=4, generator=torch.Generator().manual_seed(0))
     >>> tuple(pd_.fraction.shape), bool(pd_.fraction[:, 1].ge(pd_.fraction[:, 0]).all())
