@@ -22,6 +22,9 @@ EXACT_TOL = 1e-5
 # Two fp32 routes to the same numbers (query route vs explicit b_i, chunked vs not).
 ROUTE_TOL = 1e-5
 INDUCTION_MIN_WINNERS = 0.9  # the issue's bound
+# On trained heads (scores up to ~80) the model's own float32 rounding alone reaches ~1.5e-5
+# (float64 attention on its own q, k, v against its z); the MLP's error tracks it within 1.2x.
+FLOOR_FACTOR = 2.0
 REPORT_SECONDS = 2.0
 QK_NORM = {"gemma3", "olmo2"}
 MATRIX = [(arch, compat) for arch in testing.HF_ARCHS for compat in (False, True)]
@@ -254,6 +257,8 @@ def test_growth_counts_neurons_and_splits_the_output():
     assert abs(float(old_share + g.new_output_share[-1]) - 1) < 1e-4
     assert abs(float(g.new_attention[-1]) - float(h[src >= 5].sum())) < 1e-6
     assert isinstance(g.to_dataframe(), pd.DataFrame)
+    view = g.show()
+    assert view.name == "ColoredTokensMulti" and view.props["values"].shape == (mlp.n_pos, 4)
 
 
 def test_generate_growth_adds_one_neuron_per_token():
@@ -358,6 +363,17 @@ def _repeated_prompt(adapter, period=20, seed=0):
     return batch, period
 
 
+def _float64_floor(adapter, batch, layer, head):
+    """Max |float64 attention from the model's own q, k, v - the model's z W_O|: the model's own
+    float32 rounding, which no reconstruction can beat (trained heads score up to ~80 here)."""
+    la = adapter.attention(batch, layers=[layer], reference=True)[layer]
+    q, k, v = (t[0, :, head].double() for t in (la.q, la.k, la.v))
+    scores = (la.scale * q @ k.T).masked_fill(~la.allowed[0], float("-inf"))
+    exact = torch.softmax(scores, -1) @ v @ la.W_O[head].double()
+    z = la.reference["z"].reshape(*la.q.shape)[0, :, head].double()
+    return float((exact - z @ la.W_O[head].double())[la.query_valid[0]].abs().max())
+
+
 def test_induction_head_winner_is_the_token_after_the_earlier_copy():
     zoo = pytest.importorskip("tl_dynamics.zoo", reason="the model zoo is not installed")
     try:
@@ -375,7 +391,10 @@ def test_induction_head_winner_is_the_token_after_the_earlier_copy():
         return float(sum(m.reference_pattern[t, t - period + 1] for t in second)) / period
 
     head = max(mlps, key=induction_score)
-    assert induction_score(head) > 0.5, [induction_score(m) for m in mlps]
-    hits = [head.winner(t) == t - period + 1 for t in second]
-    assert sum(hits) / len(hits) >= INDUCTION_MIN_WINNERS, hits
-    assert head.exactness().max_output_error <= EXACT_TOL
+    offsets = [head.winner(t) - (t - period) for t in second]  # winner - earlier copy
+    assert sum(o == 1 for o in offsets) / len(offsets) >= INDUCTION_MIN_WINNERS, (
+        f"L1H{head.head}: winner minus earlier-copy position per repeated token: {offsets}; "
+        f"attention to the token after the earlier copy per head: "
+        f"{[round(induction_score(m), 3) for m in mlps]}")
+    floor = _float64_floor(adapter, batch, 1, head.head)
+    assert head.exactness().max_output_error <= max(EXACT_TOL, FLOOR_FACTOR * floor)

@@ -59,25 +59,20 @@ class Growth:
             "winner_token": [self.str_tokens[w] for w in self.winners.tolist()]})
 
     def show(self):
-        """Neuron count and the new neurons' shares per step (a matplotlib figure)."""
-        import matplotlib.pyplot as plt
-
+        """The text, each destination (generation step) coloured by the new neurons' shares and
+        the neuron count (``colored_tokens_multi``: pick the value to colour by)."""
         from tl_dynamics import viz
 
-        fig, ax = plt.subplots(figsize=(6, 3))
-        steps = list(self.positions)
-        ax.plot(steps, self.new_attention.tolist(), label="attention on new neurons")
-        ax.plot(steps, self.new_importance_share.tolist(), label="importance share (new)")
-        ax.plot(steps, self.new_output_share.tolist(), label="output share (new)")
-        ax.set_xlabel("destination position (generation step)")
-        ax.set_ylabel("share")
-        ax.axvline(self.prompt_length - 0.5, color="grey", lw=0.8, ls="--")
-        twin = ax.twinx()
-        twin.step(steps, self.n_neurons.tolist(), where="mid", color="black", alpha=0.4)
-        twin.set_ylabel("neurons")
-        ax.legend(fontsize=7, loc="upper left")
-        return viz.figure(fig, caption=f"L{self.layer}H{self.head}: the contextual MLP grows by one "
-                          "neuron per generated token")
+        values = torch.zeros(len(self.str_tokens), 4)
+        rows = torch.tensor(self.positions)
+        values[rows] = torch.stack([self.new_attention, self.new_importance_share,
+                                    self.new_output_share, self.n_neurons.float()], dim=-1)
+        return viz.colored_tokens_multi(
+            list(self.str_tokens), values,
+            labels=["attention on new neurons", "importance share (new)", "output share (new)",
+                    "neurons"],
+            caption=f"L{self.layer}H{self.head}: the contextual MLP grows by one neuron per "
+                    f"generated token (prompt: the first {self.prompt_length} tokens)")
 
 
 def growth(mlp: "ContextualMLP", prompt_length: int) -> Growth:
