@@ -133,10 +133,9 @@ class PointComputer:
         if tuple(z.shape[:2]) != tuple(self.key_valid.shape):
             raise TLDynamicsError(f"residual state has shape {tuple(z.shape)} but the batch mask is "
                                   f"{tuple(self.key_valid.shape)}: pass the batch that is being run")
-        valid = self.key_valid
-        w = valid[..., None].double()
-        self._put("state_sum", (z.double() * w).sum((0, 1)))
-        self._put("state_sumsq", (z.double() ** 2 * w).sum((0, 1)))
+        zd, w = z.double(), self.key_valid.double()
+        self._put("state_sum", torch.einsum("bp,bpd->d", w, zd))
+        self._put("state_sumsq", torch.einsum("bp,bpd->d", w, zd * zd))
         norm = z.norm(dim=-1)
         self._put("norm", norm)
         self._put("unit", P.unit(z))
