@@ -56,7 +56,18 @@ def _decisive(mlps: list["ContextualMLP"]) -> "ContextualMLP":
 
 
 def report_section(page: "viz.Page", adapter: "ModelAdapter", batch: "Batch") -> None:
-    """Add the contextual-MLP section: the most decisive head of the last supported layer."""
+    """Add the contextual-MLP section: the most decisive head of the last supported layer.
+
+    Where the MLP cannot be built exactly (the weights would be wrong), the section says why
+    instead of failing the whole report.
+    """
+    try:
+        _report_section(page, adapter, batch)
+    except TLDynamicsError as err:
+        page.add_section("Attention as a contextual MLP", [viz.text(f"Not available: {err}")])
+
+
+def _report_section(page: "viz.Page", adapter: "ModelAdapter", batch: "Batch") -> None:
     from tl_dynamics.contextual_mlp._build import compute_layer
     from tl_dynamics.contextual_mlp._readout import written_tokens
 
