@@ -26,7 +26,7 @@ from tl_dynamics.particles import (
     phase_figure,
     random_init,
     random_qkv,
-    report_section,
+    report_html,
     simulate,
     suggest_dt,
     velocity,
@@ -438,7 +438,7 @@ def test_views_render_offline_and_escape_text():
     run = simulate(random_init(2, 6, 2, gen(22)), 4.0, t_max=3.0, record_every=0.5)
     view = run.show()
     assert isinstance(view, FigureView) and view.png().startswith(b"\x89PNG")
-    html = report_section(run, title="<script>x</script> & more")
+    html = report_html(run, title="<script>x</script> & more")
     assert html.startswith('<section class="tl-dynamics-particles"><h3>&lt;script&gt;x&lt;/script&gt; &amp; more</h3>')
     assert 'src="data:image/png;base64,' in html and "<script>" not in html
     run3 = simulate(random_init(2, 6, 3, gen(23)), 4.0, t_max=2.0, record_every=0.5)
@@ -446,7 +446,7 @@ def test_views_render_offline_and_escape_text():
     no_states = simulate(random_init(2, 6, 8, gen(24)), 1.0, t_max=2.0, record_every=0.5, keep_states=False)
     assert no_states.show().png().startswith(b"\x89PNG")
     with pytest.raises(TLDynamicsError, match=r"expected a ParticleRun, PhaseDiagram\(s\) or FigureView, got int"):
-        report_section(3)
+        report_html(3)
 
 
 # --------------------------------------------------------------------------- errors
@@ -507,3 +507,22 @@ def test_suggest_dt_rule():
     assert suggest_dt(4.0, dynamics="USA") == pytest.approx(0.25 / math.exp(4.0))
     V = 3 * torch.eye(2)
     assert suggest_dt(1.0, V=V) == pytest.approx(0.25 / 6)
+
+
+# --------------------------------------------------------------------------- beside a real model
+def test_beside_model_seeds_from_the_prompts_tokens_and_the_heads_weights():
+    from tl_dynamics import testing
+    from tl_dynamics.adapter import ModelAdapter
+    from tl_dynamics.particles import beside_model
+
+    adapter = ModelAdapter(testing.cached_model("gpt2"))
+    result = beside_model(adapter, "def f(x): return x + 1", layer=1, head=2, t_max=2.0)
+    n_tokens = int(adapter.tokenize("def f(x): return x + 1").key_valid.sum())
+    assert len(result.tokens) == n_tokens and result.run.states.shape[2] == n_tokens
+    assert result.head_dynamics.beta == pytest.approx(adapter.specs[1].scale * adapter.d_model)
+    assert len(result.model_clusters) == len(result.point_labels) == adapter.n_layers + 1
+    assert 1 <= result.model_clusters.min() and result.model_clusters.max() <= n_tokens
+    frame = result.to_dataframe()
+    assert set(frame["source"]) == {"model", "simulation"}
+    with pytest.raises(TLDynamicsError, match="head 9 in layer 1 is out of range"):
+        beside_model(adapter, "a b c", layer=1, head=9)

@@ -6,7 +6,8 @@ from .phase import PhaseDiagram, phase_diagram
 from .result import ParticleRun
 from .seeding import HeadDynamics, from_head
 from .simulation import simulate
-from .views import FigureView, phase_figure, report_section
+from .beside import BesideModel, beside_model, report_section
+from .views import FigureView, phase_figure, report_html
 
 __all__ = [
     "DEFAULT_EPS",
@@ -25,7 +26,10 @@ __all__ = [
     "phase_figure",
     "random_init",
     "random_qkv",
+    "report_html",
     "report_section",
+    "BesideModel",
+    "beside_model",
     "simulate",
     "suggest_dt",
     "velocity",

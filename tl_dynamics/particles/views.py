@@ -201,7 +201,7 @@ def _edges(c: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- report
-def report_section(obj, title: Optional[str] = None) -> str:
+def report_html(obj, title: Optional[str] = None) -> str:
     """An HTML fragment (``<section>`` with an inline PNG and caption; all text escaped).
 
     ``obj``: a :class:`ParticleRun`, a :class:`PhaseDiagram`, a sequence of phase
@@ -210,7 +210,7 @@ def report_section(obj, title: Optional[str] = None) -> str:
     >>> import torch
     >>> from tl_dynamics.particles import random_init, simulate
     >>> run = simulate(random_init(2, 6, 2, torch.Generator().manual_seed(0)), 4.0, t_max=2.0)
-    >>> html = report_section(run, title="beta = 4 & d = 2")
+    >>> html = report_html(run, title="beta = 4 & d = 2")
     >>> html[:76]
     '<section class="tl-dynamics-particles"><h3>beta = 4 &amp; d = 2</h3><figure>'
     """
@@ -227,7 +227,7 @@ def report_section(obj, title: Optional[str] = None) -> str:
         view = phase_figure(*obj)
     else:
         raise TLDynamicsError(
-            f"report_section: expected a ParticleRun, PhaseDiagram(s) or FigureView, got {type(obj).__name__}"
+            f"report_html: expected a ParticleRun, PhaseDiagram(s) or FigureView, got {type(obj).__name__}"
         )
     head = html.escape(title if title is not None else "Idealised particle dynamics")
     return f'<section class="tl-dynamics-particles"><h3>{head}</h3>{view.html()}</section>'
