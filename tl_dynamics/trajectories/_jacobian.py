@@ -98,13 +98,13 @@ class _Graph:
         self._jt_u = torch.autograd.grad(self.y, self.x, self._u, create_graph=True)[0]
 
     def _grad(self, out: Tensor, inp: Tensor, rows: Tensor) -> Tensor:
-        rows = rows.to(out.dtype)
+        rows = rows.to(out)
         try:  # one vectorised backward for all rows
-            return torch.autograd.grad(out, inp, rows, retain_graph=True,
-                                       is_grads_batched=True)[0].double()
+            res = torch.autograd.grad(out, inp, rows, retain_graph=True, is_grads_batched=True)[0]
         except RuntimeError:  # an op without a batching rule: one backward per row
-            return torch.stack([torch.autograd.grad(out, inp, r, retain_graph=True)[0]
-                                for r in rows]).double()
+            res = torch.stack([torch.autograd.grad(out, inp, r, retain_graph=True)[0]
+                               for r in rows])
+        return res.double().cpu()
 
     def vjp(self, u: Float[Tensor, "k d"]) -> Float[Tensor, "k d"]:
         """Rows ``J^T u_i``."""

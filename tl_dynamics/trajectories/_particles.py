@@ -94,8 +94,9 @@ def merges_splits(before: Int[Tensor, "batch pos"], after: Int[Tensor, "batch po
     """
     b, n = before.shape
     valid = before >= 0
-    code = (before.clamp_min(0) * n + after.clamp_min(0)) + (n * n) * torch.arange(b)[:, None]
-    seen = torch.zeros(b * n * n, dtype=torch.bool)
+    dev = before.device
+    code = (before.clamp_min(0) * n + after.clamp_min(0)) + (n * n) * torch.arange(b, device=dev)[:, None]
+    seen = torch.zeros(b * n * n, dtype=torch.bool, device=dev)
     seen[code[valid]] = True
     distinct = seen.reshape(b, n * n).sum(-1)
     return distinct - n_clusters(after), distinct - n_clusters(before)

@@ -167,7 +167,7 @@ class PointComputer:
         self._put("rank", torch.where(has, rank, -1))
         emb = ad.W_E[safe].float()
         unemb = ad.W_U.T[safe].float()
-        nan = torch.tensor(math.nan)
+        nan = math.nan
         for name, ref in (("embed", emb), ("unembed", unemb)):
             self._put(f"cos_{name}", torch.where(has, _cos(x, ref), nan))
             self._put(f"dist_{name}", torch.where(has, (x - ref).norm(dim=-1), nan))
@@ -216,7 +216,7 @@ class PointComputer:
         res["cos_final"] = torch.where(defined, cos_final, math.nan)
         if "rank" in res:
             res["settling"] = settling_point(res["rank"], self.targets)
-        return res
+        return {k: v.cpu() for k, v in res.items()}  # small per-token/per-prompt summaries
 
 
 def settling_point(rank: Int[Tensor, "batch point pos"], targets: Tensor) -> Int[Tensor, "batch pos"]:

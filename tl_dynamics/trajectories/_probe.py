@@ -87,7 +87,8 @@ def pooled_states(model: Any, prompts: Sequence[str], batch_size: int = 16, flat
 
         def make(p: int):
             def fn(z: Tensor) -> None:
-                per.append((z.detach().float() * w).sum(1) / w.sum(1))
+                wz = w.to(z.device)
+                per.append(((z.detach().float() * wz).sum(1) / wz.sum(1)).cpu())
             return fn
 
         with adapter.hooks([(r, layer, make(p)) for p, (r, layer) in enumerate(roles)]):

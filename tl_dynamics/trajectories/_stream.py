@@ -40,7 +40,7 @@ class Accumulator:
 
     def _add(self, raw: dict[str, Tensor], batch: Batch | None) -> None:
         valid = raw["norm"].new_ones(raw["norm"].shape[0], raw["norm"].shape[2]).bool() \
-            if batch is None else batch.key_valid
+            if batch is None else batch.key_valid.cpu()
         meta = _meta(self.adapter, self.cfg, lens_note(self.adapter, self.cfg.lens, batch))
         part = reduce_batch(raw, valid, meta)
         self.total = part if self.total is None else self.total.merge(part)

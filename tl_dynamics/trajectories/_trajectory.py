@@ -109,7 +109,7 @@ def _pad(x: Tensor, valid: Tensor, fill: float) -> Tensor:
 def build(adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor], batch: Batch,
           mask: Tensor) -> Trajectory:
     """Assemble a ``Trajectory`` from a ``PointComputer``'s stacked output."""
-    valid = batch.key_valid
+    valid, mask = batch.key_valid.cpu(), mask.cpu()
     nan = math.nan
     lens = {k: _pad(raw[k], valid, nan) if k in raw else None
             for k in ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")}
@@ -118,7 +118,7 @@ def build(adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor], batch: Bat
     rows = tuple(tuple(adapter.str_tokens(batch, r)) for r in range(valid.shape[0]))
     return Trajectory(
         architecture=adapter.info.architecture, labels=point_labels_of(adapter, cfg),
-        eps=tuple(cfg.eps), str_tokens=rows, tokens=batch.tokens, key_valid=valid,
+        eps=tuple(cfg.eps), str_tokens=rows, tokens=batch.tokens.cpu(), key_valid=valid,
         particle_mask=mask, norm=_pad(raw["norm"], valid, nan),
         step=_pad(raw["step"], valid, nan), rel_step=_pad(raw["rel_step"], valid, nan),
         turning=_pad(raw["turning"], valid, nan) if "turning" in raw else empty_turn,

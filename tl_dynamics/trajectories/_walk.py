@@ -69,7 +69,12 @@ class Walker:
     def end(self) -> None:
         computer, self.computer = self.computer, None
         if computer is not None:
-            self.sink(computer.finish(), self.batch)
+            batch = self.batch
+            if batch is not None:  # summaries come back on the CPU; so does their mask
+                from tl_dynamics.adapter import Batch
+
+                batch = Batch(batch.tokens.cpu(), batch.key_valid.cpu(), batch.padding_side)
+            self.sink(computer.finish(), batch)
 
     @contextmanager
     def attached(self) -> Iterator["Walker"]:
