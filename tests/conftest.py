@@ -11,7 +11,9 @@ import torch  # noqa: E402
 
 from tl_dynamics import testing  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Tiny models: one intra-op thread is fastest and deterministic (two threads made small
+# matmuls ~1000x slower on a loaded 2-core machine).
+torch.set_num_threads(1)
 
 HAS_HOOKED = testing.has_hooked_transformer()
 requires_hooked = pytest.mark.skipif(

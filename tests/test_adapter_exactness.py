@@ -54,6 +54,43 @@ def test_hooked_transformer_reproduces_its_own_attention(variant, kind, side):
     assert errors["scores"] <= EXACT_TOL, errors
 
 
+def _has_native():
+    try:
+        return hasattr(testing.bridge_class(), "boot_native") and \
+            __import__("importlib").util.find_spec("transformer_lens.config") is not None
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _has_native(), reason="TransformerBridge.boot_native is TransformerLens 4.x")
+@pytest.mark.parametrize("kind,side", PADDING)
+@pytest.mark.parametrize("variant", list(testing.NATIVE_VARIANTS))
+def test_native_bridge_reproduces_its_own_attention(variant, kind, side):
+    """The zoo's 4.x format (boot_native): rotary from its own tables, GQA, soft-cap, encoder."""
+    adapter = ModelAdapter(testing.cached_model(variant))
+    errors = _check(adapter, kind, side)
+    assert errors["scores_hook_is_pattern"] == 1.0
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "bert"] + (
+    ["gpt2-like", "gqa-rms"] if testing.has_hooked_transformer() else ["native-rotary-gqa"]))
+def test_attention_input_includes_trained_layernorm_weights(arch):
+    """x @ W_Q + b_Q equals q (non-rotary) / v on a model whose norms are not the identity."""
+    import torch
+
+    model = testing.tiny_model(arch)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        for name, param in model.named_parameters():
+            if ("ln" in name or "norm" in name) and param.ndim == 1:
+                param.add_(torch.randn(param.shape, generator=gen) * 0.5)
+    adapter = ModelAdapter(model)
+    for layer, la in adapter.attention(testing.PROMPTS[0], inputs=True).items():
+        x = la.reference["x"]
+        v = torch.einsum("bpm,hmd->bphd", x, adapter.W_V(layer)) + adapter.b_V(layer)
+        assert (v - la.v).abs().max().item() <= EXACT_TOL, (layer, (v - la.v).abs().max())
+
+
 # Known structure each fixture was built with: the adapter must find it in the model.
 EXPECTED_WINDOWS = {
     "gptneo": [None, testing.WINDOW], "mistral": [testing.WINDOW] * 2,

@@ -74,9 +74,10 @@ def test_every_component_draws_and_hostile_tokens_stay_text(browser, tmp_path):
         viz.attention_heads(np.tril(np.ones((2, 4, 4))) / 4, HOSTILE, ["<b>h0</b>", "h1"]),
         viz.attention_pattern(HOSTILE, np.tril(np.ones((4, 4))) / 4),
         viz.colored_tokens(HOSTILE, [0.0, 1.0, -1.0, 0.5]),
-        viz.colored_tokens_multi(HOSTILE, np.ones((4, 2)), ["x", "y"]),
-        viz.text_neuron_activations(HOSTILE, np.ones((4, 2, 3))),
-        viz.topk_tokens([HOSTILE], [np.arange(24.0).reshape(2, 4, 3)]),
+        viz.colored_tokens_multi(HOSTILE, np.ones((4, 2)), ["<i>lab</i>", "y"]),
+        viz.text_neuron_activations(HOSTILE, np.ones((4, 2, 3)), "<Layer>", "<Neuron>",
+                                    ["<L0>", "L1"], ["n0", "n1", "<n2>"]),
+        viz.topk_tokens([HOSTILE], [np.arange(24.0).reshape(2, 4, 3)], sample_labels=["<s0>"]),
         viz.figure(fig, caption="a plot"),
         viz.table(__import__("pandas").DataFrame({"token": HOSTILE, "v": [1.0, 2.0, 3.0, 4.0]})),
     ])
@@ -92,6 +93,8 @@ def test_every_component_draws_and_hostile_tokens_stay_text(browser, tmp_path):
     for needle in ("<BOS>", "a\u00a0&\u00a0b", "</script><script>alert(1)</script>"):
         assert needle in info["text"].replace(" ", "\u00a0") or needle.replace("\u00a0", " ") in info["text"]
     assert info["figures"] and info["figures"][0] > 0
+    for label in ("<Layer>", "<Neuron>", "<L0>", "<i>lab</i>"):  # labels read as written
+        assert label in info["text"], label
 
 
 def test_report_page_renders_offline(browser, tmp_path):

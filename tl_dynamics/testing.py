@@ -102,6 +102,17 @@ HOOKED_VARIANTS: dict[str, dict[str, Any]] = {
     "bidirectional": dict(_HT_BASE, attention_dir="bidirectional"),
 }
 
+# TransformerBridge.boot_native (TransformerLensNative; TransformerLens 4.x): the zoo's format.
+_NATIVE_BASE = dict(d_model=D_MODEL, n_layers=N_LAYERS, n_heads=N_HEADS, d_head=D_HEAD, n_ctx=N_CTX,
+                    d_mlp=4 * D_MODEL, act_fn="gelu")
+NATIVE_VARIANTS: dict[str, dict[str, Any]] = {
+    "native": dict(_NATIVE_BASE),
+    "native-rotary-gqa": dict(_NATIVE_BASE, positional_embedding_type="rotary", rotary_dim=8,
+                              n_key_value_heads=2, normalization_type="RMS", act_fn="silu"),
+    "native-softcap-bidirectional": dict(_NATIVE_BASE, attn_scores_soft_cap=SOFTCAP,
+                                         attention_dir="bidirectional"),
+}
+
 _CORPUS = (Path(__file__).parent / "testing.py", Path(torch.__file__).parent / "functional.py")
 
 
@@ -179,10 +190,34 @@ def tiny_hooked(variant: str = "gpt2-like", **overrides: Any):
     return model.eval()
 
 
+def tiny_native(variant: str = "native", seed: int = 0):
+    """A tiny random ``TransformerBridge.boot_native`` model (TransformerLens 4.x)."""
+    if variant not in NATIVE_VARIANTS:
+        raise TLDynamicsError(f"unknown native variant {variant!r}; valid: {sorted(NATIVE_VARIANTS)}")
+    try:
+        from transformer_lens.config import TransformerBridgeConfig
+    except ImportError as exc:
+        raise TLDynamicsError("boot_native needs TransformerLens 4.x") from exc
+    bridge_cls = bridge_class()
+    if not hasattr(bridge_cls, "boot_native"):
+        raise TLDynamicsError("this TransformerLens has no TransformerBridge.boot_native (4.x has)")
+    cfg = TransformerBridgeConfig(architecture="TransformerLensNative", d_vocab=len(tokenizer()),
+                                  **NATIVE_VARIANTS[variant])
+    torch.manual_seed(seed)
+    model = bridge_cls.boot_native(cfg, tokenizer=tokenizer(), model_name=variant)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim > 1:
+                param.normal_(0.0, INIT_STD)
+    return model.eval()
+
+
 def tiny_model(arch: str = "gpt2", compat: bool = False):
-    """A tiny random model on whichever host is installed: a bridge arch or a hooked variant."""
+    """A tiny random model: a bridge arch (``HF_ARCHS``), a native variant, or a hooked variant."""
     if arch in HF_ARCHS:
         return tiny_bridge(arch, compat=compat)
+    if arch in NATIVE_VARIANTS:
+        return tiny_native(arch)
     return tiny_hooked(arch)
 
 

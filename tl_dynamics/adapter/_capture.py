@@ -132,8 +132,7 @@ def assemble(adapter: "ModelAdapter", layer: int, st: dict[str, Tensor],
         q = _rotary.apply_half(q, st["cos"].float(), st["sin"].float())
         k = _rotary.apply_half(k, st["cos"].float(), st["sin"].float())
     elif spec.rotary == "interleaved":
-        cos, sin = _rotary.interleaved_cos_sin(_rotary.positions_from_mask(key_valid),
-                                               spec.rotary_dim, spec.rotary_base)
+        cos, sin = adapter.interleaved_cos_sin(layer, _rotary.positions_from_mask(key_valid))
         q, k = _rotary.apply_interleaved(q, cos, sin), _rotary.apply_interleaved(k, cos, sin)
     elif spec.rotary == "hooked":
         raise TLDynamicsError(f"layer {layer}: rotary model did not fire its rotated q/k hooks")
@@ -157,6 +156,6 @@ def assemble(adapter: "ModelAdapter", layer: int, st: dict[str, Tensor],
     W_O, b_O = adapter.W_O(layer), adapter.b_O(layer)
     reference = {r: st[r].float() for r in REFERENCE_ROLES if r in st}
     if "x" in st:
-        reference["x"] = st["x"].float()
+        reference["x"] = adapter.attention_input(layer, st["x"].float())
     return LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
                           query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference)

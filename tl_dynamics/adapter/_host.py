@@ -29,6 +29,7 @@ VERIFIED_HF_ATTENTION = {
     "OPTAttention": "opt", "BloomAttention": "bloom", "PhiAttention": "phi",
     "Phi3Attention": "phi3", "OlmoAttention": "olmo", "Olmo2Attention": "olmo2",
     "StableLmAttention": "stablelm", "BertAttention": "bert",
+    "NativeAttention": "native",  # TransformerBridge.boot_native (TransformerLensNative)
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -156,13 +157,15 @@ def _hooked_spec(model: Any, layer: int) -> LayerSpec:
 def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
     attn = model.blocks[layer].attn
     orig = attn.original_component
-    hf_cfg = model.original_model.config
+    hf_cfg = getattr(model.original_model, "config", None)
     kind = type(attn).__name__
     if kind not in RECONSTRUCTING_BRIDGES | DELEGATING_BRIDGES:
         raise TLDynamicsError(f"unsupported attention bridge {kind} in layer {layer} of "
                               f"{info.architecture}; supported: "
                               f"{sorted(RECONSTRUCTING_BRIDGES | DELEGATING_BRIDGES)}")
     family = info.family
+    if family == "native":
+        return _native_spec(model, layer, orig)
     if family == "gptneo":
         scale = 1.0  # GPT-Neo does not scale its scores
     elif family == "gptj":
@@ -198,6 +201,22 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         alibi="key" if family == "bloom" else "none",
         scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
         qk_norm=family in ("gemma3", "olmo2"))
+
+
+def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:
+    """``NativeAttention`` (TransformerLens 4.x ``boot_native``): scores ``q k^T / scale``,
+    soft-cap, causal mask from cfg, adjacent-pair RoPE from its own cos/sin tables."""
+    rotary = getattr(orig, "rotary", None)
+    if rotary is not None and float(getattr(rotary, "position_scale", 1.0)) != 1.0:
+        raise TLDynamicsError(f"layer {layer}: native rotary with rope_scaling (position_scale "
+                              f"{rotary.position_scale}) is not supported")
+    cap = float(getattr(orig, "attn_scores_soft_cap", -1.0))
+    return LayerSpec(
+        layer=layer, scale=1.0 / float(orig.scale), softcap=cap if cap > 0 else None, window=None,
+        causal=bool(orig.causal), rotary="interleaved" if rotary is not None else "none",
+        rotary_dim=int(rotary.rotary_dim) if rotary is not None else None,
+        rotary_base=float(rotary.effective_base) if rotary is not None else None,
+        alibi="none", scores_hook="pattern", qk_norm=False)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

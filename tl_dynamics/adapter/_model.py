@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics.adapter import _capture, _weights
+from tl_dynamics.adapter import _capture, _rotary, _weights
 from tl_dynamics.adapter._host import host_info, layer_specs
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.errors import TLDynamicsError
@@ -337,6 +337,30 @@ class ModelAdapter:
     def is_encoder(self) -> bool:
         """True for bidirectional (encoder) models."""
         return any(not spec.causal for spec in self.specs)
+
+    def interleaved_cos_sin(self, layer: int, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Adjacent-pair (GPT-J style) rotary tables at ``positions`` ``[batch, pos]``: the
+        model's own cached tables where it keeps them (native bridge), else from the base."""
+        spec = self.specs[layer]
+        rotary = getattr(getattr(self.model.blocks[layer].attn, "original_component", None),
+                         "rotary", None)
+        if rotary is not None and hasattr(rotary, "cos_cached"):
+            return rotary.cos_cached[positions].float(), rotary.sin_cached[positions].float()
+        return _rotary.interleaved_cos_sin(positions, spec.rotary_dim, spec.rotary_base)
+
+    def attention_input(self, layer: int, x: Tensor) -> Tensor:
+        """The vector W_Q reads, from the captured ``x`` hook. HookedTransformer's
+        ``ln1.hook_normalized`` is taken before the LayerNorm's own weight and bias, so they
+        are applied here (identity for LNPre and for models with folded LayerNorm)."""
+        if self.info.host != "hooked":
+            return x
+        ln = self.model.blocks[layer].ln1
+        weight, bias = getattr(ln, "w", None), getattr(ln, "b", None)
+        if isinstance(weight, Tensor):
+            x = x * weight.detach().float()
+        if isinstance(bias, Tensor):
+            x = x + bias.detach().float()
+        return x
 
     def hooked_alibi(self, layer: int, n_pos: int) -> Tensor:
         """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``."""

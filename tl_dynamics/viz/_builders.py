@@ -1,7 +1,8 @@
 """Builders mirroring circuitsvis's Python API, with token strings escaped.
 
 circuitsvis inserts token strings as raw HTML in ColoredTokens, ColoredTokensMulti, TopkTokens
-and TextNeuronActivations, so those builders escape them. AttentionHeads and AttentionPattern
+and TextNeuronActivations, so those builders escape them. Labels and dimension names are React
+text there (escaping them would show ``&lt;``), so they pass as they are. AttentionHeads and AttentionPattern
 draw tokens on a canvas (chart.js axis labels), where text is never parsed as HTML: escaping
 there would display ``&lt;BOS&gt;``, so their tokens are passed as they are (checked in the
 browser tests: hostile tokens neither execute nor break the page, and read as written).
@@ -73,7 +74,7 @@ def colored_tokens_multi(tokens: Sequence[str], values: Any, labels: Sequence[st
     _check_tokens(tokens, arr.shape[0], "colored_tokens_multi")
     return Component("ColoredTokensMulti", dict(
         tokens=escape_tokens(tokens), values=arr,
-        labels=None if labels is None else [html_escape(x) for x in labels]), caption=caption)
+        labels=None if labels is None else [str(x) for x in labels]), caption=caption)
 
 
 def text_neuron_activations(tokens: Sequence[str], activations: Any,
@@ -85,11 +86,11 @@ def text_neuron_activations(tokens: Sequence[str], activations: Any,
     """Per-token activations ``[tokens, first_dim, second_dim]`` (TextNeuronActivations)."""
     arr = _array(activations, 3, "activations")
     _check_tokens(tokens, arr.shape[0], "text_neuron_activations")
-    labels = (lambda xs: None if xs is None else [html_escape(x) for x in xs])
+    labels = (lambda xs: None if xs is None else [str(x) for x in xs])
     return Component("TextNeuronActivations", dict(
         tokens=escape_tokens(tokens), activations=arr,
-        firstDimensionName=html_escape(first_dimension_name),
-        secondDimensionName=html_escape(second_dimension_name),
+        firstDimensionName=str(first_dimension_name),
+        secondDimensionName=str(second_dimension_name),
         firstDimensionLabels=labels(first_dimension_labels),
         secondDimensionLabels=labels(second_dimension_labels)), caption=caption)
 
@@ -115,9 +116,9 @@ def topk_tokens(tokens: Sequence[Sequence[str]], activations: Sequence[Any], max
     return Component("TopkTokens", dict(
         tokens=[escape_tokens(t) for t in tokens], topkVals=top_v, topkIdxs=top_i,
         bottomkVals=bot_v, bottomkIdxs=bot_i,
-        firstDimensionName=html_escape(first_dimension_name),
-        thirdDimensionName=html_escape(third_dimension_name),
-        sampleLabels=None if sample_labels is None else [html_escape(s) for s in sample_labels]),
+        firstDimensionName=str(first_dimension_name),
+        thirdDimensionName=str(third_dimension_name),
+        sampleLabels=None if sample_labels is None else [str(s) for s in sample_labels]),
         caption=caption)
 
 
