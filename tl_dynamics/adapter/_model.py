@@ -162,13 +162,14 @@ class ModelAdapter:
             return [str(i) for i in ids]
         return [tokenizer.decode([i]) for i in ids]
 
-    def forward(self, batch: Batch) -> Tensor:
-        """Run the model on ``batch`` (no gradients), passing the padding mask to the host."""
+    def forward(self, batch: Batch, grad: bool = False) -> Tensor:
+        """Run the model on ``batch``, passing the padding mask to the host; without gradients
+        unless ``grad=True`` (e.g. for Jacobians through hooks)."""
         kwargs: dict[str, Any] = {}
         self._check_padding(batch)
         if batch.padded:
             kwargs["attention_mask"] = batch.key_valid.long()
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             return self.model(batch.tokens, **kwargs)
 
     def _check_padding(self, batch: Batch | None) -> None:

@@ -116,10 +116,7 @@ class _Graph:
 
 
 def _forward_with_grad(adapter: ModelAdapter, batch: Batch) -> None:
-    # TODO(adapter): ModelAdapter.forward runs under no_grad; ask for ad.block_fn(layer) or
-    # ad.forward(batch, grad=True). Until then call the host model with its padding mask here.
-    kwargs = {"attention_mask": batch.key_valid.long()} if batch.padded else {}
-    adapter.model(batch.tokens, **kwargs)
+    adapter.forward(batch, grad=True)
 
 
 def _top_singular(g: _Graph, k: int, tol: float, max_iter: int, seed: int
