@@ -111,10 +111,9 @@ class Circuit:
             >>> ov.topk(5, rows=[10, 11]).to_dataframe().shape             # doctest: +SKIP
             (20, 7)
         """
-        values, indices, ids = _topk.topk_rows(self.matrix, k, rows, True, progress=progress)
-        low_v = low_i = None
-        if bottom:
-            low_v, low_i, _ = _topk.topk_rows(self.matrix, k, ids, False)
+        sides = (True, False) if bottom else (True,)
+        out, ids = _topk.streamed_topk(self.matrix, k, rows, sides, progress=progress)
+        (values, indices), (low_v, low_i) = out[0], out[1] if bottom else (None, None)
         return TokenTopK(self.name, self.layer, self.head, self.rows, self.cols, ids, values,
                          indices, low_v, low_i, self.notes, self.vocab, self)
 

@@ -21,6 +21,7 @@ baseline; the token-level circuits in ``token_composition`` do separate it.)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -155,9 +156,11 @@ class CompositionScores:
             valid = ~torch.isnan(self.scores[i])
             n_pairs, n_hit = int(valid.sum()), int(self.beyond_chance[i][valid].sum())
             top = float(self.scores[i][valid].max()) if n_pairs else float("nan")
+            by_chance = n_pairs * 0.5 * math.erfc(self.z / math.sqrt(2))  # normal tail
             verdict = ("this score cannot tell any of them from chance" if n_hit == 0 else
-                       f"{n_hit} pair(s) exceed it by more than {self.z:g} standard deviations; "
-                       f"this score cannot tell the other {n_pairs - n_hit} from chance")
+                       f"{n_hit} pair(s) exceed it by more than {self.z:g} standard deviations "
+                       f"(about {by_chance:.1f} would by chance alone); this score cannot tell "
+                       f"the other {n_pairs - n_hit} from chance")
             lines.append(f"{kind}-composition: {n_pairs} head pairs, highest {top:.4f}; {verdict}.")
         return "\n".join(lines)
 

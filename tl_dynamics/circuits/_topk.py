@@ -16,8 +16,10 @@ from tqdm.auto import tqdm
 
 from tl_dynamics.errors import TLDynamicsError
 
-# Entries of the product alive at once: 2**23 float32 = 32 MiB.
-CHUNK_ELEMENTS = 2 ** 23
+# Entries of the product alive at once: 2**20 float32 = 4 MiB, small enough to stay in cache
+# (the product has an inner width of only d_head, so writing it out costs more than computing it;
+# 4 MiB chunks were ~20% faster than 32 MiB ones on the benchmark's CPU).
+CHUNK_ELEMENTS = 2 ** 20
 # Largest product ``dense`` agrees to build: 2**26 float32 = 256 MiB.
 DENSE_LIMIT = 2 ** 26
 
@@ -63,6 +65,15 @@ def topk_rows(matrix, k: int, rows: Sequence[int] | Tensor | None = None, larges
         >>> topk_rows(m, 1)[1].flatten().tolist()
         [1, 2, 0]
     """
+    out, ids = streamed_topk(matrix, k, rows, (largest,), chunk_elements, progress)
+    return out[0][0], out[0][1], ids
+
+
+def streamed_topk(matrix, k: int, rows: Sequence[int] | Tensor | None, sides: Sequence[bool],
+                  chunk_elements: int = CHUNK_ELEMENTS, progress: bool = False
+                  ) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
+    """One pass over the row chunks, keeping the top-``k`` (``True``) and/or bottom-``k``
+    (``False``) columns of each row: ``([(values, indices) per side], rows)``."""
     A, B = factors(matrix)
     n_cols = B.shape[1]
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n_cols:
@@ -70,15 +81,14 @@ def topk_rows(matrix, k: int, rows: Sequence[int] | Tensor | None = None, larges
                               f"valid is 1..{n_cols}")
     ids = row_ids(rows, A.shape[0])
     step = chunk_rows(n_cols, chunk_elements)
-    values, indices = [], []
+    kept: list[list[tuple[Tensor, Tensor]]] = [[] for _ in sides]
     starts = range(0, len(ids), step)
     for start in tqdm(starts, desc="top-k rows", disable=not progress or len(starts) < 2, leave=False):
         block = A[ids[start:start + step].to(A.device)] @ B
-        v, i = block.topk(k, dim=1, largest=largest)
-        values.append(v)
-        indices.append(i)
+        for store, largest in zip(kept, sides):
+            store.append(block.topk(k, dim=1, largest=largest))
         del block
-    return torch.cat(values).cpu(), torch.cat(indices).cpu(), ids
+    return [(torch.cat([v for v, _ in s]).cpu(), torch.cat([i for _, i in s]).cpu()) for s in kept], ids
 
 
 def argmax_rows(matrix, rows: Sequence[int] | Tensor | None = None,
