@@ -203,6 +203,7 @@ def test_attach_streams_over_the_users_own_forward_passes():
     adapter = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
     model = adapter.model
     tokens = [adapter.tokenize(p).tokens for p in testing.PROMPTS]
+    threads = torch.get_num_threads()
     with orr.attach(model, layers=[1], heads=[0, 2]) as collector:
         for t in tokens:
             model(t)
@@ -212,6 +213,7 @@ def test_attach_streams_over_the_users_own_forward_passes():
     for key in res.stats.sums:
         np.testing.assert_allclose(res.stats.sums[key], singles[0].sums[key] + singles[1].sums[key],
                                    rtol=1e-6, atol=1e-9)
+    assert torch.get_num_threads() == threads  # the statistics' own thread setting is undone
     model(tokens[0])  # hooks are gone after the block: nothing more is collected
     assert collector.result().stats.n_prompts == 2
     assert list(res.to_dataframe().index) == ["L1H0", "L1H2"]

@@ -45,6 +45,12 @@ def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
                          query_valid=la.query_valid, softcap=la.softcap)
 
 
+# Intra-op threads for the statistics (torch's setting is restored after each layer). Their
+# chunks are small (~2 MB), so one thread loses little on an idle machine and avoids the
+# thread-pool stalls that dominate on a shared one (measured: benchmarks/README.md).
+STAT_THREADS = 1
+
+
 class OddsRatioCollector:
     """Accumulates per-head statistics over every forward pass run while attached.
 
@@ -53,9 +59,10 @@ class OddsRatioCollector:
     """
 
     def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
-                 keep_tensors: bool = False, dtype: torch.dtype = torch.float32):
+                 keep_tensors: bool = False, dtype: torch.dtype = torch.float32,
+                 threads: int | None = STAT_THREADS):
         self.adapter, self.layers, self.heads = adapter, layers, heads
-        self.keep_tensors, self.dtype = keep_tensors, dtype
+        self.keep_tensors, self.dtype, self.threads = keep_tensors, dtype, threads
         shape = (len(layers), len(heads))
         self._sums = {k: np.zeros(shape) for k in _stats.SUM_KEYS}
         self._sink_sums = {k: np.zeros(shape) for k in ("sink_mass", "sink_first", "sink_by_prior",
@@ -79,13 +86,23 @@ class OddsRatioCollector:
             self._sinks.append({})
 
     def on_layer(self, la: LayerAttention) -> None:
+        before = torch.get_num_threads()
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        try:
+            self._on_layer(la)
+        finally:
+            torch.set_num_threads(before)
+
+    def _on_layer(self, la: LayerAttention) -> None:
         if not self._seen_in_pass or la.layer in self._seen_in_pass:
             self._new_pass()
             self._prompts += int(la.q.shape[0])
         self._seen_in_pass.add(la.layer)
         a = self.layers.index(la.layer)
         h = self.heads
-        sums, sinks = _stats.layer_sums(la.q[:, :, h], la.k[:, :, h], la.scale, la.bias(h),
+        pick = slice(None) if h == list(range(la.n_heads)) else h  # no copy for all heads
+        sums, sinks = _stats.layer_sums(la.q[:, :, pick], la.k[:, :, pick], la.scale, la.bias(h),
                                         la.allowed, la.query_valid, la.softcap)
         for key, value in sums.items():
             self._sums[key][a] += value.cpu().numpy()
@@ -127,12 +144,14 @@ class OddsRatioCollector:
 @contextmanager
 def attach(model: Any, layers: int | Sequence[int] | None = None,
            heads: int | Sequence[int] | None = None, keep_tensors: bool = False,
-           dtype: torch.dtype = torch.float32) -> Iterator[OddsRatioCollector]:
+           dtype: torch.dtype = torch.float32,
+           threads: int | None = STAT_THREADS) -> Iterator[OddsRatioCollector]:
     """Collect odds-ratio statistics during every forward pass run inside the block.
 
     Statistics stream: only per-head sums are kept unless ``keep_tensors=True``. Unpadded
     inputs can go straight through ``model(tokens)``; for padded batches use
     ``collector.forward(prompts, padding_side=...)`` so the padding mask is known.
+    ``threads`` is the number of intra-op threads for the statistics (None: torch's setting).
 
     Example:
         >>> from tl_dynamics import odds_ratio, testing                 # doctest: +SKIP
@@ -145,7 +164,7 @@ def attach(model: Any, layers: int | Sequence[int] | None = None,
     """
     adapter = as_adapter(model)
     collector = OddsRatioCollector(adapter, adapter.check_layers(layers), adapter.check_heads(heads),
-                                   keep_tensors, dtype)
+                                   keep_tensors, dtype, threads)
     with adapter.capture(collector.on_outer_layer, collector.layers):
         yield collector
 

@@ -33,11 +33,11 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     for key in ("attr_prior", "attr_loglik"):
         values = np.nan_to_num(shares[key], nan=-np.inf)
         a, b = np.unravel_index(int(np.argmax(values)), values.shape)
-        picks.append((res.stats.layers[a], res.stats.heads[b], key))
-    for layer, head, key in picks:
+        picks.append((res.stats.layers[a], res.stats.heads[b], key, float(values[a, b])))
+    for layer, head, key, value in picks:
         view = decomposition_view(res.decompositions[0][layer], [head], row=0)
         what = "prior" if key == "attr_prior" else "likelihood"
         items.append(viz.text(f"{head_name(layer, head)}: the head most driven by the {what} "
-                              f"({key} = {shares[key][res.stats.layers.index(layer), res.stats.heads.index(head)]:.3f})."))
+                              f"({key} = {value:.3f})."))
         items.extend(view.components)
     page.add_section("Attention as odds ratios: key prior vs distance likelihood", items, INTRO)

@@ -106,7 +106,7 @@ class HeadStats:
         records = []
         for a, layer in enumerate(self.layers):
             for b, head in enumerate(self.heads):
-                rec: dict[str, Any] = {"head": head_name(layer, head), "layer": layer, "index": head,
+                rec: dict[str, Any] = {"head": head_name(layer, head), "layer": layer, "head_index": head,
                                        "sigma2": 1.0 / self.scale[a],
                                        "softcap": self.softcap[a], "rows": int(self.sums["rows"][a, b])}
                 rec.update({k: float(v[a, b]) for k, v in sh.items()})

@@ -72,7 +72,7 @@ def decomposition_view(dec: "Decomposition", heads: int | list[int] | None = Non
     parts = dec.parts
     n = len(real)
     for what, values in (
-            ("query term (c/2)|q_i|^2", parts.query_term[..., :, None].expand(-1, -1, -1, parts.loglik.shape[-1])),
+            ("query term (c/2)|q_i|^2", parts.query_term[..., :, None].expand_as(parts.loglik)),
             ("key prior (c/2)|k_j|^2", parts.key_prior[..., None, :].expand_as(parts.loglik)),
             ("log-likelihood -(c/2)|q_i-k_j|^2", parts.loglik)):
         block = sub(values)
