@@ -55,7 +55,7 @@ def bundle_js() -> str:
     return path.read_text(encoding="utf-8").replace("</script", "<\\/script")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Component:
     """One view. ``name`` is a circuitsvis component (``props`` its data) or None for ``html``.
 
@@ -67,6 +67,10 @@ class Component:
     props: dict[str, Any] = field(default_factory=dict)
     html: str = ""
     caption: str = ""
+
+    def __repr__(self) -> str:
+        kind = self.name or f"html, {len(self.html)} chars"
+        return f"Component({kind}{', ' + repr(self.caption) if self.caption else ''})"
 
     def fragment(self, nonce: str) -> str:
         """HTML for a page that has already loaded the bundle."""
@@ -92,7 +96,7 @@ def group(*components: Component, caption: str = "") -> "Group":
     return Group(tuple(components), caption)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Group:
     """Several components shown together (e.g. a result's ``.show()``)."""
 
@@ -102,6 +106,9 @@ class Group:
     def fragment(self, nonce: str) -> str:
         head = f'<p class="caption">{html_escape(self.caption)}</p>' if self.caption else ""
         return head + "".join(c.fragment(nonce) for c in self.components)
+
+    def __repr__(self) -> str:
+        return f"Group({', '.join(map(repr, self.components))})"
 
     def _repr_html_(self) -> str:
         nonce = secrets.token_hex(8)
