@@ -41,6 +41,12 @@ def main() -> None:
             except Exception as exc:  # a visible row, never a silent pass
                 cell = f"FAILED: {type(exc).__name__}: {exc}"[:120]
             print(f"| {arch} | TransformerBridge{' compat' if compat else ''} | {cell} |")
+    for variant in testing.NATIVE_VARIANTS:
+        try:
+            cell = worst(testing.tiny_native(variant))
+        except Exception as exc:
+            cell = f"FAILED: {type(exc).__name__}: {exc}"[:120]
+        print(f"| {variant} | TransformerBridge native | {cell} |")
     if testing.has_hooked_transformer():
         for variant in testing.HOOKED_VARIANTS:
             print(f"| {variant} | HookedTransformer | {worst(testing.tiny_hooked(variant))} |")
