@@ -91,6 +91,15 @@ def test_attention_input_includes_trained_layernorm_weights(arch):
         assert (v - la.v).abs().max().item() <= EXACT_TOL, (layer, (v - la.v).abs().max())
 
 
+@requires_hooked
+def test_hooked_alibi_matches_after_a_longer_prompt():
+    """HookedTransformer caches ALiBi at the longest context seen: still exact afterwards."""
+    adapter = ModelAdapter(testing.tiny_model("alibi"))
+    adapter.forward(adapter.tokenize("word " * 12))
+    errors = testing.reconstruction_errors(adapter, "a b", "right")
+    assert errors["scores"] <= EXACT_TOL and errors["pattern"] <= EXACT_TOL, errors
+
+
 # Known structure each fixture was built with: the adapter must find it in the model.
 EXPECTED_WINDOWS = {
     "gptneo": [None, testing.WINDOW], "mistral": [testing.WINDOW] * 2,

@@ -364,7 +364,13 @@ class ModelAdapter:
         return x
 
     def hooked_alibi(self, layer: int, n_pos: int) -> Tensor:
-        """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``."""
+        """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``, as its last
+        forward pass added it. HookedTransformer caches the bias at the longest context seen
+        and slices its *last* rows, so after a longer prompt each row carries a constant shift
+        (softmax-invariant); reading its buffer reproduces its scores exactly either way."""
+        buffer = getattr(self.model.blocks[layer].attn, "alibi", None)
+        if isinstance(buffer, Tensor) and buffer.shape[-1] >= n_pos:
+            return buffer[:, -n_pos:, :n_pos].detach().float()
         from transformer_lens.components import AbstractAttention
 
         return AbstractAttention.create_alibi_bias(self.n_heads, n_pos, "cpu").float()
