@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from tl_dynamics.zoo import _data, _files
-from tl_dynamics.zoo._load import load_folder, tl_major_version
+from tl_dynamics.zoo._load import default_host, load_folder
 from tl_dynamics.zoo._measure import greedy_completion, head_scores, masked_loss, scores_table
 
 CARD = "MODEL_CARD.md"
@@ -29,10 +29,31 @@ CODE_HEAD_PROMPTS = [
 
 
 def induction_prompts(n: int, period: int, seed: int) -> list[str]:
-    """Random symbol strings written twice, e.g. ``"Gq7x...Gq7x..."``."""
+    """Random symbol strings written twice, e.g. ``"Gq7xGq7x"``."""
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(len(_data.SYMBOLS), (n, period), generator=gen)
     return ["".join(_data.SYMBOLS[i] for i in row) * 2 for row in idx.tolist()]
+
+
+def late_induction_pattern(tokens: torch.Tensor) -> torch.Tensor:
+    """Detection pattern ``[pos, pos]`` for a head that attends two positions after an earlier
+    occurrence of the current token (key j where ``x[j-2] == x[i]``): TL's induction pattern
+    shifted one more position right."""
+    from transformer_lens.head_detector import get_duplicate_token_head_detection_pattern
+
+    dup = get_duplicate_token_head_detection_pattern(tokens)
+    late = torch.zeros_like(dup)
+    late[:, 2:] = dup[:, :-2]
+    return torch.tril(late, diagonal=-1)
+
+
+def late_induction_scores(model: Any, prompts: list[str]) -> torch.Tensor:
+    """``detect_head`` scores ``[n_layers, n_heads]`` for ``late_induction_pattern``, mean over prompts."""
+    from transformer_lens.head_detector import detect_head
+
+    return torch.stack(
+        [detect_head(model, p, late_induction_pattern(model.to_tokens(p)[0].cpu())) for p in prompts]
+    ).mean(0)
 
 
 def _detected(scores: dict[str, torch.Tensor]) -> str:
@@ -64,9 +85,9 @@ def _size_mb(folder: Path) -> float:
 
 
 def induction_card(folder: Path, result: dict[str, Any]) -> str:
-    model = load_folder(folder, "induction-2l", "hooked" if tl_major_version() < 4 else "bridge")
+    model = load_folder(folder, "induction-2l", default_host("induction-2l"))
     task = _data.InductionTask.build(seq_len=model.cfg.n_ctx, seed=result["seed"])
-    chance = math.log(len(_data.SYMBOLS))
+    chance, n_symbols = math.log(len(_data.SYMBOLS)), len(_data.SYMBOLS)
     rows = []
     for label, periods, odd in [("training periods, even offsets (seen)", _data.TRAIN_PERIODS, False)] + [
         (f"period {p}, odd offsets (held out)", (p,), True) for p in _data.HELDOUT_PERIODS
@@ -75,13 +96,15 @@ def induction_card(folder: Path, result: dict[str, Any]) -> str:
         rows.append(f"| {label} | {masked_loss(model, tokens, mask):.3f} |")
     probe, probe_mask = _data.repeated_random_tokens(256, 60, (_data.FIRST_SYMBOL, _data.INDUCTION_VOCAB), 0, torch.Generator().manual_seed(8))
     rows.append(f"| random 60 symbols written twice (period 60 > any trained) | {masked_loss(model, probe, probe_mask):.3f} |")
-    scores = head_scores(model, induction_prompts(16, 30, seed=9))
+    prompts = induction_prompts(16, 30, seed=9)
+    scores = head_scores(model, prompts)
+    scores["late_induction_head"] = late_induction_scores(model, prompts)
     recipe = result["recipe"]
     return f"""# induction-2l
 
 An attention-only two-layer transformer (LayerNorm, learned positions, 4 heads of width 16,
-d_model 64, n_ctx 128) over 64 tokens: `<|endoftext|>` (BOS, EOS and pad), `<unk>`, and the
-62 one-character symbols `A-Z a-z 0-9`. Text prompts are read one symbol per token, spaces
+d_model 64, n_ctx 128) over {_data.INDUCTION_VOCAB} tokens: `<|endoftext|>` (BOS, EOS and pad), `<unk>`, and the
+{n_symbols} one-character symbols `A-Z a-z 0-9`. Text prompts are read one symbol per token, spaces
 ignored: `model.to_tokens("ABCABC")`. {_n_params(folder, 'induction-2l'):,} parameters,
 {_size_mb(folder):.2f} MB on disk. Retrain with `python -m tl_dynamics.zoo.train induction-2l`.
 
@@ -90,9 +113,9 @@ ignored: `model.to_tokens("ABCABC")`. {_n_params(folder, 'induction-2l'):,} para
 Every training sequence is BOS + 127 symbols. Outside the repeated segment a skip-bigram rule
 holds: with probability 1/2, `x[t] = PERM[x[t-2]]` for a fixed random permutation, otherwise
 a uniform symbol; this makes a layer-0 previous-token head useful on its own. In every
-sequence one uniform random segment of period p is written twice at offset s (first copy at
-`[s, s+p)`), 2 to 4 times in training. Training: p in {list(_data.TRAIN_PERIODS)}, even s.
-Held out: p in {list(_data.HELDOUT_PERIODS)}, odd s, written twice. Measured earlier on this
+sequence one uniform random segment of period p is written 2 to 4 times in a row from offset
+s (first copy at `[s, s+p)`). Training: p in {list(_data.TRAIN_PERIODS)}, even s. Held out:
+p in {list(_data.HELDOUT_PERIODS)}, odd s, written twice. Measured earlier on this
 machine: repeats of one fixed period teach a positional shortcut rather than induction, and
 variable-period repeats without the skip-bigram rule stayed on the loss plateau for 45 minutes.
 
@@ -108,7 +131,7 @@ one CPU thread: {_minutes(result)}.
 
 Mean next-token loss on the second copy of the repeated segment (its first token excluded),
 512 sequences each, measured on the loaded model ({_host(model)}). Chance is
-ln 62 = {chance:.3f}.
+ln {n_symbols} = {chance:.3f}.
 
 | repeats | loss |
 |---|---|
@@ -119,17 +142,30 @@ ln 62 = {chance:.3f}.
 `transformer_lens.head_detector.detect_head` scores (default `"mul"` measure: the share of a
 head's attention on the expected key positions; BOS included in the denominator), mean over
 16 prompts of 30 random symbols written twice. On these prompts at most about half of each
-row can be an induction target (the first copy has none), so an induction score near 0.5 is
-the ceiling.
+row can be an induction target (the first copy has none), so a score near 0.5 is the ceiling.
+`late induction head` is `detect_head` with a custom pattern (`_cards.late_induction_pattern`):
+key j where `x[j-2] == x[i]`, one position later than TL's induction pattern.
 
 {_detected(scores)}
+
+**What the layer-1 heads do.** They are induction heads shifted by one position: a query at
+the current token attends two positions after that token's earlier occurrence, where the
+layer-0 previous-token heads have written the token that came next, and copies it. So TL's
+`induction_head` pattern (one position after the occurrence) scores near 0 while the late
+pattern scores high. Every key match involves two tokens (the previous-token heads supply the
+second), which is what 62 symbols in 128 positions reward: a single symbol recurs by chance
+about twice per sequence, a pair almost never. Two attempts to get the textbook pattern did
+not finish within this session's budget: 210 two-letter syllables instead of 62 symbols
+(fewer chance recurrences) gave four previous-token heads but no induction circuit after
+18,000 steps (21 CPU minutes); the first attempt here (learning rate 1e-3, every segment
+written twice) stayed on the plateau for 5,500 steps.
 
 {scores_table(scores)}
 """
 
 
 def code_card(folder: Path, result: dict[str, Any]) -> str:
-    model = load_folder(folder, "code-2l", "hooked" if tl_major_version() < 4 else "bridge")
+    model = load_folder(folder, "code-2l", default_host("code-2l"))
     scores = head_scores(model, CODE_HEAD_PROMPTS)
     samples = "\n\n".join(
         f"```python\n{greedy_completion(model, p, 24)}\n```" for p in CODE_PROMPTS

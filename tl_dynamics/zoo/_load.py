@@ -15,8 +15,8 @@ Host = Literal["bridge", "hooked"]
 # name -> one-line description. Folder models live in tl_dynamics/zoo/models/<name>/.
 _SHIPPED = {
     "induction-2l": (
-        "attention-only 2-layer toy model (64 symbols) with previous-token heads in layer 0 "
-        "and an induction head in layer 1"
+        "attention-only 2-layer toy model (64 tokens) with previous-token heads in layer 0 "
+        "and induction heads (attending one position late) in layer 1"
     ),
     "code-2l": (
         "2-layer language model with MLPs and LayerNorm, trained on the Python standard "
@@ -57,6 +57,11 @@ def tl_major_version() -> int:
     return int(importlib.metadata.version("transformer-lens").split(".")[0])
 
 
+def default_host(name: str) -> Host:
+    """``"hooked"`` on TransformerLens 3.x, else (and always for ``minilm``) ``"bridge"``."""
+    return "hooked" if tl_major_version() < 4 and name != _MINILM else "bridge"
+
+
 def model_folder(name: str) -> Path:
     """The folder that holds a model's files (for ``minilm``, inside its pip package)."""
     if name == _MINILM:
@@ -90,8 +95,7 @@ def load(name: str, host: Optional[Host] = None) -> Any:
     """
     folder = model_folder(name)
     major = tl_major_version()
-    if host is None:
-        host = "hooked" if major < 4 and name != _MINILM else "bridge"
+    host = host or default_host(name)
     if host not in ("bridge", "hooked"):
         raise TLDynamicsError(f"host must be 'bridge', 'hooked' or None, got {host!r}")
     if host == "hooked" and (major >= 4 or name == _MINILM):
@@ -109,18 +113,19 @@ def load_folder(folder: Path, name: str, host: Host) -> Any:
     cfg = {k: raw_cfg[k] for k in _CONFIG_FIELDS if k in raw_cfg}
     state_dict = _files.read_tensors(folder, name, _files.WEIGHTS, sums)
     tokenizer = _files.read_tokenizer(folder, name, sums)
-    if host == "hooked":
-        model = _hooked(cfg, tokenizer)
-        missing, unexpected = model.load_state_dict(state_dict, strict=False)
-        missing = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
-    else:
-        model = _bridge(cfg, tokenizer)
-        missing, unexpected = model.load_state_dict(_to_bridge_keys(state_dict, model.cfg), strict=False)
+    mismatch = f"zoo model {name!r}: {folder / _files.WEIGHTS} does not match {folder / _files.CONFIG}"
+    try:
+        if host == "hooked":
+            model = _hooked(cfg, tokenizer)
+            missing, unexpected = model.load_state_dict(state_dict, strict=False)
+            missing = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]  # HT buffers
+        else:
+            model = _bridge(cfg, tokenizer)
+            missing, unexpected = model.load_state_dict(_to_bridge_keys(state_dict, model.cfg), strict=False)
+    except (RuntimeError, ValueError) as err:  # shape mismatches, unknown keys
+        raise TLDynamicsError(f"{mismatch}: {err}") from err
     if missing or unexpected:
-        raise TLDynamicsError(
-            f"zoo model {name!r}: {folder / _files.WEIGHTS} does not match {folder / _files.CONFIG}: "
-            f"missing {sorted(missing)}, unexpected {sorted(unexpected)}"
-        )
+        raise TLDynamicsError(f"{mismatch}: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     return model.eval()
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from tl_dynamics.zoo import _cards, _data, _files
-from tl_dynamics.zoo._load import load_folder, model_folder, tl_major_version
+from tl_dynamics.zoo._load import default_host, load_folder, model_folder
 from tl_dynamics.zoo._measure import masked_loss
 from tl_dynamics.zoo._torch_model import TorchTransformer
 
@@ -58,8 +58,11 @@ def fit(
     recipe: dict[str, Any],
     next_batch: Callable[[], torch.Tensor],
     evaluate: Callable[[], dict[str, float]],
+    save: Callable[[], None],
 ) -> list[dict[str, float]]:
     """AdamW with linear warm-up and cosine decay to 10%; returns the evaluation history.
+
+    ``save`` runs after every evaluation, so an interrupted run leaves its latest weights.
 
     With ``recipe["cpu_minutes"]`` and no ``recipe["steps"]``, the step count is fixed after
     ``CALIBRATION_STEPS`` steps so that training takes about that much CPU time on this machine
@@ -112,23 +115,31 @@ def fit(
             }  # fmt: skip
             history.append(row)
             log.info(" ".join(f"{k}={v:.4g}" for k, v in row.items()))
+            save()
     bar.close()
     return history
 
 
-def train_induction(folder: Path) -> dict[str, Any]:
+def train_induction(folder: Path, init: Path | None = None) -> dict[str, Any]:
     recipe = RECIPES["induction-2l"]
     task = _data.InductionTask.build(seq_len=INDUCTION_CFG["n_ctx"], seed=SEED)
     gen = torch.Generator().manual_seed(SEED + 1)
     heldout = task.batch(512, torch.Generator().manual_seed(SEED + 2), _data.HELDOUT_PERIODS, odd_offsets=True)
     model = TorchTransformer(INDUCTION_CFG)
+    if init is not None:  # continue a run: start from its saved weights
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(init / _files.WEIGHTS)))
 
     def evaluate() -> dict[str, float]:
         return {"heldout_repeat_loss": masked_loss(model, *heldout)}
 
-    history = fit(model, recipe, lambda: task.batch(recipe["batch"], gen, copies=_data.TRAIN_COPIES)[0], evaluate)
-    save_folder(folder, model, INDUCTION_CFG, _data.induction_tokenizer())
-    return {"seed": SEED, "history": history, "recipe": recipe}
+    tokenizer = _data.induction_tokenizer()
+    history = fit(
+        model, recipe, lambda: task.batch(recipe["batch"], gen, copies=_data.TRAIN_COPIES)[0], evaluate,
+        lambda: save_folder(folder, model, INDUCTION_CFG, tokenizer),
+    )  # fmt: skip
+    return {"seed": SEED, "history": history, "recipe": recipe, "init": str(init) if init else None}
 
 
 def train_code(folder: Path) -> dict[str, Any]:
@@ -158,8 +169,7 @@ def train_code(folder: Path) -> dict[str, Any]:
         full = torch.ones(val_tokens.shape[0], n_ctx - 1, dtype=torch.bool)
         return {"val_loss": masked_loss(model, val_tokens, full), "repeat_loss": masked_loss(model, rep_tokens, rep_mask)}
 
-    history = fit(model, recipe, next_batch, evaluate)
-    save_folder(folder, model, cfg, tokenizer)
+    history = fit(model, recipe, next_batch, evaluate, lambda: save_folder(folder, model, cfg, tokenizer))
     corpus = {
         "files": len(files), "val_files": len(val_texts), "train_tokens": len(train_ids),
         "val_tokens": len(val_ids), "python": _data.python_version(),
@@ -182,8 +192,7 @@ def write_reference(folder: Path, name: str) -> None:
     """Next-token log-probabilities of the fixed prompt under the installed host."""
     from safetensors.torch import save_file
 
-    host = "hooked" if tl_major_version() < 4 else "bridge"
-    model = load_folder(folder, name, host)
+    model = load_folder(folder, name, default_host(name))
     tokens = model.to_tokens(REFERENCE_PROMPTS[name])
     with torch.no_grad():
         logp = model(tokens).log_softmax(-1)[0]
@@ -206,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="folder to write (default: the package's own)")
     parser.add_argument("--steps", type=int, help="override the recipe's step count (for trials)")
     parser.add_argument("--reference-only", action="store_true", help="only rewrite reference.safetensors")
+    parser.add_argument("--init", type=Path, help="induction-2l: start from this folder's weights")
     parser.add_argument("--card-only", action="store_true", help=f"only rewrite the card from {_cards.TRAINING_LOG}")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -221,8 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.steps:
         RECIPES[args.name]["steps"] = args.steps
-    trainer = train_induction if args.name == "induction-2l" else train_code
-    result = trainer(folder)
+    result = train_induction(folder, args.init) if args.name == "induction-2l" else train_code(folder)
     (folder / _cards.TRAINING_LOG).write_text(json.dumps(result, indent=1) + "\n")
     write_reference(folder, args.name)
     _cards.write_card(folder, args.name)

