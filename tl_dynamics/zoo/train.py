@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable
 
@@ -201,9 +202,6 @@ def write_reference(folder: Path, name: str) -> None:
         "next_token_logprobs": logp[:-1].gather(-1, tokens[0, 1:, None])[:, 0].contiguous(),
         "last_logprobs": logp[-1].contiguous(),
     }
-    import transformer_lens  # noqa: F401  (version for the metadata)
-    from importlib.metadata import version
-
     meta = {"host": f"{type(model).__name__} (TransformerLens {version('transformer-lens')})"}
     save_file(tensors, str(folder / _files.REFERENCE), metadata=meta)
     _files.write_checksums(folder)
@@ -235,7 +233,6 @@ def main(argv: list[str] | None = None) -> None:
     (folder / _cards.TRAINING_LOG).write_text(json.dumps(result, indent=1) + "\n")
     write_reference(folder, args.name)
     _cards.write_card(folder, args.name)
-    _files.write_checksums(folder)
     log.info("wrote %s", folder)
 
 
