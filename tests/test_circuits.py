@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import requires_hooked
+from conftest import requires_hooked, textbook_induction_gap
 from tl_dynamics import circuits, testing, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits import _composition, _topk
@@ -396,6 +396,7 @@ def _heads_by_behaviour(adapter, period=20):
     return prev, induction
 
 
+@textbook_induction_gap
 def test_induction_head_copies_and_its_k_circuit_matches_the_previous_token():
     adapter = _induction_model()
     prev, induction = _heads_by_behaviour(adapter)
