@@ -76,6 +76,11 @@ class ModelAdapter:
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self._cache: dict[tuple, Tensor | None] = {}
 
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (None when it has none)."""
+        return getattr(self.model, "tokenizer", None)
+
     def __repr__(self) -> str:
         return (f"ModelAdapter({self.info.architecture}, host={self.info.host} "
                 f"TL {self.info.tl_version}, compat={self.info.compat}, layers={self.n_layers}, "

@@ -59,7 +59,7 @@ def token_inputs(mlp: "ContextualMLP", adapter: "ModelAdapter", tokens: Int[Tens
 
 
 def token_strings(adapter: "ModelAdapter", ids: Sequence[int]) -> list[str]:
-    tokenizer = adapter.model.tokenizer
+    tokenizer = adapter.tokenizer
     return [str(i) for i in ids] if tokenizer is None else [tokenizer.decode([i]) for i in ids]
 
 

@@ -114,7 +114,7 @@ class OddsRatioCollector:
         if self.keep_tensors:
             tokens = self._batch.tokens if self._batch is not None else None
             strs = [self.adapter.str_tokens(self._batch, row) for row in range(len(tokens))] \
-                if tokens is not None and self.adapter.model.tokenizer is not None else ()
+                if tokens is not None and self.adapter.tokenizer is not None else ()
             self._passes[-1][la.layer] = decompose_layer(
                 la, h, self.adapter.info.architecture, tokens, strs, self.dtype)
             self._sinks[-1][la.layer] = {k: v.cpu() for k, v in sinks.items()}
