@@ -45,10 +45,11 @@ def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
                          query_valid=la.query_valid, softcap=la.softcap)
 
 
-# Intra-op threads for the statistics (torch's setting is restored after each layer). Their
-# chunks are small (~2 MB), so one thread loses little on an idle machine and avoids the
-# thread-pool stalls that dominate on a shared one (measured: benchmarks/README.md).
-STAT_THREADS = 1
+# Intra-op threads for the statistics (torch's setting is restored after each layer); None keeps
+# torch's own setting. Measured (benchmarks/README.md): on an idle 2-core machine torch's two
+# threads give 1.20x a plain forward against 1.26x on one thread; under heavy load one thread
+# did better (1.17x vs 1.29x), so pass threads=1 on a shared machine.
+STAT_THREADS: int | None = None
 
 
 class OddsRatioCollector:
