@@ -34,3 +34,14 @@ def test_cli_unknown_model_names_what_is_valid(tmp_path, capsys):
 def test_tiny_random_models_are_labelled_as_such():
     _, label = load_model("tiny-random:llama")
     assert "RANDOMLY INITIALISED llama" in label
+
+
+def test_hub_ids_with_dots_go_to_the_hub_not_the_file_system(monkeypatch):
+    from tl_dynamics import models
+
+    asked = []
+    monkeypatch.setattr(models, "_load_hub", lambda name: asked.append(name) or object())
+    load_model("Qwen/Qwen2.5-0.5B")
+    assert asked == ["Qwen/Qwen2.5-0.5B"]
+    with pytest.raises(Exception, match="no such folder"):
+        load_model("./models/Qwen2.5-0.5B")

@@ -42,10 +42,15 @@ def load_model(name: str | None = None) -> tuple[Any, str]:
     folder = Path(name).expanduser()
     if folder.is_dir():
         return _load_folder(folder), f"{folder} (local folder)"
-    if folder.suffix or "/" in name and not name.count("/") == 1:
+    if _looks_like_path(name):
         raise TLDynamicsError(f"model {name!r}: no such folder, and not a shipped model "
                               f"({sorted(shipped_names())}) or a hub name")
     return _load_hub(name), f"{name} (loaded by TransformerLens)"
+
+
+def _looks_like_path(name: str) -> bool:
+    """A local path, not a hub id (``owner/name``, which may contain dots: ``Qwen/Qwen2.5-0.5B``)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def _load_folder(folder: Path) -> Any:
