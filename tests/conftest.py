@@ -16,6 +16,13 @@ from tl_dynamics import testing  # noqa: E402
 torch.set_num_threads(1)
 
 HAS_HOOKED = testing.has_hooked_transformer()
+
+
+def adapter_for(arch: str, compat: bool = False):
+    """A ``ModelAdapter`` on the session's shared tiny model of ``arch``."""
+    from tl_dynamics.adapter import ModelAdapter
+
+    return ModelAdapter(testing.cached_model(arch, compat))
 requires_hooked = pytest.mark.skipif(
     not HAS_HOOKED, reason="HookedTransformer was removed in TransformerLens 4.0; "
                            "these configs run in the TransformerLens 3.x environment")

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import requires_hooked, textbook_induction_gap
+from conftest import adapter_for, requires_hooked, textbook_induction_gap
 from tl_dynamics import circuits, testing, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits import _composition, _topk
@@ -24,19 +24,6 @@ MATRIX = [(arch, compat) for arch in testing.HF_ARCHS for compat in (False, True
 OFFSETS = (0, 1, 3)  # 3 < the tiny sliding windows (4)
 INDUCTION_MIN_FRACTION = 0.9  # "nearly all tokens" (measured 100% on the issue's model)
 REPORT_SECONDS = 2.0
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: on a loaded 2-core machine two threads make each small product far slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def adapter_for(arch, compat=False):
-    return ModelAdapter(testing.cached_model(arch, compat))
 
 
 # ------------------------------------------------------------------ identity with the model

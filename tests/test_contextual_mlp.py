@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import requires_hooked, textbook_induction_gap
+from conftest import adapter_for, requires_hooked, textbook_induction_gap
 from tl_dynamics import contextual_mlp as cm
 from tl_dynamics import testing, viz
 from tl_dynamics.adapter import ModelAdapter
@@ -28,20 +28,6 @@ FLOOR_FACTOR = 2.0
 REPORT_SECONDS = 2.0
 QK_NORM = {"gemma3", "olmo2"}
 MATRIX = [(arch, compat) for arch in testing.HF_ARCHS for compat in (False, True)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tensors are tiny ([pos, 64] x [64, 16]): with 2 threads on a loaded 2-core machine,
-    thread hand-off makes each matmul ~1000x slower (17 ms instead of 11 us, measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def adapter_for(arch, compat=False):
-    return ModelAdapter(testing.cached_model(arch, compat))
 
 
 def all_mlps(adapter, prompt=testing.PROMPTS, side="right"):

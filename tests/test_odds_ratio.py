@@ -14,7 +14,7 @@ from tl_dynamics import testing, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.odds_ratio import _fast, _stats
 from tl_dynamics.errors import TLDynamicsError
-from conftest import HAS_HOOKED
+from conftest import adapter_for, HAS_HOOKED
 
 # The split subtracts squared norms: in fp32 its parts sum back to c<q,k> within ~1e-7 times
 # the size of the terms (c/2)(|q|^2 + |k|^2). Tolerances are 1e-5 relative to that magnitude
@@ -40,10 +40,6 @@ FEATURED = (["alibi", "softcap", "local", "bidirectional", "gpt2-like"] if HAS_H
 def masked_max(diff, keep) -> float:
     """Largest |diff| where ``keep`` (broadcast) is True."""
     return float(diff.abs().masked_fill(~keep.expand_as(diff), 0.0).max())
-
-
-def adapter_for(arch: str, compat: bool = False) -> ModelAdapter:
-    return ModelAdapter(testing.cached_model(arch, compat))
 
 
 def prompt_for(kind: str):

@@ -50,15 +50,6 @@ CLOSED_FORM_TOL = 1e-9
 PERMUTATION_TOL = 1e-10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny batched tensors are overhead-bound; extra threads only contend on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -262,7 +263,7 @@ def reconstruction_errors(adapter, prompt=PROMPTS, padding_side: str = "right") 
         if la.spec.scores_hook == "logits":
             keep = la.allowed[:, None] & rows[:, None, :, None]
             err = (la.scores() - ref["scores"]).abs().masked_fill(~keep, 0.0).max().item()
-            worst["scores"] = err if worst["scores"] != worst["scores"] else max(worst["scores"], err)
+            worst["scores"] = err if math.isnan(worst["scores"]) else max(worst["scores"], err)
         elif torch.equal(ref["scores"], ref["pattern"]):
             worst["scores_hook_is_pattern"] = 1.0
         z = la.z(pattern=pattern)
