@@ -250,24 +250,27 @@ class ModelAdapter:
             return t
         return torch.repeat_interleave(t, self.n_heads // t.shape[2], dim=2)
 
-    def _attn_weight(self, layer: int, name: str, shape: tuple[int, ...]) -> Tensor:
+    def _attn_weight(self, layer: int, name: str, bias_shape: tuple[int, ...] | None = None) -> Tensor:
+        """A weight (required) or a bias (zeros where the model has none), GQA expanded."""
         def compute() -> Tensor:
             w = _weights.attn_param(self.model, layer, name)
-            w = torch.zeros(shape) if w is None else w
+            if w is None and bias_shape is None:
+                raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no {name}")
+            w = torch.zeros(bias_shape) if w is None else w
             return w if name == "b_O" else _weights.expand_heads(w, self.n_heads)
         return self._cached((name, layer), compute)
 
     def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
-        return self._attn_weight(self.check_layer(layer), "W_Q", ())
+        return self._attn_weight(self.check_layer(layer), "W_Q")
 
     def W_K(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
-        return self._attn_weight(self.check_layer(layer), "W_K", ())
+        return self._attn_weight(self.check_layer(layer), "W_K")
 
     def W_V(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
-        return self._attn_weight(self.check_layer(layer), "W_V", ())
+        return self._attn_weight(self.check_layer(layer), "W_V")
 
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
-        return self._attn_weight(self.check_layer(layer), "W_O", ())
+        return self._attn_weight(self.check_layer(layer), "W_O")
 
     def b_Q(self, layer: int) -> Float[Tensor, "head d_head"]:
         return self._attn_weight(self.check_layer(layer), "b_Q", (self.n_heads, self.d_head))
