@@ -23,15 +23,8 @@ def adapter_for(arch: str, compat: bool = False):
     from tl_dynamics.adapter import ModelAdapter
 
     return ModelAdapter(testing.cached_model(arch, compat))
+
+
 requires_hooked = pytest.mark.skipif(
     not HAS_HOOKED, reason="HookedTransformer was removed in TransformerLens 4.0; "
                            "these configs run in the TransformerLens 3.x environment")
-
-# The shipped induction-2l (see its MODEL_CARD.md) generalises to held-out repeats, but its
-# layer-1 heads attend two positions after the earlier occurrence ("late induction"), not one,
-# so the issue's textbook ground truth is not there yet. Strict: when a retrained model has a
-# textbook induction head these tests pass, XPASS fails the run, and the marker must go.
-textbook_induction_gap = pytest.mark.xfail(
-    strict=True,
-    reason="shipped induction-2l has a late-induction head (attends earlier copy +2), not a "
-           "textbook one (+1); retrain needed (issue 3)")

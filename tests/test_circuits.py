@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import adapter_for, requires_hooked, textbook_induction_gap
+from conftest import adapter_for, requires_hooked
 from tl_dynamics import circuits, testing, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits import _composition, _topk
@@ -23,6 +23,7 @@ QK_NORM = {"gemma3", "olmo2"}  # q/k normalised after projection: not a bilinear
 MATRIX = [(arch, compat) for arch in testing.HF_ARCHS for compat in (False, True)]
 OFFSETS = (0, 1, 3)  # 3 < the tiny sliding windows (4)
 INDUCTION_MIN_FRACTION = 0.9  # "nearly all tokens" (measured 100% on the issue's model)
+COPYING_MIN = 0.9  # an induction head's OV copies: sum(Re lambda) / sum(|lambda|) near +1
 REPORT_SECONDS = 2.0
 
 
@@ -383,18 +384,39 @@ def _heads_by_behaviour(adapter, period=20):
     return prev, induction
 
 
-@textbook_induction_gap
 def test_induction_head_copies_and_its_k_circuit_matches_the_previous_token():
     adapter = _induction_model()
     prev, induction = _heads_by_behaviour(adapter)
-    head = int(induction.argmax())
-    assert induction[head] > 0.5, (f"no layer-1 head of the shipped induction-2l attends to the token after "
-                                   f"the earlier copy (induction scores {induction.tolist()}): there is no "
-                                   "induction head to check the circuits against")
+    heads = [h for h in range(adapter.n_heads) if induction[h] > 0.5]
+    assert heads, (f"no layer-1 head of the shipped induction-2l attends to the token after the earlier "
+                   f"copy (induction scores {induction.tolist()}): there is no induction head to check "
+                   "the circuits against")
     copying = circuits.copying_scores(adapter)
-    assert copying.best(1) == head, copying.scores[1]
+    # The shipped model has several induction heads (see its card): the best copier of layer 1
+    # is one of them, and each of them copies.
+    assert copying.best(1) in heads, (copying.scores[1], induction)
+    assert (copying.scores[1, heads] > COPYING_MIN).all(), (copying.scores[1], induction)
     earlier = [(0, h) for h in range(adapter.n_heads) if prev[h] > 0.3]
     assert earlier, prev
     symbols = torch.arange(2, adapter.W_E.shape[0])  # BOS and <unk> are never repeated in training
-    tc = circuits.token_composition(adapter, "K", (1, head), earlier, rows=symbols)
-    assert tc.fraction >= INDUCTION_MIN_FRACTION, tc.summary()
+    for head in heads:
+        tc = circuits.token_composition(adapter, "K", (1, head), earlier, rows=symbols)
+        assert tc.fraction >= INDUCTION_MIN_FRACTION, tc.summary()
+
+
+def test_k_circuit_of_an_untrained_induction_model_is_at_chance(tmp_path):
+    """The control for the test above: the same token-level K-circuit on the same architecture
+    at initialisation picks the matching key for few tokens (chance is 1 in 62)."""
+    from tl_dynamics.zoo import _data
+    from tl_dynamics.zoo._load import default_host, load_folder
+    from tl_dynamics.zoo._torch_model import TorchTransformer
+    from tl_dynamics.zoo.train import INDUCTION_CFG, save_folder
+
+    torch.manual_seed(0)
+    save_folder(tmp_path, TorchTransformer(INDUCTION_CFG), INDUCTION_CFG, _data.induction_tokenizer())
+    adapter = ModelAdapter(load_folder(tmp_path, "induction-2l", default_host("induction-2l")))
+    symbols = torch.arange(2, adapter.W_E.shape[0])
+    earlier = [(0, h) for h in range(adapter.n_heads)]
+    fractions = [circuits.token_composition(adapter, "K", (1, h), earlier, rows=symbols).fraction
+                 for h in range(adapter.n_heads)]
+    assert max(fractions) < 0.2, fractions

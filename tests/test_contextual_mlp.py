@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import adapter_for, requires_hooked, textbook_induction_gap
+from conftest import adapter_for, requires_hooked
 from tl_dynamics import contextual_mlp as cm
 from tl_dynamics import testing, viz
 from tl_dynamics.adapter import ModelAdapter
@@ -360,7 +360,6 @@ def _float64_floor(adapter, batch, layer, head):
     return float((exact - z @ la.W_O[head].double())[la.query_valid[0]].abs().max())
 
 
-@textbook_induction_gap
 def test_induction_head_winner_is_the_token_after_the_earlier_copy():
     zoo = pytest.importorskip("tl_dynamics.zoo", reason="the model zoo is not installed")
     try:

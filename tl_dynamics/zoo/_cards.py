@@ -110,14 +110,24 @@ ignored: `model.to_tokens("ABCABC")`. {_n_params(folder, 'induction-2l'):,} para
 
 ## Data
 
-Every training sequence is BOS + 127 symbols. Outside the repeated segment a skip-bigram rule
-holds: with probability 1/2, `x[t] = PERM[x[t-2]]` for a fixed random permutation, otherwise
-a uniform symbol; this makes a layer-0 previous-token head useful on its own. In every
-sequence one uniform random segment of period p is written 2 to 4 times in a row from offset
-s (first copy at `[s, s+p)`). Training: p in {list(_data.TRAIN_PERIODS)}, even s. Held out:
-p in {list(_data.HELDOUT_PERIODS)}, odd s, written twice. Measured earlier on this
-machine: repeats of one fixed period teach a positional shortcut rather than induction, and
-variable-period repeats without the skip-bigram rule stayed on the loss plateau for 45 minutes.
+Every training sequence is BOS + 127 symbols. Outside the repeated segment each symbol
+follows one of three rules: with probability {_data.CONTEXT_BIGRAM_P}, an *in-context bigram*
+`x[t] = F[x[t-1]]` for a random map `F` drawn afresh for every sequence (only an earlier
+occurrence of the current symbol tells what follows it); otherwise, with probability
+{_data.SKIP_BIGRAM_P}, a skip-bigram `x[t] = PERM[x[t-2]]` for one fixed permutation (this makes a
+layer-0 previous-token head useful on its own); otherwise a uniform symbol. In every sequence
+one uniform random segment of period p is written 2 to 4 times in a row from offset s (first
+copy at `[s, s+p)`). Training: p in {list(_data.TRAIN_PERIODS)}, even s. Held out:
+p in {list(_data.HELDOUT_PERIODS)}, odd s, written twice.
+
+Why these rules (measured on this machine): repeats of one fixed period teach a positional
+shortcut rather than induction; variable-period repeats alone stayed on the loss plateau for
+45 minutes; repeats plus the skip-bigram alone (the previous recipe, three seeds) formed a
+*late* induction head within 2,000 steps, one that matches the previous token (through a
+layer-0 head looking three back) and reads two positions after the earlier copy, with TL's
+induction score 0.01. The in-context bigrams reward matching the current token alone: with
+them, each of three runs (two trial seeds and the shipped run) formed textbook induction heads
+within 1,500-2,000 steps, with late scores at most 0.01.
 
 ## Training
 
@@ -141,24 +151,19 @@ ln {n_symbols} = {chance:.3f}.
 
 `transformer_lens.head_detector.detect_head` scores (default `"mul"` measure: the share of a
 head's attention on the expected key positions; BOS included in the denominator), mean over
-16 prompts of 30 random symbols written twice. On these prompts at most about half of each
-row can be an induction target (the first copy has none), so a score near 0.5 is the ceiling.
+16 prompts of 30 random symbols written twice. On these prompts only about half of the rows
+have an induction target (the first copy has none, apart from symbols that recur by chance),
+so scores around 0.5 are the ceiling.
 `late induction head` is `detect_head` with a custom pattern (`_cards.late_induction_pattern`):
 key j where `x[j-2] == x[i]`, one position later than TL's induction pattern.
 
 {_detected(scores)}
 
-**What the layer-1 heads do.** They are induction heads shifted by one position: a query at
-the current token attends two positions after that token's earlier occurrence, where the
-layer-0 previous-token heads have written the token that came next, and copies it. So TL's
-`induction_head` pattern (one position after the occurrence) scores near 0 while the late
-pattern scores high. Every key match involves two tokens (the previous-token heads supply the
-second), which is what 62 symbols in 128 positions reward: a single symbol recurs by chance
-about twice per sequence, a pair almost never. Two attempts to get the textbook pattern did
-not finish within this session's budget: 210 two-letter syllables instead of 62 symbols
-(fewer chance recurrences) gave four previous-token heads but no induction circuit after
-18,000 steps (21 CPU minutes); the first attempt here (learning rate 1e-3, every segment
-written twice) stayed on the plateau for 5,500 steps.
+**What the layer-1 heads do.** They are textbook induction heads: a query at the current
+token attends to the position one after that token's earlier occurrence, whose key carries the
+previous token written there by the layer-0 previous-token heads (K-composition), and the
+head's OV circuit copies the token found there. `late induction head` is kept as a control:
+the pattern an earlier recipe produced instead (see Data) scores near 0 here.
 
 {scores_table(scores)}
 """

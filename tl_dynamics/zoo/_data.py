@@ -3,10 +3,15 @@
 Two sources, both offline on every machine:
 
 - ``induction-2l``: synthetic sequences over 62 readable one-character symbols. Outside the
-  repeats a skip-bigram rule holds (``x[t] = PERM[x[t-2]]`` with probability 1/2), which makes
-  a layer-0 previous-token head useful on its own; one random segment of variable period is
-  repeated at a random offset in every sequence, which an induction head can then complete.
-  Periods and offsets are split into a training set and a held-out set.
+  repeats each symbol follows an *in-context bigram* with probability 1/2 (``x[t] = F[x[t-1]]``
+  for a random map ``F`` drawn afresh for every sequence, so only an earlier occurrence of the
+  current symbol tells what comes next), otherwise a skip-bigram rule with probability 1/2
+  (``x[t] = PERM[x[t-2]]`` for one fixed permutation, which makes a layer-0 previous-token head
+  useful on its own), otherwise a uniform symbol. One random segment of variable period is
+  repeated at a random offset in every sequence. Periods and offsets are split into a training
+  set and a held-out set. Without the in-context bigrams the model learns a "late" induction
+  head that matches the previous token and reads two positions after the earlier copy; the
+  in-context bigrams reward matching the current token alone, which is textbook induction.
 - ``code-2l``: the Python standard library's own ``.py`` source (tests excluded), files in
   sorted order, with a byte-level BPE tokenizer trained on it by ``tokenizers``.
 """
@@ -30,6 +35,10 @@ INDUCTION_VOCAB = FIRST_SYMBOL + len(SYMBOLS)  # 64
 # Periods of the repeated segment. Held-out periods sit between and beyond the training ones.
 TRAIN_PERIODS = tuple(p for p in range(3, 33) if p not in (7, 13, 19, 26))
 HELDOUT_PERIODS = (7, 13, 19, 26, 40)
+# Background rules outside the repeated segment: the in-context bigram x[t] = F[x[t-1]] (F drawn
+# per sequence) with this probability, else the skip-bigram x[t] = PERM[x[t-2]] with SKIP_BIGRAM_P.
+CONTEXT_BIGRAM_P = 0.5
+SKIP_BIGRAM_P = 0.5
 # How many times the segment is written in training (evaluation writes it twice).
 TRAIN_COPIES = (2, 3, 4)
 # Offsets (position of the segment's first token): training uses even ones, held-out odd ones.
@@ -87,11 +96,14 @@ class InductionTask:
         s = (torch.rand(batch, generator=gen) * half_range).long() * 2 + (1 if odd_offsets else 2)
         n, rows = len(SYMBOLS), torch.arange(batch)
         uniform = torch.randint(n, (batch, self.seq_len), generator=gen)
-        use_rule = torch.rand(batch, self.seq_len, generator=gen) < 0.5
+        use_rule = torch.rand(batch, self.seq_len, generator=gen) < SKIP_BIGRAM_P
+        use_map = torch.rand(batch, self.seq_len, generator=gen) < CONTEXT_BIGRAM_P
+        context_map = torch.randint(n, (batch, n), generator=gen)  # F, one per sequence
         x = uniform.clone()  # symbol indices; column 0 is replaced by BOS below
         for t in range(3, self.seq_len):
             in_first = (s <= t) & (t < s + p)
             x[:, t] = torch.where(use_rule[:, t] & ~in_first, self.perm[x[:, t - 2]], uniform[:, t])
+            x[:, t] = torch.where(use_map[:, t] & ~in_first, context_map[rows, x[:, t - 1]], x[:, t])
             in_copy = (s + p <= t) & (t < s + c * p)
             x[:, t] = torch.where(in_copy, x[rows, (t - p).clamp(min=0)], x[:, t])
         tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.long), x[:, 1:] + FIRST_SYMBOL], 1)
