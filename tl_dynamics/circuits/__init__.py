@@ -24,8 +24,9 @@ What the circuits include, and what they leave out (each result repeats it in ``
   same shapes. Where a pair is within ``CHANCE_Z`` baseline standard deviations, the score
   cannot tell composition from chance, and ``summary()`` says so. It can miss a real circuit:
   on an induction model the K-composition of the previous-token heads into the induction head
-  can sit at the random baseline while the token-level K-circuit (``token_composition``) picks
-  the matching key for nearly every token.
+  can sit at the random baseline (on the shipped ``induction-2l``, two of its three
+  previous-token heads do) while the token-level K-circuit (``token_composition``) picks the
+  matching key for every token.
 """
 
 from tl_dynamics.circuits._build import ov_circuit, positional_qk_circuit, qk_circuit

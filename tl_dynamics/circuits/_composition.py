@@ -14,9 +14,11 @@ The baseline is the same score for random matrices of the same shapes: ``BASELIN
 independent draws (seed ``BASELINE_SEED``) of standard normal factors ``[d_model, d_head]``
 and ``[d_head, d_model]`` on each side. A pair is called composing only when its score exceeds
 the baseline mean by more than ``CHANCE_Z`` baseline standard deviations; otherwise the score
-cannot tell composition from chance. (The Frobenius score is known to miss real circuits: on an
-induction model the K-composition of its previous-token and induction heads sat at the random
-baseline; the token-level circuits in ``token_composition`` do separate it.)
+cannot tell composition from chance. (The Frobenius score is known to miss real circuits: on
+one induction model the K-composition of its previous-token and induction heads sat at the
+random baseline, 0.089 trained against 0.089 at initialisation; on the shipped ``induction-2l``
+it flags the strongest previous-token head but leaves two others that the circuit uses within
+the baseline. The token-level circuits in ``token_composition`` separate the whole circuit.)
 """
 
 from __future__ import annotations
