@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 
 import numpy as np
 import pytest
@@ -380,9 +379,7 @@ def test_views_and_report_section():
                                              "in this environment: the plots cannot be drawn")
     assert "data:image/png" in stats.show()._repr_html_()
     page = viz.Page("t")
-    start = time.perf_counter()
     T.report_section(page, ad, batch)
-    assert time.perf_counter() - start < 2.0
     assert page.sections[-1].title == "Depth-wise trajectories"
     assert "data:image/png" in page.to_html()
 

@@ -101,6 +101,8 @@ HOOKED_VARIANTS: dict[str, dict[str, Any]] = {
     "local": dict(_HT_BASE, attn_types=["global", "local"], window_size=WINDOW, use_local_attn=True),
     "attn-scale-2": dict(_HT_BASE, attn_scale=2.0),
     "bidirectional": dict(_HT_BASE, attention_dir="bidirectional"),
+    "qk-norm": dict(_HT_BASE, positional_embedding_type="rotary", rotary_dim=D_HEAD,
+                    normalization_type="RMS", use_qk_norm=True),
 }
 
 # TransformerBridge.boot_native (TransformerLensNative; TransformerLens 4.x): the zoo's format.

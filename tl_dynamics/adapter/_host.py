@@ -151,7 +151,7 @@ def _hooked_spec(model: Any, layer: int) -> LayerSpec:
         rotary_dim=cfg.rotary_dim if pos_type == "rotary" else None,
         rotary_base=float(cfg.rotary_base) if pos_type == "rotary" else None,
         alibi="relative" if pos_type == "alibi" else "none",
-        scores_hook="logits", qk_norm=False)
+        scores_hook="logits", qk_norm=getattr(attn, "q_norm", None) is not None)
 
 
 def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:

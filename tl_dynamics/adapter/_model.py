@@ -13,6 +13,7 @@ from torch import Tensor
 from tl_dynamics.adapter import _capture, _rotary, _weights
 from tl_dynamics.adapter._host import host_info, layer_specs
 from tl_dynamics.adapter._layer import LayerAttention
+from tl_dynamics.adapter._qknorm import QueryNorm
 from tl_dynamics.errors import TLDynamicsError
 
 Prompt = Union[str, Sequence[str], Tensor]
@@ -283,6 +284,45 @@ class ModelAdapter:
 
     def b_O(self, layer: int) -> Float[Tensor, " d_model"]:
         return self._attn_weight(self.check_layer(layer), "b_O", (self.d_model,))
+
+    def query_norm(self, layer: int) -> QueryNorm | None:
+        """The query normalisation of ``layer`` on qk-norm architectures (``None`` elsewhere).
+
+        Read from the model's own norm module: Gemma 3 (per head, gain ``1 + w``), OLMo 2 (over
+        all heads), a HookedTransformer with ``use_qk_norm`` (per head). ``apply`` maps
+        ``x W_Q + b_Q`` to the query before rotary.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> ad = ModelAdapter(testing.tiny_model("gemma3"))
+            >>> ad.query_norm(0).scope, ModelAdapter(testing.tiny_model("llama")).query_norm(0)
+            ('head', None)
+        """
+        self.check_layer(layer)
+        if not self.specs[layer].qk_norm:
+            return None
+
+        def compute() -> QueryNorm:
+            attn = self.model.blocks[layer].attn
+            module = getattr(attn, "original_component", attn).q_norm
+            inner = getattr(module, "original_component", None) or module  # bridge wrapper
+            weight = getattr(inner, "weight", None)
+            weight = getattr(inner, "w", None) if weight is None else weight
+            eps = getattr(inner, "eps", None)
+            eps = getattr(inner, "variance_epsilon", None) if eps is None else eps
+            if weight is None or eps is None:
+                raise TLDynamicsError(f"layer {layer} of {self.info.architecture}: cannot read its "
+                                      f"query norm ({type(inner).__name__}: no weight/eps)")
+            weight = weight.detach().float().clone()
+            offset = 1.0 if self.info.host == "bridge" and self.info.family == "gemma3" else 0.0
+            if weight.numel() == self.d_head:
+                return QueryNorm("head", weight, float(eps), offset)
+            if weight.numel() == self.n_heads * self.d_head:
+                return QueryNorm("all", weight, float(eps), offset, self.W_Q(layer), self.b_Q(layer))
+            raise TLDynamicsError(f"layer {layer} of {self.info.architecture}: query norm of size "
+                                  f"{weight.numel()} is neither d_head={self.d_head} nor "
+                                  f"n_heads*d_head={self.n_heads * self.d_head}")
+        return self._cached(("query_norm", layer), compute)
 
     def head_weights(self, layer: int, head: int) -> _weights.HeadWeights:
         """All of one head's weights and its score scale."""

@@ -8,8 +8,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
-from tl_dynamics.contextual_mlp._frame import (RotaryFrame, build_frames, check_inputs, check_linear,
-                                               cos_sin_hooks)
+from tl_dynamics.contextual_mlp._frame import RotaryFrame, build_frames, check_inputs, cos_sin_hooks
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.errors import TLDynamicsError
 
@@ -56,7 +55,8 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
         W_Q=adapter.W_Q(la.layer)[head], b_Q=adapter.b_Q(la.layer)[head],
         scale=la.scale, softcap=la.softcap, allowed=la.allowed[row].clone(),
         query_valid=la.query_valid[row].clone(), bias=None if bias is None else bias.clone(),
-        frame=frame, reference_pattern=ref_pattern, reference_output=ref_output)
+        frame=frame, reference_pattern=ref_pattern, reference_output=ref_output,
+        query_norm=adapter.query_norm(la.layer))
 
 
 def _layer_mlps(adapter: ModelAdapter, la: LayerAttention, heads: list[int], captured: dict,
@@ -94,8 +94,6 @@ def attach(model: Any, layers: int | Sequence[int] | None = None,
     adapter = as_adapter(model)
     layer_list = adapter.check_layers(layers)
     head_list = adapter.check_heads(heads)
-    for layer in layer_list:
-        check_linear(adapter, layer)
     captured: dict = {}
     collected: list[ContextualMLP] = []
 

@@ -6,8 +6,8 @@ is ``c <q_T, R_T^T (R_i k_i)>``: the key rotated back by the query's position ``
 query input is read against. ``RotaryFrame`` holds the per-position rotation of one prompt row
 and applies ``R_T`` and ``R_T^T``; ``build_frame`` obtains it from the model (the rotary cos/sin
 the model fires, or the sinusoids its spec describes) and *verifies* it: the rotated
-``x W_Q + b_Q`` must equal the query the model scored, else a ``TLDynamicsError`` is raised
-rather than giving wrong weights.
+``x W_Q + b_Q`` (normalised first on qk-norm architectures) must equal the query the model
+scored, else a ``TLDynamicsError`` is raised rather than giving wrong weights.
 """
 
 from __future__ import annotations
@@ -85,35 +85,32 @@ def _keep(sink: dict, layer: int, role: str):
     return fn
 
 
-def check_linear(adapter: "ModelAdapter", layer: int) -> None:
-    """Raise unless ``layer``'s query is a linear function of its input (no qk-norm)."""
-    if adapter.specs[layer].qk_norm:
-        raise TLDynamicsError(
-            f"layer {layer} of {adapter.info.architecture} normalises q and k after their "
-            "projections (qk-norm), so the query is not a linear function of the layer input and "
-            "attention is not a contextual MLP with fixed incoming weights b_i; supported: "
-            "architectures without qk-norm (not gemma3, olmo2)")
-
-
 def check_inputs(adapter: "ModelAdapter", la: "LayerAttention") -> None:
-    """Raise unless ``la`` can be written as a contextual MLP (linear query, input captured)."""
-    check_linear(adapter, la.layer)
+    """Raise unless ``la`` holds the attention input ``x`` the contextual MLP is built from."""
     if "x" not in la.reference:
         raise TLDynamicsError(f"layer {la.layer}: the attention input x was not captured; capture "
                               "with inputs=True (adapter.attention(..., inputs=True))")
 
 
 def unrotated_queries(adapter: "ModelAdapter", la: "LayerAttention") -> Float[Tensor, "batch pos head d_head"]:
-    """``x W_Q + b_Q`` from the captured attention input (needs ``inputs=True``)."""
+    """The query before rotary from the captured attention input (needs ``inputs=True``):
+    ``x W_Q + b_Q``, normalised on qk-norm architectures (``adapter.query_norm``)."""
     check_inputs(adapter, la)
     x = la.reference["x"]
-    return torch.einsum("bpm,hmd->bphd", x, adapter.W_Q(la.layer)) + adapter.b_Q(la.layer)
+    q = torch.einsum("bpm,hmd->bphd", x, adapter.W_Q(la.layer)) + adapter.b_Q(la.layer)
+    norm = adapter.query_norm(la.layer)
+    if norm is None:
+        return q
+    flat_x = x.reshape(-1, x.shape[-1])
+    heads = [norm.apply(q[:, :, h].reshape(-1, q.shape[-1]), h, flat_x) for h in range(q.shape[2])]
+    return torch.stack(heads, dim=1).reshape(q.shape)
 
 
 def build_frames(adapter: "ModelAdapter", la: "LayerAttention", key_valid: Tensor,
                  captured: dict) -> list[RotaryFrame]:
-    """One verified ``RotaryFrame`` per batch row of ``la``: ``R_p (x_p W_Q + b_Q)`` must equal
-    the query the model scored (on every architecture, rotary or not), else this raises.
+    """One verified ``RotaryFrame`` per batch row of ``la``: ``R_p q(x_p)`` (``q`` from
+    ``unrotated_queries``) must equal the query the model scored (on every architecture, rotary
+    or not, with or without qk-norm), else this raises.
 
     ``captured`` holds ``{(layer, "cos"|"sin"): tensor}`` from ``cos_sin_hooks``.
     """
@@ -153,7 +150,7 @@ def build_frames(adapter: "ModelAdapter", la: "LayerAttention", key_valid: Tenso
     what = "rotary query" if spec.rotary != "none" else "query"
     raise TLDynamicsError(
         f"layer {la.layer} of {adapter.info.architecture}: could not reproduce the scored {what} "
-        f"from x W_Q + b_Q (best max error {worst:.3g}, tried "
+        f"from the layer input (best max error {worst:.3g}, tried "
         f"{[c[0].style for c in candidates]}); the contextual-MLP weights would be wrong here")
 
 

@@ -13,6 +13,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_dynamics.contextual_mlp import _core, _readout
+from tl_dynamics.adapter._qknorm import QueryNorm
 from tl_dynamics.contextual_mlp._frame import RotaryFrame
 from tl_dynamics.contextual_mlp._results import Evaluation, Exactness, Neurons
 from tl_dynamics.errors import TLDynamicsError
@@ -38,6 +39,13 @@ class ContextualMLP:
     ``b_i`` (``[n_src, d_model]`` per destination) are built only by ``neurons(T)`` or, for all
     destinations at once (``[pos, pos, d_model]``), by ``incoming_all()``; evaluation never
     forms them.
+
+    On qk-norm architectures (Gemma 3, OLMo 2) the query is ``N(x W_Q + b_Q)`` for the model's
+    own normalisation ``N`` (``query_norm``), not a linear function of ``x``. There the MLP's
+    input layer is that fixed map: ``input_space == "query"``, the incoming weights
+    ``b_i = c k_i'`` are ``[n_src, d_head]`` and act on ``queries(x)``, and ``c_i = p_iT``.
+    Everything else (outgoing weights, activations, exactness, counterfactuals on residual
+    inputs) is unchanged.
 
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
@@ -68,6 +76,7 @@ class ContextualMLP:
     frame: RotaryFrame
     reference_pattern: Float[Tensor, "pos pos"] | None = None
     reference_output: Float[Tensor, "pos d_model"] | None = None
+    query_norm: QueryNorm | None = None
 
     def __repr__(self) -> str:
         return (f"ContextualMLP({self.architecture}, layer={self.layer}, head={self.head}, "
@@ -81,6 +90,22 @@ class ContextualMLP:
     @property
     def d_model(self) -> int:
         return self.x.shape[1]
+
+    @property
+    def input_space(self) -> str:
+        """What the incoming weights ``b_i`` act on: ``"residual"`` (the layer input ``x``,
+        ``[d_model]``) or, on qk-norm architectures, ``"query"`` (``queries(x)``, ``[d_head]``)."""
+        return "residual" if self.query_norm is None else "query"
+
+    def queries(self, x: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_head"]:
+        """The head's query before rotary for layer inputs ``x``: ``x W_Q + b_Q``, normalised by
+        the model's own query norm on qk-norm architectures. Computed in ``x``'s dtype."""
+        q = x @ self.W_Q.to(x.dtype) + self.b_Q.to(x.dtype)
+        return q if self.query_norm is None else self.query_norm.apply(q, self.head, x)
+
+    def _inputs(self, x: Tensor) -> Tensor:
+        """What ``b_i`` is dotted with: ``x`` itself, or ``queries(x)`` on qk-norm layers."""
+        return x if self.query_norm is None else self.queries(x)
 
     @property
     def positions(self) -> list[int]:
@@ -118,14 +143,20 @@ class ContextualMLP:
     def _weights(self, pos: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(sources, b, c, activations at x_T)`` in ``WORK_DTYPE``."""
         src = self.sources(pos)
-        b, c = _core.incoming_weights(self.W_Q.to(WORK_DTYPE), self.b_Q.to(WORK_DTYPE),
-                                      self._keys(pos), self.scale, self._bias(pos, src))
-        acts = _core.hidden((b @ self.x[pos].to(WORK_DTYPE) + c)[None], self.softcap)[0]
+        if self.query_norm is None:
+            W_Q, b_Q = self.W_Q.to(WORK_DTYPE), self.b_Q.to(WORK_DTYPE)
+        else:  # b_i act on the normalised query: identity "W_Q", no query bias
+            W_Q = torch.eye(self.W_Q.shape[1], dtype=WORK_DTYPE)
+            b_Q = torch.zeros(self.W_Q.shape[1], dtype=WORK_DTYPE)
+        b, c = _core.incoming_weights(W_Q, b_Q, self._keys(pos), self.scale, self._bias(pos, src))
+        inputs = self._inputs(self.x[pos].to(WORK_DTYPE)[None])[0]
+        acts = _core.hidden((b @ inputs + c)[None], self.softcap)[0]
         return src, b, c, acts
 
     # ------------------------------------------------------------------ weights
     def neurons(self, position: int) -> Neurons:
-        """``a_i``, ``b_i``, ``c_i`` of every neuron at ``position`` (builds ``[n_src, d_model]``)."""
+        """``a_i``, ``b_i``, ``c_i`` of every neuron at ``position`` (builds ``b``: ``[n_src, d_model]``,
+        or ``[n_src, d_head]`` where ``input_space == "query"``)."""
         pos = self.check_position(position)
         src, b, c, acts = self._weights(pos)
         return Neurons(layer=self.layer, head=self.head, position=pos, sources=src,
@@ -133,11 +164,13 @@ class ContextualMLP:
                        a=self.outgoing[src], b=b.float(), c=c.float(), activations=acts.float(),
                        softcap=self.softcap)
 
-    def incoming_all(self) -> tuple[Float[Tensor, "pos pos d_model"], Float[Tensor, "pos pos"]]:
-        """All incoming weights and biases ``[dest, src, d_model]``, ``[dest, src]`` (zero where not
-        allowed). Memory: ``pos^2 * d_model`` floats; prefer ``neurons(T)`` one destination at a
-        time for long prompts."""
-        b_all = torch.zeros(self.n_pos, self.n_pos, self.d_model)
+    def incoming_all(self) -> tuple[Float[Tensor, "pos pos d_in"], Float[Tensor, "pos pos"]]:
+        """All incoming weights and biases ``[dest, src, d_in]``, ``[dest, src]`` (zero where not
+        allowed; ``d_in`` is ``d_model``, or ``d_head`` where ``input_space == "query"``).
+        Memory: ``pos^2 * d_in`` floats; prefer ``neurons(T)`` one destination at a time for
+        long prompts."""
+        d_in = self.d_model if self.query_norm is None else self.W_Q.shape[1]
+        b_all = torch.zeros(self.n_pos, self.n_pos, d_in)
         c_all = torch.zeros(self.n_pos, self.n_pos)
         for pos in self.positions:
             n = self.neurons(pos)
@@ -164,10 +197,10 @@ class ContextualMLP:
             raise TLDynamicsError(f"chunk_size must be >= 1, got {chunk_size}")
         src = self.sources(pos)
         keys, bias = self._keys(pos), self._bias(pos, src)
-        W_Q, b_Q, a = (t.to(WORK_DTYPE) for t in (self.W_Q, self.b_Q, self.outgoing[src]))
+        a = self.outgoing[src].to(WORK_DTYPE)
         acts, outs = [], []
         for start in range(0, xs.shape[0], chunk_size):
-            q = xs[start:start + chunk_size].to(WORK_DTYPE) @ W_Q + b_Q
+            q = self.queries(xs[start:start + chunk_size].to(WORK_DTYPE))
             h = _core.hidden(_core.preactivations(q, keys, self.scale, bias), self.softcap)
             acts.append(h.float())
             if keep_outputs:
@@ -254,6 +287,8 @@ class ContextualMLP:
         """Write this MLP (tensors and provenance) to ``path`` with ``torch.save``."""
         state = {f.name: getattr(self, f.name) for f in fields(self)}
         state["frame"] = {f.name: getattr(self.frame, f.name) for f in fields(self.frame)}
+        if self.query_norm is not None:
+            state["query_norm"] = {f.name: getattr(self.query_norm, f.name) for f in fields(self.query_norm)}
         path = Path(path)
         torch.save({"format": SAVE_FORMAT, "state": state}, path)
         return path
@@ -267,6 +302,8 @@ class ContextualMLP:
                                   f"{SAVE_FORMAT!r})")
         state = dict(blob["state"])
         state["frame"] = RotaryFrame(**state["frame"])
+        if state.get("query_norm") is not None:
+            state["query_norm"] = QueryNorm(**state["query_norm"])
         return cls(**state)
 
     def show(self, position: int | None = None):

@@ -210,5 +210,5 @@ def read_tokens(mlp: "ContextualMLP", adapter: "ModelAdapter", position: int, k:
     for start in range(0, vocab, chunk_size):
         x = token_inputs(mlp, adapter, torch.arange(start, min(start + chunk_size, vocab)), pos,
                          normalise)
-        parts.append(_core.preactivations(x @ mlp.W_Q + mlp.b_Q, keys, mlp.scale, bias))
+        parts.append(_core.preactivations(mlp.queries(x), keys, mlp.scale, bias))
     return _readout(mlp, adapter, "reads", pos, src, torch.cat(parts).T, k)

@@ -72,13 +72,7 @@ def _report_section(page: "viz.Page", adapter: "ModelAdapter", batch: "Batch") -
     from tl_dynamics.contextual_mlp._readout import written_tokens
 
     title = "Attention as a contextual MLP"
-    layers = [layer for layer in range(adapter.n_layers) if not adapter.specs[layer].qk_norm]
-    if not layers:
-        page.add_section(title, [viz.text(
-            f"Not applicable: {adapter.info.architecture} normalises q and k after their "
-            "projections, so its heads are not contextual MLPs with fixed incoming weights.")])
-        return
-    layer = layers[-1]
+    layer = adapter.n_layers - 1
     real = batch.tokens[0][batch.key_valid[0]][:REPORT_MAX_POSITIONS]  # row 0, unpadded
     row = adapter.tokenize(real[None])
     mlps = compute_layer(adapter, row, layer)
@@ -94,8 +88,11 @@ def _report_section(page: "viz.Page", adapter: "ModelAdapter", batch: "Batch") -
         items.append(written_tokens(mlp, adapter, position=last, k=5).show())
     except TLDynamicsError as err:
         items.append(viz.text(f"What neurons write: not shown ({err})."))
+    incoming = ("incoming weights b_i = c W_Q k_i" if mlp.input_space == "residual" else
+                "incoming weights b_i = c k_i acting on the model's normalised query N(x W_Q + b_Q) "
+                "(this architecture normalises q after its projection)")
     intro = (f"At each destination a head is a one-hidden-layer MLP whose neurons are the source "
-             f"tokens: outgoing weights a_i = v_i W_O, incoming weights b_i = c W_Q k_i, biases "
+             f"tokens: outgoing weights a_i = v_i W_O, {incoming}, biases "
              f"c_i, softmax activation. Shown: layer {layer}, head {mlp.head} (the head whose "
              f"neurons win most clearly), first row of the batch.")
     page.add_section(title, items, intro=intro)

@@ -1,0 +1,61 @@
+"""The query normalisation of qk-norm architectures (Gemma 3, OLMo 2), as plain tensors.
+
+These models normalise the query after its projection, before rotary: per head over
+``d_head`` (Gemma 3, gain ``1 + w``) or over all heads together (OLMo 2, gain ``w`` over
+``n_heads * d_head``). The query is then not a linear function of the layer input, so analyses
+that read it as one need this map. ``ModelAdapter.query_norm(layer)`` reads it from the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+Scope = Literal["head", "all"]
+
+
+@dataclass(frozen=True)
+class QueryNorm:
+    """RMS normalisation of the projected query: ``y / sqrt(mean(y^2) + eps) * (offset + weight)``.
+
+    ``scope == "head"``: the mean runs over each head's ``d_head`` entries and ``weight`` is
+    ``[d_head]``. ``scope == "all"``: it runs over all heads' ``n_heads * d_head`` entries
+    (``weight`` is ``[n_heads * d_head]``), so a head's normalised query depends on every head's
+    projection: ``W_Q``/``b_Q`` (``[n_heads, d_model, d_head]``/``[n_heads, d_head]``) are kept.
+
+    Example:
+        >>> norm = QueryNorm("head", torch.zeros(2), eps=0.0, offset=1.0)
+        >>> norm.apply(torch.tensor([[3.0, 4.0]]), head=0).round(decimals=4).tolist()  # y / rms(y)
+        [[0.8485, 1.1314]]
+    """
+
+    scope: Scope
+    weight: Float[Tensor, " n"]
+    eps: float
+    offset: float = 0.0
+    W_Q: Float[Tensor, "head d_model d_head"] | None = None
+    b_Q: Float[Tensor, "head d_head"] | None = None
+
+    def gain(self, head: int, d_head: int) -> Tensor:
+        w = self.weight if self.scope == "head" else self.weight[head * d_head:(head + 1) * d_head]
+        return self.offset + w
+
+    def apply(self, y: Float[Tensor, "n d_head"], head: int,
+              x: Float[Tensor, "n d_model"] | None = None) -> Float[Tensor, "n d_head"]:
+        """Normalise head ``head``'s projected queries ``y = x W_Q[head] + b_Q[head]``.
+
+        With ``scope == "all"`` the layer inputs ``x`` are needed too (the other heads'
+        projections enter the mean). Computed in ``y``'s dtype.
+        """
+        if self.scope == "head":
+            ms = y.pow(2).mean(-1, keepdim=True)
+        else:
+            if x is None:
+                raise ValueError("QueryNorm(scope='all') needs the layer inputs x")
+            W, b = self.W_Q.to(y.dtype), self.b_Q.to(y.dtype)
+            ms = (torch.einsum("nm,hmd->nhd", x.to(y.dtype), W) + b).pow(2).mean((-2, -1))[:, None]
+        return y * torch.rsqrt(ms + self.eps) * self.gain(head, y.shape[-1]).to(y.dtype)
