@@ -65,14 +65,15 @@ def _random_qk_norm_gains(model, seed=3):
     return ModelAdapter(model)
 
 
-QK_NORM_MODELS = sorted(QK_NORM) + (["qk-norm"] if testing.has_hooked_transformer() else [])
+QK_NORM_MODELS = [(arch, compat) for arch in sorted(QK_NORM) for compat in (False, True)] + (
+    [("qk-norm", False)] if testing.has_hooked_transformer() else [])
 
 
-@pytest.mark.parametrize("arch", QK_NORM_MODELS)
-def test_qk_norm_mlp_acts_on_the_models_normalised_query(arch):
+@pytest.mark.parametrize("arch,compat", QK_NORM_MODELS)
+def test_qk_norm_mlp_acts_on_the_models_normalised_query(arch, compat):
     """Gemma 3 (per head, gain 1 + w), OLMo 2 (over all heads), HookedTransformer use_qk_norm:
     b_i = c k_i act on N(x W_Q + b_Q); exact with random gains, and only with the right norm."""
-    adapter = _random_qk_norm_gains(testing.tiny_model(arch))
+    adapter = _random_qk_norm_gains(testing.tiny_model(arch, compat))
     mlps = all_mlps(adapter)
     assert_exact(mlps)
     mlp = mlps[-1]

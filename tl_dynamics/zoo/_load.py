@@ -16,7 +16,7 @@ Host = Literal["bridge", "hooked"]
 _SHIPPED = {
     "induction-2l": (
         "attention-only 2-layer toy model (64 tokens) with previous-token heads in layer 0 "
-        "and induction heads (attending one position late) in layer 1"
+        "and induction heads in layer 1"
     ),
     "code-2l": (
         "2-layer language model with MLPs and LayerNorm, trained on the Python standard "
