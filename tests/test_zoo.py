@@ -147,9 +147,46 @@ def test_docstring_examples_run():
     import tl_dynamics.zoo
     import tl_dynamics.zoo._load
 
-    for module in (tl_dynamics.zoo, tl_dynamics.zoo._load):
+    for module in (tl_dynamics.zoo, tl_dynamics.zoo._load, tl_dynamics.zoo._export):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+# ---------------------------------------------------------------------------- GPT-2 export
+# The exported GPT2LMHeadModel's logits against the shipped model's: float32 rounding of two
+# routes through the same weights (measured 5.7e-6 on the reference prompt).
+EXPORT_TOL = 2e-5
+
+
+def test_code_model_exports_to_an_exact_hugging_face_gpt2_folder(tmp_path):
+    from tl_dynamics.testing import bridge_class
+    from tl_dynamics.zoo.train import REFERENCE_PROMPTS
+
+    path = zoo.export_gpt2("code-2l", tmp_path / "gpt2")
+    hf = bridge_class().boot_transformers(str(path), device="cpu").eval()
+    native = zoo.load("code-2l")
+    tokens = native.to_tokens(REFERENCE_PROMPTS["code-2l"])
+    assert torch.equal(hf.to_tokens(REFERENCE_PROMPTS["code-2l"]), tokens)
+    with torch.no_grad():
+        err = (hf(tokens) - native(tokens)).abs().max().item()
+    assert err <= EXPORT_TOL, err
+
+
+def test_export_refuses_what_gpt2_cannot_hold(tmp_path, monkeypatch):
+    with pytest.raises(TLDynamicsError, match=r"'induction-2l' is not GPT-2-shaped.*attn_only"):
+        zoo.export_gpt2("induction-2l", tmp_path / "x")
+    shutil.copytree(_files.MODELS_DIR / "code-2l", tmp_path / "code-2l")
+    from safetensors.torch import load_file, save_file
+
+    weights = tmp_path / "code-2l" / _files.WEIGHTS
+    state = load_file(str(weights))
+    state["unembed.b_U"][3] = 0.5
+    save_file(state, str(weights))
+    _files.write_checksums(tmp_path / "code-2l")
+    monkeypatch.setattr(_files, "MODELS_DIR", tmp_path)
+    with pytest.raises(TLDynamicsError, match=r"nonzero unembedding bias b_U \(max \|b_U\| = 0.5\)"):
+        zoo.export_gpt2("code-2l", tmp_path / "y")
+    assert not (tmp_path / "y").exists()
 
 
 # ---------------------------------------------------------------------------- broken files

@@ -3,7 +3,8 @@
 ``load(name)`` gives a ``TransformerBridge`` on TransformerLens 4.x and a ``HookedTransformer``
 on 3.x, tokenizer included; ``names()`` lists what there is. Each model folder under
 ``tl_dynamics/zoo/models/`` has a ``MODEL_CARD.md`` with its training data, losses and head
-structure; ``python -m tl_dynamics.zoo.train NAME`` rebuilds it.
+structure; ``python -m tl_dynamics.zoo.train NAME`` rebuilds it. ``export_gpt2("code-2l", folder)`` writes
+the language model as a Hugging Face GPT-2 folder for ``TransformerBridge.boot_transformers``.
 
 >>> from tl_dynamics import zoo
 >>> model = zoo.load("code-2l")
@@ -11,6 +12,7 @@ structure; ``python -m tl_dynamics.zoo.train NAME`` rebuilds it.
 ['<|endoftext|>', 'def', ' f']
 """
 
+from tl_dynamics.zoo._export import export_gpt2
 from tl_dynamics.zoo._load import load, names
 
-__all__ = ["load", "names"]
+__all__ = ["export_gpt2", "load", "names"]

@@ -204,7 +204,7 @@ The induction head {formed} (scores below).
 
 Seed {result['seed']}, {recipe['steps']} steps of batch {recipe['batch']} x 256 tokens, AdamW (lr {recipe['lr']},
 warm-up {recipe['warmup']}, cosine to 10%, weight decay {recipe['weight_decay']}), one CPU thread:
-{_minutes(result)}. `val_loss`: validation next-token loss (nats/token, 64 windows);
+{_minutes(result)}.{_frozen_b_U(recipe)} `val_loss`: validation next-token loss (nats/token, 64 windows);
 `repeat_loss`: loss on the second copy of 100 random tokens written twice (chance
 ln 4095 = {math.log(4095):.2f}).
 
@@ -225,6 +225,14 @@ Final validation loss **{last['val_loss']:.3f}**; repeated-random-token loss {la
 
 {scores_table(scores)}
 """
+
+
+def _frozen_b_U(recipe: dict[str, Any]) -> str:
+    if not recipe.get("freeze_b_U"):
+        return ""
+    return (" The unembedding bias `b_U` is frozen at zero, as GPT-2 has none, so "
+            "`zoo.export_gpt2(\"code-2l\", folder)` writes an exact Hugging Face GPT-2 folder "
+            "(`TransformerBridge.boot_transformers(folder)`).")
 
 
 def _minutes(result: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "induction-2l": dict(steps=8000, batch=32, lr=2e-3, warmup=200, weight_decay=0.01, eval_every=500),
     "code-2l": dict(
         steps=None, cpu_minutes=12, batch=16, lr=3e-3, warmup=100, weight_decay=0.01, eval_every=200,
-        repeat_share=0.3, val_every=20,
+        repeat_share=0.3, val_every=20, freeze_b_U=True,
     ),  # fmt: skip
 }
 # Fixed prompts for the cross-host reference log-probabilities.
@@ -161,6 +161,8 @@ def train_code(folder: Path) -> dict[str, Any]:
     val_tokens = _data.windows(val_ids, 64, n_ctx, bos, val_gen)
     rep_tokens, rep_mask = _data.repeated_random_tokens(32, 100, (bos + 1, cfg["d_vocab"]), bos, val_gen)
     model = TorchTransformer(cfg)
+    if recipe.get("freeze_b_U"):  # GPT-2 has no unembedding bias: keep it zero for export_gpt2
+        model.unembed.b_U.requires_grad_(False)
 
     def next_batch() -> torch.Tensor:
         tokens = _data.windows(train_ids, recipe["batch"], n_ctx, bos, gen)
