@@ -13,7 +13,8 @@ from torch import Tensor
 class Neurons:
     """The contextual MLP of one head at one destination ``position``.
 
-    ``a`` (outgoing), ``b`` (incoming) are ``[n_src, d_model]``, ``c`` (biases) ``[n_src]``;
+    ``a`` (outgoing) is ``[n_src, d_model]``, ``b`` (incoming) ``[n_src, d_model]`` (``[n_src,
+    d_head]`` on qk-norm layers, where it acts on the normalised query), ``c`` (biases) ``[n_src]``;
     ``activations`` are the normalised hidden activations at the real query input (the pattern
     row over ``sources``).
     """
@@ -24,7 +25,7 @@ class Neurons:
     sources: Int[Tensor, " src"]
     source_tokens: tuple[str, ...]
     a: Float[Tensor, "src d_model"]
-    b: Float[Tensor, "src d_model"]
+    b: Float[Tensor, "src d_in"]
     c: Float[Tensor, " src"]
     activations: Float[Tensor, " src"]
     softcap: float | None = None
