@@ -25,8 +25,10 @@ def worst(model) -> str:
         if adapter.is_encoder and adapter.info.host == "hooked" and isinstance(prompt, tuple):
             continue  # bidirectional HookedTransformer does not mask pads: refused, not compared
         e = testing.reconstruction_errors(adapter, prompt, side)
-        errs += [e["pattern"], e["z"], e["out"]] + ([e["scores"]] if e["scores"] == e["scores"] else [])
+        errs += [e[k] for k in ("pattern", "z", "out", "scores") if e[k] == e[k]]  # NaN: no reference
     flag = "" if adapter.specs[0].scores_hook == "logits" else " (scores hook = pattern)"
+    if adapter.hook_name("out", 0) is None:
+        flag += " (no output hook before the post-norm)"
     return f"{max(errs):.1e}{flag}"
 
 

@@ -7,7 +7,10 @@ per-head outputs sum (plus ``b_O``) to the attention output; on a single prompt 
 and right-padded batches, padding query rows and key columns excluded.
 """
 
+import math
+
 import pytest
+import torch
 
 from tl_dynamics import testing
 from tl_dynamics.adapter import ModelAdapter
@@ -21,11 +24,18 @@ PADDING = [("single", "right"), ("batch", "right"), ("batch", "left")]
 DELEGATING = {"gptneo", "gptj", "opt", "bert"}
 
 
-def _check(adapter, kind, side):
+# HookedTransformer blocks that normalise the attention output before hook_attn_out: no hook
+# holds the head-output sum there (checked through the model's own post-norm below).
+POST_NORM = {"olmo2-post-norm", "norm-before-after"}
+
+
+def _check(adapter, kind, side, out=True):
     prompt = testing.PROMPTS[0] if kind == "single" else testing.PROMPTS
     errors = testing.reconstruction_errors(adapter, prompt, padding_side=side)
-    for key in ("pattern", "z", "out"):
+    for key in ("pattern", "z", "out") if out else ("pattern", "z"):
         assert errors[key] <= EXACT_TOL, (key, errors)
+    if not out:
+        assert math.isnan(errors["out"]), errors
     return errors
 
 
@@ -50,8 +60,29 @@ def test_hooked_transformer_reproduces_its_own_attention(variant, kind, side):
     if kind == "batch" and adapter.is_encoder:
         pytest.skip("a bidirectional HookedTransformer does not mask padding keys; "
                     "the adapter refuses padded batches there (tested in test_adapter_errors)")
-    errors = _check(adapter, kind, side)
+    errors = _check(adapter, kind, side, out=variant not in POST_NORM)
     assert errors["scores"] <= EXACT_TOL, errors
+
+
+@requires_hooked
+@pytest.mark.parametrize("variant", sorted(POST_NORM))
+def test_post_norm_blocks_give_hook_attn_out_as_the_norm_of_the_head_sum(variant):
+    """Gemma 2 layout (norm before and after) and OLMo 2 post-norm: hook_attn_out is the block's
+    post-norm of the summed head outputs, so it is no reference for them, and the adapter says so
+    (no "out" role); through the model's own post-norm the adapter's sum reproduces it."""
+    model = testing.cached_model(variant)
+    adapter = ModelAdapter(model)
+    assert adapter.hook_name("out", 0) is None
+    batch = adapter.tokenize(testing.PROMPTS)
+    _, cache = model.run_with_cache(batch.tokens)
+    for layer, la in adapter.attention(batch, reference=True).items():
+        assert "out" not in la.reference
+        block = model.blocks[layer]
+        post = block.ln1_post if variant == "norm-before-after" else block.ln1
+        with torch.no_grad():
+            mine = post(la.head_outputs().sum(2) + la.b_O)
+        ref = cache[f"blocks.{layer}.hook_attn_out"]
+        assert ((mine - ref).abs() * la.query_valid[..., None]).max() <= EXACT_TOL
 
 
 def _has_native():

@@ -66,7 +66,7 @@ def _random_qk_norm_gains(model, seed=3):
 
 
 QK_NORM_MODELS = [(arch, compat) for arch in sorted(QK_NORM) for compat in (False, True)] + (
-    [("qk-norm", False)] if testing.has_hooked_transformer() else [])
+    [("qk-norm", False), ("olmo2-post-norm", False)] if testing.has_hooked_transformer() else [])
 
 
 @pytest.mark.parametrize("arch,compat", QK_NORM_MODELS)

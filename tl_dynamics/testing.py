@@ -103,6 +103,11 @@ HOOKED_VARIANTS: dict[str, dict[str, Any]] = {
     "bidirectional": dict(_HT_BASE, attention_dir="bidirectional"),
     "qk-norm": dict(_HT_BASE, positional_embedding_type="rotary", rotary_dim=D_HEAD,
                     normalization_type="RMS", use_qk_norm=True),
+    # OLMo 2 layout: q/k norm over all heads, post-norm blocks (attention reads the raw stream)
+    "olmo2-post-norm": dict(_HT_BASE, positional_embedding_type="rotary", rotary_dim=D_HEAD,
+                            normalization_type="RMS", original_architecture="Olmo2ForCausalLM"),
+    # Gemma 2 layout: a norm before and after attention and MLP
+    "norm-before-after": dict(_HT_BASE, normalization_type="RMS", use_normalization_before_and_after=True),
 }
 
 # TransformerBridge.boot_native (TransformerLensNative; TransformerLens 4.x): the zoo's format.
@@ -254,9 +259,9 @@ def reconstruction_errors(adapter, prompt=PROMPTS, padding_side: str = "right") 
     """Largest absolute differences between the adapter's recomputation and the model's own
     cached activations, over valid query rows: ``scores`` (where the scores hook holds logits;
     NaN otherwise), ``pattern``, ``z``, ``out`` (head outputs summed plus ``b_O`` against the
-    attention output), ``scores_hook_is_pattern`` (1.0 where the cache's scores equal its pattern).
+    attention output; NaN where the model hooks that output only after a post-norm), ``scores_hook_is_pattern`` (1.0 where the cache's scores equal its pattern).
     """
-    worst = {"scores": float("nan"), "pattern": 0.0, "z": 0.0, "out": 0.0,
+    worst = {"scores": float("nan"), "pattern": 0.0, "z": 0.0, "out": float("nan"),
              "scores_hook_is_pattern": 0.0}
     for la in adapter.attention(prompt, reference=True, padding_side=padding_side).values():
         ref, rows = la.reference, la.query_valid
@@ -270,8 +275,10 @@ def reconstruction_errors(adapter, prompt=PROMPTS, padding_side: str = "right") 
             worst["scores_hook_is_pattern"] = 1.0
         z = la.z(pattern=pattern)
         worst["z"] = max(worst["z"], _masked_max(z - ref["z"], rows[:, :, None, None]))
-        out = la.head_outputs(z=z).sum(2) + la.b_O
-        worst["out"] = max(worst["out"], _masked_max(out - ref["out"], rows[:, :, None]))
+        if "out" in ref:  # absent where the attention output is only hooked after a post-norm
+            out = la.head_outputs(z=z).sum(2) + la.b_O
+            err = _masked_max(out - ref["out"], rows[:, :, None])
+            worst["out"] = err if math.isnan(worst["out"]) else max(worst["out"], err)
     return worst
 
 

@@ -195,9 +195,27 @@ class ModelAdapter:
             raise TLDynamicsError(f"unknown hook role {role!r}; valid: "
                                   f"{sorted(set(_BLOCK_HOOKS) | set(_HOST_HOOKS['bridge']))}")
         name = f"blocks.{layer}.{template}"
-        if role == "x" and name not in self.model.hook_dict and self.info.host == "hooked":
-            name = f"blocks.{layer}.hook_resid_pre"  # no normalisation: W_Q reads the stream
+        post = self._hooked_post_norm()
+        if role == "out" and post is not None:
+            return None  # hook_attn_out is after a post-norm: no hook holds the head-output sum
+        if role == "x" and self.info.host == "hooked" and (post == "post" or name not in self.model.hook_dict):
+            name = f"blocks.{layer}.hook_resid_pre"  # no input normalisation: W_Q reads the stream
         return name if name in self.model.hook_dict else None
+
+    def _hooked_post_norm(self) -> str | None:
+        """HookedTransformer blocks that normalise the attention output before ``hook_attn_out``:
+        ``"both"`` (``use_normalization_before_and_after``, e.g. Gemma 2) or ``"post"`` (OLMo 2
+        post-norm, whose attention reads the unnormalised stream); None elsewhere."""
+        if self.info.host != "hooked":
+            return None
+        cfg = self.model.cfg
+        if getattr(cfg, "use_normalization_before_and_after", False):
+            return "both"
+        try:
+            from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+        except ImportError:  # older 3.x: no post-norm blocks
+            return None
+        return "post" if getattr(cfg, "original_architecture", None) in POST_NORM_ARCHITECTURES else None
 
     @contextmanager
     def hooks(self, hooks: Sequence[tuple[str, int, Callable[[Tensor], None]]],
@@ -401,8 +419,8 @@ class ModelAdapter:
         """The vector W_Q reads, from the captured ``x`` hook. HookedTransformer's
         ``ln1.hook_normalized`` is taken before the LayerNorm's own weight and bias, so they
         are applied here (identity for LNPre and for models with folded LayerNorm)."""
-        if self.info.host != "hooked":
-            return x
+        if self.info.host != "hooked" or self._hooked_post_norm() == "post":
+            return x  # a bridge's hook is the input itself; OLMo 2 post-norm reads the stream
         ln = self.model.blocks[layer].ln1
         weight, bias = getattr(ln, "w", None), getattr(ln, "b", None)
         if isinstance(weight, Tensor):

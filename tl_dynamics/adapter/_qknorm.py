@@ -44,6 +44,13 @@ class QueryNorm:
         w = self.weight if self.scope == "head" else self.weight[head * d_head:(head + 1) * d_head]
         return self.offset + w
 
+    def apply_heads(self, y: Float[Tensor, "... head d_head"]) -> Float[Tensor, "... head d_head"]:
+        """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads)."""
+        dims = (-1,) if self.scope == "head" else (-2, -1)
+        ms = y.pow(2).mean(dims, keepdim=True)
+        gain = self.offset + (self.weight if self.scope == "head" else self.weight.reshape(y.shape[-2:]))
+        return y * torch.rsqrt(ms + self.eps) * gain.to(y.dtype)
+
     def apply(self, y: Float[Tensor, "n d_head"], head: int,
               x: Float[Tensor, "n d_model"] | None = None) -> Float[Tensor, "n d_head"]:
         """Normalise head ``head``'s projected queries ``y = x W_Q[head] + b_Q[head]``.

@@ -137,8 +137,8 @@ def _hooked(adapter: ModelAdapter, layer: int, rotary_dim: int | None,
     got = _probe(adapter, layer, ["q", "rot_q"], _PROBE_POSITIONS)
     q, rot_q = got["q"].float(), got["rot_q"].float()  # [batch, pos, head, d_head]
     norm = adapter.query_norm(layer)
-    if norm is not None and norm.scope == "head":  # use_qk_norm: hook_q is before the norm
-        q = torch.stack([norm.apply(q[:, :, h], h) for h in range(q.shape[2])], dim=2)
+    if norm is not None:  # qk-norm: hook_q is before the norm, hook_rot_q after it
+        q = norm.apply_heads(q)
     positions = torch.arange(q.shape[1])
     errors = {}
     for layout in ("half", "interleaved"):

@@ -99,11 +99,7 @@ def unrotated_queries(adapter: "ModelAdapter", la: "LayerAttention") -> Float[Te
     x = la.reference["x"]
     q = torch.einsum("bpm,hmd->bphd", x, adapter.W_Q(la.layer)) + adapter.b_Q(la.layer)
     norm = adapter.query_norm(la.layer)
-    if norm is None:
-        return q
-    flat_x = x.reshape(-1, x.shape[-1])
-    heads = [norm.apply(q[:, :, h].reshape(-1, q.shape[-1]), h, flat_x) for h in range(q.shape[2])]
-    return torch.stack(heads, dim=1).reshape(q.shape)
+    return q if norm is None else norm.apply_heads(q)
 
 
 def build_frames(adapter: "ModelAdapter", la: "LayerAttention", key_valid: Tensor,
