@@ -15,6 +15,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics.errors import TLDynamicsError
+
 Scope = Literal["head", "all"]
 
 
@@ -62,7 +64,8 @@ class QueryNorm:
             ms = y.pow(2).mean(-1, keepdim=True)
         else:
             if x is None:
-                raise ValueError("QueryNorm(scope='all') needs the layer inputs x")
+                raise TLDynamicsError("QueryNorm(scope='all') needs the layer inputs x: the other "
+                                      "heads' projections enter the mean")
             W, b = self.W_Q.to(y.dtype), self.b_Q.to(y.dtype)
             ms = (torch.einsum("nm,hmd->nhd", x.to(y.dtype), W) + b).pow(2).mean((-2, -1))[:, None]
         return y * torch.rsqrt(ms + self.eps) * self.gain(head, y.shape[-1]).to(y.dtype)
