@@ -259,7 +259,8 @@ def reconstruction_errors(adapter, prompt=PROMPTS, padding_side: str = "right") 
     """Largest absolute differences between the adapter's recomputation and the model's own
     cached activations, over valid query rows: ``scores`` (where the scores hook holds logits;
     NaN otherwise), ``pattern``, ``z``, ``out`` (head outputs summed plus ``b_O`` against the
-    attention output; NaN where the model hooks that output only after a post-norm), ``scores_hook_is_pattern`` (1.0 where the cache's scores equal its pattern).
+    attention output; NaN where the model hooks that output only after a post-norm),
+    ``scores_hook_is_pattern`` (1.0 where the cache's scores equal its pattern).
     """
     worst = {"scores": float("nan"), "pattern": 0.0, "z": 0.0, "out": float("nan"),
              "scores_hook_is_pattern": 0.0}
@@ -270,16 +271,20 @@ def reconstruction_errors(adapter, prompt=PROMPTS, padding_side: str = "right") 
         if la.spec.scores_hook == "logits":
             keep = la.allowed[:, None] & rows[:, None, :, None]
             err = (la.scores() - ref["scores"]).abs().masked_fill(~keep, 0.0).max().item()
-            worst["scores"] = err if math.isnan(worst["scores"]) else max(worst["scores"], err)
+            worst["scores"] = _nan_max(worst["scores"], err)
         elif torch.equal(ref["scores"], ref["pattern"]):
             worst["scores_hook_is_pattern"] = 1.0
         z = la.z(pattern=pattern)
         worst["z"] = max(worst["z"], _masked_max(z - ref["z"], rows[:, :, None, None]))
         if "out" in ref:  # absent where the attention output is only hooked after a post-norm
             out = la.head_outputs(z=z).sum(2) + la.b_O
-            err = _masked_max(out - ref["out"], rows[:, :, None])
-            worst["out"] = err if math.isnan(worst["out"]) else max(worst["out"], err)
+            worst["out"] = _nan_max(worst["out"], _masked_max(out - ref["out"], rows[:, :, None]))
     return worst
+
+
+def _nan_max(worst: float, err: float) -> float:
+    """``max`` where NaN means "nothing compared yet"."""
+    return err if math.isnan(worst) else max(worst, err)
 
 
 def _masked_max(diff: torch.Tensor, keep: torch.Tensor) -> float:

@@ -154,6 +154,20 @@ def _hooked_spec(model: Any, layer: int) -> LayerSpec:
         scores_hook="logits", qk_norm=getattr(attn, "q_norm", None) is not None)
 
 
+def hooked_post_norm(model: Any) -> str | None:
+    """HookedTransformer blocks that normalise the attention output before ``hook_attn_out``:
+    ``"both"`` (``use_normalization_before_and_after``, e.g. Gemma 2) or ``"post"`` (OLMo 2
+    post-norm, whose attention reads the unnormalised stream); None elsewhere."""
+    cfg = model.cfg
+    if getattr(cfg, "use_normalization_before_and_after", False):
+        return "both"
+    try:
+        from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+    except ImportError:  # older 3.x: no post-norm blocks
+        return None
+    return "post" if getattr(cfg, "original_architecture", None) in POST_NORM_ARCHITECTURES else None
+
+
 def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
     attn = model.blocks[layer].attn
     orig = attn.original_component

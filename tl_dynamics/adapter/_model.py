@@ -11,9 +11,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_dynamics.adapter import _capture, _rotary, _weights
-from tl_dynamics.adapter._host import host_info, layer_specs
+from tl_dynamics.adapter._host import host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._layer import LayerAttention
-from tl_dynamics.adapter._qknorm import QueryNorm
+from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.errors import TLDynamicsError
 
 Prompt = Union[str, Sequence[str], Tensor]
@@ -67,6 +67,8 @@ class ModelAdapter:
         self.model = model
         self.info = host_info(model)
         self.specs = layer_specs(model, self.info)
+        # HookedTransformer blocks that normalise the attention output (see hooked_post_norm)
+        self.post_norm: str | None = hooked_post_norm(model) if self.info.host == "hooked" else None
         cfg = model.cfg
         self.n_layers: int = int(cfg.n_layers)
         self.n_heads: int = int(cfg.n_heads)
@@ -195,27 +197,12 @@ class ModelAdapter:
             raise TLDynamicsError(f"unknown hook role {role!r}; valid: "
                                   f"{sorted(set(_BLOCK_HOOKS) | set(_HOST_HOOKS['bridge']))}")
         name = f"blocks.{layer}.{template}"
-        post = self._hooked_post_norm()
-        if role == "out" and post is not None:
+        if role == "out" and self.post_norm is not None:
             return None  # hook_attn_out is after a post-norm: no hook holds the head-output sum
-        if role == "x" and self.info.host == "hooked" and (post == "post" or name not in self.model.hook_dict):
+        unnormalised = self.post_norm == "post" or name not in self.model.hook_dict
+        if role == "x" and self.info.host == "hooked" and unnormalised:
             name = f"blocks.{layer}.hook_resid_pre"  # no input normalisation: W_Q reads the stream
         return name if name in self.model.hook_dict else None
-
-    def _hooked_post_norm(self) -> str | None:
-        """HookedTransformer blocks that normalise the attention output before ``hook_attn_out``:
-        ``"both"`` (``use_normalization_before_and_after``, e.g. Gemma 2) or ``"post"`` (OLMo 2
-        post-norm, whose attention reads the unnormalised stream); None elsewhere."""
-        if self.info.host != "hooked":
-            return None
-        cfg = self.model.cfg
-        if getattr(cfg, "use_normalization_before_and_after", False):
-            return "both"
-        try:
-            from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
-        except ImportError:  # older 3.x: no post-norm blocks
-            return None
-        return "post" if getattr(cfg, "original_architecture", None) in POST_NORM_ARCHITECTURES else None
 
     @contextmanager
     def hooks(self, hooks: Sequence[tuple[str, int, Callable[[Tensor], None]]],
@@ -321,25 +308,10 @@ class ModelAdapter:
             return None
 
         def compute() -> QueryNorm:
-            attn = self.model.blocks[layer].attn
-            module = getattr(attn, "original_component", attn).q_norm
-            inner = getattr(module, "original_component", None) or module  # bridge wrapper
-            weight = getattr(inner, "weight", None)
-            weight = getattr(inner, "w", None) if weight is None else weight
-            eps = getattr(inner, "eps", None)
-            eps = getattr(inner, "variance_epsilon", None) if eps is None else eps
-            if weight is None or eps is None:
-                raise TLDynamicsError(f"layer {layer} of {self.info.architecture}: cannot read its "
-                                      f"query norm ({type(inner).__name__}: no weight/eps)")
-            weight = weight.detach().float().clone()
-            offset = 1.0 if self.info.host == "bridge" and self.info.family == "gemma3" else 0.0
-            if weight.numel() == self.d_head:
-                return QueryNorm("head", weight, float(eps), offset)
-            if weight.numel() == self.n_heads * self.d_head:
-                return QueryNorm("all", weight, float(eps), offset, self.W_Q(layer), self.b_Q(layer))
-            raise TLDynamicsError(f"layer {layer} of {self.info.architecture}: query norm of size "
-                                  f"{weight.numel()} is neither d_head={self.d_head} nor "
-                                  f"n_heads*d_head={self.n_heads * self.d_head}")
+            return read_query_norm(
+                self.model.blocks[layer].attn, f"layer {layer} of {self.info.architecture}",
+                gemma_gain=self.info.host == "bridge" and self.info.family == "gemma3",
+                n_heads=self.n_heads, d_head=self.d_head, W_Q=self.W_Q(layer), b_Q=self.b_Q(layer))
         return self._cached(("query_norm", layer), compute)
 
     def head_weights(self, layer: int, head: int) -> _weights.HeadWeights:
@@ -419,7 +391,7 @@ class ModelAdapter:
         """The vector W_Q reads, from the captured ``x`` hook. HookedTransformer's
         ``ln1.hook_normalized`` is taken before the LayerNorm's own weight and bias, so they
         are applied here (identity for LNPre and for models with folded LayerNorm)."""
-        if self.info.host != "hooked" or self._hooked_post_norm() == "post":
+        if self.info.host != "hooked" or self.post_norm == "post":
             return x  # a bridge's hook is the input itself; OLMo 2 post-norm reads the stream
         ln = self.model.blocks[layer].ln1
         weight, bias = getattr(ln, "w", None), getattr(ln, "b", None)

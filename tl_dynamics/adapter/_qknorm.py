@@ -9,7 +9,7 @@ that read it as one need this map. ``ModelAdapter.query_norm(layer)`` reads it f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
@@ -42,10 +42,6 @@ class QueryNorm:
     W_Q: Float[Tensor, "head d_model d_head"] | None = None
     b_Q: Float[Tensor, "head d_head"] | None = None
 
-    def gain(self, head: int, d_head: int) -> Tensor:
-        w = self.weight if self.scope == "head" else self.weight[head * d_head:(head + 1) * d_head]
-        return self.offset + w
-
     def apply_heads(self, y: Float[Tensor, "... head d_head"]) -> Float[Tensor, "... head d_head"]:
         """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads)."""
         dims = (-1,) if self.scope == "head" else (-2, -1)
@@ -61,11 +57,30 @@ class QueryNorm:
         projections enter the mean). Computed in ``y``'s dtype.
         """
         if self.scope == "head":
-            ms = y.pow(2).mean(-1, keepdim=True)
-        else:
-            if x is None:
-                raise TLDynamicsError("QueryNorm(scope='all') needs the layer inputs x: the other "
-                                      "heads' projections enter the mean")
-            W, b = self.W_Q.to(y.dtype), self.b_Q.to(y.dtype)
-            ms = (torch.einsum("nm,hmd->nhd", x.to(y.dtype), W) + b).pow(2).mean((-2, -1))[:, None]
-        return y * torch.rsqrt(ms + self.eps) * self.gain(head, y.shape[-1]).to(y.dtype)
+            return self.apply_heads(y[:, None])[:, 0]
+        if x is None:
+            raise TLDynamicsError("QueryNorm(scope='all') needs the layer inputs x: the other "
+                                  "heads' projections enter the mean")
+        ys = torch.einsum("nm,hmd->nhd", x.to(y.dtype), self.W_Q.to(y.dtype)) + self.b_Q.to(y.dtype)
+        return self.apply_heads(ys)[:, head]
+
+
+def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_head: int,
+                    W_Q: Tensor, b_Q: Tensor) -> QueryNorm:
+    """The ``QueryNorm`` of one attention module (a HookedTransformer ``attn`` or a bridge's
+    ``attn``, whose Hugging Face module and norm wrapper are looked through). ``gemma_gain``:
+    the norm multiplies by ``1 + w`` (Gemma's Hugging Face RMSNorm). ``where`` names the layer
+    in errors; ``W_Q``/``b_Q`` (all heads) are kept for an all-heads norm."""
+    module = getattr(attn, "original_component", attn).q_norm
+    inner = getattr(module, "original_component", None) or module  # bridge wrapper
+    weight = getattr(inner, "weight", getattr(inner, "w", None))
+    eps = getattr(inner, "eps", getattr(inner, "variance_epsilon", None))
+    if weight is None or eps is None:
+        raise TLDynamicsError(f"{where}: cannot read its query norm ({type(inner).__name__}: no weight/eps)")
+    weight, offset = weight.detach().float().clone(), 1.0 if gemma_gain else 0.0
+    if weight.numel() == d_head:
+        return QueryNorm("head", weight, float(eps), offset)
+    if weight.numel() == n_heads * d_head:
+        return QueryNorm("all", weight, float(eps), offset, W_Q, b_Q)
+    raise TLDynamicsError(f"{where}: query norm of size {weight.numel()} is neither d_head={d_head} "
+                          f"nor n_heads*d_head={n_heads * d_head}")

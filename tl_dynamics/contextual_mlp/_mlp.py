@@ -143,12 +143,13 @@ class ContextualMLP:
     def _weights(self, pos: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(sources, b, c, activations at x_T)`` in ``WORK_DTYPE``."""
         src = self.sources(pos)
+        keys, bias = self._keys(pos), self._bias(pos, src)
         if self.query_norm is None:
-            W_Q, b_Q = self.W_Q.to(WORK_DTYPE), self.b_Q.to(WORK_DTYPE)
-        else:  # b_i act on the normalised query: identity "W_Q", no query bias
-            W_Q = torch.eye(self.W_Q.shape[1], dtype=WORK_DTYPE)
-            b_Q = torch.zeros(self.W_Q.shape[1], dtype=WORK_DTYPE)
-        b, c = _core.incoming_weights(W_Q, b_Q, self._keys(pos), self.scale, self._bias(pos, src))
+            b, c = _core.incoming_weights(self.W_Q.to(WORK_DTYPE), self.b_Q.to(WORK_DTYPE), keys,
+                                          self.scale, bias)
+        else:  # b_i act on the normalised query: b_i = c k_i', c_i = p_iT
+            b = self.scale * keys
+            c = torch.zeros(len(src), dtype=WORK_DTYPE) if bias is None else bias
         inputs = self._inputs(self.x[pos].to(WORK_DTYPE)[None])[0]
         acts = _core.hidden((b @ inputs + c)[None], self.softcap)[0]
         return src, b, c, acts
