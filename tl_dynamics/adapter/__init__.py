@@ -7,7 +7,8 @@ from tl_dynamics.adapter._host import HostInfo, LayerSpec, VERIFIED_HF_ATTENTION
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._model import Batch, ModelAdapter, Prompt
 from tl_dynamics.adapter._qknorm import QueryNorm
+from tl_dynamics.adapter._softmax import masked_log_softmax, masked_softmax
 from tl_dynamics.adapter._weights import HeadWeights
 
 __all__ = ["Batch", "HeadWeights", "HostInfo", "LayerAttention", "LayerSpec", "ModelAdapter",
-           "Prompt", "QueryNorm", "VERIFIED_HF_ATTENTION"]
+           "Prompt", "QueryNorm", "VERIFIED_HF_ATTENTION", "masked_log_softmax", "masked_softmax"]

@@ -15,6 +15,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from tl_dynamics.adapter._host import LayerSpec
+from tl_dynamics.adapter._softmax import masked_softmax
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,7 @@ class LayerAttention:
 
     def masked_softmax(self, scores: Float[Tensor, "batch head pos pos"]) -> Float[Tensor, "batch head pos pos"]:
         """Softmax over allowed keys; rows with no allowed key (pad queries) are all zero."""
-        allowed = self.allowed[:, None]
-        masked = scores.masked_fill(~allowed, float("-inf"))
-        empty = ~allowed.any(-1, keepdim=True)
-        return torch.softmax(masked.masked_fill(empty, 0.0), dim=-1).masked_fill(~allowed, 0.0)
+        return masked_softmax(scores, self.allowed)
 
     def pattern(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
         """The attention pattern, recomputed: equals the model's ``hook_pattern`` on valid rows."""

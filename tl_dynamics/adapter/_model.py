@@ -79,6 +79,20 @@ class ModelAdapter:
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self._cache: dict[tuple, Tensor | None] = {}
 
+    @classmethod
+    def of(cls, model: Any) -> "ModelAdapter":
+        """The adapter for ``model``: an adapter is returned unchanged, a model is wrapped.
+
+        Every analysis entry point accepts either, through this one function.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> ad = ModelAdapter.of(testing.tiny_model("gpt2"))
+            >>> ModelAdapter.of(ad) is ad
+            True
+        """
+        return model if isinstance(model, ModelAdapter) else cls(model)
+
     @property
     def tokenizer(self) -> Any:
         """The model's tokenizer (None when it has none)."""
@@ -118,13 +132,16 @@ class ModelAdapter:
         return [self.check_head(head) for head in heads]
 
     # ----------------------------------------------------------------- tokens
-    def tokenize(self, prompt: Prompt, padding_side: str = "right",
+    def tokenize(self, prompt: Prompt | Batch, padding_side: str = "right",
                  attention_mask: Tensor | None = None) -> Batch:
         """Tokens and padding mask for a string, a list of strings, or a token tensor.
 
         A list of strings is padded on ``padding_side``; a token tensor with padding needs its
-        ``attention_mask`` (1 = real token), since pads cannot be told apart by id.
+        ``attention_mask`` (1 = real token), since pads cannot be told apart by id. A ``Batch``
+        is returned unchanged, so every entry point can take either.
         """
+        if isinstance(prompt, Batch):
+            return prompt
         if padding_side not in ("left", "right"):
             raise TLDynamicsError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
         if isinstance(prompt, Tensor):
@@ -164,8 +181,18 @@ class ModelAdapter:
 
     def str_tokens(self, batch: Batch, row: int = 0) -> list[str]:
         """The token strings of one row, padding included (use ``batch.key_valid`` to drop it)."""
-        tokenizer = self.model.tokenizer
-        ids = batch.tokens[row].tolist()
+        return self.decode(batch.tokens[row])
+
+    def decode(self, ids: Sequence[int] | Tensor) -> list[str]:
+        """One string per token id (the id itself, as text, when the model has no tokenizer).
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> ModelAdapter(testing.tiny_model("gpt2")).decode([64, 65])
+            ['a', 'b']
+        """
+        ids = ids.reshape(-1).tolist() if isinstance(ids, Tensor) else [int(i) for i in ids]
+        tokenizer = self.tokenizer
         if tokenizer is None:
             return [str(i) for i in ids]
         return [tokenizer.decode([i]) for i in ids]
@@ -239,7 +266,7 @@ class ModelAdapter:
                   reference: bool = False, inputs: bool = False,
                   padding_side: str = "right") -> dict[int, LayerAttention]:
         """Run the model once and return ``{layer: LayerAttention}`` for the asked layers."""
-        batch = prompt if isinstance(prompt, Batch) else self.tokenize(prompt, padding_side)
+        batch = self.tokenize(prompt, padding_side)
         out: dict[int, LayerAttention] = {}
         with self.capture(lambda la: out.__setitem__(la.layer, la), layers, reference, inputs, batch):
             self.forward(batch)

@@ -17,7 +17,7 @@ from transformer_lens import FactoredMatrix
 
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._circuit import Circuit
-from tl_dynamics.circuits._labels import as_adapter, vocabulary
+from tl_dynamics.circuits._labels import vocabulary
 from tl_dynamics.circuits._rotary import cached_rotary_map, offsets_checked
 from tl_dynamics.errors import TLDynamicsError
 
@@ -143,7 +143,7 @@ def qk_circuit(model: Any, layer: int, head: int, offset: int | None = None,
         >>> c.topk(3).indices.shape                                               # doctest: +SKIP
         torch.Size([512, 3])
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     layer, head = checked_head(adapter, layer, head)
     xq, q_space, xk, k_space = input_pair(adapter, inputs)
     rot, offset = rotation(adapter, layer, offset)
@@ -174,7 +174,7 @@ def ov_circuit(model: Any, layer: int, head: int, inputs: str | Tensor = "tokens
         >>> -1 <= c.positivity() <= 1                                             # doctest: +SKIP
         True
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     layer, head = checked_head(adapter, layer, head)
     rows, space = input_rows(adapter, inputs, "source")
     A = values(adapter, layer, head, rows, biases)

@@ -32,7 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_dynamics.circuits._labels import as_adapter
+from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._views import Panel, head_labels, heatmaps, symmetric_limits
 from tl_dynamics.errors import TLDynamicsError
 
@@ -204,7 +204,7 @@ def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int 
         >>> comp = circuits.composition_scores(zoo.load("induction-2l"))  # doctest: +SKIP
         >>> print(comp.summary())                                        # doctest: +SKIP
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     kinds = tuple(kinds)
     bad = [k for k in kinds if k not in KINDS]
     if not kinds or bad:

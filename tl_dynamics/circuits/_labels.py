@@ -12,9 +12,6 @@ from tl_dynamics.adapter import Batch, ModelAdapter
 _VOCABS: "weakref.WeakKeyDictionary[ModelAdapter, Vocabulary]" = weakref.WeakKeyDictionary()
 
 
-def as_adapter(model: Any) -> ModelAdapter:
-    """``model`` itself when it is a ``ModelAdapter`` (its weight cache is reused), else a new one."""
-    return model if isinstance(model, ModelAdapter) else ModelAdapter(model)
 
 
 class Vocabulary:

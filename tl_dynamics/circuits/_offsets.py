@@ -19,9 +19,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._build import checked_head, keys, queries
 from tl_dynamics.circuits._circuit import positivity
-from tl_dynamics.circuits._labels import as_adapter
 from tl_dynamics.circuits._rotary import cached_rotary_map, offsets_checked
 from tl_dynamics.errors import TLDynamicsError
 
@@ -83,7 +83,7 @@ def offset_summary(model: Any, layer: int, head: int,
         >>> s.to_dataframe().shape                                                 # doctest: +SKIP
         (8, 5)
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     layer, head = checked_head(adapter, layer, head)
     rmap = cached_rotary_map(adapter, layer)
     if rmap is None:

@@ -11,9 +11,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_dynamics import viz
-from tl_dynamics.adapter import Batch
+from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.circuits._build import checked_head, keys, ov_notes, qk_notes, queries, values
-from tl_dynamics.circuits._labels import as_adapter
 from tl_dynamics.circuits._rotary import cached_rotary_map
 from tl_dynamics.circuits._views import Panel, heatmaps
 from tl_dynamics.errors import TLDynamicsError
@@ -91,9 +90,9 @@ def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bo
         >>> pc.qk.shape == pc.ov.shape                                             # doctest: +SKIP
         True
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     layer, head = checked_head(adapter, layer, head)
-    batch = prompt if isinstance(prompt, Batch) else adapter.tokenize(prompt)
+    batch = adapter.tokenize(prompt)
     if batch.tokens.shape[0] != 1:
         raise TLDynamicsError(f"prompt_circuit takes one prompt, got a batch of {batch.tokens.shape[0]}")
     keep = batch.key_valid[0]

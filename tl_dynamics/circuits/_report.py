@@ -11,7 +11,6 @@ from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.circuits._build import ov_circuit
 from tl_dynamics.circuits._composition import CompositionScores, composition_scores
-from tl_dynamics.circuits._labels import as_adapter
 from tl_dynamics.circuits._prompt import PromptCircuit, prompt_circuit
 from tl_dynamics.circuits._spectrum import HeadScores, copying_scores, qk_positivity_scores
 from tl_dynamics.circuits._views import heatmaps
@@ -60,7 +59,7 @@ def compute(model: Any, prompt: Any = None, heads: Sequence[tuple[int, int]] | N
         >>> overview.to_dataframe().columns.tolist()                          # doctest: +SKIP
         ['layer', 'head', 'ov_copying', 'qk_positivity']
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     copying = copying_scores(adapter)
     positivity = qk_positivity_scores(adapter)
     kwargs = {} if n_samples is None else {"n_samples": n_samples}

@@ -17,9 +17,9 @@ from jaxtyping import Complex, Float
 from torch import Tensor
 from transformer_lens import FactoredMatrix
 
+from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._build import norm_note, rotation
 from tl_dynamics.circuits._circuit import positivity
-from tl_dynamics.circuits._labels import as_adapter
 from tl_dynamics.circuits._views import Panel, heatmaps
 from tl_dynamics.errors import TLDynamicsError
 
@@ -103,7 +103,7 @@ def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
         >>> scores.scores.shape                                          # doctest: +SKIP
         torch.Size([2, 4])
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     layers = _checked_layers(adapter, layers)
     E = _embedding(adapter, biases)
     if adapter.W_U.shape[1] != E.shape[0]:
@@ -127,7 +127,7 @@ def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
                          offset: int | None = None, biases: bool = True) -> HeadScores:
     """Positivity of every head's full QK circuit ``W_E W_Q R_offset W_K^T W_E^T`` (rotary
     layers: at ``offset``, 0 by default), from ``W_K^T (W_E^T W_E) W_Q R``."""
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     layers = _checked_layers(adapter, layers)
     E = _embedding(adapter, biases)
     gram = E.T @ E

@@ -25,11 +25,12 @@ from torch import Tensor
 from transformer_lens import FactoredMatrix
 
 from tl_dynamics import viz
+from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits import _topk
 from tl_dynamics.circuits._build import (checked_head, keys, norm_note, qk_notes, queries,
                                          rotation, values)
 from tl_dynamics.circuits._circuit import Circuit
-from tl_dynamics.circuits._labels import as_adapter, labels, vocabulary
+from tl_dynamics.circuits._labels import labels, vocabulary
 from tl_dynamics.errors import TLDynamicsError
 
 PATHS = ("K", "Q", "V")
@@ -74,7 +75,7 @@ def composition_circuit(model: Any, path: str, later: tuple[int, int],
         >>> c.own_best_fraction()                                                    # doctest: +SKIP
         1.0
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     if path not in PATHS:
         raise TLDynamicsError(f"path {path!r} is not valid; valid: {list(PATHS)}")
     layer, head = checked_head(adapter, *later)

@@ -13,9 +13,6 @@ from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.errors import TLDynamicsError
 
 
-def as_adapter(model: Any) -> ModelAdapter:
-    """``model`` itself when it is a ``ModelAdapter``, else a new adapter around it."""
-    return model if isinstance(model, ModelAdapter) else ModelAdapter(model)
 
 
 def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 0,
@@ -91,7 +88,7 @@ def attach(model: Any, layers: int | Sequence[int] | None = None,
         >>> [(m.layer, m.head) for m in mlps]
         [(1, 0), (1, 2)]
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     layer_list = adapter.check_layers(layers)
     head_list = adapter.check_heads(heads)
     captured: dict = {}
@@ -114,9 +111,9 @@ def compute_layer(model: Any, prompt: Prompt | Batch, layer: int,
 
     Returns the MLPs in (row, head) order.
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)
-    batch = prompt if isinstance(prompt, Batch) else adapter.tokenize(prompt, padding_side)
+    batch = adapter.tokenize(prompt, padding_side)
     with attach(adapter, [layer], heads, batch=batch, reference=reference) as mlps:
         adapter.forward(batch)
     return list(mlps)
@@ -132,10 +129,10 @@ def compute(model: Any, prompt: Prompt | Batch, layer: int, head: int, row: int 
         >>> mlp.exactness().max_output_error < 1e-5
         True
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)
     adapter.check_head(head, layer)
-    batch = prompt if isinstance(prompt, Batch) else adapter.tokenize(prompt, padding_side)
+    batch = adapter.tokenize(prompt, padding_side)
     n_rows = batch.tokens.shape[0]
     if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < n_rows:
         raise TLDynamicsError(f"row {row!r} is out of range: the prompt has {n_rows} rows "

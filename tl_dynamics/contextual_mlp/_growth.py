@@ -17,6 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 
 if TYPE_CHECKING:
@@ -120,9 +121,9 @@ def growth(mlp: "ContextualMLP", prompt_length: int) -> Growth:
 def generate_growth(model: Any, prompt: "Prompt", layer: int, head: int,
                     max_new_tokens: int = 16) -> Growth:
     """Generate greedily from ``prompt`` (one row), then measure the MLP's growth per step."""
-    from tl_dynamics.contextual_mlp._build import as_adapter, compute
+    from tl_dynamics.contextual_mlp._build import compute
 
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)
     adapter.check_head(head, layer)
     if adapter.is_encoder:

@@ -15,8 +15,6 @@ from tl_dynamics.odds_ratio._result import Decomposition, HeadStats, OddsRatioRe
 from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
 
 
-def as_adapter(model: Any) -> ModelAdapter:
-    return model if isinstance(model, ModelAdapter) else ModelAdapter(model)
 
 
 def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
@@ -122,7 +120,7 @@ class OddsRatioCollector:
 
     def forward(self, prompt: Prompt | Batch, padding_side: str = "right") -> torch.Tensor:
         """Run the model on a prompt or padded batch with its padding mask, collecting."""
-        batch = prompt if isinstance(prompt, Batch) else self.adapter.tokenize(prompt, padding_side)
+        batch = self.adapter.tokenize(prompt, padding_side)
         self._batch, self._in_forward, self._seen_in_pass = batch, True, set()
         try:
             with self.adapter.capture(self.on_layer, self.layers, batch=batch):
@@ -163,7 +161,7 @@ def attach(model: Any, layers: int | Sequence[int] | None = None,
         >>> collector.result().to_dataframe()["label"].tolist()        # doctest: +SKIP
         ['likelihood-driven', 'mixed', 'likelihood-driven', 'likelihood-driven']
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     collector = OddsRatioCollector(adapter, adapter.check_layers(layers), adapter.check_heads(heads),
                                    keep_tensors, dtype, threads)
     with adapter.capture(collector.on_outer_layer, collector.layers):
@@ -185,7 +183,7 @@ def compute(model: Any, prompt: Prompt | Batch, layers: int | Sequence[int] | No
         >>> res[0].parts.key_prior.shape                                 # doctest: +SKIP
         torch.Size([1, 4, 3])
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     collector = OddsRatioCollector(adapter, adapter.check_layers(layers), adapter.check_heads(heads),
                                    keep_tensors, dtype)
     collector.forward(prompt, padding_side)

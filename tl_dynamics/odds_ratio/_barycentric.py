@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_dynamics.adapter import Batch, Prompt
+from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio._simplex import simplex_lstsq
 
@@ -84,12 +84,11 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
         >>> float(view.kkt.max()) < 1e-6                                        # doctest: +SKIP
         True
     """
-    from tl_dynamics.odds_ratio._api import as_adapter
 
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)
     adapter.check_head(head, layer)
-    batch = prompt if isinstance(prompt, Batch) else adapter.tokenize(prompt)
+    batch = adapter.tokenize(prompt)
     if not 0 <= row < batch.tokens.shape[0]:
         raise TLDynamicsError(f"row {row!r} is out of range: the batch has {batch.tokens.shape[0]} "
                               f"prompts (valid: 0..{batch.tokens.shape[0] - 1})")

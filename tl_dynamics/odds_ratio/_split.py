@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from tl_dynamics.adapter import masked_softmax
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -94,20 +95,6 @@ def _squared_distances(qh: Tensor, kh: Tensor) -> Tensor:
     step = max(1, _CHUNK_ELEMENTS // max(1, b * h * kh.shape[2] * d))
     return torch.cat([(qh[:, :, i:i + step, None] - kh[:, :, None]).pow(2).sum(-1)
                       for i in range(0, n_q, step)], dim=2)
-
-
-def masked_log_softmax(logits: Float[Tensor, "batch head q k"],
-                       allowed: Bool[Tensor, "batch q k"]) -> Float[Tensor, "batch head q k"]:
-    """Log-softmax over allowed keys; disallowed entries and empty rows are ``-inf``."""
-    masked = logits.masked_fill(~allowed[:, None], float("-inf"))
-    lse = torch.logsumexp(masked, dim=-1, keepdim=True)
-    return masked - lse.masked_fill(torch.isinf(lse), 0.0)
-
-
-def masked_softmax(logits: Float[Tensor, "batch head q k"],
-                   allowed: Bool[Tensor, "batch q k"]) -> Float[Tensor, "batch head q k"]:
-    """Softmax over allowed keys; zero elsewhere and on rows with no allowed key."""
-    return masked_log_softmax(logits, allowed).exp()
 
 
 def counterfactual_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"]

@@ -8,13 +8,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_dynamics.adapter import Batch, Prompt
+from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio._markov import DAMPING, ChainSummary, chain_summary, compose
 
 
 def _batch_row(adapter: Any, prompt: Prompt | Batch, row: int) -> tuple[Batch, list[int]]:
-    batch = prompt if isinstance(prompt, Batch) else adapter.tokenize(prompt)
+    batch = adapter.tokenize(prompt)
     if not 0 <= row < batch.tokens.shape[0]:
         raise TLDynamicsError(f"row {row!r} is out of range: the batch has {batch.tokens.shape[0]} "
                               f"prompts (valid: 0..{batch.tokens.shape[0] - 1})")
@@ -31,9 +31,8 @@ def markov(model: Any, prompt: Prompt | Batch, layer: int, head: int, row: int =
         >>> float(chain.stationary.sum())                                    # doctest: +SKIP
         1.0
     """
-    from tl_dynamics.odds_ratio._api import as_adapter
 
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)
     adapter.check_head(head, layer)
     batch, real = _batch_row(adapter, prompt, row)
@@ -52,9 +51,8 @@ def composed(model: Any, prompt: Prompt | Batch, layers: Sequence[int] | None = 
     (as attention rollout does). ``residual=0.5`` gives attention rollout (Abnar & Zuidema
     2020); ``None`` the plain product.
     """
-    from tl_dynamics.odds_ratio._api import as_adapter
 
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     layers = adapter.check_layers(layers)
     heads = dict(heads or {})
     for layer, head in heads.items():

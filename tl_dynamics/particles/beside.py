@@ -82,7 +82,7 @@ def beside_model(model: Any, prompt: Any, layer: int = 0, head: int = 0, eps: fl
     adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model)
     adapter.check_layer(layer)
     adapter.check_head(head, layer)
-    batch = prompt if isinstance(prompt, Batch) else adapter.tokenize(prompt)
+    batch = adapter.tokenize(prompt)
     batch = Batch(batch.tokens[:1], batch.key_valid[:1], batch.padding_side)
     traj = trajectories.compute(adapter, batch, eps=(eps,), lens=False)
     states: dict[str, torch.Tensor] = {}

@@ -26,7 +26,6 @@ from torch import Tensor
 
 from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories._trajectory import as_adapter
 
 DEFAULT_K = 4
 DEFAULT_TOL = 1e-4
@@ -169,7 +168,7 @@ def _arnoldi_radius(g: _Graph, tol: float, max_iter: int, seed: int
 
 def _single(adapter: ModelAdapter, prompt: Prompt | Batch, row: int, position: int
             ) -> tuple[Batch, int]:
-    batch = prompt if isinstance(prompt, Batch) else adapter.tokenize(prompt)
+    batch = adapter.tokenize(prompt)
     if not 0 <= row < batch.tokens.shape[0]:
         raise TLDynamicsError(f"row {row} is out of range: the batch has {batch.tokens.shape[0]} "
                               "prompts")
@@ -194,7 +193,7 @@ def block_jacobian(model: Any, prompt: Prompt | Batch, layer: int, position: int
         >>> spec.singular_values.shape                                                      # doctest: +SKIP
         torch.Size([4])
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)
     if not isinstance(k, int) or not 1 <= k <= adapter.d_model:
         raise TLDynamicsError(f"k must be an integer in 1..{adapter.d_model} (d_model), got {k!r}")
@@ -214,7 +213,7 @@ def block_jacobian(model: Any, prompt: Prompt | Batch, layer: int, position: int
 def dense_block_jacobian(model: Any, prompt: Prompt | Batch, layer: int, position: int = -1,
                          row: int = 0) -> Float[Tensor, "d_out d_in"]:
     """The full ``d_model x d_model`` per-token block Jacobian (``d_model`` VJPs), for checks."""
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)
     batch, pos = _single(adapter, prompt, row, position)
     g = _Graph(adapter, batch, row, pos, layer)

@@ -17,10 +17,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._points import point_labels, point_roles
 from tl_dynamics.trajectories._stream import _batches
-from tl_dynamics.trajectories._trajectory import as_adapter
 
 DEFAULT_RIDGE = 1.0
 
@@ -78,7 +78,7 @@ class ClassProbe:
 def pooled_states(model: Any, prompts: Sequence[str], batch_size: int = 16, flattened: bool = False
                   ) -> Float[Tensor, "prompt point d_model"]:
     """Mean over each prompt's real tokens of the residual state at every trajectory point."""
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     roles = point_roles(adapter, flattened)
     out: list[Tensor] = []
     for batch in _batches(adapter, prompts, batch_size, "right"):
@@ -132,7 +132,7 @@ def class_probe(model: Any, prompts: Sequence[str], labels: Sequence[Any],
     if not 0.0 < test_fraction < 1.0 or not ridge >= 0:
         raise TLDynamicsError(f"test_fraction must be in (0, 1) and ridge >= 0, got "
                               f"{test_fraction!r}, {ridge!r}")
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     y = np.array([classes.index(lab) for lab in labels])
     test = _split(y, test_fraction, seed)
     x_all = pooled_states(adapter, prompts, batch_size, flattened).double()  # [n, P, d]

@@ -12,7 +12,7 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories import _particles as P
 from tl_dynamics.trajectories._points import Config, StandardizeArg, point_labels, point_roles
 from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
-from tl_dynamics.trajectories._trajectory import as_adapter, lens_note
+from tl_dynamics.trajectories._trajectory import lens_note
 from tl_dynamics.trajectories._walk import Walker
 
 
@@ -75,7 +75,7 @@ def attach(model: Any, batch: Batch | None = None, eps: Sequence[float] = P.DEFA
         >>> acc.result().cluster_counts(0.1).shape                 # doctest: +SKIP
         (3,)
     """
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     acc = Accumulator(adapter, _config(eps, flattened, lens, standardize, skip_first), batch)
     with acc.walker.attached():
         yield acc
@@ -122,7 +122,7 @@ def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16,
     if isinstance(prompts, (str, Tensor)):
         raise TLDynamicsError("stream takes an iterable of prompts (strings or Batch objects); "
                               "for one prompt use trajectories.compute")
-    adapter = as_adapter(model)
+    adapter = ModelAdapter.of(model)
     acc = Accumulator(adapter, _config(eps, flattened, lens, standardize, skip_first))
     if total is None and hasattr(prompts, "__len__"):
         total = len(prompts)  # type: ignore[arg-type]

@@ -16,8 +16,6 @@ from tl_dynamics.trajectories._points import Config, StandardizeArg, point_label
 from tl_dynamics.trajectories._walk import Walker, lens_applies
 
 
-def as_adapter(model: Any) -> ModelAdapter:
-    return model if isinstance(model, ModelAdapter) else ModelAdapter(model)
 
 
 def lens_note(adapter: ModelAdapter, lens: bool, batch: Batch | None) -> str:
@@ -157,8 +155,8 @@ def compute(model: Any, prompt: Prompt | Batch, eps: Sequence[float] = P.DEFAULT
         >>> traj.rank.shape[1] == traj.n_points                                              # doctest: +SKIP
         True
     """
-    adapter = as_adapter(model)
-    batch = prompt if isinstance(prompt, Batch) else adapter.tokenize(prompt, padding_side)
+    adapter = ModelAdapter.of(model)
+    batch = adapter.tokenize(prompt, padding_side)
     cfg = Config(eps=tuple(eps), flattened=flattened, lens=lens, standardize=standardize,
                  skip_first=skip_first)
     out: dict[str, Any] = {}
