@@ -7,7 +7,7 @@ import torch
 
 from tl_dynamics import TLDynamicsError, testing
 from tl_dynamics.adapter import ModelAdapter
-from conftest import requires_hooked
+from helpers import requires_hooked
 
 # Half precision: the adapter upcasts to fp32 and recomputes; the model itself rounds its
 # scores and softmax to the half type, so agreement is limited by that type's precision

@@ -14,7 +14,7 @@ import torch
 
 from tl_dynamics import testing
 from tl_dynamics.adapter import ModelAdapter
-from conftest import requires_hooked
+from helpers import requires_hooked
 
 # fp32 tolerance: recomputation reorders sums of ~16-64 products of O(1) terms (errors seen: 0
 # for scores/patterns, <= 3e-6 for summed head outputs).

@@ -5,7 +5,7 @@ import torch
 
 from tl_dynamics import TLDynamicsError, testing
 from tl_dynamics.adapter import ModelAdapter
-from conftest import HAS_HOOKED
+from helpers import HAS_HOOKED
 
 MODELS = ["gpt2", "llama"] + (["rotary"] if HAS_HOOKED else [])
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import adapter_for, requires_hooked
+from helpers import adapter_for, requires_hooked
 from tl_dynamics import circuits, testing, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits import _composition, _topk

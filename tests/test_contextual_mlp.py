@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import adapter_for, requires_hooked
+from helpers import adapter_for, requires_hooked
 from tl_dynamics import contextual_mlp as cm
 from tl_dynamics import testing, viz
 from tl_dynamics.adapter import ModelAdapter

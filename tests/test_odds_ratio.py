@@ -14,7 +14,7 @@ from tl_dynamics import testing, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.odds_ratio import _fast, _stats
 from tl_dynamics.errors import TLDynamicsError
-from conftest import adapter_for, HAS_HOOKED
+from helpers import adapter_for, HAS_HOOKED
 
 # The split subtracts squared norms: in fp32 its parts sum back to c<q,k> within ~1e-7 times
 # the size of the terms (c/2)(|q|^2 + |k|^2). Tolerances are 1e-5 relative to that magnitude
