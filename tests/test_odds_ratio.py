@@ -396,11 +396,28 @@ def test_views_show_the_three_patterns_and_parts_with_head_names():
     assert set(res[1].to_dataframe()["head"]) == {"L1H0", "L1H3"}
 
 
-def test_report_section_adds_one_section():
+def test_report_section_shows_the_most_prior_and_likelihood_driven_heads():
     adapter = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
     page = viz.Page("report")
-    orr.report_section(page, adapter, adapter.tokenize(list(testing.PROMPTS)))
+    batch = adapter.tokenize(list(testing.PROMPTS))
+    orr.report_section(page, adapter, batch)
     assert len(page.sections) == 1 and "odds ratio" in page.sections[0].title.lower()
+    df = orr.compute(adapter, batch).to_dataframe()
+    lines = [c.html for c in page.sections[0].items if c.name is None and c.html.startswith("<p>")]
+    assert len(lines) == 2
+    for key, line in zip(("attr_prior", "attr_loglik"), lines):
+        top = df[key].idxmax()
+        assert line.startswith(f"<p>{top}: the head most driven") and f"{df[key].max():.3f}" in line
+
+
+def test_layers_and_heads_follow_the_one_convention_and_are_keywords():
+    adapter = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
+    res = orr.compute(adapter, "x = 1", layers=[0, 1], heads=2)
+    assert list(res.to_dataframe().index) == ["L0H2", "L1H2"] and res[1].heads == (2,)
+    with pytest.raises(TypeError):
+        orr.compute(adapter, "x = 1", [0])
+    with pytest.raises(TypeError):
+        orr.attach(adapter, [0])
 
 
 def test_bad_inputs_give_clear_errors():

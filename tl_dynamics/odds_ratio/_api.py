@@ -9,12 +9,9 @@ import numpy as np
 import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
-from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _stats
 from tl_dynamics.odds_ratio._result import Decomposition, HeadStats, OddsRatioResult
 from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
-
-
 
 
 def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
@@ -141,11 +138,14 @@ class OddsRatioCollector:
 
 
 @contextmanager
-def attach(model: Any, layers: int | Sequence[int] | None = None,
+def attach(model: Any, *, layers: int | Sequence[int] | None = None,
            heads: int | Sequence[int] | None = None, keep_tensors: bool = False,
            dtype: torch.dtype = torch.float32,
            threads: int | None = STAT_THREADS) -> Iterator[OddsRatioCollector]:
     """Collect odds-ratio statistics during every forward pass run inside the block.
+
+    ``layers`` and ``heads`` select as in ``compute``; the collector's ``result()`` is an
+    ``OddsRatioResult`` like ``compute``'s.
 
     Statistics stream: only per-head sums are kept unless ``keep_tensors=True``. Unpadded
     inputs can go straight through ``model(tokens)``; for padded batches use
@@ -168,14 +168,16 @@ def attach(model: Any, layers: int | Sequence[int] | None = None,
         yield collector
 
 
-def compute(model: Any, prompt: Prompt | Batch, layers: int | Sequence[int] | None = None,
+def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
             heads: int | Sequence[int] | None = None, keep_tensors: bool = True,
             padding_side: str = "right", dtype: torch.dtype = torch.float32) -> OddsRatioResult:
     """Run the model once on ``prompt`` and split the scores of the asked layers and heads.
 
     ``prompt`` is a string, a list of strings (padded on ``padding_side``), a token tensor or
-    an adapter ``Batch``. Returns per-head statistics and, with ``keep_tensors``, the
-    per-layer ``Decomposition`` (``result[layer]``).
+    an adapter ``Batch``. ``layers`` is a layer index, a list of them or None (all layers);
+    ``heads`` a head index, a list of them or None (all heads), taken in every selected layer
+    (the convention of every analysis, ``docs/developing.md``). Returns per-head statistics and,
+    with ``keep_tensors``, the per-layer ``Decomposition`` (``result[layer]``).
 
     Example:
         >>> from tl_dynamics import odds_ratio, testing                  # doctest: +SKIP

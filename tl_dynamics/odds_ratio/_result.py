@@ -11,7 +11,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics.odds_ratio._split import ScoreParts
+from tl_dynamics import viz
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.odds_ratio import _views
+from tl_dynamics.odds_ratio._split import ScoreParts, row_kl
 
 # A head is "prior-driven" when the key prior's additive share of the row-centred score
 # variance, Cov(prior, r) / Var(r), is at least LABEL_THRESHOLD, "likelihood-driven" when the
@@ -120,11 +123,11 @@ class HeadStats:
                 records.append(rec)
         return pd.DataFrame.from_records(records).set_index("head")
 
-    def show(self, max_rows: int = 60) -> Any:
+    def show(self, max_rows: int = 60) -> viz.Component:
         """A table of the per-head statistics (``tl_dynamics.viz`` component)."""
-        from tl_dynamics.odds_ratio import _views
-
-        return _views.stats_view(self, max_rows)
+        capped = [layer for layer, cap in zip(self.layers, self.softcap) if cap is not None]
+        return _views.stats_view(self.to_dataframe(), self.model, self.n_prompts, capped,
+                                 LABEL_THRESHOLD, max_rows)
 
 
 @dataclass(frozen=True)
@@ -161,8 +164,6 @@ class Decomposition:
         return self.softcap is not None
 
     def head_index(self, head: int) -> int:
-        from tl_dynamics.errors import TLDynamicsError
-
         if head not in self.heads:
             raise TLDynamicsError(f"head {head!r} was not decomposed in layer {self.layer}; "
                                   f"decomposed heads: {list(self.heads)}")
@@ -170,8 +171,6 @@ class Decomposition:
 
     def kl(self) -> dict[str, Float[Tensor, "batch head q"]]:
         """Per row ``KL(real || prior-only)`` and ``KL(real || likelihood-only)``."""
-        from tl_dynamics.odds_ratio._split import row_kl
-
         def log(p: Tensor) -> Tensor:
             return torch.where(self.allowed[:, None], p.clamp(min=1e-45).log(), float("-inf"))
         log_real = log(self.pattern)
@@ -192,12 +191,33 @@ class Decomposition:
                                         "attention_received": received.tolist()}))
         return pd.concat(frames, ignore_index=True)
 
-    def show(self, heads: int | list[int] | None = None, row: int = 0) -> Any:
+    def show(self, heads: int | list[int] | None = None, row: int = 0) -> viz.Group:
         """Real pattern beside prior-only and likelihood-only patterns, the three score parts,
-        and the key prior per token (``tl_dynamics.viz`` components)."""
-        from tl_dynamics.odds_ratio import _views
+        and the key prior per token of prompt ``row``'s real positions (``tl_dynamics.viz``)."""
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.tokens.shape[0]:
+            raise TLDynamicsError(f"row {row!r} is out of range: the decomposition has "
+                                  f"{self.tokens.shape[0]} prompts (valid: 0..{self.tokens.shape[0] - 1})")
+        chosen = list(self.heads) if heads is None else [heads] if isinstance(heads, int) else list(heads)
+        idx = [self.head_index(h) for h in chosen]  # raises naming the decomposed heads
+        real = torch.nonzero(self.allowed[row].any(0)).flatten()
+        tokens = list(self.str_tokens[row]) if self.str_tokens else \
+            [str(i) for i in range(self.tokens.shape[1])]
+        tokens = [tokens[i] for i in real.tolist()]
+        allowed = self.allowed[row][real][:, real]
+        causal = bool((torch.triu(allowed.float(), diagonal=1) == 0).all())
 
-        return _views.decomposition_view(self, heads, row)
+        def sub(t: Tensor) -> Tensor:
+            return t[row][idx][:, real][:, :, real].float().masked_fill(~allowed, 0.0)
+
+        p = self.parts
+        parts = {"query_term": p.query_term[..., :, None].expand_as(p.loglik),
+                 "key_prior": p.key_prior[..., None, :].expand_as(p.loglik), "loglik": p.loglik}
+        return _views.decomposition_view(
+            self.layer, tokens, [head_name(self.layer, h) for h in chosen], causal, allowed,
+            {"real": sub(self.pattern), "prior-only": sub(self.prior_pattern),
+             "likelihood-only": sub(self.likelihood_pattern)},
+            {k: sub(v) for k, v in parts.items()}, p.key_prior[row][idx][:, real].T.float(),
+            p.sigma2, self.precap)
 
 
 @dataclass(frozen=True)
@@ -214,8 +234,6 @@ class OddsRatioResult:
 
     def __getitem__(self, layer: int) -> Decomposition:
         """The decomposition of ``layer`` in the first kept forward pass."""
-        from tl_dynamics.errors import TLDynamicsError
-
         if not self.decompositions:
             raise TLDynamicsError("no per-prompt tensors were kept: pass keep_tensors=True")
         first = self.decompositions[0]
@@ -251,7 +269,27 @@ class OddsRatioResult:
                             "wins_by": "prior" if prior_adv > loglik_adv else "likelihood"})
         return pd.DataFrame.from_records(records)
 
-    def show(self, heads: int | list[int] | None = None, row: int = 0) -> Any:
-        from tl_dynamics.odds_ratio import _views
+    def extreme_heads(self) -> list[tuple[int, int, str, float]]:
+        """The most prior-driven and the most likelihood-driven head, as
+        ``(layer, head, share name, share)`` with the shares ``attr_prior`` and ``attr_loglik``."""
+        shares = self.stats.shares()
+        picks = []
+        for key in ("attr_prior", "attr_loglik"):
+            values = np.nan_to_num(shares[key], nan=-np.inf)
+            a, b = np.unravel_index(int(np.argmax(values)), values.shape)
+            picks.append((self.stats.layers[a], self.stats.heads[b], key, float(values[a, b])))
+        return picks
 
-        return _views.result_view(self, heads, row)
+    def show(self, heads: int | list[int] | None = None, row: int = 0) -> viz.Group:
+        """The per-head table, then (when tensors were kept) every decomposed layer's split of
+        prompt ``row`` for ``heads`` (all decomposed heads by default)."""
+        layers = [self.decompositions[0][layer].show(heads, row)
+                  for layer in sorted(self.decompositions[0])] if self.decompositions else []
+        return _views.result_view(self.stats.show(), layers, self.stats.model)
+
+    def show_extremes(self, row: int = 0) -> viz.Group:
+        """The per-head table and the split of the most prior-driven and the most
+        likelihood-driven head (``extreme_heads``) on prompt ``row`` (needs kept tensors)."""
+        picks = [(head_name(layer, head), key, value, self[layer].show([head], row))
+                 for layer, head, key, value in self.extreme_heads()]
+        return _views.extremes_view(self.stats.show(), picks, self.stats.model)

@@ -1,97 +1,88 @@
-"""Views of odds-ratio results, built only from ``tl_dynamics.viz`` components."""
+"""Views of odds-ratio results, built from plain data (tables, tensors, token strings) with
+``tl_dynamics.viz`` components only. Results slice their tensors and call these; nothing here
+imports a result, so there is no import circle."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Sequence
 
+import pandas as pd
 import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
 
 from tl_dynamics import viz
-from tl_dynamics.odds_ratio._result import LABEL_THRESHOLD, head_name
-
-if TYPE_CHECKING:
-    from tl_dynamics.odds_ratio._result import Decomposition, HeadStats, OddsRatioResult
 
 STATS_COLUMNS = ["label", "attr_prior", "attr_loglik", "attr_bias", "var_prior", "var_loglik",
                  "cov_prior_loglik", "kl_prior", "kl_loglik", "entropy", "sink_mass",
                  "sink_first_share", "sink_by_prior_share", "sigma2"]
+# The three counterfactual patterns, in the order they are shown.
+PATTERNS = ("real", "prior-only", "likelihood-only")
+# The score parts, their captions' formulas, in the order they are shown.
+PARTS = (("query_term", "query term (c/2)|q_i|^2"), ("key_prior", "key prior (c/2)|k_j|^2"),
+         ("loglik", "log-likelihood -(c/2)|q_i-k_j|^2"))
 
 
-def stats_view(stats: "HeadStats", max_rows: int = 60) -> viz.Component:
-    df = stats.to_dataframe()
+def stats_view(df: pd.DataFrame, model: str, n_prompts: int, capped_layers: Sequence[int],
+               threshold: float, max_rows: int = 60) -> viz.Component:
+    """The per-head table (``HeadStats.to_dataframe()``), with the columns that carry information."""
     columns = [c for c in STATS_COLUMNS if c in df.columns and not (c == "attr_bias" and
                                                                       (df[c].abs() < 1e-12).all())]
-    capped = [layer for layer, cap in zip(stats.layers, stats.softcap) if cap is not None]
+    capped = list(capped_layers)
     note = f" Layers {capped} soft-cap: the split is of the pre-cap score." if capped else ""
     return viz.table(df[columns], max_rows=max_rows, caption=(
-        f"Per-head odds-ratio statistics over {stats.n_prompts} prompt(s) of {stats.model}. "
-        f"attr_* = Cov(term, r)/Var(r) (adds to 1; label at >= {LABEL_THRESHOLD:.2f}); var_* and "
+        f"Per-head odds-ratio statistics over {n_prompts} prompt(s) of {model}. "
+        f"attr_* = Cov(term, r)/Var(r) (adds to 1; label at >= {threshold:.2f}); var_* and "
         f"cov_prior_loglik: the variance split with its covariance term (prior and likelihood are "
         f"anti-correlated); kl_* = KL(real || counterfactual) in nats per row; sigma2 = 1/c." + note))
 
 
-def _heads(dec: "Decomposition", heads: int | list[int] | None) -> list[int]:
-    if heads is None:
-        return list(dec.heads)
-    heads = [heads] if isinstance(heads, int) else list(heads)
-    for h in heads:
-        dec.head_index(h)  # raises naming the decomposed heads
-    return heads
-
-
-def decomposition_view(dec: "Decomposition", heads: int | list[int] | None = None,
-                       row: int = 0) -> viz.Group:
-    from tl_dynamics.errors import TLDynamicsError
-
-    if not 0 <= row < dec.tokens.shape[0]:
-        raise TLDynamicsError(f"row {row!r} is out of range: the decomposition has "
-                              f"{dec.tokens.shape[0]} prompts (valid: 0..{dec.tokens.shape[0] - 1})")
-    chosen = _heads(dec, heads)
-    idx = [dec.head_index(h) for h in chosen]
-    real = torch.nonzero(dec.allowed[row].any(0)).flatten()
-    tokens = list(dec.str_tokens[row]) if dec.str_tokens else [str(i) for i in range(dec.tokens.shape[1])]
-    tokens = [tokens[i] for i in real.tolist()]
-    names = [head_name(dec.layer, h) for h in chosen]
-    allowed = dec.allowed[row][real][:, real]
-    causal = bool((torch.triu(allowed.float(), diagonal=1) == 0).all())
-
-    def sub(t: torch.Tensor) -> torch.Tensor:
-        return t[row][idx][:, real][:, :, real].float().masked_fill(~allowed, 0.0)
-
+def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: bool,
+                       allowed: Bool[Tensor, "q k"], patterns: dict[str, Float[Tensor, "head q k"]],
+                       parts: dict[str, Float[Tensor, "head q k"]],
+                       key_prior: Float[Tensor, "k head"], sigma2: float,
+                       precap: bool) -> viz.Group:
+    """One layer's split on one prompt's real positions: each head's real pattern beside the two
+    counterfactuals (``patterns`` keyed by ``PATTERNS``), the score parts (``parts`` keyed by
+    ``PARTS``' names, zero where not allowed) and the key prior per token."""
     grid, grid_names = [], []
     for k, name in enumerate(names):
-        for what, pat in (("real", dec.pattern), ("prior-only", dec.prior_pattern),
-                          ("likelihood-only", dec.likelihood_pattern)):
-            grid.append(sub(pat)[k])
+        for what in PATTERNS:
+            grid.append(patterns[what][k])
             grid_names.append(f"{name} {what}")
-    capped = " (split of the pre-cap score)" if dec.precap else ""
+    capped = " (split of the pre-cap score)" if precap else ""
     items = [viz.attention_heads(torch.stack(grid), tokens, grid_names, mask_upper_tri=causal,
-                                 caption=f"Layer {dec.layer}: the model's pattern beside the "
+                                 caption=f"Layer {layer}: the model's pattern beside the "
                                          f"prior-only softmax(key_prior + p) and likelihood-only "
                                          f"softmax(loglik + p) patterns{capped}")]
-    parts = dec.parts
-    n = len(real)
-    for what, values in (
-            ("query term (c/2)|q_i|^2", parts.query_term[..., :, None].expand_as(parts.loglik)),
-            ("key prior (c/2)|k_j|^2", parts.key_prior[..., None, :].expand_as(parts.loglik)),
-            ("log-likelihood -(c/2)|q_i-k_j|^2", parts.loglik)):
-        block = sub(values)
-        shown = block[allowed.expand_as(block)] if n else block
+    for key, what in PARTS:
+        block = parts[key]
+        shown = block[allowed.expand_as(block)] if len(tokens) else block
         lo, hi = (float(shown.min()), float(shown.max())) if shown.numel() else (0.0, 1.0)
         items.append(viz.attention_heads(block, tokens, names, min_value=lo, max_value=max(hi, lo + 1e-9),
                                          mask_upper_tri=causal,
-                                         caption=f"Layer {dec.layer}: {what}, range [{lo:.3g}, {hi:.3g}]"))
-    key_prior = parts.key_prior[row][idx][:, real].T.float()  # [tokens, heads]
+                                         caption=f"Layer {layer}: {what}, range [{lo:.3g}, {hi:.3g}]"))
     items.append(viz.colored_tokens_multi(tokens, key_prior, names,
-                                          caption=f"Layer {dec.layer}: key prior (c/2)|k_j|^2 per "
+                                          caption=f"Layer {layer}: key prior (c/2)|k_j|^2 per "
                                                   "token (pick a head)"))
-    return viz.group(*items, caption=f"Odds-ratio decomposition, layer {dec.layer}, "
-                                     f"sigma^2 = 1/c = {parts.sigma2:.4g}")
+    return viz.group(*items, caption=f"Odds-ratio decomposition, layer {layer}, "
+                                     f"sigma^2 = 1/c = {sigma2:.4g}")
 
 
-def result_view(res: "OddsRatioResult", heads: int | list[int] | None = None, row: int = 0) -> viz.Group:
-    items: list[Any] = [stats_view(res.stats)]
-    if res.decompositions:
-        for layer in sorted(res.decompositions[0]):
-            items.extend(decomposition_view(res.decompositions[0][layer], heads, row).components)
-    return viz.group(*items, caption=f"Odds-ratio decomposition of {res.stats.model}")
+def result_view(stats: viz.Component, layers: Sequence[viz.Group], model: str) -> viz.Group:
+    """The per-head table followed by each layer's decomposition."""
+    items = [stats] + [c for group in layers for c in group.components]
+    return viz.group(*items, caption=f"Odds-ratio decomposition of {model}")
+
+
+def extremes_view(stats: viz.Component, picks: Sequence[tuple[str, str, float, viz.Group]],
+                  model: str) -> viz.Group:
+    """The per-head table, then for each pick ``(head name, share name, share, decomposition)``
+    a line saying why the head was picked and its decomposition."""
+    items = [stats]
+    for name, key, value, group in picks:
+        what = "prior" if key == "attr_prior" else "likelihood"
+        items.append(viz.text(f"{name}: the head most driven by the {what} ({key} = {value:.3f})."))
+        items.extend(group.components)
+    return viz.group(*items, caption=f"Odds-ratio decomposition of {model}: the most prior-driven "
+                                     "and the most likelihood-driven head")
