@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tl_dynamics import testing  # noqa: E402
 from tl_dynamics.adapter import ModelAdapter  # noqa: E402
-from tl_dynamics.adapter._host import tl_version  # noqa: E402
+from tl_dynamics.compat import tl_version  # noqa: E402
 
 CASES = [(testing.PROMPTS[0], "right"), (testing.PROMPTS, "right"), (testing.PROMPTS, "left")]
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tl_dynamics.compat import bridge_class, default_host, has_hooked_transformer
 from tl_dynamics.errors import TLDynamicsError
 
 DEFAULT_MODEL = "code-2l"
@@ -61,30 +62,20 @@ def _load_folder(folder: Path) -> Any:
     fields = json.loads(config.read_text())
     if "d_model" in fields and "n_layers" in fields:  # TransformerLens layout (zoo)
         zoo = importlib.import_module("tl_dynamics.zoo._load")
-        return zoo.load_folder(folder, folder.name, "hooked" if _has_hooked() else "bridge")
-    from tl_dynamics.testing import bridge_class
-
+        return zoo.load_folder(folder, folder.name, default_host())
     return bridge_class().boot_transformers(str(folder), device="cpu").eval()
 
 
 def _load_hub(name: str) -> Any:
     """The real loading path for hub models; it needs a network connection."""
     try:
-        if _has_hooked():
+        if has_hooked_transformer():
             from transformer_lens import HookedTransformer
 
             return HookedTransformer.from_pretrained(name, device="cpu").eval()
-        from tl_dynamics.testing import bridge_class
-
         return bridge_class().boot_transformers(name, device="cpu").eval()
     except Exception as exc:  # offline, unknown name, ...: say what was tried
         raise TLDynamicsError(
             f"could not load model {name!r} through TransformerLens (hub models need a network "
             f"connection; shipped models: {sorted(shipped_names())}; or pass a local folder): "
             f"{type(exc).__name__}: {exc}") from exc
-
-
-def _has_hooked() -> bool:
-    from tl_dynamics.testing import has_hooked_transformer
-
-    return has_hooked_transformer()

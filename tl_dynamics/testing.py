@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from tl_dynamics.compat import bridge_class, has_hooked_transformer, tl_version
 from tl_dynamics.errors import TLDynamicsError
 
 D_MODEL, N_HEADS, D_HEAD, N_LAYERS, N_CTX = 64, 4, 16, 2, 64
@@ -188,10 +189,10 @@ def tiny_hooked(variant: str = "gpt2-like", **overrides: Any):
     if variant not in HOOKED_VARIANTS:
         raise TLDynamicsError(f"unknown HookedTransformer variant {variant!r}; "
                               f"valid: {sorted(HOOKED_VARIANTS)}")
-    tl = importlib.import_module("transformer_lens")
     if not has_hooked_transformer():
         raise TLDynamicsError("HookedTransformer is not available in transformer_lens "
-                              f"{getattr(tl, '__version__', '?')} (it was removed in 4.0)")
+                              f"{tl_version()} (it was removed in 4.0)")
+    tl = importlib.import_module("transformer_lens")
     cfg = tl.HookedTransformerConfig(**{**HOOKED_VARIANTS[variant], **overrides},
                                      d_vocab=len(tokenizer()))
     model = tl.HookedTransformer(cfg, tokenizer=tokenizer())
@@ -227,23 +228,6 @@ def tiny_model(arch: str = "gpt2", compat: bool = False):
     if arch in NATIVE_VARIANTS:
         return tiny_native(arch)
     return tiny_hooked(arch)
-
-
-def has_hooked_transformer() -> bool:
-    """Whether this TransformerLens still ships ``HookedTransformer`` (3.x does, 4.x does not)."""
-    tl = importlib.import_module("transformer_lens")
-    try:
-        return getattr(tl, "HookedTransformer", None) is not None
-    except ImportError:  # 4.x raises ImportError with a migration note
-        return False
-
-
-def bridge_class():
-    """``TransformerBridge`` from wherever this TransformerLens version keeps it."""
-    tl = importlib.import_module("transformer_lens")
-    if hasattr(tl, "TransformerBridge"):
-        return tl.TransformerBridge
-    return importlib.import_module("transformer_lens.model_bridge").TransformerBridge
 
 
 @functools.lru_cache(maxsize=None)
@@ -289,3 +273,68 @@ def _nan_max(worst: float, err: float) -> float:
 
 def _masked_max(diff: torch.Tensor, keep: torch.Tensor) -> float:
     return (diff.abs() * keep).max().item()
+
+
+def hf_twin(model):
+    """The Hugging Face model a raw-mode bridge wraps, rebuilt with eager attention and the very
+    same weights (the bridge's own ``original_model`` returns no attention weights).
+
+    Example:
+        >>> bridge = cached_model("gpt2")                           # doctest: +SKIP
+        >>> hf_twin(bridge).config._attn_implementation            # doctest: +SKIP
+        'eager'
+    """
+    if bool(getattr(model, "compatibility_mode", False)):
+        raise TLDynamicsError("hf_twin needs a raw-mode bridge: compatibility mode folds and "
+                              "centres the weights the Hugging Face model would need")
+    orig = model.original_model
+    twin = type(orig)(orig.config).eval()
+    wanted = twin.state_dict()
+    weights = {k: v for k, v in ((_strip(k), v) for k, v in orig.state_dict().items()) if k in wanted}
+    if set(wanted) - set(weights):
+        raise TLDynamicsError(f"hf_twin: weights not found in the bridge: {sorted(set(wanted) - set(weights))}")
+    twin.load_state_dict(weights)
+    twin.set_attn_implementation("eager")
+    return twin
+
+
+def _strip(name: str) -> str:
+    return name.replace("._original_component", "").replace("_original_component.", "")
+
+
+def hf_truth_errors(adapter, twin, prompt=PROMPTS, padding_side: str = "right") -> dict[str, float]:
+    """Largest differences, over valid query rows, between the adapter's recomputed ``pattern``
+    and summed head outputs (``out``, the output projection's result) and the Hugging Face
+    ``twin``'s own (``output_attentions=True``; position ids derived from the mask as the
+    bridge derives them). ``out`` is NaN on compatibility-mode bridges (their weights are
+    centred, so their head sum differs from Hugging Face's by design)."""
+    batch = adapter.tokenize(prompt, padding_side)
+    mask = batch.key_valid.long()
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    twin_modules = dict(twin.named_modules())
+    names = {id(mod): _strip(name) for name, mod in  # the path the twin has, of the bridge's aliases
+             adapter.model.original_model.named_modules(remove_duplicate=False)
+             if _strip(name) in twin_modules}
+    outs: dict[int, torch.Tensor] = {}
+    handles = []
+    for layer in range(adapter.n_layers):
+        o_proj = adapter.model.blocks[layer].attn.o.original_component
+        target = twin_modules[names[id(o_proj)]]
+        handles.append(target.register_forward_hook(
+            lambda _m, _i, out, layer=layer: outs.__setitem__(layer, out.detach().float())))
+    try:
+        with torch.no_grad():
+            hf = twin(batch.tokens, attention_mask=mask, position_ids=positions, output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    compat = bool(getattr(adapter.model, "compatibility_mode", False))
+    worst = {"pattern": 0.0, "out": float("nan") if compat else 0.0}
+    for layer, la in adapter.attention(batch).items():
+        rows = la.query_valid
+        worst["pattern"] = max(worst["pattern"], _masked_max(
+            la.pattern() - hf.attentions[layer].float(), rows[:, None, :, None]))
+        if not compat:
+            out = la.head_outputs().sum(2) + la.b_O
+            worst["out"] = max(worst["out"], _masked_max(out - outs[layer], rows[:, :, None]))
+    return worst

@@ -2,26 +2,28 @@
 
 This module reads TransformerLens (and the wrapped Hugging Face modules) once per model and
 records, per layer, the facts the recomputation needs: score scale, soft-cap, sliding window,
-causality, rotary style, ALiBi. The cfg fields known to be wrong on the bridge (``attn_scale``
-is -1, no window, no ``query_pre_attn_scalar``) are never used; see
-``docs/host-surface.md`` in the shared folder for the measurements behind every rule here.
+causality, rotary style, ALiBi. Every value is read from the module that really computes the
+scores, never from a config default: on the bridge several cfg fields do not describe the
+wrapped model (``attn_scale`` is -1, there is no window, no ``query_pre_attn_scalar``), so they
+are never used. Each rule here is checked by the exactness tests
+(``tests/test_adapter_exactness.py``), which compare the recomputed scores, pattern, ``z`` and
+head outputs with the host's own activations on every architecture listed below.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
+from tl_dynamics.compat import Host, detect_host, tl_version
 from tl_dynamics.errors import TLDynamicsError
 
-Host = Literal["hooked", "bridge"]
 RotaryStyle = Literal["none", "hooked", "half", "interleaved"]
 
-# Hugging Face attention modules whose bridge surface was measured exact (host-surface.md §1).
+# Hugging Face attention modules whose bridge recomputation is tested exact (test_adapter_exactness).
 VERIFIED_HF_ATTENTION = {
     "GPT2Attention": "gpt2", "GPTNeoSelfAttention": "gptneo", "GPTJAttention": "gptj",
     "GPTNeoXAttention": "gptneox", "LlamaAttention": "llama", "MistralAttention": "mistral",
@@ -80,27 +82,6 @@ class HostInfo:
     compat: bool
     architecture: str
     family: str
-
-
-def tl_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("transformer-lens")
-    except metadata.PackageNotFoundError:
-        return getattr(importlib.import_module("transformer_lens"), "__version__", "unknown")
-
-
-def detect_host(model: Any) -> Host:
-    """``"hooked"`` or ``"bridge"``; a clear error for anything else."""
-    names = {cls.__name__ for cls in type(model).__mro__}
-    if "HookedTransformer" in names:
-        return "hooked"
-    if "TransformerBridge" in names:
-        return "bridge"
-    raise TLDynamicsError(
-        f"expected a TransformerLens model (HookedTransformer or TransformerBridge), "
-        f"got an object of type {type(model).__module__}.{type(model).__name__}")
 
 
 def host_info(model: Any) -> HostInfo:

