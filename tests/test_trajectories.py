@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tl_dynamics import testing, trajectories as T, viz
+from tl_dynamics import sphere, testing, trajectories as T, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._exact import ExactSum
@@ -76,7 +76,7 @@ def components(cos: np.ndarray, eps: float) -> list[int]:
     return [find(i) for i in range(n)]
 
 
-def naive(ad: ModelAdapter, batch, eps=T.DEFAULT_EPS, flattened=False):
+def naive(ad: ModelAdapter, batch, eps=sphere.TRAJECTORY_EPS_GRID, flattened=False):
     z, logits = full_cache(ad, batch, flattened)
     out = {"z": z, "logits": logits, "prompts": []}
     n_points = z.shape[1]
@@ -208,7 +208,7 @@ def test_stream_matches_naive_sums_and_merges_exactly():
         expect = sum(r["clusters"][e_i] for r in refs) / len(refs)
         np.testing.assert_allclose(full.cluster_counts(eps), expect)
         assert full.cluster_counts(eps).shape == (ad.n_layers + 1,)
-        np.testing.assert_allclose(full.merge_events(eps),
+        np.testing.assert_allclose(full.mean_merges(eps),
                                    sum(r["merges"][e_i] for r in refs) / len(refs))
     np.testing.assert_allclose(full.effective_rank(), sum(r["erank"] for r in refs) / len(refs),
                                rtol=RTOL)

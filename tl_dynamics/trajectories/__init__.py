@@ -1,20 +1,23 @@
 """Depth-wise trajectories: tokens through the layers, particles on the sphere, attractors.
 
-``compute`` (one batch, per-token), ``stream``/``attach`` (exactly mergeable statistics over
-many prompts), ``block_jacobian`` (local stability), ``class_probe`` (class attractors) and
-``report_section``. Definitions: ``docs/math.md`` §4 of the shared folder.
+The analysis contract (docs/developing.md): ``compute(model, prompt, *, layers=None, ...)``
+gives a ``Trajectory`` (per-token paths of one batch, with that batch's ``TrajectoryStats``);
+``attach`` and ``stream`` give ``TrajectoryStats`` (exactly mergeable statistics over many
+prompts; per-token arrays do not stream); ``block_jacobian`` (local stability),
+``class_probe`` (class attractors) and ``report_section``. Unit vectors, cosines and clusters
+come from ``tl_dynamics.sphere``. Definitions: docs/math.md §5.
 """
 
+from tl_dynamics.trajectories._cloud import BIN_EDGES, N_BINS
 from tl_dynamics.trajectories._exact import ExactSum
 from tl_dynamics.trajectories._jacobian import JacobianSpectrum, block_jacobian, dense_block_jacobian
-from tl_dynamics.trajectories._particles import BIN_EDGES, DEFAULT_EPS, N_BINS
 from tl_dynamics.trajectories._points import Standardizer
 from tl_dynamics.trajectories._probe import ClassProbe, class_probe
+from tl_dynamics.trajectories._report import report_section
 from tl_dynamics.trajectories._stats import TrajectoryStats
 from tl_dynamics.trajectories._stream import Accumulator, attach, merge, stream
 from tl_dynamics.trajectories._trajectory import Trajectory, compute
-from tl_dynamics.trajectories._views import report_section
 
-__all__ = ["Accumulator", "BIN_EDGES", "ClassProbe", "DEFAULT_EPS", "ExactSum", "JacobianSpectrum",
-           "N_BINS", "Standardizer", "Trajectory", "TrajectoryStats", "attach", "block_jacobian",
+__all__ = ["Accumulator", "BIN_EDGES", "ClassProbe", "ExactSum", "JacobianSpectrum", "N_BINS",
+           "Standardizer", "Trajectory", "TrajectoryStats", "attach", "block_jacobian",
            "class_probe", "compute", "dense_block_jacobian", "merge", "report_section", "stream"]

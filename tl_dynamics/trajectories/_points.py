@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_dynamics import sphere
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories import _particles as P
+from tl_dynamics.trajectories import _cloud
 
 if TYPE_CHECKING:
     from tl_dynamics.adapter import ModelAdapter
@@ -38,14 +39,16 @@ class Standardizer:
         return (z - self.mean[p].to(z)) / self.std[p].to(z).clamp_min(1e-6) * mask[..., None].to(z)
 
 
-StandardizeArg = Union[None, bool, str, Standardizer]
+StandardizeArg = Standardizer | str | bool | None
 
 
 @dataclass(frozen=True)
 class Config:
-    """What to compute. ``lens`` is dropped (None targets) for encoders or unknown tokens."""
+    """What to compute. ``lens`` is dropped (None targets) for encoders or unknown tokens;
+    ``layers`` (None: all) picks the blocks whose input is a trajectory point."""
 
-    eps: tuple[float, ...] = P.DEFAULT_EPS
+    eps: tuple[float, ...] = sphere.TRAJECTORY_EPS_GRID
+    layers: tuple[int, ...] | None = None
     flattened: bool = False
     lens: bool = True
     standardize: StandardizeArg = None
@@ -60,6 +63,9 @@ def check_config(adapter: "ModelAdapter", cfg: Config) -> None:
                                                                               Standardizer):
         raise TLDynamicsError(f"standardize must be None, 'prompt' or a Standardizer, got "
                               f"{cfg.standardize!r}")
+    if cfg.layers is not None and not cfg.layers:
+        raise TLDynamicsError(f"layers must name at least one layer (valid: 0..{adapter.n_layers - 1}) "
+                              "or be None (all layers), got an empty selection")
     if cfg.flattened and any(adapter.hook_name("resid_mid", layer) is None
                              for layer in range(adapter.n_layers)):
         raise TLDynamicsError(
@@ -68,10 +74,12 @@ def check_config(adapter: "ModelAdapter", cfg: Config) -> None:
             "them (no 'resid_mid' point); use flattened=False")
 
 
-def point_roles(adapter: "ModelAdapter", flattened: bool) -> list[tuple[str, int]]:
-    """The (role, layer) of each trajectory point, in depth order."""
+def point_roles(adapter: "ModelAdapter", flattened: bool,
+                layers: tuple[int, ...] | None = None) -> list[tuple[str, int]]:
+    """The (role, layer) of each trajectory point, in depth order: the input of each selected
+    block (and its mid-block state when ``flattened``), then the output of the last block."""
     roles: list[tuple[str, int]] = []
-    for layer in range(adapter.n_layers):
+    for layer in range(adapter.n_layers) if layers is None else sorted(set(layers)):
         roles.append(("resid_pre", layer))
         if flattened:
             roles.append(("resid_mid", layer))
@@ -95,8 +103,8 @@ def next_tokens(tokens: Int[Tensor, "batch pos"], key_valid: Bool[Tensor, "batch
 def _cos(a: Tensor, b: Tensor) -> Tensor:
     """Cosine along the last axis; NaN where either vector is zero (no direction)."""
     na, nb = a.norm(dim=-1), b.norm(dim=-1)
-    c = (a * b).sum(-1) / (na * nb).clamp_min(P.NORM_FLOOR)
-    return torch.where((na > P.NORM_FLOOR) & (nb > P.NORM_FLOOR), c, math.nan)
+    c = (a * b).sum(-1) / (na * nb).clamp_min(sphere.NORM_FLOOR)
+    return torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
 
 
 @dataclass
@@ -138,14 +146,15 @@ class PointComputer:
         self._put("state_sumsq", torch.einsum("bp,bpd->d", w, zd * zd))
         norm = z.norm(dim=-1)
         self._put("norm", norm)
-        self._put("unit", P.unit(z))
+        self._put("unit", sphere.unit(z))
         if self.prev is not None:
             step_vec = z - self.prev
             step = step_vec.norm(dim=-1)
             self._put("step", step)
             prev_norm = self.prev.norm(dim=-1)
-            self._put("rel_step", torch.where(prev_norm > P.NORM_FLOOR,
-                                              step / prev_norm.clamp_min(P.NORM_FLOOR), math.nan))
+            self._put("rel_step", torch.where(prev_norm > sphere.NORM_FLOOR,
+                                              step / prev_norm.clamp_min(sphere.NORM_FLOOR),
+                                              math.nan))
             if self.prev_step is not None:
                 c = _cos(step_vec, self.prev_step).clamp(-1.0, 1.0)
                 self._put("turning", torch.rad2deg(torch.acos(c)))
@@ -176,22 +185,22 @@ class PointComputer:
         mask = self.particle_mask()
         std = self.cfg.standardize
         if std is True or std == "prompt":
-            z = P.standardize_prompt(z, mask)
+            z = _cloud.standardize_prompt(z, mask)
         elif isinstance(std, Standardizer):
             z = std.apply(p, z, mask)
-        u = P.unit(z) * mask[..., None]
-        cos = P.cosines(u)
-        pairs = P.pair_mask(mask)
-        self._put("cos_hist", P.cos_histogram(cos, pairs))
+        u = sphere.unit(z) * mask[..., None]
+        cos = sphere.cosines(u)
+        pairs = sphere.pair_mask(mask)
+        self._put("cos_hist", _cloud.cos_histogram(cos, pairs))
         self._put("cos_sum", (cos.double() * pairs).sum((1, 2)))
         self._put("n_pairs", pairs.sum((1, 2)))
-        self._put("erank", P.effective_rank(u, mask))
-        labels = [P.cluster_labels(cos, mask, e) for e in self.cfg.eps]
-        self._put("clusters", torch.stack([P.n_clusters(lab) for lab in labels]))
+        self._put("erank", _cloud.effective_rank(u, mask))
+        labels = [sphere.cluster_labels(cos, e, mask) for e in self.cfg.eps]
+        self._put("clusters", torch.stack([sphere.count_clusters(lab) for lab in labels]))
         if self.prev_labels is not None:
-            ms = [P.merges_splits(a, b) for a, b in zip(self.prev_labels, labels)]
-            self._put("merges", torch.stack([m for m, _ in ms]))
-            self._put("splits", torch.stack([s for _, s in ms]))
+            events = [sphere.merge_events(a, b) for a, b in zip(self.prev_labels, labels)]
+            self._put("merges", torch.stack([e.merges for e in events]))
+            self._put("splits", torch.stack([e.splits for e in events]))
         self.prev_labels = labels
 
     def finish(self) -> dict[str, Tensor]:
@@ -212,7 +221,7 @@ class PointComputer:
                 res[name] = torch.stack(o[name], dim=2).transpose(0, 1)
         units, norms = o["unit"], res["norm"]
         cos_final = torch.stack([(u * units[-1]).sum(-1) for u in units], dim=1)
-        defined = (norms > P.NORM_FLOOR) & (norms[:, -1:] > P.NORM_FLOOR)
+        defined = (norms > sphere.NORM_FLOOR) & (norms[:, -1:] > sphere.NORM_FLOOR)
         res["cos_final"] = torch.where(defined, cos_final, math.nan)
         if "rank" in res:
             res["settling"] = settling_point(res["rank"], self.targets)

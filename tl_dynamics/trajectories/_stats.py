@@ -11,13 +11,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
 
+from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories import _particles as P
+from tl_dynamics.trajectories._cloud import BIN_EDGES, N_BINS
 from tl_dynamics.trajectories._exact import ExactSum
 from tl_dynamics.trajectories._points import Standardizer
+from tl_dynamics.trajectories._views import stats_views
 
 # per-token float statistics: name -> (raw key, point offset)
 _TOKEN_FLOATS = ("norm", "step", "rel_step", "turning", "cos_final")
@@ -178,7 +181,7 @@ class TrajectoryStats:
         h = self.ints["cos_hist"]
         if not density:
             return h.copy()
-        return h / np.maximum(h.sum(1, keepdims=True), 1) / (2.0 / P.N_BINS)
+        return h / np.maximum(h.sum(1, keepdims=True), 1) / (2.0 / N_BINS)
 
     def mean_pairwise_cos(self) -> np.ndarray:
         return self.sums["cos_sum"].value() / np.maximum(self.ints["n_pairs"], 1)
@@ -202,12 +205,11 @@ class TrajectoryStats:
         """
         return self.ints["clusters"][self._eps_index(eps)] / max(self.n_prompts, 1)
 
-    def merge_events(self, eps: float) -> np.ndarray:
-        """Mean merge events per prompt between consecutive points ``[point - 1]``."""
+    def mean_merges(self, eps: float) -> np.ndarray:
+        """Mean merge events per prompt between consecutive points ``[point - 1]`` (each
+        cluster that gathers ``k`` clusters of the point before counts ``k - 1``;
+        ``tl_dynamics.sphere.merge_events``)."""
         return self.ints["merges"][self._eps_index(eps)] / max(self.n_prompts, 1)
-
-    def split_events(self, eps: float) -> np.ndarray:
-        return self.ints["splits"][self._eps_index(eps)] / max(self.n_prompts, 1)
 
     def standardizer(self) -> Standardizer:
         """Dataset per-dimension mean and std per point, for a second, standardised pass."""
@@ -218,14 +220,40 @@ class TrajectoryStats:
                             torch.tensor(np.sqrt(var), dtype=torch.float32))
 
     # ------------------------------------------------------------------ views
-    def to_dataframe(self) -> Any:
+    def to_dataframe(self) -> pd.DataFrame:
         """One row per trajectory point with every mean statistic."""
-        from tl_dynamics.trajectories._views import stats_frame
+        labels = list(self.labels)
+        n = len(labels)
 
-        return stats_frame(self)
+        def shifted(values: np.ndarray, offset: int) -> list[float]:
+            return [np.nan] * offset + list(values)
 
-    def show(self) -> Any:
-        """Per-point plots: pairwise-cosine histograms, cluster counts, lens rank."""
-        from tl_dynamics.trajectories._views import show_stats
+        data: dict[str, Any] = {"point": labels, "mean_norm": self.mean("norm"),
+                                "mean_step": shifted(self.mean("step"), 1),
+                                "mean_rel_step": shifted(self.mean("rel_step"), 1),
+                                "mean_turning_deg": shifted(self.mean("turning"), 2) if n > 2 else
+                                [np.nan] * n,
+                                "mean_cos_final": self.mean("cos_final"),
+                                "mean_pairwise_cos": self.mean_pairwise_cos(),
+                                "effective_rank": self.effective_rank()}
+        for eps in self.eps:
+            data[f"clusters_eps{eps:g}"] = self.cluster_counts(eps)
+            data[f"merges_eps{eps:g}"] = shifted(self.mean_merges(eps), 1)
+        if self.has_lens:
+            data["mean_rank"] = self.mean_rank()
+            data["mean_log1p_rank"] = self.mean("log_rank")
+            data["top1_rate"] = self.top1_rate()
+            for name in ("cos_embed", "cos_unembed", "dist_embed", "dist_unembed"):
+                data[f"mean_{name}"] = self.mean(name)
+            data["settling_count"] = self.settling_histogram()[:n]
+        return pd.DataFrame(data).set_index("point")
 
-        return show_stats(self)
+    def show(self) -> viz.Component:
+        """Per-point plots (pairwise-cosine histograms, cluster counts) and the table of means."""
+        return stats_views(
+            labels=self.labels, bin_edges=BIN_EDGES.numpy(), density=self.cos_histogram(),
+            clusters={eps: self.cluster_counts(eps) for eps in self.eps},
+            frame=self.to_dataframe(),
+            caption=(f"{self.meta['architecture']}: {self.n_prompts} prompts, {self.n_tokens} "
+                     f"tokens; standardize={self.meta['standardize']}"),
+            lens_note=None if self.has_lens else self.meta.get("lens_note", ""))

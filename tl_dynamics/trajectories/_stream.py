@@ -7,23 +7,12 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from torch import Tensor
 
+from tl_dynamics import sphere
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories import _particles as P
-from tl_dynamics.trajectories._points import Config, StandardizeArg, point_labels, point_roles
+from tl_dynamics.trajectories._points import Config, StandardizeArg
 from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
-from tl_dynamics.trajectories._trajectory import lens_note
-from tl_dynamics.trajectories._walk import Walker
-
-
-def _meta(adapter: ModelAdapter, cfg: Config, note: str) -> dict[str, Any]:
-    std = cfg.standardize
-    return dict(architecture=adapter.info.architecture, d_model=adapter.d_model,
-                labels=point_labels(point_roles(adapter, cfg.flattened)), eps=tuple(cfg.eps),
-                n_bins=P.N_BINS, flattened=cfg.flattened, skip_first=cfg.skip_first,
-                standardize="dataset" if not isinstance(std, (type(None), bool, str)) else
-                ("prompt" if std in (True, "prompt") else "none"),
-                lens_note=note)
+from tl_dynamics.trajectories._walk import Walker, lens_note, stats_meta
 
 
 class Accumulator:
@@ -41,7 +30,7 @@ class Accumulator:
     def _add(self, raw: dict[str, Tensor], batch: Batch | None) -> None:
         valid = raw["norm"].new_ones(raw["norm"].shape[0], raw["norm"].shape[2]).bool() \
             if batch is None else batch.key_valid.cpu()
-        meta = _meta(self.adapter, self.cfg, lens_note(self.adapter, self.cfg.lens, batch))
+        meta = stats_meta(self.adapter, self.cfg, lens_note(self.adapter, self.cfg.lens, batch))
         part = reduce_batch(raw, valid, meta)
         self.total = part if self.total is None else self.total.merge(part)
 
@@ -52,20 +41,25 @@ class Accumulator:
         return self.total
 
 
-def _config(eps: Sequence[float], flattened: bool, lens: bool, standardize: StandardizeArg,
-            skip_first: bool) -> Config:
-    return Config(eps=tuple(eps), flattened=flattened, lens=lens, standardize=standardize,
-                  skip_first=skip_first)
+def _config(adapter: ModelAdapter, layers: int | Sequence[int] | None, eps: Sequence[float],
+            flattened: bool, lens: bool, standardize: StandardizeArg, skip_first: bool) -> Config:
+    selected = None if layers is None else tuple(adapter.check_layers(layers))
+    return Config(eps=tuple(eps), layers=selected, flattened=flattened, lens=lens,
+                  standardize=standardize, skip_first=skip_first)
 
 
 @contextmanager
-def attach(model: Any, batch: Batch | None = None, eps: Sequence[float] = P.DEFAULT_EPS,
-           flattened: bool = False, lens: bool = True, standardize: StandardizeArg = None,
+def attach(model: Any, *, layers: int | Sequence[int] | None = None, batch: Batch | None = None,
+           eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, flattened: bool = False,
+           lens: bool = True, standardize: StandardizeArg = None,
            skip_first: bool = False) -> Iterator[Accumulator]:
     """Accumulate trajectory statistics during the user's own forward passes.
 
-    Without ``batch`` every position counts as real and next-token statistics are skipped;
-    call ``acc.set_batch(batch)`` before each padded call to give its mask and tokens.
+    The collector's ``result()`` is a ``TrajectoryStats`` (per-token arrays do not stream;
+    ``compute(...).stats`` is the same type for one batch). ``layers`` and the other settings
+    are as in ``compute``. Without ``batch`` every position counts as real and next-token
+    statistics are skipped; call ``acc.set_batch(batch)`` before each padded call to give its
+    mask and tokens.
 
     Example:
         >>> from tl_dynamics import testing, trajectories
@@ -76,7 +70,8 @@ def attach(model: Any, batch: Batch | None = None, eps: Sequence[float] = P.DEFA
         (3,)
     """
     adapter = ModelAdapter.of(model)
-    acc = Accumulator(adapter, _config(eps, flattened, lens, standardize, skip_first), batch)
+    acc = Accumulator(adapter, _config(adapter, layers, eps, flattened, lens, standardize,
+                                       skip_first), batch)
     with acc.walker.attached():
         yield acc
 
@@ -99,9 +94,10 @@ def _batches(adapter: ModelAdapter, prompts: Iterable[Any], batch_size: int,
         yield adapter.tokenize(chunk, padding_side)
 
 
-def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16,
-           eps: Sequence[float] = P.DEFAULT_EPS, flattened: bool = False, lens: bool = True,
-           standardize: StandardizeArg = None, skip_first: bool = False,
+def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16, *,
+           layers: int | Sequence[int] | None = None,
+           eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, flattened: bool = False,
+           lens: bool = True, standardize: StandardizeArg = None, skip_first: bool = False,
            padding_side: str = "right", progress: bool = True,
            total: int | None = None) -> TrajectoryStats:
     """Trajectory statistics over many prompts, in padded batches of ``batch_size``.
@@ -123,7 +119,8 @@ def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16,
         raise TLDynamicsError("stream takes an iterable of prompts (strings or Batch objects); "
                               "for one prompt use trajectories.compute")
     adapter = ModelAdapter.of(model)
-    acc = Accumulator(adapter, _config(eps, flattened, lens, standardize, skip_first))
+    acc = Accumulator(adapter, _config(adapter, layers, eps, flattened, lens, standardize,
+                                       skip_first))
     if total is None and hasattr(prompts, "__len__"):
         total = len(prompts)  # type: ignore[arg-type]
     bar = None

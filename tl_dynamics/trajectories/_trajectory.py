@@ -6,28 +6,19 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_dynamics import sphere, viz
 from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
-from tl_dynamics.trajectories import _particles as P
-from tl_dynamics.trajectories._points import Config, StandardizeArg, point_labels
-from tl_dynamics.trajectories._walk import Walker, lens_applies
-
-
-
-
-def lens_note(adapter: ModelAdapter, lens: bool, batch: Batch | None) -> str:
-    """Why the next-token statistics are absent ("" when present)."""
-    if not lens:
-        return "next-token statistics switched off (lens=False)"
-    if not lens_applies(adapter):
-        return (f"not applicable: {adapter.info.architecture} is an encoder (bidirectional); "
-                "it has no next token and its masked-LM head is not a final norm plus unembedding")
-    if batch is None:
-        return "not computed: no tokens were given for these forward passes (pass batch=...)"
-    return ""
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.trajectories._points import Config, StandardizeArg, point_labels, point_roles
+from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
+from tl_dynamics.trajectories._views import token_views
+from tl_dynamics.trajectories._walk import Walker, lens_note, stats_meta
 
 
 @dataclass(frozen=True)
@@ -47,10 +38,11 @@ class Trajectory:
         cos_embed, dist_embed, cos_unembed, dist_unembed: the final-normalised state against
             ``W_E[next]`` and ``W_U[:, next]``.
         settling: first point from which the next token stays top-1; ``n_points`` if never.
-        cos_hist: pairwise-cosine counts in ``particles.N_BINS`` fixed bins on [-1, 1].
+        cos_hist: pairwise-cosine counts in ``N_BINS`` fixed bins on [-1, 1].
         clusters: ``[batch, eps, point]`` connected components of ``cos > 1 - eps``;
             merges/splits: ``[batch, eps, point - 1]`` events between consecutive points.
         erank: effective rank of the prompt's unit-vector cloud.
+        stats: this batch's ``TrajectoryStats``, exactly what ``stream`` gives on it.
     """
 
     architecture: str
@@ -78,6 +70,7 @@ class Trajectory:
     merges: Int[Tensor, "batch eps step"]
     splits: Int[Tensor, "batch eps step"]
     erank: Float[Tensor, "batch point"]
+    stats: TrajectoryStats
 
     @property
     def n_points(self) -> int:
@@ -87,17 +80,40 @@ class Trajectory:
         return (f"Trajectory({self.architecture}, batch={self.tokens.shape[0]}, "
                 f"pos={self.tokens.shape[1]}, points={self.n_points}, lens={not self.lens_note})")
 
-    def to_dataframe(self) -> Any:
+    def to_dataframe(self) -> pd.DataFrame:
         """One row per (prompt, point, real token) with every per-token statistic."""
-        from tl_dynamics.trajectories._views import trajectory_frame
+        rows = []
+        for b in range(self.tokens.shape[0]):
+            for t in self.key_valid[b].nonzero().flatten().tolist():
+                for p in range(self.n_points):
+                    row = {"prompt": b, "pos": t, "token": self.str_tokens[b][t],
+                           "point": self.labels[p], "norm": float(self.norm[b, p, t]),
+                           "cos_final": float(self.cos_final[b, p, t]),
+                           "step": float(self.step[b, p - 1, t]) if p >= 1 else np.nan,
+                           "rel_step": float(self.rel_step[b, p - 1, t]) if p >= 1 else np.nan,
+                           "turning_deg": float(self.turning[b, p - 2, t]) if p >= 2 else np.nan}
+                    if self.rank is not None:
+                        row.update(rank=int(self.rank[b, p, t]), settling=int(self.settling[b, t]),
+                                   cos_embed=float(self.cos_embed[b, p, t]),
+                                   dist_embed=float(self.dist_embed[b, p, t]),
+                                   cos_unembed=float(self.cos_unembed[b, p, t]),
+                                   dist_unembed=float(self.dist_unembed[b, p, t]))
+                    rows.append(row)
+        return pd.DataFrame(rows)
 
-        return trajectory_frame(self)
-
-    def show(self, row: int = 0) -> Any:
-        """Per-token views of one prompt: settling layer, step sizes, cosine to the final state."""
-        from tl_dynamics.trajectories._views import show_trajectory
-
-        return show_trajectory(self, row)
+    def show(self, row: int = 0) -> viz.Component:
+        """Per-token views of prompt ``row`` (settling point, step sizes, cosine to the final
+        state), then the batch's particle statistics (``stats.show()``)."""
+        if not 0 <= row < self.tokens.shape[0]:
+            raise TLDynamicsError(f"row {row} is out of range: the batch has "
+                                  f"{self.tokens.shape[0]} prompts")
+        real = self.key_valid[row].nonzero().flatten()
+        tokens = [self.str_tokens[row][t] for t in real.tolist()]
+        views = token_views(
+            self.architecture, row, tokens, self.labels,
+            None if self.settling is None else self.settling[row, real].numpy(), self.lens_note,
+            steps=self.step[row][:, real].T.numpy(), cos_final=self.cos_final[row][:, real].T.numpy())
+        return viz.group(views, self.stats.show())
 
 
 def _pad(x: Tensor, valid: Tensor, fill: float) -> Tensor:
@@ -114,34 +130,35 @@ def build(adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor], batch: Bat
     pairs = raw["n_pairs"]
     empty_turn = torch.empty(valid.shape[0], 0, valid.shape[1])
     rows = tuple(tuple(adapter.str_tokens(batch, r)) for r in range(valid.shape[0]))
+    note = lens_note(adapter, cfg.lens, batch)
     return Trajectory(
-        architecture=adapter.info.architecture, labels=point_labels_of(adapter, cfg),
+        architecture=adapter.info.architecture,
+        labels=point_labels(point_roles(adapter, cfg.flattened, cfg.layers)),
         eps=tuple(cfg.eps), str_tokens=rows, tokens=batch.tokens.cpu(), key_valid=valid,
         particle_mask=mask, norm=_pad(raw["norm"], valid, nan),
         step=_pad(raw["step"], valid, nan), rel_step=_pad(raw["rel_step"], valid, nan),
         turning=_pad(raw["turning"], valid, nan) if "turning" in raw else empty_turn,
         cos_final=_pad(raw["cos_final"], valid, nan),
         rank=raw.get("rank"), settling=raw.get("settling"),
-        lens_note=lens_note(adapter, cfg.lens, batch), cos_hist=raw["cos_hist"],
+        lens_note=note, cos_hist=raw["cos_hist"],
         mean_cos=torch.where(pairs > 0, raw["cos_sum"] / pairs.clamp_min(1), nan).float(),
         clusters=raw["clusters"], merges=raw["merges"], splits=raw["splits"],
-        erank=raw["erank"].float(), **lens)
+        erank=raw["erank"].float(),
+        stats=reduce_batch(raw, valid, stats_meta(adapter, cfg, note)), **lens)
 
 
-def point_labels_of(adapter: ModelAdapter, cfg: Config) -> tuple[str, ...]:
-    from tl_dynamics.trajectories._points import point_roles
-
-    return point_labels(point_roles(adapter, cfg.flattened))
-
-
-def compute(model: Any, prompt: Prompt | Batch, eps: Sequence[float] = P.DEFAULT_EPS,
-            flattened: bool = False, lens: bool = True, standardize: StandardizeArg = None,
-            skip_first: bool = False, padding_side: str = "right") -> Trajectory:
+def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
+            eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, flattened: bool = False,
+            lens: bool = True, standardize: StandardizeArg = None, skip_first: bool = False,
+            padding_side: str = "right") -> Trajectory:
     """Trajectories of every token of ``prompt`` (one forward pass, statistics in the hooks).
 
     Args:
         model: a TransformerLens model or a ``ModelAdapter``.
         prompt: text, a list of texts (padded on ``padding_side``), tokens, or a ``Batch``.
+        layers: a layer index, a list of them, or None (all layers): the blocks whose input
+            is a trajectory point (in depth order); the last block's output is always the
+            final point.
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points (not available on parallel-block models).
         lens: compute the next-token (logit-lens) statistics (decoders only).
@@ -156,9 +173,10 @@ def compute(model: Any, prompt: Prompt | Batch, eps: Sequence[float] = P.DEFAULT
         True
     """
     adapter = ModelAdapter.of(model)
+    selected = None if layers is None else tuple(adapter.check_layers(layers))
     batch = adapter.tokenize(prompt, padding_side)
-    cfg = Config(eps=tuple(eps), flattened=flattened, lens=lens, standardize=standardize,
-                 skip_first=skip_first)
+    cfg = Config(eps=tuple(eps), layers=selected, flattened=flattened, lens=lens,
+                 standardize=standardize, skip_first=skip_first)
     out: dict[str, Any] = {}
 
     def sink(raw: dict[str, Tensor], b: Batch | None) -> None:

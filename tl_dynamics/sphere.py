@@ -1,0 +1,194 @@
+"""Points on the unit sphere: unit vectors, pairwise cosines, eps-clusters and merge events.
+
+The one kernel behind the depth-wise token clouds of ``tl_dynamics.trajectories`` and the
+idealised particle system of ``tl_dynamics.particles`` (definitions: docs/math.md §5 and §6).
+Pure tensor functions, batched over any leading axes, on the tensors' own device.
+
+Two points are *eps-close* when ``cos(x_i, x_j) > 1 - eps`` (for small eps: an angle below
+about ``sqrt(2 eps)``). Clusters are the connected components of the eps-close graph, each
+point labelled by the smallest index in its component, so labels are canonical: equal
+clusterings give equal labels, and labels compare across time or depth.
+
+Example:
+    >>> import torch
+    >>> from tl_dynamics import sphere
+    >>> x = torch.tensor([[1.0, 0.0], [0.999, 0.04], [0.0, 1.0]])
+    >>> labels = sphere.cluster_labels(sphere.cosines(sphere.unit(x)), sphere.CLUSTER_EPS)
+    >>> labels.tolist(), sphere.count_clusters(labels).item()
+    ([0, 0, 2], 2)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from tl_dynamics.errors import TLDynamicsError
+
+__all__ = ["CLUSTER_EPS", "MergeEvents", "NORM_FLOOR", "TRAJECTORY_EPS_GRID", "close_fraction",
+           "cluster_labels", "cosines", "count_clusters", "gram", "mean_cosine", "merge_events",
+           "pair_mask", "unit"]
+
+CLUSTER_EPS: float = 1e-2
+"""One closeness threshold, the particle system's default: an angle below about 8.1 degrees."""
+TRAJECTORY_EPS_GRID: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25)
+"""The thresholds the depth-wise trajectory statistics record by default, tightest first."""
+NORM_FLOOR = 1e-12
+"""Below this norm a vector counts as zero: it has no direction (its unit vector is zero)."""
+
+
+def unit(z: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch d"]:
+    """``z / |z|`` along the last axis; zero vectors stay zero.
+
+    Example:
+        >>> unit(torch.tensor([[3.0, 4.0], [0.0, 0.0]])).tolist()
+        [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
+    """
+    return z / z.norm(dim=-1, keepdim=True).clamp_min(NORM_FLOOR)
+
+
+def gram(x: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
+    """``<x_i, x_j>`` for every pair (for unit vectors: the cosines, unclamped).
+
+    Example:
+        >>> gram(torch.eye(2)[None]).tolist()
+        [[[1.0, 0.0], [0.0, 1.0]]]
+    """
+    return x @ x.transpose(-1, -2)
+
+
+def cosines(u: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
+    """Pairwise cosines of unit vectors ``u``: ``gram(u)`` clamped to ``[-1, 1]`` (rounding).
+
+    Example:
+        >>> cosines(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])).tolist()
+        [[1.0, -1.0], [-1.0, 1.0]]
+    """
+    return gram(u).clamp(-1.0, 1.0)
+
+
+def pair_mask(mask: Bool[Tensor, "*batch n"]) -> Bool[Tensor, "*batch n n"]:
+    """Unordered pairs ``i < j`` of valid points (``mask``: which points are real).
+
+    Example:
+        >>> pair_mask(torch.tensor([True, True, False])).sum().item()
+        1
+    """
+    n = mask.shape[-1]
+    upper = torch.ones(n, n, dtype=torch.bool, device=mask.device).triu(1)
+    return mask[..., :, None] & mask[..., None, :] & upper
+
+
+def _pairs_mean(m: Tensor) -> Float[Tensor, "*batch"]:
+    """Float64 mean over the ``n (n - 1) / 2`` pairs ``i < j`` of a symmetric ``[..., n, n]``."""
+    n = m.shape[-1]
+    if n < 2:
+        return torch.ones(m.shape[:-2], dtype=torch.float64, device=m.device)
+    iu = torch.triu_indices(n, n, 1, device=m.device)
+    return m[..., iu[0], iu[1]].to(torch.float64).mean(-1)
+
+
+def mean_cosine(cos: Float[Tensor, "*batch n n"]) -> Float[Tensor, "*batch"]:
+    """Mean cosine over the pairs ``i < j`` (float64; 1 for a single point).
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+        >>> round(mean_cosine(gram(x)).item(), 4)
+        0.3333
+    """
+    return _pairs_mean(cos)
+
+
+def close_fraction(cos: Float[Tensor, "*batch n n"], eps: float) -> Float[Tensor, "*batch"]:
+    """Fraction of the pairs ``i < j`` that are eps-close (float64; 1 for a single point).
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+        >>> round(close_fraction(gram(x), CLUSTER_EPS).item(), 4)
+        0.3333
+    """
+    return _pairs_mean(cos > 1 - eps)
+
+
+def cluster_labels(cos: Float[Tensor, "*batch n n"], eps: float,
+                   mask: Bool[Tensor, "*batch n"] | None = None) -> Int[Tensor, "*batch n"]:
+    """Connected components of the eps-close graph ``cos > 1 - eps``, batched.
+
+    Each point gets the smallest index in its component (int64); with ``mask``, only valid
+    points link and invalid ones (padding) get -1. Min-label propagation with pointer
+    jumping: each round takes the smallest label among a point's neighbours, then that
+    label's own label, so labels only fall and stop, within ``diameter + 1`` rounds (a few
+    for clustered points), exactly at the component minimum.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+        >>> cluster_labels(gram(x), 0.01).tolist()
+        [0, 1, 0]
+        >>> cluster_labels(gram(x), 0.01, mask=torch.tensor([True, True, False])).tolist()
+        [0, 1, -1]
+    """
+    if not 0.0 < float(eps) <= 2.0:
+        raise TLDynamicsError(f"eps must be in (0, 2] (points are close when cos > 1 - eps), "
+                              f"got {eps!r}")
+    lead, n = cos.shape[:-2], cos.shape[-1]
+    adj = cos > 1.0 - eps
+    if mask is not None:
+        adj = adj & mask[..., :, None] & mask[..., None, :]
+    adj = adj.reshape(-1, n, n) | torch.eye(n, dtype=torch.bool, device=cos.device)
+    labels = torch.arange(n, device=cos.device).expand(adj.shape[0], n).contiguous()
+    big = torch.full(adj.shape, n, dtype=torch.int64, device=cos.device)
+    for _ in range(n + 1):
+        new = torch.where(adj, labels[:, None, :], big).amin(-1)
+        new = torch.gather(new, 1, new)
+        if torch.equal(new, labels):
+            break
+        labels = new
+    labels = labels.reshape(*lead, n)
+    return labels if mask is None else torch.where(mask, labels, -1)
+
+
+def count_clusters(labels: Int[Tensor, "*batch n"]) -> Int[Tensor, "*batch"]:
+    """Number of clusters in canonical labels: points that are their cluster's smallest index
+    (padding, labelled -1, never counts).
+
+    Example:
+        >>> count_clusters(torch.tensor([[0, 0, 2, -1]])).tolist()
+        [2]
+    """
+    pos = torch.arange(labels.shape[-1], device=labels.device)
+    return (labels == pos).sum(-1)
+
+
+class MergeEvents(NamedTuple):
+    """Events between two clusterings of the same points: ``merges`` and ``splits`` (int64).
+
+    With ``D`` the number of distinct (before, after) label pairs, ``merges = D - clusters
+    after`` (a cluster after that gathers ``k`` clusters before counts ``k - 1``) and
+    ``splits = D - clusters before``; ``merges - splits`` is the fall in the cluster count.
+    """
+
+    merges: Int[Tensor, "*batch"]
+    splits: Int[Tensor, "*batch"]
+
+
+def merge_events(before: Int[Tensor, "*batch n"], after: Int[Tensor, "*batch n"]) -> MergeEvents:
+    """Merge and split events from canonical labels ``before`` to ``after`` (-1: not a point).
+
+    Example:
+        >>> ev = merge_events(torch.tensor([0, 1, 2, 3]), torch.tensor([0, 0, 2, 2]))
+        >>> ev.merges.item(), ev.splits.item()
+        (2, 0)
+    """
+    if before.shape != after.shape:
+        raise TLDynamicsError(f"merge_events needs two labellings of the same points, got shapes "
+                              f"{tuple(before.shape)} and {tuple(after.shape)}")
+    n = before.shape[-1]
+    valid = before >= 0
+    code = torch.where(valid, before.long().clamp_min(0) * n + after.long().clamp_min(0), -1)
+    code = code.sort(-1).values
+    prev = torch.cat([torch.full_like(code[..., :1], -1), code[..., :-1]], -1)
+    distinct = ((code >= 0) & (code != prev)).sum(-1)
+    return MergeEvents(distinct - count_clusters(after), distinct - count_clusters(before))

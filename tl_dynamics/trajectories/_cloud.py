@@ -1,0 +1,57 @@
+"""The token cloud at one trajectory point: standardisation, cosine histograms, effective rank.
+
+Pure tensor functions (no model); unit vectors, cosines and clusters come from
+``tl_dynamics.sphere``. Every function takes the valid-token mask ``mask [batch, pos]`` so
+padded rows never count.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from tl_dynamics.sphere import NORM_FLOOR
+
+N_BINS = 40
+"""Pairwise-cosine histograms use ``N_BINS`` equal bins on ``[-1, 1]`` (width 0.05), the same
+for every layer and model, so histograms are comparable and merge by adding counts."""
+BIN_EDGES = torch.linspace(-1.0, 1.0, N_BINS + 1, dtype=torch.float64)
+
+
+def standardize_prompt(z: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batch pos"]
+                       ) -> Float[Tensor, "batch pos d"]:
+    """Per prompt and dimension, subtract the mean and divide by the std over valid tokens.
+
+    Tames "rogue dimensions" (a few coordinates with huge variance dominating cosines).
+    """
+    w = mask[..., None].to(z.dtype)
+    n = w.sum(1, keepdim=True).clamp_min(1.0)
+    mean = (z * w).sum(1, keepdim=True) / n
+    var = (((z - mean) * w) ** 2).sum(1, keepdim=True) / n
+    return (z - mean) / var.sqrt().clamp_min(1e-6) * w
+
+
+def cos_histogram(cos: Float[Tensor, "batch pos pos"], pairs: Bool[Tensor, "batch pos pos"]
+                  ) -> Int[Tensor, "batch bins"]:
+    """Counts of pairwise cosines per fixed bin (``BIN_EDGES``), per prompt."""
+    b = cos.shape[0]
+    idx = ((cos.double() + 1.0) * (N_BINS / 2.0)).floor().long().clamp(0, N_BINS - 1)
+    flat = (idx + N_BINS * torch.arange(b, device=cos.device)[:, None, None])[pairs]
+    return torch.bincount(flat, minlength=b * N_BINS).reshape(b, N_BINS)
+
+
+def effective_rank(u: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batch pos"]
+                   ) -> Float[Tensor, " batch"]:
+    """Effective rank ``exp(H(sigma / sum sigma))`` of the prompt's unit-vector cloud.
+
+    The singular values ``sigma`` of the (uncentred) unit vectors are the square roots of the
+    Gram matrix's eigenvalues (in float64: a float32 Gram's rounding noise ~1e-7 would become
+    singular values ~3e-4 of a rank-deficient cloud); 1 for a cloud collapsed to one point.
+    """
+    ud = u.double() * mask[..., None]
+    gram = ud @ ud.transpose(1, 2)
+    sigma = torch.linalg.eigvalsh(gram).clamp_min(0.0).sqrt()
+    p = sigma / sigma.sum(-1, keepdim=True).clamp_min(NORM_FLOOR)
+    ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+    return torch.exp(ent)
