@@ -30,7 +30,7 @@ MATRIX = [(arch, compat) for arch in testing.HF_ARCHS for compat in (False, True
 
 def all_mlps(adapter, prompt=testing.PROMPTS, side="right"):
     batch = adapter.tokenize(prompt, padding_side=side)
-    return [m for layer in range(adapter.n_layers) for m in cm.compute_layer(adapter, batch, layer)]
+    return [m for row in cm.compute_rows(adapter, batch) for m in row]
 
 
 def assert_exact(mlps):
@@ -108,7 +108,7 @@ def test_head_output_matches_adapter_recomputation_and_model_z():
     """The reference is the model's own z through W_O; it also equals the adapter's head output."""
     adapter = adapter_for("llama")
     la = adapter.attention(testing.PROMPTS[0], layers=[1], reference=True)[1]
-    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=3)
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layers=1, heads=3)[1, 3]
     own = la.head_outputs([3])[0, :, 0]
     for pos in mlp.positions:
         assert (mlp.output(pos) - own[pos]).abs().max() <= EXACT_TOL
@@ -119,7 +119,7 @@ def test_head_output_matches_adapter_recomputation_and_model_z():
 def test_naive_per_neuron_loop_agrees(arch):
     """Explicit (a_i, b_i, c_i) one neuron at a time == the vectorised evaluation, at the real
     query input and at random ones (soft-cap on gemma2, ALiBi on bloom, window on mistral)."""
-    mlp = cm.compute(adapter_for(arch), testing.PROMPTS[1], layer=1, head=1)
+    mlp = cm.compute(adapter_for(arch), testing.PROMPTS[1], layers=1, heads=1)[1, 1]
     gen = torch.Generator().manual_seed(0)
     for pos in (0, 3, mlp.n_pos - 1):
         n = mlp.neurons(pos)
@@ -134,7 +134,7 @@ def test_naive_per_neuron_loop_agrees(arch):
 
 def test_weights_follow_their_definitions():
     adapter = adapter_for("gpt2")
-    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=0, head=2)
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layers=0, heads=2)[0, 2]
     la = adapter.attention(testing.PROMPTS[0], layers=[0])[0]
     pos = 5
     n = mlp.neurons(pos)
@@ -149,19 +149,19 @@ def test_weights_follow_their_definitions():
 def test_rotary_incoming_weights_depend_on_the_destination():
     """b_i for a fixed source changes with the query position on rotary models only."""
     for arch, rotary in (("llama", True), ("gpt2", False)):
-        mlp = cm.compute(adapter_for(arch), testing.PROMPTS[0], layer=0, head=0)
+        mlp = cm.compute(adapter_for(arch), testing.PROMPTS[0], layers=0, heads=0)[0, 0]
         b4, b8 = mlp.neurons(4).b[2], mlp.neurons(8).b[2]
         assert (not torch.allclose(b4, b8, atol=1e-4)) == rotary, arch
 
 
 def test_window_limits_the_neurons():
-    mlp = cm.compute(adapter_for("mistral"), testing.PROMPTS[1], layer=0, head=0)
+    mlp = cm.compute(adapter_for("mistral"), testing.PROMPTS[1], layers=0, heads=0)[0, 0]
     last = mlp.positions[-1]
     assert mlp.sources(last).tolist() == list(range(last - testing.WINDOW + 1, last + 1))
 
 
 def test_incoming_all_matches_per_destination_neurons():
-    mlp = cm.compute(adapter_for("phi"), testing.PROMPTS[0], layer=1, head=0)
+    mlp = cm.compute(adapter_for("phi"), testing.PROMPTS[0], layers=1, heads=0)[1, 0]
     b_all, c_all = mlp.incoming_all()
     assert b_all.shape == (mlp.n_pos, mlp.n_pos, mlp.d_model)
     for pos in (0, 4, mlp.n_pos - 1):
@@ -191,7 +191,7 @@ def test_a_wrong_rotary_frame_is_refused():
 
 # ------------------------------------------------------------------ counterfactual queries
 def test_counterfactual_at_the_real_input_is_the_real_output():
-    mlp = cm.compute(adapter_for("qwen2"), testing.PROMPTS[1], layer=1, head=2)
+    mlp = cm.compute(adapter_for("qwen2"), testing.PROMPTS[1], layers=1, heads=2)[1, 2]
     for pos in mlp.positions:
         ev = mlp.evaluate(mlp.x[pos], pos)
         assert (ev.outputs[0] - mlp.reference_output[pos]).abs().max() <= EXACT_TOL
@@ -199,7 +199,7 @@ def test_counterfactual_at_the_real_input_is_the_real_output():
 
 
 def test_batch_and_chunked_evaluation_agree():
-    mlp = cm.compute(adapter_for("gptj"), testing.PROMPTS[0], layer=1, head=1)
+    mlp = cm.compute(adapter_for("gptj"), testing.PROMPTS[0], layers=1, heads=1)[1, 1]
     xs = torch.randn(37, mlp.d_model, generator=torch.Generator().manual_seed(1))
     whole, chunked = mlp.evaluate(xs, 6), mlp.evaluate(xs, 6, chunk_size=5)
     assert torch.allclose(whole.outputs, chunked.outputs, atol=ROUTE_TOL)
@@ -211,7 +211,7 @@ def test_batch_and_chunked_evaluation_agree():
 
 def test_token_and_vocabulary_queries():
     adapter = adapter_for("gpt2")
-    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=0)
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layers=1, heads=0)[1, 0]
     ids = [5, 17, 300]
     ev = mlp.evaluate_tokens(adapter, ids, position=7)
     vocab = mlp.evaluate_vocab(adapter, position=7, chunk_size=100)
@@ -231,7 +231,7 @@ def test_written_tokens_are_the_logit_lens_of_a_direction(arch):
     """direction_logits(a) + unembed(final_norm(0)) is exactly the model's logit lens of a (the
     bias part dropped), and it depends only on a's direction."""
     adapter = adapter_for(arch)
-    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=1)
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layers=1, heads=1)[1, 1]
     a = mlp.outgoing[:4]
     lens = adapter.logit_lens(a)
     zero = adapter.unembed(adapter.final_norm(torch.zeros(1, adapter.d_model)))
@@ -246,7 +246,7 @@ def test_written_tokens_are_the_logit_lens_of_a_direction(arch):
 
 def test_read_tokens_use_incoming_weights_against_embeddings():
     adapter = adapter_for("llama")
-    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=0)
+    mlp = cm.compute(adapter, testing.PROMPTS[0], layers=1, heads=0)[1, 0]
     pos = 6
     r = mlp.read_tokens(adapter, pos, k=3, normalise="none")
     n = mlp.neurons(pos)
@@ -256,7 +256,7 @@ def test_read_tokens_use_incoming_weights_against_embeddings():
 
 
 def test_importance_and_winner():
-    mlp = cm.compute(adapter_for("gpt2"), testing.PROMPTS[0], layer=1, head=3)
+    mlp = cm.compute(adapter_for("gpt2"), testing.PROMPTS[0], layers=1, heads=3)[1, 3]
     n = mlp.neurons(6)
     assert torch.allclose(mlp.importance(6), n.activations * n.a.norm(dim=-1))
     assert mlp.winner(6) == n.winner == int(mlp.reference_pattern[6].argmax())
@@ -267,7 +267,7 @@ def test_importance_and_winner():
 
 # ------------------------------------------------------------------ growth
 def test_growth_counts_neurons_and_splits_the_output():
-    mlp = cm.compute(adapter_for("gpt2"), testing.PROMPTS[1], layer=1, head=0)
+    mlp = cm.compute(adapter_for("gpt2"), testing.PROMPTS[1], layers=1, heads=0)[1, 0]
     g = cm.growth(mlp, prompt_length=5)
     assert g.positions[0] == 4 and g.n_new[0] == 0 and g.new_attention[0] == 0
     assert g.n_neurons.tolist() == [p + 1 for p in g.positions]
@@ -295,17 +295,42 @@ def test_attach_collects_during_own_forward_and_removes_its_hooks():
     adapter = adapter_for("llama")
     batch = adapter.tokenize(list(testing.PROMPTS))
     before = {name: len(point.fwd_hooks) for name, point in adapter.model.hook_dict.items()}
-    with cm.attach(adapter, layers=[0, 1], heads=[1], batch=batch, reference=True) as mlps:
+    with cm.attach(adapter, layers=[0, 1], heads=[1], batch=batch, reference=True) as collector:
         adapter.forward(batch)
     after = {name: len(point.fwd_hooks) for name, point in adapter.model.hook_dict.items()}
     assert before == after
+    mlps = collector.mlps
     assert [(m.layer, m.row) for m in mlps] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert mlps[1].str_tokens == tuple(adapter.str_tokens(batch, 1))
     assert_exact(mlps)
+    second = collector.result(row=1)
+    assert isinstance(second, cm.ContextualMLPs) and second.keys() == [(0, 1), (1, 1)]
+    direct = cm.compute(adapter, batch, layers=[0, 1], heads=1, row=1)
+    assert torch.equal(second[1, 1].pattern(), direct[1, 1].pattern())
+    with pytest.raises(TLDynamicsError, match=r"row 2 was not collected; collected rows: \[0, 1\]"):
+        collector.result(row=2)
+
+
+def test_compute_selects_heads_in_every_layer_and_tabulates_each_destination():
+    adapter = adapter_for("llama")
+    res = cm.compute(adapter, testing.PROMPTS[0], layers=[0, 1], heads=2)
+    assert res.keys() == [(0, 2), (1, 2)] and len(res) == 2 and res.mlp(0, 2) is res[0, 2]
+    df = res.to_dataframe()
+    assert len(df) == sum(len(m.positions) for m in res)
+    for m in res:
+        part = df[(df.layer == m.layer) & (df["head"] == m.head)]
+        for pos, winner, imp in zip(part.position, part.winner, part.winner_importance):
+            assert winner == m.winner(pos)
+            assert imp == pytest.approx(float(m.importance(pos).max()), rel=1e-6)
+    assert (df.output_error <= EXACT_TOL).all() and (df.pattern_error <= EXACT_TOL).all()
+    with pytest.raises(TLDynamicsError, match=r"no contextual MLP for layer 1, head 0.*\[\(0, 2\), \(1, 2\)\]"):
+        res[1, 0]
+    with pytest.raises(TypeError):
+        cm.compute(adapter, "x", 0, 2)
 
 
 def test_save_and_load_round_trip(tmp_path):
-    mlp = cm.compute(adapter_for("phi"), testing.PROMPTS[0], layer=1, head=2)
+    mlp = cm.compute(adapter_for("phi"), testing.PROMPTS[0], layers=1, heads=2)[1, 2]
     back = cm.ContextualMLP.load(mlp.save(tmp_path / "mlp.pt"))
     assert (back.layer, back.head, back.str_tokens, back.frame.style) == \
         (mlp.layer, mlp.head, mlp.str_tokens, "half")
@@ -317,7 +342,8 @@ def test_save_and_load_round_trip(tmp_path):
 
 def test_views_are_viz_components():
     adapter = adapter_for("gpt2")
-    mlp = cm.compute(adapter, testing.PROMPTS[0], layer=1, head=0)
+    res = cm.compute(adapter, testing.PROMPTS[0], layers=1)
+    mlp = res[1, 0]
     whole, one = mlp.show(), mlp.show(5)
     assert [c.name for c in whole.components] == ["TextNeuronActivations", "TopkTokens"]
     assert whole.components[0].props["activations"].shape == (mlp.n_pos, 1, mlp.n_pos)
@@ -325,6 +351,10 @@ def test_views_are_viz_components():
     assert mlp.written_tokens(adapter, k=3).show().name == "TopkTokens"
     assert mlp.evaluate_tokens(adapter, [3, 4], 5).show().name == "TopkTokens"
     assert mlp.neurons(5).show().name is None  # an escaped HTML table
+    shown = res.show()  # the most decisive head, then every head's exactness
+    decisive = res.decisive()
+    assert shown.components[0].props["firstDimensionLabels"] == [f"L1H{decisive.head}"]
+    assert shown.components[-1].html.count("<tr") == 1 + adapter.n_heads  # header + one per head
 
 
 def test_report_section_adds_one_section():
@@ -342,12 +372,12 @@ def test_report_section_adds_one_section():
 # ------------------------------------------------------------------ errors
 def test_bad_requests_give_clear_errors():
     adapter = adapter_for("gpt2")
-    mlp = cm.compute(adapter, list(testing.PROMPTS), layer=0, head=0, row=0)
+    mlp = cm.compute(adapter, list(testing.PROMPTS), layers=0, heads=0, row=0)[0, 0]
     n = mlp.n_pos
     cases = [
-        (lambda: cm.compute(adapter, "x", layer=5, head=0), r"layer 5 is out of range.*valid: 0\.\.1"),
-        (lambda: cm.compute(adapter, "x", layer=0, head=9), r"head 9 in layer 0 is out of range.*0\.\.3"),
-        (lambda: cm.compute(adapter, "x", layer=0, head=0, row=2), r"row 2 is out of range.*valid: 0\.\.0"),
+        (lambda: cm.compute(adapter, "x", layers=5, heads=0), r"layer 5 is out of range.*valid: 0\.\.1"),
+        (lambda: cm.compute(adapter, "x", layers=0, heads=9), r"head 9 is out of range.*0\.\.3"),
+        (lambda: cm.compute(adapter, "x", layers=0, heads=0, row=2), r"row 2 is out of range.*valid: 0\.\.0"),
         (lambda: mlp.neurons(n), rf"position {n} is out of range.*valid: 0\.\.{n - 1}"),
         (lambda: mlp.neurons(n - 1), r"position .* is padding.*valid destinations"),
         (lambda: mlp.neurons(1.5), r"position must be an int, got 1\.5"),
@@ -366,9 +396,9 @@ def test_bad_requests_give_clear_errors():
             call()
     bert = adapter_for("bert")
     with pytest.raises(TLDynamicsError, match="needs a decoder language model"):
-        cm.compute(bert, "x = 1", 0, 0).written_tokens(bert)
+        cm.compute(bert, "x = 1", layers=0, heads=0)[0, 0].written_tokens(bert)
     with pytest.raises(TLDynamicsError, match="needs a causal head"):
-        cm.growth(cm.compute(bert, "x = 1", 0, 0), 1)
+        cm.growth(cm.compute(bert, "x = 1", layers=0, heads=0)[0, 0], 1)
 
 
 # ------------------------------------------------------------------ ground truth: induction
@@ -406,7 +436,7 @@ def test_induction_head_winner_is_the_token_after_the_earlier_copy():
     adapter = ModelAdapter(model)
     batch, period = _repeated_prompt(adapter)
     second = range(1 + period, 1 + 2 * period)  # positions of the second copy
-    mlps = cm.compute_layer(adapter, batch, layer=1)
+    mlps = list(cm.compute(adapter, batch, layers=1))
 
     def induction_score(m):  # attention to the token after the earlier copy
         return float(sum(m.reference_pattern[t, t - period + 1] for t in second)) / period

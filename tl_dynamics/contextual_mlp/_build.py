@@ -1,4 +1,9 @@
-"""Entry points: ``compute`` (one call), ``compute_layer`` and ``attach`` (during your own runs)."""
+"""Entry points: ``compute`` (one prompt row), ``compute_rows`` (every row of a batch in one
+forward pass), ``attach`` (during your own runs) and ``from_layer`` (one head of a captured layer).
+
+``layers`` and ``heads`` follow the one convention of every analysis (``docs/developing.md``):
+an index, a list of them, or None (all); the heads are taken in every selected layer.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,15 @@ import torch
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
 from tl_dynamics.contextual_mlp._frame import RotaryFrame, build_frames, check_inputs, cos_sin_hooks
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
+from tl_dynamics.contextual_mlp._mlps import ContextualMLPs
 from tl_dynamics.errors import TLDynamicsError
 
 
+def _check_row(row: int, n_rows: int) -> int:
+    if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < n_rows:
+        raise TLDynamicsError(f"row {row!r} is out of range: the batch has {n_rows} rows "
+                              f"(valid: 0..{n_rows - 1})")
+    return row
 
 
 def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 0,
@@ -20,14 +31,14 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
                str_tokens: Sequence[str] | None = None) -> ContextualMLP:
     """Build one head's ``ContextualMLP`` from a captured layer (``inputs=True`` needed).
 
-    ``frame`` is the row's verified rotary frame (from ``build_frames``); required for rotary
-    layers. With ``reference=True`` captures the result can check its own exactness.
+    For those who capture layers themselves (``adapter.capture``/``attention``); ``compute`` and
+    ``attach`` do this for you. ``frame`` is the row's verified rotary frame (from
+    ``build_frames``); required for rotary layers. With ``reference=True`` captures the result
+    can check its own exactness.
     """
     head = adapter.check_head(head, la.layer)
     n_batch, n_pos = la.q.shape[:2]
-    if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < n_batch:
-        raise TLDynamicsError(f"row {row!r} is out of range: the batch has {n_batch} rows "
-                              f"(valid: 0..{n_batch - 1})")
+    row = _check_row(row, n_batch)
     check_inputs(adapter, la)
     if frame is None:
         if la.spec.rotary != "none":
@@ -56,86 +67,149 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
         query_norm=adapter.query_norm(la.layer))
 
 
-def _layer_mlps(adapter: ModelAdapter, la: LayerAttention, heads: list[int], captured: dict,
-                batch: Batch | None) -> list[ContextualMLP]:
-    key_valid = batch.key_valid if batch is not None else la.allowed.any(dim=1)
-    frames = build_frames(adapter, la, key_valid, captured)
-    out = []
-    for row in range(la.q.shape[0]):
-        names = adapter.str_tokens(batch, row) if batch is not None else None
-        for head in heads:
-            out.append(from_layer(adapter, la, head, row, frames[row],
-                                  None if batch is None else batch.tokens, names))
-    return out
+class ContextualMLPCollector:
+    """What ``attach`` yields: builds the MLPs of the selected heads on every forward pass run
+    while attached (of the rows ``rows``, every row when None).
+
+    ``result(row, forward_pass)`` is a ``ContextualMLPs`` like ``compute``'s; ``results()`` gives
+    one per row; ``mlps`` everything collected, in collection order (pass, layer, row, head).
+    """
+
+    def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
+                 rows: list[int] | None = None, batch: Batch | None = None,
+                 reference: bool = False):
+        self.adapter, self.layers, self.heads = adapter, layers, heads
+        self.rows, self.batch, self.reference = rows, batch, reference
+        self._captured: dict = {}  # rotary cos/sin the model fires, per (layer, role)
+        self._passes: list[dict[int, dict[tuple[int, int], ContextualMLP]]] = []
+        self._seen: set[int] = set()
+        self._mlps: list[ContextualMLP] = []
+
+    def on_layer(self, la: LayerAttention) -> None:
+        """The capture callback: one layer of one forward pass."""
+        if not self._passes or la.layer in self._seen:
+            self._passes.append({})
+            self._seen = set()
+        self._seen.add(la.layer)
+        batch = self.batch
+        n_batch = la.q.shape[0]
+        rows = list(range(n_batch)) if self.rows is None else [_check_row(r, n_batch) for r in self.rows]
+        key_valid = batch.key_valid if batch is not None else la.allowed.any(dim=1)
+        frames = build_frames(self.adapter, la, key_valid, self._captured)
+        for row in rows:
+            names = self.adapter.str_tokens(batch, row) if batch is not None else None
+            for head in self.heads:
+                mlp = from_layer(self.adapter, la, head, row, frames[row],
+                                 None if batch is None else batch.tokens, names)
+                self._passes[-1].setdefault(row, {})[(la.layer, head)] = mlp
+                self._mlps.append(mlp)
+
+    def hooks(self, stack: ExitStack) -> None:
+        """Enter the hooks that collect (rotary cos/sin, then the per-layer capture) on ``stack``."""
+        adapter = self.adapter
+        stack.enter_context(adapter.hooks(cos_sin_hooks(adapter, self.layers, self._captured)))
+        stack.enter_context(adapter.capture(self.on_layer, self.layers, reference=self.reference,
+                                            inputs=True, batch=self.batch))
+
+    @property
+    def n_passes(self) -> int:
+        """Forward passes seen so far."""
+        return len(self._passes)
+
+    @property
+    def mlps(self) -> tuple[ContextualMLP, ...]:
+        return tuple(self._mlps)
+
+    def result(self, row: int = 0, forward_pass: int = 0) -> ContextualMLPs:
+        """The MLPs of prompt row ``row`` in forward pass ``forward_pass`` (the first by default)."""
+        if not self._passes:
+            raise TLDynamicsError("nothing was collected: run a forward pass inside the attach block")
+        if isinstance(forward_pass, bool) or not isinstance(forward_pass, int) or \
+                not -len(self._passes) <= forward_pass < len(self._passes):
+            raise TLDynamicsError(f"forward_pass {forward_pass!r} is out of range: {len(self._passes)} "
+                                  f"pass(es) were collected")
+        by_row = self._passes[forward_pass]
+        if row not in by_row:
+            raise TLDynamicsError(f"row {row!r} was not collected; collected rows: {sorted(by_row)}")
+        mlps = by_row[row]
+        return ContextualMLPs(architecture=self.adapter.info.architecture, row=row,
+                              str_tokens=next(iter(mlps.values())).str_tokens, mlps=dict(mlps))
+
+    def results(self, forward_pass: int = 0) -> list[ContextualMLPs]:
+        """One ``ContextualMLPs`` per collected row of forward pass ``forward_pass``."""
+        rows = sorted(self._passes[forward_pass]) if self._passes else []
+        return [self.result(row, forward_pass) for row in rows]
 
 
 @contextmanager
-def attach(model: Any, layers: int | Sequence[int] | None = None,
+def attach(model: Any, *, layers: int | Sequence[int] | None = None,
            heads: int | Sequence[int] | None = None, batch: Batch | None = None,
-           reference: bool = False) -> Iterator[list[ContextualMLP]]:
-    """Collect ``ContextualMLP`` objects during every forward pass inside the block.
+           reference: bool = False) -> Iterator[ContextualMLPCollector]:
+    """Build the contextual MLPs of the selected heads during every forward pass in the block.
 
-    Yields a list that fills with one MLP per (forward pass, layer, batch row, head). ``batch``
-    gives tokens (for labels) and the padding mask of inputs you run yourself. Hooks are removed
-    on exit, even on errors.
+    Yields a ``ContextualMLPCollector``: ``collector.result(row=0)`` is a ``ContextualMLPs`` as
+    ``compute`` returns. ``batch`` gives tokens (for labels) and the padding mask of inputs you
+    run yourself. Hooks are removed on exit, even on errors.
 
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
         >>> from tl_dynamics.adapter import ModelAdapter
         >>> ad = ModelAdapter(testing.tiny_model("llama"))
-        >>> with contextual_mlp.attach(ad, layers=1, heads=[0, 2]) as mlps:
+        >>> with contextual_mlp.attach(ad, layers=1, heads=[0, 2]) as collector:
         ...     _ = ad.forward(ad.tokenize("x = 1"))
-        >>> [(m.layer, m.head) for m in mlps]
+        >>> collector.result().keys()
         [(1, 0), (1, 2)]
     """
     adapter = ModelAdapter.of(model)
-    layer_list = adapter.check_layers(layers)
-    head_list = adapter.check_heads(heads)
-    captured: dict = {}
-    collected: list[ContextualMLP] = []
-
-    def on_layer(la: LayerAttention) -> None:
-        collected.extend(_layer_mlps(adapter, la, head_list, captured, batch))
-
+    collector = ContextualMLPCollector(adapter, adapter.check_layers(layers),
+                                       adapter.check_heads(heads), None, batch, reference)
     with ExitStack() as stack:
-        stack.enter_context(adapter.hooks(cos_sin_hooks(adapter, layer_list, captured)))
-        stack.enter_context(adapter.capture(on_layer, layer_list, reference=reference, inputs=True,
-                                            batch=batch))
-        yield collected
+        collector.hooks(stack)
+        yield collector
 
 
-def compute_layer(model: Any, prompt: Prompt | Batch, layer: int,
-                  heads: int | Sequence[int] | None = None, reference: bool = True,
-                  padding_side: str = "right") -> list[ContextualMLP]:
-    """Every asked head of ``layer`` on every row of ``prompt`` (one forward pass).
-
-    Returns the MLPs in (row, head) order.
-    """
+def _run(model: Any, prompt: Prompt | Batch, layers: int | Sequence[int] | None,
+         heads: int | Sequence[int] | None, rows: list[int] | None, reference: bool,
+         padding_side: str) -> ContextualMLPCollector:
     adapter = ModelAdapter.of(model)
-    adapter.check_layer(layer)
+    layer_list, head_list = adapter.check_layers(layers), adapter.check_heads(heads)
     batch = adapter.tokenize(prompt, padding_side)
-    with attach(adapter, [layer], heads, batch=batch, reference=reference) as mlps:
+    for row in rows or []:
+        _check_row(row, batch.tokens.shape[0])
+    collector = ContextualMLPCollector(adapter, layer_list, head_list, rows, batch, reference)
+    with ExitStack() as stack:
+        collector.hooks(stack)
         adapter.forward(batch)
-    return list(mlps)
+    return collector
 
 
-def compute(model: Any, prompt: Prompt | Batch, layer: int, head: int, row: int = 0,
-            reference: bool = True, padding_side: str = "right") -> ContextualMLP:
-    """One head's contextual MLP on one prompt row.
+def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
+            heads: int | Sequence[int] | None = None, row: int = 0, reference: bool = True,
+            padding_side: str = "right") -> ContextualMLPs:
+    """The contextual MLPs of the selected heads on prompt row ``row`` (one forward pass).
+
+    ``result[layer, head]`` is one head's ``ContextualMLP``; with ``reference`` the model's own
+    head outputs and patterns are kept so each can check its exactness.
 
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
-        >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layer=0, head=1)
+        >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=0, heads=1)[0, 1]
         >>> mlp.exactness().max_output_error < 1e-5
         True
     """
-    adapter = ModelAdapter.of(model)
-    adapter.check_layer(layer)
-    adapter.check_head(head, layer)
-    batch = adapter.tokenize(prompt, padding_side)
-    n_rows = batch.tokens.shape[0]
-    if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < n_rows:
-        raise TLDynamicsError(f"row {row!r} is out of range: the prompt has {n_rows} rows "
-                              f"(valid: 0..{n_rows - 1})")
-    mlps = compute_layer(adapter, batch, layer, [head], reference, padding_side)
-    return mlps[row]
+    return _run(model, prompt, layers, heads, [row], reference, padding_side).result(row)
+
+
+def compute_rows(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
+                 heads: int | Sequence[int] | None = None, reference: bool = True,
+                 padding_side: str = "right") -> list[ContextualMLPs]:
+    """Like ``compute`` for every row of a batch at once (one forward pass): one
+    ``ContextualMLPs`` per row.
+
+    Example:
+        >>> from tl_dynamics import contextual_mlp, testing
+        >>> rows = contextual_mlp.compute_rows(testing.tiny_model("gpt2"), ["a b c", "d"], layers=1, heads=0)
+        >>> [r.row for r in rows], [len(r[1, 0].positions) for r in rows]  # the second is padded
+        ([0, 1], [4, 2])
+    """
+    return _run(model, prompt, layers, heads, None, reference, padding_side).results()

@@ -9,7 +9,7 @@ attention they take, and the share of the output they carry.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import torch
@@ -17,12 +17,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics import viz
+from tl_dynamics.adapter import ModelAdapter, Prompt
+from tl_dynamics.contextual_mlp._build import compute
+from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.errors import TLDynamicsError
-
-if TYPE_CHECKING:
-    from tl_dynamics.adapter import Prompt
-    from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 
 PROGRESS_MIN = 32  # show a progress bar from this many generated tokens on
 
@@ -59,11 +58,9 @@ class Growth:
             "winner": self.winners.tolist(),
             "winner_token": [self.str_tokens[w] for w in self.winners.tolist()]})
 
-    def show(self):
+    def show(self) -> viz.Component:
         """The text, each destination (generation step) coloured by the new neurons' shares and
         the neuron count (``colored_tokens_multi``: pick the value to colour by)."""
-        from tl_dynamics import viz
-
         values = torch.zeros(len(self.str_tokens), 4)
         rows = torch.tensor(self.positions)
         values[rows] = torch.stack([self.new_attention, self.new_importance_share,
@@ -76,13 +73,13 @@ class Growth:
                     f"generated token (prompt: the first {self.prompt_length} tokens)")
 
 
-def growth(mlp: "ContextualMLP", prompt_length: int) -> Growth:
+def growth(mlp: ContextualMLP, prompt_length: int) -> Growth:
     """Growth statistics of ``mlp`` for destinations ``prompt_length - 1`` onwards, counting
     neurons at positions ``>= prompt_length`` as generated.
 
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
-        >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layer=0, head=0)
+        >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=0, heads=0)[0, 0]
         >>> g = contextual_mlp.growth(mlp, prompt_length=3)
         >>> g.n_new[:3].tolist()
         [0, 1, 2]
@@ -118,11 +115,9 @@ def growth(mlp: "ContextualMLP", prompt_length: int) -> Growth:
                   new_output_share=torch.tensor(stats["out"]), winners=torch.tensor(stats["win"]))
 
 
-def generate_growth(model: Any, prompt: "Prompt", layer: int, head: int,
+def generate_growth(model: Any, prompt: Prompt, layer: int, head: int,
                     max_new_tokens: int = 16) -> Growth:
     """Generate greedily from ``prompt`` (one row), then measure the MLP's growth per step."""
-    from tl_dynamics.contextual_mlp._build import compute
-
     adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)
     adapter.check_head(head, layer)
@@ -143,5 +138,5 @@ def generate_growth(model: Any, prompt: "Prompt", layer: int, head: int,
                   leave=False):
         logits = adapter.forward(adapter.tokenize(tokens))
         tokens = torch.cat([tokens, logits[:, -1].argmax(-1, keepdim=True).to(tokens.dtype)], dim=1)
-    mlp = compute(adapter, tokens, layer, head)
+    mlp = compute(adapter, tokens, layers=layer, heads=head)[layer, head]
     return growth(mlp, prompt_length)

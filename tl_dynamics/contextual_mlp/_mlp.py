@@ -12,7 +12,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics.contextual_mlp import _core, _readout
+from tl_dynamics import viz
+from tl_dynamics.contextual_mlp import _core, _readout, _views
 from tl_dynamics.adapter._qknorm import QueryNorm
 from tl_dynamics.contextual_mlp._frame import RotaryFrame
 from tl_dynamics.contextual_mlp._results import Evaluation, Exactness, Neurons
@@ -49,7 +50,7 @@ class ContextualMLP:
 
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
-        >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layer=1, head=0)
+        >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
         >>> n = mlp.neurons(3)                      # the MLP at destination 3: 4 neurons
         >>> n.a.shape, n.b.shape, n.c.shape
         (torch.Size([4, 64]), torch.Size([4, 64]), torch.Size([4]))
@@ -307,9 +308,15 @@ class ContextualMLP:
             state["query_norm"] = QueryNorm(**state["query_norm"])
         return cls(**state)
 
-    def show(self, position: int | None = None):
+    def show(self, position: int | None = None) -> viz.Group:
         """Neurons = source tokens. Without ``position``: every destination's hidden activations
         (``text_neuron_activations``); with it: that destination's neurons and their importance."""
-        from tl_dynamics.contextual_mlp import _views
-
-        return _views.show_mlp(self, position)
+        name = f"L{self.layer}H{self.head}"
+        if position is None:
+            return _views.mlp_view(name, list(self.str_tokens), self.pattern())
+        pos = self.check_position(position)
+        neurons = self.neurons(pos)
+        importance = torch.zeros(self.n_pos)
+        importance[neurons.sources] = neurons.importance
+        return _views.destination_view(name, list(self.str_tokens), pos, importance,
+                                       neurons.to_dataframe())

@@ -17,28 +17,51 @@ The values rank tokens per neuron; how much a neuron actually writes is its impo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import Literal, Protocol, Sequence
 
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from tl_dynamics import viz
+from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.contextual_mlp import _core
 from tl_dynamics.contextual_mlp._results import Evaluation
 from tl_dynamics.errors import TLDynamicsError
-
-if TYPE_CHECKING:
-    from tl_dynamics.adapter import ModelAdapter
-    from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 
 Normalise = Literal["match", "none"]
 VOCAB_CHUNK = 4096
 PROGRESS_MIN = 8  # show a progress bar from this many chunks on
 
 
-def token_inputs(mlp: "ContextualMLP", adapter: "ModelAdapter", tokens: Int[Tensor, " n"],
+class ContextualMLP(Protocol):
+    """What the read-outs use of a ``contextual_mlp.ContextualMLP`` (named by its shape here so
+    that the MLP, which offers these read-outs as methods, and this module import one way only)."""
+
+    layer: int
+    head: int
+    str_tokens: tuple[str, ...]
+    x: Float[Tensor, "pos d_model"]
+    outgoing: Float[Tensor, "pos d_model"]
+    allowed: Bool[Tensor, "pos pos"]
+    bias: Float[Tensor, "pos pos"] | None
+    scale: float
+
+    def check_position(self, position: int) -> int: ...
+
+    def sources(self, position: int) -> Int[Tensor, " src"]: ...
+
+    def query_frame_keys(self, position: int) -> Float[Tensor, "src d_head"]: ...
+
+    def queries(self, x: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_head"]: ...
+
+    def evaluate(self, x: Float[Tensor, "... d_model"], position: int, chunk_size: int = ...,
+                 keep_outputs: bool = ..., labels: list[str] | None = ...) -> Evaluation: ...
+
+
+def token_inputs(mlp: ContextualMLP, adapter: ModelAdapter, tokens: Int[Tensor, " n"],
                  position: int, normalise: Normalise = "match", add_position: bool = True
                  ) -> Float[Tensor, "n d_model"]:
     """Query inputs for ``tokens`` at destination ``position`` (see the module docstring)."""
@@ -58,26 +81,21 @@ def token_inputs(mlp: "ContextualMLP", adapter: "ModelAdapter", tokens: Int[Tens
     return x
 
 
-def token_strings(adapter: "ModelAdapter", ids: Sequence[int]) -> list[str]:
-    tokenizer = adapter.tokenizer
-    return [str(i) for i in ids] if tokenizer is None else [tokenizer.decode([i]) for i in ids]
-
-
-def evaluate_tokens(mlp: "ContextualMLP", adapter: "ModelAdapter", tokens: Sequence[int] | Tensor,
+def evaluate_tokens(mlp: ContextualMLP, adapter: ModelAdapter, tokens: Sequence[int] | Tensor,
                     position: int, normalise: Normalise = "match") -> Evaluation:
     """The MLP of ``position`` on the (normalised) embeddings of ``tokens``."""
     ids = torch.as_tensor(tokens, dtype=torch.long).flatten()
     x = token_inputs(mlp, adapter, ids, position, normalise)
-    return mlp.evaluate(x, position, labels=token_strings(adapter, ids.tolist()))
+    return mlp.evaluate(x, position, labels=adapter.decode(ids))
 
 
-def evaluate_vocab(mlp: "ContextualMLP", adapter: "ModelAdapter", position: int,
+def evaluate_vocab(mlp: ContextualMLP, adapter: ModelAdapter, position: int,
                    normalise: Normalise = "match", chunk_size: int = VOCAB_CHUNK,
                    keep_outputs: bool = False) -> Evaluation:
     """The MLP of ``position`` on every vocabulary token, ``chunk_size`` at a time.
 
     Memory: ``vocab * n_src`` activations (plus ``vocab * d_model`` with ``keep_outputs``).
-    Labels are token ids as strings (decode with ``token_strings`` when needed).
+    Labels are token ids as strings (decode with ``adapter.decode`` when needed).
     """
     vocab = adapter.W_E.shape[0]
     parts = []
@@ -135,10 +153,8 @@ class Readout:
                                  bottom_value=float(self.bottom_values[n, rank])))
         return pd.DataFrame(rows)
 
-    def show(self, max_k: int = 7):
+    def show(self, max_k: int = 7) -> viz.Component:
         """``topk_tokens``: neurons = source tokens, over the union of their top/bottom tokens."""
-        from tl_dynamics import viz
-
         ids = sorted(set(self.top_ids.flatten().tolist()) | set(self.bottom_ids.flatten().tolist()))
         index = {t: j for j, t in enumerate(ids)}
         # A token outside a neuron's top/bottom k sits between its k-th top and k-th bottom value.
@@ -159,7 +175,7 @@ def _topk(values: Tensor, k: int, largest: bool) -> tuple[Tensor, Tensor]:
     return got.values, got.indices
 
 
-def _readout(mlp: "ContextualMLP", adapter: "ModelAdapter", kind: str, position: int | None,
+def _readout(mlp: ContextualMLP, adapter: ModelAdapter, kind: str, position: int | None,
              sources: Tensor, scores: Tensor, k: int) -> Readout:
     top_v, top_i = _topk(scores, k, True)
     bot_v, bot_i = _topk(scores, k, False)
@@ -167,10 +183,10 @@ def _readout(mlp: "ContextualMLP", adapter: "ModelAdapter", kind: str, position:
     return Readout(layer=mlp.layer, head=mlp.head, kind=kind, position=position, sources=sources,
                    source_tokens=tuple(mlp.str_tokens[i] for i in sources.tolist()),
                    top_ids=top_i, top_values=top_v, bottom_ids=bot_i, bottom_values=bot_v,
-                   vocab_strings=dict(zip(ids, token_strings(adapter, ids))))
+                   vocab_strings=dict(zip(ids, adapter.decode(ids))))
 
 
-def direction_logits(adapter: "ModelAdapter", vectors: Float[Tensor, "n d_model"]
+def direction_logits(adapter: ModelAdapter, vectors: Float[Tensor, "n d_model"]
                      ) -> Float[Tensor, "n d_vocab"]:
     """Vectors read as directions through the final normalisation (no bias) and ``W_U``."""
     if adapter.is_encoder:
@@ -181,7 +197,7 @@ def direction_logits(adapter: "ModelAdapter", vectors: Float[Tensor, "n d_model"
     return normed @ adapter.W_U
 
 
-def written_tokens(mlp: "ContextualMLP", adapter: "ModelAdapter", position: int | None = None,
+def written_tokens(mlp: ContextualMLP, adapter: ModelAdapter, position: int | None = None,
                    k: int = 10) -> Readout:
     """Top/bottom tokens each neuron writes (``a_i`` read through the unembedding).
 
@@ -197,7 +213,7 @@ def written_tokens(mlp: "ContextualMLP", adapter: "ModelAdapter", position: int 
     return _readout(mlp, adapter, "writes", position, sources, scores, k)
 
 
-def read_tokens(mlp: "ContextualMLP", adapter: "ModelAdapter", position: int, k: int = 10,
+def read_tokens(mlp: ContextualMLP, adapter: ModelAdapter, position: int, k: int = 10,
                 normalise: Normalise = "match", chunk_size: int = VOCAB_CHUNK) -> Readout:
     """Tokens whose query input switches each neuron of ``position`` on most (and least):
     pre-activation ``b_i . x(tok) + c_i`` over the whole vocabulary, in chunks."""

@@ -8,6 +8,8 @@ import pandas as pd
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_dynamics import viz
+
 
 @dataclass(frozen=True)
 class Neurons:
@@ -48,9 +50,8 @@ class Neurons:
             "a_norm": self.a.norm(dim=-1).tolist(), "b_norm": self.b.norm(dim=-1).tolist(),
             "c": self.c.tolist()})
 
-    def show(self):
-        from tl_dynamics import viz
-
+    def show(self) -> viz.Component:
+        """The neurons' table (an escaped HTML table)."""
         return viz.table(self.to_dataframe(), caption=f"L{self.layer}H{self.head} neurons at "
                          f"destination {self.position}")
 
@@ -87,10 +88,8 @@ class Evaluation:
         df.insert(0, "position", self.position)
         return df
 
-    def show(self, max_k: int = 7):
+    def show(self, max_k: int = 7) -> viz.Component:
         """Each input's activations over the neurons (source tokens), top-k neurons per input."""
-        from tl_dynamics import viz
-
         acts = self.activations.T[None]  # [layers=1, tokens=src, neurons=inputs]
         return viz.topk_tokens([list(self.source_tokens)], [acts], max_k=max_k,
                                first_dimension_name="Head", third_dimension_name="Query input",

@@ -1,0 +1,121 @@
+"""``ContextualMLPs``: what ``compute`` returns, the contextual MLPs of the selected heads on one
+prompt row, keyed by ``(layer, head)``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import pandas as pd
+import torch
+
+from tl_dynamics import viz
+from tl_dynamics.contextual_mlp import _views
+from tl_dynamics.contextual_mlp._mlp import ContextualMLP
+from tl_dynamics.errors import TLDynamicsError
+
+
+@dataclass(frozen=True)
+class ContextualMLPs:
+    """The contextual MLP of every selected head on prompt row ``row``.
+
+    ``result[layer, head]`` (or ``result.mlp(layer, head)``) is one head's ``ContextualMLP``;
+    iterating gives them in ``(layer, head)`` order. ``to_dataframe()`` has one line per layer,
+    head and destination; ``show()`` the most decisive head (``decisive()``) and, where the model's
+    own activations were kept (``reference=True``), every head's exactness.
+
+    Example:
+        >>> from tl_dynamics import contextual_mlp, testing
+        >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
+        >>> res.keys(), res[1, 2].head
+        ([(1, 0), (1, 2)], 2)
+    """
+
+    architecture: str
+    row: int
+    str_tokens: tuple[str, ...]
+    mlps: dict[tuple[int, int], ContextualMLP]
+
+    def __repr__(self) -> str:
+        return (f"ContextualMLPs({self.architecture}, row={self.row}, layers={self.layers}, "
+                f"heads={self.heads}, positions={len(self.str_tokens)})")
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted({layer for layer, _ in self.mlps})
+
+    @property
+    def heads(self) -> list[int]:
+        return sorted({head for _, head in self.mlps})
+
+    def keys(self) -> list[tuple[int, int]]:
+        """The ``(layer, head)`` pairs held, sorted."""
+        return sorted(self.mlps)
+
+    def mlp(self, layer: int, head: int) -> ContextualMLP:
+        """The ``ContextualMLP`` of head ``head`` in layer ``layer``."""
+        found = self.mlps.get((layer, head))
+        if found is None:
+            raise TLDynamicsError(f"no contextual MLP for layer {layer!r}, head {head!r}: computed "
+                                  f"(layer, head) pairs: {self.keys()}")
+        return found
+
+    def __getitem__(self, key: tuple[int, int]) -> ContextualMLP:
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise TLDynamicsError(f"index a ContextualMLPs with [layer, head], got {key!r}; "
+                                  f"computed (layer, head) pairs: {self.keys()}")
+        return self.mlp(*key)
+
+    def __iter__(self) -> Iterator[ContextualMLP]:
+        return iter(self.mlps[key] for key in self.keys())
+
+    def __len__(self) -> int:
+        return len(self.mlps)
+
+    def decisive(self) -> ContextualMLP:
+        """The head whose neurons win most clearly: highest mean top activation over destinations."""
+        def score(m: ContextualMLP) -> float:
+            return float(m.pattern().max(dim=-1).values[m.query_valid].mean())
+        return max(self, key=score)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One line per layer, head and destination: neurons, the winning neuron (its source
+        position, token, activation and importance ``activation * |a_i|``), and, where the
+        references were kept, the errors against the model's own head output and pattern."""
+        frames = []
+        for m in self:
+            pattern = m.pattern()  # [dest, src], zero off the allowed sources
+            importance = pattern * m.outgoing.norm(dim=-1)[None]
+            rows = torch.tensor(m.positions, dtype=torch.long)
+            winners = pattern[rows].argmax(-1)
+            frame = pd.DataFrame({
+                "layer": m.layer, "head": m.head, "position": rows.tolist(),
+                "token": [m.str_tokens[p] for p in m.positions],
+                "n_neurons": m.allowed[rows].sum(-1).tolist(), "winner": winners.tolist(),
+                "winner_token": [m.str_tokens[w] for w in winners.tolist()],
+                "winner_activation": pattern[rows, winners].tolist(),
+                "winner_importance": importance[rows, winners].tolist(),
+                "top_importance": importance[rows].max(-1).values.tolist()})
+            if m.reference_output is not None and m.reference_pattern is not None:
+                exact = m.exactness()
+                frame["output_error"] = exact.output_error.tolist()
+                frame["pattern_error"] = exact.pattern_error.tolist()
+            frames.append(frame)
+        return pd.concat(frames, ignore_index=True)
+
+    def exactness(self) -> pd.DataFrame:
+        """Per head, the largest error over destinations of the explicit MLP against the model's
+        own head output and pattern (needs ``reference=True``)."""
+        return pd.DataFrame([dict(layer=m.layer, head=m.head,
+                                  output_error=m.exactness().max_output_error,
+                                  pattern_error=m.exactness().max_pattern_error) for m in self])
+
+    def show(self) -> viz.Group:
+        """The most decisive head (``decisive()``): every destination's hidden activations and
+        the neurons of the last destination; then every head's exactness where references exist."""
+        mlp = self.decisive()
+        referenced = all(m.reference_output is not None and m.reference_pattern is not None
+                         for m in self)
+        return _views.heads_view([mlp.show(), mlp.show(mlp.positions[-1])],
+                                 self.exactness() if referenced else None, self.layers,
+                                 self.architecture)

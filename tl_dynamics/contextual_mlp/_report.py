@@ -1,0 +1,48 @@
+"""The contextual-MLP section of the ``tl-dynamics report`` page."""
+
+from __future__ import annotations
+
+from tl_dynamics import viz
+from tl_dynamics.adapter import Batch, ModelAdapter
+from tl_dynamics.contextual_mlp._build import compute
+from tl_dynamics.contextual_mlp._readout import written_tokens
+
+TITLE = "Attention as a contextual MLP"
+REPORT_MAX_POSITIONS = 64  # the section reads at most this many leading positions
+WRITTEN_K = 5  # tokens shown per neuron of what it writes
+
+
+def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
+    """Add the contextual-MLP section: the last layer's heads on the first prompt (unpadded, at
+    most ``REPORT_MAX_POSITIONS`` tokens), the most decisive head shown, every head's exactness.
+
+    Where the MLP cannot be built exactly (the weights would be wrong) ``compute`` raises a
+    ``TLDynamicsError`` saying why, and the report page shows that instead of the section.
+
+    Example:
+        >>> from tl_dynamics import contextual_mlp, testing, viz
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> ad, page = ModelAdapter(testing.tiny_model("gpt2")), viz.Page("report")
+        >>> contextual_mlp.report_section(page, ad, ad.tokenize("x = 1"))
+        >>> page.sections[0].title
+        'Attention as a contextual MLP'
+    """
+    layer = adapter.n_layers - 1
+    real = batch.tokens[0][batch.key_valid[0]][:REPORT_MAX_POSITIONS]  # row 0, unpadded
+    result = compute(adapter, adapter.tokenize(real[None]), layers=layer)
+    mlp = result.decisive()
+    items: list[viz.Component] = list(result.show().components)
+    if adapter.is_encoder:
+        items.append(viz.text("What neurons write is not shown: it reads a_i through the "
+                              "unembedding, and an encoder's masked-LM head is not a final "
+                              "normalisation followed by W_U."))
+    else:
+        items.append(written_tokens(mlp, adapter, position=mlp.positions[-1], k=WRITTEN_K).show())
+    incoming = ("incoming weights b_i = c W_Q k_i" if mlp.input_space == "residual" else
+                "incoming weights b_i = c k_i acting on the model's normalised query N(x W_Q + b_Q) "
+                "(this architecture normalises q after its projection)")
+    intro = (f"At each destination a head is a one-hidden-layer MLP whose neurons are the source "
+             f"tokens: outgoing weights a_i = v_i W_O, {incoming}, biases "
+             f"c_i, softmax activation. Shown: layer {layer}, head {mlp.head} (the head whose "
+             f"neurons win most clearly), first row of the batch.")
+    page.add_section(TITLE, items, intro=intro)
