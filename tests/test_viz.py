@@ -1,6 +1,8 @@
 """Views: escaping, embedded JSON, and page structure (no browser needed)."""
 
+import base64
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -30,18 +32,62 @@ def test_canvas_drawn_tokens_are_left_as_text():
 
 def test_embedded_json_cannot_close_the_script():
     text = props_json({"tokens": HOSTILE, "x": float("nan")})
-    assert "</" not in text and "<!--" not in text
-    assert json.loads(text.replace("<\\/", "</").replace("<\\!--", "<!--"))["tokens"] == HOSTILE
-    assert json.loads(text.replace("<\\/", "</"))["x"] is None
+    assert "<" not in text  # every "<" is written \u003c: no "</script" or "<!--" can appear
+    assert json.loads(text)["tokens"] == HOSTILE
+    assert json.loads(text)["x"] is None
 
 
-def test_page_has_bundle_once_and_a_no_network_policy(tmp_path):
+def test_page_has_bundle_once_runtime_once_and_a_no_network_policy(tmp_path):
     page = viz.Page("t <x>")
     page.add_section("s", [viz.colored_tokens(["a"], [1.0]), viz.colored_tokens(["b"], [1.0])])
     html = page.write(tmp_path / "p.html").read_text()
     assert html.count("var CircuitsVis=") == 1  # bundle inlined exactly once
-    assert html.count("CircuitsVis.render(") == 2
+    assert html.count("window.TLD = {}") == 1 and html.count("TLD.start()") == 1
+    assert html.count('class="tld-view"') == 2  # drawn lazily by the runtime, not inline
     assert "default-src 'none'" in html and "<title>t &lt;x&gt;</title>" in html
+
+
+def test_a_page_without_circuitsvis_views_does_not_carry_the_bundle(tmp_path):
+    page = viz.Page("maps")
+    page.add_section("s", [viz.heatmap(np.eye(3)), viz.attention_pattern(["a", "b"], np.eye(2))])
+    assert "var CircuitsVis=" not in page.to_html()
+
+
+def test_large_arrays_travel_compactly_and_decode_exactly():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(40, 3, 7)).astype(np.float32)
+    spec = json.loads(props_json(viz.text_neuron_activations(
+        [f"t{i}" for i in range(40)], values).fragment_spec()))
+    packed = spec["props"]["activations"]
+    assert packed["enc"] == "f32" and packed["shape"] == [40, 3, 7]
+    raw = zlib.decompress(base64.b64decode(packed["z"]))
+    assert np.array_equal(np.frombuffer(raw, "<f4").reshape(40, 3, 7), values)
+
+
+def test_attention_is_quantised_to_bytes_with_a_sqrt_scale():
+    pattern = np.tril(np.ones((100, 100))) / np.arange(1, 101)[:, None]
+    spec = json.loads(props_json(viz.attention_pattern([str(i) for i in range(100)], pattern)
+                                 .fragment_spec()))
+    full = spec["full"]["0"]
+    codes = np.frombuffer(zlib.decompress(base64.b64decode(full["z"])), np.uint8).reshape(100, 100)
+    decoded = full["lo"] + (full["hi"] - full["lo"]) * (codes / 254.0) ** 2
+    assert full["scale"] == "sqrt" and np.abs(decoded - pattern).max() < 1 / 254 * 2
+    assert spec["thumbs"]["shape"] == [1, 48, 48]  # max-pooled thumbnail
+
+
+def test_whitespace_tokens_get_visible_labels():
+    assert viz.visible_token("\n") == "\u23ce" and viz.visible_token("  ") == "\u00b7\u00b7"
+    assert viz.visible_token(" the") == " the"
+    assert viz.colored_tokens(["\n", "\t"], [0.0, 1.0]).props["tokens"] == ["\u23ce", "\u21e5"]
+    html = viz.table(__import__("pandas").DataFrame({"token": ["\n", "    ", "x"]})).html
+    assert "\u23ce" in html and "\u00b7\u00b7\u00b7\u00b7" in html
+
+
+def test_heatmap_checks_its_labels_and_colour_map():
+    with pytest.raises(TLDynamicsError, match="heatmap: 1 row labels for 2 rows"):
+        viz.heatmap(np.zeros((2, 2)), row_labels=["a"])
+    with pytest.raises(TLDynamicsError, match="cmap 'jet'; valid"):
+        viz.heatmap(np.zeros((2, 2)), cmap="jet")
 
 
 def test_shape_errors_name_both_sides():

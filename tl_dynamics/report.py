@@ -1,66 +1,152 @@
 """The main job: one standalone offline HTML page about a model on a prompt.
 
-Each analysis package that is installed adds its section through ``report_section(page,
-adapter, batch)``; the page always starts with every layer's attention patterns.
+The page opens with every layer's attention (per-head statistics as layer x head maps, a
+thumbnail of every head, full patterns for the heads singled out), then one section per analysis
+from the explicit registry ``SECTIONS``. A section that does not apply to a model raises
+``TLDynamicsError``; this module writes the one "Not shown for this model: reason" message.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+import torch
 
 from tl_dynamics import viz
+from tl_dynamics._heads import EXPLAINED, STATISTICS, HeadSummaries
 from tl_dynamics.adapter import Batch, ModelAdapter
+from tl_dynamics.circuits import report_section as circuits_section
+from tl_dynamics.contextual_mlp import report_section as contextual_mlp_section
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.odds_ratio import report_section as odds_ratio_section
+from tl_dynamics.particles import report_section as particles_section
+from tl_dynamics.trajectories import report_section as trajectories_section
 
 log = logging.getLogger(__name__)
 
-# Analysis packages, in page order; each may define report_section(page, adapter, batch).
-SECTIONS = ("tl_dynamics.circuits", "tl_dynamics.odds_ratio", "tl_dynamics.contextual_mlp",
-            "tl_dynamics.trajectories", "tl_dynamics.particles")
+SectionFn = Callable[[viz.Page, ModelAdapter, Batch], None]
+# The analyses, in page order: (name, report_section). Nothing is looked up at run time.
+SECTIONS: tuple[tuple[str, SectionFn], ...] = (
+    ("circuits", circuits_section),
+    ("odds_ratio", odds_ratio_section),
+    ("contextual_mlp", contextual_mlp_section),
+    ("trajectories", trajectories_section),
+    ("particles", particles_section),
+)
 DEFAULT_PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
+MATH_DOC = Path(__file__).resolve().parent.parent / "docs" / "math.md"
+ATTENTION_INTRO = (
+    "How each head spreads its attention over earlier tokens. The maps give one number per head "
+    "(rows: layers, columns: heads); the grid shows every head's pattern as a thumbnail "
+    "(destination token down, source token across, darker = more weight); click one to see it "
+    "large, with tokens on hover. Patterns are recomputed exactly from the model's own queries "
+    "and keys (scale, rotary, grouped heads, masks and soft-caps as the model scores).")
 
 
-def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Every layer's attention patterns, heads side by side."""
-    tokens = adapter.str_tokens(batch)
-    items = []
-    for layer, la in adapter.attention(batch).items():
-        pattern = la.pattern()[0]
-        names = [f"L{layer}H{h}" for h in range(adapter.n_heads)]
-        items.append(viz.attention_heads(pattern, tokens, names, caption=f"Layer {layer}",
-                                         mask_upper_tri=la.spec.causal))
-    page.add_section("Attention patterns", items,
-                     intro="Recomputed exactly from the model's own queries and keys "
-                           "(scale, rotary, grouped heads, masks and soft-caps as the model scores).")
+def _head_list(heads: Sequence[tuple[int, int]] | None, adapter: ModelAdapter) -> set[tuple[int, int]]:
+    out = set()
+    for layer, head in heads or ():
+        out.add((adapter.check_layer(layer), adapter.check_head(head, layer=layer)))
+    return out
 
 
-def build_report(model: Any, prompt: str = DEFAULT_PROMPT, label: str = "",
-                 sections: tuple[str, ...] = SECTIONS,
-                 progress: Callable[[str], None] | None = None) -> viz.Page:
-    """Build the report page for ``model`` on ``prompt`` (see ``write_report``)."""
-    adapter = ModelAdapter(model)
+def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
+                      layers: Sequence[int] | None = None,
+                      heads: Sequence[tuple[int, int]] | None = None) -> None:
+    """Per-head statistics, thumbnails of every head, full patterns for the heads singled out
+    (and for ``heads``, ``(layer, head)`` pairs), streamed one layer at a time."""
+    chosen = adapter.check_layers(layers)
+    forced = _head_list(heads, adapter)
+    valid = batch.key_valid[0]
+    tokens = [t for t, keep in zip(adapter.str_tokens(batch), valid.tolist()) if keep]
+    ids = batch.tokens[0][valid]
+    summary = HeadSummaries(adapter.n_heads, len(tokens), forced)
+    causal = [True]
+
+    def on_layer(la: Any) -> None:
+        pattern = la.pattern()[0][:, valid][:, :, valid].float()
+        allowed = la.allowed[0][valid][:, valid]
+        causal[0] = causal[0] and bool(la.spec.causal)
+        summary.add_layer(la.layer, pattern, allowed, ids)
+
+    with torch.no_grad(), adapter.capture(on_layer, layers=chosen, batch=batch):
+        adapter.forward(batch)
+    rows = [f"L{layer}" for layer in summary.layers]
+    cols = [f"H{h}" for h in range(adapter.n_heads)]
+    maps = []
+    for name in STATISTICS:
+        values = summary.matrix(name)
+        if not torch.isfinite(torch.as_tensor(values)).any():
+            continue
+        maps.append(viz.heatmap(values, rows, cols, title=name.replace("_", " "), row_title="layer",
+                                col_title="head", value_name=name, min_value=0.0, max_value=1.0,
+                                cmap="viridis", caption=f"{name}: {EXPLAINED[name]}"))
+    full = summary.full_patterns()
+    index = {key: i for i, key in enumerate((layer, h) for layer in summary.layers
+                                              for h in range(adapter.n_heads))}
+    picked = summary.singled_out()
+    first = picked.get("previous_token") or next(iter(full), (summary.layers[0], 0))
+    names = [f"L{layer}H{h}" for layer, h in index]
+    grid = viz.attention_grid(summary.thumbs, {index[k]: p for k, p in full.items()}, tokens, names,
+                              columns=adapter.n_heads, row_names=rows, selected=index[first],
+                              mask_upper_tri=causal[0],
+                              caption=f"{len(names)} heads; full patterns kept for {len(full)}")
+    singled = "; ".join(f"{name.replace('_', ' ')}: L{k[0]}H{k[1]}" for name, k in picked.items())
+    items: list[Any] = [viz.group(*maps, caption="Per-head statistics", row=True), grid]
+    if singled:
+        items.append(viz.text(f"Top head of each statistic: {singled}."))
+    page.add_section("Attention patterns", items, intro=ATTENTION_INTRO, math=_math_ref("1.4"))
+
+
+def _math_ref(number: str) -> str:
+    return f"docs/math.md §{number}" if MATH_DOC.exists() else ""
+
+
+def unknown_token_warning(adapter: ModelAdapter, batch: Batch) -> str | None:
+    """A warning when the prompt has tokens the tokenizer did not know (its ``unk`` token)."""
+    tok = adapter.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    special = {getattr(tok, f"{k}_token_id", None) for k in ("bos", "eos", "pad")}
+    if unk is None or unk in special:
+        return None
+    count = int((batch.tokens[0][batch.key_valid[0]] == unk).sum())
+    if not count:
+        return None
+    return (f"{count} of the prompt's {int(batch.key_valid[0].sum())} tokens are unknown to this "
+            f"model's tokenizer (shown as {tok.unk_token!r}): use characters it knows.")
+
+
+def build_report(model: Any, prompt: Any = DEFAULT_PROMPT, label: str = "",
+                 sections: Sequence[tuple[str, SectionFn]] = SECTIONS,
+                 progress: Callable[[str], None] | None = None,
+                 layers: Sequence[int] | None = None,
+                 heads: Sequence[tuple[int, int]] | None = None) -> viz.Page:
+    """Build the report page for ``model`` on ``prompt`` (a string or token ids; see
+    ``write_report``); ``layers`` and ``heads`` focus the attention section."""
+    adapter = ModelAdapter.of(model)
+    _head_list(heads, adapter)
+    adapter.check_layers(layers)
     batch = adapter.tokenize(prompt)
     info = adapter.info
+    shown = prompt if isinstance(prompt, str) else " ".join(str(int(i)) for i in batch.tokens[0])
     page = viz.Page(f"tl_dynamics report: {label or info.architecture}", meta=[
         ("model", label or info.architecture), ("architecture", info.architecture),
         ("host", f"{info.host} (TransformerLens {info.tl_version}"
                  f"{', compatibility mode' if info.compat else ''})"),
         ("shape", f"{adapter.n_layers} layers, {adapter.n_heads} heads "
                   f"({adapter.n_kv_heads} key/value heads), d_model {adapter.d_model}"),
-        ("prompt", f"{prompt!r} ({batch.tokens.shape[1]} tokens)")])
-    steps: list[tuple[str, Callable[..., None]]] = [("attention", attention_section)]
-    for module_name in sections:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        if hasattr(module, "report_section"):
-            steps.append((module_name.rsplit(".", 1)[-1], module.report_section))
+        ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)")],
+        math_href=MATH_DOC.as_uri() if MATH_DOC.exists() else "")
+    warning = unknown_token_warning(adapter, batch)
+    if warning:
+        page.warnings.append(warning)
+        (progress or log.warning)(f"warning: {warning}")
+    steps: list[tuple[str, Callable[..., None]]] = [
+        ("attention", lambda p, a, b: attention_section(p, a, b, layers, heads)), *sections]
     failed: list[str] = []
     for name, section in steps:
         start = time.perf_counter()
@@ -69,23 +155,31 @@ def build_report(model: Any, prompt: str = DEFAULT_PROMPT, label: str = "",
         try:
             section(page, adapter, batch)
         except TLDynamicsError as exc:  # e.g. not applicable to this architecture
-            page.add_section(name, [viz.text(f"Not shown for this model: {exc}")])
+            page.add_section(name.replace("_", " "), [viz.text(f"Not shown for this model: {exc}")])
         except Exception as exc:  # a bug in one section must not cost the whole page
             log.exception("report section %s failed", name)
             failed.append(name)
-            page.add_section(name, [viz.text(f"This section failed: {type(exc).__name__}: {exc}")])
+            page.add_section(name.replace("_", " "),
+                             [viz.text(f"This section failed: {type(exc).__name__}: {exc}")])
         if progress:
             progress(f"section {name} done in {time.perf_counter() - start:.1f} s")
     page.failed_sections = failed
     return page
 
 
-def write_report(out: str | os.PathLike, model: Any, prompt: str = DEFAULT_PROMPT,
-                 label: str = "", progress: Callable[[str], None] | None = None) -> Path:
+def _clip(text: str, limit: int = 400) -> str:
+    return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
+
+
+def write_report(out: str | os.PathLike, model: Any, prompt: Any = DEFAULT_PROMPT,
+                 label: str = "", progress: Callable[[str], None] | None = None,
+                 layers: Sequence[int] | None = None,
+                 heads: Sequence[tuple[int, int]] | None = None) -> Path:
     """Write the standalone offline report page; returns its path.
 
     Example:
         >>> from tl_dynamics import testing, report
         >>> report.write_report("/tmp/r.html", testing.tiny_model("gpt2"), "x = 1")  # doctest: +SKIP
     """
-    return build_report(model, prompt, label, progress=progress).write(out)
+    return build_report(model, prompt, label, progress=progress, layers=layers,
+                        heads=heads).write(out)

@@ -3,12 +3,14 @@
 The only part of tl_dynamics that imports circuitsvis (lazily, for its browser bundle).
 """
 
-from tl_dynamics.viz._builders import (attention_heads, attention_pattern, colored_tokens,
-                                       colored_tokens_multi, figure, table, text,
-                                       text_neuron_activations, topk_tokens)
-from tl_dynamics.viz._component import Component, Group, escape_tokens, group, html_escape
+from tl_dynamics.viz._builders import (attention_grid, attention_heads, attention_pattern,
+                                       colored_tokens, colored_tokens_multi, figure, heatmap,
+                                       table, text, text_neuron_activations, topk_tokens)
+from tl_dynamics.viz._component import (Component, Group, escape_tokens, group, html_escape,
+                                        visible_token)
 from tl_dynamics.viz._page import Page, Section
 
-__all__ = ["Component", "Group", "Page", "Section", "attention_heads", "attention_pattern",
-           "colored_tokens", "colored_tokens_multi", "escape_tokens", "figure", "group",
-           "html_escape", "table", "text", "text_neuron_activations", "topk_tokens"]
+__all__ = ["Component", "Group", "Page", "Section", "attention_grid", "attention_heads",
+           "attention_pattern", "colored_tokens", "colored_tokens_multi", "escape_tokens", "figure",
+           "group", "heatmap", "html_escape", "table", "text", "text_neuron_activations",
+           "topk_tokens", "visible_token"]

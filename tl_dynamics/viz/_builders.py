@@ -3,9 +3,10 @@
 circuitsvis inserts token strings as raw HTML in ColoredTokens, ColoredTokensMulti, TopkTokens
 and TextNeuronActivations, so those builders escape them. Labels and dimension names are React
 text there (escaping them would show ``&lt;``), so they pass as they are. AttentionHeads and AttentionPattern
-draw tokens on a canvas (chart.js axis labels), where text is never parsed as HTML: escaping
-there would display ``&lt;BOS&gt;``, so their tokens are passed as they are (checked in the
-browser tests: hostile tokens neither execute nor break the page, and read as written).
+(and ``heatmap``, ``attention_grid``) are drawn by the page's own runtime on canvases, with
+labels set as text, never parsed as HTML: escaping there would display ``&lt;BOS&gt;``, so their
+tokens are passed as they are (checked in the browser tests: hostile tokens neither execute nor
+break the page, and read as written). Every token label shows whitespace (``visible_token``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.viz._component import Component, escape_tokens, html_escape
+from tl_dynamics.viz._component import Component, escape_tokens, html_escape, visible_token
 
 
 def _array(values: Any, ndim: int, what: str) -> np.ndarray:
@@ -44,7 +45,7 @@ def attention_heads(attention: Any, tokens: Sequence[str], head_names: Sequence[
     if names is not None and len(names) != arr.shape[0]:
         raise TLDynamicsError(f"{len(names)} head names for {arr.shape[0]} heads")
     return Component("AttentionHeads", dict(
-        attention=arr, tokens=[str(t) for t in tokens], attentionHeadNames=names,
+        attention=arr, tokens=[visible_token(t) for t in tokens], attentionHeadNames=names,
         maxValue=max_value, minValue=min_value, maskUpperTri=mask_upper_tri), caption=caption)
 
 
@@ -53,7 +54,7 @@ def attention_pattern(tokens: Sequence[str], attention: Any, caption: str = "",
     """One ``[dest, src]`` pattern (AttentionPattern)."""
     arr = _array(attention, 2, "attention")
     _check_tokens(tokens, arr.shape[-1], "attention_pattern")
-    return Component("AttentionPattern", dict(tokens=[str(t) for t in tokens], attention=arr,
+    return Component("AttentionPattern", dict(tokens=[visible_token(t) for t in tokens], attention=arr,
                                               **_camel(options)), caption=caption)
 
 
@@ -135,6 +136,63 @@ def figure(fig: Any, caption: str = "", close: bool = True) -> Component:
                           f'src="data:image/png;base64,{data}">', caption=caption)
 
 
+def heatmap(values: Any, row_labels: Sequence[str] | None = None,
+            col_labels: Sequence[str] | None = None, title: str = "", row_title: str = "row",
+            col_title: str = "column", value_name: str = "value", min_value: float | None = None,
+            max_value: float | None = None, cmap: str | None = None,
+            mask_upper_tri: bool = False, caption: str = "") -> Component:
+    """A ``[rows, cols]`` map drawn on a canvas with a colour legend and hover read-out (e.g. a
+    statistic over layer x head). Signed values get a diverging map centred on 0; ``cmap`` may
+    be ``"blues"``, ``"viridis"`` or ``"rdbu"``. NaN cells are grey ("not defined").
+
+    Example:
+        >>> heatmap([[0.1, 0.9], [0.5, float("nan")]], ["L0", "L1"], ["H0", "H1"]).name
+        'Heatmap'
+    """
+    arr = _array(values, 2, "values")
+    for labels, n, what in ((row_labels, arr.shape[0], "row"), (col_labels, arr.shape[1], "column")):
+        if labels is not None and len(labels) != n:
+            raise TLDynamicsError(f"heatmap: {len(labels)} {what} labels for {n} {what}s")
+    if cmap not in (None, "blues", "viridis", "rdbu"):
+        raise TLDynamicsError(f"heatmap: cmap {cmap!r}; valid: 'blues', 'viridis', 'rdbu'")
+    labels = (lambda xs: None if xs is None else [visible_token(x) for x in xs])
+    return Component("Heatmap", dict(
+        values=arr, rowLabels=labels(row_labels), colLabels=labels(col_labels), title=str(title),
+        rowTitle=str(row_title), colTitle=str(col_title), valueName=str(value_name),
+        minValue=min_value, maxValue=max_value, cmap=cmap, mask=bool(mask_upper_tri)),
+        caption=caption)
+
+
+def attention_grid(thumbs: Any, full: dict[int, Any], tokens: Sequence[str],
+                   head_names: Sequence[str], columns: int, row_names: Sequence[str] | None = None,
+                   selected: int = 0, mask_upper_tri: bool = False, caption: str = "") -> Component:
+    """Many heads at once: a thumbnail ``thumbs[i]`` per head (already downsampled) in a grid of
+    ``columns`` per row, and the full ``[pos, pos]`` pattern for the heads in ``full`` (index into
+    ``thumbs``), shown large when clicked. Built by the report for all heads of a model.
+
+    Example:
+        >>> import numpy as np
+        >>> grid = attention_grid(np.ones((2, 3, 3)) / 3, {0: np.ones((3, 3)) / 3}, ["a", "b", "c"],
+        ...                       ["L0H0", "L0H1"], columns=2)
+        >>> grid.name, sorted(grid.props["full"])
+        ('AttentionGrid', [0])
+    """
+    arr = _array(thumbs, 3, "thumbs")
+    if len(head_names) != arr.shape[0]:
+        raise TLDynamicsError(f"{len(head_names)} head names for {arr.shape[0]} heads")
+    kept = {}
+    for index, pattern in full.items():
+        if not 0 <= int(index) < arr.shape[0]:
+            raise TLDynamicsError(f"full pattern for head index {index}; valid: 0..{arr.shape[0] - 1}")
+        kept[int(index)] = _array(pattern, 2, "full pattern")
+        _check_tokens(tokens, kept[int(index)].shape[-1], "attention_grid")
+    return Component("AttentionGrid", dict(
+        thumbs=arr, full=kept, tokens=[visible_token(t) for t in tokens],
+        attentionHeadNames=[str(n) for n in head_names], columns=int(columns),
+        rowNames=None if row_names is None else [str(r) for r in row_names],
+        selected=int(selected), maskUpperTri=bool(mask_upper_tri)), caption=caption)
+
+
 def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{:.4g}") -> Component:
     """A pandas DataFrame as an HTML table; every cell is escaped."""
     shown = df.head(max_rows)
@@ -145,8 +203,9 @@ def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{
         rows.append("<tr>" + "".join(f"<td>{html_escape(_fmt(v, float_format))}</td>" for v in cells)
                     + "</tr>")
     more = f'<p class="caption">{len(df) - max_rows} more rows not shown</p>' if len(df) > max_rows else ""
-    return Component(html=f'<table class="tld-table"><thead><tr>{head}</tr></thead>'
-                          f'<tbody>{"".join(rows)}</tbody></table>{more}', caption=caption)
+    return Component(html=f'<div class="tld-scroll"><table class="tld-table"><thead><tr>{head}'
+                          f'</tr></thead><tbody>{"".join(rows)}</tbody></table></div>{more}',
+                     caption=caption)
 
 
 def text(body: str, caption: str = "") -> Component:
@@ -157,6 +216,8 @@ def text(body: str, caption: str = "") -> Component:
 def _fmt(value: Any, float_format: str) -> str:
     if isinstance(value, (float, np.floating)):
         return float_format.format(value)
+    if isinstance(value, str):
+        return visible_token(value)
     return str(value)
 
 

@@ -12,6 +12,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from tl_dynamics.viz._runtime import RUNTIME_JS
+from tl_dynamics.viz._specs import CANVAS_KINDS, canvas_spec, cv_spec
+
 _ids = itertools.count()
 
 
@@ -20,9 +23,29 @@ def html_escape(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
+_WHITESPACE = str.maketrans({"\n": "\u23ce", "\r": "\u240d", "\t": "\u21e5"})
+
+
+def visible_token(token: Any) -> str:
+    """A token as a label a reader can see: newline as a return symbol, tab as an arrow, a token
+    of spaces as middle dots, the empty token as an empty-set sign; other text unchanged.
+
+    Example:
+        >>> [visible_token(t) for t in ["\\n", "    ", " the", "", "a\\tb"]]
+        ['⏎', '····', ' the', '∅', 'a⇥b']
+    """
+    text = str(token)
+    if text == "":
+        return "\u2205"
+    if text.strip(" ") == "":
+        return "\u00b7" * len(text)
+    return text.translate(_WHITESPACE)
+
+
 def escape_tokens(tokens: Any) -> list[str]:
-    """Token strings escaped for circuitsvis components that insert them as raw HTML."""
-    return [html_escape(t) for t in tokens]
+    """Token strings escaped for circuitsvis components that insert them as raw HTML, with
+    whitespace made visible (``visible_token``)."""
+    return [html_escape(visible_token(t)) for t in tokens]
 
 
 def _plain(value: Any) -> Any:
@@ -41,9 +64,10 @@ def _plain(value: Any) -> Any:
 
 
 def props_json(props: dict[str, Any]) -> str:
-    """JSON for embedding inside a <script>: ``</`` and ``<!--`` cannot end or confuse it."""
+    """JSON for a ``<script type="application/json">`` block: every ``<`` is written ``\\u003c``
+    (inside JSON strings, the only place one can occur), so nothing can close or confuse it."""
     text = json.dumps({k: _plain(v) for k, v in props.items() if v is not None})
-    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+    return text.replace("<", "\\u003c")
 
 
 @lru_cache(maxsize=1)
@@ -73,27 +97,51 @@ class Component:
         return f"Component({kind}{', ' + repr(self.caption) if self.caption else ''})"
 
     def fragment(self, nonce: str) -> str:
-        """HTML for a page that has already loaded the bundle."""
+        """HTML for a page that has loaded the bundle and the runtime: an empty placeholder and
+        its data (a JSON block, never executed); the runtime draws it when it scrolls into view."""
         caption = f'<p class="caption">{html_escape(self.caption)}</p>' if self.caption else ""
         if self.name is None:
             return f'<div class="tld-html">{self.html}</div>{caption}'
-        element = f"tld-cv-{next(_ids)}"
-        return (f'<div class="tld-cv" id="{element}"></div>{caption}'
-                f'<script nonce="{nonce}">CircuitsVis.render("{element}", '
-                f"CircuitsVis.{self.name}, {props_json(self.props)});</script>")
+        spec, height = self._spec()
+        element = f"tld-v-{next(_ids)}"
+        return (f'<div class="tld-view" id="{element}" style="min-height:{height}px"></div>'
+                f'<script type="application/json" id="{element}-data">{props_json(spec)}</script>'
+                f"{caption}")
+
+    def _spec(self) -> tuple[dict[str, Any], int]:
+        if self.name in CANVAS_KINDS:
+            return canvas_spec(self.name, self.props)
+        return cv_spec(str(self.name), self.props)
+
+    def fragment_spec(self) -> dict[str, Any]:
+        """What the page's runtime receives for this view (arrays packed; see ``_specs``)."""
+        return self._spec()[0]
 
     def _repr_html_(self) -> str:
-        nonce = secrets.token_hex(8)
-        if self.name is None:
-            return self.fragment(nonce)
-        return f'<script nonce="{nonce}">{bundle_js()}</script>' + self.fragment(nonce)
+        return standalone_html([self])
+
+    def needs_bundle(self) -> bool:
+        """Whether circuitsvis draws it (the page then inlines the bundle)."""
+        return self.name is not None and self.name not in CANVAS_KINDS
 
     def show(self) -> "Component":
         return self
 
 
-def group(*components: Component, caption: str = "") -> "Group":
-    return Group(tuple(components), caption)
+def standalone_html(components: list[Any], caption: str = "") -> str:
+    """Components with the bundle (when circuitsvis draws one) and the runtime: a notebook cell."""
+    nonce = secrets.token_hex(8)
+    bundle = (f'<script nonce="{nonce}">{bundle_js()}</script>'
+              if any(c.needs_bundle() for c in components) else "")
+    head = f'<p class="caption">{html_escape(caption)}</p>' if caption else ""
+    return (bundle + f'<script nonce="{nonce}">{RUNTIME_JS}</script>' + head
+            + "".join(c.fragment(nonce) for c in components)
+            + f'<script nonce="{nonce}">TLD.start();</script>')
+
+
+def group(*components: Component, caption: str = "", row: bool = False) -> "Group":
+    """Components shown together; ``row=True`` lays them side by side, wrapping as needed."""
+    return Group(tuple(components), caption, row)
 
 
 @dataclass(frozen=True, repr=False)
@@ -102,19 +150,23 @@ class Group:
 
     components: tuple[Component, ...]
     caption: str = ""
+    row: bool = False
 
     def fragment(self, nonce: str) -> str:
         head = f'<p class="caption">{html_escape(self.caption)}</p>' if self.caption else ""
+        if self.row:
+            cells = "".join(f'<div class="tld-cell">{c.fragment(nonce)}</div>' for c in self.components)
+            return f'{head}<div class="tld-row">{cells}</div>'
         return head + "".join(c.fragment(nonce) for c in self.components)
+
+    def needs_bundle(self) -> bool:
+        return any(c.needs_bundle() for c in self.components)
 
     def __repr__(self) -> str:
         return f"Group({', '.join(map(repr, self.components))})"
 
     def _repr_html_(self) -> str:
-        nonce = secrets.token_hex(8)
-        needs_bundle = any(c.name is not None for c in self.components)
-        bundle = f'<script nonce="{nonce}">{bundle_js()}</script>' if needs_bundle else ""
-        return bundle + self.fragment(nonce)
+        return standalone_html(list(self.components), self.caption)
 
     def show(self) -> "Group":
         return self

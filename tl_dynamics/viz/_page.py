@@ -1,33 +1,74 @@
-"""A standalone HTML page that renders with no network: the circuitsvis bundle inlined once,
-a Content-Security-Policy that forbids every network request and inline event handlers."""
+"""A standalone HTML page that renders with no network: the circuitsvis bundle and the runtime
+inlined once, a Content-Security-Policy that forbids every network request and inline event
+handlers, a table of contents, and views drawn lazily as they scroll into view."""
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
 from tl_dynamics.viz._component import Component, Group, bundle_js, html_escape
+from tl_dynamics.viz._runtime import RUNTIME_JS
 
 Item = Union[Component, Group]
 
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+html { overflow-x: hidden; }
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1180px; padding: 0 16px;
+       color: #222; line-height: 1.45; }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
-.caption { color: #555; font-size: .9em; } .meta { color: #555; }
+section, .tld-view, .tld-html { max-width: 100%; overflow-x: auto; }
+.caption { color: #555; font-size: .9em; } .meta { color: #555; } .intro { max-width: 75ch; }
+.warning { background: #fff4e5; border-left: 4px solid #e69500; padding: .4em .8em; }
+.toc { background: #f7f7f7; padding: .5em 1em; display: inline-block; }
+.toc ol { margin: .2em 0; padding-left: 1.4em; }
+.tld-scroll { max-width: 100%; overflow-x: auto; }
 .tld-table { border-collapse: collapse; font-size: .85em; }
-.tld-table td, .tld-table th { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
-.tld-figure { max-width: 100%; } .tld-cv { margin: 12px 0; } pre { white-space: pre-wrap; }
+.tld-table td, .tld-table th { border: 1px solid #ddd; padding: 2px 6px; text-align: right;
+                               white-space: pre; }
+.tld-figure { max-width: 100%; height: auto; } .tld-view { margin: 12px 0; }
+pre { white-space: pre-wrap; }
+.tld-hm-grid { display: grid; grid-template-columns: auto auto; justify-content: start; gap: 2px; }
+.tld-hm-canvas, .tld-heads-canvas { image-rendering: pixelated; display: block; }
+.tld-heads-canvas { cursor: pointer; }
+.tld-hm-title { font-weight: 600; margin: 4px 0; }
+.tld-hm-rows .tld-lab { max-width: 110px; text-align: right; padding-right: 3px; }
+.tld-hm-cols { display: flex; max-height: 72px; }
+.tld-lab { overflow: hidden; white-space: pre; text-overflow: ellipsis; font-family: monospace;
+           font-size: 11px; box-sizing: border-box; }
+.tld-vert { writing-mode: vertical-rl; transform: rotate(180deg); text-align: right; max-height: 72px; }
+.tld-heads-grid { display: flex; gap: 4px; } .tld-heads-rows .tld-lab { width: 36px; }
+.tld-axes, .tld-tip, .tld-note { font-size: .85em; color: #555; margin: 2px 0; }
+.tld-tip { font-family: monospace; white-space: pre-wrap; min-height: 1.3em; }
+.tld-row { display: flex; flex-wrap: wrap; gap: 8px 28px; align-items: flex-start; }
+.tld-cell { flex: 0 1 auto; min-width: 260px; max-width: 100%; }
+.tld-cell .caption { max-width: 360px; }
+.tld-legend { display: flex; align-items: center; gap: 6px; font-size: .8em; color: #444; flex-wrap: wrap; }
 """
+
+
+def _anchor(title: str, taken: set[str]) -> str:
+    base = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "section"
+    anchor, n = base, 2
+    while anchor in taken:
+        anchor, n = f"{base}-{n}", n + 1
+    taken.add(anchor)
+    return anchor
 
 
 @dataclass
 class Section:
+    """One section: a title (and anchor in the table of contents), a plain-words intro, an
+    optional maths citation (e.g. ``"docs/math.md §3"``) and its views."""
+
     title: str
     items: list[Item] = field(default_factory=list)
     intro: str = ""
+    math: str = ""
 
 
 @dataclass
@@ -45,31 +86,51 @@ class Page:
     meta: list[tuple[str, str]] = field(default_factory=list)
     sections: list[Section] = field(default_factory=list)
     failed_sections: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    math_href: str = ""  # where "docs/math.md" links point (a file URL), or plain text if empty
 
-    def add_section(self, title: str, items: list[Item], intro: str = "") -> Section:
-        section = Section(title, list(items), intro)
+    def add_section(self, title: str, items: list[Item], intro: str = "",
+                    math: str = "") -> Section:
+        section = Section(title, list(items), intro, math)
         self.sections.append(section)
         return section
+
+    def _cite(self, math: str) -> str:
+        if not math:
+            return ""
+        text = html_escape(math)
+        if self.math_href:
+            text = f'<a href="{html_escape(self.math_href)}">{text}</a>'
+        return f' <span class="cite">(maths: {text})</span>'
 
     def to_html(self) -> str:
         nonce = secrets.token_hex(16)
         csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
                "img-src data:; font-src data:")
         meta = "".join(f"<li><b>{html_escape(k)}</b>: {html_escape(v)}</li>" for k, v in self.meta)
-        body = []
-        for section in self.sections:
-            body.append(f"<section><h2>{html_escape(section.title)}</h2>")
-            if section.intro:
-                body.append(f'<p class="intro">{html_escape(section.intro)}</p>')
+        warnings = "".join(f'<p class="warning">{html_escape(w)}</p>' for w in self.warnings)
+        taken: set[str] = set()
+        anchors = [_anchor(section.title, taken) for section in self.sections]
+        toc = "".join(f'<li><a href="#{a}">{html_escape(s.title)}</a></li>'
+                      for a, s in zip(anchors, self.sections))
+        body, needs_bundle = [], False
+        for anchor, section in zip(anchors, self.sections):
+            body.append(f'<section id="{anchor}"><h2>{html_escape(section.title)}</h2>')
+            if section.intro or section.math:
+                body.append(f'<p class="intro">{html_escape(section.intro)}{self._cite(section.math)}</p>')
             body.extend(item.fragment(nonce) for item in section.items)
+            needs_bundle = needs_bundle or any(item.needs_bundle() for item in section.items)
             body.append("</section>")
+        bundle = f'<script nonce="{nonce}">{bundle_js()}</script>' if needs_bundle else ""
         return (
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
-            f"<title>{html_escape(self.title)}</title><style>{_STYLE}</style>"
-            f'<script nonce="{nonce}">{bundle_js()}</script></head><body>'
-            f"<h1>{html_escape(self.title)}</h1><ul class=\"meta\">{meta}</ul>"
-            + "".join(body) + "</body></html>\n")
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html_escape(self.title)}</title><style>{_STYLE}</style>{bundle}"
+            f'<script nonce="{nonce}">{RUNTIME_JS}</script></head><body>'
+            f"<h1>{html_escape(self.title)}</h1>{warnings}<ul class=\"meta\">{meta}</ul>"
+            f'<nav class="toc"><b>Contents</b><ol>{toc}</ol></nav>'
+            + "".join(body) + f'<script nonce="{nonce}">TLD.start();</script></body></html>\n')
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
         path = Path(path)
