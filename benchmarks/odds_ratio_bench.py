@@ -73,17 +73,17 @@ def main() -> None:
             model(tokens)
 
     def attached():
-        with odds_ratio.attach(adapter) as collector:
+        with odds_ratio.attach(adapter, layers=None, heads=None, threads=1) as collector:
             model(tokens)
         return collector
 
     def attached_torch_threads():
-        with odds_ratio.attach(adapter, threads=None):
+        with odds_ratio.attach(adapter, layers=None, heads=None, threads=None):
             model(tokens)
 
     runs = {"plain forward": plain, "run_with_cache": cached,
             "capture q/k/v only (no statistics)": capture_only,
-            "odds_ratio.attach, 144 heads": attached,
+            "odds_ratio.attach, 144 heads, threads=1": attached,
             "  same, statistics on torch's threads": attached_torch_threads}
     for fn in runs.values():  # warm-up
         timed(fn)
@@ -99,8 +99,8 @@ def main() -> None:
         print(f"{name:40s} median {med:6.3f} s  ({med / base:4.2f}x plain)  min {min(values):6.3f} s")
     # time spent inside the statistics callback alone (the rest is the forward pass + capture)
     spent: list[float] = []
-    collector = odds_ratio.OddsRatioCollector(adapter, list(range(adapter.n_layers)),
-                                              list(range(adapter.n_heads)))  # 1 stats thread
+    collector = odds_ratio.OddsRatioCollector(adapter, adapter.check_layers(None),
+                                              adapter.check_heads(None))  # torch's threads
 
     def timed_layer(la):
         start = time.perf_counter()

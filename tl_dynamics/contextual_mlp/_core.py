@@ -1,4 +1,4 @@
-"""The contextual MLP as pure tensor functions (no model, no hooks).
+"""The contextual MLP as pure tensor functions (no model, no hooks; docs/math.md §3.1).
 
 At destination ``T`` a head is ``g(x) = sum_i a_i act(b_i . x + c_i) / Z(x)`` with hidden
 neurons = allowed source positions ``i``:

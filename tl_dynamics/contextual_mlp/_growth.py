@@ -1,4 +1,4 @@
-"""How a head's contextual MLP grows during generation: one neuron per new token.
+"""How a head's contextual MLP grows during generation: one neuron per new token (docs/math.md §3.6).
 
 In a causal model the MLP at destination ``T`` of the full generated sequence is exactly the MLP
 the model used at generation step ``T``, so one forward pass over the generated text gives every

@@ -80,8 +80,9 @@ class ContextualMLPs:
 
     def to_dataframe(self) -> pd.DataFrame:
         """One line per layer, head and destination: neurons, the winning neuron (its source
-        position, token, activation and importance ``activation * |a_i|``), and, where the
-        references were kept, the errors against the model's own head output and pattern."""
+        position, token, activation and importance ``activation * |a_i|``; docs/math.md §3.5),
+        and, where the references were kept, the errors against the model's own head output
+        and pattern."""
         frames = []
         for m in self:
             pattern = m.pattern()  # [dest, src], zero off the allowed sources

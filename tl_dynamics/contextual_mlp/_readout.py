@@ -1,4 +1,5 @@
-"""Counterfactual queries and read-outs: token / vocabulary inputs, what neurons write and read.
+"""Counterfactual queries and read-outs: token / vocabulary inputs, what neurons write and read
+(docs/math.md §3.4).
 
 Token queries. A head reads its query from the layer's *normalised* input, and the adapter does
 not expose each layer's input normalisation, so a token's query input is built as a documented

@@ -42,7 +42,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
                 "incoming weights b_i = c k_i acting on the model's normalised query N(x W_Q + b_Q) "
                 "(this architecture normalises q after its projection)")
     intro = (f"At each destination a head is a one-hidden-layer MLP whose neurons are the source "
-             f"tokens: outgoing weights a_i = v_i W_O, {incoming}, biases "
-             f"c_i, softmax activation. Shown: layer {layer}, head {mlp.head} (the head whose "
-             f"neurons win most clearly), first row of the batch.")
+             f"tokens: outgoing weights a_i = v_i W_O, {incoming}, biases c_i, softmax "
+             f"activation (docs/math.md §3.1). Shown: layer {layer}, head {mlp.head} (the head "
+             f"whose neurons win most clearly), first row of the batch.")
     page.add_section(TITLE, items, intro=intro)

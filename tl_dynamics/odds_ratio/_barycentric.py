@@ -1,4 +1,5 @@
-"""Rows of ``S`` as barycentric coordinates over the per-source outputs ``o_j = v_j W_O``.
+"""Rows of ``S`` as barycentric coordinates over the per-source outputs ``o_j = v_j W_O``
+(docs/math.md §2.5).
 
 For query ``i`` of one head the output is ``sum_j S_ij o_j``. Given a target ``y_i`` (default
 the next token's unembedding column ``W_U[:, t_{i+1}]``) the best coordinates are

@@ -1,4 +1,4 @@
-"""A pattern ``S`` as a Markov chain on positions (seed 000; math.md "S as a random walk").
+"""A pattern ``S`` as a Markov chain on positions (docs/math.md §2.4).
 
 Pure functions of one pattern ``[n, n]`` restricted to the real (non-padding) positions, in
 float64. Bidirectional heads get their stationary distribution; causal heads, whose first

@@ -13,7 +13,7 @@ INTRO = ("Every attention score splits exactly into a query term (constant along
          "bias): attention is a posterior over source positions, prior times likelihood, at "
          "temperature sigma^2 = 1/c. A head is prior-driven when the key prior carries at least "
          f"{LABEL_THRESHOLD:.2f} of the row-centred score variance (additive attribution "
-         "Cov(term, r)/Var(r)), likelihood-driven when the log-likelihood does (docs/math.md §2).")
+         "Cov(term, r)/Var(r)), likelihood-driven when the log-likelihood does (docs/math.md §2.1, §2.2).")
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:

@@ -2,7 +2,7 @@
 
 ``r_ij = c <q_i, k_j> + p_ij = query_term_i + key_prior_j + loglik_ij + p_ij`` with
 ``query_term_i = (c/2)|q_i|^2``, ``key_prior_j = (c/2)|k_j|^2`` and
-``loglik_ij = -(c/2)|q_i - k_j|^2`` (math.md §1). The query term is constant along a row, so
+``loglik_ij = -(c/2)|q_i - k_j|^2`` (docs/math.md §2.1). The query term is constant along a row, so
 it cancels in the softmax; the pattern is a posterior over source positions, key prior times
 distance likelihood.
 """

@@ -1,4 +1,5 @@
-"""Per-head statistics of the split, computed from one layer's q and k, vectorised over heads.
+"""Per-head statistics of the split (docs/math.md §2.2, sinks §2.3), computed from one layer's q
+and k, vectorised over heads.
 
 Everything here is a sum over valid query rows, so batches and prompts stream: add the sums
 of every forward pass and divide at the end. Only the raw scores ``r = c<q,k> + p`` and a few
