@@ -1,7 +1,10 @@
 """Activation patching: hooks that *replace* an activation, removed exactly on exit.
 
 ``ModelAdapter.patch`` is the one place a tl_dynamics hook returns a value: ``fn(activation)``
-gives the replacement (a tensor of the same shape, or None to keep the activation). Like
+gives the replacement (a tensor of the same shape, or None to keep the activation). A
+replacement may also repeat the batch rows (``[k * batch, ...]``) to run ``k`` variants of the
+rest of the forward pass at once; hosts that carry a batch-shaped mask past the hook point
+(Hugging Face bridges) then fail in the forward pass, and the caller repeats the input instead. Like
 ``ModelAdapter.hooks`` it addresses hook points by role and layer, leaves hooks the user
 attached alone, and removes exactly its own, even when the forward pass raises.
 
@@ -51,9 +54,11 @@ def patched(adapter: "ModelAdapter", patches: Sequence[tuple[str, int, PatchFn]]
                                       f"{type(exc).__name__}: {exc}") from exc
             if out is None:
                 return None
-            if tuple(out.shape) != tuple(activation.shape):
-                raise TLDynamicsError(f"patch at {name!r} returned shape {tuple(out.shape)}; "
-                                      f"the activation has shape {tuple(activation.shape)}")
+            rows = activation.shape[0]
+            if tuple(out.shape[1:]) != tuple(activation.shape[1:]) or out.shape[0] % max(rows, 1):
+                raise TLDynamicsError(f"patch at {name!r} returned shape {tuple(out.shape)}; the "
+                                      f"activation has shape {tuple(activation.shape)} (valid: the "
+                                      f"same shape, or its rows repeated along the batch)")
             return out.to(device=activation.device, dtype=activation.dtype)
         return hook
 
@@ -70,11 +75,12 @@ def patched(adapter: "ModelAdapter", patches: Sequence[tuple[str, int, PatchFn]]
             point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
 
 
-def shuffled_weights(model: Any, seed: int = 0) -> Any:
-    """A copy of ``model`` (a TransformerLens model or a ``ModelAdapter``) whose parameters
-    each have their entries permuted at random, returned as a new ``ModelAdapter``.
+def shuffled_weights(adapter: "ModelAdapter", seed: int = 0) -> "ModelAdapter":
+    """A new adapter over a copy of ``adapter``'s model whose parameters each have their
+    entries permuted at random (seeded by ``seed``).
 
     Tied parameters stay tied (each tensor is shuffled once). The original is not touched.
+    Normalise a model first with ``ModelAdapter.of``.
 
     Example:
         >>> from tl_dynamics import testing
@@ -85,10 +91,10 @@ def shuffled_weights(model: Any, seed: int = 0) -> Any:
         >>> same_values, sh.W_E.equal(ad.W_E)
         (True, False)
     """
-    from tl_dynamics.adapter._model import ModelAdapter
-
-    source = model.model if isinstance(model, ModelAdapter) else model
-    clone = copy.deepcopy(source)
+    if not (hasattr(adapter, "info") and hasattr(adapter, "model")):
+        raise TLDynamicsError(f"shuffled_weights needs a ModelAdapter (use ModelAdapter.of(model)), "
+                              f"got {type(adapter).__name__}")
+    clone = copy.deepcopy(adapter.model)
     generator = torch.Generator().manual_seed(int(seed))
     seen: set[int] = set()
     with torch.no_grad():
@@ -99,4 +105,4 @@ def shuffled_weights(model: Any, seed: int = 0) -> Any:
             flat = param.detach().reshape(-1)
             order = torch.randperm(flat.numel(), generator=generator).to(flat.device)
             param.copy_(flat[order].reshape(param.shape))
-    return ModelAdapter(clone.eval())
+    return type(adapter)(clone.eval())

@@ -1,0 +1,27 @@
+"""The head atlas: what every head does, from mechanistic and causal evidence, in one call.
+
+``compute(model, prompts=None, *, layers=None, heads=None)`` returns a ``HeadAtlas``: per head,
+ranked roles (previous-token, duplicate-token, induction, copying, copy-suppression, sink,
+positional/local, unclassified), each from the mechanism rather than one pattern, every score
+beside its value on a weight-shuffled copy of the model (a role needs a margin of ``MARGIN``
+over it), and the change in next-token loss when the head is mean-ablated, or its pattern
+replaced by the prior-only or the likelihood-only counterfactual of the odds-ratio split.
+``tl-dynamics heads --model M`` prints it; ``report_section`` adds it to the report page.
+
+Probes are built from token ids (repeated random sequences), so models without a tokenizer
+work. The atlas cannot stream (it runs its own probes and interventions), so there is no
+``attach``. See docs/atlas.md for the rules, the controls and the comparison with
+TransformerLens's ``detect_head``.
+"""
+
+from tl_dynamics.atlas._api import compute, report_section
+from tl_dynamics.atlas._causal import KINDS, next_token_loss
+from tl_dynamics.atlas._cli import cli_arguments, cli_main
+from tl_dynamics.atlas._measure import LOCAL_WINDOW
+from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes, repeated_tokens
+from tl_dynamics.atlas._result import HeadAtlas
+from tl_dynamics.atlas._roles import MARGIN, ROLES, RULES, HeadRoles, classify
+
+__all__ = ["HeadAtlas", "HeadRoles", "KINDS", "LOCAL_WINDOW", "MARGIN", "N_SEQ", "Probes", "ROLES",
+           "RULES", "SEED", "SEQ_LEN", "build_probes", "classify", "cli_arguments", "cli_main",
+           "compute", "next_token_loss", "repeated_tokens", "report_section"]

@@ -1,0 +1,143 @@
+"""``compute`` (the whole atlas in one call) and ``report_section``."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tl_dynamics import viz
+from tl_dynamics.adapter import Batch, ModelAdapter, Prompt, shuffled_weights
+from tl_dynamics.atlas import _measure
+from tl_dynamics.atlas._causal import KINDS, causal_deltas
+from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes
+from tl_dynamics.atlas._result import HeadAtlas
+from tl_dynamics.atlas._roles import MARGIN, HeadRoles, classify, controls
+from tl_dynamics.errors import TLDynamicsError
+
+
+def _head_scores(scores: dict[str, np.ndarray], layer: int, head: int) -> dict[str, float]:
+    return {k: float(v[layer, head]) for k, v in scores.items()}
+
+
+def _induction_circuits(adapter: ModelAdapter, control: ModelAdapter, probes, real: dict,
+                        ctrl: dict, c: dict[str, float], pairs: list[tuple[int, int]]
+                        ) -> dict[tuple[int, int], tuple[tuple[int, int], ...]]:
+    """Fill ``ind_kcomp`` for heads whose induction pattern clears its control: the token-level
+    K-circuit through every earlier previous-token head, on the model and on the control."""
+    prev = [(layer, head) for layer in range(adapter.n_layers) for head in range(adapter.n_heads)
+            if "previous-token" in classify(_head_scores(real, layer, head), c).roles]
+    rows = _measure.kcomp_rows(probes)
+    via_of: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
+    control_values = []
+    for layer, head in pairs:
+        via = tuple(p for p in prev if p[0] < layer)
+        via_of[(layer, head)] = via
+        if not via or real["ind_pattern"][layer, head] < c["ind_pattern"] + MARGIN:
+            continue
+        real["ind_kcomp"][layer, head] = _measure.k_composition(adapter, (layer, head), via, rows)
+        ctrl["ind_kcomp"][layer, head] = _measure.k_composition(control, (layer, head), via, rows)
+        control_values.append(ctrl["ind_kcomp"][layer, head])
+    chance = 1.0 / max(len(rows), 1)
+    c["ind_kcomp"] = max(control_values + [chance])
+    return via_of
+
+
+DELTA_KEYS = KINDS + ("mean_unrepeated",)
+
+
+def _targets(probes: Probes) -> dict[str, Tensor | None]:
+    """Which predicted positions the losses average over: on the repeated probes, the second
+    copy (where repetition makes tokens predictable) and, as a control, the first copy."""
+    if probes.user_prompts:
+        return {"all": None}
+    n_pos = probes.repeat.tokens.shape[1]
+    second = torch.zeros(n_pos, dtype=torch.bool)
+    second[list(probes.second_copy)] = True
+    first = torch.zeros(n_pos, dtype=torch.bool)
+    first[list(probes.first_copy)] = True
+    return {"repeated": second, "unrepeated": first}
+
+
+def compute(model: Any, prompts: Prompt | Batch | None = None, *,
+            layers: int | Sequence[int] | None = None, heads: int | Sequence[int] | None = None,
+            n_seq: int = N_SEQ, seq_len: int = SEQ_LEN, seed: int = SEED,
+            causal: bool = True) -> HeadAtlas:
+    """What every asked head does, from its pattern, its weights and its causal cost.
+
+    ``prompts`` (anything ``adapter.tokenize`` takes) are the natural probes for sinks,
+    locality and the causal losses; by default the ``n_seq`` repeated random sequences of
+    ``seq_len`` token ids (seeded) serve for everything, so no tokenizer is needed, and the
+    causal losses are taken on their second copy (``delta_loss_unrepeated``: on the first). Every
+    score is compared with the same score on a weight-shuffled copy of the model (seeded by
+    ``seed``); ``causal=False`` skips the interventions (delta_loss NaN). ``layers`` and
+    ``heads`` select the rows (all scores that roles depend on, such as earlier
+    previous-token heads, are read from every head).
+
+    Example:
+        >>> from tl_dynamics import atlas, zoo
+        >>> res = atlas.compute(zoo.load("induction-2l"))                     # doctest: +SKIP
+        >>> res.heads_with("induction")                                       # doctest: +SKIP
+        [(1, 0), (1, 1), (1, 2), (1, 3)]
+        >>> res.to_dataframe()[["layer", "head", "role", "delta_loss"]].head(2)  # doctest: +SKIP
+    """
+    adapter = ModelAdapter.of(model)
+    chosen_layers, chosen_heads = adapter.check_layers(layers), adapter.check_heads(heads)
+    if not isinstance(causal, bool):
+        raise TLDynamicsError(f"causal must be True or False, got {causal!r}")
+    probes = build_probes(adapter, prompts, n_seq, seq_len, seed)
+    real = _measure.measure(adapter, probes, keep=causal)
+    control = shuffled_weights(adapter, seed)
+    ctrl = _measure.measure(control, probes)
+    for scores in (real.scores, ctrl.scores):
+        scores["neg_ov_copying"] = -scores["ov_copying"]
+        scores["ind_kcomp"] = np.full((adapter.n_layers, adapter.n_heads), np.nan)
+    c = controls(ctrl.scores)
+    pairs = [(layer, head) for layer in chosen_layers for head in chosen_heads]
+    via_of = _induction_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs)
+    roles: dict[tuple[int, int], HeadRoles] = {
+        pair: classify(_head_scores(real.scores, *pair), c, via_of[pair]) for pair in pairs}
+
+    notes = list(real.notes)
+    shape = (adapter.n_layers, adapter.n_heads)
+    deltas = {kind: np.full(shape, np.nan) for kind in DELTA_KEYS}
+    clean = float("nan")
+    if causal and adapter.is_encoder:
+        notes.append("causal evidence not run: an encoder has no next-token loss")
+    elif causal:
+        targets = _targets(probes)
+        main = next(iter(targets))
+        found, losses, shared = causal_deltas(adapter, probes.natural, real.captures,
+                                              {layer: chosen_heads for layer in chosen_layers},
+                                              targets)
+        deltas.update({kind: found[(kind, main)] for kind in KINDS})
+        if "unrepeated" in targets:
+            deltas["mean_unrepeated"] = found[("mean", "unrepeated")]
+        clean = losses[main]
+        where = ("on the second copy of the repeated probes" if main == "repeated"
+                 else "on the given prompts")
+        notes.append(f"clean next-token loss {where}: {clean:.3f} nats; "
+                     + ("earlier layers run once per layer of variants" if shared
+                        else "every variant re-runs the whole model (this host does not let a "
+                             "hook grow the batch)"))
+    probe_info = {"n_seq": n_seq, "seq_len": seq_len, "seed": seed,
+                  "user_prompts": probes.user_prompts,
+                  "natural_tokens": tuple(probes.natural.tokens.shape)}
+    return HeadAtlas(model=adapter.info.architecture, n_layers=adapter.n_layers,
+                     n_heads=adapter.n_heads, layers=tuple(chosen_layers), heads=tuple(chosen_heads),
+                     roles=roles, scores=real.scores, control_scores=ctrl.scores, controls=c,
+                     delta_loss=deltas, clean_loss=clean, probes=probe_info, notes=tuple(notes))
+
+
+def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
+    """"What each head does": the atlas with the report's prompt as the natural probes."""
+    result = compute(adapter, batch)
+    page.add_section("What each head does", [result.show()], intro=(
+        "Each head's roles from mechanism, not one pattern: the pattern on repeated random token "
+        "sequences and the weights that produce it (positional circuit, token-level K-circuit "
+        "through earlier previous-token heads, OV copying), the sink's cause from the odds-ratio "
+        f"split, each score against a weight-shuffled copy of the model by a margin of "
+        f"{result.margin}. Numbers under a role: the change in next-token loss when the head is "
+        "mean-ablated on the report's prompt. Hover a cell for the evidence."))

@@ -1,0 +1,174 @@
+"""Every per-head score the roles are read from, for one model (the real one or its control).
+
+Pattern scores come from one captured forward pass over the repeated probes (and one over the
+natural probes when the user gave prompts); weight scores from ``tl_dynamics.circuits``; the
+sink's cause from ``tl_dynamics.odds_ratio.split_scores``. All arrays are ``[n_layers,
+n_heads]`` float64, NaN where a score does not apply to the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tl_dynamics import circuits, odds_ratio
+from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter
+from tl_dynamics.atlas._probes import Probes
+from tl_dynamics.errors import TLDynamicsError
+
+# Keys within this many positions of the query (the query included) count as "local".
+LOCAL_WINDOW = 4
+# Token ids sampled as rows of the token-level K-composition circuit.
+KCOMP_ROWS = 256
+
+PATTERN_KEYS = ("prev_pattern", "dup_pattern", "ind_pattern")
+NATURAL_KEYS = ("sink_mass", "sink_first", "sink_prior_adv", "sink_loglik_adv", "local_mass")
+
+
+@dataclass
+class Measurements:
+    """Scores ``[layer, head]`` by name (see ``SCORES`` in ``_roles``) and, for the real model,
+    the per-layer captures the causal step needs."""
+
+    scores: dict[str, np.ndarray]
+    captures: dict[int, LayerAttention] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _rows(la: LayerAttention) -> Tensor:
+    """Valid query rows with at least two allowed keys ``[batch, q]``."""
+    return la.query_valid & (la.allowed.sum(-1) >= 2)
+
+
+def _target_mass(pattern: Tensor, queries: Sequence[int], shift: int) -> Tensor:
+    """Mean over probes and ``queries`` of the attention from ``i`` to ``i - shift`` ``[head]``."""
+    q = torch.tensor(list(queries), dtype=torch.long)
+    return pattern[:, :, q, q - shift].mean(dim=(0, 2))
+
+
+def pattern_scores(la: LayerAttention, probes: Probes) -> dict[str, Tensor]:
+    """Previous-token, duplicate-token and induction attention on the repeated probes."""
+    pattern = la.pattern()
+    n, start = probes.seq_len, probes.offset
+    second = list(probes.second_copy)
+    return {"prev_pattern": _target_mass(pattern, range(start + 1, start + 2 * n), 1),
+            "dup_pattern": _target_mass(pattern, second, n),
+            "ind_pattern": _target_mass(pattern, second, n - 1)}
+
+
+def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
+    """Sink mass and position, its cause (odds-ratio split), and local mass ``[head]`` each.
+
+    The sink of a prompt is the key with the most attention summed over valid rows; its mass is
+    that sum over the number of rows. Its cause: the attention-weighted advantage of that key
+    over the row mean, split into key prior and distance log-likelihood (docs/math.md §1).
+    """
+    pattern = la.pattern()  # [b, h, q, k]
+    rows = _rows(la)
+    rows_f = rows[:, None, :, None].float()
+    n_rows = rows.float().sum(-1).clamp(min=1.0)[:, None]  # [b, 1]
+    column = (pattern * rows_f).sum(2)  # [b, h, k]
+    top = column.argmax(-1)  # [b, h]
+    mass = column.gather(-1, top[..., None]).squeeze(-1) / n_rows
+    first_real = la.allowed.any(1).float().argmax(-1)  # [b]
+    first = (top == first_real[:, None].long()).float()
+
+    parts = odds_ratio.split_scores(la.q, la.k, la.scale, la.bias())
+    allowed = la.allowed[:, None].expand_as(parts.loglik)
+    n_keys = la.allowed.float().sum(-1).clamp(min=1.0)[:, None, :]  # [b, 1, q]
+    prior = parts.key_prior[:, :, None, :].expand_as(parts.loglik)
+    mean_prior = prior.masked_fill(~allowed, 0.0).sum(-1) / n_keys
+    mean_loglik = parts.loglik.masked_fill(~allowed, 0.0).sum(-1) / n_keys
+    idx = top[:, :, None, None].expand(-1, -1, parts.loglik.shape[2], 1)
+    prior_adv = prior.gather(-1, idx).squeeze(-1) - mean_prior  # [b, h, q]
+    loglik_adv = parts.loglik.gather(-1, idx).squeeze(-1) - mean_loglik
+    weight = pattern.gather(-1, idx).squeeze(-1) * rows[:, None].float()
+    weight = weight / weight.sum(-1, keepdim=True).clamp(min=1e-30)
+
+    positions = torch.arange(pattern.shape[-1])
+    near = (positions[:, None] - positions[None, :]).abs() < LOCAL_WINDOW  # [q, k]
+    not_first = positions[None, :] != first_real[:, None]  # [b, k]
+    local = near[None] & not_first[:, None, :]  # [b, q, k]
+    local_mass = ((pattern * local[:, None].float()).sum(-1) * rows[:, None].float()).sum(-1) / n_rows
+    return {"sink_mass": mass.mean(0), "sink_first": first.mean(0),
+            "sink_prior_adv": (weight * prior_adv).sum(-1).mean(0),
+            "sink_loglik_adv": (weight * loglik_adv).sum(-1).mean(0),
+            "local_mass": local_mass.mean(0)}
+
+
+def _capture(adapter: ModelAdapter, batch: Batch, on_layer) -> None:
+    with adapter.capture(on_layer, batch=batch):
+        adapter.forward(batch)
+
+
+def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[str, np.ndarray]:
+    """OV copying, QK positivity and the masked positional circuit's previous-token share."""
+    shape = (adapter.n_layers, adapter.n_heads)
+    out = {"prev_circuit": np.full(shape, np.nan), "ov_copying": np.full(shape, np.nan),
+           "qk_positivity": np.full(shape, np.nan)}
+    try:
+        out["ov_copying"] = circuits.copying_scores(adapter).scores.double().numpy()
+        out["qk_positivity"] = circuits.qk_positivity_scores(adapter).scores.double().numpy()
+    except TLDynamicsError as exc:
+        notes.append(f"OV copying and QK positivity not available: {exc}")
+    if adapter.W_pos is None:
+        notes.append("no learned position embeddings: the positional circuit does not apply, so "
+                     "previous-token heads are read from the pattern alone")
+        return out
+    n = min(n_pos, adapter.n_ctx)
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    queries = torch.arange(2, n)
+    for layer in range(adapter.n_layers):
+        mask = causal if adapter.specs[layer].causal else torch.ones(n, n, dtype=torch.bool)
+        for head in range(adapter.n_heads):
+            matrix = circuits.positional_qk_circuit(adapter, layer, head).matrix
+            block = (matrix.A[:n] @ matrix.B[:, :n]).masked_fill(~mask, float("-inf"))
+            out["prev_circuit"][layer, head] = float((block[queries].argmax(-1) == queries - 1)
+                                                     .float().mean())
+    return out
+
+
+def measure(adapter: ModelAdapter, probes: Probes, keep: bool = False) -> Measurements:
+    """All scores of every head; ``keep`` also keeps the natural probes' captured layers."""
+    shape = (adapter.n_layers, adapter.n_heads)
+    scores = {k: np.full(shape, np.nan) for k in PATTERN_KEYS + NATURAL_KEYS}
+    captures: dict[int, LayerAttention] = {}
+    same = probes.natural is probes.repeat
+
+    def on_repeat(la: LayerAttention) -> None:
+        for key, value in pattern_scores(la, probes).items():
+            scores[key][la.layer] = value.double().numpy()
+        if same:
+            on_natural(la)
+
+    def on_natural(la: LayerAttention) -> None:
+        for key, value in natural_scores(la).items():
+            scores[key][la.layer] = value.double().numpy()
+        if keep:
+            captures[la.layer] = la
+
+    _capture(adapter, probes.repeat, on_repeat)
+    if not same:
+        _capture(adapter, probes.natural, on_natural)
+    notes: list[str] = []
+    scores.update(weight_scores(adapter, int(probes.repeat.tokens.shape[1]), notes))
+    return Measurements(scores=scores, captures=captures, notes=notes)
+
+
+def k_composition(adapter: ModelAdapter, later: tuple[int, int], earlier: Sequence[tuple[int, int]],
+                  rows: Tensor) -> float:
+    """Share of ``rows`` tokens for which the later head's token-level K-circuit through the
+    ``earlier`` heads prefers the key whose previous token is the query's own token."""
+    if not earlier:
+        return float("nan")
+    return float(circuits.token_composition(adapter, "K", later, list(earlier), rows=rows).fraction)
+
+
+def kcomp_rows(probes: Probes) -> Tensor:
+    """Up to ``KCOMP_ROWS`` distinct token ids of the repeated probes (the composition rows)."""
+    ids = probes.repeat.tokens[:, probes.offset:].reshape(-1).unique()
+    return ids[:KCOMP_ROWS]

@@ -1,0 +1,158 @@
+"""Roles from mechanism: each role needs its pattern *and* the weights that produce it, every
+score against its value on the weight-shuffled control, by a stated margin.
+
+| role | score (shown) | also required |
+|---|---|---|
+| previous-token | attention from ``i`` to ``i-1`` on repeated random tokens | the masked positional QK circuit puts ``i-1`` first (learned positions) |
+| duplicate-token | attention to the earlier copy of the same token | QK positivity (tokens attend to themselves in the full QK circuit) |
+| induction | attention to the token after the earlier copy | the token-level K-circuit through earlier previous-token heads picks the matching key; OV copying |
+| copying | OV copying ``sum Re(lambda) / sum abs(lambda)`` | not already induction |
+| copy-suppression | minus OV copying | - |
+| sink | mass on the most-attended key | its cause from the odds-ratio split (prior- or likelihood-driven) |
+| positional/local | attention within ``LOCAL_WINDOW`` positions | not already previous-token |
+
+A head can hold several roles; they are ranked by how far each score clears its control.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# A score counts when it is at least its control's value plus MARGIN. Every score is a share
+# of attention, a share of rows or tokens, or an eigenvalue ratio in [-1, 1], so one absolute
+# margin of 0.1 serves them all.
+MARGIN = 0.1
+ROLES = ("previous-token", "duplicate-token", "induction", "copying", "copy-suppression", "sink",
+         "positional/local", "unclassified")
+# role -> (primary score, mechanism scores that must clear their controls too)
+RULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "previous-token": ("prev_pattern", ("prev_circuit",)),
+    "duplicate-token": ("dup_pattern", ("qk_positivity",)),
+    "induction": ("ind_pattern", ("ind_kcomp", "ov_copying")),
+    "copying": ("ov_copying", ()),
+    "copy-suppression": ("neg_ov_copying", ()),
+    "sink": ("sink_mass", ()),
+    "positional/local": ("local_mass", ()),
+}
+# A role not listed on its own when the head holds the role that includes it (previous-token
+# attention is local; an induction head's OV copying is part of its induction mechanism).
+SUBSUMED = {"positional/local": "previous-token", "copying": "induction"}
+# Scores allowed to be missing (NaN) without failing a role, and why (said in the evidence).
+OPTIONAL = {"prev_circuit": "no learned positions, so no positional circuit"}
+
+
+@dataclass(frozen=True)
+class HeadRoles:
+    """One head's ranked roles with the primary score, its control and a sentence each."""
+
+    roles: tuple[str, ...]
+    scores: tuple[float, ...]
+    baselines: tuple[float, ...]
+    evidence: str
+    sink_position: str
+    sink_cause: str
+
+
+def controls(shuffled: dict[str, np.ndarray]) -> dict[str, float]:
+    """The control value of each score: its largest value over every head of the control
+    model (the weight-shuffled copy), so a role must beat the best head chance produced."""
+    out = {}
+    for key, values in shuffled.items():
+        finite = values[np.isfinite(values)]
+        out[key] = float(finite.max()) if finite.size else float("nan")
+    return out
+
+
+def _clears(value: float, control: float) -> bool:
+    return bool(np.isfinite(value)) and (not np.isfinite(control) or value >= control + MARGIN)
+
+
+def _head_name(pair: tuple[int, int]) -> str:
+    return f"L{pair[0]}H{pair[1]}"
+
+
+def _sentence(role: str, s: dict[str, float], c: dict[str, float], via: tuple) -> str:
+    def vs(key: str, fmt: str = "{:.2f}") -> str:
+        return f"{fmt.format(s[key])} (control {fmt.format(c[key])})"
+
+    if role == "previous-token":
+        circuit = (f"; the positional circuit ranks the previous position first in "
+                   f"{vs('prev_circuit', '{:.0%}')} of rows" if np.isfinite(s["prev_circuit"])
+                   else f"; {OPTIONAL['prev_circuit']}")
+        return f"previous-token: {vs('prev_pattern')} of attention on the previous token{circuit}"
+    if role == "duplicate-token":
+        return (f"duplicate-token: {vs('dup_pattern')} on the earlier copy of the same token; "
+                f"QK positivity {vs('qk_positivity')}")
+    if role == "induction":
+        heads = ", ".join(_head_name(p) for p in via)
+        return (f"induction: {vs('ind_pattern')} on the token after the earlier copy; the K-circuit "
+                f"through {heads} picks the matching key for {vs('ind_kcomp', '{:.0%}')} of tokens; "
+                f"OV copying {vs('ov_copying')}")
+    if role == "copying":
+        return f"copying: OV copying score {vs('ov_copying')}"
+    if role == "copy-suppression":
+        return f"copy-suppression: OV copying score {s['ov_copying']:.2f} (control min {-c['neg_ov_copying']:.2f})"
+    if role == "sink":
+        where = "the first token" if s["sink_first"] >= 0.5 else "a token other than the first"
+        cause = "likelihood" if s["sink_loglik_adv"] >= s["sink_prior_adv"] else "key prior"
+        return (f"sink: {vs('sink_mass')} of attention on {where}, won by its {cause} "
+                f"(advantage: key prior {s['sink_prior_adv']:.2f}, log-likelihood "
+                f"{s['sink_loglik_adv']:.2f} nats)")
+    return f"positional/local: {vs('local_mass')} of attention within a few positions"
+
+
+def _near_misses(s: dict[str, float], c: dict[str, float], roles: list[str], via: tuple) -> list[str]:
+    """Patterns that clear their control while a required mechanism does not."""
+    out = []
+    for role, (primary, needs) in RULES.items():
+        if role in roles or not needs or not _clears(s[primary], c[primary]):
+            continue
+        missing = [k for k in needs if k not in OPTIONAL and not _clears(s[k], c[k])]
+        if role == "induction" and not via:
+            missing = ["no earlier previous-token head to compose with"]
+        out.append(f"{role} pattern {s[primary]:.2f} (control {c[primary]:.2f}) but not the "
+                   f"mechanism: {', '.join(missing)}")
+    return out
+
+
+def classify(s: dict[str, float], c: dict[str, float],
+             via: tuple[tuple[int, int], ...] = ()) -> HeadRoles:
+    """The ranked roles of one head from its scores ``s`` and the controls ``c``.
+
+    Example:
+        >>> s = dict(prev_pattern=0.9, prev_circuit=1.0, dup_pattern=0.0, qk_positivity=0.0,
+        ...          ind_pattern=0.0, ind_kcomp=float("nan"), ov_copying=0.1, neg_ov_copying=-0.1,
+        ...          sink_mass=0.1, sink_first=0.0, sink_prior_adv=0.0, sink_loglik_adv=0.0,
+        ...          local_mass=0.95)
+        >>> c = {k: 0.2 for k in s}
+        >>> classify(s, c).roles
+        ('previous-token',)
+    """
+    found: list[tuple[float, str]] = []
+    for role, (primary, needs) in RULES.items():
+        if not _clears(s[primary], c[primary]):
+            continue
+        if any(not _clears(s[k], c[k]) and not (k in OPTIONAL and not np.isfinite(s[k]))
+               for k in needs):
+            continue
+        if any(r == SUBSUMED.get(role) for _, r in found):
+            continue
+        found.append((s[primary] - c[primary], role))
+    found.sort(key=lambda item: -item[0])
+    roles = [role for _, role in found] or ["unclassified"]
+    parts = [_sentence(role, s, c, via) for role in roles if role != "unclassified"]
+    parts += _near_misses(s, c, roles, via)
+    if roles == ["unclassified"] and not parts:
+        parts = ["no score clears its control by the margin"]
+    primary = [RULES[r][0] if r in RULES else None for r in roles]
+    sink = "sink" in roles
+    return HeadRoles(
+        roles=tuple(roles),
+        scores=tuple(float(s[k]) if k else float("nan") for k in primary),
+        baselines=tuple(float(c[k]) if k else float("nan") for k in primary),
+        evidence="; ".join(parts) + ".",
+        sink_position=("first-token" if s["sink_first"] >= 0.5 else "other") if sink else "",
+        sink_cause=(("likelihood-driven" if s["sink_loglik_adv"] >= s["sink_prior_adv"]
+                     else "prior-driven") if sink else ""))
