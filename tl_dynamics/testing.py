@@ -85,6 +85,25 @@ HF_ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
                   initializer_range=INIT_STD)),
 }
 
+# Configuration flags outside the exactness matrix (issue 13): each one either reproduces
+# exactly or is refused by the adapter with a TLDynamicsError naming the flag. Same format.
+HF_FLAG_VARIANTS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "bert-decoder": ("BertConfig", "BertLMHeadModel", dict(HF_ARCHS["bert"][2], is_decoder=True)),
+    "bert-relative": ("BertConfig", "BertForMaskedLM",
+                      dict(HF_ARCHS["bert"][2], position_embedding_type="relative_key")),
+    "gemma3-bidirectional": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                             dict(HF_ARCHS["gemma3"][2], use_bidirectional_attention=True)),
+    "gemma3-softcap": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                       dict(HF_ARCHS["gemma3"][2], attn_logit_softcapping=SOFTCAP)),
+    "olmo-clip-qkv": ("OlmoConfig", "OlmoForCausalLM", dict(_COMMON, clip_qkv=0.1)),
+    "gpt2-unscaled": ("GPT2Config", "GPT2LMHeadModel",
+                      dict(HF_ARCHS["gpt2"][2], scale_attn_weights=False)),
+    "gpt2-inverse-layer": ("GPT2Config", "GPT2LMHeadModel",
+                           dict(HF_ARCHS["gpt2"][2], scale_attn_by_inverse_layer_idx=True)),
+    "stablelm-qk-layernorm": ("StableLmConfig", "StableLmForCausalLM",
+                              dict(HF_ARCHS["stablelm"][2], qk_layernorm=True)),
+}
+
 # HookedTransformerConfig variants (TransformerLens 3.x)
 _HT_BASE = dict(n_layers=N_LAYERS, d_model=D_MODEL, n_heads=N_HEADS, d_head=D_HEAD, n_ctx=N_CTX,
                 d_mlp=4 * D_MODEL, act_fn="gelu", initializer_range=INIT_STD, seed=0,
@@ -157,12 +176,13 @@ def _quiet_transformers() -> None:
 
 def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -> Path:
     """Save a tiny random Hugging Face model of ``arch`` (a key of ``HF_ARCHS``) to a folder."""
-    if arch not in HF_ARCHS:
-        raise TLDynamicsError(f"unknown tiny architecture {arch!r}; valid: {sorted(HF_ARCHS)}")
+    archs = {**HF_ARCHS, **HF_FLAG_VARIANTS}
+    if arch not in archs:
+        raise TLDynamicsError(f"unknown tiny architecture {arch!r}; valid: {sorted(archs)}")
     import transformers
 
     _quiet_transformers()
-    config_name, model_name, kwargs = HF_ARCHS[arch]
+    config_name, model_name, kwargs = archs[arch]
     tok = tokenizer()
     config = getattr(transformers, config_name)(vocab_size=len(tok), bos_token_id=0,
                                                 eos_token_id=0, **kwargs)
@@ -223,7 +243,7 @@ def tiny_native(variant: str = "native", seed: int = 0):
 
 def tiny_model(arch: str = "gpt2", compat: bool = False):
     """A tiny random model: a bridge arch (``HF_ARCHS``), a native variant, or a hooked variant."""
-    if arch in HF_ARCHS:
+    if arch in HF_ARCHS or arch in HF_FLAG_VARIANTS:
         return tiny_bridge(arch, compat=compat)
     if arch in NATIVE_VARIANTS:
         return tiny_native(arch)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import torch
 
+from tl_dynamics.adapter._flags import check_bridge_flags, check_hooked_flags
 from tl_dynamics.compat import Host, detect_host, tl_version
 from tl_dynamics.errors import TLDynamicsError
 
@@ -90,9 +91,15 @@ def host_info(model: Any) -> HostInfo:
         cfg = model.cfg
         return HostInfo(host, tl_version(), False, str(cfg.original_architecture or "HookedTransformer"),
                         "hooked")
-    orig = model.blocks[0].attn.original_component
-    family = VERIFIED_HF_ATTENTION.get(type(orig).__name__)
     architecture = str(getattr(model.cfg, "architecture", None) or type(model.original_model).__name__)
+    blocks = getattr(model, "blocks", None)
+    orig = getattr(getattr(blocks[0], "attn", None), "original_component", None) if blocks else None
+    if orig is None:  # e.g. T5 and other encoder-decoders: no decoder-style blocks
+        raise TLDynamicsError(
+            f"unsupported architecture {architecture!r}: this TransformerBridge has no "
+            "blocks[i].attn wrapping a Hugging Face attention module (encoder-decoder and "
+            "attention-free models are not supported)")
+    family = VERIFIED_HF_ATTENTION.get(type(orig).__name__)
     if family is None:
         raise TLDynamicsError(
             f"unsupported architecture {architecture!r}: its attention module "
@@ -105,7 +112,9 @@ def host_info(model: Any) -> HostInfo:
 
 def layer_specs(model: Any, info: HostInfo) -> list[LayerSpec]:
     if info.host == "hooked":
+        check_hooked_flags(model)
         return [_hooked_spec(model, layer) for layer in range(model.cfg.n_layers)]
+    check_bridge_flags(model, info.architecture)
     return [_bridge_spec(model, info, layer) for layer in range(model.cfg.n_layers)]
 
 
@@ -121,7 +130,9 @@ def _hooked_spec(model: Any, layer: int) -> LayerSpec:
     if pos_type not in ("standard", "rotary", "alibi", "shortformer"):
         raise TLDynamicsError(f"unsupported positional_embedding_type {pos_type!r}; "
                               "supported: standard, shortformer, rotary, alibi")
-    local = getattr(attn, "attn_type", "global") == "local"  # cfg.attn_types alone is not used
+    # cfg.attn_types alone is not used; the window lives in the causal mask, which a
+    # bidirectional HookedTransformer does not apply at all
+    local = getattr(attn, "attn_type", "global") == "local" and cfg.attention_dir == "causal"
     cap = getattr(cfg, "attn_scores_soft_cap", -1.0)
     return LayerSpec(
         layer=layer, scale=1.0 / float(attn.attn_scale),
@@ -167,6 +178,9 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         scale = 1.0 / float(orig.scale_attn)
     elif family == "bloom":
         scale = float(orig.inv_norm_factor)
+    elif kind == "JointQKVAttentionBridge":  # GPT-2: the bridge ignores scale_attn_weights
+        scale = model.cfg.d_head ** -0.5 / (
+            layer + 1 if getattr(hf_cfg, "scale_attn_by_inverse_layer_idx", False) else 1)
     else:
         scale = float(getattr(orig, "scaling", None) or orig.self.scaling)
 
@@ -186,16 +200,17 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
 
     # Encoder or decoder: from the HF module, since cfg.attention_dir is wrong for BERT on 3.9.
+    # BERT: BertLMHeadModel (is_decoder=True) is causal, BertForMaskedLM is not.
     causal = bool(getattr(orig, "is_causal", getattr(getattr(orig, "self", None), "is_causal", True)))
     if family == "bert":
-        causal = False
+        causal = bool(getattr(hf_cfg, "is_decoder", False))
     return LayerSpec(
         layer=layer, scale=scale, softcap=float(cap) if cap else None,
         window=int(window) if window else None, causal=causal,
         rotary=rotary, rotary_dim=rotary_dim, rotary_base=base,
         alibi="key" if family == "bloom" else "none",
         scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
-        qk_norm=family in ("gemma3", "olmo2"))
+        qk_norm=family in ("gemma3", "olmo2") or getattr(orig, "q_layernorm", None) is not None)
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

@@ -8,6 +8,7 @@ that read it as one need this map. ``ModelAdapter.query_norm(layer)`` reads it f
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,13 +42,20 @@ class QueryNorm:
     offset: float = 0.0
     W_Q: Float[Tensor, "head d_model d_head"] | None = None
     b_Q: Float[Tensor, "head d_head"] | None = None
+    center: bool = False  # a LayerNorm (mean subtracted first) rather than an RMSNorm
+    bias: Float[Tensor, "..."] | None = None  # the LayerNorm's shift, shaped like ``weight``
 
     def apply_heads(self, y: Float[Tensor, "... head d_head"]) -> Float[Tensor, "... head d_head"]:
         """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads)."""
         dims = (-1,) if self.scope == "head" else (-2, -1)
+        if self.center:
+            y = y - y.mean(dims, keepdim=True)
         ms = y.pow(2).mean(dims, keepdim=True)
         gain = self.offset + (self.weight if self.scope == "head" else self.weight.reshape(y.shape[-2:]))
-        return y * torch.rsqrt(ms + self.eps) * gain.to(y.dtype)
+        out = y * torch.rsqrt(ms + self.eps) * gain.to(y.dtype)
+        if self.bias is not None:
+            out = out + (self.bias if self.scope == "head" else self.bias.reshape(y.shape[-2:])).to(y.dtype)
+        return out
 
     def apply(self, y: Float[Tensor, "n d_head"], head: int,
               x: Float[Tensor, "n d_model"] | None = None) -> Float[Tensor, "n d_head"]:
@@ -56,6 +64,10 @@ class QueryNorm:
         With ``scope == "all"`` the layer inputs ``x`` are needed too (the other heads'
         projections enter the mean). Computed in ``y``'s dtype.
         """
+        if self.scope == "head" and self.weight.ndim == 2:  # one norm per head (StableLM)
+            own = dataclasses.replace(self, weight=self.weight[head],
+                                      bias=None if self.bias is None else self.bias[head])
+            return own.apply_heads(y[:, None])[:, 0]
         if self.scope == "head":
             return self.apply_heads(y[:, None])[:, 0]
         if x is None:
@@ -71,7 +83,15 @@ def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_hea
     ``attn``, whose Hugging Face module and norm wrapper are looked through). ``gemma_gain``:
     the norm multiplies by ``1 + w`` (Gemma's Hugging Face RMSNorm). ``where`` names the layer
     in errors; ``W_Q``/``b_Q`` (all heads) are kept for an all-heads norm."""
-    module = getattr(attn, "original_component", attn).q_norm
+    hf_attn = getattr(attn, "original_component", attn)
+    per_head = getattr(hf_attn, "q_layernorm", None)  # StableLM qk_layernorm: a LayerNorm per head
+    if per_head is not None and hasattr(per_head, "norms"):
+        norms = list(per_head.norms)
+        weight = torch.stack([n.weight.detach().float() for n in norms])
+        biases = [n.bias for n in norms]
+        bias = None if biases[0] is None else torch.stack([b.detach().float() for b in biases])
+        return QueryNorm("head", weight, float(norms[0].eps), 0.0, center=True, bias=bias)
+    module = hf_attn.q_norm
     inner = getattr(module, "original_component", None) or module  # bridge wrapper
     weight = getattr(inner, "weight", getattr(inner, "w", None))
     eps = getattr(inner, "eps", getattr(inner, "variance_epsilon", None))

@@ -1,0 +1,154 @@
+"""Configuration flags outside the exactness matrix: each one reproduces exactly or is refused.
+
+Every case here once gave wrong numbers without a word (issue 13): the adapter either ignored a
+flag that changes how attention scores, or trusted a hook that fires before a transformation.
+Each test builds a tiny random model with the flag set and checks the adapter against the host's
+own activations and, on the bridge, against the Hugging Face model itself; or checks that the
+adapter refuses with a ``TLDynamicsError`` naming the flag.
+"""
+
+import pytest
+import torch
+
+from helpers import requires_hooked
+from tl_dynamics import testing
+from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.errors import TLDynamicsError
+
+EXACT_TOL = 1e-5  # as in test_adapter_exactness: fp32 sums reordered
+
+
+def _host_errors(adapter, side="left"):
+    return testing.reconstruction_errors(adapter, testing.PROMPTS, side)
+
+
+def _assert_exact(errors):
+    for key in ("pattern", "z", "out"):
+        assert errors[key] <= EXACT_TOL, (key, errors)
+    assert not errors["scores"] > EXACT_TOL, errors  # NaN where the scores hook holds the pattern
+
+
+# ----------------------------------------------------------------- bridge flags
+@pytest.mark.parametrize("variant", ["bert-decoder", "bert-relative", "gpt2-inverse-layer",
+                                     "stablelm-qk-layernorm"])
+def test_flag_variant_is_exact_against_host_and_hugging_face(variant):
+    model = testing.cached_model(variant)
+    adapter = ModelAdapter(model)
+    for side in ("right", "left"):
+        _assert_exact(_host_errors(adapter, side))
+        truth = testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS, side)
+        assert truth["pattern"] <= EXACT_TOL and truth["out"] <= EXACT_TOL, truth
+
+
+def test_bert_as_a_decoder_is_causal():
+    """BertLMHeadModel (is_decoder=True) masks the future; BertForMaskedLM does not."""
+    decoder = ModelAdapter(testing.cached_model("bert-decoder"))
+    assert all(spec.causal for spec in decoder.specs) and not decoder.is_encoder
+    assert ModelAdapter(testing.cached_model("bert")).is_encoder
+
+
+@pytest.mark.parametrize("variant,flag", [("gemma3-bidirectional", "use_bidirectional_attention"),
+                                          ("olmo-clip-qkv", "clip_qkv")])
+def test_unmodelled_hugging_face_flag_is_refused(variant, flag):
+    model = testing.cached_model(variant)
+    with pytest.raises(TLDynamicsError, match=flag) as info:
+        ModelAdapter(model)
+    assert model.cfg.architecture in str(info.value)
+
+
+def test_gpt2_scale_is_the_one_the_bridge_uses():
+    """The bridge scores GPT-2 with d_head**-0.5 even when scale_attn_weights=False (the
+    Hugging Face module then uses 1.0): the adapter follows the host it reads hooks from."""
+    adapter = ModelAdapter(testing.cached_model("gpt2-unscaled"))
+    assert adapter.specs[0].scale == pytest.approx(testing.D_HEAD ** -0.5)
+    _assert_exact(_host_errors(adapter))
+    inverse = ModelAdapter(testing.cached_model("gpt2-inverse-layer"))
+    assert inverse.specs[1].scale == pytest.approx(testing.D_HEAD ** -0.5 / 2)
+
+
+def test_gemma3_softcap_follows_the_host():
+    """TransformerLens soft-caps Gemma 3 scores when attn_logit_softcapping is set; Hugging Face
+    Gemma 3 ignores it. The adapter follows the host whose hooks it reads."""
+    adapter = ModelAdapter(testing.cached_model("gemma3-softcap"))
+    assert adapter.specs[0].softcap == testing.SOFTCAP
+    _assert_exact(_host_errors(adapter))
+
+
+def test_stablelm_qk_layernorm_is_detected_and_read():
+    """StableLM's per-head LayerNorm on q: spec.qk_norm is set and query_norm reproduces the
+    Hugging Face module on arbitrary projected queries."""
+    model = testing.tiny_model("stablelm-qk-layernorm")  # its own copy: its norms are changed
+    assert all(spec.qk_norm for spec in ModelAdapter(model).specs)
+    y = torch.randn(3, 5, testing.N_HEADS, testing.D_HEAD, generator=torch.Generator().manual_seed(0))
+    hf_norm = model.blocks[0].attn.original_component.q_layernorm
+    with torch.no_grad():
+        for n in hf_norm.norms:  # non-trivial gains, so a per-head mix-up shows
+            n.weight.copy_(torch.rand(n.weight.shape, generator=torch.Generator().manual_seed(1)) + 0.5)
+        norm = ModelAdapter(model).query_norm(0)
+        want = hf_norm(y.transpose(1, 2)).transpose(1, 2)
+    assert (norm.apply_heads(y) - want).abs().max().item() <= EXACT_TOL
+    assert (norm.apply(y[:, 0, 2], head=2) - want[:, 0, 2]).abs().max().item() <= EXACT_TOL
+
+
+def test_t5_is_refused_with_a_package_error():
+    """Encoder-decoders have no blocks[i].attn: a TLDynamicsError, not an AttributeError."""
+    import transformers
+
+    config = transformers.T5Config(vocab_size=len(testing.tokenizer()), d_model=32, d_kv=8,
+                                   d_ff=64, num_layers=1, num_heads=4, decoder_start_token_id=0)
+    torch.manual_seed(0)
+    hf = transformers.T5ForConditionalGeneration(config).eval()
+    folder = testing.hf_folder("gpt2").parent / "t5"
+    hf.save_pretrained(folder)
+    testing.tokenizer().save_pretrained(folder)
+    try:
+        model = testing.bridge_class().boot_transformers(str(folder), device="cpu")
+    except Exception as exc:  # the host itself cannot boot it here: nothing to refuse
+        pytest.skip(f"TransformerLens cannot boot T5 here: {type(exc).__name__}")
+    with pytest.raises(TLDynamicsError, match="T5"):
+        ModelAdapter(model)
+
+
+def test_adapter_follows_a_later_compatibility_mode():
+    """An adapter made before enable_compatibility_mode() sees the processed weights after it."""
+    model = testing.tiny_bridge("gpt2")
+    adapter = ModelAdapter(model)
+    adapter.W_O(0), adapter.b_O(0)  # cached in raw mode
+    model.enable_compatibility_mode(disable_warnings=True)
+    assert adapter.info.compat
+    _assert_exact(_host_errors(adapter))
+
+
+# ----------------------------------------------------------------- HookedTransformer flags
+@requires_hooked
+@pytest.mark.parametrize("variant,overrides,flag", [
+    ("alibi", dict(attn_scores_soft_cap=testing.SOFTCAP), "attn_scores_soft_cap"),
+    ("gpt2-like", dict(clip_qkv=0.1), "clip_qkv"),
+    ("rotary", dict(clip_qkv=0.1), "clip_qkv"),
+    ("gpt2-like", dict(use_qk_norm=True, normalization_type="RMS"), "q/k normalisation"),
+    ("gpt2-like", dict(original_architecture="Olmo2ForCausalLM", normalization_type="RMS"),
+     "q/k normalisation"),
+])
+def test_hooked_flag_is_refused(variant, overrides, flag):
+    model = testing.tiny_hooked(variant, **overrides)
+    with pytest.raises(TLDynamicsError, match=flag):
+        ModelAdapter(model)
+
+
+@requires_hooked
+def test_hooked_local_window_is_not_applied_when_bidirectional():
+    """A bidirectional HookedTransformer applies no mask at all, local layers included."""
+    model = testing.tiny_hooked("local", attention_dir="bidirectional")
+    adapter = ModelAdapter(model)
+    assert all(spec.window is None and not spec.causal for spec in adapter.specs)
+    errors = testing.reconstruction_errors(adapter, testing.PROMPTS[1])
+    for key in ("scores", "pattern", "z", "out"):
+        assert errors[key] <= EXACT_TOL, (key, errors)
+
+
+@requires_hooked
+def test_hooked_alibi_and_softcap_each_alone_stay_exact():
+    """The refusal is for the combination only: either one alone reproduces exactly."""
+    for variant in ("alibi", "softcap"):
+        errors = testing.reconstruction_errors(ModelAdapter(testing.cached_model(variant)))
+        assert errors["pattern"] <= EXACT_TOL, (variant, errors)

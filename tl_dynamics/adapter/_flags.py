@@ -1,0 +1,108 @@
+"""Configuration flags that change how attention scores and that the exact recipe does not model.
+
+Every flag below is read from the model's own configuration (the wrapped Hugging Face config and
+attention module on the bridge, ``cfg`` on a HookedTransformer). When one is set the adapter
+refuses with a ``TLDynamicsError`` naming the architecture, the flag and what it does, instead of
+returning numbers that silently ignore it. Flags the recipe does model (scale switches, windows,
+soft-caps, q/k norms read through the hooks) are read in ``_host`` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tl_dynamics.errors import TLDynamicsError
+
+__all__ = ["check_bridge_flags", "check_hooked_flags"]
+
+_Rule = tuple[str, Callable[[Any], bool], str]
+
+# Hugging Face config flags (read from the wrapped model's config).
+_HF_CONFIG_RULES: list[_Rule] = [
+    ("clip_qkv", lambda v: v is not None,
+     "q, k and v are clamped after their projections; the value hook holds the unclamped v and "
+     "the query is no longer linear in the layer input"),
+    ("use_bidirectional_attention", bool,
+     "bidirectional attention with a two-sided sliding window, which the recipe does not model"),
+    ("use_logn_attn", bool, "log-n scaling of the query by position"),
+    ("attention_sink_size", lambda v: bool(v), "attention sinks"),
+]
+# Attributes of the wrapped Hugging Face attention module.
+_HF_MODULE_RULES: list[_Rule] = [
+    ("sinks", lambda v: v is not None,
+     "learned attention sinks: an extra softmax column scales every real key's weight down"),
+]
+# TransformerLens bridge cfg switches that change the attention computation after the hooks.
+_BRIDGE_CFG_RULES: list[_Rule] = [
+    ("gated_q_proj", bool, "a sigmoid output gate from the query projection multiplies z"),
+    ("qk_norm_after_rope", bool, "q/k are normalised after the rotated-q/k hooks fire"),
+]
+# HookedTransformer cfg flags.
+_HOOKED_RULES: list[_Rule] = [
+    ("use_logn_attn", bool, "log-n attention scaling"),
+    ("use_attention_sinks", bool, "learned attention sinks"),
+    ("clip_qkv", lambda v: v is not None,
+     "q, k and v are clamped after hook_q/hook_k/hook_v fire, so the hooks do not hold what "
+     "is scored"),
+]
+
+
+def _check(source: Any, rules: list[_Rule], where: str, architecture: str) -> None:
+    for flag, is_set, why in rules:
+        value = getattr(source, flag, None)
+        if value is not None and is_set(value):
+            raise TLDynamicsError(
+                f"unsupported {architecture}: {where} {flag}={value!r} ({why}); the adapter "
+                "refuses rather than return attention that ignores it")
+
+
+def check_bridge_flags(model: Any, architecture: str) -> None:
+    """Refuse a TransformerBridge model whose configuration sets an unmodelled attention flag.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> block = NS(attn=NS(original_component=NS()))
+        >>> model = NS(original_model=NS(config=NS(clip_qkv=8.0)), cfg=NS(), blocks=[block])
+        >>> check_bridge_flags(model, "OlmoForCausalLM")
+        Traceback (most recent call last):
+        ...
+        tl_dynamics.errors.TLDynamicsError: unsupported OlmoForCausalLM: Hugging Face config clip_qkv=8.0 (q, k and v are clamped after their projections; the value hook holds the unclamped v and the query is no longer linear in the layer input); the adapter refuses rather than return attention that ignores it
+    """
+    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
+    for cfg in (hf_cfg, getattr(hf_cfg, "text_config", None)):
+        if cfg is not None:
+            _check(cfg, _HF_CONFIG_RULES, "Hugging Face config", architecture)
+            rope = getattr(cfg, "rope_parameters", None)
+            if isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None:
+                raise TLDynamicsError(
+                    f"unsupported {architecture}: Hugging Face rope_parameters "
+                    "llama_4_scaling_beta (the query is rescaled by position after rotary); the "
+                    "adapter refuses rather than return attention that ignores it")
+    _check(model.cfg, _BRIDGE_CFG_RULES, "TransformerLens cfg", architecture)
+    for block in model.blocks:
+        orig = getattr(block.attn, "original_component", None)
+        if orig is not None:
+            _check(orig, _HF_MODULE_RULES, "attention module", architecture)
+
+
+def check_hooked_flags(model: Any) -> None:
+    """Refuse a HookedTransformer whose cfg sets a flag the recipe does not reproduce, or a
+    combination whose hooks do not hold what is scored (see ``_hooked_combinations``)."""
+    cfg = model.cfg
+    name = str(getattr(cfg, "original_architecture", None) or "HookedTransformer")
+    _check(cfg, _HOOKED_RULES, "HookedTransformer config", name)
+    pos_type = cfg.positional_embedding_type
+    cap = getattr(cfg, "attn_scores_soft_cap", -1.0)
+    if pos_type == "alibi" and cap and cap > 0:
+        raise TLDynamicsError(
+            f"unsupported {name}: HookedTransformer config attn_scores_soft_cap={cap} with ALiBi "
+            "(it soft-caps q.k and adds ALiBi after the cap, while the recipe caps the sum); "
+            "the adapter refuses rather than return attention that ignores it")
+    normed = bool(getattr(cfg, "use_qk_norm", False)) or any(
+        getattr(block.attn, "q_norm", None) is not None for block in model.blocks)
+    if normed and pos_type != "rotary":
+        raise TLDynamicsError(
+            f"unsupported {name}: HookedTransformer q/k normalisation with "
+            f"positional_embedding_type={pos_type!r} (hook_q/hook_k fire before the norm and no "
+            "rotated hook fires after it, so no hook holds the scored q and k); the adapter "
+            "refuses rather than return attention that ignores it")
