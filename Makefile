@@ -8,6 +8,11 @@ VENV := .venv
 VENV3 := .venv-tl3
 PROMPT ?=
 OUT ?= report.html
+# PROMPT and OUT reach tl-dynamics through the environment, taken verbatim ($(value ...)): the
+# shell never parses them, so quotes, backticks and $VARIABLES in a prompt stay as typed.
+override PROMPT := $(value PROMPT)
+override OUT := $(value OUT)
+export PROMPT OUT
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
@@ -37,7 +42,7 @@ chromium:
 	  || echo "could not install Debian chromium: browser tests will skip"
 
 report: $(VENV)/.installed
-	$(VENV)/bin/tl-dynamics report --out $(OUT) $(if $(PROMPT),--prompt "$(PROMPT)")
+	$(VENV)/bin/tl-dynamics report --out "$$OUT" --prompt-env PROMPT
 
 test: test-main test-tl3
 

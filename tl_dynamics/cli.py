@@ -9,6 +9,7 @@ import argparse
 import os
 import re
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report", help="write a standalone offline HTML report",
         description="Write one standalone offline HTML page about a model on a prompt.",
-        epilog=f"tiny-random architectures on this TransformerLens: {_architectures()}")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.fill(f"tiny-random architectures on this TransformerLens "
+                             f"({compat.tl_version()}): {_architectures()}", 78,
+                             break_on_hyphens=False, break_long_words=False))
     report.add_argument("--model", default=None,
                         help="shipped model name (see `tl-dynamics models`; default code-2l), a "
                              "Hugging Face or TransformerLens checkpoint folder, "

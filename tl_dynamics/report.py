@@ -130,6 +130,8 @@ def build_report(model: Any, prompt: Any = DEFAULT_PROMPT, label: str = "",
     adapter = ModelAdapter.of(model)
     _head_list(heads, adapter)
     adapter.check_layers(layers)
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(i, int) for i in prompt):
+        prompt = torch.tensor([list(prompt)])  # token ids (a model without a tokenizer)
     batch = adapter.tokenize(prompt)
     info = adapter.info
     shown = prompt if isinstance(prompt, str) else " ".join(str(int(i)) for i in batch.tokens[0])
