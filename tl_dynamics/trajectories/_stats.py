@@ -93,6 +93,10 @@ class TrajectoryStats:
         """The statistics of both runs together, exactly (integer and exact-sum addition)."""
         if not isinstance(other, TrajectoryStats):
             raise TLDynamicsError(f"can only merge TrajectoryStats, got {type(other).__name__}")
+        if not self.ints or not other.ints:  # an empty run (no forward pass) is the identity
+            mine = {k: v for k, v in self.meta.items() if k != "lens_note"}
+            if mine == {k: v for k, v in other.meta.items() if k != "lens_note"}:
+                return self if not other.ints else other
         if self.meta != other.meta:
             diff = sorted(k for k in set(self.meta) | set(other.meta)
                           if self.meta.get(k) != other.meta.get(k))
@@ -124,11 +128,11 @@ class TrajectoryStats:
 
     @property
     def n_prompts(self) -> int:
-        return int(self.ints["n_prompts"])
+        return int(self.ints.get("n_prompts", 0))
 
     @property
     def n_tokens(self) -> int:
-        return int(self.ints["n_tokens"])
+        return int(self.ints.get("n_tokens", 0))
 
     @property
     def has_lens(self) -> bool:

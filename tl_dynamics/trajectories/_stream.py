@@ -34,10 +34,17 @@ class Accumulator:
         part = reduce_batch(raw, valid, meta)
         self.total = part if self.total is None else self.total.merge(part)
 
-    def result(self) -> TrajectoryStats:
+    def result(self, *, allow_empty: bool = False) -> TrajectoryStats:
+        """The statistics so far. Before any forward pass this raises (inside ``attach`` it
+        is a forgotten model call) unless ``allow_empty``: then it is an empty
+        ``TrajectoryStats`` (no prompts) that merges with any run of the same settings as the
+        identity (``stream`` over an empty shard gives it)."""
         if self.total is None:
-            raise TLDynamicsError("no forward pass has run inside attach(): run the model on "
-                                  "some prompts first")
+            if not allow_empty:
+                raise TLDynamicsError("no forward pass has run inside attach(): run the model "
+                                      "on some prompts first")
+            note = lens_note(self.adapter, self.cfg.lens, self.walker.batch)
+            return TrajectoryStats(meta=stats_meta(self.adapter, self.cfg, note))
         return self.total
 
 
@@ -138,7 +145,7 @@ def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16, *,
     finally:
         if bar is not None:
             bar.close()
-    return acc.result()
+    return acc.result(allow_empty=True)
 
 
 def merge(runs: Sequence[TrajectoryStats]) -> TrajectoryStats:
