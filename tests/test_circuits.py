@@ -76,9 +76,9 @@ def test_qk_circuit_equals_hooked_transformer_scores(variant):
         assert _offset_errors(adapter) <= EXACT_RTOL
 
 
-def test_rotary_map_is_a_relative_rotation():
+def test_the_adapters_rotation_is_a_relative_rotation():
     adapter = adapter_for("phi")  # partial rotary: 8 of 16 dims
-    rmap = circuits.rotary_map(adapter, 0)
+    rmap = adapter.rotation(0)
     assert (rmap.layout, rmap.rotary_dim) == ("half", 8)
     R = lambda d: rmap.matrix(d, adapter.d_head)  # noqa: E731
     assert torch.allclose(R(5) @ R(2).T, R(3), atol=1e-5)

@@ -12,7 +12,6 @@ from helpers import adapter_for, requires_hooked
 from tl_dynamics import contextual_mlp as cm
 from tl_dynamics import testing, viz
 from tl_dynamics.adapter import ModelAdapter
-from tl_dynamics.contextual_mlp import _frame
 from tl_dynamics.errors import TLDynamicsError
 
 # fp32: the explicit MLP (b_i . x_T + c_i, softmax, sum of a_i) reorders the model's sums of
@@ -172,21 +171,19 @@ def test_incoming_all_matches_per_destination_neurons():
 
 def test_a_wrong_rotary_frame_is_refused():
     adapter = adapter_for("llama")
-    captured = {}
-    out = {}
     batch = adapter.tokenize(testing.PROMPTS[0])
-    with adapter.hooks(_frame.cos_sin_hooks(adapter, [0], captured)):
-        out.update(adapter.attention(batch, layers=[0], inputs=True))
-    assert cm.build_frames(adapter, out[0], batch.key_valid, captured)[0].style == "half"
-    captured[(0, "cos")] = captured[(0, "cos")].roll(1, dims=1)  # positions off by one
+    la = adapter.attention(batch, layers=[0], inputs=True)[0]
+    assert cm.build_frames(adapter, la, batch.key_valid)[0].style == "half"
+    own = adapter.rotation(0)
+    wrong = dataclasses.replace(own, inv_freq=own.inv_freq * 1.05)  # frequencies off by 5%
     with pytest.raises(TLDynamicsError, match="could not reproduce the scored rotary query"):
-        cm.build_frames(adapter, out[0], batch.key_valid, captured)
+        cm.build_frames(adapter, la, batch.key_valid, rotation=wrong)
     gpt2 = adapter_for("gpt2")
     la = gpt2.attention(batch.tokens, layers=[0], inputs=True)[0]
-    assert cm.build_frames(gpt2, la, batch.key_valid, {})[0].style == "none"
+    assert cm.build_frames(gpt2, la, batch.key_valid)[0].style == "none"
     wrong = dataclasses.replace(la, q=la.q * 1.01)  # x W_Q + b_Q no longer the scored query
     with pytest.raises(TLDynamicsError, match=r"could not reproduce the scored query from the layer input"):
-        cm.build_frames(gpt2, wrong, batch.key_valid, {})
+        cm.build_frames(gpt2, wrong, batch.key_valid)
 
 
 # ------------------------------------------------------------------ counterfactual queries

@@ -1,35 +1,28 @@
-"""Hook capture: register only our own hooks, hand each finished layer to a callback, and
-remove exactly those hooks on exit, even when the forward pass raises."""
+"""Hook registration: attach only our own hooks and remove exactly those on exit, even when the
+forward pass raises. Knows hook points by name only (names come from ``AdapterBase.hook_name``)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-import torch
 from torch import Tensor
 
-from tl_dynamics.adapter import _rotary
-from tl_dynamics.adapter._host import alibi_slopes
-from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.errors import TLDynamicsError
 
-if TYPE_CHECKING:
-    from tl_dynamics.adapter._model import Batch, ModelAdapter
-
 HookFn = Callable[[Tensor], None]
-REFERENCE_ROLES = ("scores", "pattern", "z", "out")
 
 
 @contextmanager
-def registered(adapter: "ModelAdapter", hooks: Sequence[tuple[str, HookFn]],
+def registered(model: Any, architecture: str, hooks: Sequence[tuple[str, HookFn]],
                on_forward_end: Callable[[], None] | None = None) -> Iterator[None]:
-    """Attach ``fn(activation)`` at each named hook point; remove exactly these on exit.
+    """Attach ``fn(activation)`` at each named hook point of ``model``; remove exactly these on
+    exit, and call ``on_forward_end()`` after each forward pass.
 
     Hooks the user attached before are left alone. An exception raised by ``fn`` is re-raised
     as a ``TLDynamicsError`` naming the hook point, after every hook here is removed.
+    ``architecture`` names the model in errors.
     """
-    model = adapter.model
     hook_dict = model.hook_dict
     owned: list[tuple[Any, Any]] = []  # (hook point, LensHandle)
     torch_handles = []
@@ -50,7 +43,7 @@ def registered(adapter: "ModelAdapter", hooks: Sequence[tuple[str, HookFn]],
         for name, fn in hooks:
             if name not in hook_dict:
                 raise TLDynamicsError(f"hook point {name!r} does not exist on this "
-                                      f"{adapter.info.architecture} model")
+                                      f"{architecture} model")
             point = hook_dict[name]
             before = list(point.fwd_hooks)
             point.add_hook(wrap(name, fn), dir="fwd")
@@ -64,98 +57,3 @@ def registered(adapter: "ModelAdapter", hooks: Sequence[tuple[str, HookFn]],
             point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
         for handle in torch_handles:
             handle.remove()
-
-
-class LayerCollector:
-    """Stashes one layer's hook outputs and assembles a ``LayerAttention`` when it is done.
-
-    A layer is done when a hook of another layer fires or the forward pass ends, so at most
-    one layer's tensors are held at a time.
-    """
-
-    def __init__(self, adapter: "ModelAdapter", layers: Sequence[int],
-                 on_layer: Callable[[LayerAttention], None], reference: bool,
-                 inputs: bool, batch: "Batch | None"):
-        self.adapter, self.layers, self.on_layer = adapter, list(layers), on_layer
-        self.reference, self.inputs, self.batch = reference, inputs, batch
-        self.current: int | None = None
-        self.stash: dict[str, Tensor] = {}
-
-    def hooks(self) -> list[tuple[str, HookFn]]:
-        roles = ["q", "k", "v", "rot_q", "rot_k", "cos", "sin"]
-        roles += list(REFERENCE_ROLES) if self.reference else []
-        roles += ["x"] if self.inputs else []
-        out = []
-        for layer in self.layers:
-            for role in roles:
-                name = self.adapter.hook_name(role, layer)
-                if name is not None:
-                    out.append((name, self._store(role, layer)))
-        return out
-
-    def _store(self, role: str, layer: int) -> HookFn:
-        def fn(activation: Tensor) -> None:
-            if self.current is not None and self.current != layer:
-                self.flush()
-            self.current = layer
-            keep = activation.detach()
-            self.stash[role] = keep.clone() if role in REFERENCE_ROLES else keep
-        return fn
-
-    def flush(self) -> None:
-        if self.current is None:
-            return
-        layer, stash = self.current, self.stash
-        self.current, self.stash = None, {}
-        self.on_layer(assemble(self.adapter, layer, stash, self.batch))
-
-
-def assemble(adapter: "ModelAdapter", layer: int, st: dict[str, Tensor],
-             batch: "Batch | None") -> LayerAttention:
-    spec = adapter.specs[layer]
-    missing = [r for r in ("q", "k", "v") if r not in st]
-    if missing:
-        raise TLDynamicsError(f"layer {layer}: the forward pass did not fire the {missing} hooks")
-    q, k, v = (st[r].float() for r in ("q", "k", "v"))
-    n_batch, n_pos = q.shape[0], q.shape[1]
-    if batch is not None and tuple(batch.key_valid.shape) == (n_batch, n_pos):
-        key_valid = batch.key_valid.to(q.device)
-    else:
-        key_valid = torch.ones(n_batch, n_pos, dtype=torch.bool, device=q.device)
-
-    if spec.rotary in ("hooked", "half") and "rot_q" in st:
-        q, k = st["rot_q"].float(), st["rot_k"].float()
-    elif spec.rotary == "half":
-        if "cos" not in st:
-            raise TLDynamicsError(f"layer {layer} of {adapter.info.architecture} is rotary but fired "
-                                  "neither rotated q/k hooks nor cos/sin hooks")
-        q = _rotary.apply_half(q, st["cos"].float(), st["sin"].float())
-        k = _rotary.apply_half(k, st["cos"].float(), st["sin"].float())
-    elif spec.rotary == "interleaved":
-        cos, sin = adapter.interleaved_cos_sin(layer, _rotary.positions_from_mask(key_valid))
-        q, k = _rotary.apply_interleaved(q, cos, sin), _rotary.apply_interleaved(k, cos, sin)
-    elif spec.rotary == "hooked":
-        raise TLDynamicsError(f"layer {layer}: rotary model did not fire its rotated q/k hooks")
-    k, v = adapter.expand_kv(k), adapter.expand_kv(v)
-
-    positions = torch.arange(n_pos, device=q.device)
-    allowed = key_valid[:, None, :].expand(n_batch, n_pos, n_pos)
-    if spec.causal:
-        allowed = allowed & (positions[None, :] <= positions[:, None])
-    if spec.window is not None:
-        allowed = allowed & (positions[None, :] > positions[:, None] - spec.window)
-    query_valid = key_valid & allowed.any(-1)
-
-    bias = None
-    if spec.alibi == "key":
-        key_pos = (key_valid.long().cumsum(-1) - 1) * key_valid.long()
-        bias = alibi_slopes(adapter.n_heads)[None, :, None, None] * key_pos[:, None, None, :].float()
-    elif spec.alibi == "relative":
-        bias = adapter.hooked_alibi(layer, n_pos)[None]
-
-    W_O, b_O = adapter.W_O(layer), adapter.b_O(layer)
-    reference = {r: st[r].float() for r in REFERENCE_ROLES if r in st}
-    if "x" in st:
-        reference["x"] = adapter.attention_input(layer, st["x"].float())
-    return LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
-                          query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference)

@@ -1,52 +1,142 @@
-"""Rotary position embeddings, for the architectures whose hooks show q and k unrotated."""
+"""Rotary position embeddings as plain tensors: one ``Rotation`` per layer, one apply routine.
+
+With rotary embeddings a query (or key) ``y`` at position ``p`` is scored as ``y R_p`` (row
+vectors), where ``R_p`` rotates pairs of the first ``rotary_dim`` coordinates by the angles
+``p * inv_freq`` and multiplies them by ``magnitude`` (1 unless a rope scaling rescales the
+tables). Since ``R_a R_b^T = magnitude^2 R_{a-b}``, a score depends on the positions only
+through the offset ``query position - key position`` (docs/math.md §1.5).
+
+Two pair layouts exist: ``"half"`` (Llama, GPT-NeoX: coordinate ``k`` pairs with
+``k + rotary_dim/2``) and ``"interleaved"`` (GPT-J, TransformerLens native: ``2k`` with
+``2k + 1``). ``ModelAdapter.rotation(layer)`` reads a layer's ``Rotation`` from the model and
+checks it against the model's own rotated queries.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Literal
+
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-
-def rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+Layout = Literal["half", "interleaved"]
 
 
-def apply_half(x: Float[Tensor, "batch pos head d_head"], cos: Float[Tensor, "batch pos rot"],
-               sin: Float[Tensor, "batch pos rot"], inverse: bool = False) -> Tensor:
-    """Llama/NeoX style: rotate the first ``cos.shape[-1]`` dims of each head by halves."""
+def apply(x: Float[Tensor, "... d_head"], cos: Float[Tensor, "... rot"], sin: Float[Tensor, "... rot"],
+          layout: Layout, transpose: bool = False) -> Float[Tensor, "... d_head"]:
+    """``x R`` on the first ``cos.shape[-1]`` coordinates of ``x`` (the rest pass through).
+
+    ``cos``/``sin`` are tables in the layout's order, broadcastable to ``x[..., :rot]``;
+    computed in ``x``'s dtype. ``transpose=True`` applies ``R^T`` (the inverse when the tables
+    have unit magnitude).
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0]])
+        >>> apply(x, torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 1.0]]), "half")  # 90 degrees
+        tensor([[0., 1.]])
+    """
     rot = cos.shape[-1]
-    cos, sin = cos[:, :, None].to(x.dtype), sin[:, :, None].to(x.dtype)
-    if inverse:
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if transpose:
         sin = -sin
     x_rot, x_pass = x[..., :rot], x[..., rot:]
-    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+    if layout == "half":
+        half = rot // 2
+        turned = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    else:
+        turned = torch.stack((-x_rot[..., 1::2], x_rot[..., ::2]), dim=-1).flatten(-2)
+    return torch.cat((x_rot * cos + turned * sin, x_pass), dim=-1)
 
 
-def interleaved_cos_sin(positions: Tensor, rotary_dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """GPT-J style sinusoids for adjacent pairs, each repeated twice: ``[batch, pos, rotary_dim]``."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
-    angles = positions.float()[..., None] * inv_freq
-    return (torch.repeat_interleave(torch.cos(angles), 2, dim=-1),
-            torch.repeat_interleave(torch.sin(angles), 2, dim=-1))
+def positions_from_mask(key_valid: Bool[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+    """Position ids as the hosts derive them from the padding mask: ``0, 1, 2, ...`` counted
+    over real tokens, so a left-padded row starts at 0 on its first real token (padding
+    positions get an arbitrary id; they are never attended to).
 
-
-def apply_interleaved(x: Float[Tensor, "batch pos head d_head"], cos: Tensor, sin: Tensor,
-                      inverse: bool = False) -> Tensor:
-    """GPT-J style (rotate_every_two) on the first ``cos.shape[-1]`` dims of each head."""
-    rot = cos.shape[-1]
-    cos, sin = cos[:, :, None].to(x.dtype), sin[:, :, None].to(x.dtype)
-    if inverse:
-        sin = -sin
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    pairs = torch.stack((-x_rot[..., 1::2], x_rot[..., ::2]), dim=-1).flatten(-2)
-    return torch.cat((x_rot * cos + pairs * sin, x_pass), dim=-1)
-
-
-def positions_from_mask(key_valid: Tensor) -> Tensor:
-    """Position ids as the hosts derive them: arange, shifted past left padding."""
+    Example:
+        >>> positions_from_mask(torch.tensor([[False, True, True], [True, True, False]])).tolist()
+        [[1, 0, 1], [0, 1, 2]]
+    """
     mask = key_valid.long()
     derived = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     arange = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     needs = ((derived != arange) & (mask != 0)).any(dim=1, keepdim=True)
     return torch.where(needs, derived, arange)
+
+
+def layout_order(per_pair: Tensor, layout: Layout) -> Tensor:
+    """``[..., rot/2]`` values per pair -> ``[..., rot]`` in the layout's coordinate order."""
+    if layout == "half":
+        return torch.cat((per_pair, per_pair), dim=-1)
+    return per_pair.repeat_interleave(2, dim=-1)
+
+
+@dataclass(frozen=True, eq=False)
+class Rotation:
+    """One layer's rotary rotation, as the model applies it.
+
+    Attributes:
+        layer: the layer it belongs to.
+        layout: ``"half"`` (pairs ``(k, k + rotary_dim/2)``) or ``"interleaved"`` (pairs
+            ``(2k, 2k+1)``).
+        rotary_dim: how many leading coordinates of each head rotate (the rest pass through).
+        inv_freq: angle per position of each pair, ``[rotary_dim/2]`` (float64 holding the
+            model's own float32 frequencies where it keeps them).
+        magnitude: factor the model multiplies both ``cos`` and ``sin`` by (1 unless a rope
+            scaling rescales them); scores carry its square.
+        table: the model's own ``(cos, sin)`` tables ``[n, rotary_dim]`` for positions
+            ``0..n-1`` where it keeps them (HookedTransformer, TransformerLens native), used
+            as they are so that rotations match the model bit for bit; None elsewhere.
+
+    Tables are computed the way the hosts compute them: float32 angles ``p * inv_freq``.
+
+    Example:
+        >>> r = Rotation(0, "half", 2, torch.tensor([1.0], dtype=torch.float64))
+        >>> r.rotate(torch.tensor([[1.0, 0.0]]), torch.tensor([0])).tolist()
+        [[1.0, 0.0]]
+        >>> torch.allclose(r.matrix(3, 2) @ r.matrix(1, 2).T, r.matrix(2, 2), atol=1e-6)
+        True
+    """
+
+    layer: int
+    layout: Layout
+    rotary_dim: int
+    inv_freq: Float[Tensor, " pairs"]
+    magnitude: float = 1.0
+    table: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+
+    def cos_sin(self, positions: Int[Tensor, "..."]) -> tuple[Float[Tensor, "... rot"], Float[Tensor, "... rot"]]:
+        """float32 ``cos``/``sin`` tables at ``positions`` (any shape; negative positions give
+        the transposed rotation), magnitude included, in the layout's order."""
+        positions = torch.as_tensor(positions)
+        if self.table is not None and positions.numel() and \
+                int(positions.abs().max()) < self.table[0].shape[0]:
+            index = positions.abs().long().to(self.table[0].device)
+            cos, sin = self.table[0][index].float(), self.table[1][index].float()
+            sign = torch.where(positions < 0, -1.0, 1.0).to(sin.device)[..., None]
+            return cos.to(positions.device), (sin * sign).to(positions.device)
+        angles = positions.float()[..., None] * self.inv_freq.float().to(positions.device)
+        cos = layout_order(torch.cos(angles), self.layout) * self.magnitude
+        sin = layout_order(torch.sin(angles), self.layout) * self.magnitude
+        return cos, sin
+
+    def rotate(self, x: Float[Tensor, "... d_head"], positions: Int[Tensor, "..."],
+               transpose: bool = False) -> Float[Tensor, "... d_head"]:
+        """``x R_p`` (``transpose``: ``x R_p^T``), computed in ``x``'s dtype.
+
+        ``positions`` has the shape of ``x``'s leading dimensions (e.g. ``[batch, pos]`` for
+        ``x`` ``[batch, pos, head, d_head]``, or ``[pos]`` for ``[pos, d_head]``); dimensions
+        of ``x`` after them (heads) share the position.
+        """
+        positions = torch.as_tensor(positions, device=x.device)
+        cos, sin = self.cos_sin(positions)
+        shape = (*positions.shape, *([1] * (x.ndim - 1 - positions.ndim)), self.rotary_dim)
+        return apply(x, cos.reshape(shape), sin.reshape(shape), self.layout, transpose)
+
+    def matrix(self, offset: int, d_head: int) -> Float[Tensor, "d_head d_head"]:
+        """``R_offset`` with ``score = c q R_offset k^T`` for unrotated ``q`` (query at ``i``)
+        and ``k`` (key at ``i - offset``), the magnitude's square included."""
+        eye = torch.eye(d_head, dtype=torch.float32)
+        return self.rotate(eye[None], torch.tensor([offset]))[0] * self.magnitude

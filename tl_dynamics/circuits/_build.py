@@ -18,7 +18,6 @@ from transformer_lens import FactoredMatrix
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._circuit import Circuit
 from tl_dynamics.circuits._labels import vocabulary
-from tl_dynamics.circuits._rotary import cached_rotary_map, offsets_checked
 from tl_dynamics.errors import TLDynamicsError
 
 Inputs = Union[str, Tensor, tuple[Tensor, Tensor]]
@@ -59,9 +58,19 @@ def input_pair(adapter: ModelAdapter, inputs: Inputs) -> tuple[Tensor, str, Tens
     return rows, space, rows, space
 
 
+def offsets_checked(offsets: int | list[int] | range, n_ctx: int) -> list[int]:
+    """Validate relative offsets (query position minus key position, ``|delta| < n_ctx``)."""
+    items = [offsets] if isinstance(offsets, int) else list(offsets)
+    bad = [d for d in items if not isinstance(d, int) or isinstance(d, bool) or abs(d) >= n_ctx]
+    if not items or bad:
+        raise TLDynamicsError(f"offsets {bad or items!r} are not valid relative positions "
+                              f"(query minus key): valid are integers with |delta| < n_ctx = {n_ctx}")
+    return items
+
+
 def rotation(adapter: ModelAdapter, layer: int, offset: int | None) -> tuple[Tensor | None, int | None]:
     """``(R_offset, offset)`` for rotary layers (offset 0 when None), ``(None, None)`` otherwise."""
-    rmap = cached_rotary_map(adapter, layer)
+    rmap = adapter.rotation(layer)
     if rmap is None:
         if offset not in (None, 0):
             raise TLDynamicsError(f"offset={offset!r} applies only to rotary layers; layer {layer} "

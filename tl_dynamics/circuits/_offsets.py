@@ -20,9 +20,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from tl_dynamics.adapter import ModelAdapter
-from tl_dynamics.circuits._build import checked_head, keys, queries
+from tl_dynamics.circuits._build import checked_head, keys, offsets_checked, queries
 from tl_dynamics.circuits._circuit import positivity
-from tl_dynamics.circuits._rotary import cached_rotary_map, offsets_checked
 from tl_dynamics.errors import TLDynamicsError
 
 DEFAULT_OFFSETS = range(0, 32)
@@ -85,7 +84,7 @@ def offset_summary(model: Any, layer: int, head: int,
     """
     adapter = ModelAdapter.of(model)
     layer, head = checked_head(adapter, layer, head)
-    rmap = cached_rotary_map(adapter, layer)
+    rmap = adapter.rotation(layer)
     if rmap is None:
         raise TLDynamicsError(f"offset_summary needs a rotary layer; layer {layer} of "
                               f"{adapter.info.architecture} has none (use positional_qk_circuit "

@@ -13,7 +13,6 @@ from torch import Tensor
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.circuits._build import checked_head, keys, ov_notes, qk_notes, queries, values
-from tl_dynamics.circuits._rotary import cached_rotary_map
 from tl_dynamics.circuits._views import Panel, heatmaps
 from tl_dynamics.errors import TLDynamicsError
 
@@ -104,7 +103,7 @@ def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bo
         rows = rows + adapter.W_pos[pos]
     q = queries(adapter, layer, head, rows, biases)
     k = keys(adapter, layer, head, rows, biases)
-    rmap = cached_rotary_map(adapter, layer)
+    rmap = adapter.rotation(layer)
     if positions and rmap is not None:
         q, k = rmap.rotate(q, pos), rmap.rotate(k, pos)
     spec = adapter.specs[layer]

@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
-from tl_dynamics.contextual_mlp._frame import RotaryFrame, build_frames, check_inputs, cos_sin_hooks
+from tl_dynamics.contextual_mlp._frame import RotaryFrame, build_frames, check_inputs
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.contextual_mlp._mlps import ContextualMLPs
 from tl_dynamics.errors import TLDynamicsError
@@ -44,7 +44,7 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
         if la.spec.rotary != "none":
             raise TLDynamicsError(f"layer {la.layer} is rotary: pass its verified frame "
                                   "(contextual_mlp.build_frames) or use compute()")
-        frame = RotaryFrame("none")
+        frame = RotaryFrame()
     bias = la.bias([head])
     if bias is not None:
         bias = bias.expand(n_batch, 1, n_pos, n_pos)[row, 0]
@@ -80,7 +80,6 @@ class ContextualMLPCollector:
                  reference: bool = False):
         self.adapter, self.layers, self.heads = adapter, layers, heads
         self.rows, self.batch, self.reference = rows, batch, reference
-        self._captured: dict = {}  # rotary cos/sin the model fires, per (layer, role)
         self._passes: list[dict[int, dict[tuple[int, int], ContextualMLP]]] = []
         self._seen: set[int] = set()
         self._mlps: list[ContextualMLP] = []
@@ -95,7 +94,7 @@ class ContextualMLPCollector:
         n_batch = la.q.shape[0]
         rows = list(range(n_batch)) if self.rows is None else [_check_row(r, n_batch) for r in self.rows]
         key_valid = batch.key_valid if batch is not None else la.allowed.any(dim=1)
-        frames = build_frames(self.adapter, la, key_valid, self._captured)
+        frames = build_frames(self.adapter, la, key_valid)
         for row in rows:
             names = self.adapter.str_tokens(batch, row) if batch is not None else None
             for head in self.heads:
@@ -105,9 +104,8 @@ class ContextualMLPCollector:
                 self._mlps.append(mlp)
 
     def hooks(self, stack: ExitStack) -> None:
-        """Enter the hooks that collect (rotary cos/sin, then the per-layer capture) on ``stack``."""
+        """Enter the per-layer capture that collects on ``stack``."""
         adapter = self.adapter
-        stack.enter_context(adapter.hooks(cos_sin_hooks(adapter, self.layers, self._captured)))
         stack.enter_context(adapter.capture(self.on_layer, self.layers, reference=self.reference,
                                             inputs=True, batch=self.batch))
 

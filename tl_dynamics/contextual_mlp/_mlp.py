@@ -13,8 +13,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_dynamics import viz
+from tl_dynamics.adapter import QueryNorm
 from tl_dynamics.contextual_mlp import _core, _readout, _views
-from tl_dynamics.adapter._qknorm import QueryNorm
 from tl_dynamics.contextual_mlp._frame import RotaryFrame
 from tl_dynamics.contextual_mlp._results import Evaluation, Exactness, Neurons
 from tl_dynamics.errors import TLDynamicsError

@@ -1,0 +1,367 @@
+"""``AdapterBase``: what a model is and holds, read once: layer specs, weights, rotations.
+
+``ModelAdapter`` (``_model.py``) adds prompts, forward passes and hooks on top of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from tl_dynamics.adapter import _capture, _weights
+from tl_dynamics.adapter._batch import Batch
+from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
+from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
+from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
+from tl_dynamics.adapter._rotation import PROBE_POSITIONS, read_rotation
+from tl_dynamics.errors import TLDynamicsError
+
+# role -> hook name template per host; the only place hook strings are spelled.
+_BLOCK_HOOKS = {
+    "q": "attn.hook_q", "k": "attn.hook_k", "v": "attn.hook_v",
+    "rot_q": "attn.hook_rot_q", "rot_k": "attn.hook_rot_k",
+    "cos": "attn.hook_cos", "sin": "attn.hook_sin",
+    "scores": "attn.hook_attn_scores", "pattern": "attn.hook_pattern", "z": "attn.hook_z",
+    "resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
+}
+_HOST_HOOKS = {
+    "bridge": {"out": "attn.o.hook_out", "x": "attn.q.hook_in"},
+    "hooked": {"out": "hook_attn_out", "x": "ln1.hook_normalized"},
+}
+
+
+class AdapterBase:
+    """The model's layer specs, dimensions, weights and rotations (see ``ModelAdapter``)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self._info = host_info(model)
+        self.specs = layer_specs(model, self._info)
+        # HookedTransformer blocks that normalise the attention output (see hooked_post_norm)
+        self.post_norm: str | None = hooked_post_norm(model) if self.info.host == "hooked" else None
+        cfg = model.cfg
+        self.n_layers: int = int(cfg.n_layers)
+        self.n_heads: int = int(cfg.n_heads)
+        self.d_head: int = int(cfg.d_head)
+        self.d_model: int = int(cfg.d_model)
+        self.n_kv_heads: int = int(getattr(cfg, "n_key_value_heads", None) or self.n_heads)
+        self.n_ctx: int = int(cfg.n_ctx)
+        self.dtype: torch.dtype = next(model.parameters()).dtype
+        self._cache: dict[tuple, Any] = {}
+
+    @property
+    def info(self) -> HostInfo:
+        """What the model is. Re-read, with every cached weight dropped, when the bridge's
+        compatibility mode was switched on after the adapter was made
+        (``enable_compatibility_mode`` folds and centres the weights in place)."""
+        compat = bool(getattr(self.model, "compatibility_mode", False))
+        if self._info.host == "bridge" and compat != self._info.compat:
+            self._info = host_info(self.model)
+            self.specs = layer_specs(self.model, self._info)
+            self._cache.clear()
+        return self._info
+
+    def __repr__(self) -> str:
+        return (f"ModelAdapter({self.info.architecture}, host={self.info.host} "
+                f"TL {self.info.tl_version}, compat={self.info.compat}, layers={self.n_layers}, "
+                f"heads={self.n_heads}, kv_heads={self.n_kv_heads})")
+
+    # ----------------------------------------------------------------- validation
+    def check_layer(self, layer: int) -> int:
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.n_layers:
+            raise TLDynamicsError(f"layer {layer!r} is out of range: this model has {self.n_layers} "
+                                  f"layers (valid: 0..{self.n_layers - 1})")
+        return layer
+
+    def check_head(self, head: int, layer: int | None = None) -> int:
+        if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head < self.n_heads:
+            where = f" in layer {layer}" if layer is not None else ""
+            raise TLDynamicsError(f"head {head!r}{where} is out of range: this model has "
+                                  f"{self.n_heads} heads per layer (valid: 0..{self.n_heads - 1})")
+        return head
+
+    def check_layers(self, layers: int | Sequence[int] | None) -> list[int]:
+        if layers is None:
+            return list(range(self.n_layers))
+        if isinstance(layers, int):
+            layers = [layers]
+        return [self.check_layer(layer) for layer in layers]
+
+    def check_heads(self, heads: int | Sequence[int] | None) -> list[int]:
+        if heads is None:
+            return list(range(self.n_heads))
+        if isinstance(heads, int):
+            heads = [heads]
+        return [self.check_head(head) for head in heads]
+
+    # ----------------------------------------------------------------- validation
+    def check_layer(self, layer: int) -> int:
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.n_layers:
+            raise TLDynamicsError(f"layer {layer!r} is out of range: this model has {self.n_layers} "
+                                  f"layers (valid: 0..{self.n_layers - 1})")
+        return layer
+
+    def check_head(self, head: int, layer: int | None = None) -> int:
+        if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head < self.n_heads:
+            where = f" in layer {layer}" if layer is not None else ""
+            raise TLDynamicsError(f"head {head!r}{where} is out of range: this model has "
+                                  f"{self.n_heads} heads per layer (valid: 0..{self.n_heads - 1})")
+        return head
+
+    def check_layers(self, layers: int | Sequence[int] | None) -> list[int]:
+        if layers is None:
+            return list(range(self.n_layers))
+        if isinstance(layers, int):
+            layers = [layers]
+        return [self.check_layer(layer) for layer in layers]
+
+    def check_heads(self, heads: int | Sequence[int] | None) -> list[int]:
+        if heads is None:
+            return list(range(self.n_heads))
+        if isinstance(heads, int):
+            heads = [heads]
+        return [self.check_head(head) for head in heads]
+
+    # ----------------------------------------------------------------- hooks
+    def hook_name(self, role: str, layer: int) -> str | None:
+        """The model's hook point for ``role`` in ``layer``, or None where it has none."""
+        template = _HOST_HOOKS[self.info.host].get(role) or _BLOCK_HOOKS.get(role)
+        if template is None:
+            raise TLDynamicsError(f"unknown hook role {role!r}; valid: "
+                                  f"{sorted(set(_BLOCK_HOOKS) | set(_HOST_HOOKS['bridge']))}")
+        name = f"blocks.{layer}.{template}"
+        if role == "out" and self.post_norm is not None:
+            return None  # hook_attn_out is after a post-norm: no hook holds the head-output sum
+        unnormalised = self.post_norm == "post" or name not in self.model.hook_dict
+        if role == "x" and self.info.host == "hooked" and unnormalised:
+            name = f"blocks.{layer}.hook_resid_pre"  # no input normalisation: W_Q reads the stream
+        return name if name in self.model.hook_dict else None
+
+    # ----------------------------------------------------------------- weights
+    def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        self.info  # noqa: B018 (drops the cache when the compatibility mode changed)
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def expand_kv(self, t: Float[Tensor, "batch pos kv_head d_head"]) -> Tensor:
+        if t.shape[2] == self.n_heads:
+            return t
+        return torch.repeat_interleave(t, self.n_heads // t.shape[2], dim=2)
+
+    def _attn_weight(self, layer: int, name: str, bias_shape: tuple[int, ...] | None = None) -> Tensor:
+        """A weight (required) or a bias (zeros where the model has none), GQA expanded."""
+        def compute() -> Tensor:
+            w = _weights.attn_param(self.model, layer, name)
+            if w is None and bias_shape is None:
+                raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no {name}")
+            w = torch.zeros(bias_shape) if w is None else w
+            return w if name == "b_O" else _weights.expand_heads(w, self.n_heads)
+        return self._cached((name, layer), compute)
+
+    def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
+        return self._attn_weight(self.check_layer(layer), "W_Q")
+
+    def W_K(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
+        return self._attn_weight(self.check_layer(layer), "W_K")
+
+    def W_V(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
+        return self._attn_weight(self.check_layer(layer), "W_V")
+
+    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
+        return self._attn_weight(self.check_layer(layer), "W_O")
+
+    def b_Q(self, layer: int) -> Float[Tensor, "head d_head"]:
+        return self._attn_weight(self.check_layer(layer), "b_Q", (self.n_heads, self.d_head))
+
+    def b_K(self, layer: int) -> Float[Tensor, "head d_head"]:
+        return self._attn_weight(self.check_layer(layer), "b_K", (self.n_heads, self.d_head))
+
+    def b_V(self, layer: int) -> Float[Tensor, "head d_head"]:
+        return self._attn_weight(self.check_layer(layer), "b_V", (self.n_heads, self.d_head))
+
+    def b_O(self, layer: int) -> Float[Tensor, " d_model"]:
+        return self._attn_weight(self.check_layer(layer), "b_O", (self.d_model,))
+
+    def query_norm(self, layer: int) -> QueryNorm | None:
+        """The query normalisation of ``layer`` on qk-norm architectures (``None`` elsewhere).
+
+        Read from the model's own norm module: Gemma 3 (per head, gain ``1 + w``), OLMo 2 (over
+        all heads), a HookedTransformer with ``use_qk_norm`` (per head). ``apply`` maps
+        ``x W_Q + b_Q`` to the query before rotary.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter
+            >>> ad = ModelAdapter(testing.tiny_model("gemma3"))
+            >>> ad.query_norm(0).scope, ModelAdapter(testing.tiny_model("llama")).query_norm(0)
+            ('head', None)
+        """
+        self.check_layer(layer)
+        if not self.specs[layer].qk_norm:
+            return None
+
+        def compute() -> QueryNorm:
+            return read_query_norm(
+                self.model.blocks[layer].attn, f"layer {layer} of {self.info.architecture}",
+                gemma_gain=self.info.host == "bridge" and self.info.family == "gemma3",
+                n_heads=self.n_heads, d_head=self.d_head, W_Q=self.W_Q(layer), b_Q=self.b_Q(layer))
+        return self._cached(("query_norm", layer), compute)
+
+    def head_weights(self, layer: int, head: int) -> _weights.HeadWeights:
+        """All of one head's weights and its score scale."""
+        self.check_layer(layer)
+        self.check_head(head, layer)
+        return _weights.HeadWeights(
+            layer=layer, head=head, W_Q=self.W_Q(layer)[head], W_K=self.W_K(layer)[head],
+            W_V=self.W_V(layer)[head], W_O=self.W_O(layer)[head], b_Q=self.b_Q(layer)[head],
+            b_K=self.b_K(layer)[head], b_V=self.b_V(layer)[head], b_O=self.b_O(layer),
+            scale=self.specs[layer].scale)
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self._cached(("W_E",), lambda: _weights.model_param(self.model, "W_E"))
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self._cached(("W_U",), lambda: _weights.model_param(self.model, "W_U"))
+
+    @property
+    def b_U(self) -> Float[Tensor, " d_vocab"]:
+        def compute() -> Tensor:
+            b = _weights.model_param(self.model, "b_U")
+            return torch.zeros(self.W_U.shape[1]) if b is None else b
+        return self._cached(("b_U",), compute)
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"] | None:
+        """Learned absolute position embeddings, or None (rotary, ALiBi)."""
+        def compute() -> Tensor | None:
+            if self.model.cfg.positional_embedding_type not in ("standard", "shortformer"):
+                return None
+            pos_embed = getattr(self.model, "pos_embed", None)
+            return None if pos_embed is None else _weights.model_param(pos_embed, "W_pos")
+        return self._cached(("W_pos",), compute)
+
+    def final_norm(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        """The model's own final normalisation (identity where it has none), in float32."""
+        ln = getattr(self.model, "ln_final", None)
+        if ln is None:
+            return resid.float()
+        with torch.no_grad():
+            return ln(resid.to(self.dtype)).float()
+
+    def unembed(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+        """``x @ W_U + b_U`` (x already normalised)."""
+        return x.float() @ self.W_U + self.b_U
+
+    def logit_lens(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+        """Logits read from a residual-stream state as the model's own head would: final
+        normalisation, then unembedding. Equals the model's logits on the last ``resid_post``
+        for decoder language models (tested). Encoders raise: their MLM head is not a final
+        norm plus unembedding."""
+        if self.is_encoder:
+            raise TLDynamicsError(f"the logit lens is not applicable to the encoder "
+                                  f"{self.info.architecture}: its masked-LM head is not a final "
+                                  "normalisation followed by the unembedding")
+        return self.unembed(self.final_norm(resid))
+
+    @property
+    def is_encoder(self) -> bool:
+        """True for bidirectional (encoder) models."""
+        return any(not spec.causal for spec in self.specs)
+
+    # ----------------------------------------------------------------- positions
+    def positions(self, batch: Batch | Bool[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+        """Position ids as the host derives them from the padding mask (of a ``Batch``, or a
+        ``key_valid`` mask): counted over real tokens, so a left-padded row starts at 0.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter
+            >>> ad = ModelAdapter(testing.tiny_model("llama"))
+            >>> ad.positions(ad.tokenize(["a b c", "a"], padding_side="left"))[1, -1].item()
+            0
+        """
+        key_valid = batch.key_valid if isinstance(batch, Batch) else batch
+        return positions_from_mask(key_valid)
+
+    def rotation(self, layer: int) -> Rotation | None:
+        """The rotary ``Rotation`` of ``layer`` as the model applies it, or None where the layer
+        has no rotary embedding. Read once (a short probe forward pass on some hosts) and
+        checked against the model's own rotated queries wherever it fires them.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter
+            >>> ad = ModelAdapter(testing.tiny_model("phi"))   # partial rotary: 8 of 16 dims
+            >>> r = ad.rotation(0)
+            >>> (r.layout, r.rotary_dim), ModelAdapter(testing.tiny_model("gpt2")).rotation(0)
+            (('half', 8), None)
+        """
+        self.check_layer(layer)
+        where = f"layer {layer} of {self.info.architecture}"
+        return self._cached(("rotation", layer), lambda: read_rotation(
+            self.specs[layer], self.model, lambda roles: self._probe(layer, roles),
+            lambda x: self.unrotated_queries(layer, self.attention_input(layer, x)), where))
+
+    def unrotated_queries(self, layer: int, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... head d_head"]:
+        """The queries of every head before rotary for attention inputs ``x`` (as W_Q reads
+        them, e.g. ``LayerAttention.reference["x"]``): ``x W_Q + b_Q``, normalised by the
+        model's own query norm on qk-norm layers (``query_norm``)."""
+        q = torch.einsum("...m,hmd->...hd", x.float(), self.W_Q(layer)) + self.b_Q(layer)
+        norm = self.query_norm(layer)
+        return q if norm is None else norm.apply_heads(q)
+
+    def _probe(self, layer: int, roles: Sequence[str]) -> dict[str, Tensor]:
+        """The activations of ``roles`` that ``layer`` fires on ``PROBE_POSITIONS`` random tokens
+        (2 rows, seed 0). One forward pass serves every rotary layer; it runs when the first
+        rotation is read, never inside another forward pass (``ModelAdapter.capture`` reads
+        rotations before it hooks the model)."""
+        def run() -> dict[int, dict[str, Tensor]]:
+            got: dict[int, dict[str, Tensor]] = {}
+            named = []
+            for where in range(self.n_layers):
+                if self.specs[where].rotary == "none":
+                    continue
+                for role in roles:
+                    name = self.hook_name(role, where)
+                    if name is not None:
+                        named.append((name, (lambda w, r: lambda t: got.setdefault(w, {}).__setitem__(
+                            r, t.detach().clone()))(where, role)))
+            device = next(self.model.parameters()).device
+            tokens = torch.randint(0, self.W_E.shape[0], (2, min(PROBE_POSITIONS, self.n_ctx)),
+                                   generator=torch.Generator().manual_seed(0)).to(device)
+            with _capture.registered(self.model, self.info.architecture, named), torch.no_grad():
+                self.model(tokens)
+            return got
+        return self._cached(("probe", tuple(roles)), run).get(layer, {})
+
+    def attention_input(self, layer: int, x: Tensor) -> Tensor:
+        """The vector W_Q reads, from the captured ``x`` hook. HookedTransformer's
+        ``ln1.hook_normalized`` is taken before the LayerNorm's own weight and bias, so they
+        are applied here (identity for LNPre and for models with folded LayerNorm)."""
+        if self.info.host != "hooked" or self.post_norm == "post":
+            return x  # a bridge's hook is the input itself; OLMo 2 post-norm reads the stream
+        ln = self.model.blocks[layer].ln1
+        weight, bias = getattr(ln, "w", None), getattr(ln, "b", None)
+        if isinstance(weight, Tensor):
+            x = x * weight.detach().float()
+        if isinstance(bias, Tensor):
+            x = x + bias.detach().float()
+        return x
+
+    def hooked_alibi(self, layer: int, n_pos: int) -> Tensor:
+        """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``, as its last
+        forward pass added it. HookedTransformer caches the bias at the longest context seen
+        and slices its *last* rows, so after a longer prompt each row carries a constant shift
+        (softmax-invariant); reading its buffer reproduces its scores exactly either way."""
+        buffer = getattr(self.model.blocks[layer].attn, "alibi", None)
+        if isinstance(buffer, Tensor) and buffer.shape[-1] >= n_pos:
+            return buffer[:, -n_pos:, :n_pos].detach().float()
+        from transformer_lens.components import AbstractAttention
+
+        return AbstractAttention.create_alibi_bias(self.n_heads, n_pos, "cpu").float()

@@ -1,0 +1,80 @@
+"""Prompts as tokens: ``Batch`` (tokens and which of them are real) and how text becomes one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence, Union
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from tl_dynamics.errors import TLDynamicsError
+
+Prompt = Union[str, Sequence[str], Tensor]
+PADDING_SIDES = ("left", "right")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Tokens and which of them are real (not padding).
+
+    ``key_valid`` is built from the tokenizer's padding, never from the pad id (which is often
+    the BOS id).
+
+    Example:
+        >>> b = Batch(torch.tensor([[5, 6, 0]]), torch.tensor([[True, True, False]]), "right")
+        >>> b.padded
+        True
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    key_valid: Bool[Tensor, "batch pos"]
+    padding_side: str
+
+    @property
+    def padded(self) -> bool:
+        return not bool(self.key_valid.all())
+
+
+def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str = "right",
+             attention_mask: Tensor | None = None) -> Batch:
+    """``ModelAdapter.tokenize``: tokens and padding mask of ``prompt`` for ``model``."""
+    if isinstance(prompt, Batch):
+        return prompt
+    if padding_side not in PADDING_SIDES:
+        raise TLDynamicsError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    if isinstance(prompt, Tensor):
+        tokens = prompt[None] if prompt.ndim == 1 else prompt
+        if tokens.ndim != 2 or tokens.is_floating_point():
+            raise TLDynamicsError(f"token tensor must be integer [batch, pos] or [pos], got "
+                                  f"{tuple(prompt.shape)} {prompt.dtype}")
+        if attention_mask is None:
+            key_valid = torch.ones_like(tokens, dtype=torch.bool)
+        else:
+            key_valid = attention_mask.reshape(tokens.shape).bool()
+    else:
+        texts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not texts or any(not isinstance(t, str) for t in texts):
+            raise TLDynamicsError("prompt must be a non-empty string, a non-empty list of "
+                                  "strings, or a token tensor")
+        if any(t == "" for t in texts):
+            raise TLDynamicsError("prompt is empty: give at least one character of text")
+        if getattr(model, "tokenizer", None) is None:
+            raise TLDynamicsError("this model has no tokenizer: pass a token tensor instead")
+        tokens = model.to_tokens(texts, padding_side=padding_side, truncate=False)
+        key_valid = _padding_mask(model, tokens, padding_side) if len(texts) > 1 else \
+            torch.ones_like(tokens, dtype=torch.bool)
+    if tokens.shape[1] == 0:
+        raise TLDynamicsError("prompt is empty: it has zero tokens")
+    if tokens.shape[1] > n_ctx:
+        raise TLDynamicsError(f"prompt has {tokens.shape[1]} tokens but this model's context "
+                              f"is {n_ctx} tokens (valid: 1..{n_ctx})")
+    return Batch(tokens=tokens, key_valid=key_valid, padding_side=padding_side)
+
+
+def _padding_mask(model: Any, tokens: Tensor, padding_side: str) -> Tensor:
+    from transformer_lens.utilities.tokenize_utils import get_attention_mask
+
+    prepend = bool(getattr(model.cfg, "default_prepend_bos", True))
+    return get_attention_mask(model.tokenizer, tokens, prepend, padding_side=padding_side).bool()
