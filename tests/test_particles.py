@@ -1,7 +1,7 @@
 """tl_dynamics.particles: the (SA)/(USA) simulator, its integrator, observables and reproductions.
 
-Reproductions of Geshkovski, Letrouit, Polyanskiy & Rigollet (seed 001) are asserted with
-tolerances measured on these seeds and justified next to each constant.
+Reproductions of Geshkovski, Letrouit, Polyanskiy & Rigollet are asserted with tolerances
+measured on these seeds and justified next to each constant.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.particles import (
-    FigureView,
     ParticleRun,
+    RunParams,
     cluster_count,
     cluster_labels,
     close_fraction,
@@ -115,7 +116,7 @@ def test_adaptive_steps_match_the_reference(name):
     run = simulate(x0, t_max=T_REF, record_every=1.0, **spec)
     ref = _reference(name)
     assert max_dist(run.states[-1], ref) < ADAPTIVE_TOL
-    assert run.params["tol"] == 1e-6 and run.params["iterations"] > 0
+    assert run.params.tol == 1e-6 and run.params.iterations > 0
 
 
 def test_particles_stay_on_the_sphere():
@@ -210,7 +211,7 @@ def test_per_run_beta_equals_separate_runs():
     for r, b in enumerate((1.0, 6.0)):
         one = simulate(x0[r : r + 1], b, t_max=4.0, record_every=1.0, dt=0.05)
         assert max_dist(both.states[:, r], one.states[:, 0]) < 1e-14
-    assert both.params["beta"] == [1.0, 6.0]
+    assert both.params.beta == [1.0, 6.0]
 
 
 # --------------------------------------------------------------------------- observables
@@ -249,17 +250,17 @@ def _synthetic_run(counts_per_run: list[list[int]], times: list[float]) -> Parti
         mean_cosine=torch.zeros(T, R, dtype=torch.float64),
         close_fraction=(labels[0:1].amax(-1) == 0).to(torch.float64),
         labels=labels,
-        params={"dynamics": "SA", "beta": 1.0, "d": 2},
+        params=RunParams(dynamics="SA", beta=1.0, runs=R, n=n, d=2),
     )
 
 
 def test_merge_events_plateaus_and_time_to_clustering_bookkeeping():
     run = _synthetic_run([[5, 3, 3, 3, 2, 1], [4, 4, 4, 4, 4, 4]], [0.0, 1.0, 2.0, 3.0, 5.0, 9.0])
     ev = run.merge_events()
-    assert ev[["run", "time", "before", "after", "merged"]].values.tolist() == [
-        [0, 1.0, 5, 3, 2],
-        [0, 5.0, 3, 2, 1],
-        [0, 9.0, 2, 1, 1],
+    assert ev[["run", "time", "before", "after", "merged", "merges", "splits"]].values.tolist() == [
+        [0, 1.0, 5, 3, 2, 2, 0],
+        [0, 5.0, 3, 2, 1, 1, 0],
+        [0, 9.0, 2, 1, 1, 1, 0],
     ]
     pl = run.plateaus()
     assert pl[pl.run == 0][["n_clusters", "start", "end", "length", "open"]].values.tolist() == [
@@ -353,7 +354,9 @@ def test_phase_diagram_sa_and_usa():
     assert float(usa.fraction[2, 1]) > float(usa.fraction[0, 1]) + 0.2
     df = sa.to_dataframe()
     assert list(df.columns) == ["beta", "time", "fraction", "sem"] and len(df) == 4 * 5
-    assert isinstance(phase_figure(sa, usa), FigureView)
+    figure = phase_figure(sa, usa)
+    assert isinstance(figure, viz.Component) and "data:image/png" in figure.html
+    assert figure.caption.startswith("Phase diagram, Q=K=V=I: (SA) beta in [0, 9]")
 
 
 # --------------------------------------------------------------------------- seeding
@@ -384,14 +387,14 @@ def test_from_head_maps_qk_ov_and_scale():
     assert torch.allclose(hd.qk, WQ @ WK.T, atol=1e-12)
     assert torch.allclose(hd.ov, WV @ WO, atol=1e-12)
     assert hd.beta == 0.125 * 4.0
-    assert hd.source["layer"] == 2 and hd.source["head"] == 1
+    assert (hd.source.layer, hd.source.head, hd.source.name) == (2, 1, "L2H1")
     # scores of the particle system are the head's scores of the same (unit) vectors, times radius^2
     x = random_init(1, 5, 6, gen(19))[0]
     ours = hd.beta * (x @ hd.Q.T) @ (x @ hd.K.T).T
     theirs = 0.125 * 4.0 * (x @ WQ) @ (x @ WK).T
     assert torch.allclose(ours, theirs, atol=1e-12)
     run = simulate(random_init(2, 5, 6, gen(20)), t_max=2.0, record_every=1.0, **hd.kwargs())
-    assert run.params["source"]["kind"] == "head" and run.params["qkv"] == "custom"
+    assert run.params.source == hd.source and run.params.qkv == "custom"
 
 
 def test_from_head_rejects_inconsistent_weights():
@@ -428,15 +431,18 @@ def test_from_head_through_the_adapter_on_a_tiny_model():
 def test_views_render_offline_and_escape_text():
     run = simulate(random_init(2, 6, 2, gen(22)), 4.0, t_max=3.0, record_every=0.5)
     view = run.show()
-    assert isinstance(view, FigureView) and view.png().startswith(b"\x89PNG")
+    assert isinstance(view, viz.Component) and 'src="data:image/png;base64,' in view.html
+    assert view.caption.startswith("(SA) Q=K=V=I, beta=4, n=6, d=2, 2 runs")
     html = report_html(run, title="<script>x</script> & more")
     assert html.startswith('<section class="tl-dynamics-particles"><h3>&lt;script&gt;x&lt;/script&gt; &amp; more</h3>')
     assert 'src="data:image/png;base64,' in html and "<script>" not in html
     run3 = simulate(random_init(2, 6, 3, gen(23)), 4.0, t_max=2.0, record_every=0.5)
-    assert run3.show().png().startswith(b"\x89PNG")
+    assert "data:image/png" in run3.show().html
     no_states = simulate(random_init(2, 6, 8, gen(24)), 1.0, t_max=2.0, record_every=0.5, keep_states=False)
-    assert no_states.show().png().startswith(b"\x89PNG")
-    with pytest.raises(TLDynamicsError, match=r"expected a ParticleRun, PhaseDiagram\(s\) or FigureView, got int"):
+    assert "data:image/png" in no_states.show().html
+    # the caption once as the figure's caption (and once as its image's alt text), not twice
+    assert report_html(view, title="t").count(viz.html_escape(view.caption)) == 2
+    with pytest.raises(TLDynamicsError, match=r"expected a ParticleRun, PhaseDiagram\(s\) or a viz component, got int"):
         report_html(3)
 
 
@@ -509,11 +515,54 @@ def test_beside_model_seeds_from_the_prompts_tokens_and_the_heads_weights():
     adapter = ModelAdapter(testing.cached_model("gpt2"))
     result = beside_model(adapter, "def f(x): return x + 1", layer=1, head=2, t_max=2.0)
     n_tokens = int(adapter.tokenize("def f(x): return x + 1").key_valid.sum())
+    assert result.pairs == ((1, 2),) and result.names == ("L1H2",)
     assert len(result.tokens) == n_tokens and result.run.states.shape[2] == n_tokens
-    assert result.head_dynamics.beta == pytest.approx(adapter.specs[1].scale * adapter.d_model)
+    assert result.head_dynamics[0].beta == pytest.approx(adapter.specs[1].scale * adapter.d_model)
     assert len(result.model_clusters) == len(result.point_labels) == adapter.n_layers + 1
     assert 1 <= result.model_clusters.min() and result.model_clusters.max() <= n_tokens
     frame = result.to_dataframe()
     assert set(frame["source"]) == {"model", "simulation"}
-    with pytest.raises(TLDynamicsError, match="head 9 in layer 1 is out of range"):
+    with pytest.raises(TLDynamicsError, match="head 9 is out of range"):
         beside_model(adapter, "a b c", layer=1, head=9)
+
+
+def test_compute_runs_every_selected_head_in_one_batch_like_single_runs():
+    """``compute`` with layers x heads is the single-head runs side by side: same seeds (the
+    tokens' states at each head's layer), same beta, the same flow (per-run adaptive steps)."""
+    from tl_dynamics import particles, testing, trajectories
+    from tl_dynamics.adapter import ModelAdapter
+
+    adapter = ModelAdapter(testing.cached_model("gpt2"))
+    prompt = "def f(x): return x + 1"
+    both = particles.compute(adapter, prompt, layers=[0, 1], heads=1, t_max=2.0)
+    assert both.pairs == ((0, 1), (1, 1)) and both.run.n_runs == 2
+    for r, (layer, head) in enumerate(both.pairs):
+        one = particles.beside_model(adapter, prompt, layer=layer, head=head, t_max=2.0)
+        torch.testing.assert_close(both.run.states[:, r], one.run.states[:, 0], atol=1e-9, rtol=0)
+        assert both.head_dynamics[r].beta == one.head_dynamics[0].beta
+    # the model side is the trajectories analysis on the same tokens (one sphere kernel)
+    traj = trajectories.compute(adapter, prompt, eps=(particles.BESIDE_EPS,), lens=False)
+    assert np.array_equal(both.model_clusters, traj.clusters[0, 0].numpy())
+    # at t = 0 the particles are the tokens' states, so the flow's count is the model's count
+    # at that layer's input
+    counts0 = both.run.cluster_counts()[0].tolist()
+    assert counts0 == [int(both.model_clusters[0]), int(both.model_clusters[1])]
+    with pytest.raises(TLDynamicsError, match=r"layer 7 is out of range"):
+        particles.compute(adapter, prompt, layers=7)
+    with pytest.raises(TLDynamicsError, match=r"at least 2 tokens, got 1"):
+        particles.compute(adapter, torch.tensor([[5]]), layers=0, heads=0)
+
+
+def test_report_section_labels_the_plot_and_captions_it_once():
+    from tl_dynamics import particles, testing
+    from tl_dynamics.adapter import ModelAdapter
+
+    adapter = ModelAdapter(testing.cached_model("gpt2"))
+    page = viz.Page("p")
+    particles.report_section(page, adapter, adapter.tokenize("def f(x): return x + 1"))
+    section = page.sections[-1]
+    assert section.title == "Idealised particle dynamics"
+    [figure] = section.items
+    assert "clusters among the prompt's" in figure.caption.lower()
+    assert "every token its own cluster" in figure.caption
+    assert page.to_html().count(viz.html_escape(figure.caption)) == 2  # alt text + caption

@@ -266,6 +266,31 @@ def test_flattened_trajectory_and_parallel_blocks():
             T.compute(adapter(arch), PROMPTS[0], flattened=True)
 
 
+def test_layers_select_the_trajectory_points():
+    """``layers`` keeps the inputs of the chosen blocks (and the final output): every per-point
+    number is the full run's at those points, steps and events join the kept points."""
+    ad = adapter("gpt2")
+    full = T.compute(ad, PROMPTS[:2])
+    one = T.compute(ad, PROMPTS[:2], layers=1)
+    assert one.labels == ("resid_pre1", "resid_post1") == one.stats.labels
+    def same(a, b):  # bit for bit, NaN at padding included
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+    for name in ("norm", "cos_final", "rank", "cos_unembed", "erank", "mean_cos", "cos_hist"):
+        same(getattr(one, name), getattr(full, name)[:, 1:])
+    same(one.clusters, full.clusters[..., 1:])
+    same(one.merges[..., 0], full.merges[..., 1])
+    same(one.step[:, 0], full.step[:, 1])
+    assert T.compute(ad, PROMPTS[0], layers=[1, 0]).labels == full.labels  # depth order
+    with pytest.raises(TLDynamicsError, match="layer 5 is out of range"):
+        T.compute(ad, "x", layers=5)
+    with pytest.raises(TLDynamicsError, match="layers must name at least one layer"):
+        T.compute(ad, "x", layers=[])
+    with pytest.raises(TLDynamicsError, match=r"cannot merge statistics computed differently: "
+                                              r"they differ in \['labels'\]"):
+        full.stats.merge(T.stream(ad, PROMPTS[:2], layers=1, progress=False))
+
+
 def test_encoder_has_no_next_token_statistics():
     ad = adapter("bert")
     stats = T.stream(ad, PROMPTS[:2], progress=False)
@@ -382,6 +407,11 @@ def test_views_and_report_section():
     T.report_section(page, ad, batch)
     assert page.sections[-1].title == "Depth-wise trajectories"
     assert "data:image/png" in page.to_html()
+    # the section is compute's result, shown: per-token views, then the batch's statistics
+    assert traj.stats == T.stream(ad, [batch], progress=False)
+    [shown] = page.sections[-1].items
+    html = shown._repr_html_()
+    assert isinstance(shown, viz.Group) and "ColoredTokens" in html and "per-point means" in html
 
 
 def test_trained_lm_rank_improves_with_depth():

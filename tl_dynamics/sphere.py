@@ -1,7 +1,7 @@
 """Points on the unit sphere: unit vectors, pairwise cosines, eps-clusters and merge events.
 
 The one kernel behind the depth-wise token clouds of ``tl_dynamics.trajectories`` and the
-idealised particle system of ``tl_dynamics.particles`` (definitions: docs/math.md §5 and §6).
+idealised particle system of ``tl_dynamics.particles`` (definitions: docs/math.md §5.5).
 Pure tensor functions, batched over any leading axes, on the tensors' own device.
 
 Two points are *eps-close* when ``cos(x_i, x_j) > 1 - eps`` (for small eps: an angle below

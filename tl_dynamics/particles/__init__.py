@@ -1,36 +1,25 @@
-"""Idealised self-attention dynamics: tokens as interacting particles on the sphere (Geshkovski et al.)."""
+"""Idealised self-attention dynamics: tokens as interacting particles on the sphere
+(Geshkovski et al.; definitions: docs/math.md §6).
 
-from .dynamics import identity_qkv, random_init, random_qkv, suggest_dt, velocity
-from .observables import DEFAULT_EPS, close_fraction, cluster_count, cluster_labels, gram, mean_cosine
-from .phase import PhaseDiagram, phase_diagram
-from .result import ParticleRun
-from .seeding import HeadDynamics, from_head
-from .simulation import simulate
-from .beside import BesideModel, beside_model, report_section
-from .views import FigureView, phase_figure, report_html
+``simulate`` integrates (SA)/(USA) for batches of runs; ``phase_diagram`` sweeps beta;
+``from_head`` seeds ``Q, K, V, beta`` from a real head. The analysis contract
+(docs/developing.md): ``compute(model, prompt, *, layers=None, heads=None, ...)`` runs the
+head-seeded flow beside the model's own clustering of the prompt's tokens (``BesideModel``),
+and ``report_section`` shows it. There is no ``attach``: the flow is simulated, not read from
+the user's forward passes. Clusters, cosines and merge events come from ``tl_dynamics.sphere``.
+"""
 
-__all__ = [
-    "DEFAULT_EPS",
-    "FigureView",
-    "HeadDynamics",
-    "ParticleRun",
-    "PhaseDiagram",
-    "close_fraction",
-    "cluster_count",
-    "cluster_labels",
-    "from_head",
-    "gram",
-    "identity_qkv",
-    "mean_cosine",
-    "phase_diagram",
-    "phase_figure",
-    "random_init",
-    "random_qkv",
-    "report_html",
-    "report_section",
-    "BesideModel",
-    "beside_model",
-    "simulate",
-    "suggest_dt",
-    "velocity",
-]
+from tl_dynamics.particles._beside import BESIDE_EPS, BesideModel, beside_model, compute
+from tl_dynamics.particles._dynamics import identity_qkv, random_init, random_qkv, suggest_dt, velocity
+from tl_dynamics.particles._observables import close_fraction, cluster_count, cluster_labels, mean_cosine
+from tl_dynamics.particles._phase import PhaseDiagram, PhaseParams, phase_diagram, phase_figure
+from tl_dynamics.particles._report import report_html, report_section
+from tl_dynamics.particles._result import ParticleRun, RunParams
+from tl_dynamics.particles._seeding import HeadDynamics, HeadSource, from_head
+from tl_dynamics.particles._simulation import simulate
+
+__all__ = ["BESIDE_EPS", "BesideModel", "HeadDynamics", "HeadSource", "ParticleRun", "PhaseDiagram",
+           "PhaseParams", "RunParams", "beside_model", "close_fraction", "cluster_count",
+           "cluster_labels", "compute", "from_head", "identity_qkv", "mean_cosine", "phase_diagram",
+           "phase_figure", "random_init", "random_qkv", "report_html", "report_section", "simulate",
+           "suggest_dt", "velocity"]

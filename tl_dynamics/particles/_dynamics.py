@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ._checks import Problems, check_beta, check_dynamics, check_matrix, check_states
+from tl_dynamics.particles._checks import Problems, check_beta, check_dynamics, check_matrix, check_states
 
 #: Largest beta * ||Q^T K||_2 for which exp() in (USA) cannot overflow, per dtype.
 USA_EXP_LIMIT = {torch.float64: 700.0, torch.float32: 85.0}
 
 
 def random_init(
-    runs: int, n: int, d: int, generator: Optional[torch.Generator] = None, dtype: torch.dtype = torch.float64
+    runs: int, n: int, d: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
 ) -> Float[Tensor, "runs n d"]:
     """``[runs, n, d]`` points drawn independently and uniformly on ``S^{d-1}``.
 
@@ -60,8 +59,8 @@ def identity_qkv(d: int, dtype: torch.dtype = torch.float64) -> tuple[Float[Tens
 def random_qkv(
     d: int,
     kind: str = "gaussian",
-    generator: Optional[torch.Generator] = None,
-    runs: Optional[int] = None,
+    generator: torch.Generator | None = None,
+    runs: int | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Random ``(Q, K, V)``, each ``[d, d]`` (or ``[runs, d, d]``).
@@ -98,17 +97,17 @@ class Field:
     """
 
     beta: Tensor
-    B: Optional[Tensor]
-    Qt: Optional[Tensor]
-    Kt: Optional[Tensor]
-    Vt: Optional[Tensor]
+    B: Tensor | None
+    Qt: Tensor | None
+    Kt: Tensor | None
+    Vt: Tensor | None
     dynamics: str
     causal: bool
 
     def select(self, idx: Tensor) -> "Field":
         """The same field restricted to the runs ``idx`` (per-run parameters are indexed)."""
 
-        def pick(t: Optional[Tensor]) -> Optional[Tensor]:
+        def pick(t: Tensor | None) -> Tensor | None:
             return t if t is None or t.ndim < 3 else t.index_select(0, idx)
 
         return replace(self, beta=pick(self.beta), B=pick(self.B), Qt=pick(self.Qt), Kt=pick(self.Kt), Vt=pick(self.Vt))
@@ -140,7 +139,7 @@ def _upper(n: int, device: torch.device) -> Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
 
 
-def _is_eye(m: Optional[Tensor]) -> bool:
+def _is_eye(m: Tensor | None) -> bool:
     return m is None or (m.ndim == 2 and m.shape[0] == m.shape[1] and torch.equal(m, torch.eye(m.shape[0], dtype=m.dtype)))
 
 
@@ -148,12 +147,12 @@ def make_field(
     p: Problems,
     x0: Tensor,
     beta,
-    Q: Optional[Tensor],
-    K: Optional[Tensor],
-    V: Optional[Tensor],
+    Q: Tensor | None,
+    K: Tensor | None,
+    V: Tensor | None,
     dynamics: str,
     causal: bool,
-) -> Optional[Field]:
+) -> Field | None:
     """Validate parameters against ``x0`` and build a :class:`Field` (``None`` if ``p`` has problems)."""
     check_dynamics(p, dynamics)
     if not check_states(p, x0):
@@ -194,7 +193,7 @@ def make_field(
     return Field(beta_t, B, Qt, Kt, Vt, dynamics, causal)
 
 
-def _opnorm(B: Optional[Tensor], Qt: Optional[Tensor], Kt: Optional[Tensor]) -> float:
+def _opnorm(B: Tensor | None, Qt: Tensor | None, Kt: Tensor | None) -> float:
     if B is None and Qt is None:
         return 1.0
     m = B if B is not None else Qt @ Kt.transpose(-1, -2)
@@ -204,9 +203,9 @@ def _opnorm(B: Optional[Tensor], Qt: Optional[Tensor], Kt: Optional[Tensor]) -> 
 def velocity(
     x: Float[Tensor, "runs n d"],
     beta=1.0,
-    Q: Optional[Float[Tensor, "*runs m d"]] = None,
-    K: Optional[Float[Tensor, "*runs m d"]] = None,
-    V: Optional[Float[Tensor, "*runs d d"]] = None,
+    Q: Float[Tensor, "*runs m d"] | None = None,
+    K: Float[Tensor, "*runs m d"] | None = None,
+    V: Float[Tensor, "*runs d d"] | None = None,
     dynamics: str = "SA",
     causal: bool = False,
 ) -> Float[Tensor, "runs n d"]:
@@ -226,9 +225,9 @@ def velocity(
 
 def suggest_dt(
     beta=1.0,
-    Q: Optional[Tensor] = None,
-    K: Optional[Tensor] = None,
-    V: Optional[Tensor] = None,
+    Q: Tensor | None = None,
+    K: Tensor | None = None,
+    V: Tensor | None = None,
     dynamics: str = "SA",
 ) -> float:
     """A fixed step for ``simulate(..., dt=...)``: ``dt = min(0.1, 0.25 / rate)``.

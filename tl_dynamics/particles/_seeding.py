@@ -22,15 +22,36 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
-from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.particles._checks import Problems, shape_str
 
-from ._checks import Problems, shape_str
+DROPPED = "biases, input normalisation, positions, other heads, MLPs"
+
+
+@dataclass(frozen=True)
+class HeadSource:
+    """Where seeded dynamics came from: ``(layer, head)`` of ``model``, the head's score
+    multiplier ``scale``, the ``radius`` in ``beta = scale * radius**2``, and what the
+    idealised flow leaves out (``dropped``)."""
+
+    layer: int
+    head: int
+    model: str
+    scale: float
+    radius: float
+    dropped: str = DROPPED
+
+    @property
+    def name(self) -> str:
+        """``L{layer}H{head}``."""
+        return f"L{self.layer}H{self.head}"
 
 
 @dataclass(frozen=True)
@@ -40,11 +61,11 @@ class HeadDynamics:
     ``Q, K: [d_head, d_model]``, ``V: [d_model, d_model]``; ``simulate(x0, **hd.kwargs())``.
     """
 
-    Q: Tensor
-    K: Tensor
-    V: Tensor
+    Q: Float[Tensor, "d_head d_model"]
+    K: Float[Tensor, "d_head d_model"]
+    V: Float[Tensor, "d_model d_model"]
     beta: float
-    source: dict[str, Any] = field(default_factory=dict)
+    source: HeadSource
 
     @property
     def d(self) -> int:
@@ -62,14 +83,16 @@ class HeadDynamics:
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :func:`simulate` (``beta, Q, K, V, source``)."""
-        return {"beta": self.beta, "Q": self.Q, "K": self.K, "V": self.V, "source": dict(self.source)}
+        return {"beta": self.beta, "Q": self.Q, "K": self.K, "V": self.V, "source": self.source}
 
     def __repr__(self) -> str:
         s = self.source
-        return f"HeadDynamics(layer={s.get('layer')}, head={s.get('head')}, d={self.d}, d_head={self.Q.shape[0]}, beta={self.beta:.4g})"
+        return (f"HeadDynamics(layer={s.layer}, head={s.head}, d={self.d}, d_head={self.Q.shape[0]}, "
+                f"beta={self.beta:.4g})")
 
 
-def from_head(model, layer: int, head: int, radius: float = 1.0, dtype: torch.dtype = torch.float64) -> HeadDynamics:
+def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
+              dtype: torch.dtype = torch.float64) -> HeadDynamics:
     """Read ``W_Q, W_K, W_V, W_O`` and the score scale of ``(layer, head)`` and map them to ``Q, K, V, beta``.
 
     ``model`` is anything :class:`tl_dynamics.adapter.ModelAdapter` accepts, or an object
@@ -93,7 +116,7 @@ def from_head(model, layer: int, head: int, radius: float = 1.0, dtype: torch.dt
     if dtype not in (torch.float64, torch.float32):
         p.add(f"dtype must be torch.float64 or torch.float32, got {dtype}")
     p.raise_if_any()
-    adapter = model if hasattr(model, "head_weights") else _adapter(model)
+    adapter = model if hasattr(model, "head_weights") else ModelAdapter.of(model)
     w = adapter.head_weights(layer, head)
 
     p = Problems(f"from_head(layer={layer}, head={head})")
@@ -119,30 +142,11 @@ def from_head(model, layer: int, head: int, radius: float = 1.0, dtype: torch.dt
         if tuple(mats[name].shape) != want:
             p.add(f"{name} must be [{want[0]}, {want[1]}] given W_Q {list(WQ.shape)} and W_V {list(WV.shape)}, got {list(mats[name].shape)}")
     p.raise_if_any()
-    source = {
-        "kind": "head",
-        "layer": layer,
-        "head": head,
-        "model": _model_name(model),
-        "scale": scale,
-        "radius": r,
-        "dropped": "biases, input normalisation, positions, other heads, MLPs",
-    }
+    source = HeadSource(layer=layer, head=head, model=_model_name(model), scale=scale, radius=r)
     return HeadDynamics(Q=WQ.T.contiguous(), K=WK.T.contiguous(), V=(WV @ WO).T.contiguous(), beta=scale * r * r, source=source)
 
 
-def _adapter(model):
-    try:
-        from tl_dynamics.adapter import ModelAdapter
-    except ImportError as exc:  # the adapter is another module of this package
-        raise TLDynamicsError(
-            "from_head needs tl_dynamics.adapter.ModelAdapter, which could not be imported "
-            f"({exc}); pass an object with .head_weights(layer, head) instead"
-        ) from exc
-    return ModelAdapter(model)
-
-
-def _model_name(model) -> str:
+def _model_name(model: Any) -> str:
     cfg = getattr(model, "cfg", None)
     name = getattr(cfg, "model_name", None) if cfg is not None else None
     if not name:

@@ -1,22 +1,54 @@
-"""``ParticleRun``: what :func:`~.simulate.simulate` returns, and its observables over time."""
+"""``ParticleRun``: what ``simulate`` returns, and its observables over time; ``RunParams``."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_dynamics import sphere, viz
 from tl_dynamics.errors import TLDynamicsError
-
-from ._checks import Problems, check_eps
-from .observables import close_fraction_from_gram, cluster_labels_from_gram, count_from_labels, gram
+from tl_dynamics.particles._checks import Problems, check_eps
+from tl_dynamics.particles._seeding import HeadSource
+from tl_dynamics.particles._views import run_figure
 
 #: Record times in memory at once when observables are recomputed from kept states.
 _CHUNK = 64
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """How a run was made: the dynamics, ``beta`` (one number, or one per run), sizes, whether
+    ``Q, K, V`` are the identity, the integrator (``dt`` fixed or ``tol`` adaptive), its step
+    counts, and where the parameters came from (``source``, for head-seeded runs)."""
+
+    dynamics: str
+    beta: float | list[float]
+    runs: int
+    n: int
+    d: int
+    qkv: str = "identity"
+    causal: bool = False
+    method: str = "cf4"
+    dt: float | None = None
+    tol: float | None = None
+    dtype: str = "float64"
+    iterations: int = 0
+    rejected: int = 0
+    source: HeadSource | None = None
+
+    @property
+    def beta_str(self) -> str:
+        """``beta`` for captions: one number, or the range over runs."""
+        if isinstance(self.beta, list):
+            lo, hi = min(self.beta), max(self.beta)
+            return f"{lo:g}..{hi:g}" if lo != hi else f"{lo:g}"
+        return f"{self.beta:g}"
 
 
 @dataclass(frozen=True)
@@ -30,7 +62,7 @@ class ParticleRun:
         mean_cosine: ``[T, runs]`` mean ``<x_i, x_j>`` over pairs ``i < j``.
         close_fraction: ``[len(eps), T, runs]`` fraction of eps-close pairs.
         labels: ``[len(eps), T, runs, n]`` cluster labels (smallest index per cluster).
-        params: how the run was made (dynamics, beta, n, d, integrator, steps, source ...).
+        params: how the run was made (``RunParams``).
 
     Observables at another eps are recomputed from ``states`` when they were kept.
 
@@ -40,13 +72,13 @@ class ParticleRun:
     [1, 1, 1]
     """
 
-    times: Tensor
-    states: Optional[Tensor]
+    times: Float[Tensor, " T"]
+    states: Float[Tensor, "T runs n d"] | None
     eps: tuple[float, ...]
-    mean_cosine: Tensor
-    close_fraction: Tensor
-    labels: Tensor
-    params: dict[str, Any] = field(default_factory=dict)
+    mean_cosine: Float[Tensor, "T runs"]
+    close_fraction: Float[Tensor, "E T runs"]
+    labels: Int[Tensor, "E T runs n"]
+    params: RunParams
 
     # ------------------------------------------------------------------ shape
     @property
@@ -59,18 +91,18 @@ class ParticleRun:
 
     @property
     def d(self) -> int:
-        return int(self.params.get("d", -1))
+        return self.params.d
 
     def __repr__(self) -> str:
         kept = "states kept" if self.states is not None else "observables only"
         p = self.params
         return (
-            f"ParticleRun({p.get('dynamics')}, beta={p.get('beta')}, runs={self.n_runs}, n={self.n}, d={self.d}, "
+            f"ParticleRun({p.dynamics}, beta={p.beta}, runs={self.n_runs}, n={self.n}, d={self.d}, "
             f"t in [{float(self.times[0]):g}, {float(self.times[-1]):g}] ({len(self.times)} records), {kept})"
         )
 
     # ------------------------------------------------------------ observables
-    def _eps(self, eps: Optional[float], where: str) -> float:
+    def _eps(self, eps: float | None, where: str) -> float:
         if eps is None:
             return self.eps[0]
         p = Problems(f"ParticleRun.{where}")
@@ -83,27 +115,29 @@ class ParticleRun:
             )
         return e
 
-    def labels_at(self, eps: Optional[float] = None) -> Tensor:
+    def labels_at(self, eps: float | None = None) -> Int[Tensor, "T runs n"]:
         """Cluster labels ``[T, runs, n]`` at threshold ``eps`` (default: the first recorded)."""
         e = self._eps(eps, "labels_at")
         if e in self.eps:
             return self.labels[self.eps.index(e)].to(torch.int64)
-        out = [cluster_labels_from_gram(gram(self.states[i : i + _CHUNK]), e) for i in range(0, len(self.times), _CHUNK)]
+        out = [sphere.cluster_labels(sphere.gram(self.states[i : i + _CHUNK]), e)
+               for i in range(0, len(self.times), _CHUNK)]
         return torch.cat(out)
 
-    def cluster_counts(self, eps: Optional[float] = None) -> Tensor:
+    def cluster_counts(self, eps: float | None = None) -> Int[Tensor, "T runs"]:
         """Number of eps-clusters, ``[T, runs]``."""
-        return count_from_labels(self.labels_at(eps))
+        return sphere.count_clusters(self.labels_at(eps))
 
-    def close_fractions(self, eps: Optional[float] = None) -> Tensor:
+    def close_fractions(self, eps: float | None = None) -> Float[Tensor, "T runs"]:
         """Fraction of eps-close pairs, ``[T, runs]``."""
         e = self._eps(eps, "close_fractions")
         if e in self.eps:
             return self.close_fraction[self.eps.index(e)]
-        out = [close_fraction_from_gram(gram(self.states[i : i + _CHUNK]), e) for i in range(0, len(self.times), _CHUNK)]
+        out = [sphere.close_fraction(sphere.gram(self.states[i : i + _CHUNK]), e)
+               for i in range(0, len(self.times), _CHUNK)]
         return torch.cat(out)
 
-    def time_to_clustering(self, eps: Optional[float] = None) -> Tensor:
+    def time_to_clustering(self, eps: float | None = None) -> Float[Tensor, " runs"]:
         """First record time at which *all* pairs are eps-close, per run (``inf`` if never): ``[runs]``.
 
         Resolution is the record spacing: the true time lies in ``(previous record, returned]``.
@@ -112,14 +146,18 @@ class ParticleRun:
         first = torch.where(done.any(0), done.to(torch.int64).argmax(0), torch.full((self.n_runs,), -1))
         return torch.where(first >= 0, self.times[first.clamp_min(0)], torch.full((self.n_runs,), math.inf, dtype=torch.float64))
 
-    def merge_events(self, eps: Optional[float] = None) -> pd.DataFrame:
+    def merge_events(self, eps: float | None = None) -> pd.DataFrame:
         """Records at which a run's cluster count changes.
 
         Columns: ``run``, ``time`` (first record showing the new count), ``before``,
         ``after``, ``merged`` (``before - after``; > 1 when several merges fall between
-        two records, < 0 for a split, which happens only when a pair sits at the threshold).
+        two records, < 0 for a split, which happens only when a pair sits at the threshold),
+        and the events behind it, ``merges`` and ``splits`` (``tl_dynamics.sphere.merge_events``
+        between the two records' labels; ``merged = merges - splits``).
         """
-        counts = self.cluster_counts(eps)
+        labels = self.labels_at(eps)
+        counts = sphere.count_clusters(labels)
+        events = sphere.merge_events(labels[:-1], labels[1:])
         change = counts[1:] != counts[:-1]
         k, r = torch.nonzero(change, as_tuple=True)
         df = pd.DataFrame(
@@ -131,9 +169,11 @@ class ParticleRun:
             }
         )
         df["merged"] = df["before"] - df["after"]
+        df["merges"] = events.merges[k, r].numpy()
+        df["splits"] = events.splits[k, r].numpy()
         return df.sort_values(["run", "time"], kind="stable").reset_index(drop=True)
 
-    def plateaus(self, eps: Optional[float] = None) -> pd.DataFrame:
+    def plateaus(self, eps: float | None = None) -> pd.DataFrame:
         """Maximal time intervals with a constant cluster count, per run.
 
         Columns: ``run``, ``n_clusters``, ``start``, ``end``, ``length`` and ``open``
@@ -150,7 +190,7 @@ class ParticleRun:
                 rows.append((r, int(c[a]), times[a], times[b - 1], times[b - 1] - times[a], b == len(c)))
         return pd.DataFrame(rows, columns=["run", "n_clusters", "start", "end", "length", "open"])
 
-    def to_dataframe(self, eps: Optional[float] = None, aggregate: bool = False) -> pd.DataFrame:
+    def to_dataframe(self, eps: float | None = None, aggregate: bool = False) -> pd.DataFrame:
         """Per-(time, run) observables; ``aggregate=True`` averages over runs per time.
 
         Columns: ``time``, ``run``, ``mean_cosine``, ``close_fraction``, ``n_clusters``
@@ -178,8 +218,30 @@ class ParticleRun:
         return out
 
     # ------------------------------------------------------------------ views
-    def show(self, eps: Optional[float] = None, run: int = 0):
-        """A notebook-displayable figure: the trajectories of ``run`` (d = 2, 3) and cluster counts."""
-        from .views import run_figure
+    def caption(self, eps: float | None = None) -> str:
+        """One line: dynamics, where ``Q, K, V`` came from, sizes, and the cluster counts."""
+        e = self._eps(eps, "caption")
+        p = self.params
+        qkv = "Q=K=V=I" if p.qkv == "identity" else "custom Q, K, V"
+        if p.source is not None:
+            qkv = f"Q, K, V from {p.source.model} {p.source.name}"
+        counts = self.cluster_counts(e)
+        c0, c1 = np.median(counts[0].numpy()), np.median(counts[-1].numpy())
+        return (f"({p.dynamics}) {qkv}, beta={p.beta_str}, n={self.n}, d={self.d}, "
+                f"{self.n_runs} runs, t in [{float(self.times[0]):g}, {float(self.times[-1]):g}]; "
+                f"eps={e:g} clusters (median over runs): {c0:g} -> {c1:g}")
 
-        return run_figure(self, eps=eps, run=run)
+    def show(self, eps: float | None = None, run: int = 0) -> viz.Component:
+        """The trajectories of ``run`` (d = 2: on the circle, d = 3: on the sphere, when states
+        were kept; otherwise the mean cosine over time) beside the cluster counts of every run."""
+        e = self._eps(eps, "show")
+        if not 0 <= run < self.n_runs:
+            raise TLDynamicsError(f"ParticleRun.show: run must be in [0, {self.n_runs}), got {run}")
+        states = None
+        if self.states is not None and self.d in (2, 3):
+            states = self.states[:, run].numpy()
+        return run_figure(
+            times=self.times.numpy(), states=states,
+            final_labels=self.labels_at(e)[-1, run].numpy(), run=run,
+            counts=self.cluster_counts(e).numpy().astype(float),
+            mean_cosine=self.mean_cosine.numpy(), eps=e, caption=self.caption(e))

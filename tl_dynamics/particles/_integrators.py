@@ -25,21 +25,20 @@ extra field evaluation) estimates the local error for adaptive steps.
 
 ``rk4`` is classical RK4 on the projected field in the ambient space, renormalised after
 each step: O(dt^4) and slightly more accurate on smooth problems, but explicit, so it
-needs ``dt`` below about ``2.8 / rate`` (see :func:`~.dynamics.suggest_dt`). It serves as an
+needs ``dt`` below about ``2.8 / rate`` (see ``suggest_dt``). It serves as an
 independent reference.
 """
 
 from __future__ import annotations
 
-from typing import Union
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .dynamics import Field
+from tl_dynamics.particles._dynamics import Field
 
-Step = Union[float, Tensor]  # a number or [runs, 1, 1]
+Step = float | Tensor  # a number or [runs, 1, 1]
 
 
 def boost(x: Float[Tensor, "*batch n d"], g: Float[Tensor, "*batch n d"], h: Step) -> Float[Tensor, "*batch n d"]:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Sequence
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics import sphere
 from tl_dynamics.errors import TLDynamicsError
-
-from ._checks import Problems, check_eps, positive_number
-from .dynamics import Field, make_field
-from .integrators import STEPPERS, cf4_step
-from .observables import DEFAULT_EPS, close_fraction_from_gram, cluster_labels_from_gram, gram, mean_cosine_from_gram
-from .result import ParticleRun
+from tl_dynamics.particles._checks import Problems, check_eps, positive_number
+from tl_dynamics.particles._dynamics import Field, make_field
+from tl_dynamics.particles._integrators import STEPPERS, cf4_step
+from tl_dynamics.particles._result import ParticleRun, RunParams
+from tl_dynamics.particles._seeding import HeadSource
 
 #: Default local error tolerance of the adaptive stepper (chord distance per step, per run).
 DEFAULT_TOL = 1e-6
@@ -41,7 +41,7 @@ def _single_thread_if_small(work: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _record_times(p: Problems, t_max, record_every, times) -> Optional[Tensor]:
+def _record_times(p: Problems, t_max: Any, record_every: Any, times: Any) -> Tensor | None:
     if times is not None:
         if t_max is not None or record_every is not None:
             p.add("give either times=[...] or t_max/record_every, not both")
@@ -70,23 +70,23 @@ def _record_times(p: Problems, t_max, record_every, times) -> Optional[Tensor]:
 
 def simulate(
     x0: Float[Tensor, "runs n d"],
-    beta: Union[float, Float[Tensor, " runs"]] = 1.0,
-    Q: Optional[Float[Tensor, "*runs m d"]] = None,
-    K: Optional[Float[Tensor, "*runs m d"]] = None,
-    V: Optional[Float[Tensor, "*runs d d"]] = None,
+    beta: float | Float[Tensor, " runs"] = 1.0,
+    Q: Float[Tensor, "*runs m d"] | None = None,
+    K: Float[Tensor, "*runs m d"] | None = None,
+    V: Float[Tensor, "*runs d d"] | None = None,
     *,
     dynamics: str = "SA",
-    t_max: Optional[float] = None,
-    dt: Optional[float] = None,
-    record_every: Optional[float] = None,
-    times: Optional[Sequence[float]] = None,
+    t_max: float | None = None,
+    dt: float | None = None,
+    record_every: float | None = None,
+    times: Sequence[float] | None = None,
     tol: float = DEFAULT_TOL,
     method: str = "cf4",
     causal: bool = False,
     keep_states: bool = True,
-    eps: Union[float, Sequence[float]] = DEFAULT_EPS,
+    eps: float | Sequence[float] = sphere.CLUSTER_EPS,
     max_steps: int = 1_000_000,
-    source: Optional[dict] = None,
+    source: HeadSource | None = None,
 ) -> ParticleRun:
     """Integrate (SA) or (USA) from ``x0: [runs, n, d]`` (unit vectors) and record observables.
 
@@ -108,7 +108,7 @@ def simulate(
             at ``eps`` are kept (memory ``O(T runs n)``).
         eps: threshold(s) recorded for the eps-close fraction and cluster labels.
         max_steps: cap on the number of (batched) steps; exceeding it raises.
-        source: provenance stored in ``params['source']`` (e.g. from :func:`from_head`).
+        source: provenance stored in ``params.source`` (e.g. from :func:`from_head`).
 
     Performance: small batches (``runs * n * n * d < 2**22``) run with one intra-op thread
     (the caller's ``torch.get_num_threads()`` is restored on return), since extra threads
@@ -165,34 +165,34 @@ def simulate(
                 else:
                     x, h = _advance_adaptive(x, t, tk, h, field, float(tol), stats, max_steps)
                 t = tk
-            G = gram(x)
-            mean_cos[k] = mean_cosine_from_gram(G)
+            G = sphere.gram(x)
+            mean_cos[k] = sphere.mean_cosine(G)
             for e_i, e in enumerate(epss):
-                close[e_i, k] = close_fraction_from_gram(G, e)
-                labels[e_i, k] = cluster_labels_from_gram(G, e).to(label_dtype)
+                close[e_i, k] = sphere.close_fraction(G, e)
+                labels[e_i, k] = sphere.cluster_labels(G, e).to(label_dtype)
             if states is not None:
                 states[k] = x
 
-    params = {
-        "dynamics": dynamics,
-        "beta": float(beta) if not (isinstance(beta, Tensor) and beta.ndim) else beta.detach().to(torch.float64).tolist(),
-        "runs": runs,
-        "n": n,
-        "d": d,
-        "qkv": "identity" if field.B is None and field.Qt is None and field.Vt is None else "custom",
-        "causal": causal,
-        "method": method,
-        "dt": dt,
-        "tol": None if dt is not None else tol,
-        "dtype": str(x0.dtype).replace("torch.", ""),
-        **stats,
-    }
-    if source is not None:
-        params["source"] = dict(source)
+    params = RunParams(
+        dynamics=dynamics,
+        beta=float(beta) if not (isinstance(beta, Tensor) and beta.ndim) else beta.detach().to(torch.float64).tolist(),
+        runs=runs,
+        n=n,
+        d=d,
+        qkv="identity" if field.B is None and field.Qt is None and field.Vt is None else "custom",
+        causal=causal,
+        method=method,
+        dt=dt,
+        tol=None if dt is not None else tol,
+        dtype=str(x0.dtype).replace("torch.", ""),
+        iterations=stats["iterations"],
+        rejected=stats["rejected"],
+        source=source,
+    )
     return ParticleRun(tt, states, epss, mean_cos, close, labels, params)
 
 
-def _advance_fixed(x: Tensor, span: float, dt: float, field: Field, method: str, stats: dict) -> Tensor:
+def _advance_fixed(x: Tensor, span: float, dt: float, field: Field, method: str, stats: dict[str, int]) -> Tensor:
     m = max(1, math.ceil(span / dt - 1e-9))
     h = span / m
     step = STEPPERS[method]
@@ -203,7 +203,7 @@ def _advance_fixed(x: Tensor, span: float, dt: float, field: Field, method: str,
 
 
 def _advance_adaptive(
-    x: Tensor, t0: float, t1: float, h: Tensor, field: Field, tol: float, stats: dict, max_steps: int
+    x: Tensor, t0: float, t1: float, h: Tensor, field: Field, tol: float, stats: dict[str, int], max_steps: int
 ) -> tuple[Tensor, Tensor]:
     """Advance every run from ``t0`` to ``t1`` with its own error-controlled steps."""
     runs = x.shape[0]

@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import pandas as pd
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
-from ._checks import Problems, check_dynamics, check_eps
-from .dynamics import random_init
-from .observables import DEFAULT_EPS
-from .simulation import simulate
+from tl_dynamics import sphere, viz
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.particles._checks import Problems, check_dynamics, check_eps
+from tl_dynamics.particles._dynamics import random_init
+from tl_dynamics.particles._simulation import simulate
+from tl_dynamics.particles._views import phase_panels
 
 #: Local error tolerance for phase diagrams: global errors stay ~1e-4 or below (see
 #: ``simulate``), far under the eps = 1e-2 closeness scale the diagram thresholds at.
 PHASE_TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class PhaseParams:
+    """How a phase diagram was made: dynamics, sizes, threshold, tolerance, step counts."""
+
+    dynamics: str
+    n: int
+    d: int
+    runs: int
+    eps: float
+    tol: float
+    iterations: int = 0
+    rejected: int = 0
 
 
 @dataclass(frozen=True)
@@ -27,20 +44,20 @@ class PhaseDiagram:
         betas: ``[B]``; times: ``[T]``.
         fraction: ``[B, T]`` mean over runs of the fraction of pairs with ``<x_i, x_j> > 1 - eps``.
         sem: ``[B, T]`` its standard error over runs.
-        params: ``dynamics``, ``n``, ``d``, ``runs``, ``eps``, ``tol``, integrator counts.
+        params: how it was made (``PhaseParams``).
     """
 
-    betas: Tensor
-    times: Tensor
-    fraction: Tensor
-    sem: Tensor
-    params: dict[str, Any] = field(default_factory=dict)
+    betas: Float[Tensor, " B"]
+    times: Float[Tensor, " T"]
+    fraction: Float[Tensor, "B T"]
+    sem: Float[Tensor, "B T"]
+    params: PhaseParams
 
     def __repr__(self) -> str:
         p = self.params
         return (
-            f"PhaseDiagram({p.get('dynamics')}, n={p.get('n')}, d={p.get('d')}, runs={p.get('runs')}, "
-            f"eps={p.get('eps')}, {len(self.betas)} betas x {len(self.times)} times)"
+            f"PhaseDiagram({p.dynamics}, n={p.n}, d={p.d}, runs={p.runs}, "
+            f"eps={p.eps}, {len(self.betas)} betas x {len(self.times)} times)"
         )
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -55,11 +72,28 @@ class PhaseDiagram:
             }
         )
 
-    def show(self):
-        """A notebook-displayable heat map (t across, beta up)."""
-        from .views import phase_figure
-
+    def show(self) -> viz.Component:
+        """A heat map (t across, beta up)."""
         return phase_figure(self)
+
+
+def phase_figure(*diagrams: PhaseDiagram) -> viz.Component:
+    """Heat maps of the eps-close pair fraction over (t, beta), side by side.
+
+    >>> sa = phase_diagram([0.0, 4.0], [0.0, 2.0], n=8, runs=2, generator=torch.Generator().manual_seed(0))
+    >>> "data:image/png" in phase_figure(sa).html
+    True
+    """
+    if not diagrams or not all(isinstance(d, PhaseDiagram) for d in diagrams):
+        raise TLDynamicsError(f"phase_figure: give one or more PhaseDiagram, got "
+                              f"{[type(d).__name__ for d in diagrams]}")
+    panels, caps = [], []
+    for pd_ in diagrams:
+        p, t, b = pd_.params, pd_.times.numpy(), pd_.betas.numpy()
+        panels.append((t, b, pd_.fraction.numpy(), f"({p.dynamics}) n={p.n}, d={p.d}, {p.runs} runs",
+                       p.eps))
+        caps.append(f"({p.dynamics}) beta in [{b.min():g}, {b.max():g}], t in [{t.min():g}, {t.max():g}]")
+    return phase_panels(panels, "Phase diagram, Q=K=V=I: " + "; ".join(caps))
 
 
 def phase_diagram(
@@ -69,8 +103,8 @@ def phase_diagram(
     d: int = 2,
     runs: int = 16,
     dynamics: str = "SA",
-    eps: float = DEFAULT_EPS,
-    generator: Optional[torch.Generator] = None,
+    eps: float = sphere.CLUSTER_EPS,
+    generator: torch.Generator | None = None,
     tol: float = PHASE_TOL,
     dtype: torch.dtype = torch.float64,
 ) -> PhaseDiagram:
@@ -79,7 +113,7 @@ def phase_diagram(
     Every beta starts from the same ``runs`` random initial conditions (common random
     numbers, so differences along beta are not sampling noise), and all betas are
     integrated in one batch with per-run adaptive steps. (SA) is cheap at any beta;
-    (USA) needs about ``e^beta`` steps per unit time (see :mod:`.integrators`), so keep
+    (USA) needs about ``e^beta`` steps per unit time (see ``tl_dynamics.particles._integrators``), so keep
     its betas moderate (n = 32, d = 2, 8 runs, t <= 20: beta <= 4 takes seconds, beta <= 6
     about half a minute on a busy 2-core machine).
 
@@ -113,14 +147,6 @@ def phase_diagram(
     )
     frac = run.close_fraction[0].reshape(len(run.times), B, runs).permute(1, 0, 2)
     sem = frac.std(-1, unbiased=True) / runs**0.5 if runs > 1 else torch.zeros_like(frac[..., 0])
-    params = {
-        "dynamics": dynamics,
-        "n": n,
-        "d": d,
-        "runs": runs,
-        "eps": float(eps),
-        "tol": tol,
-        "iterations": run.params["iterations"],
-        "rejected": run.params["rejected"],
-    }
+    params = PhaseParams(dynamics=dynamics, n=n, d=d, runs=runs, eps=float(eps), tol=tol,
+                         iterations=run.params.iterations, rejected=run.params.rejected)
     return PhaseDiagram(b, run.times, frac.mean(-1), sem, params)

@@ -1,0 +1,65 @@
+"""The report page's particles section, and HTML fragments of particle figures."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from tl_dynamics import viz
+from tl_dynamics.adapter import Batch, ModelAdapter
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.particles._beside import compute
+from tl_dynamics.particles._phase import PhaseDiagram, phase_figure
+from tl_dynamics.particles._result import ParticleRun
+
+INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere (docs/math.md §6), with Q, K, "
+         "V and beta from one head (layer 0, head 0) and the prompt's own tokens as the initial "
+         "particles, beside the number of token clusters the real model forms through its layers. "
+         "A cluster is a group of tokens linked by cosine above 1 - eps; a count equal to the "
+         "number of tokens means no two are that close. The idealised flow drops biases, "
+         "LayerNorm, MLPs and the other heads.")
+
+
+def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
+    """Add the particles section: the flow seeded from layer 0, head 0 beside the model's
+    clustering (``compute(adapter, batch, layers=0, heads=0, t_max=10)``).
+
+    Example:
+        >>> from tl_dynamics import particles, testing, viz
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> ad = ModelAdapter(testing.tiny_model("gpt2"))                  # doctest: +SKIP
+        >>> page = viz.Page("report")                                     # doctest: +SKIP
+        >>> particles.report_section(page, ad, ad.tokenize("a b c d"))    # doctest: +SKIP
+    """
+    result = compute(adapter, batch, layers=0, heads=0, t_max=10.0)
+    page.add_section("Idealised particle dynamics", [result.show()], intro=INTRO)
+
+
+def report_html(obj: Any, title: str | None = None) -> str:
+    """An HTML fragment (``<section>`` with an inline PNG and caption; all text escaped).
+
+    ``obj``: a :class:`ParticleRun`, a :class:`PhaseDiagram`, a sequence of phase diagrams
+    (drawn side by side) or a ``viz`` component (e.g. any ``show()``).
+
+    >>> import torch
+    >>> from tl_dynamics.particles import random_init, simulate
+    >>> run = simulate(random_init(2, 6, 2, torch.Generator().manual_seed(0)), 4.0, t_max=2.0)
+    >>> html = report_html(run, title="beta = 4 & d = 2")
+    >>> html[:76]
+    '<section class="tl-dynamics-particles"><h3>beta = 4 &amp; d = 2</h3><figure>'
+    """
+    if isinstance(obj, viz.Component):
+        view = obj
+    elif isinstance(obj, ParticleRun):
+        view = obj.show()
+    elif isinstance(obj, PhaseDiagram):
+        view = phase_figure(obj)
+    elif isinstance(obj, (list, tuple)) and obj and all(isinstance(o, PhaseDiagram) for o in obj):
+        view = phase_figure(*obj)
+    else:
+        raise TLDynamicsError(f"report_html: expected a ParticleRun, PhaseDiagram(s) or a viz "
+                              f"component, got {type(obj).__name__}")
+    head = html.escape(title if title is not None else "Idealised particle dynamics")
+    cap = html.escape(view.caption)
+    return (f'<section class="tl-dynamics-particles"><h3>{head}</h3><figure>{view.html}'
+            f"<figcaption>{cap}</figcaption></figure></section>")
