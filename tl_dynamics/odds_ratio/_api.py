@@ -5,12 +5,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-import numpy as np
 import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
+from tl_dynamics.trajectories import ExactSum
 from tl_dynamics.odds_ratio import _stats
-from tl_dynamics.odds_ratio._result import Decomposition, HeadStats, OddsRatioResult
+from tl_dynamics.odds_ratio._result import SINK_SUM_KEYS, Decomposition, HeadStats, OddsRatioResult
 from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
 
 
@@ -59,10 +59,9 @@ class OddsRatioCollector:
                  threads: int | None = STAT_THREADS):
         self.adapter, self.layers, self.heads = adapter, layers, heads
         self.keep_tensors, self.dtype, self.threads = keep_tensors, dtype, threads
-        shape = (len(layers), len(heads))
-        self._sums = {k: np.zeros(shape) for k in _stats.SUM_KEYS}
-        self._sink_sums = {k: np.zeros(shape) for k in ("sink_mass", "sink_first", "sink_by_prior",
-                                                         "sink_prior_adv", "sink_loglik_adv")}
+        # per layer, the exact sums [key, head] (keys SUM_KEYS then SINK_SUM_KEYS)
+        self._exact = [ExactSum.zeros((len(_stats.SUM_KEYS) + len(SINK_SUM_KEYS), len(heads)))
+                       for _ in layers]
         self._prompts = 0
         self._passes: list[dict[int, Decomposition]] = []
         self._sinks: list[dict[int, dict[str, torch.Tensor]]] = []
@@ -100,13 +99,13 @@ class OddsRatioCollector:
         pick = slice(None) if h == list(range(la.n_heads)) else h  # no copy for all heads
         sums, sinks = _stats.layer_sums(la.q[:, :, pick], la.k[:, :, pick], la.scale, la.bias(h),
                                         la.allowed, la.query_valid, la.softcap)
-        for key, value in sums.items():
-            self._sums[key][a] += value.cpu().numpy()
         by_prior = sinks["sink_prior_adv"] > sinks["sink_loglik_adv"]
-        for key, value in (("sink_mass", sinks["sink_mass"]), ("sink_first", sinks["sink_position"] == 0),
-                           ("sink_by_prior", by_prior), ("sink_prior_adv", sinks["sink_prior_adv"]),
-                           ("sink_loglik_adv", sinks["sink_loglik_adv"])):
-            self._sink_sums[key][a] += value.double().sum(0).cpu().numpy()
+        sink_values = {"sink_mass": sinks["sink_mass"], "sink_first": sinks["sink_position"] == 0,
+                       "sink_by_prior": by_prior, "sink_prior_adv": sinks["sink_prior_adv"],
+                       "sink_loglik_adv": sinks["sink_loglik_adv"]}
+        part = torch.stack([sums[k].double().cpu() for k in _stats.SUM_KEYS]
+                           + [sink_values[k].double().sum(0).cpu() for k in SINK_SUM_KEYS])
+        self._exact[a] = self._exact[a] + ExactSum.of(part)
         if self.keep_tensors:
             tokens = self._batch.tokens if self._batch is not None else None
             strs = [self.adapter.str_tokens(self._batch, row) for row in range(len(tokens))] \
@@ -128,11 +127,10 @@ class OddsRatioCollector:
     def result(self) -> OddsRatioResult:
         """Everything collected so far (copies: collecting more does not change it)."""
         specs = [self.adapter.specs[layer] for layer in self.layers]
-        stats = HeadStats(model=self.adapter.info.architecture, layers=tuple(self.layers),
-                          heads=tuple(self.heads), scale=tuple(s.scale for s in specs),
-                          softcap=tuple(s.softcap for s in specs), n_prompts=self._prompts,
-                          sums={k: v.copy() for k, v in self._sums.items()},
-                          sink_sums={k: v.copy() for k, v in self._sink_sums.items()})
+        stats = HeadStats.from_exact(
+            self.adapter.info.architecture, tuple(self.layers), tuple(self.heads),
+            tuple(s.scale for s in specs), tuple(s.softcap for s in specs), self._prompts,
+            ExactSum.stack(self._exact), _stats.SUM_KEYS)
         return OddsRatioResult(stats, tuple(dict(p) for p in self._passes),
                                tuple(dict(s) for s in self._sinks))
 

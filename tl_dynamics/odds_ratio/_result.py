@@ -15,12 +15,16 @@ from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
 from tl_dynamics.odds_ratio._split import ScoreParts, row_kl
+from tl_dynamics.trajectories import ExactSum
 
 # A head is "prior-driven" when the key prior's additive share of the row-centred score
 # variance, Cov(prior, r) / Var(r), is at least LABEL_THRESHOLD, "likelihood-driven" when the
 # log-likelihood's share is, and "mixed" otherwise. The shares (prior, loglik, bias) add up to
 # one, so 2/3 means the term explains at least twice as much as the others together.
 LABEL_THRESHOLD = 2.0 / 3.0
+
+# Per-head running sums kept exactly (``HeadStats.exact``, axis 1): the row sums, then the sinks.
+SINK_SUM_KEYS = ("sink_mass", "sink_first", "sink_by_prior", "sink_prior_adv", "sink_loglik_adv")
 
 
 def head_name(layer: int, head: int) -> str:
@@ -50,6 +54,10 @@ class HeadStats:
     ``var_*`` + ``cov_prior_loglik`` + ``cov_bias`` (the covariance terms shown) add to one;
     the additive attribution ``attr_* = Cov(term, r) / Var(r)`` also adds to one, term by
     term, and is what ``label`` uses.
+
+    ``exact`` holds the same sums exactly (``[layer, key, head]``, keys ``sum_keys`` then
+    ``SINK_SUM_KEYS``), so ``merge`` is order-independent and bit-identical: merging the
+    statistics of two halves of the batches equals one run over all of them.
     """
 
     model: str
@@ -60,6 +68,51 @@ class HeadStats:
     n_prompts: int
     sums: dict[str, np.ndarray] = field(repr=False)
     sink_sums: dict[str, np.ndarray] = field(repr=False)
+    exact: ExactSum | None = field(default=None, repr=False, compare=False)
+    sum_keys: tuple[str, ...] = field(default=(), repr=False)
+
+    @staticmethod
+    def from_exact(model: str, layers: tuple[int, ...], heads: tuple[int, ...],
+                   scale: tuple[float, ...], softcap: tuple[float | None, ...], n_prompts: int,
+                   exact: ExactSum, sum_keys: tuple[str, ...]) -> "HeadStats":
+        """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + SINK_SUM_KEYS``)."""
+        keys = tuple(sum_keys) + SINK_SUM_KEYS
+        if exact.shape != (len(layers), len(keys), len(heads)):
+            raise TLDynamicsError(f"exact sums of shape {exact.shape} do not fit {len(layers)} "
+                                  f"layers, {len(keys)} sums and {len(heads)} heads")
+        values = exact.value()
+        sums = {k: values[:, i] for i, k in enumerate(sum_keys)}
+        sink = {k: values[:, len(sum_keys) + i] for i, k in enumerate(SINK_SUM_KEYS)}
+        return HeadStats(model, tuple(layers), tuple(heads), tuple(scale), tuple(softcap),
+                         int(n_prompts), sums, sink, exact, tuple(sum_keys))
+
+    def merge(self, other: "HeadStats") -> "HeadStats":
+        """Both runs' statistics together, exactly (any order gives the same bits).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing                      # doctest: +SKIP
+            >>> m = testing.tiny_model("gpt2")                                   # doctest: +SKIP
+            >>> a = odds_ratio.compute(m, "a = 1", keep_tensors=False).stats     # doctest: +SKIP
+            >>> b = odds_ratio.compute(m, "b = 2", keep_tensors=False).stats     # doctest: +SKIP
+            >>> a.merge(b).n_prompts                                             # doctest: +SKIP
+            2
+        """
+        if not isinstance(other, HeadStats):
+            raise TLDynamicsError(f"can only merge HeadStats, got {type(other).__name__}")
+        if self.exact is None or other.exact is None:
+            raise TLDynamicsError("cannot merge HeadStats without exact sums (build them with "
+                                  "odds_ratio.compute/attach or HeadStats.from_exact)")
+        mine = (self.model, self.layers, self.heads, self.scale, self.softcap, self.sum_keys)
+        theirs = (other.model, other.layers, other.heads, other.scale, other.softcap,
+                  other.sum_keys)
+        if mine != theirs:
+            names = ("model", "layers", "heads", "scale", "softcap", "sum_keys")
+            diff = [n for n, a, b in zip(names, mine, theirs) if a != b]
+            raise TLDynamicsError(f"cannot merge odds-ratio statistics computed differently: they "
+                                  f"differ in {diff}")
+        return HeadStats.from_exact(self.model, self.layers, self.heads, self.scale,
+                                    self.softcap, self.n_prompts + other.n_prompts,
+                                    self.exact + other.exact, self.sum_keys)
 
     def __repr__(self) -> str:
         return (f"HeadStats({self.model}, layers={list(self.layers)}, heads={list(self.heads)}, "
