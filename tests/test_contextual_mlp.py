@@ -324,6 +324,11 @@ def test_compute_selects_heads_in_every_layer_and_tabulates_each_destination():
         res[1, 0]
     with pytest.raises(TypeError):
         cm.compute(adapter, "x", 0, 2)
+    bare = cm.compute(adapter, testing.PROMPTS[0], layers=0, heads=2, reference=False)
+    assert "output_error" not in bare.to_dataframe().columns
+    assert torch.equal(bare[0, 2].pattern(), res[0, 2].pattern())
+    with pytest.raises(TLDynamicsError, match="build it with reference=True"):
+        bare.exactness()
 
 
 def test_save_and_load_round_trip(tmp_path):
