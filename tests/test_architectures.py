@@ -1,0 +1,116 @@
+"""The generated architecture matrix: every architecture the installed TransformerBridge supports.
+
+The rows come from TransformerLens's own registry of supported architectures, read at test time,
+so a new TransformerLens version adds rows by itself. For each text language model whose class
+``transformers`` ships, a tiny random model is built from its config class and booted through
+the bridge; the adapter must then either reproduce attention exactly (against the host's own
+hooks and against the Hugging Face model itself) or refuse with a ``TLDynamicsError`` that names
+the architecture. Never a silent number, never a raw exception. Rows that cannot be built here
+(no class in this ``transformers``, not a text model, or TransformerLens itself cannot boot or
+run the tiny model) are skipped with that reason, so the skip list is the rest of the matrix.
+"""
+
+import inspect
+import math
+import tempfile
+
+import pytest
+import torch
+
+from tl_dynamics import testing
+from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.errors import TLDynamicsError
+
+EXACT_TOL = 1e-5  # fp32 sums reordered (as in test_adapter_exactness and test_hf_truth)
+# Measured host-vs-HF gaps above EXACT_TOL (see test_hf_truth.HF_GAP for the reasons).
+HF_GAP = {"GPTNeoForCausalLM": 5e-5, "BloomForCausalLM": 2e-5}
+TEXT_HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")
+
+# One tiny config for every family: each key is passed only where the config class takes it.
+_TINY = dict(
+    num_hidden_layers=2, n_layer=2, num_layers=2, n_layers=2,
+    hidden_size=64, n_embd=64, d_model=64,
+    num_attention_heads=4, n_head=4, num_heads=4, n_heads=4, num_key_value_heads=2,
+    head_dim=16, kv_channels=16, rotary_dim=8,
+    intermediate_size=256, ffn_dim=256, n_inner=256, d_ff=256,
+    max_position_embeddings=64, n_positions=64, n_ctx=64, max_seq_len=64,
+    initializer_range=0.2, init_std=0.2,
+    num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2,
+    moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    bos_token_id=0, eos_token_id=0, pad_token_id=0, sliding_window=4, window_size=4,
+    use_cache=False, tie_word_embeddings=False,
+)
+# Families whose config validates a per-layer list against the layer count.
+_EXTRA = {"GPTNeoForCausalLM": dict(attention_types=[[["global", "local"], 1]])}
+
+
+def supported_architectures() -> list[str]:
+    """TransformerLens's own list of the architectures its bridge supports."""
+    from transformer_lens.factories import architecture_adapter_factory
+
+    return list(architecture_adapter_factory.SUPPORTED_ARCHITECTURES)
+
+
+def tiny_config(name: str, config_class):
+    accepted = set(inspect.signature(config_class.__init__).parameters)
+    accepted |= set(getattr(config_class, "__dataclass_fields__", {}) or {})
+    accepted |= set(getattr(config_class, "attribute_map", {}) or {})
+    kwargs = {k: v for k, v in _TINY.items() if k in accepted}
+    config = config_class(vocab_size=len(testing.tokenizer()), **kwargs, **_EXTRA.get(name, {}))
+    config.architectures = [name]
+    return config
+
+
+def boot_tiny(name: str):
+    """A tiny random bridge of ``name``, or ``pytest.skip`` with the reason it cannot be had."""
+    import transformers
+
+    if not name.endswith(TEXT_HEADS):
+        pytest.skip(f"{name}: not a text language model (not built by this matrix)")
+    model_class = getattr(transformers, name, None)
+    if model_class is None or getattr(model_class, "config_class", None) is None:
+        pytest.skip(f"{name}: this transformers {transformers.__version__} has no such class "
+                    "(remote code only)")
+    try:
+        config = tiny_config(name, model_class.config_class)
+        torch.manual_seed(0)
+        hf = model_class(config).eval()
+    except Exception as exc:  # the config class rejects a tiny generic config
+        pytest.skip(f"{name}: no tiny config here ({type(exc).__name__}: {str(exc)[:80]})")
+    folder = tempfile.mkdtemp(prefix="tl_dynamics_arch_")
+    config.save_pretrained(folder)
+    testing.tokenizer().save_pretrained(folder)
+    try:
+        model = testing.bridge_class().boot_transformers(folder, device="cpu", hf_model=hf)
+        model.eval()
+        with torch.no_grad():
+            model(model.to_tokens(testing.PROMPTS[0]))
+    except Exception as exc:
+        pytest.skip(f"{name}: TransformerLens itself cannot boot or run it "
+                    f"({type(exc).__name__}: {str(exc)[:80]})")
+    return model
+
+
+@pytest.mark.parametrize("name", supported_architectures())
+def test_architecture_is_exact_or_refused_by_name(name):
+    model = boot_tiny(name)
+    try:
+        adapter = ModelAdapter(model)
+        host = [testing.reconstruction_errors(adapter, testing.PROMPTS, side) for side in ("right", "left")]
+        hf = [testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS, side)
+              for side in ("right", "left")]
+    except TLDynamicsError as exc:
+        assert name in str(exc) or model.cfg.architecture in str(exc), str(exc)
+        return
+    for errors in host:
+        for key in ("pattern", "z", "out", "scores"):
+            assert math.isnan(errors[key]) or errors[key] <= EXACT_TOL, (key, errors)
+        assert errors["pattern"] <= EXACT_TOL
+    tol = HF_GAP.get(name, EXACT_TOL)
+    for errors in hf:
+        assert errors["pattern"] <= tol and errors["out"] <= tol, errors
+
+
+def test_the_registry_is_read_not_copied():
+    names = supported_architectures()
+    assert "GPT2LMHeadModel" in names and "LlamaForCausalLM" in names and len(names) > 20
