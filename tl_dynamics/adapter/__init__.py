@@ -7,9 +7,9 @@ from tl_dynamics.adapter._batch import Batch, Prompt
 from tl_dynamics.adapter._host import HostInfo, LayerSpec, VERIFIED_HF_ATTENTION
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._model import ModelAdapter
-from tl_dynamics.adapter._patch import shuffled_weights
 from tl_dynamics.adapter._qknorm import QueryNorm
 from tl_dynamics.adapter._rotary import Rotation
+from tl_dynamics.adapter._shuffle import shuffled_weights
 from tl_dynamics.adapter._softmax import masked_log_softmax, masked_softmax
 from tl_dynamics.adapter._weights import HeadWeights
 

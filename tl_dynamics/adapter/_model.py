@@ -17,6 +17,7 @@ from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch, Prompt
 from tl_dynamics.adapter._collect import LayerCollector
 from tl_dynamics.adapter._layer import LayerAttention
+from tl_dynamics.adapter._patch import patched
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -120,8 +121,6 @@ class ModelAdapter(AdapterBase):
               ) -> Iterator[None]:
         """Replace activations: ``fn(activation)`` at ``(role, layer)`` returns the replacement
         (same shape) or None to keep it; removes exactly these hooks on exit."""
-        from tl_dynamics.adapter._patch import patched
-
         with patched(self, patches):
             yield
 

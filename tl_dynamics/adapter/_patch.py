@@ -7,31 +7,23 @@ rest of the forward pass at once; hosts that carry a batch-shaped mask past the 
 (Hugging Face bridges) then fail in the forward pass, and the caller repeats the input instead. Like
 ``ModelAdapter.hooks`` it addresses hook points by role and layer, leaves hooks the user
 attached alone, and removes exactly its own, even when the forward pass raises.
-
-``shuffled_weights`` makes the "same weights, no structure" control the atlas compares with:
-a copy of the model whose every parameter has its entries permuted at random (seeded), so each
-matrix keeps its distribution of values (norms, scale) and loses what training arranged.
 """
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-import torch
 from torch import Tensor
 
+from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.errors import TLDynamicsError
-
-if TYPE_CHECKING:
-    from tl_dynamics.adapter._model import ModelAdapter
 
 PatchFn = Callable[[Tensor], "Tensor | None"]
 
 
 @contextmanager
-def patched(adapter: "ModelAdapter", patches: Sequence[tuple[str, int, PatchFn]]) -> Iterator[None]:
+def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -> Iterator[None]:
     """Attach replacing hooks ``(role, layer, fn)``; remove exactly these on exit."""
     named = []
     for role, layer, fn in patches:
@@ -73,36 +65,3 @@ def patched(adapter: "ModelAdapter", patches: Sequence[tuple[str, int, PatchFn]]
         for point, handle in owned:
             handle.hook.remove()
             point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
-
-
-def shuffled_weights(adapter: "ModelAdapter", seed: int = 0) -> "ModelAdapter":
-    """A new adapter over a copy of ``adapter``'s model whose parameters each have their
-    entries permuted at random (seeded by ``seed``).
-
-    Tied parameters stay tied (each tensor is shuffled once). The original is not touched.
-    Normalise a model first with ``ModelAdapter.of``.
-
-    Example:
-        >>> from tl_dynamics import testing
-        >>> from tl_dynamics.adapter import ModelAdapter, shuffled_weights
-        >>> ad = ModelAdapter(testing.tiny_model("gpt2"))
-        >>> sh = shuffled_weights(ad, seed=1)
-        >>> same_values = sh.W_E.flatten().sort().values.equal(ad.W_E.flatten().sort().values)
-        >>> same_values, sh.W_E.equal(ad.W_E)
-        (True, False)
-    """
-    if not (hasattr(adapter, "info") and hasattr(adapter, "model")):
-        raise TLDynamicsError(f"shuffled_weights needs a ModelAdapter (use ModelAdapter.of(model)), "
-                              f"got {type(adapter).__name__}")
-    clone = copy.deepcopy(adapter.model)
-    generator = torch.Generator().manual_seed(int(seed))
-    seen: set[int] = set()
-    with torch.no_grad():
-        for param in clone.parameters():
-            if id(param) in seen or param.numel() < 2:
-                continue
-            seen.add(id(param))
-            flat = param.detach().reshape(-1)
-            order = torch.randperm(flat.numel(), generator=generator).to(flat.device)
-            param.copy_(flat[order].reshape(param.shape))
-    return type(adapter)(clone.eval())
