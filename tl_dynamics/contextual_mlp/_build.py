@@ -7,7 +7,7 @@ an index, a list of them, or None (all); the heads are taken in every selected l
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -103,11 +103,10 @@ class ContextualMLPCollector:
                 self._passes[-1].setdefault(row, {})[(la.layer, head)] = mlp
                 self._mlps.append(mlp)
 
-    def hooks(self, stack: ExitStack) -> None:
-        """Enter the per-layer capture that collects on ``stack``."""
-        adapter = self.adapter
-        stack.enter_context(adapter.capture(self.on_layer, self.layers, reference=self.reference,
-                                            inputs=True, batch=self.batch))
+    def capture(self) -> AbstractContextManager:
+        """The per-layer capture that collects (hooks removed on exit, even on errors)."""
+        return self.adapter.capture(self.on_layer, self.layers, reference=self.reference,
+                                    inputs=True, batch=self.batch)
 
     @property
     def n_passes(self) -> int:
@@ -161,8 +160,7 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
     adapter = ModelAdapter.of(model)
     collector = ContextualMLPCollector(adapter, adapter.check_layers(layers),
                                        adapter.check_heads(heads), None, batch, reference)
-    with ExitStack() as stack:
-        collector.hooks(stack)
+    with collector.capture():
         yield collector
 
 
@@ -175,8 +173,7 @@ def _run(model: Any, prompt: Prompt | Batch, layers: int | Sequence[int] | None,
     for row in rows or []:
         _check_row(row, batch.tokens.shape[0])
     collector = ContextualMLPCollector(adapter, layer_list, head_list, rows, batch, reference)
-    with ExitStack() as stack:
-        collector.hooks(stack)
+    with collector.capture():
         adapter.forward(batch)
     return collector
 
