@@ -188,3 +188,16 @@ def test_minilm_cls_heads_are_likelihood_driven_sinks():
     assert (on_cls.sink_cause == "likelihood-driven").mean() > 0.9
     assert frame.delta_loss.isna().all() and any("encoder" in n for n in res.notes)
     assert np.isfinite(frame.sink_loglik_adv).all()
+
+
+# ------------------------------------------------------------------ command line
+def test_cli_heads_prints_the_table_and_writes_the_page(tmp_path, capsys):
+    from tl_dynamics import cli
+
+    out = tmp_path / "heads.html"
+    assert cli.main(["heads", "--model", "induction-2l", "--no-causal", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "induction" in printed and "previous-token" in printed and out.stat().st_size > 0
+    assert "L1H2" in out.read_text(encoding="utf-8")
+    assert cli.main(["heads", "--model", "induction-2l", "--prompt", " "]) == 2
+    assert "--prompt is empty" in capsys.readouterr().err

@@ -60,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
                              "(default: the heads the statistics single out)")
     sub.add_parser("models", help="list the shipped models, what is installed, and the tiny "
                                   "random architectures")
+    sub.add_parser("heads", help="what every head does, as a table (--out: an HTML page); "
+                                 "`tl-dynamics heads --help` lists its options")
     return parser
 
 
@@ -134,6 +136,11 @@ def _models() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["heads"]:  # its own parser, in tl_dynamics.atlas
+        from tl_dynamics import atlas
+
+        return atlas.cli_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "models":
         return _models()

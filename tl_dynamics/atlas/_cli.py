@@ -8,46 +8,62 @@ import time
 
 from tl_dynamics.errors import TLDynamicsError
 
+TABLE_COLUMNS = ["layer", "head", "role", "score", "baseline", "delta_loss", "delta_loss_prior",
+                 "delta_loss_likelihood", "roles"]
 
-def cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``heads`` command's options to ``parser``."""
+
+def cli_parser() -> argparse.ArgumentParser:
+    """The ``tl-dynamics heads`` options."""
+    parser = argparse.ArgumentParser(
+        prog="tl-dynamics heads", description="What every head does: roles from pattern and "
+        "mechanism against a weight-shuffled control, and the loss change when each head is "
+        "mean-ablated or its pattern is replaced by the prior-only / likelihood-only one.")
     parser.add_argument("--model", default=None,
-                        help="shipped model name (default code-2l), a local model folder, "
+                        help="shipped model name (default code-2l), a model folder, "
                              "'tiny-random[:arch]', or a hub name (online)")
     parser.add_argument("--prompt", default=None,
                         help="natural probe text for sinks and the causal losses (default: the "
-                             "repeated random token sequences)")
+                             "repeated random token sequences, which need no tokenizer)")
     parser.add_argument("--seq-len", type=int, default=None, help="length of each random sequence")
     parser.add_argument("--n-seq", type=int, default=None, help="number of repeated probes")
     parser.add_argument("--no-causal", action="store_true", help="skip the interventions")
     parser.add_argument("--out", default=None, help="also write an offline HTML page here")
+    return parser
 
 
-def cli_main(args: argparse.Namespace) -> int:
-    """Run the ``heads`` command; returns the exit status."""
+def cli_main(argv: list[str] | None = None) -> int:
+    """Run ``tl-dynamics heads`` with ``argv`` (its arguments); returns the exit status.
+
+    Example:
+        >>> cli_main(["--model", "induction-2l", "--no-causal"])  # doctest: +SKIP
+    """
+    args = cli_parser().parse_args(argv)
     from tl_dynamics import models, viz
     from tl_dynamics.atlas._api import compute
     from tl_dynamics.atlas._probes import N_SEQ, SEQ_LEN
 
     start = time.perf_counter()
     try:
-        model, label = models.load_model(args.model)
-        result = compute(model, args.prompt, n_seq=args.n_seq or N_SEQ,
+        if args.prompt is not None and not args.prompt.strip():
+            raise TLDynamicsError("--prompt is empty: give some text, or leave --prompt out for "
+                                  "the repeated random token probes")
+        loaded = models.resolve(args.model)
+        result = compute(loaded.model, args.prompt, n_seq=args.n_seq or N_SEQ,
                          seq_len=args.seq_len or SEQ_LEN, causal=not args.no_causal)
+        path = None
+        if args.out:
+            page = viz.Page(f"Head atlas: {loaded.label}")
+            page.add_section("What each head does", [result.show()])
+            path = page.write(args.out)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
     frame = result.to_dataframe()
-    columns = ["layer", "head", "role", "score", "baseline", "delta_loss", "delta_loss_prior",
-               "delta_loss_likelihood", "roles"]
-    print(f"Head atlas of {label} ({time.perf_counter() - start:.1f} s; a role needs its score "
-          f"at least {result.margin} above the weight-shuffled control)")
-    print(frame[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"Head atlas of {loaded.label} ({time.perf_counter() - start:.1f} s; a role needs its "
+          f"score at least {result.margin} above the weight-shuffled control)")
+    print(frame[TABLE_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     for note in result.notes:
         print(f"note: {note}")
-    if args.out:
-        page = viz.Page(f"Head atlas: {label}")
-        page.add_section("What each head does", [result.show()])
-        path = page.write(args.out)
+    if path is not None:
         print(f"wrote {path}")
     return 0
