@@ -20,7 +20,7 @@ from helpers import requires_hooked
 # for scores/patterns, <= 3e-6 for summed head outputs).
 EXACT_TOL = 1e-5
 PADDING = [("single", "right"), ("batch", "right"), ("batch", "left")]
-# Delegating bridges fire hook_attn_scores on HF's post-softmax weights (host-surface.md §2).
+# Delegating bridges fire hook_attn_scores on the Hugging Face post-softmax weights.
 DELEGATING = {"gptneo", "gptj", "opt", "bert"}
 
 
