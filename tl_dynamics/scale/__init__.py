@@ -1,0 +1,16 @@
+"""Dataset scale: the dataset-level statistics of ``odds_ratio`` and ``trajectories`` over a
+corpus, exact across batches, processes (``torchrun``), Ray Data workers and resumed runs.
+
+``run_stats`` streams a corpus and writes one statistics file (docs/stats-format.md);
+``load_stats``/``save_stats`` read and write it bit-exactly; ``merge_stats`` merges files of the
+same model and settings; ``ray_stats`` runs the same reduction as a Ray Data stage;
+``stats_page`` renders a file as an offline HTML page (``tl-dynamics report --stats FILE``).
+"""
+
+from tl_dynamics.scale._format import DatasetStats, load_stats, merge_stats, save_stats
+from tl_dynamics.scale._page import stats_page
+from tl_dynamics.scale._ray import ray_stats
+from tl_dynamics.scale._run import iter_prompts, run_stats, stats_bytes
+
+__all__ = ["DatasetStats", "iter_prompts", "load_stats", "merge_stats", "ray_stats", "run_stats",
+           "save_stats", "stats_bytes", "stats_page"]

@@ -1,0 +1,255 @@
+"""The statistics file (docs/stats-format.md): safetensors tensors plus a small JSON header.
+
+Every real number is an exact sum (``trajectories.ExactSum``: int64 limbs and one exponent per
+array), every count an int64 array, so a file is a function of the corpus, the model and the
+settings alone: the same statistics give the same bytes however many workers computed them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+from safetensors.numpy import load as st_load
+
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.odds_ratio import HeadStats
+from tl_dynamics.trajectories import ExactSum, TrajectoryStats
+
+FORMAT, VERSION = "tl-dynamics-stats", 1
+HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY = "tl_dynamics_stats", "tl_dynamics_sha256", \
+    "tl_dynamics_checkpoint"
+ANALYSES = ("odds_ratio", "trajectories")
+_HASH_MOD = 1 << 256
+
+
+def prompt_hash(prompts: Iterable[str], start: int = 0) -> int:
+    """Order-independent hash of a list of prompts: the sum of their SHA-256 modulo 2**256,
+    so the hash of a corpus is the sum of the hashes of its shards."""
+    total = start
+    for text in prompts:
+        total += int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest(), "big")
+    return total % _HASH_MOD
+
+
+@dataclass(frozen=True, eq=False)
+class DatasetStats:
+    """The dataset-level statistics of one corpus: odds-ratio head statistics and trajectory
+    statistics (either may be None when not asked for), with what was computed how.
+
+    ``settings`` are the run's inputs that change the numbers (batch size, padding side, the
+    analyses' layers/heads/eps/lens); two statistics merge only when model, analyses and
+    settings agree. Equality is byte equality of the saved files.
+    """
+
+    model: str
+    settings: dict[str, Any]
+    n_prompts: int
+    prompts_hash: int
+    odds_ratio: HeadStats | None = None
+    trajectories: TrajectoryStats | None = None
+
+    @property
+    def analyses(self) -> tuple[str, ...]:
+        return tuple(a for a in ANALYSES if getattr(self, a) is not None)
+
+    def __repr__(self) -> str:
+        return (f"DatasetStats({self.model}, analyses={list(self.analyses)}, "
+                f"prompts={self.n_prompts})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DatasetStats) and to_bytes(self) == to_bytes(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def merge(self, other: "DatasetStats") -> "DatasetStats":
+        """Both corpora's statistics, exactly (order-independent, bit-identical)."""
+        if not isinstance(other, DatasetStats):
+            raise TLDynamicsError(f"can only merge DatasetStats, got {type(other).__name__}")
+        mine = {"model": self.model, "analyses": self.analyses, "settings": self.settings}
+        theirs = {"model": other.model, "analyses": other.analyses, "settings": other.settings}
+        diff = [k for k in mine if mine[k] != theirs[k]]
+        if diff:
+            raise TLDynamicsError(
+                "cannot merge statistics of different runs: they differ in "
+                + ", ".join(f"{k} ({mine[k]!r} vs {theirs[k]!r})" for k in diff))
+        return DatasetStats(
+            self.model, self.settings, self.n_prompts + other.n_prompts,
+            (self.prompts_hash + other.prompts_hash) % _HASH_MOD,
+            None if self.odds_ratio is None else self.odds_ratio.merge(other.odds_ratio),
+            None if self.trajectories is None else self.trajectories.merge(other.trajectories))
+
+
+# ---------------------------------------------------------------------- writing
+_DTYPES = {np.dtype(np.int64): ("I64", "<i8"), np.dtype(np.uint8): ("U8", "u1")}
+
+
+def _pack(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+    """A safetensors file with its header in sorted order (the library's own writer orders
+    the header as a hash map does, so equal contents would not give equal bytes)."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    chunks, offset = [], 0
+    for name in sorted(tensors):
+        array = tensors[name]
+        code, little = _DTYPES[array.dtype]
+        data = np.array(array, dtype=little, order="C").tobytes()
+        header[name] = {"dtype": code, "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + b"".join(chunks)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _put_exact(tensors: dict[str, np.ndarray], prefix: str, value: ExactSum) -> None:
+    for name, array in value.arrays().items():
+        tensors[f"{prefix}.{name}"] = np.array(array, order="C")
+
+
+def _checksum(tensors: dict[str, np.ndarray], header: str) -> str:
+    digest = hashlib.sha256(header.encode("utf-8"))
+    for name in sorted(tensors):
+        array = tensors[name]
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(np.array(array, order="C").tobytes())
+    return digest.hexdigest()
+
+
+def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> bytes:
+    """The file's bytes (``save_stats`` writes them)."""
+    tensors: dict[str, np.ndarray] = {}
+    header: dict[str, Any] = {"format": FORMAT, "version": VERSION, "model": stats.model,
+                              "analyses": list(stats.analyses), "settings": _plain(stats.settings),
+                              "n_prompts": int(stats.n_prompts),
+                              "prompts_hash": f"{stats.prompts_hash:064x}"}
+    h = stats.odds_ratio
+    if h is not None:
+        if h.exact is None:
+            raise TLDynamicsError("these odds-ratio statistics have no exact sums to save")
+        header["odds_ratio"] = {"model": h.model, "layers": list(h.layers),
+                                "heads": list(h.heads), "scale": list(h.scale),
+                                "softcap": list(h.softcap), "n_prompts": int(h.n_prompts),
+                                "sum_keys": list(h.sum_keys)}
+        _put_exact(tensors, "odds_ratio.sums", h.exact)
+    t = stats.trajectories
+    if t is not None:
+        header["trajectories"] = {"meta": _plain(t.meta), "ints": sorted(t.ints),
+                                  "sums": sorted(t.sums)}
+        for name, array in t.ints.items():
+            tensors[f"trajectories.ints.{name}"] = np.array(array, dtype=np.int64, order="C")
+        for name, value in t.sums.items():
+            _put_exact(tensors, f"trajectories.sums.{name}", value)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    meta = {HEADER_KEY: text, CHECKSUM_KEY: _checksum(tensors, text)}
+    if checkpoint is not None:
+        meta[CHECKPOINT_KEY] = json.dumps(checkpoint, sort_keys=True)
+    return _pack(tensors, meta)
+
+
+def save_stats(stats: DatasetStats, path: str | os.PathLike,
+               checkpoint: dict[str, Any] | None = None) -> Path:
+    """Write ``stats`` to ``path`` (atomically: a temporary file renamed into place).
+
+    Example:
+        >>> from tl_dynamics import scale                                   # doctest: +SKIP
+        >>> stats = scale.run_stats("tiny-random:gpt2", ["a = 1", "b = 2"])  # doctest: +SKIP
+        >>> scale.load_stats(scale.save_stats(stats, "s.safetensors")) == stats  # doctest: +SKIP
+        True
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(to_bytes(stats, checkpoint))
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------- reading
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _exact(tensors: dict[str, np.ndarray], prefix: str, what: str) -> ExactSum:
+    parts = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+    return ExactSum.from_arrays(parts, what)
+
+
+def from_bytes(data: bytes, what: str = "statistics") -> tuple[DatasetStats, dict | None]:
+    """Parse a file's bytes; returns the statistics and the checkpoint position (or None)."""
+    try:
+        tensors = st_load(data)
+        n = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8:8 + n]).get("__metadata__") or {}
+    except Exception as exc:  # safetensors, JSON and index errors alike: not a readable file
+        raise TLDynamicsError(f"{what} is not a tl-dynamics statistics file (corrupt or "
+                              f"truncated safetensors: {exc})") from None
+    if HEADER_KEY not in meta:
+        raise TLDynamicsError(f"{what} is a safetensors file but not tl-dynamics statistics "
+                              f"(no {HEADER_KEY!r} header)")
+    text = meta[HEADER_KEY]
+    if meta.get(CHECKSUM_KEY) != _checksum(tensors, text):
+        raise TLDynamicsError(f"{what} is corrupt: its contents do not match its checksum")
+    try:
+        return _parse(json.loads(text), tensors, what), (
+            json.loads(meta[CHECKPOINT_KEY]) if CHECKPOINT_KEY in meta else None)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TLDynamicsError(f"{what}: malformed statistics header ({exc!r})") from None
+
+
+def _parse(header: dict[str, Any], tensors: dict[str, np.ndarray], what: str) -> DatasetStats:
+    if header.get("format") != FORMAT or header.get("version") != VERSION:
+        raise TLDynamicsError(f"{what}: format {header.get('format')!r} version "
+                              f"{header.get('version')!r}; this tl_dynamics reads {FORMAT!r} "
+                              f"version {VERSION}")
+    heads = trajs = None
+    if "odds_ratio" in header["analyses"]:
+        o = header["odds_ratio"]
+        heads = HeadStats.from_exact(o["model"], tuple(o["layers"]), tuple(o["heads"]),
+                                     tuple(o["scale"]), tuple(o["softcap"]), o["n_prompts"],
+                                     _exact(tensors, "odds_ratio.sums", f"{what} odds_ratio"),
+                                     tuple(o["sum_keys"]))
+    if "trajectories" in header["analyses"]:
+        t = header["trajectories"]
+        ints = {k: tensors[f"trajectories.ints.{k}"] for k in t["ints"]}
+        if any(v.dtype != np.int64 for v in ints.values()):
+            raise TLDynamicsError(f"{what}: trajectory counts must be int64")
+        sums = {k: _exact(tensors, f"trajectories.sums.{k}", f"{what} trajectories {k}")
+                for k in t["sums"]}
+        trajs = TrajectoryStats(meta={k: _tuples(v) for k, v in t["meta"].items()},
+                                ints=ints, sums=sums)
+    return DatasetStats(header["model"], header["settings"], int(header["n_prompts"]),
+                        int(header["prompts_hash"], 16), heads, trajs)
+
+
+def load_stats(path: str | os.PathLike) -> DatasetStats:
+    """Read a statistics file back, bit-exactly; refuses corrupt or foreign files clearly."""
+    path = Path(path)
+    if not path.is_file():
+        raise TLDynamicsError(f"statistics file {str(path)!r} does not exist")
+    return from_bytes(path.read_bytes(), f"statistics file {str(path)!r}")[0]
+
+
+def merge_stats(*items: DatasetStats | str | os.PathLike) -> DatasetStats:
+    """Merge statistics (objects or file paths) of the same model and settings, exactly."""
+    if not items:
+        raise TLDynamicsError("merge_stats needs at least one statistics file or object")
+    loaded = [s if isinstance(s, DatasetStats) else load_stats(s) for s in items]
+    out = loaded[0]
+    for other in loaded[1:]:
+        out = out.merge(other)
+    return out

@@ -1,0 +1,107 @@
+"""Ray Data: the same per-batch reduction as a ``map_batches`` stage, one model per actor.
+
+Needs the optional extra ``tl-dynamics[ray]`` (``ray[data]``). The driver cuts the corpus into
+the same numbered batches as ``run_stats`` (only the texts pass through it); each actor loads
+the model once (``model_loader()``), turns a group of batches into partial statistics, and the
+driver merges the partials exactly, so the bytes equal a one-process run's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from tl_dynamics import sphere
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.scale._format import ANALYSES, DatasetStats, from_bytes, save_stats, to_bytes
+from tl_dynamics.scale._run import ShardRunner, _threads, batches, iter_prompts, make_settings
+
+
+class StatsActor:
+    """A Ray Data actor: one model, and for every group of batches their partial statistics."""
+
+    def __init__(self, loader: Callable[[], Any], name: str, settings: dict[str, Any],
+                 threads: int | None):
+        self.name, self.settings, self.threads = name, settings, threads
+        with _threads(threads):
+            self.model = loader()
+
+    def __call__(self, group: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with _threads(self.threads):
+            runner = ShardRunner(self.model, self.name, self.settings, self.threads)
+            try:
+                for texts in group["texts"]:
+                    runner.add([str(t) for t in texts])
+            finally:
+                runner.close()
+        return {"first": np.array([int(np.min(group["index"]))]),
+                "partial": np.array([to_bytes(runner.result())], dtype=object)}
+
+
+def _texts(dataset: Any) -> Iterator[str]:
+    """A Ray Dataset's ``text`` column in order (a path or list of strings is read as a corpus)."""
+    if isinstance(dataset, (str, os.PathLike, list, tuple)):
+        yield from iter_prompts(dataset)
+        return
+    if "text" not in (dataset.schema().names or []):
+        raise TLDynamicsError(f"the Ray dataset has columns {dataset.schema().names}; ray_stats "
+                              "needs a 'text' column (one prompt per row)")
+    for row in dataset.iter_rows():
+        yield row["text"]
+
+
+def ray_stats(model_loader: Callable[[], Any], dataset: Any, out: str | os.PathLike | None = None,
+              *, model_name: str, num_workers: int = 2, batches_per_task: int | None = None,
+              analyses: Sequence[str] = ANALYSES, batch_size: int = 16,
+              layers: int | Sequence[int] | None = None,
+              heads: int | Sequence[int] | None = None,
+              eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, lens: bool = True,
+              padding_side: str = "right", threads: int | None = 1) -> DatasetStats:
+    """``run_stats`` on Ray Data: ``num_workers`` actors, each with its own model.
+
+    ``model_loader`` is a picklable callable returning the model (e.g.
+    ``functools.partial(tl_dynamics.load_model, "code-2l")``); ``dataset`` a Ray Dataset with a
+    ``text`` column, a corpus file or a list of strings; ``model_name`` is recorded in the file
+    (use the name a ``run_stats`` run used to get the same bytes). Settings are as in
+    ``run_stats``. Ray must be initialised by the caller (``ray.init(...)``).
+
+    Example:
+        >>> import functools, ray                                            # doctest: +SKIP
+        >>> from tl_dynamics import load_model, scale                        # doctest: +SKIP
+        >>> ray.init(num_cpus=2)                                             # doctest: +SKIP
+        >>> stats = scale.ray_stats(functools.partial(load_model, "code-2l"),
+        ...                         ["a = 1"] * 40, model_name="code-2l")    # doctest: +SKIP
+        >>> stats.n_prompts                                                  # doctest: +SKIP
+        40
+    """
+    try:
+        import ray.data
+    except ImportError:
+        raise TLDynamicsError("ray_stats needs Ray Data: pip install 'tl-dynamics[ray]'") from None
+    settings = make_settings(analyses, batch_size, padding_side, layers, heads, eps, lens)
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise TLDynamicsError(f"num_workers must be a positive integer, got {num_workers!r}")
+    rows = [{"index": i, "texts": texts} for i, texts in batches(_texts(dataset), batch_size)]
+    if not rows:  # nothing to map: the empty statistics, computed here
+        return _finish(StatsActor(model_loader, model_name, settings, threads)(
+            {"index": np.array([0]), "texts": np.array([], dtype=object)}), out)
+    per_task = batches_per_task or max(1, -(-len(rows) // (4 * num_workers)))
+    partials = ray.data.from_items(rows).map_batches(
+        StatsActor, batch_size=per_task, batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1,
+        fn_constructor_kwargs={"loader": model_loader, "name": model_name,
+                               "settings": settings, "threads": threads})
+    merged = None
+    for row in sorted(partials.take_all(), key=lambda r: int(r["first"])):
+        part = from_bytes(bytes(row["partial"]), "a Ray worker's partial statistics")[0]
+        merged = part if merged is None else merged.merge(part)
+    return merged if out is None else (save_stats(merged, out) and merged)
+
+
+def _finish(result: dict[str, np.ndarray], out: str | os.PathLike | None) -> DatasetStats:
+    stats = from_bytes(bytes(result["partial"][0]), "partial statistics")[0]
+    if out is not None:
+        save_stats(stats, out)
+    return stats

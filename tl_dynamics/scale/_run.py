@@ -1,0 +1,286 @@
+"""``run_stats``: stream a corpus through a model in padded batches, with checkpoints.
+
+The corpus is cut into batches of ``batch_size`` prompts in file order; batch ``i`` is the same
+set of prompts, padded the same way, whoever computes it. Its statistics are exact sums, so the
+result is the same bits for one process, ``torchrun`` with any number of ranks (rank ``r`` takes
+the batches ``i % world_size == r``), Ray Data, or a run resumed from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+
+from tl_dynamics import odds_ratio, sphere, trajectories
+from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.scale._format import (ANALYSES, DatasetStats, from_bytes, prompt_hash,
+                                       save_stats, to_bytes)
+
+Prompts = str | os.PathLike | Sequence[str]
+
+
+# ---------------------------------------------------------------------- the corpus
+def _is_jsonl(path: Path) -> bool:
+    return path.suffix.lower() in (".jsonl", ".ndjson", ".json")
+
+
+def iter_prompts(prompts: Prompts) -> Iterator[str]:
+    """The prompts of a corpus, lazily: a text file (one prompt per line; blank lines are
+    skipped), JSON lines (``.jsonl``/``.ndjson``/``.json``: one object with a ``text`` field
+    per line), or a sequence of strings."""
+    if not isinstance(prompts, (str, os.PathLike)):
+        for i, text in enumerate(prompts):
+            if not isinstance(text, str) or not text:
+                raise TLDynamicsError(f"prompt {i} is {text!r}: every prompt must be a non-empty "
+                                      "string")
+            yield text
+        return
+    path = Path(prompts)
+    if not path.is_file():
+        raise TLDynamicsError(f"prompts file {str(path)!r} does not exist (give a text file, one "
+                              "prompt per line, or JSON lines with a 'text' field)")
+    jsonl = _is_jsonl(path)
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            if not jsonl:
+                yield line
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise TLDynamicsError(f"{path}:{number}: not a JSON object (JSON lines need one "
+                                      'object per line, e.g. {"text": "..."})') from None
+            text = record.get("text") if isinstance(record, dict) else None
+            if not isinstance(text, str) or not text:
+                raise TLDynamicsError(f"{path}:{number}: no non-empty string 'text' field")
+            yield text
+
+
+def count_prompts(prompts: Prompts) -> int:
+    if isinstance(prompts, (str, os.PathLike)):
+        return sum(1 for _ in iter_prompts(prompts))
+    return len(prompts)
+
+
+def batches(prompts: Prompts, batch_size: int) -> Iterator[tuple[int, list[str]]]:
+    """``(index, prompts)`` for every batch of the corpus, in order."""
+    chunk: list[str] = []
+    index = 0
+    for text in iter_prompts(prompts):
+        chunk.append(text)
+        if len(chunk) == batch_size:
+            yield index, chunk
+            index, chunk = index + 1, []
+    if chunk:
+        yield index, chunk
+
+
+# ---------------------------------------------------------------------- settings
+def make_settings(analyses: Sequence[str], batch_size: int, padding_side: str,
+                  layers: Any, heads: Any, eps: Sequence[float], lens: bool) -> dict[str, Any]:
+    """The settings recorded in the file (plain JSON values, so they compare after loading)."""
+    chosen = sorted(set(analyses))
+    bad = [a for a in chosen if a not in ANALYSES]
+    if not chosen or bad:
+        raise TLDynamicsError(f"analyses {list(analyses)!r}: choose one or more of {list(ANALYSES)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise TLDynamicsError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if padding_side not in ("left", "right"):
+        raise TLDynamicsError(f"padding_side {padding_side!r}: valid are 'left' and 'right'")
+    out: dict[str, Any] = {"batch_size": batch_size, "padding_side": padding_side}
+    if "odds_ratio" in chosen:
+        out["odds_ratio"] = {"layers": layers, "heads": heads}
+    if "trajectories" in chosen:
+        out["trajectories"] = {"layers": layers, "eps": [float(e) for e in eps], "lens": bool(lens)}
+    return json.loads(json.dumps(out, sort_keys=True))
+
+
+def _model_name(model: Any, model_name: str | None) -> tuple[Any, str]:
+    if isinstance(model, str):
+        from tl_dynamics import models
+
+        return models.resolve(model).model, model_name or model
+    return model, model_name or ModelAdapter.of(model).info.architecture
+
+
+# ---------------------------------------------------------------------- one shard
+class ShardRunner:
+    """Streams batches through one model with the chosen analyses attached; ``result()`` is
+    the ``DatasetStats`` of the batches seen (plus ``base``, a resumed checkpoint)."""
+
+    def __init__(self, model: Any, model_name: str, settings: dict[str, Any],
+                 threads: int | None = 1):
+        self.adapter = ModelAdapter.of(model)
+        if self.adapter.tokenizer is None:
+            raise TLDynamicsError(f"{model_name} has no tokenizer: statistics over a text corpus "
+                                  "need one")
+        self.name, self.settings, self.threads = model_name, settings, threads
+        self.n_prompts, self.hash = 0, 0
+        self._stack = ExitStack()
+        self._traj = self._odds = None
+        o, t = settings.get("odds_ratio"), settings.get("trajectories")
+        if t is not None:
+            self._traj = self._stack.enter_context(trajectories.attach(
+                self.adapter, layers=t["layers"], eps=tuple(t["eps"]), lens=t["lens"]))
+        if o is not None:
+            self._odds = odds_ratio.OddsRatioCollector(
+                self.adapter, self.adapter.check_layers(o["layers"]),
+                self.adapter.check_heads(o["heads"]), keep_tensors=False, threads=threads)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def add(self, texts: list[str]) -> None:
+        batch = self.adapter.tokenize(texts, self.settings["padding_side"])
+        if self._traj is not None:
+            self._traj.set_batch(batch)
+        if self._odds is not None:
+            self._odds.forward(batch)
+        else:
+            self.adapter.forward(batch)
+        self.n_prompts += len(texts)
+        self.hash = prompt_hash(texts, self.hash)
+
+    def result(self) -> DatasetStats:
+        return DatasetStats(
+            self.name, self.settings, self.n_prompts, self.hash,
+            None if self._odds is None else self._odds.result().stats,
+            None if self._traj is None else self._traj.result(allow_empty=True))
+
+
+@contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_shard(runner: ShardRunner, items: Iterable[tuple[int, list[str]]], *,
+              base: DatasetStats | None = None, checkpoint: Path | None = None,
+              checkpoint_every: int = 8, max_batches: int | None = None,
+              bar: Any = None) -> tuple[DatasetStats, bool]:
+    """Run ``items`` (``(index, prompts)``); returns the statistics (``base`` merged in) and
+    whether every item was done (False when ``max_batches`` stopped it first)."""
+    done, complete, last = 0, True, None
+
+    def total() -> DatasetStats:
+        part = runner.result()
+        return part if base is None else base.merge(part)
+
+    for index, texts in items:
+        if max_batches is not None and done >= max_batches:
+            complete = False
+            break
+        runner.add(texts)
+        done, last = done + 1, index
+        if bar is not None:
+            bar.update(len(texts))
+        if checkpoint is not None and done % checkpoint_every == 0:
+            save_stats(total(), checkpoint, {"next_batch": index + 1})
+    result = total()
+    if checkpoint is not None and last is not None and (not complete or done % checkpoint_every):
+        save_stats(result, checkpoint, {"next_batch": last + 1})
+    return result, complete
+
+
+def read_checkpoint(path: Path, settings: dict[str, Any], name: str) -> tuple[DatasetStats, int]:
+    """A checkpoint's statistics and its next batch index, refused if made differently."""
+    stats, position = from_bytes(path.read_bytes(), f"checkpoint {str(path)!r}")
+    if position is None or stats.settings != settings or stats.model != name:
+        raise TLDynamicsError(f"checkpoint {str(path)!r} was made by a different run (model "
+                              f"{stats.model!r}, settings {stats.settings}); delete it or run "
+                              "without --resume")
+    return stats, int(position["next_batch"])
+
+
+def new_bar(progress: bool, total: int | None, initial: int = 0) -> Any:
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="stats", unit="prompt", dynamic_ncols=True)
+
+
+def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None, *,
+              analyses: Sequence[str] = ANALYSES, batch_size: int = 16,
+              layers: int | Sequence[int] | None = None,
+              heads: int | Sequence[int] | None = None,
+              eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, lens: bool = True,
+              padding_side: str = "right", resume: bool = False, checkpoint_every: int = 8,
+              max_batches: int | None = None, progress: bool = True, threads: int | None = 1,
+              model_name: str | None = None) -> DatasetStats:
+    """Dataset-level statistics of a corpus, written to ``out`` (a ``.safetensors`` file).
+
+    ``model`` is a model name (as ``tl-dynamics report --model``) or a model/adapter;
+    ``prompts`` a corpus file or a list of strings. Under ``torchrun`` (``WORLD_SIZE`` > 1)
+    each rank streams its shard of the batches and rank 0 merges and writes; the bytes equal
+    a one-process run. With ``out`` set, partial statistics are checkpointed to
+    ``out + ".partial"`` every ``checkpoint_every`` batches; ``resume=True`` continues from
+    there and ends with the same bytes as an uninterrupted run. ``max_batches`` stops after
+    that many new batches (checkpointed, ``out`` not written): long runs can be cut into jobs.
+    ``threads`` sets torch's threads for the run (bits can depend on it; keep it the same).
+
+    Example:
+        >>> from tl_dynamics import scale                                     # doctest: +SKIP
+        >>> stats = scale.run_stats("tiny-random:gpt2", ["a = 1", "b = 2"], progress=False)
+        >>> stats.n_prompts                                                   # doctest: +SKIP
+        2
+    """
+    from tl_dynamics.scale import _distributed
+
+    settings = make_settings(analyses, batch_size, padding_side, layers, heads, eps, lens)
+    if max_batches is not None and (isinstance(max_batches, bool) or max_batches < 0):
+        raise TLDynamicsError(f"max_batches must be a non-negative integer, got {max_batches!r}")
+    if checkpoint_every < 1:
+        raise TLDynamicsError(f"checkpoint_every must be at least 1, got {checkpoint_every!r}")
+    with _distributed.session() as dist, _threads(threads):
+        if dist.world > 1 and isinstance(model, str):
+            model, name = _distributed.load_on_rank(model, model_name, dist)
+        else:
+            model, name = _model_name(model, model_name)
+        out_path = None if out is None else Path(out)
+        checkpoint = None if out_path is None else dist.checkpoint_path(out_path)
+        base, start = None, 0
+        if resume and checkpoint is not None and checkpoint.is_file():
+            base, start = read_checkpoint(checkpoint, settings, name)
+        items = ((i, t) for i, t in batches(prompts, batch_size)
+                 if i >= start and i % dist.world == dist.rank)
+        total = count_prompts(prompts) if progress and dist.rank == 0 else None
+        bar = new_bar(progress and dist.rank == 0, None if total is None else
+                      -(-total // dist.world), 0 if base is None else base.n_prompts)
+        runner = ShardRunner(model, name, settings, threads)
+        try:
+            part, complete = run_shard(runner, items, base=base, checkpoint=checkpoint,
+                                       checkpoint_every=checkpoint_every,
+                                       max_batches=max_batches, bar=bar)
+        finally:
+            runner.close()
+            if bar is not None:
+                bar.close()
+        if not dist.all_true(complete):
+            return part
+        merged = dist.merge_on_rank0(part)
+        if merged is not None and out_path is not None:
+            save_stats(merged, out_path)
+        dist.barrier()
+        if checkpoint is not None and checkpoint.is_file():
+            checkpoint.unlink()
+        return part if merged is None else merged
+
+
+def stats_bytes(stats: DatasetStats) -> bytes:
+    """The bytes ``save_stats`` would write (to compare runs without files)."""
+    return to_bytes(stats)
