@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
                                   "random architectures")
     sub.add_parser("heads", help="what every head does, as a table (--out: an HTML page); "
                                  "`tl-dynamics heads --help` lists its options")
+    sub.add_parser("stats", help="dataset-level statistics of a corpus to one file (torchrun for "
+                                 "many processes); `tl-dynamics report --stats FILE` renders it")
     return parser
 
 
@@ -141,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         from tl_dynamics import atlas
 
         return atlas.cli_main(argv[1:])
+    if argv[:1] == ["stats"] or (argv[:1] == ["report"] and any(  # dataset scale: tl_dynamics.scale
+            a == "--stats" or a.startswith("--stats=") for a in argv)):
+        from tl_dynamics import scale
+
+        return scale.cli_main(argv[1:]) if argv[0] == "stats" else scale.report_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "models":
         return _models()
