@@ -313,7 +313,30 @@ def test_views_and_tables():
         assert isinstance(result.show(), (viz.Component, viz.Group))
     overview = circuits.compute(adapter, "x = 1", n_samples=10)
     assert list(overview.to_dataframe().columns) == ["layer", "head", "ov_copying", "qk_positivity"]
-    assert set(overview.prompt) == {(layer, overview.copying.best(layer)) for layer in range(2)}
+    assert set(overview.prompt) == {(layer, head) for layer in range(2) for head in range(adapter.n_heads)}
+    assert overview.shown_prompt_heads() == [(layer, overview.copying.best(layer)) for layer in range(2)]
+    assert isinstance(overview.show(), viz.Group)
+
+
+def test_compute_follows_the_analysis_contract_for_layers_and_heads():
+    """``layers=[0, 1], heads=2`` is L0H2 and L1H2; scores cover the selected layers only."""
+    adapter = adapter_for("llama")
+    overview = circuits.compute(adapter, testing.PROMPTS[0], layers=[0, 1], heads=2, n_samples=10)
+    assert set(overview.prompt) == {(0, 2), (1, 2)}
+    assert overview.shown_prompt_heads() == [(0, 2), (1, 2)]
+    one = circuits.compute(adapter.model, testing.PROMPTS[0], layers=1, heads=[0, 3], n_samples=10)
+    assert set(one.prompt) == {(1, 0), (1, 3)} and one.copying.layers == (1,)
+    assert torch.equal(one.prompt[(1, 3)].qk, circuits.prompt_circuit(adapter, testing.PROMPTS[0], 1, 3).qk)
+    assert torch.equal(one.copying.scores[0], overview.copying.scores[1])
+    assert circuits.compute(adapter, layers=0, n_samples=10).prompt == {}  # weight-only: no prompt
+    for kwargs, message in [(dict(heads=[(0, 1)]), r"head \(0, 1\) is out of range"),
+                            (dict(layers=5), "layer 5 is out of range"),
+                            (dict(heads=9), "head 9 is out of range")]:
+        with pytest.raises(TLDynamicsError, match=message):
+            circuits.compute(adapter, "x", n_samples=10, **kwargs)
+    with pytest.raises(TLDynamicsError, match="takes one prompt"):
+        circuits.compute(adapter, list(testing.PROMPTS), n_samples=10)
+    assert not hasattr(circuits, "attach")  # weights only (see the package docstring)
 
 
 def test_report_section_is_self_contained():

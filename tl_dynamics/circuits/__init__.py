@@ -8,7 +8,13 @@
 - ``composition_scores``: Q/K/V composition of all head pairs against a random baseline.
 - ``composition_circuit``, ``token_composition``: token-level circuits through earlier heads.
 - ``prompt_circuit``: a head's QK and OV tables on one prompt's tokens.
-- ``compute``, ``report_section``: the one-call overview and the report page section.
+- ``compute(model, prompt=None, *, layers=None, heads=None)``, ``report_section``: the
+  one-call overview (the analysis contract: ``layers`` and ``heads`` select heads in every
+  selected layer) and the report page section.
+
+Circuits read weights only: there is no ``attach``, since nothing is collected during a
+forward pass (a prompt only supplies the tokens of ``prompt_circuit`` and ``compute``).
+Rotary rotations come from the adapter (``ModelAdapter.rotation``).
 
 What the circuits include, and what they leave out (each result repeats it in ``notes``):
 

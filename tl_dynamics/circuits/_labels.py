@@ -7,11 +7,9 @@ from typing import Any, Sequence
 
 import torch
 
-from tl_dynamics.adapter import Batch, ModelAdapter
+from tl_dynamics.adapter import ModelAdapter
 
 _VOCABS: "weakref.WeakKeyDictionary[ModelAdapter, Vocabulary]" = weakref.WeakKeyDictionary()
-
-
 
 
 class Vocabulary:
@@ -26,10 +24,7 @@ class Vocabulary:
         missing = sorted({i for i in ids if i not in self._known})
         adapter = self._adapter()
         if missing and adapter is not None:
-            tokens = torch.tensor([missing])
-            batch = Batch(tokens=tokens, key_valid=torch.ones_like(tokens, dtype=torch.bool),
-                          padding_side="right")
-            self._known.update(zip(missing, adapter.str_tokens(batch)))
+            self._known.update(zip(missing, adapter.decode(missing)))
         return [self._known.get(i, str(i)) for i in ids]
 
 

@@ -17,8 +17,10 @@ from typing import Any, Sequence
 
 import torch
 from jaxtyping import Float
+from matplotlib.figure import Figure
 from torch import Tensor
 
+from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._build import checked_head, keys, offsets_checked, queries
 from tl_dynamics.circuits._circuit import positivity
@@ -49,20 +51,10 @@ class OffsetSummary:
 
         return pd.DataFrame(dict(offset=list(self.offsets), **{s: getattr(self, s).numpy() for s in STATS}))
 
-    def show(self):
+    def show(self) -> viz.Component:
         """Line plots of each statistic against the offset."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg", force=False)
-            import matplotlib.pyplot as plt
-        except ImportError:
-            from tl_dynamics import viz
-
-            return viz.table(self.to_dataframe(), caption=f"QK circuit of L{self.layer}H{self.head} by offset")
-        from tl_dynamics import viz
-
-        fig, axes = plt.subplots(1, len(STATS), figsize=(3.2 * len(STATS), 2.6))
+        fig = Figure(figsize=(3.2 * len(STATS), 2.6))
+        axes = fig.subplots(1, len(STATS))
         for ax, stat in zip(axes, STATS):
             ax.plot(list(self.offsets), getattr(self, stat).numpy(), marker=".")
             ax.set_title(stat.replace("_", " "), fontsize=9)

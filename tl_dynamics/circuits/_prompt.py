@@ -11,7 +11,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_dynamics import viz
-from tl_dynamics.adapter import Batch, ModelAdapter
+from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._build import checked_head, keys, ov_notes, qk_notes, queries, values
 from tl_dynamics.circuits._views import Panel, heatmaps
 from tl_dynamics.errors import TLDynamicsError
@@ -117,6 +117,6 @@ def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bo
     if positions and (rmap is not None or adapter.W_pos is not None):
         notes.append("Positions included: " + ("rotary offsets i - j." if rmap is not None
                                                else "learned position embeddings added to W_E."))
-    tokens = adapter.str_tokens(Batch(ids[None], torch.ones(1, n, dtype=torch.bool), "right"))
+    tokens = adapter.decode(ids)
     return PromptCircuit(layer, head, tuple(tokens), ids.cpu(), (q @ k.T).cpu(), ov.cpu(), allowed, positions,
                          tuple(dict.fromkeys(notes)), adapter.info.architecture)

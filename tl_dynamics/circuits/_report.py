@@ -1,4 +1,4 @@
-"""One-call overview (``compute``) and the report page section."""
+"""One-call overview (``compute``) and the report page section (weights only: no ``attach``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,18 @@ from tl_dynamics.circuits._composition import CompositionScores, composition_sco
 from tl_dynamics.circuits._prompt import PromptCircuit, prompt_circuit
 from tl_dynamics.circuits._spectrum import HeadScores, copying_scores, qk_positivity_scores
 from tl_dynamics.circuits._views import heatmaps
+from tl_dynamics.errors import TLDynamicsError
 
 
 @dataclass(frozen=True)
 class CircuitsOverview:
-    """Copying and QK positivity of every head, all-pairs composition scores, and per-prompt
-    circuits of the strongest copying head of each layer (when a prompt was given)."""
+    """Copying and QK positivity of every head of the selected layers, all-pairs composition
+    scores, and, when a prompt was given, the per-prompt circuits of the selected heads
+    (``prompt[(layer, head)]``).
+
+    ``show()`` draws the head scores and, for each layer, the per-prompt circuit of its
+    strongest copying head among those computed; ``to_dataframe()`` has one row per scored head.
+    """
 
     copying: HeadScores
     qk_positivity: HeadScores
@@ -31,9 +37,18 @@ class CircuitsOverview:
         frame["qk_positivity"] = self.qk_positivity.scores.reshape(-1).numpy()
         return frame
 
-    def show(self):
+    def shown_prompt_heads(self) -> list[tuple[int, int]]:
+        """The per-prompt circuits ``show()`` draws: the strongest copying head of each layer
+        among those computed."""
+        best: dict[int, tuple[int, int]] = {}
+        for layer, head in self.prompt:
+            if layer not in best or self.copying.score(layer, head) > self.copying.score(*best[layer]):
+                best[layer] = (layer, head)
+        return [best[layer] for layer in sorted(best)]
+
+    def show(self) -> viz.Group:
         items = [head_scores_view(self.copying, self.qk_positivity, self.composition)]
-        items += [pc.show() for pc in self.prompt.values()]
+        items += [self.prompt[key].show() for key in self.shown_prompt_heads()]
         return viz.group(*items, caption="QK/OV circuits")
 
 
@@ -48,52 +63,65 @@ def head_scores_view(copying: HeadScores, positivity: HeadScores,
     return heatmaps(panels, caption=caption)
 
 
-def compute(model: Any, prompt: Any = None, heads: Sequence[tuple[int, int]] | None = None,
-            n_samples: int | None = None) -> CircuitsOverview:
-    """Copying, QK positivity and composition scores; per-prompt circuits of ``heads``
-    (default: the strongest copying head of each layer) when ``prompt`` is given.
+def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | None = None,
+            heads: int | Sequence[int] | None = None, n_samples: int | None = None) -> CircuitsOverview:
+    """Copying and QK positivity scores of every head in ``layers``, composition scores of all
+    head pairs, and, when ``prompt`` (one prompt) is given, the per-prompt circuits of ``heads``
+    in every layer of ``layers`` (the analysis convention: ``layers=[0, 2], heads=1`` is L0H1
+    and L2H1; None means all). Weights only: ``prompt`` supplies tokens, no forward pass runs.
 
     Example:
-        >>> from tl_dynamics import circuits, zoo
-        >>> overview = circuits.compute(zoo.load("induction-2l"), "ABCDABCD")  # doctest: +SKIP
-        >>> overview.to_dataframe().columns.tolist()                          # doctest: +SKIP
+        >>> from tl_dynamics import circuits, testing
+        >>> model = testing.tiny_model("gpt2")
+        >>> overview = circuits.compute(model, "a = b", layers=1, heads=[0, 2], n_samples=10)
+        >>> sorted(overview.prompt), overview.copying.layers
+        ([(1, 0), (1, 2)], (1,))
+        >>> overview.to_dataframe().columns.tolist()
         ['layer', 'head', 'ov_copying', 'qk_positivity']
     """
     adapter = ModelAdapter.of(model)
-    copying = copying_scores(adapter)
-    positivity = qk_positivity_scores(adapter)
+    layer_list = adapter.check_layers(layers)
+    head_list = adapter.check_heads(heads)
+    batch = None if prompt is None else adapter.tokenize(prompt)
+    if batch is not None and batch.tokens.shape[0] != 1:
+        raise TLDynamicsError(f"circuits.compute takes one prompt, got a batch of {batch.tokens.shape[0]}")
+    if n_samples is not None and (isinstance(n_samples, bool) or not isinstance(n_samples, int)
+                                  or n_samples < 1):
+        raise TLDynamicsError(f"n_samples must be a positive integer (baseline samples), got {n_samples!r}")
+    copying = copying_scores(adapter, layer_list)
+    positivity = qk_positivity_scores(adapter, layer_list)
     kwargs = {} if n_samples is None else {"n_samples": n_samples}
     composition = composition_scores(adapter, **kwargs)
-    per_prompt = {}
-    if prompt is not None:
-        chosen = heads if heads is not None else [(l, copying.best(l)) for l in range(adapter.n_layers)]
-        per_prompt = {(l, h): prompt_circuit(adapter, prompt, l, h) for l, h in chosen}
+    per_prompt = {} if batch is None else {
+        (layer, head): prompt_circuit(adapter, batch, layer, head)
+        for layer in layer_list for head in head_list}
     return CircuitsOverview(copying, positivity, composition, per_prompt)
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Add the circuits section: per-head copying and QK positivity, composition scores
-    against their random baseline, and the strongest last-layer copying head on the prompt."""
-    copying = copying_scores(adapter)
-    positivity = qk_positivity_scores(adapter)
-    composition = composition_scores(adapter)
+    """Add the circuits section: ``compute`` on the first prompt (head scores, composition
+    against its random baseline, per-prompt circuits) and the OV read-out of the strongest
+    last-layer copying head for the prompt's tokens.
+
+    Example:
+        >>> from tl_dynamics import circuits, testing, viz
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> ad, page = ModelAdapter(testing.tiny_model("gpt2")), viz.Page("report")
+        >>> circuits.report_section(page, ad, ad.tokenize("x = 1"))
+        >>> page.sections[0].title
+        'QK and OV circuits'
+    """
+    first = Batch(batch.tokens[:1], batch.key_valid[:1], batch.padding_side)
+    result = compute(adapter, first)
     last = adapter.n_layers - 1
-    head = copying.best(last)
-    keep = batch.key_valid[0]
-    ids = torch.unique(batch.tokens[0][keep])
+    head = result.copying.best(last)
+    ids = torch.unique(first.tokens[0][first.key_valid[0]])
     readout = ov_circuit(adapter, last, head).topk(7, ids)
-    single = Batch(batch.tokens[:1], batch.key_valid[:1], batch.padding_side)
-    pc = prompt_circuit(adapter, single, last, head)
-    items = [viz.text(composition.summary()), head_scores_view(copying, positivity, composition),
+    items = [viz.text(result.composition.summary()), result.show(),
              viz.text(f"L{last}H{head} has the highest OV copying score in the last layer "
-                      f"({copying.score(last, head):.3f}). Its OV read-out for the prompt's tokens "
-                      "(direct effect on the logits, full vocabulary, streamed):"),
-             readout.show(),
-             viz.attention_pattern(list(pc.tokens), pc.pattern(),
-                                   caption=f"L{last}H{head}: the pattern its per-prompt QK circuit "
-                                           "alone gives (token and position embeddings only)")]
+                      f"({result.copying.score(last, head):.3f}). Its OV read-out for the prompt's "
+                      "tokens (direct effect on the logits, full vocabulary, streamed):"),
+             readout.show()]
     page.add_section("QK and OV circuits", items, intro=(
         "Weight-based circuits (Elhage et al. 2021), kept factored: no vocabulary x vocabulary "
-        "matrix is formed. " + copying.notes[-1] + " " + composition.notes[-1]))
-
-
+        "matrix is formed. " + result.copying.notes[-1] + " " + result.composition.notes[-1]))

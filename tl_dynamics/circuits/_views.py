@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from tl_dynamics import viz
 
@@ -21,27 +22,20 @@ class Panel(NamedTuple):
     limits: tuple[float, float] | None = None  # default: symmetric around 0
 
 
-def heatmaps(panels: Sequence[Panel], caption: str):
+def heatmaps(panels: Sequence[Panel], caption: str) -> viz.Component:
     """Heat maps side by side in one figure; NaN cells are left blank.
 
-    Falls back to one table per panel when matplotlib is not installed.
+    Drawn on a standalone ``matplotlib.figure.Figure`` (no pyplot state, no backend switch).
+
+    Example:
+        >>> panel = Panel("scores", np.eye(2), ["L0", "L1"], ["H0", "H1"])
+        >>> heatmaps([panel], caption="two heads").caption
+        'two heads'
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-    except ImportError:
-        import pandas as pd
-
-        return viz.group(*[viz.table(pd.DataFrame(p.values, index=list(p.row_labels),
-                                                  columns=list(p.col_labels)), caption=p.title)
-                           for p in panels],
-                         caption=caption + " (matplotlib is not installed: shown as tables)")
     widths = [min(5.5, 1.5 + 0.25 * len(p.col_labels)) for p in panels]
     height = max(min(5.5, 1.2 + 0.25 * len(p.row_labels)) for p in panels)
-    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), height), squeeze=False,
-                             gridspec_kw={"width_ratios": widths})
+    fig = Figure(figsize=(sum(widths), height))
+    axes = fig.subplots(1, len(panels), squeeze=False, gridspec_kw={"width_ratios": widths})
     for n, (ax, p) in enumerate(zip(axes[0], panels)):
         lo, hi = p.limits or symmetric_limits([p.values])
         image = ax.imshow(np.ma.masked_invalid(p.values), cmap="RdBu_r", vmin=lo, vmax=hi,
