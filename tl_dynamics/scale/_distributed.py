@@ -93,11 +93,9 @@ def session() -> Iterator[Dist]:
             torch_dist.destroy_process_group()
 
 
-def load_on_rank(name: str, model_name: str | None, dist: Dist) -> tuple[Any, str]:
-    """Load a model by name on this rank's device."""
-    from tl_dynamics import models
-
-    model = models.resolve(name).model
-    if dist.device != "cpu":
-        model = model.to(dist.device)
-    return model, model_name or name
+def to_device(model: Any, dist: Dist) -> Any:
+    """The model on this rank's device (models are loaded before the process group exists:
+    transformers saves and loads differently on ranks other than 0 once it does)."""
+    if dist.device != "cpu" and hasattr(model, "to"):
+        return model.to(dist.device)
+    return model

@@ -246,11 +246,10 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
         raise TLDynamicsError(f"max_batches must be a non-negative integer, got {max_batches!r}")
     if checkpoint_every < 1:
         raise TLDynamicsError(f"checkpoint_every must be at least 1, got {checkpoint_every!r}")
+    with _threads(threads):
+        model, name = _model_name(model, model_name)  # before the process group (see _distributed)
     with _distributed.session() as dist, _threads(threads):
-        if dist.world > 1 and isinstance(model, str):
-            model, name = _distributed.load_on_rank(model, model_name, dist)
-        else:
-            model, name = _model_name(model, model_name)
+        model = _distributed.to_device(model, dist)
         out_path = None if out is None else Path(out)
         checkpoint = None if out_path is None else dist.checkpoint_path(out_path)
         base, start = None, 0
