@@ -33,11 +33,22 @@ VERIFIED_HF_ATTENTION = {
     "Phi3Attention": "phi3", "OlmoAttention": "olmo", "Olmo2Attention": "olmo2",
     "StableLmAttention": "stablelm", "BertAttention": "bert",
     "NativeAttention": "native",  # TransformerBridge.boot_native (TransformerLensNative)
+    # Exact in the generated architecture matrix (tests/test_architectures.py), host and HF:
+    "Qwen3Attention": "qwen3", "Qwen3MoeAttention": "qwen3_moe", "Qwen2MoeAttention": "qwen2_moe",
+    "MixtralAttention": "mixtral", "GemmaAttention": "gemma", "Starcoder2Attention": "starcoder2",
+    "GraniteAttention": "granite", "GraniteMoeAttention": "granitemoe",
+    "GPTBigCodeAttention": "gpt_bigcode", "Olmo3Attention": "olmo3", "OlmoeAttention": "olmoe",
+    "FlexOlmoAttention": "flex_olmo", "ApertusAttention": "apertus", "SmolLM3Attention": "smollm3",
+    "RobertaAttention": "roberta", "XGLMAttention": "xglm", "ArceeAttention": "arcee",
+    "SeedOssAttention": "seed_oss", "Glm4MoeAttention": "glm4_moe", "NemotronAttention": "nemotron",
+    "Jais2Attention": "jais2", "VaultGemmaAttention": "vaultgemma",
+    "MiniMaxM2Attention": "minimax_m2", "Exaone4Attention": "exaone4",
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
     "PositionEmbeddingsAttentionBridge", "JointQKVAttentionBridge",
     "JointQKVPositionEmbeddingsAttentionBridge", "BloomAttentionBridge",
+    "_SmolLM3AttentionBridge", "_Exaone4AttentionBridge",  # subclasses, tested exact
 }
 # Bridge attention class that runs the HF module and fires hook_attn_scores on its weights.
 DELEGATING_BRIDGES = {"AttentionBridge"}
@@ -210,7 +221,7 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         rotary=rotary, rotary_dim=rotary_dim, rotary_base=base,
         alibi="key" if family == "bloom" else "none",
         scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
-        qk_norm=family in ("gemma3", "olmo2") or getattr(orig, "q_layernorm", None) is not None)
+        qk_norm=any(getattr(orig, name, None) is not None for name in ("q_norm", "q_layernorm")))
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

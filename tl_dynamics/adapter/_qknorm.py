@@ -91,16 +91,56 @@ def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_hea
         biases = [n.bias for n in norms]
         bias = None if biases[0] is None else torch.stack([b.detach().float() for b in biases])
         return QueryNorm("head", weight, float(norms[0].eps), 0.0, center=True, bias=bias)
-    module = hf_attn.q_norm
+    module = per_head if per_head is not None else getattr(hf_attn, "q_norm", None)
+    if module is None:
+        raise TLDynamicsError(f"{where}: its attention module {type(hf_attn).__name__} has no "
+                              "q_norm/q_layernorm to read")
     inner = getattr(module, "original_component", None) or module  # bridge wrapper
     weight = getattr(inner, "weight", getattr(inner, "w", None))
     eps = getattr(inner, "eps", getattr(inner, "variance_epsilon", None))
     if weight is None or eps is None:
         raise TLDynamicsError(f"{where}: cannot read its query norm ({type(inner).__name__}: no weight/eps)")
-    weight, offset = weight.detach().float().clone(), 1.0 if gemma_gain else 0.0
-    if weight.numel() == d_head:
-        return QueryNorm("head", weight, float(eps), offset)
-    if weight.numel() == n_heads * d_head:
-        return QueryNorm("all", weight, float(eps), offset, W_Q, b_Q)
-    raise TLDynamicsError(f"{where}: query norm of size {weight.numel()} is neither d_head={d_head} "
-                          f"nor n_heads*d_head={n_heads * d_head}")
+    dtype, weight = weight.dtype, weight.detach().float().clone()
+    if weight.numel() == n_heads * d_head and weight.ndim == 2:  # one norm per head (Cohere)
+        weight = weight.reshape(n_heads, d_head)
+        scope: Scope = "head"
+    elif weight.numel() in (d_head, n_heads * d_head):
+        scope = "head" if weight.numel() == d_head else "all"
+    else:
+        raise TLDynamicsError(f"{where}: query norm of size {weight.numel()} is neither d_head="
+                              f"{d_head} nor n_heads*d_head={n_heads * d_head}")
+    raw_bias = getattr(inner, "bias", None)
+    bias = raw_bias.detach().float().reshape(weight.shape) if isinstance(raw_bias, Tensor) else None
+    extra = (W_Q, b_Q) if scope == "all" else (None, None)
+    offsets = (1.0, 0.0) if gemma_gain else (0.0, 1.0)
+    candidates = [QueryNorm(scope, weight, float(eps), offset, *extra, center=center, bias=bias)
+                  for offset in offsets for center in (False, True)]
+    return _matching(candidates, inner, dtype, n_heads, d_head, where)
+
+
+# Relative error within which a candidate reproduces the model's own norm module (float32
+# reorders a few sums: ~1e-7; half precision rounds at ~1e-3).
+_PROBE_RTOL = {torch.float32: 1e-4, torch.float64: 1e-4}
+
+
+def _matching(candidates: list[QueryNorm], module: Any, dtype: torch.dtype, n_heads: int,
+              d_head: int, where: str) -> QueryNorm:
+    """The candidate (gain ``w`` or ``1 + w``; RMS or mean-centred) that reproduces ``module``
+    on random projected queries, so a norm's convention is read from what it computes."""
+    y = torch.randn(2, 3, n_heads, d_head, generator=torch.Generator().manual_seed(0))
+    flat = candidates[0].scope == "all"
+    try:
+        with torch.no_grad():
+            arg = (y.reshape(2, 3, n_heads * d_head) if flat else y).to(dtype)
+            want = module(arg).float().reshape(y.shape)
+    except Exception as exc:  # a norm module with another calling convention
+        raise TLDynamicsError(f"{where}: cannot probe its query norm {type(module).__name__} "
+                              f"({type(exc).__name__}: {exc})") from exc
+    errors = []
+    for candidate in candidates:
+        err = float((candidate.apply_heads(y) - want).abs().max() / want.abs().max().clamp_min(1e-30))
+        if err <= _PROBE_RTOL.get(dtype, 2e-2):
+            return candidate
+        errors.append(round(err, 4))
+    raise TLDynamicsError(f"{where}: its query norm {type(module).__name__} is neither an RMS nor "
+                          f"a LayerNorm with gain w or 1 + w (relative errors {errors})")
