@@ -97,7 +97,9 @@ def ray_stats(model_loader: Callable[[], Any], dataset: Any, out: str | os.PathL
     for row in sorted(partials.take_all(), key=lambda r: int(r["first"])):
         part = from_bytes(bytes(row["partial"]), "a Ray worker's partial statistics")[0]
         merged = part if merged is None else merged.merge(part)
-    return merged if out is None else (save_stats(merged, out) and merged)
+    if out is not None:
+        save_stats(merged, out)
+    return merged
 
 
 def _finish(result: dict[str, np.ndarray], out: str | os.PathLike | None) -> DatasetStats:
