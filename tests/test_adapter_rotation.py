@@ -118,3 +118,17 @@ def test_rotation_is_read_once_and_cached_per_layer():
     adapter = ModelAdapter(testing.cached_model("llama"))
     assert adapter.rotation(0) is adapter.rotation(0)
     assert adapter.rotation(1) is not adapter.rotation(0)
+
+
+def test_reading_a_rotation_inside_an_attached_analysis_leaves_it_intact():
+    """The probe pass that reads a rotation is invisible to collectors and patches around it."""
+    model = testing.tiny_model("llama")  # a fresh model: no rotation read yet
+    outer, inner = ModelAdapter(model), ModelAdapter(model)
+    batch = outer.tokenize(testing.PROMPTS[0])
+    seen, fired = [], []
+    with outer.capture(seen.append, layers=[0], batch=batch), \
+            outer.patch([("resid_pre", 0, lambda t: fired.append(1) or t * 0)]):
+        assert inner.rotation(0) is not None  # runs a probe forward pass on the same model
+        assert seen == [] and fired == []
+        own, la = _own_rotated_queries(inner, batch, 0)
+    assert len(seen) == 1 and len(fired) == 1  # only the real forward pass was seen / patched

@@ -335,7 +335,8 @@ class AdapterBase:
             device = next(self.model.parameters()).device
             tokens = torch.randint(0, self.W_E.shape[0], (2, min(PROBE_POSITIONS, self.n_ctx)),
                                    generator=torch.Generator().manual_seed(0)).to(device)
-            with _capture.registered(self.model, self.info.architecture, named), torch.no_grad():
+            with _capture.registered(self.model, self.info.architecture, named, probe=True), \
+                    torch.no_grad():
                 self.model(tokens)
             return got
         return self._cached(("probe", tuple(roles)), run).get(layer, {})

@@ -1,8 +1,13 @@
 """Hook registration: attach only our own hooks and remove exactly those on exit, even when the
-forward pass raises. Knows hook points by name only (names come from ``AdapterBase.hook_name``)."""
+forward pass raises. Knows hook points by name only (names come from ``AdapterBase.hook_name``).
+
+A *probe* pass (the short forward pass that reads a rotation) is invisible to every other
+tl_dynamics hook on the model: collectors and patches attached around it neither see nor
+change it, so reading a rotation while an analysis is attached leaves that analysis intact."""
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
@@ -11,13 +16,23 @@ from torch import Tensor
 from tl_dynamics.errors import TLDynamicsError
 
 HookFn = Callable[[Tensor], None]
+_PROBING: "weakref.WeakSet[Any]" = weakref.WeakSet()  # models running a probe pass now
+
+
+def probing(model: Any) -> bool:
+    """Whether ``model`` is running a tl_dynamics probe pass (other tl_dynamics hooks stand by)."""
+    return model in _PROBING
 
 
 @contextmanager
 def registered(model: Any, architecture: str, hooks: Sequence[tuple[str, HookFn]],
-               on_forward_end: Callable[[], None] | None = None) -> Iterator[None]:
+               on_forward_end: Callable[[], None] | None = None,
+               probe: bool = False) -> Iterator[None]:
     """Attach ``fn(activation)`` at each named hook point of ``model``; remove exactly these on
     exit, and call ``on_forward_end()`` after each forward pass.
+
+    ``probe=True``: these hooks belong to a probe pass run inside the block; while it runs,
+    every other tl_dynamics hook on the model stands by (and these fire only then).
 
     Hooks the user attached before are left alone. An exception raised by ``fn`` is re-raised
     as a ``TLDynamicsError`` naming the hook point, after every hook here is removed.
@@ -29,6 +44,8 @@ def registered(model: Any, architecture: str, hooks: Sequence[tuple[str, HookFn]
 
     def wrap(name: str, fn: HookFn):
         def hook(activation: Tensor, hook: Any = None) -> None:
+            if probing(model) != probe:
+                return None
             try:
                 fn(activation)
             except TLDynamicsError:
@@ -49,9 +66,14 @@ def registered(model: Any, architecture: str, hooks: Sequence[tuple[str, HookFn]
             point.add_hook(wrap(name, fn), dir="fwd")
             owned.extend((point, h) for h in point.fwd_hooks if all(h is not b for b in before))
         if on_forward_end is not None:
-            torch_handles.append(model.register_forward_hook(lambda *_: on_forward_end()))
+            torch_handles.append(model.register_forward_hook(
+                lambda *_: None if probing(model) != probe else on_forward_end()))
+        if probe:
+            _PROBING.add(model)
         yield
     finally:
+        if probe:
+            _PROBING.discard(model)
         for point, handle in owned:
             handle.hook.remove()
             point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 from torch import Tensor
 
 from tl_dynamics.adapter._base import AdapterBase
+from tl_dynamics.adapter._capture import probing
 from tl_dynamics.errors import TLDynamicsError
 
 PatchFn = Callable[[Tensor], "Tensor | None"]
@@ -37,6 +38,8 @@ def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -
 
     def wrap(name: str, fn: PatchFn):
         def hook(activation: Tensor, hook: Any = None) -> Tensor | None:
+            if probing(adapter.model):  # a rotation probe pass: leave it unpatched
+                return None
             try:
                 out = fn(activation)
             except TLDynamicsError:
