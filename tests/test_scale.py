@@ -21,6 +21,8 @@ from tl_dynamics import trajectories as T
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories import ExactSum
 
+from helpers import requires_hooked
+
 NAME = "tiny-random:gpt2"
 CORPUS = [f"def f{i}(x):\n    return x * {i} + {i % 7}" if i % 3 else f"import os  # {i}"
           for i in range(22)]
@@ -246,3 +248,14 @@ def test_ray_data_two_workers_byte_identical(whole, tmp_path):
         ray.shutdown()
     assert stats.n_prompts == len(CORPUS)
     assert (tmp_path / "ray.safetensors").read_bytes() == whole.read_bytes()
+
+
+@requires_hooked
+def test_hooked_transformer_host_streams_and_merges_exactly():
+    hooked = testing.tiny_hooked("gpt2-like")
+    whole = scale.run_stats(hooked, CORPUS[:12], batch_size=BATCH, progress=False)
+    halves = scale.merge_stats(
+        scale.run_stats(hooked, CORPUS[8:12], batch_size=BATCH, progress=False),
+        scale.run_stats(hooked, CORPUS[:8], batch_size=BATCH, progress=False))
+    assert scale.stats_bytes(halves) == scale.stats_bytes(whole)
+    assert whole.trajectories == T.stream(hooked, CORPUS[:12], batch_size=BATCH, progress=False)
