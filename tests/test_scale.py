@@ -223,7 +223,8 @@ def _corpus_file(tmp_path: Path) -> Path:
 def test_torchrun_two_processes_byte_identical(whole, tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     out = tmp_path / "dist.safetensors"
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    # on CPU (gloo) like the in-process run it is compared with, even on a GPU machine
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(
         [str(torchrun), "--nproc-per-node", "2", "--master-port", str(29500 + os.getpid() % 400),
          "-m", "tl_dynamics", "stats", "--model", NAME, "--prompts", str(_corpus_file(tmp_path)),
