@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/trajectories_bench.py                 # timing + memory table
     .venv/bin/python benchmarks/trajectories_bench.py --time-prompts 200 --mem-prompts 100 1000
+    .venv/bin/python benchmarks/trajectories_bench.py --kernel       # tl_dynamics.sphere alone
 
 The model: Hugging Face GPT2Config with 12 layers, 12 heads, d_model 768, n_ctx 64 and random
 weights, booted through ``TransformerBridge.boot_transformers`` from a local folder (vocabulary:
@@ -14,6 +15,9 @@ Timing: per prompt, ``trajectories.stream`` against plain ``ModelAdapter.forward
 same batches, best of ``--repeat`` interleaved rounds; process CPU time (one thread) is the
 figure to trust on a shared machine, wall time is shown beside it. Memory: peak resident set size of a fresh worker
 process streaming N prompts (so 100 vs 1,000 shows whether memory grows with the dataset).
+
+Kernel (``--kernel``): ``tl_dynamics.sphere.cluster_labels`` at the four default thresholds and
+``merge_events`` on clustered random clouds (d_model 768, 10% padding), best of 5, one thread.
 """
 
 from __future__ import annotations
@@ -72,6 +76,33 @@ def stream_all(ad, bs, flattened=True, lens=True):
     return trajectories.stream(ad, bs, flattened=flattened, lens=lens, progress=False)
 
 
+def kernel() -> None:
+    from tl_dynamics import sphere
+
+    gen = torch.Generator().manual_seed(0)
+    print("| batch x tokens | cluster_labels, 4 eps (ms) | merge_events (ms) | clusters at eps 0.25 |")
+    print("|---|---|---|---|")
+    for b, n, k in [(25, 32, 6), (25, 128, 20), (8, 512, 40)]:
+        centres = torch.randn(k, 768, generator=gen)
+        x = centres[torch.randint(0, k, (b, n), generator=gen)] + 0.6 * torch.randn(b, n, 768, generator=gen)
+        mask = torch.rand(b, n, generator=gen) > 0.1
+        cos = sphere.cosines(sphere.unit(x) * mask[..., None])
+
+        def best(fn):
+            out = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                fn()
+                out = min(out, time.perf_counter() - t0)
+            return out
+
+        labels = [sphere.cluster_labels(cos, e, mask) for e in sphere.TRAJECTORY_EPS_GRID]
+        t_lab = best(lambda: [sphere.cluster_labels(cos, e, mask) for e in sphere.TRAJECTORY_EPS_GRID])
+        t_ev = best(lambda: sphere.merge_events(labels[-2], labels[-1]))
+        print(f"| {b} x {n} | {1e3 * t_lab:.2f} | {1e3 * t_ev:.3f} | "
+              f"{sphere.count_clusters(labels[-1]).float().mean():.1f} |", flush=True)
+
+
 def worker(args) -> None:
     torch.set_num_threads(args.threads)
     ad = build(args.vocab)
@@ -92,10 +123,15 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--kernel", action="store_true", help="time tl_dynamics.sphere only")
     ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.kernel:
+        torch.set_num_threads(1)
+        kernel()
         return
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), GPT-2-small "

@@ -12,8 +12,8 @@ from tl_dynamics.particles._beside import compute
 from tl_dynamics.particles._phase import PhaseDiagram, phase_figure
 from tl_dynamics.particles._result import ParticleRun
 
-INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere (docs/math.md §6), with Q, K, "
-         "V and beta from one head (layer 0, head 0) and the prompt's own tokens as the initial "
+INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, V and beta"
+         " from one head (layer 0, head 0) and the prompt's own tokens as the initial "
          "particles, beside the number of token clusters the real model forms through its layers. "
          "A cluster is a group of tokens linked by cosine above 1 - eps; a count equal to the "
          "number of tokens means no two are that close. The idealised flow drops biases, "
@@ -32,7 +32,8 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         >>> particles.report_section(page, ad, ad.tokenize("a b c d"))    # doctest: +SKIP
     """
     result = compute(adapter, batch, layers=0, heads=0, t_max=10.0)
-    page.add_section("Idealised particle dynamics", [result.show()], intro=INTRO)
+    page.add_section("Idealised particle dynamics", [result.show()], intro=INTRO,
+                     math="docs/math.md §6")
 
 
 def report_html(obj: Any, title: str | None = None) -> str:

@@ -7,7 +7,7 @@ from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.trajectories._trajectory import compute
 
 INTRO = ("Each token's residual state before every block and after the last, as a particle on "
-         "the sphere (docs/math.md §5). First: per-token settling point of the next-token "
+         "the sphere. First: per-token settling point of the next-token "
          "prediction under the logit lens, step sizes, cosine to the final state. Then: "
          "pairwise-cosine histograms (fixed bins, comparable across layers and models), cluster "
          "counts, merge events, effective rank, for the prompts of this batch.")
@@ -23,4 +23,5 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         >>> page = viz.Page("report")                                    # doctest: +SKIP
         >>> trajectories.report_section(page, ad, ad.tokenize("x = 1"))   # doctest: +SKIP
     """
-    page.add_section("Depth-wise trajectories", [compute(adapter, batch).show(0)], intro=INTRO)
+    page.add_section("Depth-wise trajectories", [compute(adapter, batch).show(0)], intro=INTRO,
+                     math="docs/math.md §5")
