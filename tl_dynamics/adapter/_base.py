@@ -283,8 +283,9 @@ class AdapterBase:
             >>> from tl_dynamics import testing
             >>> from tl_dynamics.adapter import ModelAdapter
             >>> ad = ModelAdapter(testing.tiny_model("llama"))
-            >>> ad.positions(ad.tokenize(["a b c", "a"], padding_side="left"))[1, -1].item()
-            0
+            >>> batch = ad.tokenize(["a b c", "a"], padding_side="left")  # row 1: 2 pads, BOS, a
+            >>> ad.positions(batch)[1][batch.key_valid[1]].tolist()
+            [0, 1]
         """
         key_valid = batch.key_valid if isinstance(batch, Batch) else batch
         return positions_from_mask(key_valid)

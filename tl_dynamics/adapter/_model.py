@@ -73,7 +73,7 @@ class ModelAdapter(AdapterBase):
 
         Example:
             >>> from tl_dynamics import testing
-            >>> ModelAdapter(testing.tiny_model("gpt2")).decode([64, 65])
+            >>> ModelAdapter(testing.tiny_model("gpt2")).decode([65, 66])
             ['a', 'b']
         """
         ids = ids.reshape(-1).tolist() if isinstance(ids, Tensor) else [int(i) for i in ids]
