@@ -121,7 +121,7 @@ class Circuit:
         """Top-``k`` read-out as a long table (see ``TokenTopK.to_dataframe``)."""
         return self.topk(k, rows).to_dataframe()
 
-    def show(self, k: int = 7, rows: Sequence[int] | Tensor | None = None):
+    def show(self, k: int = 7, rows: Sequence[int] | Tensor | None = None) -> viz.Component:
         """circuitsvis top-k view of ``rows`` (default: the first rows)."""
         n = self.matrix.ldim
         return self.topk(k, rows if rows is not None else range(min(n, SHOW_ROWS))).show()
@@ -172,7 +172,7 @@ class TokenTopK:
         frame.attrs.update(circuit=self.circuit, layer=self.layer, head=self.head)
         return frame
 
-    def show(self, max_rows: int = 50):
+    def show(self, max_rows: int = 50) -> viz.Component:
         """circuitsvis ``TopkTokens``: one sample per row (selectable by its label), its top and
         bottom columns with their values."""
         n = min(len(self.rows), max_rows)

@@ -32,6 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._views import Panel, head_labels, heatmaps, symmetric_limits
 from tl_dynamics.errors import TLDynamicsError
@@ -179,7 +180,7 @@ class CompositionScores:
         frame["beyond_chance"] = frame["z"] > self.z
         return frame
 
-    def show(self):
+    def show(self) -> viz.Component:
         """Heat maps of score minus baseline, earlier heads (rows) by later heads (columns)."""
         return heatmaps(self.panels(), caption=self.summary().replace("\n", " "))
 

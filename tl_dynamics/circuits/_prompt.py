@@ -59,7 +59,7 @@ class PromptCircuit:
         frame.attrs.update(layer=self.layer, head=self.head, positions=self.positions)
         return frame
 
-    def show(self):
+    def show(self) -> viz.Group:
         """The pattern these circuits alone would give (circuitsvis) and heat maps of the QK
         table (disallowed keys blank) and the OV table."""
         labels = [f"{k}:{t!r}" for k, t in enumerate(self.tokens)]

@@ -17,6 +17,7 @@ from jaxtyping import Complex, Float
 from torch import Tensor
 from transformer_lens import FactoredMatrix
 
+from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._build import norm_note, rotation
 from tl_dynamics.circuits._circuit import positivity
@@ -69,7 +70,7 @@ class HeadScores:
         frame.attrs.update(kind=self.kind, offset=self.offset)
         return frame
 
-    def show(self):
+    def show(self) -> viz.Component:
         """Heat map of the scores, layers by heads, from -1 to 1."""
         return heatmaps([self.panel()], caption=f"{self.kind} per head: sum(Re λ)/sum(|λ|)")
 

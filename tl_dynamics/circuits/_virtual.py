@@ -139,7 +139,7 @@ class TokenComposition:
                                  best=self.best.numpy(), best_label=labels("token", self.best, vocab),
                                  own=(self.best == self.rows).numpy()))
 
-    def show(self, rows: int = 20):
+    def show(self, rows: int = 20) -> viz.Group:
         """The verdict and the top-k view of the first ``rows`` tokens."""
         return viz.group(viz.text(self.summary()), self.circuit.topk(7, self.rows[:rows]).show(),
                          caption=self.circuit.name)
