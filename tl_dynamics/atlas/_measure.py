@@ -106,7 +106,9 @@ def _capture(adapter: ModelAdapter, batch: Batch, on_layer) -> None:
 
 
 def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[str, np.ndarray]:
-    """OV copying, QK positivity and the masked positional circuit's previous-token share."""
+    """OV copying, QK positivity and the masked positional circuit's previous-token share: the
+    share of query positions ``2..n-1`` whose highest-scoring key position (causally masked,
+    the first position left out) is the previous one, in ``(W_pos W_Q)(W_pos W_K)^T``."""
     shape = (adapter.n_layers, adapter.n_heads)
     out = {"prev_circuit": np.full(shape, np.nan), "ov_copying": np.full(shape, np.nan),
            "qk_positivity": np.full(shape, np.nan)}
@@ -124,8 +126,12 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
     queries = torch.arange(2, n)
     for layer in range(adapter.n_layers):
         mask = causal if adapter.specs[layer].causal else torch.ones(n, n, dtype=torch.bool)
+        mask = mask.clone()
+        mask[:, 0] = False  # the first position is the sink's place, not a relative position
         for head in range(adapter.n_heads):
-            matrix = circuits.positional_qk_circuit(adapter, layer, head).matrix
+            # Without biases: b_Q adds a key-only term (a positional key prior) that can make
+            # one position win every row (the first, on MiniLM), which says nothing about offsets.
+            matrix = circuits.positional_qk_circuit(adapter, layer, head, biases=False).matrix
             block = (matrix.A[:n] @ matrix.B[:, :n]).masked_fill(~mask, float("-inf"))
             out["prev_circuit"][layer, head] = float((block[queries].argmax(-1) == queries - 1)
                                                      .float().mean())
