@@ -152,3 +152,57 @@ def test_hooked_alibi_and_softcap_each_alone_stay_exact():
     for variant in ("alibi", "softcap"):
         errors = testing.reconstruction_errors(ModelAdapter(testing.cached_model(variant)))
         assert errors["pattern"] <= EXACT_TOL, (variant, errors)
+
+
+# ----------------------------------------------------------------- arguments and devices
+@pytest.mark.parametrize("layers,expected", [
+    (1.0, "of type float"), ("1", "of type str"), ([], "selects nothing"), ((), "selects nothing"),
+    ([0, "1"], "of type str"), (5, "out of range"), ([True], "of type bool"),
+])
+def test_wrong_layers_say_what_is_expected(layers, expected):
+    adapter = ModelAdapter(testing.cached_model("gpt2"))
+    with pytest.raises(TLDynamicsError, match=expected):
+        adapter.check_layers(layers)
+
+
+@pytest.mark.parametrize("heads,expected", [
+    ([(1, 0)], "layers=l, heads=h"), (0.5, "of type float"), ([0.0], "integer index"), ([], "selects nothing"),
+    (4, "out of range"),
+])
+def test_wrong_heads_say_what_is_expected(heads, expected):
+    adapter = ModelAdapter(testing.cached_model("gpt2"))
+    with pytest.raises(TLDynamicsError, match=expected):
+        adapter.check_heads(heads)
+
+
+def test_index_like_arguments_are_accepted():
+    import numpy as np
+
+    adapter = ModelAdapter(testing.cached_model("gpt2"))
+    assert adapter.check_layers(np.int64(1)) == [1]
+    assert adapter.check_heads(torch.tensor([3, 0])) == [3, 0]
+    assert adapter.check_heads((1, 0)) == [1, 0]  # a tuple of heads is a sequence of heads
+    assert adapter.check_layers(range(2)) == [0, 1]
+
+
+@pytest.mark.parametrize("prompt", [None, 3, {"text": "a"}])
+def test_prompt_of_the_wrong_type_is_refused(prompt):
+    adapter = ModelAdapter(testing.cached_model("gpt2"))
+    with pytest.raises(TLDynamicsError, match="prompt must be"):
+        adapter.tokenize(prompt)
+
+
+def test_analysis_entry_points_refuse_wrong_layers_before_any_work():
+    """An analysis gets the adapter's error, not a KeyError or TypeError from deep inside."""
+    from tl_dynamics import odds_ratio
+
+    model = testing.cached_model("gpt2")
+    for layers in ([], 1.0, "0"):
+        with pytest.raises(TLDynamicsError, match="layer"):
+            odds_ratio.compute(model, testing.PROMPTS[0], layers=layers)
+
+
+def test_meta_device_model_is_refused_at_construction():
+    model = testing.tiny_bridge("gpt2").to("meta")
+    with pytest.raises(TLDynamicsError, match="meta"):
+        ModelAdapter(model)

@@ -51,17 +51,18 @@ def supported_architectures() -> list[str]:
     return list(architecture_adapter_factory.SUPPORTED_ARCHITECTURES)
 
 
-def tiny_config(name: str, config_class):
+def tiny_config(name: str, config_class, **overrides):
     accepted = set(inspect.signature(config_class.__init__).parameters)
     accepted |= set(getattr(config_class, "__dataclass_fields__", {}) or {})
     accepted |= set(getattr(config_class, "attribute_map", {}) or {})
     kwargs = {k: v for k, v in _TINY.items() if k in accepted}
-    config = config_class(vocab_size=len(testing.tokenizer()), **kwargs, **_EXTRA.get(name, {}))
+    kwargs.update(_EXTRA.get(name, {}), **overrides)
+    config = config_class(vocab_size=len(testing.tokenizer()), **kwargs)
     config.architectures = [name]
     return config
 
 
-def boot_tiny(name: str):
+def boot_tiny(name: str, **overrides):
     """A tiny random bridge of ``name``, or ``pytest.skip`` with the reason it cannot be had."""
     import transformers
 
@@ -72,7 +73,7 @@ def boot_tiny(name: str):
         pytest.skip(f"{name}: this transformers {transformers.__version__} has no such class "
                     "(remote code only)")
     try:
-        config = tiny_config(name, model_class.config_class)
+        config = tiny_config(name, model_class.config_class, **overrides)
         torch.manual_seed(0)
         hf = model_class(config).eval()
         hf.set_attn_implementation("eager")  # as boot_transformers loads a folder
@@ -94,7 +95,10 @@ def boot_tiny(name: str):
 
 @pytest.mark.parametrize("name", supported_architectures())
 def test_architecture_is_exact_or_refused_by_name(name):
-    model = boot_tiny(name)
+    check_exact_or_refused(name, boot_tiny(name))
+
+
+def check_exact_or_refused(name, model):
     try:
         adapter = ModelAdapter(model)
         host = [testing.reconstruction_errors(adapter, testing.PROMPTS, side) for side in ("right", "left")]
@@ -114,3 +118,18 @@ def test_architecture_is_exact_or_refused_by_name(name):
 def test_the_registry_is_read_not_copied():
     names = supported_architectures()
     assert "GPT2LMHeadModel" in names and "LlamaForCausalLM" in names and len(names) > 20
+
+
+# Variants of one registry row whose attention differs (Falcon: rotary or ALiBi; parallel or
+# new decoder blocks), each built from the same config class with these overrides.
+VARIANTS = {
+    "falcon-rotary": ("FalconForCausalLM", dict(alibi=False)),
+    "falcon-alibi": ("FalconForCausalLM", dict(alibi=True)),
+    "falcon-new-decoder": ("FalconForCausalLM", dict(new_decoder_architecture=True, num_kv_heads=2)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variant_is_exact_or_refused_by_name(variant):
+    name, overrides = VARIANTS[variant]
+    check_exact_or_refused(name, boot_tiny(name, **overrides))

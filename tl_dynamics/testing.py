@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import math
@@ -308,13 +309,17 @@ def hf_twin(model):
         raise TLDynamicsError("hf_twin needs a raw-mode bridge: compatibility mode folds and "
                               "centres the weights the Hugging Face model would need")
     orig = model.original_model
-    twin = type(orig)(orig.config).eval()
+    config = copy.deepcopy(orig.config)
+    config._attn_implementation = "eager"  # some models (Falcon) keep sdpa after set_attn_implementation
+    twin = type(orig)(config).eval()
     wanted = twin.state_dict()
     weights = {k: v for k, v in ((_strip(k), v) for k, v in orig.state_dict().items()) if k in wanted}
     if set(wanted) - set(weights):
         raise TLDynamicsError(f"hf_twin: weights not found in the bridge: {sorted(set(wanted) - set(weights))}")
     twin.load_state_dict(weights)
     twin.set_attn_implementation("eager")
+    if twin.config._attn_implementation != "eager":
+        raise TLDynamicsError(f"hf_twin: {type(orig).__name__} would not switch to eager attention")
     return twin
 
 

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from tl_dynamics.adapter import _capture, _weights
 from tl_dynamics.adapter._batch import Batch
+from tl_dynamics.adapter._checks import check_index, check_indices, check_materialised
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
@@ -38,6 +39,7 @@ class AdapterBase:
 
     def __init__(self, model: Any):
         self.model = model
+        check_materialised(model)
         self._info = host_info(model)
         self.specs = layer_specs(model, self._info)
         # HookedTransformer blocks that normalise the attention output (see hooked_post_norm)
@@ -71,59 +73,20 @@ class AdapterBase:
 
     # ----------------------------------------------------------------- validation
     def check_layer(self, layer: int) -> int:
-        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.n_layers:
-            raise TLDynamicsError(f"layer {layer!r} is out of range: this model has {self.n_layers} "
-                                  f"layers (valid: 0..{self.n_layers - 1})")
-        return layer
+        """``layer`` as an index, or a TLDynamicsError saying what is expected."""
+        return check_index(layer, "layer", self.n_layers)
 
     def check_head(self, head: int, layer: int | None = None) -> int:
-        if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head < self.n_heads:
-            where = f" in layer {layer}" if layer is not None else ""
-            raise TLDynamicsError(f"head {head!r}{where} is out of range: this model has "
-                                  f"{self.n_heads} heads per layer (valid: 0..{self.n_heads - 1})")
-        return head
+        """``head`` as an index, or a TLDynamicsError saying what is expected."""
+        return check_index(head, "head", self.n_heads, "" if layer is None else f" in layer {layer}")
 
     def check_layers(self, layers: int | Sequence[int] | None) -> list[int]:
-        if layers is None:
-            return list(range(self.n_layers))
-        if isinstance(layers, int):
-            layers = [layers]
-        return [self.check_layer(layer) for layer in layers]
+        """None (all layers), one layer index or a non-empty sequence of them."""
+        return check_indices(layers, "layer", self.n_layers)
 
     def check_heads(self, heads: int | Sequence[int] | None) -> list[int]:
-        if heads is None:
-            return list(range(self.n_heads))
-        if isinstance(heads, int):
-            heads = [heads]
-        return [self.check_head(head) for head in heads]
-
-    # ----------------------------------------------------------------- validation
-    def check_layer(self, layer: int) -> int:
-        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.n_layers:
-            raise TLDynamicsError(f"layer {layer!r} is out of range: this model has {self.n_layers} "
-                                  f"layers (valid: 0..{self.n_layers - 1})")
-        return layer
-
-    def check_head(self, head: int, layer: int | None = None) -> int:
-        if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head < self.n_heads:
-            where = f" in layer {layer}" if layer is not None else ""
-            raise TLDynamicsError(f"head {head!r}{where} is out of range: this model has "
-                                  f"{self.n_heads} heads per layer (valid: 0..{self.n_heads - 1})")
-        return head
-
-    def check_layers(self, layers: int | Sequence[int] | None) -> list[int]:
-        if layers is None:
-            return list(range(self.n_layers))
-        if isinstance(layers, int):
-            layers = [layers]
-        return [self.check_layer(layer) for layer in layers]
-
-    def check_heads(self, heads: int | Sequence[int] | None) -> list[int]:
-        if heads is None:
-            return list(range(self.n_heads))
-        if isinstance(heads, int):
-            heads = [heads]
-        return [self.check_head(head) for head in heads]
+        """None (all heads), one head index or a non-empty sequence of them."""
+        return check_indices(heads, "head", self.n_heads)
 
     # ----------------------------------------------------------------- hooks
     def hook_name(self, role: str, layer: int) -> str | None:

@@ -54,6 +54,9 @@ def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str =
         else:
             key_valid = attention_mask.reshape(tokens.shape).bool()
     else:
+        if not isinstance(prompt, (str, list, tuple)):
+            raise TLDynamicsError(f"prompt must be a string, a list of strings, a token tensor or a "
+                                  f"Batch, got {type(prompt).__name__}")
         texts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not texts or any(not isinstance(t, str) for t in texts):
             raise TLDynamicsError("prompt must be a non-empty string, a non-empty list of "

@@ -43,12 +43,14 @@ VERIFIED_HF_ATTENTION = {
     "SeedOssAttention": "seed_oss", "Glm4MoeAttention": "glm4_moe", "NemotronAttention": "nemotron",
     "Jais2Attention": "jais2", "VaultGemmaAttention": "vaultgemma",
     "MiniMaxM2Attention": "minimax_m2", "Exaone4Attention": "exaone4",
+    "FalconAttention": "falcon", "CodeGenAttention": "codegen",
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
     "PositionEmbeddingsAttentionBridge", "JointQKVAttentionBridge",
     "JointQKVPositionEmbeddingsAttentionBridge", "BloomAttentionBridge",
     "_SmolLM3AttentionBridge", "_Exaone4AttentionBridge",  # subclasses, tested exact
+    "CodeGenAttentionBridge",
 }
 # Bridge attention class that runs the HF module and fires hook_attn_scores on its weights.
 DELEGATING_BRIDGES = {"AttentionBridge"}
@@ -185,9 +187,9 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         return _native_spec(model, layer, orig)
     if family == "gptneo":
         scale = 1.0  # GPT-Neo does not scale its scores
-    elif family == "gptj":
+    elif family in ("gptj", "codegen"):
         scale = 1.0 / float(orig.scale_attn)
-    elif family == "bloom":
+    elif family in ("bloom", "falcon"):
         scale = float(orig.inv_norm_factor)
     elif kind == "JointQKVAttentionBridge":  # GPT-2: the bridge ignores scale_attn_weights
         scale = model.cfg.d_head ** -0.5 / (
@@ -205,12 +207,17 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
 
     rotary: RotaryStyle = "none"
     rotary_dim, base = None, None
-    if family == "gptj":
+    if family in ("gptj", "codegen"):
         rotary, rotary_dim, base = "interleaved", int(orig.rotary_dim or model.cfg.d_head), 10000.0
     elif model.cfg.positional_embedding_type == "rotary":
         rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
 
     # Encoder or decoder: from the HF module, since cfg.attention_dir is wrong for BERT on 3.9.
+    if family == "falcon" and bool(getattr(hf_cfg, "alibi", False)):
+        raise TLDynamicsError(
+            f"unsupported {info.architecture}: Falcon with alibi=True (its ALiBi bias reaches the "
+            "scores twice, through the attention mask and inside the attention module, scaled "
+            "differently; the recipe does not model that)")
     # BERT: BertLMHeadModel (is_decoder=True) is causal, BertForMaskedLM is not.
     causal = bool(getattr(orig, "is_causal", getattr(getattr(orig, "self", None), "is_causal", True)))
     if family == "bert":

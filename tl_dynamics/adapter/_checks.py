@@ -1,0 +1,85 @@
+"""Argument checks shared by every entry point: layer and head indices, and the model itself.
+
+Each wrong argument gets a ``TLDynamicsError`` that says what was given and what is expected:
+the wrong *type* (a float, a string, a ``(layer, head)`` pair where a head index goes) is told
+apart from an index out of range, and an empty selection is refused where it is made rather than
+failing later inside an analysis.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import torch
+
+from tl_dynamics.errors import TLDynamicsError
+
+__all__ = ["check_index", "check_indices", "check_materialised"]
+
+
+def check_index(value: Any, what: str, count: int, where: str = "") -> int:
+    """``value`` as an index in ``0..count-1`` (``what`` is "layer" or "head").
+
+    Example:
+        >>> check_index(1, "layer", 2)
+        1
+        >>> check_index(1.0, "layer", 2)
+        Traceback (most recent call last):
+        ...
+        tl_dynamics.errors.TLDynamicsError: layer must be an integer index (valid: 0..1), got 1.0 of type float
+    """
+    if isinstance(value, (bool, float, str, bytes)) or (isinstance(value, torch.Tensor) and value.ndim):
+        index = None
+    else:
+        try:
+            index = operator.index(value)  # int, numpy integers, 0-d integer tensors
+        except TypeError:
+            index = None
+    if index is None:
+        hint = ""
+        if isinstance(value, (tuple, list)) and what == "head":
+            hint = "; to select head h of layer l pass layers=l, heads=h"
+        raise TLDynamicsError(f"{what}{where} must be an integer index (valid: 0..{count - 1}), got "
+                              f"{value!r} of type {type(value).__name__}{hint}")
+    if not 0 <= index < count:
+        plural = "layers" if what == "layer" else "heads per layer"
+        raise TLDynamicsError(f"{what} {index}{where} is out of range: this model has {count} "
+                              f"{plural} (valid: 0..{count - 1})")
+    return index
+
+
+def check_indices(values: Any, what: str, count: int) -> list[int]:
+    """``None`` (all), one index, or a non-empty sequence of them, as a list of indices.
+
+    Example:
+        >>> check_indices(None, "head", 3), check_indices([2, 0], "head", 3)
+        ([0, 1, 2], [2, 0])
+        >>> check_indices([], "layer", 2)
+        Traceback (most recent call last):
+        ...
+        tl_dynamics.errors.TLDynamicsError: layers=[] selects nothing: give a layer index, a non-empty sequence of them, or None for all 2
+    """
+    if values is None:
+        return list(range(count))
+    if isinstance(values, (str, bytes, float, bool)):
+        raise TLDynamicsError(f"{what}s must be a {what} index, a sequence of them, or None, got "
+                              f"{values!r} of type {type(values).__name__}")
+    if isinstance(values, torch.Tensor):
+        values = values.reshape(-1).tolist() if values.ndim else values
+    if not isinstance(values, (Sequence, set, frozenset)):
+        return [check_index(values, what, count)]
+    items = sorted(values) if isinstance(values, (set, frozenset)) else list(values)
+    if not items:
+        raise TLDynamicsError(f"{what}s={values!r} selects nothing: give a {what} index, a non-empty "
+                              f"sequence of them, or None for all {count}")
+    return [check_index(item, what, count) for item in items]
+
+
+def check_materialised(model: Any) -> None:
+    """Refuse a model whose weights are not materialised (``meta`` device): nothing can run."""
+    meta = [name for name, param in model.named_parameters() if param.is_meta]
+    if meta:
+        raise TLDynamicsError(f"{len(meta)} of the model's weights are on the 'meta' device (e.g. "
+                              f"{meta[0]}): they hold no values, so no analysis can run; load the "
+                              "weights first (e.g. model.to_empty(device='cpu') and load a state dict)")
