@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -114,8 +114,10 @@ def _model_name(model: Any, model_name: str | None) -> tuple[Any, str]:
 
 # ---------------------------------------------------------------------- one shard
 class ShardRunner:
-    """Streams batches through one model with the chosen analyses attached; ``result()`` is
-    the ``DatasetStats`` of the batches seen (plus ``base``, a resumed checkpoint)."""
+    """Streams batches through one model with the chosen analyses on; ``result()`` is the
+    ``DatasetStats`` of the batches seen. One forward pass per batch serves both analyses:
+    ``trajectories.stream`` runs it, and the odds-ratio collector reads every layer during it
+    through ``adapter.capture`` with the batch's padding mask."""
 
     def __init__(self, model: Any, model_name: str, settings: dict[str, Any],
                  threads: int | None = 1):
@@ -125,36 +127,37 @@ class ShardRunner:
                                   "need one")
         self.name, self.settings, self.threads = model_name, settings, threads
         self.n_prompts, self.hash = 0, 0
-        self._stack = ExitStack()
-        self._traj = self._odds = None
-        o, t = settings.get("odds_ratio"), settings.get("trajectories")
-        if t is not None:
-            self._traj = self._stack.enter_context(trajectories.attach(
-                self.adapter, layers=t["layers"], eps=tuple(t["eps"]), lens=t["lens"]))
-        if o is not None:
-            self._odds = odds_ratio.OddsRatioCollector(
-                self.adapter, self.adapter.check_layers(o["layers"]),
-                self.adapter.check_heads(o["heads"]), keep_tensors=False, threads=threads)
+        o, self._t = settings.get("odds_ratio"), settings.get("trajectories")
+        self._odds = None if o is None else odds_ratio.OddsRatioCollector(
+            self.adapter, self.adapter.check_layers(o["layers"]),
+            self.adapter.check_heads(o["heads"]), keep_tensors=False, threads=threads)
+        self._traj = None if self._t is None else self._stream([])
+
+    def _stream(self, batches: list[Any]) -> trajectories.TrajectoryStats:
+        t = self._t
+        return trajectories.stream(self.adapter, batches, layers=t["layers"], eps=tuple(t["eps"]),
+                                   lens=t["lens"], progress=False)
 
     def close(self) -> None:
-        self._stack.close()
+        """Nothing stays attached between batches (kept for symmetry with other runners)."""
 
     def add(self, texts: list[str]) -> None:
         batch = self.adapter.tokenize(texts, self.settings["padding_side"])
-        if self._traj is not None:
-            self._traj.set_batch(batch)
-        if self._odds is not None:
-            self._odds.forward(batch)
+        if self._traj is None:
+            self._odds.forward(batch)  # type: ignore[union-attr]
+        elif self._odds is None:
+            self._traj = self._traj.merge(self._stream([batch]))
         else:
-            self.adapter.forward(batch)
+            with self.adapter.capture(self._odds.on_layer, self._odds.layers, batch=batch):
+                part = self._stream([batch])
+            self._traj = self._traj.merge(part)
         self.n_prompts += len(texts)
         self.hash = prompt_hash(texts, self.hash)
 
     def result(self) -> DatasetStats:
-        return DatasetStats(
-            self.name, self.settings, self.n_prompts, self.hash,
-            None if self._odds is None else self._odds.result().stats,
-            None if self._traj is None else self._traj.result(allow_empty=True))
+        return DatasetStats(self.name, self.settings, self.n_prompts, self.hash,
+                            None if self._odds is None else self._odds.result().stats,
+                            self._traj)
 
 
 @contextmanager
