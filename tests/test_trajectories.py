@@ -237,10 +237,10 @@ def test_attach_during_user_forward_and_hooks_removed():
     batch = ad.tokenize(PROMPTS[:4])
     with T.attach(ad.model, batch=batch) as acc:
         ad.forward(batch)
-    assert acc.result() == T.stream(ad, [batch], progress=False)
-    n = acc.result().n_prompts
+    assert acc.stats() == T.stream(ad, [batch], progress=False) == acc.result().stats
+    n = acc.stats().n_prompts
     ad.forward(batch)  # outside the block: nothing more is recorded
-    assert acc.result().n_prompts == n
+    assert acc.stats().n_prompts == n
     with pytest.raises(RuntimeError, match="boom"):
         with T.attach(ad) as acc2:
             raise RuntimeError("boom")
@@ -251,7 +251,34 @@ def test_attach_during_user_forward_and_hooks_removed():
     with T.attach(ad) as acc3:
         ad.model(batch.tokens[:1])
         unlabelled = acc3.result()
-    assert not unlabelled.has_lens and "pass batch=" in unlabelled.meta["lens_note"]
+    assert not unlabelled.stats.has_lens and "pass batch=" in unlabelled.lens_note
+    assert unlabelled.rank is None and unlabelled.tokens.eq(-1).all()
+
+
+def test_attach_result_is_computes_trajectory_for_every_pass():
+    """Two passes of different lengths inside ``attach`` give what ``compute`` gives on each,
+    stacked (the shorter padded), and the statistics of both."""
+    ad = adapter("gpt2")
+    first, second = ad.tokenize(PROMPTS[:2]), ad.tokenize(PROMPTS[2:5])
+    with T.attach(ad, batch=first) as acc:
+        ad.forward(first)
+        acc.set_batch(second)
+        ad.forward(second)
+    both = acc.result()
+    assert isinstance(both, T.Trajectory) and both.tokens.shape[0] == 5
+    assert both.stats == T.stream(ad, [first, second], progress=False)
+    for rows, batch in ((slice(0, 2), first), (slice(2, 5), second)):
+        alone = T.compute(ad, batch)
+        n = batch.tokens.shape[1]
+        for name in ("norm", "step", "cos_final", "rank", "settling", "tokens", "key_valid"):
+            torch.testing.assert_close(getattr(both, name)[rows][..., :n], getattr(alone, name),
+                                       rtol=0, atol=0, equal_nan=True, msg=name)
+        for name in ("cos_hist", "clusters", "merges", "erank", "mean_cos"):  # per prompt
+            torch.testing.assert_close(getattr(both, name)[rows], getattr(alone, name),
+                                       rtol=0, atol=0, equal_nan=True, msg=name)
+        assert both.str_tokens[rows][0][:n] == alone.str_tokens[0]
+    assert not both.key_valid[:2, first.tokens.shape[1]:].any()  # padding of the shorter pass
+    assert len(both.to_dataframe()) == int(both.key_valid.sum()) * both.n_points
 
 
 def test_flattened_trajectory_and_parallel_blocks():
@@ -284,7 +311,7 @@ def test_layers_select_the_trajectory_points():
     assert T.compute(ad, PROMPTS[0], layers=[1, 0]).labels == full.labels  # depth order
     with pytest.raises(TLDynamicsError, match="layer 5 is out of range"):
         T.compute(ad, "x", layers=5)
-    with pytest.raises(TLDynamicsError, match="layers must name at least one layer"):
+    with pytest.raises(TLDynamicsError, match="selects nothing|layers must name at least one layer"):
         T.compute(ad, "x", layers=[])
     with pytest.raises(TLDynamicsError, match=r"cannot merge statistics computed differently: "
                                               r"they differ in \['labels'\]"):

@@ -1,4 +1,5 @@
-"""Streaming: statistics over thousands of prompts in padded batches, memory bounded by a batch."""
+"""Streaming: statistics over thousands of prompts in padded batches, memory bounded by a batch;
+``attach`` around the user's own forward passes."""
 
 from __future__ import annotations
 
@@ -12,29 +13,39 @@ from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._points import Config, StandardizeArg
 from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
+from tl_dynamics.trajectories._trajectory import Trajectory, build, join
 from tl_dynamics.trajectories._walk import Walker, lens_note, stats_meta
 
 
 class Accumulator:
-    """Adds each forward pass's statistics; ``result()`` returns the ``TrajectoryStats`` so far."""
+    """Adds each forward pass's statistics (``stats()``, what ``stream`` returns); with
+    ``keep_tokens`` (``attach``) it also keeps every pass's per-token arrays, and ``result()``
+    is the ``Trajectory`` of all passes, the type ``compute`` returns."""
 
-    def __init__(self, adapter: ModelAdapter, cfg: Config, batch: Batch | None = None):
-        self.adapter, self.cfg = adapter, cfg
+    def __init__(self, adapter: ModelAdapter, cfg: Config, batch: Batch | None = None,
+                 keep_tokens: bool = False):
+        self.adapter, self.cfg, self.keep_tokens = adapter, cfg, keep_tokens
         self.walker = Walker(adapter, cfg, self._add, batch)
         self.total: TrajectoryStats | None = None
+        self.parts: list[Trajectory] = []
 
     def set_batch(self, batch: Batch | None) -> None:
         """Give the batch of the next forward pass (padding mask and next-token targets)."""
         self.walker.set_batch(batch)
 
     def _add(self, raw: dict[str, Tensor], batch: Batch | None) -> None:
-        valid = raw["norm"].new_ones(raw["norm"].shape[0], raw["norm"].shape[2]).bool() \
-            if batch is None else batch.key_valid.cpu()
-        meta = stats_meta(self.adapter, self.cfg, lens_note(self.adapter, self.cfg.lens, batch))
-        part = reduce_batch(raw, valid, meta)
+        if self.keep_tokens:
+            traj = build(self.adapter, self.cfg, raw, batch)
+            self.parts.append(traj)
+            part = traj.stats
+        else:
+            valid = raw["norm"].new_ones(raw["norm"].shape[0], raw["norm"].shape[2]).bool() \
+                if batch is None else batch.key_valid.cpu()
+            note = lens_note(self.adapter, self.cfg.lens, batch)
+            part = reduce_batch(raw, valid, stats_meta(self.adapter, self.cfg, note))
         self.total = part if self.total is None else self.total.merge(part)
 
-    def result(self, *, allow_empty: bool = False) -> TrajectoryStats:
+    def stats(self, *, allow_empty: bool = False) -> TrajectoryStats:
         """The statistics so far. Before any forward pass this raises (inside ``attach`` it
         is a forgotten model call) unless ``allow_empty``: then it is an empty
         ``TrajectoryStats`` (no prompts) that merges with any run of the same settings as the
@@ -46,6 +57,14 @@ class Accumulator:
             note = lens_note(self.adapter, self.cfg.lens, self.walker.batch)
             return TrajectoryStats(meta=stats_meta(self.adapter, self.cfg, note))
         return self.total
+
+    def result(self) -> Trajectory:
+        """Every pass's trajectories as one ``Trajectory`` (prompts stacked, positions padded to
+        the longest pass), with ``stats()`` as its ``stats``."""
+        if not self.keep_tokens:
+            raise TLDynamicsError("this collector keeps statistics only (stream): use stats()")
+        total = self.stats()
+        return join(self.parts, total)
 
 
 def _config(adapter: ModelAdapter, layers: int | Sequence[int] | None, eps: Sequence[float],
@@ -62,23 +81,25 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None, batch: Batc
            skip_first: bool = False) -> Iterator[Accumulator]:
     """Accumulate trajectory statistics during the user's own forward passes.
 
-    The collector's ``result()`` is a ``TrajectoryStats`` (per-token arrays do not stream;
-    ``compute(...).stats`` is the same type for one batch). ``layers`` and the other settings
-    are as in ``compute``. Without ``batch`` every position counts as real and next-token
-    statistics are skipped; call ``acc.set_batch(batch)`` before each padded call to give its
-    mask and tokens.
+    The collector's ``result()`` is a ``Trajectory``, what ``compute`` gives, for every pass
+    run inside (prompts stacked, positions padded to the longest pass; it keeps a few numbers
+    per token and point), and ``stats()`` their ``TrajectoryStats``; for many prompts use
+    ``stream``, whose memory is bounded by one batch. ``layers`` and the other settings are as
+    in ``compute``. Without ``batch`` every position counts as real, token ids and strings are
+    unknown (-1, "") and next-token statistics are skipped; call ``acc.set_batch(batch)``
+    before each padded call to give its mask and tokens.
 
     Example:
         >>> from tl_dynamics import testing, trajectories
         >>> model = testing.tiny_model("gpt2")                     # doctest: +SKIP
         >>> with trajectories.attach(model) as acc:                # doctest: +SKIP
         ...     _ = model(model.to_tokens("x = 1"))
-        >>> acc.result().cluster_counts(0.1).shape                 # doctest: +SKIP
+        >>> acc.stats().cluster_counts(0.1).shape                  # doctest: +SKIP
         (3,)
     """
     adapter = ModelAdapter.of(model)
     acc = Accumulator(adapter, _config(adapter, layers, eps, flattened, lens, standardize,
-                                       skip_first), batch)
+                                       skip_first), batch, keep_tokens=True)
     with acc.walker.attached():
         yield acc
 
@@ -145,7 +166,7 @@ def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16, *,
     finally:
         if bar is not None:
             bar.close()
-    return acc.result(allow_empty=True)
+    return acc.stats(allow_empty=True)
 
 
 def merge(runs: Sequence[TrajectoryStats]) -> TrajectoryStats:

@@ -120,21 +120,30 @@ def _pad(x: Tensor, valid: Tensor, fill: float) -> Tensor:
     return torch.where(valid[:, None, :], x, torch.tensor(fill, dtype=x.dtype))
 
 
-def build(adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor], batch: Batch,
-          mask: Tensor) -> Trajectory:
-    """Assemble a ``Trajectory`` from a ``PointComputer``'s stacked output."""
-    valid, mask = batch.key_valid.cpu(), mask.cpu()
+def build(adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor],
+          batch: Batch | None) -> Trajectory:
+    """Assemble a ``Trajectory`` from a ``PointComputer``'s stacked output. Without ``batch``
+    (a forward pass ``attach`` saw without being told its tokens) every position is real and
+    the token ids and strings are unknown (-1 and "")."""
+    b, n_pos = raw["norm"].shape[0], raw["norm"].shape[2]
+    if batch is None:
+        valid = torch.ones(b, n_pos, dtype=torch.bool)
+        tokens = torch.full((b, n_pos), -1, dtype=torch.long)
+        rows = tuple(("",) * n_pos for _ in range(b))
+    else:
+        valid, tokens = batch.key_valid.cpu(), batch.tokens.cpu()
+        rows = tuple(tuple(adapter.str_tokens(batch, r)) for r in range(b))
+    mask = valid & ~(valid.long().cumsum(-1) == 1) if cfg.skip_first else valid
     nan = math.nan
     lens = {k: _pad(raw[k], valid, nan) if k in raw else None
             for k in ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")}
     pairs = raw["n_pairs"]
-    empty_turn = torch.empty(valid.shape[0], 0, valid.shape[1])
-    rows = tuple(tuple(adapter.str_tokens(batch, r)) for r in range(valid.shape[0]))
+    empty_turn = torch.empty(b, 0, n_pos)
     note = lens_note(adapter, cfg.lens, batch)
     return Trajectory(
         architecture=adapter.info.architecture,
         labels=point_labels(point_roles(adapter, cfg.flattened, cfg.layers)),
-        eps=tuple(cfg.eps), str_tokens=rows, tokens=batch.tokens.cpu(), key_valid=valid,
+        eps=tuple(cfg.eps), str_tokens=rows, tokens=tokens, key_valid=valid,
         particle_mask=mask, norm=_pad(raw["norm"], valid, nan),
         step=_pad(raw["step"], valid, nan), rel_step=_pad(raw["rel_step"], valid, nan),
         turning=_pad(raw["turning"], valid, nan) if "turning" in raw else empty_turn,
@@ -145,6 +154,36 @@ def build(adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor], batch: Bat
         clusters=raw["clusters"], merges=raw["merges"], splits=raw["splits"],
         erank=raw["erank"].float(),
         stats=reduce_batch(raw, valid, stats_meta(adapter, cfg, note)), **lens)
+
+
+# per-token fields, padded along their last axis (positions) when batches are joined
+_PADS = {"tokens": -1, "key_valid": False, "particle_mask": False, "norm": math.nan,
+         "step": math.nan, "rel_step": math.nan, "turning": math.nan, "cos_final": math.nan,
+         "rank": -1, "cos_embed": math.nan, "dist_embed": math.nan, "cos_unembed": math.nan,
+         "dist_unembed": math.nan, "settling": -1}
+_BY_PROMPT = ("cos_hist", "mean_cos", "clusters", "merges", "splits", "erank")
+
+
+def join(parts: Sequence[Trajectory], stats: TrajectoryStats) -> Trajectory:
+    """Several batches' trajectories as one: prompts stacked, positions padded to the longest
+    (NaN, -1 or False, as padding is everywhere else); ``stats`` is their merged statistics."""
+    first = parts[0]
+    n_pos = max(p.tokens.shape[1] for p in parts)
+
+    def padded(t: Tensor, fill: float | int | bool) -> Tensor:
+        return torch.nn.functional.pad(t, (0, n_pos - t.shape[-1]), value=fill) \
+            if t.dtype != torch.bool else torch.cat(
+                [t, torch.zeros(*t.shape[:-1], n_pos - t.shape[-1], dtype=torch.bool)], -1)
+
+    fields: dict[str, Any] = {}
+    for name, fill in _PADS.items():
+        values = [getattr(p, name) for p in parts]
+        fields[name] = None if values[0] is None else torch.cat([padded(v, fill) for v in values])
+    for name in _BY_PROMPT:
+        fields[name] = torch.cat([getattr(p, name) for p in parts])
+    rows = tuple(row + ("",) * (n_pos - len(row)) for p in parts for row in p.str_tokens)
+    return Trajectory(architecture=first.architecture, labels=first.labels, eps=first.eps,
+                      str_tokens=rows, lens_note=first.lens_note, stats=stats, **fields)
 
 
 def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
@@ -184,7 +223,4 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
 
     walker = Walker(adapter, cfg, sink, batch)
     walker.run(batch)
-    mask = batch.key_valid
-    if skip_first:
-        mask = mask & ~(mask.long().cumsum(-1) == 1)
-    return build(adapter, cfg, out["raw"], batch, mask)
+    return build(adapter, cfg, out["raw"], batch)
