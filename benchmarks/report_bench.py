@@ -64,11 +64,12 @@ def prompt_of(n_tokens: int) -> str:
     return tok.decode(ids)
 
 
-def run_cli(folder: Path, prompt: str, out: Path) -> float:
+def run_cli(folder: Path, prompt: str, out: Path, sections: str) -> float:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "tl_dynamics", "report", "--model", str(folder),
-                           "--prompt", prompt, "--out", str(out)], env=env, capture_output=True,
+                           "--prompt", prompt, "--out", str(out), "--sections", sections],
+                          env=env, capture_output=True,
                           text=True)
     wall = time.perf_counter() - start
     if proc.returncode:
@@ -115,14 +116,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--keep", default=None, help="folder to keep the page in")
     parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument("--sections", default="circuits,odds_ratio,contextual_mlp,trajectories,"
+                        "particles", help="the CLI's --sections ('none': attention section only)")
     parser.add_argument("--timeout", type=float, default=120.0, help="browser timeout, seconds")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tld_report_bench_"))
     folder = build_folder(args.shape, max(1024, args.tokens), root)
     prompt = prompt_of(args.tokens)
     out = Path(args.keep or root) / f"report-{args.shape}-{args.tokens}.html"
-    wall = run_cli(folder, prompt, out)
-    result = dict(shape=args.shape, tokens=args.tokens, wall_s=round(wall, 1),
+    wall = run_cli(folder, prompt, out, args.sections)
+    result = dict(shape=args.shape, tokens=args.tokens, sections=args.sections, wall_s=round(wall, 1),
                   page_mb=round(out.stat().st_size / 1e6, 2))
     if not args.no_browser:
         result.update(browse(out, args.timeout))

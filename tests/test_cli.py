@@ -37,6 +37,7 @@ def run(capsys, *argv):
     (["--layers", "one"], "--layers 'one': expected non-negative integers"),
     (["--heads", "L3"], "write a head as L<layer>H<head>"),
     (["--prompt-env", "TLD_NO_SUCH_VARIABLE"], "no such environment variable"),
+    (["--sections", "circuits,bogus"], "unknown ['bogus']; valid: circuits, odds_ratio"),
 ])
 def test_bad_prompts_and_focus_options_are_refused_before_loading(argv, message, tmp_path, capsys,
                                                                    no_loading):

@@ -1,26 +1,104 @@
-"""The main job: the report command writes one offline page; bad models get a clear error."""
+"""The main job: the report command writes one offline page from an explicit registry of
+sections; bad models get a clear error; the attention section scales with the prompt."""
 
+import numpy as np
 import pytest
+import torch
 
-from tl_dynamics import cli, report, testing
-from tl_dynamics.models import load_model, shipped_names
+from tl_dynamics import TLDynamicsError, cli, report, testing, viz
+from tl_dynamics._heads import HeadSummaries, head_statistics
+from tl_dynamics.models import load_model, resolve, shipped_names
 
 
-def test_report_on_a_tiny_model_has_every_installed_section(tmp_path):
+def test_report_on_a_tiny_model_has_every_registered_section():
     page = report.build_report(testing.cached_model("llama"), "def f(x):\n    return x\n")
     titles = [section.title for section in page.sections]
-    assert titles[0] == "Attention patterns"
+    assert titles[0] == "Attention patterns" and len(titles) == 1 + len(report.SECTIONS)
     assert page.failed_sections == [], page.failed_sections
     html = page.to_html()
-    assert "CircuitsVis.render(" in html and "default-src 'none'" in html
+    assert 'class="tld-view"' in html and "default-src 'none'" in html
+    assert '<nav class="toc">' in html and all(f'href="#{s}' in html for s in ("attention-patterns",))
+
+
+def test_registry_is_explicit_and_complete():
+    from tl_dynamics import circuits, contextual_mlp, odds_ratio, particles, trajectories
+
+    assert dict(report.SECTIONS) == {
+        "circuits": circuits.report_section, "odds_ratio": odds_ratio.report_section,
+        "contextual_mlp": contextual_mlp.report_section,
+        "trajectories": trajectories.report_section, "particles": particles.report_section}
+
+
+def test_not_applicable_sections_get_one_message_and_bugs_are_reported():
+    def not_here(page, adapter, batch):
+        raise TLDynamicsError("needs rotary embeddings")
+
+    def broken(page, adapter, batch):
+        raise ValueError("boom")
+
+    page = report.build_report(testing.cached_model("gpt2"), "x = 1",
+                               sections=(("needs_rotary", not_here), ("broken", broken)))
+    html = page.to_html()
+    assert "Not shown for this model: needs rotary embeddings" in html
+    assert page.failed_sections == ["broken"] and "This section failed: ValueError: boom" in html
+
+
+def test_head_statistics_on_planted_patterns():
+    n = 6
+    allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    previous = torch.zeros(n, n)
+    previous[0, 0] = 1
+    previous[torch.arange(1, n), torch.arange(n - 1)] = 1
+    uniform = allowed.float() / allowed.sum(-1, keepdim=True)
+    tokens = torch.tensor([7, 8, 9, 7, 8, 9])
+    induction = torch.zeros(n, n)
+    induction[:3, 0] = 1
+    induction[3, 1], induction[4, 2], induction[5, 3] = 1, 1, 1  # x[j-1] == x[i]
+    stats = head_statistics(torch.stack([previous, uniform, induction]), allowed, tokens)
+    assert stats["previous_token"][0] == 1 and stats["entropy"][0] == 0
+    assert np.isclose(stats["entropy"][1], 1) and np.isclose(stats["first_token"][1],
+                                                             np.mean(1 / np.arange(1, n + 1)))
+    assert stats["induction"][2] == 1 and stats["induction"][0] == 0
+    no_repeats = head_statistics(uniform[None], allowed, torch.arange(n))
+    assert np.isnan(no_repeats["induction"][0])
+
+
+def test_full_patterns_stay_within_budget_and_keep_asked_heads(monkeypatch):
+    from tl_dynamics import _heads
+
+    monkeypatch.setattr(_heads, "FULL_DETAIL_CELLS", 3 * 16 * 16)
+    summary = HeadSummaries(n_heads=4, n_pos=16, forced={(1, 2)})
+    allowed = torch.tril(torch.ones(16, 16, dtype=torch.bool))
+    gen = torch.Generator().manual_seed(0)
+    for layer in range(3):
+        scores = torch.randn(4, 16, 16, generator=gen) * (1 + 3 * layer)
+        pattern = scores.masked_fill(~allowed, -torch.inf).softmax(-1)
+        summary.add_layer(layer, pattern, allowed, torch.arange(16))
+    full = summary.full_patterns()
+    assert (1, 2) in full and len(full) <= 3
+    assert len(summary.thumbs) == 12 and summary.matrix("entropy").shape == (3, 4)
+
+
+def test_attention_section_thumbnails_every_head_and_focuses_on_request():
+    model = testing.cached_model("gpt2")
+    page = viz.Page("t")
+    from tl_dynamics.adapter import ModelAdapter
+
+    adapter = ModelAdapter(model)
+    report.attention_section(page, adapter, adapter.tokenize("x = 1\ny = x + x\n"), layers=[1],
+                             heads=[(1, 3)])
+    grid = [c for c in page.sections[0].items if getattr(c, "name", None) == "AttentionGrid"][0]
+    assert grid.props["attentionHeadNames"] == [f"L1H{h}" for h in range(adapter.n_heads)]
+    assert 3 in grid.props["full"]
+    with pytest.raises(TLDynamicsError, match="layer"):
+        report.attention_section(page, adapter, adapter.tokenize("x"), heads=[(9, 0)])
 
 
 def test_cli_report_with_the_default_model(tmp_path, capsys):
     out = tmp_path / "report.html"
     assert cli.main(["report", "--out", str(out), "--prompt", "import os\nos.getcwd()"]) == 0
     text = out.read_text()
-    default = "code-2l" if "code-2l" in shipped_names() else "RANDOMLY INITIALISED"
-    assert default in text
+    assert "code-2l" in text
     assert "wrote" in capsys.readouterr().out
 
 
@@ -32,8 +110,8 @@ def test_cli_unknown_model_names_what_is_valid(tmp_path, capsys):
 
 
 def test_tiny_random_models_are_labelled_as_such():
-    _, label = load_model("tiny-random:llama")
-    assert "RANDOMLY INITIALISED llama" in label
+    assert "RANDOMLY INITIALISED llama" in resolve("tiny-random:llama").label
+    assert "code-2l" in shipped_names()
 
 
 def test_hub_ids_with_dots_go_to_the_hub_not_the_file_system(monkeypatch):
@@ -43,5 +121,11 @@ def test_hub_ids_with_dots_go_to_the_hub_not_the_file_system(monkeypatch):
     monkeypatch.setattr(models, "_load_hub", lambda name: asked.append(name) or object())
     load_model("Qwen/Qwen2.5-0.5B")
     assert asked == ["Qwen/Qwen2.5-0.5B"]
-    with pytest.raises(Exception, match="no such folder"):
+    with pytest.raises(TLDynamicsError, match="no such folder"):
         load_model("./models/Qwen2.5-0.5B")
+
+
+def test_public_loader_is_the_package_attribute():
+    import tl_dynamics
+
+    assert tl_dynamics.load_model is load_model

@@ -58,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--heads", default=None,
                         help='heads whose full patterns are kept, e.g. "L3H4,L5H1" or "3.4 5.1" '
                              "(default: the heads the statistics single out)")
+    report.add_argument("--sections", default=None,
+                        help="analysis sections to include, comma-separated, from: circuits, "
+                             "odds_ratio, contextual_mlp, trajectories, particles; 'none' for the "
+                             "attention section only (default: all)")
     sub.add_parser("models", help="list the shipped models, what is installed, and the tiny "
                                   "random architectures")
     sub.add_parser("heads", help="what every head does, as a table (--out: an HTML page); "
@@ -109,6 +113,20 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     return heads
 
 
+def parse_sections(text: str) -> list[str]:
+    from tl_dynamics import report
+
+    valid = [name for name, _ in report.SECTIONS]
+    names = [p for p in re.split(r"[\s,]+", text.strip()) if p]
+    if names == ["none"]:
+        return []
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        raise TLDynamicsError(f"--sections {text!r}: unknown {unknown or 'empty'}; valid: "
+                              f"{', '.join(valid)}, or 'none'")
+    return names
+
+
 def _prompt(args: argparse.Namespace) -> str | list[int] | None:
     if args.prompt_env is not None:
         if args.prompt_env not in os.environ:
@@ -157,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         prompt = _prompt(args)
         layers = parse_ints(args.layers, "--layers") if args.layers is not None else None
         heads = parse_heads(args.heads) if args.heads is not None else None
-        path, label = _report(args.model, prompt, out, layers, heads)
+        sections = parse_sections(args.sections) if args.sections is not None else None
+        path, label = _report(args.model, prompt, out, layers, heads, sections)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
@@ -167,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
-            heads: list[tuple[int, int]] | None) -> tuple[Path, str]:
+            heads: list[tuple[int, int]] | None, sections: list[str] | None) -> tuple[Path, str]:
     from tl_dynamics import models, report
 
     progress = (lambda msg: print(msg, file=sys.stderr))
@@ -178,6 +197,8 @@ def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
     if isinstance(prompt, str) and not loaded.has_tokenizer:
         raise TLDynamicsError(f"{loaded.label} has no tokenizer: give the prompt as token ids, "
                               'e.g. --prompt-ids "300 5 17"')
-    page = report.build_report(loaded.model, prompt, loaded.label, progress=progress,
-                               layers=layers, heads=heads)
+    chosen = report.SECTIONS if sections is None else tuple(
+        (n, fn) for n, fn in report.SECTIONS if n in sections)
+    page = report.build_report(loaded.model, prompt, loaded.label, sections=chosen,
+                               progress=progress, layers=layers, heads=heads)
     return page.write(out), loaded.label

@@ -80,7 +80,7 @@ def canvas_spec(name: str, props: dict[str, Any]) -> tuple[dict[str, Any], int]:
     arr = as_array(props["attention"])
     if name == "AttentionPattern":
         arr = arr[None]
-        props = dict(props, attentionHeadNames=[props.get("caption") or "pattern"])
+        props = dict(props, attentionHeadNames=[""])  # one pattern: its caption says what it is
     lo, hi, scale, cmap = _scale(arr, props.get("minValue"), props.get("maxValue"))
     spec = _heads_spec(arr, dict(enumerate(arr)), props, lo, hi, scale, cmap)
     if name == "AttentionPattern":
