@@ -146,7 +146,7 @@ def _is_eye(m: Tensor | None) -> bool:
 def make_field(
     p: Problems,
     x0: Tensor,
-    beta,
+    beta: float | Tensor,
     Q: Tensor | None,
     K: Tensor | None,
     V: Tensor | None,
@@ -202,7 +202,7 @@ def _opnorm(B: Tensor | None, Qt: Tensor | None, Kt: Tensor | None) -> float:
 
 def velocity(
     x: Float[Tensor, "runs n d"],
-    beta=1.0,
+    beta: float | Float[Tensor, " runs"] = 1.0,
     Q: Float[Tensor, "*runs m d"] | None = None,
     K: Float[Tensor, "*runs m d"] | None = None,
     V: Float[Tensor, "*runs d d"] | None = None,
@@ -224,7 +224,7 @@ def velocity(
 
 
 def suggest_dt(
-    beta=1.0,
+    beta: float | Float[Tensor, " runs"] = 1.0,
     Q: Tensor | None = None,
     K: Tensor | None = None,
     V: Tensor | None = None,

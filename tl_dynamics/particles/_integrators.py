@@ -64,7 +64,7 @@ def _normalize(y: Tensor) -> Tensor:
     return y / y.norm(dim=-1, keepdim=True)
 
 
-def cf4_step(x: Tensor, h: Step, field: Field, embedded: bool = False):
+def cf4_step(x: Tensor, h: Step, field: Field, embedded: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """One CF4 step of size ``h``; with ``embedded=True`` also the second-order solution."""
     f1 = field.drive(x)
     y2 = boost(x, f1, h / 2)

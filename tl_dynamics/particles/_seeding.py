@@ -126,7 +126,7 @@ def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
         if not isinstance(m, torch.Tensor) or m.ndim != 2:
             p.add(f"head_weights().{name} must be a 2-D tensor, got {shape_str(m) if m is not None else 'nothing'}")
         else:
-            mats[name] = m.detach().to(dtype)
+            mats[name] = m.detach().to(device="cpu", dtype=dtype)  # simulate runs on the CPU
     scale = getattr(w, "scale", None)
     try:
         scale = float(scale)
