@@ -201,3 +201,10 @@ def test_cli_heads_prints_the_table_and_writes_the_page(tmp_path, capsys):
     assert "L1H2" in out.read_text(encoding="utf-8")
     assert cli.main(["heads", "--model", "induction-2l", "--prompt", " "]) == 2
     assert "--prompt is empty" in capsys.readouterr().err
+
+
+def test_report_section_adds_the_atlas(induction):
+    page = viz.Page("atlas")
+    atlas.report_section(page, induction, induction.tokenize("ABCDEFGHABCDEFGH"))
+    html = page.to_html()
+    assert "What each head does" in html and "induction" in html and "L0H0" in html
