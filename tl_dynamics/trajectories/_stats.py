@@ -252,7 +252,7 @@ class TrajectoryStats:
             data["settling_count"] = self.settling_histogram()[:n]
         return pd.DataFrame(data).set_index("point")
 
-    def show(self) -> viz.Component:
+    def show(self) -> viz.Group:
         """Per-point plots (pairwise-cosine histograms, cluster counts) and the table of means."""
         return stats_views(
             labels=self.labels, bin_edges=BIN_EDGES.numpy(), density=self.cos_histogram(),

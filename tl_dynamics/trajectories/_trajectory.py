@@ -23,7 +23,8 @@ from tl_dynamics.trajectories._walk import Walker, lens_note, stats_meta
 
 @dataclass(frozen=True)
 class Trajectory:
-    """Each token's path through depth for one batch of prompts.
+    """Each token's path through depth for a batch of prompts (``compute``), or for every
+    forward pass run inside ``attach``, stacked.
 
     Points are the residual stream before each block and after the last (``labels``, e.g.
     ``resid_pre0 .. resid_post1``), with the mid-block points interleaved when ``flattened``.
@@ -101,7 +102,7 @@ class Trajectory:
                     rows.append(row)
         return pd.DataFrame(rows)
 
-    def show(self, row: int = 0) -> viz.Component:
+    def show(self, row: int = 0) -> viz.Group:
         """Per-token views of prompt ``row`` (settling point, step sizes, cosine to the final
         state), then the batch's particle statistics (``stats.show()``)."""
         if not 0 <= row < self.tokens.shape[0]:
@@ -113,7 +114,7 @@ class Trajectory:
             self.architecture, row, tokens, self.labels,
             None if self.settling is None else self.settling[row, real].numpy(), self.lens_note,
             steps=self.step[row][:, real].T.numpy(), cos_final=self.cos_final[row][:, real].T.numpy())
-        return viz.group(views, self.stats.show())
+        return viz.group(*views.components, *self.stats.show().components, caption=views.caption)
 
 
 def _pad(x: Tensor, valid: Tensor, fill: float) -> Tensor:

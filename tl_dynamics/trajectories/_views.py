@@ -14,7 +14,7 @@ from tl_dynamics import viz
 
 def token_views(architecture: str, row: int, tokens: Sequence[str], labels: Sequence[str],
                 settling: np.ndarray | None, lens_note: str, steps: np.ndarray,
-                cos_final: np.ndarray) -> viz.Component:
+                cos_final: np.ndarray) -> viz.Group:
     """One prompt's real tokens coloured by settling point, step sizes and cosine to the final
     state (``steps [token, point - 1]``, ``cos_final [token, point]``, ``settling [token]`` with
     -1 where there is no next token)."""
@@ -67,7 +67,7 @@ def histogram_figure(labels: Sequence[str], bin_edges: np.ndarray, density: np.n
 
 def stats_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarray,
                 clusters: Mapping[float, np.ndarray], frame: pd.DataFrame, caption: str,
-                lens_note: str | None) -> viz.Component:
+                lens_note: str | None) -> viz.Group:
     """The statistics' plots, their table of per-point means, and why the next-token
     statistics are missing when they are (``lens_note``)."""
     parts = [viz.figure(histogram_figure(labels, bin_edges, density, clusters), close=False,
