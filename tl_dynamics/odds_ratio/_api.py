@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
 from tl_dynamics.trajectories import ExactSum
 from tl_dynamics.odds_ratio import _stats
+from tl_dynamics.odds_ratio._lazy import LazyDecompositions
 from tl_dynamics.odds_ratio._result import SINK_SUM_KEYS, Decomposition, HeadStats, OddsRatioResult
 from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
 
@@ -32,7 +33,7 @@ def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
     parts = split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads), dtype)
     prior_p, lik_p = counterfactual_patterns(parts, la.allowed)
     if tokens is None:
-        tokens = torch.zeros(la.q.shape[:2], dtype=torch.long)
+        tokens = torch.zeros(la.q.shape[:2], dtype=torch.long, device=la.q.device)
     return Decomposition(model=model, layer=la.layer, heads=tuple(heads), tokens=tokens,
                          str_tokens=tuple(tuple(t) for t in str_tokens), parts=parts,
                          pattern=la.pattern(heads), prior_pattern=prior_p,
@@ -63,7 +64,7 @@ class OddsRatioCollector:
         self._exact = [ExactSum.zeros((len(_stats.SUM_KEYS) + len(SINK_SUM_KEYS), len(heads)))
                        for _ in layers]
         self._prompts = 0
-        self._passes: list[dict[int, Decomposition]] = []
+        self._passes: list[LazyDecompositions] = []  # per pass, formed when looked up
         self._sinks: list[dict[int, dict[str, torch.Tensor]]] = []
         self._batch: Batch | None = None
         self._seen_in_pass: set[int] = set()
@@ -77,7 +78,7 @@ class OddsRatioCollector:
     def _new_pass(self) -> None:
         self._seen_in_pass = set()
         if self.keep_tensors:
-            self._passes.append({})
+            self._passes.append(LazyDecompositions())
             self._sinks.append({})
 
     def on_layer(self, la: LayerAttention) -> None:
@@ -100,19 +101,25 @@ class OddsRatioCollector:
         sums, sinks = _stats.layer_sums(la.q[:, :, pick], la.k[:, :, pick], la.scale, la.bias(h),
                                         la.allowed, la.query_valid, la.softcap)
         by_prior = sinks["sink_prior_adv"] > sinks["sink_loglik_adv"]
-        sink_values = {"sink_mass": sinks["sink_mass"], "sink_first": sinks["sink_position"] == 0,
+        sink_values = {"sink_mass": sinks["sink_mass"], "sink_first": _stats.first_sinks(sinks),
                        "sink_by_prior": by_prior, "sink_prior_adv": sinks["sink_prior_adv"],
                        "sink_loglik_adv": sinks["sink_loglik_adv"]}
         part = torch.stack([sums[k].double().cpu() for k in _stats.SUM_KEYS]
                            + [sink_values[k].double().sum(0).cpu() for k in SINK_SUM_KEYS])
         self._exact[a] = self._exact[a] + ExactSum.of(part)
-        if self.keep_tensors:
-            tokens = self._batch.tokens if self._batch is not None else None
-            strs = [self.adapter.str_tokens(self._batch, row) for row in range(len(tokens))] \
-                if tokens is not None and self.adapter.tokenizer is not None else ()
-            self._passes[-1][la.layer] = decompose_layer(
-                la, h, self.adapter.info.architecture, tokens, strs, self.dtype)
+        if self.keep_tensors:  # keep q, k, scale, bias and masks; form the split when asked
+            self._passes[-1].add(la.layer, self._maker(la, list(h), self._batch))
             self._sinks[-1][la.layer] = {k: v.cpu() for k, v in sinks.items()}
+
+    def _maker(self, la: LayerAttention, heads: list[int], batch: Batch | None
+               ) -> Callable[[], Decomposition]:
+        def make() -> Decomposition:
+            tokens = batch.tokens if batch is not None else None
+            strs = [self.adapter.str_tokens(batch, row) for row in range(len(tokens))] \
+                if tokens is not None and self.adapter.tokenizer is not None else ()
+            return decompose_layer(la, heads, self.adapter.info.architecture, tokens, strs,
+                                   self.dtype)
+        return make
 
     def forward(self, prompt: Prompt | Batch, padding_side: str = "right") -> torch.Tensor:
         """Run the model on a prompt or padded batch with its padding mask, collecting."""
@@ -131,7 +138,7 @@ class OddsRatioCollector:
             self.adapter.info.architecture, tuple(self.layers), tuple(self.heads),
             tuple(s.scale for s in specs), tuple(s.softcap for s in specs), self._prompts,
             ExactSum.stack(self._exact), _stats.SUM_KEYS)
-        return OddsRatioResult(stats, tuple(dict(p) for p in self._passes),
+        return OddsRatioResult(stats, tuple(p.copy() for p in self._passes),
                                tuple(dict(s) for s in self._sinks))
 
 

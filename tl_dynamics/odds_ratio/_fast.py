@@ -55,17 +55,17 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
 
     exp_neg_p = torch.exp(-(prior - p_min)).masked_fill(~kv, 0.0)  # [b, h, j], <= 1
     per_key = torch.stack([prior, exp_neg_p], -1)  # [b, h, j, 2]
-    additive = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    additive = torch.zeros(allowed.shape, device=q.device).masked_fill(~allowed, float("-inf"))
     additive[~allowed.any(-1)] = 0.0  # rows with no key: finite garbage, never counted
-    valid_f = query_valid.float()
+    valid_f = (query_valid & (allowed.sum(-1) >= 2)).float()  # sink rows: >= 2 keys (§2.3)
 
     mean_r = sum_r / n_safe
     shifted_prior = prior - p_min
-    sum_sq = torch.zeros(n_batch, n_heads, n_pos)
+    sum_sq = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
     cov_rp = torch.zeros_like(sum_sq)
     sum_pr, lse = torch.zeros_like(sum_sq), torch.zeros_like(sum_sq)
-    pat_keys = torch.zeros(n_batch, n_heads, n_pos, 2)
-    column = torch.zeros(n_batch, n_heads, n_pos)
+    pat_keys = torch.zeros(n_batch, n_heads, n_pos, 2, device=q.device)
+    column = torch.zeros_like(sum_sq)
     step = max(8, CHUNK_ELEMENTS // max(1, n_batch * n_heads * n_pos))
     k_t = kh.transpose(-1, -2)
     key_span = allowed.any(0)  # [i, j]: keys some prompt's query i may attend to
@@ -78,7 +78,7 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
         r = torch.matmul(qh[:, :, i0:i1], k_t[..., j0:j1]).mul_(scale)  # [b, h, c, m]
         log_p = torch.log_softmax(r + additive[:, None, i0:i1, j0:j1], dim=-1)
         p = log_p.exp()
-        own = (torch.arange(i0, i1) - j0).clamp(0, j1 - j0 - 1)[None, None, :, None]
+        own = (torch.arange(i0, i1, device=q.device) - j0).clamp(0, j1 - j0 - 1)[None, None, :, None]
         own = own.expand(n_batch, n_heads, -1, 1)
         lse[..., i0:i1] = (r.gather(-1, own) - log_p.gather(-1, own)).squeeze(-1)
         sum_pr[..., i0:i1] = torch.linalg.vecdot(p, r)
