@@ -48,10 +48,26 @@ def effective_rank(u: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batch po
     The singular values ``sigma`` of the (uncentred) unit vectors are the square roots of the
     Gram matrix's eigenvalues (in float64: a float32 Gram's rounding noise ~1e-7 would become
     singular values ~3e-4 of a rank-deficient cloud); 1 for a cloud collapsed to one point.
+    The Gram is taken on the smaller side (``[pos, pos]`` or ``[d, d]``: the same nonzero
+    eigenvalues, without ``pos - d`` rounding-noise zeros), and the eigenvalues on one CPU
+    thread: LAPACK's tridiagonal reduction synchronises its threads at every column, and on a
+    loaded 2-core machine two threads were 15x slower than one (benchmarks/README.md).
     """
     ud = u.double() * mask[..., None]
-    gram = ud @ ud.transpose(1, 2)
-    sigma = torch.linalg.eigvalsh(gram).clamp_min(0.0).sqrt()
+    small = ud.shape[-2] <= ud.shape[-1]
+    gram = ud @ ud.transpose(1, 2) if small else ud.transpose(1, 2) @ ud
+    sigma = _eigvalsh_one_thread(gram).clamp_min(0.0).sqrt()
     p = sigma / sigma.sum(-1, keepdim=True).clamp_min(NORM_FLOOR)
     ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
     return torch.exp(ent)
+
+
+def _eigvalsh_one_thread(gram: Tensor) -> Tensor:
+    if gram.device.type != "cpu":
+        return torch.linalg.eigvalsh(gram)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return torch.linalg.eigvalsh(gram)
+    finally:
+        torch.set_num_threads(before)
