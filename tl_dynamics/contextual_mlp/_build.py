@@ -8,6 +8,7 @@ an index, a list of them, or None (all); the heads are taken in every selected l
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -68,11 +69,16 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
 
 
 class ContextualMLPCollector:
-    """What ``attach`` yields: builds the MLPs of the selected heads on every forward pass run
+    """What ``attach`` yields: collects the MLPs of the selected heads on every forward pass run
     while attached (of the rows ``rows``, every row when None).
 
     ``result(row, forward_pass)`` is a ``ContextualMLPs`` like ``compute``'s; ``results()`` gives
     one per row; ``mlps`` everything collected, in collection order (pass, layer, row, head).
+
+    During the forward pass only the captured layer is kept (its ``q``, ``k``, ``v``, ``W_O``,
+    masks and attention input); the rotary frames are verified and the ``ContextualMLP`` objects
+    are built when a result is asked for, so attaching costs little more than the capture
+    (issue 15). A frame that does not reproduce the model's query raises then.
     """
 
     def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
@@ -80,28 +86,49 @@ class ContextualMLPCollector:
                  reference: bool = False):
         self.adapter, self.layers, self.heads = adapter, layers, heads
         self.rows, self.batch, self.reference = rows, batch, reference
-        self._passes: list[dict[int, dict[tuple[int, int], ContextualMLP]]] = []
+        # per pass, the captured layers in order, with the batch that was given for them
+        self._passes: list[list[tuple[LayerAttention, Batch | None]]] = []
         self._seen: set[int] = set()
-        self._mlps: list[ContextualMLP] = []
 
     def on_layer(self, la: LayerAttention) -> None:
-        """The capture callback: one layer of one forward pass."""
+        """The capture callback: one layer of one forward pass (kept, built when asked)."""
         if not self._passes or la.layer in self._seen:
-            self._passes.append({})
+            self._passes.append([])
             self._seen = set()
         self._seen.add(la.layer)
-        batch = self.batch
-        n_batch = la.q.shape[0]
-        rows = list(range(n_batch)) if self.rows is None else [_check_row(r, n_batch) for r in self.rows]
+        if self.rows is not None:
+            for r in self.rows:
+                _check_row(r, la.q.shape[0])
+        if self._passes[-1]:  # every layer's mask is usually the same: keep one copy
+            prev = self._passes[-1][-1][0].allowed
+            if prev.shape == la.allowed.shape and torch.equal(prev, la.allowed):
+                la = replace(la, allowed=prev)
+        self._passes[-1].append((la, self.batch))
+
+    def _rows(self, la: LayerAttention) -> list[int]:
+        return list(range(la.q.shape[0])) if self.rows is None else list(self.rows)
+
+    def _build(self, la: LayerAttention, batch: Batch | None, rows: list[int]
+               ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
         key_valid = batch.key_valid if batch is not None else la.allowed.any(dim=1)
         frames = build_frames(self.adapter, la, key_valid)
+        out: dict[int, dict[tuple[int, int], ContextualMLP]] = {}
         for row in rows:
             names = self.adapter.str_tokens(batch, row) if batch is not None else None
             for head in self.heads:
-                mlp = from_layer(self.adapter, la, head, row, frames[row],
-                                 None if batch is None else batch.tokens, names)
-                self._passes[-1].setdefault(row, {})[(la.layer, head)] = mlp
-                self._mlps.append(mlp)
+                out.setdefault(row, {})[(la.layer, head)] = from_layer(
+                    self.adapter, la, head, row, frames[row],
+                    None if batch is None else batch.tokens, names)
+        return out
+
+    def _pass(self, forward_pass: int, rows: list[int] | None = None
+              ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
+        by_row: dict[int, dict[tuple[int, int], ContextualMLP]] = {}
+        for la, batch in self._passes[forward_pass]:
+            wanted = [r for r in self._rows(la) if rows is None or r in rows]
+            for row, mlps in self._build(la, batch, wanted).items():
+                by_row.setdefault(row, {}).update(mlps)
+        return by_row
 
     def capture(self) -> AbstractContextManager:
         """The per-layer capture that collects (hooks removed on exit, even on errors)."""
@@ -115,7 +142,12 @@ class ContextualMLPCollector:
 
     @property
     def mlps(self) -> tuple[ContextualMLP, ...]:
-        return tuple(self._mlps)
+        out: list[ContextualMLP] = []
+        for layers in self._passes:
+            for la, batch in layers:
+                for mlps in self._build(la, batch, self._rows(la)).values():
+                    out.extend(mlps.values())
+        return tuple(out)
 
     def result(self, row: int = 0, forward_pass: int = 0) -> ContextualMLPs:
         """The MLPs of prompt row ``row`` in forward pass ``forward_pass`` (the first by default)."""
@@ -125,17 +157,21 @@ class ContextualMLPCollector:
                 not -len(self._passes) <= forward_pass < len(self._passes):
             raise TLDynamicsError(f"forward_pass {forward_pass!r} is out of range: {len(self._passes)} "
                                   f"pass(es) were collected")
-        by_row = self._passes[forward_pass]
-        if row not in by_row:
-            raise TLDynamicsError(f"row {row!r} was not collected; collected rows: {sorted(by_row)}")
-        mlps = by_row[row]
+        collected = sorted({r for la, _ in self._passes[forward_pass] for r in self._rows(la)})
+        if row not in collected:
+            raise TLDynamicsError(f"row {row!r} was not collected; collected rows: {collected}")
+        mlps = self._pass(forward_pass, [row])[row]
         return ContextualMLPs(architecture=self.adapter.info.architecture, row=row,
                               str_tokens=next(iter(mlps.values())).str_tokens, mlps=dict(mlps))
 
     def results(self, forward_pass: int = 0) -> list[ContextualMLPs]:
         """One ``ContextualMLPs`` per collected row of forward pass ``forward_pass``."""
-        rows = sorted(self._passes[forward_pass]) if self._passes else []
-        return [self.result(row, forward_pass) for row in rows]
+        if not self._passes:
+            return []
+        by_row = self._pass(forward_pass)
+        return [ContextualMLPs(architecture=self.adapter.info.architecture, row=row,
+                               str_tokens=next(iter(by_row[row].values())).str_tokens,
+                               mlps=dict(by_row[row])) for row in sorted(by_row)]
 
 
 @contextmanager
