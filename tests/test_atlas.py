@@ -208,3 +208,15 @@ def test_report_section_adds_the_atlas(induction):
     atlas.report_section(page, induction, induction.tokenize("ABCDEFGHABCDEFGH"))
     html = page.to_html()
     assert "What each head does" in html and "induction" in html and "L0H0" in html
+
+
+def test_hugging_face_bridge_falls_back_to_repeating_the_input():
+    """A Hugging Face bridge passes a batch-shaped mask to every block, so a hook cannot grow
+    the batch there; the atlas then repeats the input and still measures every head."""
+    from helpers import adapter_for
+
+    adapter = adapter_for("gpt2")
+    res = atlas.compute(adapter, n_seq=2, seq_len=6)
+    frame = res.to_dataframe()
+    assert np.isfinite(frame[["delta_loss", "delta_loss_prior", "delta_loss_likelihood"]]).all().all()
+    assert any("re-runs the whole model" in note for note in res.notes)
