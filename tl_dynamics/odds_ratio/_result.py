@@ -300,8 +300,10 @@ class OddsRatioResult:
 
     def sink_table(self) -> pd.DataFrame:
         """Per kept prompt and head: the source position taking most attention (counted in
-        real tokens), its token, mean attention mass, and whether it wins by prior or by
-        likelihood (its attention-weighted score advantage over the row mean, split)."""
+        real tokens), its token, mean attention mass (over rows with at least two allowed
+        keys), its dominance (its column over the next-largest; a near-tie below
+        ``SINK_DOMINANCE`` = 2 is not a sink), and whether it wins by prior or by likelihood
+        (its attention-weighted score advantage over the row mean, split; docs/math.md §2.3)."""
         records = []
         for p, (sinks, decs) in enumerate(zip(self.sinks, self.decompositions)):
             for layer, facts in sinks.items():
@@ -319,6 +321,7 @@ class OddsRatioResult:
                             "mass": float(facts["sink_mass"][b, h]), "prior_adv": prior_adv,
                             "loglik_adv": loglik_adv, "bias_adv": float(facts["sink_bias_adv"][b, h]),
                             "prior_rank": int(facts["sink_prior_rank"][b, h]),
+                            "dominance": float(facts["sink_dominance"][b, h]),
                             "wins_by": "prior" if prior_adv > loglik_adv else "likelihood"})
         return pd.DataFrame.from_records(records)
 

@@ -22,7 +22,11 @@ from torch import Tensor
 SUM_KEYS = ("rows", "var_r", "var_prior", "var_bias", "cov_r_prior", "cov_r_bias",
             "cov_prior_bias", "kl_prior", "kl_loglik", "entropy")
 SINK_KEYS = ("sink_mass", "sink_position", "sink_prior_adv", "sink_loglik_adv",
-             "sink_bias_adv", "sink_prior_rank")
+             "sink_bias_adv", "sink_prior_rank", "sink_dominance")
+# A prompt's sink counts as a sink (``sink_first_share``) only when its column takes at least
+# this many times the attention of the next-largest column: a previous-token head gives every
+# key about one row's worth, so its largest column is a near-tie, not a sink (docs/math.md §2.3).
+SINK_DOMINANCE = 2.0
 
 
 def _masked_lse(x: Tensor, allowed: Tensor) -> Tensor:
@@ -49,7 +53,9 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
 
     Returns ``(sums, sinks)``: ``sums[name]`` is ``[head]`` float64 (names ``SUM_KEYS``);
     ``sinks[name]`` is ``[batch, head]`` (names ``SINK_KEYS``): the source position (counted
-    in real tokens) taking the most attention per valid query row, that mass, and its score
+    in real tokens) taking the most attention per query row with at least two allowed keys
+    (a row with one key has no choice to make), that mass, its ``sink_dominance`` (its column
+    over the next-largest column; ``first_sinks`` needs ``SINK_DOMINANCE``), and its score
     advantage over the row mean split into prior, log-likelihood and bias parts (averaged over
     query rows weighted by their attention to it), and the rank of its key prior among the
     prompt's keys (0 = loudest key).
@@ -121,7 +127,7 @@ def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, a
     out["neg_entropy"] = neg_entropy
 
     # --- the sink: the column with the most attention, and each row's view of it
-    valid = query_valid[:, None, :, None].float()
+    valid = (query_valid & (allowed.sum(-1) >= 2))[:, None, :, None].float()  # >= 2 keys (§2.3)
     column = (pattern * valid).sum(2)
     top = column.argmax(-1)  # [b, h]
     idx = top[:, :, None, None].expand(-1, -1, r.shape[2], 1)
@@ -155,15 +161,28 @@ def _finish(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor
     return sums, _sinks(facts, allowed, query_valid)
 
 
+def first_sinks(sinks: dict[str, Tensor]) -> Bool[Tensor, "batch head"]:
+    """Prompts whose sink is their first real token and dominates (``SINK_DOMINANCE``).
+
+    >>> import torch
+    >>> s = {"sink_position": torch.tensor([[0, 0, 3]]),
+    ...      "sink_dominance": torch.tensor([[5.0, 1.2, 9.0]])}
+    >>> first_sinks(s).tolist()
+    [[True, False, False]]
+    """
+    return (sinks["sink_position"] == 0) & (sinks["sink_dominance"] >= SINK_DOMINANCE)
+
+
 def _sinks(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor) -> dict[str, Tensor]:
-    n_rows = query_valid.float().sum(-1).clamp(min=1.0)[:, None]  # [b, 1]
+    informative = query_valid & (allowed.sum(-1) >= 2)  # [b, i]: rows that choose a key
+    n_rows = informative.float().sum(-1).clamp(min=1.0)[:, None]  # [b, 1]
     top, prior = facts["top"], facts["prior"]
     mass = facts["column"].gather(-1, top[..., None]).squeeze(-1) / n_rows  # [b, h]
     key_valid = allowed.any(1)  # [b, j]
     first_real = key_valid.float().argmax(-1)  # [b]
     position = top - first_real[:, None].long()
 
-    weight = facts["pattern_top"] * query_valid[:, None].float()  # [b, h, i]
+    weight = facts["pattern_top"] * informative[:, None].float()  # [b, h, i]
     weight = weight / weight.sum(-1, keepdim=True).clamp(min=1e-30)
     r_adv = facts["r_top"] - facts["mean_r"]
     p_top = prior.gather(-1, top[..., None])  # [b, h, 1]
@@ -177,5 +196,12 @@ def _sinks(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor) -> di
     def avg(x: Tensor) -> Tensor:
         return torch.where(weight > 0, weight * x, torch.zeros(())).sum(-1)
 
+    column = facts["column"]
+    if column.shape[-1] > 1:  # the sink's column over the next largest (inf: it takes all)
+        two = column.topk(2, dim=-1).values
+        dominance = two[..., 0] / two[..., 1]
+    else:
+        dominance = torch.full(top.shape, float("inf"), device=top.device)
     return {"sink_mass": mass, "sink_position": position, "sink_prior_adv": avg(p_adv),
-            "sink_loglik_adv": avg(l_adv), "sink_bias_adv": avg(b_adv), "sink_prior_rank": rank}
+            "sink_loglik_adv": avg(l_adv), "sink_bias_adv": avg(b_adv), "sink_prior_rank": rank,
+            "sink_dominance": dominance}
