@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -64,18 +65,21 @@ def prompt_of(n_tokens: int) -> str:
     return tok.decode(ids)
 
 
-def run_cli(folder: Path, prompt: str, out: Path, sections: str) -> float:
+def run_cli(folder: Path, prompt: str, out: Path, sections: str) -> tuple[float, float]:
+    """The CLI's wall time and CPU time (user + system, so a loaded machine can be read)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "tl_dynamics", "report", "--model", str(folder),
                            "--prompt", prompt, "--out", str(out), "--sections", sections],
                           env=env, capture_output=True,
                           text=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
         raise SystemExit(f"report failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     print(proc.stderr.strip()[-1500:], file=sys.stderr)
-    return wall
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def browse(path: Path, timeout_s: float) -> dict:
@@ -124,8 +128,9 @@ def main() -> None:
     folder = build_folder(args.shape, max(1024, args.tokens), root)
     prompt = prompt_of(args.tokens)
     out = Path(args.keep or root) / f"report-{args.shape}-{args.tokens}.html"
-    wall = run_cli(folder, prompt, out, args.sections)
+    wall, cpu = run_cli(folder, prompt, out, args.sections)
     result = dict(shape=args.shape, tokens=args.tokens, sections=args.sections, wall_s=round(wall, 1),
+                  cpu_s=round(cpu, 1), load_average=round(os.getloadavg()[0], 1),
                   page_mb=round(out.stat().st_size / 1e6, 2))
     if not args.no_browser:
         result.update(browse(out, args.timeout))

@@ -56,33 +56,34 @@ def head_statistics(pattern: Float[Tensor, "head pos pos"], allowed: Tensor,
            "first_token": pattern[:, :, 0].mean(-1), "self": pattern[:, idx, idx].mean(-1)}
     count = allowed.sum(-1).float()
     rows = count > 1
-    plogp = torch.where(pattern > 0, pattern * pattern.clamp_min(1e-30).log(), torch.zeros(()))
-    entropy = -plogp.sum(-1)[:, rows] / count[rows].log()
+    entropy = torch.special.entr(pattern).sum(-1)[:, rows] / count[rows].log()
     out["entropy"] = entropy.mean(-1) if rows.any() else torch.full_like(out["self"], float("nan"))
     shifted = torch.full_like(tokens, -1)
     shifted[1:] = tokens[:-1]
     match = (shifted[None, :] == tokens[:, None]) & allowed  # [dest i, src j]: x[j-1] == x[i]
+    dest, src = match.nonzero(as_tuple=True)  # few pairs: gather them instead of a full product
+    per_row = torch.zeros(pattern.shape[0], n, dtype=pattern.dtype)
+    per_row.index_add_(1, dest, pattern[:, dest, src])
     has = match.any(-1)
-    induction = (pattern * match).sum(-1)[:, has].mean(-1) if has.any() \
+    out["induction"] = per_row[:, has].mean(-1) if has.any() \
         else torch.full_like(out["self"], float("nan"))
-    out["induction"] = induction
     return {k: v.float().numpy() for k, v in out.items()}
 
 
-def thumbnail(pattern: Float[Tensor, "pos pos"], size: int = THUMB_CELLS) -> Float[np.ndarray, "r c"]:
-    """Max-pool a pattern to at most ``size`` x ``size`` cells (thin lines stay visible).
+def thumbnails(pattern: Float[Tensor, "head pos pos"], size: int = THUMB_CELLS) -> Float[np.ndarray, "head r c"]:
+    """Max-pool each head's pattern to at most ``size`` x ``size`` cells (thin lines, such as a
+    previous-token diagonal, stay visible where a mean would dilute them).
 
     Example:
-        >>> thumbnail(torch.eye(4), 2)
+        >>> thumbnails(torch.eye(4)[None], 2)[0]
         array([[1., 0.],
                [0., 1.]], dtype=float32)
     """
-    arr = pattern.float().numpy()
-    n = arr.shape[-1]
+    n = pattern.shape[-1]
     if n <= size:
-        return arr.copy()
-    edges = np.linspace(0, n, size + 1).astype(int)[:-1]
-    return np.maximum.reduceat(np.maximum.reduceat(arr, edges, axis=0), edges, axis=1)
+        return pattern.float().numpy().copy()
+    pooled = torch.nn.functional.adaptive_max_pool2d(pattern.float(), (size, size))
+    return pooled.numpy()
 
 
 @dataclass
@@ -110,7 +111,7 @@ class HeadSummaries:
         self.layers.append(layer)
         for key, values in stats.items():
             self.stats[key].append(values)
-        self.thumbs.extend(thumbnail(p) for p in pattern)
+        self.thumbs.extend(thumbnails(pattern))
         for head in range(pattern.shape[0]):
             key = (layer, head)
             if key in self.forced:

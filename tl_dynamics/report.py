@@ -67,9 +67,12 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
     summary = HeadSummaries(adapter.n_heads, len(tokens), forced)
     causal = [True]
 
+    every = bool(valid.all())
+
     def on_layer(la: Any) -> None:
-        pattern = la.pattern()[0][:, valid][:, :, valid].float()
-        allowed = la.allowed[0][valid][:, valid]
+        pattern, allowed = la.pattern()[0].float(), la.allowed[0]
+        if not every:  # padding: keep the real tokens only
+            pattern, allowed = pattern[:, valid][:, :, valid], allowed[valid][:, valid]
         causal[0] = causal[0] and bool(la.spec.causal)
         summary.add_layer(la.layer, pattern, allowed, ids)
 
