@@ -17,6 +17,7 @@ from transformer_lens import FactoredMatrix
 
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._circuit import Circuit
+from tl_dynamics.circuits._topk import KeyRule
 from tl_dynamics.circuits._labels import vocabulary
 from tl_dynamics.errors import TLDynamicsError
 
@@ -159,14 +160,24 @@ def qk_circuit(model: Any, layer: int, head: int, offset: int | None = None,
     A = queries(adapter, layer, head, xq, biases, rot)
     B = keys(adapter, layer, head, xk, biases).T
     kind = "positional QK" if q_space == k_space == "position" else "QK"
+    notes, rule = qk_notes(adapter, layer, biases, offset), None
+    if kind == "positional QK":
+        spec = adapter.specs[layer]
+        rule = KeyRule(causal=spec.causal, window=spec.window)
+        if rule.masks:
+            notes.append("Read-outs (topk, own_best_fraction) rank only the keys a query "
+                         "position may attend to (" + ("causal" if spec.causal else "")
+                         + (", " if spec.causal and spec.window else "")
+                         + (f"window {spec.window}" if spec.window else "") + ").")
     return Circuit(kind=kind, layer=layer, head=head, matrix=FactoredMatrix(A, B), rows=q_space,
-                   cols=k_space, offset=offset, notes=tuple(qk_notes(adapter, layer, biases, offset)),
-                   architecture=adapter.info.architecture, vocab=vocabulary(adapter))
+                   cols=k_space, offset=offset, notes=tuple(notes),
+                   architecture=adapter.info.architecture, vocab=vocabulary(adapter), key_rule=rule)
 
 
 def positional_qk_circuit(model: Any, layer: int, head: int, biases: bool = True) -> Circuit:
     """``c (W_pos W_Q + b_Q)(W_pos W_K + b_K)^T``: which positions attend to which, by position
-    embeddings alone (learned absolute positions only)."""
+    embeddings alone (learned absolute positions only). Its read-outs rank only the keys each
+    query position may attend to (causal mask, sliding window; ``Circuit.key_rule``)."""
     return qk_circuit(model, layer, head, inputs="positions", biases=biases)
 
 

@@ -45,6 +45,10 @@ class Circuit:
         offset: rotary query-minus-key offset, or None.
         via: earlier heads ``(layer, head)`` a composition path runs through.
         notes: what is and is not included (biases, LayerNorm, soft-cap, ...).
+        key_rule: for position x position circuits, the keys each query position may attend
+            to (causal, sliding window): ``topk`` and ``own_best_fraction`` rank only those, so
+            a previous-token head's best key is the previous position, not a future one the
+            model never sees. ``dense`` and ``entries`` stay the unmasked bilinear form.
     """
 
     kind: str
@@ -58,6 +62,7 @@ class Circuit:
     architecture: str
     via: tuple[tuple[int, int], ...] = ()
     vocab: Vocabulary | None = field(default=None, repr=False, compare=False)
+    key_rule: _topk.KeyRule | None = None
 
     def __repr__(self) -> str:
         via = f" via {self.via}" if self.via else ""
@@ -87,8 +92,8 @@ class Circuit:
 
     def own_best_fraction(self, rows: Sequence[int] | Tensor | None = None) -> float:
         """Fraction of rows whose best column is themselves (e.g. a key token matching the
-        query token), streamed."""
-        return _topk.own_best_fraction(self.matrix, rows)[0]
+        query token), streamed; only allowed keys compete (``key_rule``)."""
+        return _topk.own_best_fraction(self.matrix, rows, rule=self.key_rule)[0]
 
     def entries(self, rows: Sequence[int] | Tensor, cols: Sequence[int] | Tensor) -> Float[Tensor, "n m"]:
         """The sub-matrix ``[rows, cols]``."""
@@ -103,7 +108,9 @@ class Circuit:
 
     def topk(self, k: int = 10, rows: Sequence[int] | Tensor | None = None, bottom: bool = True,
              progress: bool = False) -> "TokenTopK":
-        """Top-``k`` (and bottom-``k``) columns of each row, streamed in row chunks.
+        """Top-``k`` (and bottom-``k``) columns of each row, streamed in row chunks; on a
+        positional circuit only the keys the query may attend to (``key_rule``): a row with
+        fewer than ``k`` of them fills the rest with index -1 (value -inf, +inf at the bottom).
 
         Example:
             >>> from tl_dynamics import testing, circuits
@@ -112,7 +119,8 @@ class Circuit:
             (20, 7)
         """
         sides = (True, False) if bottom else (True,)
-        out, ids = _topk.streamed_topk(self.matrix, k, rows, sides, progress=progress)
+        out, ids = _topk.streamed_topk(self.matrix, k, rows, sides, progress=progress,
+                                       rule=self.key_rule)
         (values, indices), (low_v, low_i) = out[0], out[1] if bottom else (None, None)
         return TokenTopK(self.name, self.layer, self.head, self.rows, self.cols, ids, values,
                          indices, low_v, low_i, self.notes, self.vocab, self)
@@ -151,7 +159,7 @@ class TokenTopK:
 
     def to_dataframe(self):
         """One line per (row, rank, side): ``row``, ``row_label``, ``side`` (top/bottom),
-        ``rank``, ``col``, ``col_label``, ``value``."""
+        ``rank``, ``col``, ``col_label``, ``value``; masked slots (index -1) are left out."""
         import pandas as pd
 
         frames = []
@@ -169,6 +177,7 @@ class TokenTopK:
                 "col_label": labels(self.cols_space, idx.reshape(-1), self.vocab),
                 "value": vals.reshape(-1).numpy()}))
         frame = pd.concat(frames, ignore_index=True)
+        frame = frame[frame["col"] >= 0].reset_index(drop=True)
         frame.attrs.update(circuit=self.circuit, layer=self.layer, head=self.head)
         return frame
 
@@ -182,6 +191,7 @@ class TokenTopK:
             if self.bottom_indices is not None:
                 cols = torch.cat([cols, self.bottom_indices[r]])
             cols = torch.unique(cols)
+            cols = cols[cols >= 0]
             vals = self._row_values(r, cols)
             samples.append(labels(self.cols_space, cols, self.vocab))
             activations.append(vals[None, :, None])
