@@ -131,13 +131,23 @@ def compute(model: Any, prompts: Prompt | Batch | None = None, *,
                      delta_loss=deltas, clean_loss=clean, probes=probe_info, notes=tuple(notes))
 
 
+# The report runs the interventions only up to this many heads (three patched variants each);
+# larger models get the scores and a pointer to ``tl-dynamics heads``, which runs them all.
+REPORT_CAUSAL_HEADS = 64
+
+
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """"What each head does": the atlas with the report's prompt as the natural probes."""
-    result = compute(adapter, batch)
+    n_heads = adapter.n_layers * adapter.n_heads
+    causal = n_heads <= REPORT_CAUSAL_HEADS
+    result = compute(adapter, batch, causal=causal)
+    cost = ("Numbers under a role: the change in next-token loss when the head is mean-ablated on "
+            "the report's prompt." if causal else
+            f"The causal columns are left out of the report for {n_heads} heads (more than "
+            f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them.")
     page.add_section("What each head does", [result.show()], intro=(
         "Each head's roles from mechanism, not one pattern: the pattern on repeated random token "
         "sequences and the weights that produce it (positional circuit, token-level K-circuit "
         "through earlier previous-token heads, OV copying), the sink's cause from the odds-ratio "
         f"split, each score against a weight-shuffled copy of the model by a margin of "
-        f"{result.margin}. Numbers under a role: the change in next-token loss when the head is "
-        "mean-ablated on the report's prompt. Hover a cell for the evidence."))
+        f"{result.margin}. {cost} Hover a cell for the evidence."))
