@@ -206,3 +206,13 @@ def test_meta_device_model_is_refused_at_construction():
     model = testing.tiny_bridge("gpt2").to("meta")
     with pytest.raises(TLDynamicsError, match="meta"):
         ModelAdapter(model)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from tl_dynamics.adapter import _checks, _flags, _qknorm
+
+    for module in (_checks, _flags, _qknorm):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__

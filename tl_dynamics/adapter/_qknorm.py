@@ -32,8 +32,8 @@ class QueryNorm:
 
     Example:
         >>> norm = QueryNorm("head", torch.zeros(2), eps=0.0, offset=1.0)
-        >>> norm.apply(torch.tensor([[3.0, 4.0]]), head=0).round(decimals=4).tolist()  # y / rms(y)
-        [[0.8485, 1.1314]]
+        >>> [round(v, 4) for v in norm.apply(torch.tensor([[3.0, 4.0]]), head=0)[0].tolist()]  # y / rms(y)
+        [0.8485, 1.1314]
     """
 
     scope: Scope
