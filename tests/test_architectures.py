@@ -39,7 +39,8 @@ MUST_BE_EXACT = {
     "PhiForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM", "RobertaForMaskedLM", "SeedOssForCausalLM", "SmolLM3ForCausalLM",
     "StableLmForCausalLM", "Starcoder2ForCausalLM", "VaultGemmaForCausalLM", "XGLMForCausalLM",
-    "falcon-rotary",
+    "falcon-rotary", "phi3-sliding", "qwen3-sliding", "granite-attention-multiplier",
+    "gpt_bigcode-unscaled",
 }
 
 # One tiny config for every family: each key is passed only where the config class takes it.
@@ -119,7 +120,8 @@ def check_exact_or_refused(name, model, row=None):
     try:
         adapter = ModelAdapter(model)
         host = [testing.reconstruction_errors(adapter, testing.PROMPTS, side) for side in ("right", "left")]
-        hf = [testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS, "left")]
+        hf = [] if row in HOST_NOT_HF else [
+            testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS, "left")]
     except TLDynamicsError as exc:
         assert row not in MUST_BE_EXACT, f"{row} was exact and is now refused: {exc}"
         assert name in str(exc) or model.cfg.architecture in str(exc), str(exc)
@@ -144,6 +146,19 @@ VARIANTS = {
     "falcon-rotary": ("FalconForCausalLM", dict(alibi=False)),
     "falcon-alibi": ("FalconForCausalLM", dict(alibi=True)),
     "falcon-new-decoder": ("FalconForCausalLM", dict(new_decoder_architecture=True, num_kv_heads=2)),
+    "phi3-sliding": ("Phi3ForCausalLM", dict(sliding_window=4)),
+    "qwen3-sliding": ("Qwen3ForCausalLM", dict(use_sliding_window=True, max_window_layers=1,
+                                               layer_types=["full_attention", "sliding_attention"])),
+    "granite-attention-multiplier": ("GraniteForCausalLM", dict(attention_multiplier=0.3)),
+    "smollm3-nope-layer": ("SmolLM3ForCausalLM", dict(no_rope_layers=[1, 0])),
+    "olmoe-clip-qkv": ("OlmoeForCausalLM", dict(clip_qkv=0.5)),
+    "phi-qk-layernorm": ("PhiForCausalLM", dict(qk_layernorm=True)),
+    "gpt_bigcode-unscaled": ("GPTBigCodeForCausalLM", dict(scale_attn_weights=False)),
+}
+# Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
+# model: checked against the host only, with the reason.
+HOST_NOT_HF = {
+    "gpt_bigcode-unscaled": "TransformerLens scores with d_head**-0.5 although scale_attn_weights=False",
 }
 
 
