@@ -86,9 +86,28 @@ def throughput(args: argparse.Namespace) -> None:
                      load_after=round(load(), 2), prompts_per_s=round(r["prompts"] / r["wall_s"], 1))
             results[nproc] = r
             print(json.dumps(r), flush=True)
-        same = (Path(tmp) / "w1.safetensors").read_bytes() == (Path(tmp) / "w2.safetensors").read_bytes()
+        one, two = (Path(tmp) / f"w{n}.safetensors" for n in (1, 2))
+        same = one.read_bytes() == two.read_bytes()
         print(json.dumps({"speedup_2_vs_1": round(results[1]["wall_s"] / results[2]["wall_s"], 2),
-                          "byte_identical": same}))
+                          "byte_identical": same, "differing": [] if same else differing(one, two)}))
+
+
+def differing(a: Path, b: Path) -> list[str]:
+    """The statistics that differ between two files."""
+    import numpy as np
+
+    from tl_dynamics import scale
+
+    x, y = scale.load_stats(a), scale.load_stats(b)
+    out = [f"trajectories.sums.{k}" for k in x.trajectories.sums
+           if x.trajectories.sums[k] != y.trajectories.sums[k]]
+    out += [f"trajectories.ints.{k}" for k in x.trajectories.ints
+            if not np.array_equal(x.trajectories.ints[k], y.trajectories.ints[k])]
+    keys = x.odds_ratio.sum_keys + ("sink_mass", "sink_first", "sink_by_prior", "sink_prior_adv",
+                                    "sink_loglik_adv")
+    diff = x.odds_ratio.exact.value() != y.odds_ratio.exact.value()
+    out += [f"odds_ratio.{keys[i]}" for i in sorted(set(np.argwhere(diff)[:, 1].tolist()))]
+    return out
 
 
 def memory(args: argparse.Namespace) -> None:
