@@ -211,8 +211,20 @@ def test_meta_device_model_is_refused_at_construction():
 def test_docstring_examples_run():
     import doctest
 
-    from tl_dynamics.adapter import _checks, _flags, _qknorm
+    from tl_dynamics.adapter import _checks, _flags, _qknorm, _weights
 
-    for module in (_checks, _flags, _qknorm):
+    for module in (_checks, _flags, _qknorm, _weights):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_adapter_reads_weights_edited_in_place_after_it_was_made():
+    """Weights changed in place (an ablation, a fine-tuning step) are re-read, not served stale."""
+    model = testing.tiny_bridge("gpt2")
+    adapter = ModelAdapter(model)
+    before = adapter.W_O(0).clone()
+    with torch.no_grad():
+        for param in model.blocks[0].attn.o.parameters():
+            param.mul_(2.0)
+    assert torch.allclose(adapter.W_O(0), 2 * before)
+    _assert_exact(_host_errors(adapter))

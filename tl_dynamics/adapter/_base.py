@@ -53,6 +53,7 @@ class AdapterBase:
         self.n_ctx: int = int(cfg.n_ctx)
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self._cache: dict[tuple, Any] = {}
+        self._params: list[Tensor] | None = None  # for weights_version (see _cached)
 
     @property
     def info(self) -> HostInfo:
@@ -64,6 +65,7 @@ class AdapterBase:
             self._info = host_info(self.model)
             self.specs = layer_specs(self.model, self._info)
             self._cache.clear()
+            self._params = None
         return self._info
 
     def __repr__(self) -> str:
@@ -106,6 +108,12 @@ class AdapterBase:
     # ----------------------------------------------------------------- weights
     def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
         self.info  # noqa: B018 (drops the cache when the compatibility mode changed)
+        if self._params is None:  # listed once: walking a bridge's module tree is slow
+            self._params = list(self.model.parameters())
+        version = _weights.weights_version(self._params)
+        if version != self._cache.get(("weights_version",)):  # weights edited in place: re-read
+            self._cache.clear()
+            self._cache[("weights_version",)] = version
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]

@@ -57,3 +57,19 @@ def model_param(model: Any, name: str) -> Tensor | None:
     except (AttributeError, TypeError, NotImplementedError):
         return None
     return None if value is None else value.detach().float()
+
+
+def weights_version(params: list[Tensor]) -> int:
+    """A number that changes whenever one of ``params`` is modified in place (torch's per-tensor
+    version counters), so cached copies of the weights can be dropped.
+
+    Example:
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> params = list(lin.parameters())
+        >>> before = weights_version(params)
+        >>> with torch.no_grad():
+        ...     _ = lin.weight.mul_(2.0)
+        >>> weights_version(params) != before
+        True
+    """
+    return sum(param._version for param in params)
