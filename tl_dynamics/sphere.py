@@ -134,10 +134,11 @@ def cluster_labels(cos: Float[Tensor, "*batch n n"], eps: float,
         raise TLDynamicsError(f"eps must be in (0, 2] (points are close when cos > 1 - eps), "
                               f"got {eps!r}")
     lead, n = cos.shape[:-2], cos.shape[-1]
-    adj = cos > 1.0 - eps
-    if mask is not None:
+    adj = cos > 1.0 - eps  # a new tensor: edited in place below
+    if mask is not None and not bool(mask.all()):
         adj = adj & mask[..., :, None] & mask[..., None, :]
-    adj = adj.reshape(-1, n, n) | torch.eye(n, dtype=torch.bool, device=cos.device)
+    adj = adj.reshape(-1, n, n)
+    adj.diagonal(dim1=-2, dim2=-1).fill_(True)  # every point links to itself (no [n, n] eye)
     # int32 while propagating: the [batch, n, n] minimum is the cost, and half as wide is
     # about twice as fast (measured in benchmarks/trajectories_bench.py --kernel)
     labels = torch.arange(n, dtype=torch.int32, device=cos.device).expand(adj.shape[0], n)

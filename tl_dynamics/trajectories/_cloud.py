@@ -7,6 +7,8 @@ padded rows never count.
 
 from __future__ import annotations
 
+import struct
+
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -36,9 +38,42 @@ def cos_histogram(cos: Float[Tensor, "batch pos pos"], pairs: Bool[Tensor, "batc
                   ) -> Int[Tensor, "batch bins"]:
     """Counts of pairwise cosines per fixed bin (``BIN_EDGES``), per prompt."""
     b = cos.shape[0]
-    idx = ((cos.double() + 1.0) * (N_BINS / 2.0)).floor().long().clamp(0, N_BINS - 1)
-    flat = (idx + N_BINS * torch.arange(b, device=cos.device)[:, None, None])[pairs]
-    return torch.bincount(flat, minlength=b * N_BINS).reshape(b, N_BINS)
+    if cos.dtype != torch.float32:
+        idx = ((cos.double() + 1.0) * (N_BINS / 2.0)).floor().long().clamp(0, N_BINS - 1)
+        flat = (idx + N_BINS * torch.arange(b, device=cos.device)[:, None, None])[pairs]
+        return torch.bincount(flat, minlength=b * N_BINS).reshape(b, N_BINS)
+    # the same bins in one pass: _THRESHOLDS are the float32 values where that float64 floor
+    # steps, so counting the thresholds <= c is the bin (2-4x faster at 1,024 tokens, issue 15)
+    idx = torch.bucketize(cos, _THRESHOLDS.to(cos.device), out_int32=True, right=True)
+    idx += (N_BINS * torch.arange(b, dtype=torch.int32, device=cos.device))[:, None, None]
+    idx.masked_fill_(~pairs, b * N_BINS)  # one spare bin for everything that is not a pair
+    return torch.bincount(idx.flatten(), minlength=b * N_BINS + 1)[:-1].reshape(b, N_BINS)
+
+
+def _bin_thresholds() -> Tensor:
+    """For each bin k >= 1 the least float32 ``c`` with ``(float64(c) + 1) * N_BINS / 2 >= k``
+    (a bisection over the float32 values in [-1, 1], in their order)."""
+    def value(key: int) -> float:
+        return struct.unpack("<f", struct.pack("<I", key if key >= 0 else -key | 0x80000000))[0]
+
+    def key(x: float) -> int:
+        bits = struct.unpack("<I", struct.pack("<f", x))[0]
+        return bits if bits < 0x80000000 else -(bits & 0x7FFFFFFF)
+
+    out = []
+    for k in range(1, N_BINS):
+        lo, hi = key(-1.0), key(1.0)  # the step lies in (lo, hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if (value(mid) + 1.0) * (N_BINS / 2.0) >= k:
+                hi = mid
+            else:
+                lo = mid
+        out.append(value(hi))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+_THRESHOLDS = _bin_thresholds()
 
 
 def effective_rank(u: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batch pos"]
