@@ -86,8 +86,9 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
         if not torch.isfinite(torch.as_tensor(values)).any():
             continue
         maps.append(viz.heatmap(values, rows, cols, title=name.replace("_", " "), row_title="layer",
-                                col_title="head", value_name=name, min_value=0.0, max_value=1.0,
-                                cmap="viridis", caption=f"{name}: {EXPLAINED[name]}"))
+                                col_title="head", min_value=0.0, max_value=1.0, cmap="viridis",
+                                value_name="normalised entropy" if name == "entropy" else "weight",
+                                cell_px=28, caption=EXPLAINED[name]))
     full = summary.full_patterns()
     index = {key: i for i, key in enumerate((layer, h) for layer in summary.layers
                                               for h in range(adapter.n_heads))}
@@ -99,7 +100,8 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
                               mask_upper_tri=causal[0],
                               caption=f"{len(names)} heads; full patterns kept for {len(full)}")
     singled = "; ".join(f"{name.replace('_', ' ')}: L{k[0]}H{k[1]}" for name, k in picked.items())
-    items: list[Any] = [viz.group(*maps, caption="Per-head statistics", row=True), grid]
+    items: list[Any] = [viz.group(*maps, caption="Per-head statistics (one cell per head; "
+                                          "hover for the value)", row=True), grid]
     if singled:
         items.append(viz.text(f"Top head of each statistic: {singled}."))
     page.add_section("Attention patterns", items, intro=ATTENTION_INTRO, math=_math_ref("1.4"))
@@ -138,8 +140,11 @@ def build_report(model: Any, prompt: Any = DEFAULT_PROMPT, label: str = "",
     batch = adapter.tokenize(prompt)
     info = adapter.info
     shown = prompt if isinstance(prompt, str) else " ".join(str(int(i)) for i in batch.tokens[0])
+    architecture = info.architecture + (
+        " (a TransformerLens-native checkpoint, run by TransformerBridge.boot_native)"
+        if info.architecture == "TransformerLensNative" else "")
     page = viz.Page(f"tl_dynamics report: {label or info.architecture}", meta=[
-        ("model", label or info.architecture), ("architecture", info.architecture),
+        ("model", label or info.architecture), ("architecture", architecture),
         ("host", f"{info.host} (TransformerLens {info.tl_version}"
                  f"{', compatibility mode' if info.compat else ''})"),
         ("shape", f"{adapter.n_layers} layers, {adapter.n_heads} heads "

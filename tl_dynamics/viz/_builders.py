@@ -140,10 +140,11 @@ def heatmap(values: Any, row_labels: Sequence[str] | None = None,
             col_labels: Sequence[str] | None = None, title: str = "", row_title: str = "row",
             col_title: str = "column", value_name: str = "value", min_value: float | None = None,
             max_value: float | None = None, cmap: str | None = None,
-            mask_upper_tri: bool = False, caption: str = "") -> Component:
+            mask_upper_tri: bool = False, cell_px: int = 16, caption: str = "") -> Component:
     """A ``[rows, cols]`` map drawn on a canvas with a colour legend and hover read-out (e.g. a
     statistic over layer x head). Signed values get a diverging map centred on 0; ``cmap`` may
-    be ``"blues"``, ``"viridis"`` or ``"rdbu"``. NaN cells are grey ("not defined").
+    be ``"blues"``, ``"viridis"`` or ``"rdbu"``. NaN cells are grey ("not defined"). Cells are
+    ``cell_px`` pixels wide at most (smaller when the map would not fit).
 
     Example:
         >>> heatmap([[0.1, 0.9], [0.5, float("nan")]], ["L0", "L1"], ["H0", "H1"]).name
@@ -159,7 +160,8 @@ def heatmap(values: Any, row_labels: Sequence[str] | None = None,
     return Component("Heatmap", dict(
         values=arr, rowLabels=labels(row_labels), colLabels=labels(col_labels), title=str(title),
         rowTitle=str(row_title), colTitle=str(col_title), valueName=str(value_name),
-        minValue=min_value, maxValue=max_value, cmap=cmap, mask=bool(mask_upper_tri)),
+        minValue=min_value, maxValue=max_value, cmap=cmap, mask=bool(mask_upper_tri),
+        cell=int(cell_px)),
         caption=caption)
 
 
@@ -194,12 +196,16 @@ def attention_grid(thumbs: Any, full: dict[int, Any], tokens: Sequence[str],
 
 
 def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{:.4g}") -> Component:
-    """A pandas DataFrame as an HTML table; every cell is escaped."""
+    """A pandas DataFrame as an HTML table that scrolls inside its own box when wide; every cell
+    is escaped, whitespace-only strings are made visible, an unnamed integer index is dropped."""
     shown = df.head(max_rows)
-    head = "".join(f"<th>{html_escape(c)}</th>" for c in [shown.index.name or ""] + list(shown.columns))
+    # An unnamed integer index is row numbering, not data: it is left out.
+    keep_index = shown.index.name is not None or shown.index.dtype.kind not in "iu"
+    columns = ([shown.index.name or ""] if keep_index else []) + list(shown.columns)
+    head = "".join(f"<th>{html_escape(c)}</th>" for c in columns)
     rows = []
     for index, row in shown.iterrows():
-        cells = [index] + list(row.values)
+        cells = ([index] if keep_index else []) + list(row.values)
         rows.append("<tr>" + "".join(f"<td>{html_escape(_fmt(v, float_format))}</td>" for v in cells)
                     + "</tr>")
     more = f'<p class="caption">{len(df) - max_rows} more rows not shown</p>' if len(df) > max_rows else ""

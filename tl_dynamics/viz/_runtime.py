@@ -83,9 +83,8 @@ function heatmap(host, d, offset, spec, note) {
     x.style.fontSize = Math.min(11, s - 1) + 'px'; colBox.appendChild(x); });
   grid.appendChild(rowBox); grid.appendChild(canvas); grid.appendChild(el('div'));
   grid.appendChild(colBox); wrap.appendChild(grid);
-  wrap.appendChild(el('div', 'tld-axes', (spec.rowTitle || 'row') + ' runs down, ' + (spec.colTitle || 'column') + ' across'
-    + (show ? '' : ' (hover for labels)')));
-  var tip = el('div', 'tld-tip', 'Hover a cell to read it.');
+  var tip = el('div', 'tld-tip', (spec.rowTitle || 'row') + ' down, ' + (spec.colTitle || 'column')
+    + ' across: hover a cell to read it');
   canvas.addEventListener('mousemove', function (e) {
     var b = canvas.getBoundingClientRect(), r = Math.floor((e.clientY - b.top) / b.height * rows),
         c = Math.floor((e.clientX - b.left) / b.width * cols);

@@ -56,7 +56,8 @@ def _heads_spec(attention: np.ndarray, full: dict[int, np.ndarray], props: dict[
                 tokens=props["tokens"], names=list(names), columns=props.get("columns") or n,
                 rowNames=props.get("rowNames"), selected=props.get("selected") or 0,
                 mask=bool(props.get("maskUpperTri")), cmap=cmap,
-                valueName=props.get("valueName") or "attention weight",
+                valueName=props.get("valueName") or ("attention weight" if scale == "sqrt"
+                                                     else "value"),
                 rowTitle="destination (query)", colTitle="source (key)")
 
 
@@ -68,7 +69,7 @@ def canvas_spec(name: str, props: dict[str, Any]) -> tuple[dict[str, Any], int]:
         cmap = props.get("cmap") or cmap
         spec = {k: v for k, v in props.items() if k not in ("values", "minValue", "maxValue")}
         spec.update(kind="heatmap", data=pack_u8(arr, lo, hi), cmap=cmap)
-        cell = min(16.0, 480.0 / max(arr.shape))
+        cell = min(float(props.get("cell") or 16), 480.0 / max(arr.shape))
         return spec, int(arr.shape[0] * cell + 140)
     if name == "AttentionGrid":
         full = {int(h): as_array(a) for h, a in props["full"].items()}
