@@ -329,7 +329,7 @@ def test_compute_follows_the_analysis_contract_for_layers_and_heads():
     assert torch.equal(one.prompt[(1, 3)].qk, circuits.prompt_circuit(adapter, testing.PROMPTS[0], 1, 3).qk)
     assert torch.equal(one.copying.scores[0], overview.copying.scores[1])
     assert circuits.compute(adapter, layers=0, n_samples=10).prompt == {}  # weight-only: no prompt
-    for kwargs, message in [(dict(heads=[(0, 1)]), r"head \(0, 1\) is out of range"),
+    for kwargs, message in [(dict(heads=[(0, 1)]), r"head must be an integer index.*got \(0, 1\)"),
                             (dict(layers=5), "layer 5 is out of range"),
                             (dict(heads=9), "head 9 is out of range")]:
         with pytest.raises(TLDynamicsError, match=message):
