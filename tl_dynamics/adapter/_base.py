@@ -129,7 +129,8 @@ class AdapterBase:
             w = _weights.attn_param(self.model, layer, name)
             if w is None and bias_shape is None:
                 raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no {name}")
-            w = torch.zeros(bias_shape) if w is None else w
+            w = torch.zeros(bias_shape, device=next(self.model.parameters()).device) \
+                if w is None else w
             return w if name == "b_O" else _weights.expand_heads(w, self.n_heads)
         return self._cached((name, layer), compute)
 
@@ -204,7 +205,7 @@ class AdapterBase:
     def b_U(self) -> Float[Tensor, " d_vocab"]:
         def compute() -> Tensor:
             b = _weights.model_param(self.model, "b_U")
-            return torch.zeros(self.W_U.shape[1]) if b is None else b
+            return torch.zeros(self.W_U.shape[1], device=self.W_U.device) if b is None else b
         return self._cached(("b_U",), compute)
 
     @property

@@ -102,7 +102,8 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
     bias = None
     if spec.alibi == "key":
         key_pos = (key_valid.long().cumsum(-1) - 1) * key_valid.long()
-        bias = alibi_slopes(adapter.n_heads)[None, :, None, None] * key_pos[:, None, None, :].float()
+        slopes = alibi_slopes(adapter.n_heads).to(key_pos.device)
+        bias = slopes[None, :, None, None] * key_pos[:, None, None, :].float()
     elif spec.alibi == "relative":
         bias = adapter.hooked_alibi(layer, n_pos)[None]
 
