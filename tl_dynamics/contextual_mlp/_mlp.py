@@ -150,7 +150,7 @@ class ContextualMLP:
                                           self.scale, bias)
         else:  # b_i act on the normalised query: b_i = c k_i', c_i = p_iT
             b = self.scale * keys
-            c = torch.zeros(len(src), dtype=WORK_DTYPE) if bias is None else bias
+            c = torch.zeros(len(src), dtype=WORK_DTYPE, device=keys.device) if bias is None else bias
         inputs = self._inputs(self.x[pos].to(WORK_DTYPE)[None])[0]
         acts = _core.hidden((b @ inputs + c)[None], self.softcap)[0]
         return src, b, c, acts
@@ -172,8 +172,8 @@ class ContextualMLP:
         Memory: ``pos^2 * d_in`` floats; prefer ``neurons(T)`` one destination at a time for
         long prompts."""
         d_in = self.d_model if self.query_norm is None else self.W_Q.shape[1]
-        b_all = torch.zeros(self.n_pos, self.n_pos, d_in)
-        c_all = torch.zeros(self.n_pos, self.n_pos)
+        b_all = torch.zeros(self.n_pos, self.n_pos, d_in, device=self.x.device)
+        c_all = torch.zeros(self.n_pos, self.n_pos, device=self.x.device)
         for pos in self.positions:
             n = self.neurons(pos)
             b_all[pos, n.sources], c_all[pos, n.sources] = n.b, n.c
@@ -226,7 +226,7 @@ class ContextualMLP:
 
     def pattern(self) -> Float[Tensor, "pos pos"]:
         """Activations at the real inputs for every destination, as a ``[dest, src]`` pattern."""
-        out = torch.zeros(self.n_pos, self.n_pos)
+        out = torch.zeros(self.n_pos, self.n_pos, device=self.x.device)
         for pos in self.positions:
             out[pos, self.sources(pos)] = self.activations(pos)
         return out
@@ -273,7 +273,7 @@ class ContextualMLP:
         for n, pos in enumerate(positions):
             src, b, c, acts = self._weights(pos)  # explicit b_i . x_T + c_i
             g = acts @ self.outgoing[src].to(WORK_DTYPE)
-            row = torch.zeros(self.n_pos, dtype=WORK_DTYPE)
+            row = torch.zeros(self.n_pos, dtype=WORK_DTYPE, device=self.x.device)
             row[src] = acts
             out_err[n] = (g - self.reference_output[pos]).abs().max()
             pat_err[n] = (row - self.reference_pattern[pos]).abs().max()
@@ -316,7 +316,7 @@ class ContextualMLP:
             return _views.mlp_view(name, list(self.str_tokens), self.pattern())
         pos = self.check_position(position)
         neurons = self.neurons(pos)
-        importance = torch.zeros(self.n_pos)
+        importance = torch.zeros(self.n_pos, device=self.x.device)
         importance[neurons.sources] = neurons.importance
         return _views.destination_view(name, list(self.str_tokens), pos, importance,
                                        neurons.to_dataframe())
