@@ -1,0 +1,236 @@
+"""Benchmark: what each analysis costs next to a plain forward pass, at real size (issue 15).
+
+Model: a GPT-2-small shape (Hugging Face ``GPT2Config``: 12 layers, 12 heads, d_model 768, vocab
+50,257; ``n_positions`` 1,024, or 4,096 for ``--long``), random weights, saved to a local folder
+and booted with ``TransformerBridge.boot_transformers``. Every row runs in this one process,
+interleaved with the plain forward it is compared with (medians over ``--repeats``), so load from
+other processes hits them alike. Memory is the peak resident set size sampled every 2 ms during
+the call (CUDA: ``torch.cuda.max_memory_allocated``), minus what was resident before it:
+"extra" is that peak minus the plain forward's own peak.
+
+    python benchmarks/cost_bench.py                 # attach rows (4 x 256, 1 x 1,024) + compute rows
+    python benchmarks/cost_bench.py --only attach   # or: compute, long
+    python benchmarks/cost_bench.py --device cuda   # the same on a GPU
+    python benchmarks/cost_bench.py --only compute --profile odds_ratio.compute   # profile one row
+    python benchmarks/cost_bench.py --only attach --profile "all three attached at once"
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+
+from tl_dynamics import contextual_mlp, odds_ratio, testing, trajectories  # noqa: E402
+from tl_dynamics.adapter import ModelAdapter  # noqa: E402
+
+GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257)
+
+
+def build_model(root: Path, n_positions: int, device: str):
+    import transformers
+
+    folder = root / f"gpt2-small-random-{n_positions}"
+    if not (folder / "config.json").exists():
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(**GPT2_SMALL, n_positions=n_positions, bos_token_id=0,
+                                         eos_token_id=0)
+        transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
+        testing.tokenizer().save_pretrained(folder)
+    return testing.bridge_class().boot_transformers(str(folder), device=device).eval()
+
+
+def _trim() -> None:
+    """Return freed heap pages to the system (glibc ``malloc_trim``), where there is one."""
+    import ctypes
+    import ctypes.util
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
+class Peak:
+    """Peak memory during a block, above what was in use when it started (bytes)."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.extra = 0
+
+    def __enter__(self) -> "Peak":
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+            return self
+        _trim()  # give freed heap back first, so the peak is this call's own
+        self.proc = psutil.Process()
+        self.start = self.peak = self.proc.memory_info().rss
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            self.extra = torch.cuda.max_memory_allocated() - self.start
+            return
+        self.stop.set()
+        self.thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+        self.extra = self.peak - self.start
+
+
+def measure(fn: Callable[[], Any], device: str) -> tuple[float, int]:
+    with torch.no_grad(), Peak(device) as peak:
+        start = time.perf_counter()
+        out = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+    del out
+    return elapsed, peak.extra
+
+
+def run_rows(title: str, rows: dict[str, Callable[[], Any]], repeats: int, device: str) -> None:
+    for fn in rows.values():  # warm-up
+        measure(fn, device)
+    times: dict[str, list[float]] = {name: [] for name in rows}
+    mems: dict[str, list[int]] = {name: [] for name in rows}
+    for _ in range(repeats):
+        for name, fn in rows.items():
+            t, m = measure(fn, device)
+            times[name].append(t)
+            mems[name].append(m)
+    base_t = statistics.median(times["plain forward"])
+    base_m = max(statistics.median(mems["plain forward"]), 1 << 20)
+    print(f"\n## {title}  (load average {os.getloadavg()[0]:.2f})")
+    print("| run | median s | x plain | peak MB above start | extra vs forward's peak |")
+    print("|---|---|---|---|---|")
+    for name in rows:
+        t, m = statistics.median(times[name]), statistics.median(mems[name])
+        extra = (m - base_m) / base_m
+        print(f"| {name} | {t:.3f} | {t / base_t:.2f}x | {m / 2**20:.0f} | {extra:+.0%} |")
+
+
+def profile_row(rows: dict[str, Callable[[], Any]], name: str | None, title: str) -> None:
+    """Print a torch profiler table (self CPU time) of one row, if ``name`` is one of ``rows``."""
+    if name not in rows:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    rows[name]()  # warm
+    with profile(activities=[ProfilerActivity.CPU]) as prof, torch.no_grad():
+        rows[name]()
+    print(f"\n### profile: {name} ({title})")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+def attach_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict[str, Callable]:
+    def attached(*makers: Callable[[], Any]) -> Callable[[], Any]:
+        def fn() -> Any:
+            from contextlib import ExitStack
+
+            with ExitStack() as stack:
+                collectors = [stack.enter_context(make()) for make in makers]
+                model(tokens)
+            return [c.result() for c in collectors]
+        return fn
+
+    odds = lambda: odds_ratio.attach(adapter)  # noqa: E731
+    mlp = lambda: contextual_mlp.attach(adapter)  # noqa: E731
+    traj = lambda: trajectories.attach(adapter, lens=False)  # noqa: E731
+    return {"plain forward": lambda: model(tokens),
+            "run_with_cache": lambda: model.run_with_cache(tokens),
+            "odds_ratio.attach, all heads": attached(odds),
+            "contextual_mlp.attach, all layers and heads": attached(mlp),
+            "trajectories.attach(lens=False)": attached(traj),
+            "all three attached at once": attached(odds, mlp, traj)}
+
+
+def compute_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict[str, Callable]:
+    batch = adapter.tokenize(tokens)
+    n_points = 2 * adapter.n_layers + 1
+
+    def lens_floor() -> Any:  # forward + one unembedding per point: the exact-rank floor
+        logits = model(tokens)
+        resid = torch.randn(n_points, *tokens.shape, adapter.d_model, device=tokens.device)
+        for point in resid:
+            adapter.logit_lens(point).argmax(-1)
+        return logits
+
+    return {"plain forward": lambda: model(tokens),
+            "odds_ratio.compute": lambda: odds_ratio.compute(adapter, batch),
+            "trajectories.compute(lens=False)": lambda: trajectories.compute(adapter, batch, lens=False),
+            "forward + one unembedding per point (lens floor)": lens_floor,
+            "trajectories.compute(lens=True)": lambda: trajectories.compute(adapter, batch, lens=True),
+            "contextual_mlp.compute, layer 5, all heads": lambda: contextual_mlp.compute(
+                adapter, batch, layers=5)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--only", choices=["attach", "compute", "long"], action="append")
+    parser.add_argument("--profile", help="print a torch profiler table for the row of this name")
+    parser.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "tl_dynamics_bench"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    only = set(args.only or ["attach", "compute"])
+    gen = torch.Generator().manual_seed(0)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}, "
+          f"{time.strftime('%Y-%m-%d')}")
+    if only & {"attach", "compute"}:
+        model = build_model(Path(args.root), 1024, args.device)
+        adapter = ModelAdapter(model)
+        if "attach" in only:
+            for shape in ((4, 256), (1, 1024)):
+                tokens = torch.randint(0, 50257, shape, generator=gen).to(args.device)
+                rows = attach_rows(model, adapter, tokens)
+                title = f"attach, batch {shape[0]} x {shape[1]}"
+                if args.profile:
+                    profile_row(rows, args.profile, title)
+                    continue
+                run_rows(title, rows, args.repeats, args.device)
+        if "compute" in only:
+            tokens = torch.randint(0, 50257, (1, 1024), generator=gen).to(args.device)
+            rows = compute_rows(model, adapter, tokens)
+            if args.profile:
+                profile_row(rows, args.profile, "compute, 1 x 1,024")
+            else:
+                run_rows("compute, 1 x 1,024", rows, max(1, args.repeats // 2), args.device)
+    if "long" in only:
+        model = build_model(Path(args.root), 4096, args.device)
+        adapter = ModelAdapter(model)
+        tokens = torch.randint(0, 50257, (1, 4096), generator=gen).to(args.device)
+        rows = attach_rows(model, adapter, tokens)
+        rows.pop("run_with_cache")
+        run_rows("long context: attach, 1 x 4,096", rows, 1, args.device)
+
+
+if __name__ == "__main__":
+    main()
