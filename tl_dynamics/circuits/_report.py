@@ -14,6 +14,7 @@ from tl_dynamics.circuits._composition import CompositionScores, composition_sco
 from tl_dynamics.circuits._prompt import PromptCircuit, prompt_circuit
 from tl_dynamics.circuits._spectrum import HeadScores, copying_scores, qk_positivity_scores
 from tl_dynamics.circuits._views import heatmaps
+from tl_dynamics.circuits._virtual import token_composition
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -100,8 +101,9 @@ def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | Non
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """Add the circuits section: ``compute`` on the first prompt (head scores, composition
-    against its random baseline, per-prompt circuits) and the OV read-out of the strongest
-    last-layer copying head for the prompt's tokens.
+    against its random baseline, with the token-level K-circuit of the last layer's strongest
+    copying head through the layer before it beside it, per-prompt circuits) and the OV read-out
+    of that head for the prompt's tokens, named a copying head only if it clears chance.
 
     Example:
         >>> from tl_dynamics import circuits, testing, viz
@@ -117,11 +119,19 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     head = result.copying.best(last)
     ids = torch.unique(first.tokens[0][first.key_valid[0]])
     readout = ov_circuit(adapter, last, head).topk(7, ids)
-    items = [viz.text(result.composition.summary()), result.show(),
-             viz.text(f"L{last}H{head} has the highest OV copying score in the last layer "
-                      f"({result.copying.score(last, head):.3f}). Its OV read-out for the prompt's "
-                      "tokens (direct effect on the logits, full vocabulary, streamed):"),
-             readout.show()]
+    items = [viz.text(result.composition.summary())]
+    if last > 0:  # token-level evidence beside the Frobenius verdict (docs/math.md §4.4, §4.5)
+        earlier = [(last - 1, h) for h in range(adapter.n_heads)]
+        tokens = token_composition(adapter, "K", (last, head), earlier, rows=ids)
+        items.append(viz.text(
+            "Token-level evidence (the Frobenius score can miss a real circuit): the K-circuit "
+            f"of L{last}H{head} through every head of layer {last - 1}, on the prompt's tokens: "
+            + tokens.summary()))
+    items += [result.show(),
+              viz.text(result.copying.verdict(last) + f" The OV read-out of L{last}H{head} for "
+                       "the prompt's tokens (direct effect on the logits, full vocabulary, "
+                       "streamed):"),
+              readout.show()]
     page.add_section("QK and OV circuits", items, intro=(
         "Weight-based circuits (Elhage et al. 2021), kept factored: no vocabulary x vocabulary "
         "matrix is formed. " + result.copying.notes[-1] + " " + result.composition.notes[-1]))

@@ -21,8 +21,35 @@ from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits._build import norm_note, rotation
 from tl_dynamics.circuits._circuit import positivity
+from tl_dynamics.circuits._composition import CHANCE_Z
 from tl_dynamics.circuits._views import Panel, heatmaps
 from tl_dynamics.errors import TLDynamicsError
+
+# Random heads for the chance level of a positivity score (seeded: the same every call).
+CHANCE_SAMPLES = 200
+CHANCE_SEED = 0
+
+
+def positivity_baseline(spectrum: Float[Tensor, " n"], d_head: int,
+                        n_samples: int = CHANCE_SAMPLES, seed: int = CHANCE_SEED
+                        ) -> Float[Tensor, " n_samples"]:
+    """Positivity of random heads reading the model's own embedding product ``G`` (``W_U E``
+    for copying, ``E^T E`` for QK): the spectrum of ``B G A`` for independent standard normal
+    ``A: [., d_head]``, ``B: [d_head, .]``. Rotating Gaussian factors leaves them Gaussian, so
+    only ``G``'s singular values (``spectrum``) matter: ``B diag(spectrum) A``. Symmetric about
+    0 (``B -> -B`` flips it); wider when ``G`` has few large directions. docs/math.md §4.3.
+
+    Example:
+        >>> import torch
+        >>> base = positivity_baseline(torch.ones(32), 8, n_samples=100)
+        >>> base.shape, bool(base.abs().max() < 1)
+        (torch.Size([100]), True)
+    """
+    gen = torch.Generator().manual_seed(seed)
+    sv = spectrum.detach().double().cpu()
+    a = torch.randn(n_samples, len(sv), d_head, generator=gen, dtype=torch.float64)
+    b = torch.randn(n_samples, d_head, len(sv), generator=gen, dtype=torch.float64)
+    return positivity(torch.linalg.eigvals((b * sv) @ a)).float()
 
 
 @dataclass(frozen=True)
@@ -41,6 +68,7 @@ class HeadScores:
     offset: int | None
     notes: tuple[str, ...]
     architecture: str
+    chance: float | None = None
 
     def __repr__(self) -> str:
         return f"HeadScores({self.kind}, layers {list(self.layers)}, heads {self.scores.shape[1]})"
@@ -51,10 +79,31 @@ class HeadScores:
         return float(self.scores[self.layers.index(layer), head])
 
     def best(self, layer: int) -> int:
-        """The head of ``layer`` with the highest score."""
+        """The head of ``layer`` with the highest score (whether or not it clears ``chance``:
+        see ``beyond_chance``)."""
         if layer not in self.layers:
             raise TLDynamicsError(f"layer {layer} was not scored; scored layers: {list(self.layers)}")
         return int(self.scores[self.layers.index(layer)].argmax())
+
+    def beyond_chance(self, layer: int, head: int) -> bool:
+        """Whether the head's score is positive beyond ``chance``: the mean plus ``CHANCE_Z``
+        standard deviations of random heads' scores (``positivity_baseline``; docs/math.md §4.3).
+        Only such a head copies (OV) or attends to its own token (QK)."""
+        return self.chance is not None and self.score(layer, head) > self.chance
+
+    def verdict(self, layer: int) -> str:
+        """One sentence on the best head of ``layer``, naming it only if it clears chance."""
+        head = self.best(layer)
+        value, does = self.score(layer, head), ("copies the token it attends to"
+                                                if self.kind == "OV copying"
+                                                else "attends to its own token")
+        if self.beyond_chance(layer, head):
+            return (f"L{layer}H{head} has the highest {self.kind} score in layer {layer} "
+                    f"({value:.3f}, above the chance level {self.chance:.3f}): it {does}.")
+        if self.chance is None:
+            return f"L{layer}H{head}: {self.kind} score {value:.3f} (no chance level computed)."
+        return (f"No head in layer {layer} {does}: the highest {self.kind} score is {value:.3f} "
+                f"(L{layer}H{head}), not above the chance level {self.chance:.3f} of random heads.")
 
     def to_dataframe(self):
         import pandas as pd
@@ -77,6 +126,12 @@ class HeadScores:
     def panel(self) -> Panel:
         return Panel(self.kind, self.scores.numpy(), [f"L{l}" for l in self.layers],
                      [f"H{h}" for h in range(self.scores.shape[1])], "head", "layer", (-1.0, 1.0))
+
+
+def chance_level(gram: Tensor, d_head: int) -> float:
+    """``mean + CHANCE_Z * std`` of ``positivity_baseline`` for the embedding product ``gram``."""
+    base = positivity_baseline(torch.linalg.svdvals(gram.detach().double().cpu()), d_head)
+    return float(base.mean() + CHANCE_Z * base.std())
 
 
 def _embedding(adapter, biases: bool) -> Tensor:
@@ -121,7 +176,7 @@ def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
     notes = (f"b_V {'included' if biases else 'left out'}; b_O, b_U and the final LayerNorm left out.",
              norm_note(adapter))
     return HeadScores("OV copying", tuple(layers), positivity(eig), eig, None, notes,
-                      adapter.info.architecture)
+                      adapter.info.architecture, chance_level(UE, adapter.d_head))
 
 
 def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
@@ -148,6 +203,6 @@ def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
     if any(adapter.specs[l].qk_norm for l in layers):
         notes.append("q/k normalisation (qk_norm) is left out of the bilinear circuit.")
     return HeadScores("QK positivity", tuple(layers), positivity(eig), eig, used, tuple(notes),
-                      adapter.info.architecture)
+                      adapter.info.architecture, chance_level(gram, adapter.d_head))
 
 

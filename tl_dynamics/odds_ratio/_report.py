@@ -18,7 +18,8 @@ INTRO = ("Every attention score splits exactly into a query term (constant along
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """Add the odds-ratio section: the per-head table of every head, and the decomposition of
-    the most prior-driven and the most likelihood-driven head on the first prompt.
+    the heads with the largest prior and likelihood shares on the first prompt (named prior- or
+    likelihood-driven only when their share reaches ``LABEL_THRESHOLD``).
 
     Example:
         >>> from tl_dynamics import odds_ratio, testing, viz

@@ -326,8 +326,10 @@ class OddsRatioResult:
         return pd.DataFrame.from_records(records)
 
     def extreme_heads(self) -> list[tuple[int, int, str, float]]:
-        """The most prior-driven and the most likelihood-driven head, as
-        ``(layer, head, share name, share)`` with the shares ``attr_prior`` and ``attr_loglik``."""
+        """The heads with the largest ``attr_prior`` and the largest ``attr_loglik``, as
+        ``(layer, head, share name, share)``: the largest share, whatever its value. Whether the
+        head is prior- or likelihood-driven is its label (``LABEL_THRESHOLD``);
+        ``show_extremes`` says so in words."""
         shares = self.stats.shares()
         picks = []
         for key in ("attr_prior", "attr_loglik"):
@@ -348,4 +350,4 @@ class OddsRatioResult:
         likelihood-driven head (``extreme_heads``) on prompt ``row`` (needs kept tensors)."""
         picks = [(head_name(layer, head), key, value, self[layer].show([head], row))
                  for layer, head, key, value in self.extreme_heads()]
-        return _views.extremes_view(self.stats.show(), picks, self.stats.model)
+        return _views.extremes_view(self.stats.show(), picks, self.stats.model, LABEL_THRESHOLD)

@@ -76,13 +76,21 @@ def result_view(stats: viz.Component, layers: Sequence[viz.Group], model: str) -
 
 
 def extremes_view(stats: viz.Component, picks: Sequence[tuple[str, str, float, viz.Group]],
-                  model: str) -> viz.Group:
+                  model: str, threshold: float) -> viz.Group:
     """The per-head table, then for each pick ``(head name, share name, share, decomposition)``
-    a line saying why the head was picked and its decomposition."""
+    a line saying why the head was picked and its decomposition. A head is called the most
+    prior- (likelihood-) driven only if its share reaches the label ``threshold``; otherwise the
+    line says that no head is, and gives the largest share."""
     items = [stats]
     for name, key, value, group in picks:
         what = "prior" if key == "attr_prior" else "likelihood"
-        items.append(viz.text(f"{name}: the head most driven by the {what} ({key} = {value:.3f})."))
+        if value >= threshold:
+            line = (f"{name}: the head most driven by the {what} ({key} = {value:.3f}, at least "
+                     f"{threshold:.2f}: {what}-driven).")
+        else:
+            line = (f"No head is {what}-driven: the largest {key} is {value:.3f} ({name}, shown "
+                    f"below), under the {threshold:.2f} a {what}-driven head needs.")
+        items.append(viz.text(line))
         items.extend(group.components)
-    return viz.group(*items, caption=f"Odds-ratio decomposition of {model}: the most prior-driven "
-                                     "and the most likelihood-driven head")
+    return viz.group(*items, caption=f"Odds-ratio decomposition of {model}: the heads with the "
+                                     "largest prior and likelihood shares")
