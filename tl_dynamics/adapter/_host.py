@@ -44,13 +44,15 @@ VERIFIED_HF_ATTENTION = {
     "Jais2Attention": "jais2", "VaultGemmaAttention": "vaultgemma",
     "MiniMaxM2Attention": "minimax_m2", "Exaone4Attention": "exaone4",
     "FalconAttention": "falcon", "CodeGenAttention": "codegen",
+    "CohereAttention": "cohere", "Cohere2Attention": "cohere2", "GlmAttention": "glm",
+    "Glm4Attention": "glm4", "Ernie4_5Attention": "ernie4_5", "Ernie4_5_MoeAttention": "ernie4_5_moe",
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
     "PositionEmbeddingsAttentionBridge", "JointQKVAttentionBridge",
     "JointQKVPositionEmbeddingsAttentionBridge", "BloomAttentionBridge",
     "_SmolLM3AttentionBridge", "_Exaone4AttentionBridge",  # subclasses, tested exact
-    "CodeGenAttentionBridge",
+    "CodeGenAttentionBridge", "_Cohere2AttentionBridge",
 }
 # Bridge attention class that runs the HF module and fires hook_attn_scores on its weights.
 DELEGATING_BRIDGES = {"AttentionBridge"}

@@ -62,6 +62,7 @@ def read_rotation(spec: LayerSpec, model: Any, probe: Probe, queries: Queries,
         candidates = [_interleaved(spec, model, where)]
     elif spec.rotary == "half":
         candidates = [_from_hooks(spec, model, got, where)]
+        candidates += _adjacent_pairs(candidates[0], got)
     else:
         candidates = _hooked(spec, model, where)
     return _verified(candidates, got, queries, where)
@@ -113,6 +114,18 @@ def _from_hooks(spec: LayerSpec, model: Any, got: dict[str, Tensor], where: str)
         if err <= _tolerance(TABLE_ATOL, cos, 1):
             return candidate
     return Rotation(spec.layer, "half", n_rot, inv_freq, magnitude)
+
+
+def _adjacent_pairs(half: Rotation, got: dict[str, Tensor]) -> list[Rotation]:
+    """Adjacent-pair candidates for bridges that rotate pairs ``(2k, 2k+1)`` with the fired
+    cos/sin (tried after ``half``, kept only if they reproduce the rotated queries): GLM/ERNIE
+    expand half-layout tables, Cohere fires interleaved ones."""
+    n_pos, n_rot = got["cos"].shape[-2:]
+    cos = got["cos"].reshape(-1, n_pos, n_rot)[0]
+    sin = got["sin"].reshape(-1, n_pos, n_rot)[0]
+    inv_freq, magnitude = _fitted("interleaved", cos, sin)
+    return [Rotation(half.layer, "interleaved", half.rotary_dim, half.inv_freq, half.magnitude),
+            Rotation(half.layer, "interleaved", half.rotary_dim, inv_freq, magnitude)]
 
 
 def _hooked(spec: LayerSpec, model: Any, where: str) -> list[Rotation]:
