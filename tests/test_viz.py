@@ -95,3 +95,9 @@ def test_shape_errors_name_both_sides():
         viz.colored_tokens(["a", "b"], [1, 2, 3])
     with pytest.raises(TLDynamicsError, match=r"attention must have 3 dimensions, got shape \(2, 2\)"):
         viz.attention_heads(np.zeros((2, 2)), ["a", "b"])
+
+
+def test_coloured_tokens_say_what_their_colours_mean():
+    spec = viz.colored_tokens(["a", "b", "c"], [-0.5, 0.0, 2.0]).fragment_spec()
+    assert spec["note"].startswith("Colour: blue for positive values, red for negative")
+    assert "from -0.5 to 2" in spec["note"]

@@ -136,7 +136,8 @@ TLD.mount = async function (view) {
   if (view.dataset.state) return; view.dataset.state = 'loading';
   try {
     var spec = JSON.parse(document.getElementById(view.id + '-data').textContent);
-    if (spec.kind === 'cv') { CircuitsVis.render(view.id, CircuitsVis[spec.name], await revive(spec.props)); }
+    if (spec.kind === 'cv') { CircuitsVis.render(view.id, CircuitsVis[spec.name], await revive(spec.props));
+      if (spec.note) view.insertAdjacentElement('afterend', el('div', 'tld-note', spec.note)); }
     else if (spec.kind === 'heatmap') { heatmap(view, await decode(spec.data), 0, spec); }
     else if (spec.kind === 'heads') { await heads(view, spec); }
     view.style.minHeight = ''; view.dataset.state = 'done';

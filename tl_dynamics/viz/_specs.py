@@ -89,6 +89,24 @@ def canvas_spec(name: str, props: dict[str, Any]) -> tuple[dict[str, Any], int]:
     return spec, 720
 
 
+def _colour_note(props: dict[str, Any]) -> str:
+    """circuitsvis colours tokens without a legend: say what the colours mean."""
+    arr = as_array(props["values"])
+    finite = arr[np.isfinite(arr)]
+    if not finite.size:
+        return ""
+    lo = props.get("minValue")
+    hi = props.get("maxValue")
+    low = float(finite.min()) if lo is None else float(lo)
+    high = float(finite.max()) if hi is None else float(hi)
+    return (f"Colour: blue for positive values, red for negative, white for 0; values run from "
+            f"{low:.3g} to {high:.3g}. Hover a token to read its value.")
+
+
 def cv_spec(name: str, props: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """The runtime spec of a circuitsvis component (props with packed arrays)."""
-    return dict(kind="cv", name=name, props=_packed_props(props)), _HEIGHTS.get(name, 200)
+    """The runtime spec of a circuitsvis component (props with packed arrays), with a note on
+    the colours where circuitsvis draws no legend."""
+    spec = dict(kind="cv", name=name, props=_packed_props(props))
+    if name in ("ColoredTokens", "ColoredTokensMulti"):
+        spec["note"] = _colour_note(props)
+    return spec, _HEIGHTS.get(name, 200)
