@@ -121,6 +121,7 @@ class PointComputer:
     prev_step: Tensor | None = None
     prev_labels: list[Tensor] | None = None
     next_point: int = 0
+    pairs: tuple[Tensor, Tensor, Tensor] | None = None  # (mask, pair mask, pair count), once
 
     def particle_mask(self) -> Tensor:
         mask = self.key_valid
@@ -182,7 +183,11 @@ class PointComputer:
             self._put(f"dist_{name}", torch.where(has, (x - ref).norm(dim=-1), nan))
 
     def _particles(self, p: int, z: Tensor) -> None:
-        mask = self.particle_mask()
+        if self.pairs is None:  # the same at every point of the pass
+            mask = self.particle_mask()
+            pairs = sphere.pair_mask(mask)
+            self.pairs = (mask, pairs, pairs.sum((1, 2)))
+        mask, pairs, n_pairs = self.pairs
         std = self.cfg.standardize
         if std is True or std == "prompt":
             z = _cloud.standardize_prompt(z, mask)
@@ -190,10 +195,9 @@ class PointComputer:
             z = std.apply(p, z, mask)
         u = sphere.unit(z) * mask[..., None]
         cos = sphere.cosines(u)
-        pairs = sphere.pair_mask(mask)
         self._put("cos_hist", _cloud.cos_histogram(cos, pairs))
         self._put("cos_sum", (cos.double() * pairs).sum((1, 2)))
-        self._put("n_pairs", pairs.sum((1, 2)))
+        self._put("n_pairs", n_pairs)
         self._put("erank", _cloud.effective_rank(u, mask))
         labels = [sphere.cluster_labels(cos, e, mask) for e in self.cfg.eps]
         self._put("clusters", torch.stack([sphere.count_clusters(lab) for lab in labels]))
