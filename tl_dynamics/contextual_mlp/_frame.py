@@ -25,6 +25,24 @@ from tl_dynamics.errors import TLDynamicsError
 # rounding of a [d_model] x [d_model, d_head] product and a rotation, far below any real mismatch
 # (a wrong frequency or pairing gives errors of order 1).
 FRAME_RTOL = 1e-4
+# A half-precision model computes and stores its query in its own dtype: the float32
+# recomputation then differs by a few of that dtype's rounding steps (measured on the tiny
+# GPT-2 of tl_dynamics.testing: 1.9e-3 in float16, 1.5e-2 in bfloat16, relative to the largest
+# query entry). The check allows FRAME_EPS_STEPS * eps(dtype) (7.8e-3 float16, 6.3e-2 bfloat16),
+# still far below a real mismatch. docs/math.md §3.2, §7.
+FRAME_EPS_STEPS = 8
+
+
+def frame_tolerance(dtype: torch.dtype) -> float:
+    """Relative tolerance of the frame check for a model computing in ``dtype``.
+
+    Example:
+        >>> frame_tolerance(torch.float32), frame_tolerance(torch.float16)
+        (0.0001, 0.0078125)
+    """
+    if not dtype.is_floating_point or torch.finfo(dtype).bits >= 32:
+        return FRAME_RTOL
+    return max(FRAME_RTOL, FRAME_EPS_STEPS * torch.finfo(dtype).eps)
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,11 +107,13 @@ def build_frames(adapter: ModelAdapter, la: LayerAttention, key_valid: Bool[Tens
     rotated = q_lin if rotation is None else rotation.rotate(q_lin, positions)
     scale = max(la.q[key_valid].abs().max().item(), 1.0)
     err = (rotated - la.q)[key_valid].abs().max().item()
-    if err > FRAME_RTOL * scale:
+    tolerance = frame_tolerance(adapter.dtype)
+    if err > tolerance * scale:
         what = "rotary query" if rotation is not None else "query"
         raise TLDynamicsError(
             f"layer {la.layer} of {adapter.info.architecture}: could not reproduce the scored "
-            f"{what} from the layer input (max error {err:.3g}, rotation "
+            f"{what} from the layer input (max error {err:.3g} > {tolerance:.3g} x {scale:.3g} "
+            f"allowed for {adapter.dtype}, rotation "
             f"{'none' if rotation is None else rotation.layout}); the contextual-MLP weights "
             "would be wrong here")
     return frames

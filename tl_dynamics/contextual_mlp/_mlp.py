@@ -232,11 +232,16 @@ class ContextualMLP:
         return out
 
     def importance(self, position: int) -> Float[Tensor, " src"]:
-        """``activation_i * |a_i|`` at the real query input of ``position``."""
+        """``activation_i * |a_i|`` at the real query input of ``position``: how much of the
+        head's output each source can carry (docs/math.md §3.5). Use it, not ``winner``, to
+        say which source drives what the head writes (a sink can take the attention and write
+        almost nothing)."""
         return _core.importance(self.activations(position), self.outgoing[self.sources(position)])
 
     def winner(self, position: int) -> int:
-        """The source position of the most active neuron at the real query input."""
+        """The source position of the most active neuron at the real query input: where the
+        head looks (the pattern row's argmax). For which source drives the output, use
+        ``importance`` (docs/math.md §3.5)."""
         return int(self.sources(position)[self.activations(position).argmax()])
 
     # ------------------------------------------------------------------ counterfactuals, read-outs
