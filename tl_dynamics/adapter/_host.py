@@ -112,8 +112,8 @@ def host_info(model: Any) -> HostInfo:
     if orig is None:  # e.g. T5 and other encoder-decoders: no decoder-style blocks
         raise TLDynamicsError(
             f"unsupported architecture {architecture!r}: this TransformerBridge has no "
-            "blocks[i].attn wrapping a Hugging Face attention module (encoder-decoder and "
-            "attention-free models are not supported)")
+            "blocks[i].attn wrapping a Hugging Face attention module (encoder-decoder, "
+            "state-space and hybrid models are not supported)")
     family = VERIFIED_HF_ATTENTION.get(type(orig).__name__)
     if family is None:
         raise TLDynamicsError(
