@@ -7,7 +7,12 @@ scores, never from a config default: on the bridge several cfg fields do not des
 wrapped model (``attn_scale`` is -1, there is no window, no ``query_pre_attn_scalar``), so they
 are never used. Each rule here is checked by the exactness tests
 (``tests/test_adapter_exactness.py``), which compare the recomputed scores, pattern, ``z`` and
-head outputs with the host's own activations on every architecture listed below.
+head outputs with the host's own activations on every architecture listed below, and
+``tests/test_hf_truth.py`` / ``tests/test_architectures.py`` against the Hugging Face model itself.
+Where the host and Hugging Face disagree the adapter follows the host whose hooks it reads: the
+bridge scores GPT-2 and GPT-BigCode with ``d_head**-0.5`` even when ``scale_attn_weights=False``,
+and soft-caps Gemma 3 scores when ``attn_logit_softcapping`` is set (Hugging Face Gemma 3 ignores
+it). Attention flags the recipe does not model are refused by name (``_flags``).
 """
 
 from __future__ import annotations
