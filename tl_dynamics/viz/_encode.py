@@ -8,7 +8,6 @@ The page's runtime (``_runtime.py``) decodes them with the browser's own ``Decom
 from __future__ import annotations
 
 import base64
-import math
 import zlib
 from typing import Any
 
