@@ -11,6 +11,7 @@ or with the twin within the dtype's tolerance.
 import pytest
 import torch
 
+from helpers import HAS_HOOKED
 from tl_dynamics import circuits, contextual_mlp, odds_ratio, particles, testing, trajectories
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.contextual_mlp import _frame
@@ -24,15 +25,21 @@ HALF_TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
 # Weight-only analyses read float32 upcasts of the same weights: equal up to float32 rounding.
 EXACT = 1e-6
 DTYPES = (torch.float16, torch.bfloat16)
-ARCHS = ("gpt2", "llama")  # learned positions; rotary with grouped K/V
+# Learned positions; rotary with grouped K/V; and HookedTransformer (TransformerLens 3.x) ones.
+ARCHS = ("gpt2", "llama") + (("hooked-gpt2-like", "hooked-rotary") if HAS_HOOKED else ())
+
+
+def tiny(arch: str):
+    return testing.tiny_hooked(arch[len("hooked-"):]) if arch.startswith("hooked-") else \
+        testing.tiny_model(arch)
 
 
 @pytest.fixture(scope="module", params=[(a, d) for a in ARCHS for d in DTYPES],
                 ids=lambda p: f"{p[0]}-{str(p[1]).split('.')[-1]}")
 def pair(request) -> tuple[ModelAdapter, ModelAdapter, torch.dtype]:
     arch, dtype = request.param
-    half = ModelAdapter(testing.tiny_model(arch).to(dtype))
-    twin = ModelAdapter(testing.tiny_model(arch).to(dtype).to(torch.float32))
+    half = ModelAdapter(tiny(arch).to(dtype))
+    twin = ModelAdapter(tiny(arch).to(dtype).to(torch.float32))
     assert half.dtype == dtype and twin.dtype == torch.float32
     return half, twin, dtype
 
