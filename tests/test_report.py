@@ -92,6 +92,8 @@ def test_attention_section_thumbnails_every_head_and_focuses_on_request():
     assert 3 in grid.props["full"]
     with pytest.raises(TLDynamicsError, match="layer"):
         report.attention_section(page, adapter, adapter.tokenize("x"), heads=[(9, 0)])
+    with pytest.raises(TLDynamicsError, match=r"heads \['L0H1'\] are in layers not shown \(layers \[1\]\)"):
+        report.attention_section(page, adapter, adapter.tokenize("x"), layers=[1], heads=[(0, 1)])
 
 
 def test_cli_report_with_the_default_model(tmp_path, capsys):

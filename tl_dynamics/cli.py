@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         prompt = _prompt(args)
         layers = parse_ints(args.layers, "--layers") if args.layers is not None else None
         heads = parse_heads(args.heads) if args.heads is not None else None
+        if layers is not None and heads and any(layer not in layers for layer, _ in heads):
+            raise TLDynamicsError(f"--heads {args.heads!r} names heads outside --layers "
+                                  f"{args.layers!r}: add their layers or drop them")
         sections = parse_sections(args.sections) if args.sections is not None else None
         path, label = _report(args.model, prompt, out, layers, heads, sections)
     except TLDynamicsError as exc:

@@ -58,9 +58,20 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
                       layers: Sequence[int] | None = None,
                       heads: Sequence[tuple[int, int]] | None = None) -> None:
     """Per-head statistics, thumbnails of every head, full patterns for the heads singled out
-    (and for ``heads``, ``(layer, head)`` pairs), streamed one layer at a time."""
+    (and for ``heads``, ``(layer, head)`` pairs), streamed one layer at a time.
+
+    Example:
+        >>> from tl_dynamics import testing, viz
+        >>> ad = ModelAdapter(testing.tiny_model("gpt2"))                   # doctest: +SKIP
+        >>> page = viz.Page("attention")                                   # doctest: +SKIP
+        >>> attention_section(page, ad, ad.tokenize("a b a b"), heads=[(1, 0)])  # doctest: +SKIP
+    """
     chosen = adapter.check_layers(layers)
     forced = _head_list(heads, adapter)
+    outside = sorted(k for k in forced if k[0] not in chosen)
+    if outside:
+        raise TLDynamicsError(f"heads {[f'L{a}H{b}' for a, b in outside]} are in layers not shown "
+                              f"(layers {chosen}): add their layers or drop them")
     valid = batch.key_valid[0]
     tokens = [t for t, keep in zip(adapter.str_tokens(batch), valid.tolist()) if keep]
     ids = batch.tokens[0][valid]
@@ -104,11 +115,7 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
                                           "hover for the value)", row=True), grid]
     if singled:
         items.append(viz.text(f"Top head of each statistic: {singled}."))
-    page.add_section("Attention patterns", items, intro=ATTENTION_INTRO, math=_math_ref("1.4"))
-
-
-def _math_ref(number: str) -> str:
-    return f"docs/math.md §{number}" if MATH_DOC.exists() else ""
+    page.add_section("Attention patterns", items, intro=ATTENTION_INTRO, math="docs/math.md §1.4")
 
 
 def unknown_token_warning(adapter: ModelAdapter, batch: Batch) -> str | None:
