@@ -29,11 +29,13 @@ MODEL = "code-2l"
 
 
 def corpus(n: int, path: Path) -> Path:
-    """``n`` code-like prompts of varied length (deterministic)."""
+    """``n`` code-like prompts of varied length (deterministic; the lengths cycle, so a longer
+    corpus does not have longer prompts)."""
     lines = []
     for i in range(n):
-        body = " + ".join(f"x{j} * {i % (j + 3)}" for j in range(2 + i % 9))
-        lines.append(json.dumps({"text": f"def f{i}(x0, x1):\n    return {body}  # {i}"}))
+        k = i % 997
+        body = " + ".join(f"x{j} * {k % (j + 3)}" for j in range(2 + k % 9))
+        lines.append(json.dumps({"text": f"def f{k}(x0, x1):\n    return {body}  # {i % 7}"}))
     path.write_text("\n".join(lines) + "\n")
     return path
 
