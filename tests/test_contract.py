@@ -18,6 +18,8 @@ from tl_dynamics import testing, viz
 
 ANALYSES = ["circuits", "odds_ratio", "contextual_mlp", "trajectories", "particles"]
 ROOT = Path(__file__).resolve().parents[1] / "tl_dynamics"
+# Analyses of the residual stream (not of attention heads) take ``layers`` only; docs/developing.md.
+RESIDUAL_STREAM = {"trajectories"}
 # A small selection keeps the runs cheap: layer 1 of the 2-layer tiny GPT-2, heads 0 and 1.
 SELECTION = {"layers": 1, "heads": [0, 1]}
 
@@ -54,7 +56,10 @@ def test_compute_and_attach_take_layers_and_heads_as_keywords(name):
         if fn == "attach" and not hasattr(pkg, "attach"):
             continue
         params = inspect.signature(getattr(pkg, fn)).parameters
-        for key in ("layers", "heads"):
+        keys = ("layers",) if name in RESIDUAL_STREAM else ("layers", "heads")
+        if name in RESIDUAL_STREAM:
+            assert "heads" not in params, f"tl_dynamics.{name}.{fn} reads no heads: drop 'heads'"
+        for key in keys:
             assert key in params and params[key].kind is inspect.Parameter.KEYWORD_ONLY, (
                 f"tl_dynamics.{name}.{fn} has no keyword-only parameter {key!r}: {list(params)}")
             assert params[key].default is None, f"tl_dynamics.{name}.{fn}: {key} must default to None"
