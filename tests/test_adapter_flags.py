@@ -228,3 +228,20 @@ def test_adapter_reads_weights_edited_in_place_after_it_was_made():
             param.mul_(2.0)
     assert torch.allclose(adapter.W_O(0), 2 * before)
     _assert_exact(_host_errors(adapter))
+
+
+def test_ministral3_context_stops_where_its_query_scaling_starts():
+    """Ministral 3 rescales queries from original_max_position_embeddings on: the adapter's
+    context ends there (longer prompts are refused) and is exact below it."""
+    from test_architectures import boot_tiny
+
+    rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 12, "llama_4_scaling_beta": 0.1}
+    model = boot_tiny("Ministral3ForCausalLM", rope_parameters=rope)
+    adapter = ModelAdapter(model)
+    assert adapter.n_ctx == 12
+    errors = testing.reconstruction_errors(adapter, testing.PROMPTS[0])
+    assert errors["pattern"] <= EXACT_TOL and errors["out"] <= EXACT_TOL, errors
+    with pytest.raises(TLDynamicsError, match="context is 12 tokens"):
+        adapter.tokenize(testing.PROMPTS[1])

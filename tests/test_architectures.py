@@ -40,7 +40,7 @@ MUST_BE_EXACT = {
     "Qwen3MoeForCausalLM", "RobertaForMaskedLM", "SeedOssForCausalLM", "SmolLM3ForCausalLM",
     "StableLmForCausalLM", "Starcoder2ForCausalLM", "VaultGemmaForCausalLM", "XGLMForCausalLM",
     "falcon-rotary", "phi3-sliding", "qwen3-sliding", "granite-attention-multiplier",
-    "gpt_bigcode-unscaled", "GlmForCausalLM", "Glm4ForCausalLM", "Ernie4_5ForCausalLM",
+    "gpt_bigcode-unscaled", "Ministral3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "Ernie4_5ForCausalLM",
     "Ernie4_5_MoeForCausalLM",
 }
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced

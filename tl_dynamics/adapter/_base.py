@@ -14,6 +14,7 @@ from torch import Tensor
 from tl_dynamics.adapter import _capture, _weights
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._checks import check_index, check_indices, check_materialised
+from tl_dynamics.adapter._flags import query_scaling_context
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
@@ -50,7 +51,8 @@ class AdapterBase:
         self.d_head: int = int(cfg.d_head)
         self.d_model: int = int(cfg.d_model)
         self.n_kv_heads: int = int(getattr(cfg, "n_key_value_heads", None) or self.n_heads)
-        self.n_ctx: int = int(cfg.n_ctx)
+        # Ministral 3 rescales queries from its original context on: exact below it (_flags)
+        self.n_ctx: int = min(int(cfg.n_ctx), query_scaling_context(model) or int(cfg.n_ctx))
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self._cache: dict[tuple, Any] = {}
         self._params: list[Tensor] | None = None  # for weights_version (see _cached)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["check_bridge_flags", "check_hooked_flags"]
+__all__ = ["check_bridge_flags", "check_hooked_flags", "query_scaling_context"]
 
 _Rule = tuple[str, Callable[[Any], bool], str]
 
@@ -72,17 +72,32 @@ def check_bridge_flags(model: Any, architecture: str) -> None:
     for cfg in (hf_cfg, getattr(hf_cfg, "text_config", None)):
         if cfg is not None:
             _check(cfg, _HF_CONFIG_RULES, "Hugging Face config", architecture)
-            rope = getattr(cfg, "rope_parameters", None)
-            if isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None:
-                raise TLDynamicsError(
-                    f"unsupported {architecture}: Hugging Face rope_parameters "
-                    "llama_4_scaling_beta (the query is rescaled by position after rotary); the "
-                    "adapter refuses rather than return attention that ignores it")
     _check(model.cfg, _BRIDGE_CFG_RULES, "TransformerLens cfg", architecture)
     for block in model.blocks:
         orig = getattr(block.attn, "original_component", None)
         if orig is not None:
             _check(orig, _HF_MODULE_RULES, "attention module", architecture)
+
+
+def query_scaling_context(model: Any) -> int | None:
+    """The context below which a Llama-4-style query scaling is exactly 1, or None.
+
+    Ministral 3 multiplies the rotated query by ``1 + beta * log(1 + floor(p / original_max))``
+    (``rope_parameters["llama_4_scaling_beta"]``): at positions ``p < original_max`` the factor
+    is exactly 1, so the adapter limits its context to ``original_max`` tokens and is exact there.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> rope = {"llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 16384}
+        >>> query_scaling_context(NS(original_model=NS(config=NS(rope_parameters=rope))))
+        16384
+    """
+    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
+    for cfg in (hf_cfg, getattr(hf_cfg, "text_config", None)):
+        rope = getattr(cfg, "rope_parameters", None)
+        if isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None:
+            return int(rope["original_max_position_embeddings"])
+    return None
 
 
 def check_hooked_flags(model: Any) -> None:

@@ -49,6 +49,7 @@ VERIFIED_HF_ATTENTION = {
     "Jais2Attention": "jais2", "VaultGemmaAttention": "vaultgemma",
     "MiniMaxM2Attention": "minimax_m2", "Exaone4Attention": "exaone4",
     "FalconAttention": "falcon", "CodeGenAttention": "codegen",
+    "Ministral3Attention": "ministral3",  # context limited to its original one (_flags)
     "CohereAttention": "cohere", "Cohere2Attention": "cohere2", "GlmAttention": "glm",
     "Glm4Attention": "glm4", "Ernie4_5Attention": "ernie4_5", "Ernie4_5_MoeAttention": "ernie4_5_moe",
 }
