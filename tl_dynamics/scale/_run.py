@@ -238,7 +238,7 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
 
     Example:
         >>> from tl_dynamics import scale                                     # doctest: +SKIP
-        >>> stats = scale.run_stats("tiny-random:gpt2", ["a = 1", "b = 2"], progress=False)
+        >>> stats = scale.run_stats("tiny-random:gpt2", ["a = 1"], progress=False)  # doctest: +SKIP
         >>> stats.n_prompts                                                   # doctest: +SKIP
         2
     """
