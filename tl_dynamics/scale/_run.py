@@ -240,7 +240,7 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
         >>> from tl_dynamics import scale                                     # doctest: +SKIP
         >>> stats = scale.run_stats("tiny-random:gpt2", ["a = 1"], progress=False)  # doctest: +SKIP
         >>> stats.n_prompts                                                   # doctest: +SKIP
-        2
+        1
     """
     from tl_dynamics.scale import _distributed
 
