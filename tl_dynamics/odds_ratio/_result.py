@@ -46,7 +46,9 @@ class HeadStats:
 
     ``sums[name]`` and ``sink_sums[name]`` are ``[len(layers), len(heads)]`` float64 arrays of
     running sums (see ``_stats.SUM_KEYS``); the properties divide them out. Row statistics use
-    valid query rows with at least two allowed keys; the variance split is of the pre-cap
+    valid query rows with at least two allowed keys, and so do the sink statistics
+    (``sink_first_share`` also needs the sink to dominate: docs/math.md §2.3); the variance
+    split is of the pre-cap
     score ``r = c<q,k> + p`` (``softcapped`` says which layers then soft-cap).
 
     Two decompositions of the row-centred variance ``Var(r)`` are given, because the key

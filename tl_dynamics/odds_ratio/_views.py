@@ -34,7 +34,11 @@ def stats_view(df: pd.DataFrame, model: str, n_prompts: int, capped_layers: Sequ
         f"Per-head odds-ratio statistics over {n_prompts} prompt(s) of {model}. "
         f"attr_* = Cov(term, r)/Var(r) (adds to 1; label at >= {threshold:.2f}); var_* and "
         f"cov_prior_loglik: the variance split with its covariance term (prior and likelihood are "
-        f"anti-correlated); kl_* = KL(real || counterfactual) in nats per row; sigma2 = 1/c." + note))
+        f"anti-correlated); kl_* = KL(real || counterfactual) in nats per row; sigma2 = 1/c. "
+        f"sink_*: the key with the most attention over rows with at least two allowed keys (a "
+        f"first row that can only see itself is left out); sink_first_share counts a prompt only "
+        f"when that key is its first token and takes at least twice the next key's attention "
+        f"(docs/math.md §2.3)." + note))
 
 
 def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: bool,
