@@ -13,7 +13,7 @@ from tl_dynamics.circuits._build import ov_circuit
 from tl_dynamics.circuits._composition import CompositionScores, composition_scores
 from tl_dynamics.circuits._prompt import PromptCircuit, prompt_circuit
 from tl_dynamics.circuits._spectrum import HeadScores, copying_scores, qk_positivity_scores
-from tl_dynamics.circuits._views import heatmaps
+from tl_dynamics.circuits._views import Panel, heatmaps, score_maps, topk_table
 from tl_dynamics.circuits._virtual import token_composition
 from tl_dynamics.errors import TLDynamicsError
 
@@ -99,11 +99,24 @@ def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | Non
     return CircuitsOverview(copying, positivity, composition, per_prompt)
 
 
+REPORT_MAX_POSITIONS = 64  # the per-prompt circuit reads at most this many leading positions
+READOUT_ROWS = 30  # prompt tokens listed in the OV read-out table
+SCORES_CAPTION = ("Eigenvalue positivity sum(Re λ)/sum(|λ|) of each head's full OV circuit "
+                  "(W_E W_V W_O W_U: +1 copies its input token) and QK circuit "
+                  "(W_E W_Q W_K^T W_E^T: +1 attends to the same token); rows: layers, columns: "
+                  "heads, hover for the value.")
+COMPOSITION_CAPTION = ("Composition score of every earlier head (row) into every later head "
+                       "(column) minus the mean of the random baseline above: red pairs compose "
+                       "more than random heads of the same shapes; one colour scale for the three "
+                       "kinds, grey where the pair is not earlier-to-later.")
+
+
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Add the circuits section: ``compute`` on the first prompt (head scores, composition
-    against its random baseline, with the token-level K-circuit of the last layer's strongest
-    copying head through the layer before it beside it, per-prompt circuits) and the OV read-out
-    of that head for the prompt's tokens, named a copying head only if it clears chance.
+    """Add the circuits section: the weight-based head scores and composition against its random
+    baseline (``compute`` without a prompt), the token-level K-circuit of the last layer's
+    strongest copying head through the layer before it, that head's per-prompt QK and OV circuits
+    on the first prompt's first ``REPORT_MAX_POSITIONS`` tokens, and its OV read-out for the
+    prompt's tokens, named a copying head only if it clears chance.
 
     Example:
         >>> from tl_dynamics import circuits, testing, viz
@@ -113,13 +126,17 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         >>> page.sections[0].title
         'QK and OV circuits'
     """
-    first = Batch(batch.tokens[:1], batch.key_valid[:1], batch.padding_side)
-    result = compute(adapter, first)
+    result = compute(adapter)  # weights only: per-prompt circuits below, for the shown head only
     last = adapter.n_layers - 1
     head = result.copying.best(last)
-    ids = torch.unique(first.tokens[0][first.key_valid[0]])
+    real = batch.tokens[0][batch.key_valid[0]]  # first prompt, unpadded
+    ids = torch.unique(real)
     readout = ov_circuit(adapter, last, head).topk(7, ids)
-    items = [viz.text(result.composition.summary())]
+    items: list[viz.Component] = [
+        viz.text(result.composition.summary().replace("\n", " ")),
+        score_maps([result.copying.panel(), result.qk_positivity.panel()], SCORES_CAPTION,
+                   cell_px=22),
+        score_maps(result.composition.panels(), COMPOSITION_CAPTION, cell_px=6)]
     if last > 0:  # token-level evidence beside the Frobenius verdict (docs/math.md §4.4, §4.5)
         earlier = [(last - 1, h) for h in range(adapter.n_heads)]
         tokens = token_composition(adapter, "K", (last, head), earlier, rows=ids)
@@ -127,11 +144,27 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
             "Token-level evidence (the Frobenius score can miss a real circuit): the K-circuit "
             f"of L{last}H{head} through every head of layer {last - 1}, on the prompt's tokens: "
             + tokens.summary()))
-    items += [result.show(),
-              viz.text(result.copying.verdict(last) + f" The OV read-out of L{last}H{head} for "
+    shown = real[:REPORT_MAX_POSITIONS]
+    circuit = prompt_circuit(adapter, adapter.tokenize(shown[None]), last, head)
+    labels = [f"{k}:{viz.visible_token(t)}" for k, t in enumerate(circuit.tokens)]
+    qk = circuit.qk.masked_fill(~circuit.allowed, float("nan")).numpy()
+    cut = "" if len(shown) == len(real) else f" (the first {len(shown)} of {len(real)} tokens)"
+    items.append(score_maps(
+        [Panel(f"QK of L{last}H{head}", qk, labels, labels, "key", "query"),
+         Panel(f"OV of L{last}H{head}", circuit.ov.numpy(), labels, labels, "output token",
+               "source token")],
+        f"Per-prompt circuits of L{last}H{head} on the prompt's tokens{cut}: the QK score each "
+        "query gives each key from the tokens and positions alone (grey: not allowed), and the "
+        "logit of each prompt token that attending to each source writes (direct path).",
+        cell_px=8))
+    items += [viz.text(result.copying.verdict(last) + f" The OV read-out of L{last}H{head} for "
                        "the prompt's tokens (direct effect on the logits, full vocabulary, "
                        "streamed):"),
-              readout.show()]
+              topk_table(readout.to_dataframe(), READOUT_ROWS,
+                         f"L{last}H{head}: for each prompt token (first {READOUT_ROWS} distinct), "
+                         "the vocabulary tokens whose logits attending to it raises and lowers "
+                         "most, with the logit change.")]
     page.add_section("QK and OV circuits", items, intro=(
         "Weight-based circuits (Elhage et al. 2021), kept factored: no vocabulary x vocabulary "
-        "matrix is formed. " + result.copying.notes[-1] + " " + result.composition.notes[-1]))
+        "matrix is formed. " + result.copying.notes[-1] + " " + result.composition.notes[-1]),
+        math="docs/math.md §4")

@@ -61,3 +61,48 @@ def symmetric_limits(arrays: Sequence[np.ndarray]) -> tuple[float, float]:
 
 def head_labels(layers: Sequence[int], n_heads: int) -> list[str]:
     return [f"L{l}H{h}" for l in layers for h in range(n_heads)]
+
+
+def score_maps(panels: Sequence[Panel], caption: str, cell_px: int = 16) -> viz.Group:
+    """The panels as page heat maps side by side (``viz.heatmap``: compact, drawn when scrolled
+    to, each with its own colour legend and hover read-out); NaN cells are grey.
+
+    Example:
+        >>> panel = Panel("scores", np.eye(2), ["L0", "L1"], ["H0", "H1"], "head", "layer")
+        >>> score_maps([panel], caption="two heads").components[0].name
+        'Heatmap'
+    """
+    maps = []
+    for p in panels:
+        lo, hi = p.limits or symmetric_limits([p.values])
+        maps.append(viz.heatmap(np.asarray(p.values, dtype=np.float32), list(p.row_labels),
+                                list(p.col_labels), title=p.title, row_title=p.ylabel or "row",
+                                col_title=p.xlabel or "column", value_name=p.title,
+                                min_value=lo, max_value=hi, cmap="rdbu", cell_px=cell_px))
+    return viz.group(*maps, caption=caption, row=True)
+
+
+def topk_table(frame, rows: int, caption: str) -> viz.Component:
+    """A ``TokenTopK.to_dataframe()`` as one line per row token: the columns it scores highest
+    and lowest, each with its value (first ``rows`` row tokens).
+
+    Example:
+        >>> import pandas as pd
+        >>> f = pd.DataFrame(dict(row=[0, 0], row_label=["a", "a"], side=["top", "bottom"],
+        ...                       rank=[0, 0], col=[1, 2], col_label=["b", "c"], value=[2.0, -1.0]))
+        >>> topk_table(f, 10, "read-out").caption
+        'read-out'
+    """
+    import pandas as pd
+
+    lines = []
+    for row, part in frame.groupby("row", sort=False):
+        if len(lines) == rows:
+            break
+        cells = {side: ", ".join(f"{viz.visible_token(c)} ({v:+.3g})" for c, v in
+                                 zip(group["col_label"], group["value"]))
+                 for side, group in part.sort_values("rank").groupby("side")}
+        lines.append({"token": viz.visible_token(part["row_label"].iloc[0]),
+                      "raises most (logit)": cells.get("top", ""),
+                      "lowers most (logit)": cells.get("bottom", "")})
+    return viz.table(pd.DataFrame(lines), caption=caption, max_rows=rows)

@@ -31,14 +31,23 @@ def stats_view(df: pd.DataFrame, model: str, n_prompts: int, capped_layers: Sequ
     capped = list(capped_layers)
     note = f" Layers {capped} soft-cap: the split is of the pre-cap score." if capped else ""
     return viz.table(df[columns], max_rows=max_rows, caption=(
-        f"Per-head odds-ratio statistics over {n_prompts} prompt(s) of {model}. "
-        f"attr_* = Cov(term, r)/Var(r) (adds to 1; label at >= {threshold:.2f}); var_* and "
-        f"cov_prior_loglik: the variance split with its covariance term (prior and likelihood are "
-        f"anti-correlated); kl_* = KL(real || counterfactual) in nats per row; sigma2 = 1/c. "
-        f"sink_*: the key with the most attention over rows with at least two allowed keys (a "
-        f"first row that can only see itself is left out); sink_first_share counts a prompt only "
-        f"when that key is its first token and takes at least twice the next key's attention "
-        f"(docs/math.md §2.3)." + note))
+        f"Per-head odds-ratio statistics over {n_prompts} prompt(s) of {model}, one row per "
+        f"head. label: prior- or likelihood-driven when that share is at least {threshold:.2f}, "
+        f"else mixed. attr_prior, attr_loglik, attr_bias: the share of each row's score "
+        f"variation that the key prior, the distance log-likelihood and the position bias carry "
+        f"(Cov(term, r)/Var(r), adding to 1). var_* and cov_prior_loglik: the same variance split "
+        f"with its covariance term (prior and likelihood are anti-correlated). kl_prior, "
+        f"kl_loglik: how far (KL in nats per row) the prior-only and likelihood-only patterns are "
+        f"from the real one. entropy: of the real pattern, nats per row. The sink is the key that "
+        f"takes the most attention over rows with at least two allowed keys (a first row that can "
+        f"only see itself is left out): sink_mass is the attention a query gives it on average; "
+        f"sink_first_share the fraction of prompts whose sink is their first token and takes at "
+        f"least twice the next key's attention; sink_by_prior_share the fraction of prompts "
+        f"whose sink wins by a loud key (prior) rather than by sitting close to the queries "
+        f"(likelihood). sigma2 = 1/c: the temperature (docs/math.md §2.3)." + note))
+
+
+MAX_SHOWN_POSITIONS = 128  # the maps show at most this many leading positions (readable cells)
 
 
 def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: bool,
@@ -46,26 +55,39 @@ def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: 
                        parts: dict[str, Float[Tensor, "head q k"]],
                        key_prior: Float[Tensor, "k head"], sigma2: float,
                        precap: bool) -> viz.Group:
-    """One layer's split on one prompt's real positions: each head's real pattern beside the two
-    counterfactuals (``patterns`` keyed by ``PATTERNS``), the score parts (``parts`` keyed by
-    ``PARTS``' names, zero where not allowed) and the key prior per token."""
-    grid, grid_names = [], []
-    for k, name in enumerate(names):
-        for what in PATTERNS:
-            grid.append(patterns[what][k])
-            grid_names.append(f"{name} {what}")
+    """One layer's split on one prompt's real positions, per head: a row of maps with its real
+    pattern and the two counterfactuals (``patterns`` keyed by ``PATTERNS``), a row with the
+    score parts (``parts`` keyed by ``PARTS``' names, zero where not allowed), then the key
+    prior per token. Maps show the first ``MAX_SHOWN_POSITIONS`` queries and keys."""
+    n = min(len(tokens), MAX_SHOWN_POSITIONS)
+    cut = "" if n == len(tokens) else f"; the first {n} of {len(tokens)} positions"
+    labels = [f"{k}:{viz.visible_token(t)}" for k, t in enumerate(tokens[:n])]
+    keep = allowed[:n, :n]
     capped = " (split of the pre-cap score)" if precap else ""
-    items = [viz.attention_heads(torch.stack(grid), tokens, grid_names, mask_upper_tri=causal,
-                                 caption=f"Layer {layer}: the model's pattern beside the "
-                                         f"prior-only softmax(key_prior + p) and likelihood-only "
-                                         f"softmax(loglik + p) patterns{capped}")]
-    for key, what in PARTS:
-        block = parts[key]
-        shown = block[allowed.expand_as(block)] if len(tokens) else block
-        lo, hi = (float(shown.min()), float(shown.max())) if shown.numel() else (0.0, 1.0)
-        items.append(viz.attention_heads(block, tokens, names, min_value=lo, max_value=max(hi, lo + 1e-9),
-                                         mask_upper_tri=causal,
-                                         caption=f"Layer {layer}: {what}, range [{lo:.3g}, {hi:.3g}]"))
+    items: list[viz.Component] = []
+    for k, name in enumerate(names):
+        maps = [viz.heatmap(patterns[what][k][:n, :n].masked_fill(~keep, float("nan")), labels,
+                            labels, title=f"{name} {what}", row_title="query", col_title="key",
+                            value_name="attention", min_value=0.0, max_value=1.0, cmap="blues",
+                            mask_upper_tri=causal, cell_px=6)
+                for what in PATTERNS]
+        items.append(viz.group(*maps, row=True, caption=(
+            f"Layer {layer}, {name}: the model's pattern, the prior-only softmax(key_prior + p) "
+            f"and the likelihood-only softmax(loglik + p) patterns, in that order{capped}{cut}; "
+            "grey: keys the query may not see.")))
+        maps = []
+        for key, what in PARTS:
+            block = parts[key][k][:n, :n]
+            shown = block[keep] if n else block
+            lo, hi = (float(shown.min()), float(shown.max())) if shown.numel() else (0.0, 1.0)
+            maps.append(viz.heatmap(block.masked_fill(~keep, float("nan")), labels, labels,
+                                    title=f"{name} {what}", row_title="query", col_title="key",
+                                    value_name=key, min_value=lo, max_value=max(hi, lo + 1e-9),
+                                    cmap="viridis", mask_upper_tri=causal, cell_px=6))
+        items.append(viz.group(*maps, row=True, caption=(
+            f"Layer {layer}, {name}: the score parts in that order (query term: constant along a "
+            f"row; key prior: constant down a column; distance log-likelihood), each on its own "
+            f"colour scale{cut}.")))
     items.append(viz.colored_tokens_multi(tokens, key_prior, names,
                                           caption=f"Layer {layer}: key prior (c/2)|k_j|^2 per "
                                                   "token (pick a head)"))

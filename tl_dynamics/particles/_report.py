@@ -12,6 +12,7 @@ from tl_dynamics.particles._beside import compute
 from tl_dynamics.particles._phase import PhaseDiagram, phase_figure
 from tl_dynamics.particles._result import ParticleRun
 
+REPORT_MAX_PARTICLES = 64  # the section simulates at most this many tokens: the prompt's first ones
 INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, V and beta"
          " from one head (layer 0, head 0) and the prompt's own tokens as the initial "
          "particles, beside the number of token clusters the real model forms through its layers. "
@@ -22,7 +23,9 @@ INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """Add the particles section: the flow seeded from layer 0, head 0 beside the model's
-    clustering (``compute(adapter, batch, layers=0, heads=0, t_max=10)``).
+    clustering (``compute(adapter, batch, layers=0, heads=0, t_max=10)``) on the first prompt's
+    first ``REPORT_MAX_PARTICLES`` real tokens (on a causal model their states are exactly
+    those of the whole prompt).
 
     Example:
         >>> from tl_dynamics import particles, testing, viz
@@ -31,8 +34,15 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         >>> page = viz.Page("report")                                     # doctest: +SKIP
         >>> particles.report_section(page, ad, ad.tokenize("a b c d"))    # doctest: +SKIP
     """
-    result = compute(adapter, batch, layers=0, heads=0, t_max=10.0)
-    page.add_section("Idealised particle dynamics", [result.show()], intro=INTRO,
+    real = batch.tokens[0][batch.key_valid[0]]
+    shown = real[:REPORT_MAX_PARTICLES]  # causal models: these states are the full prompt's
+    result = compute(adapter, adapter.tokenize(shown[None]), layers=0, heads=0, t_max=10.0)
+    note = ("" if len(shown) == len(real) else
+            f" The particles are the prompt's first {len(shown)} of its {len(real)} tokens (the "
+            "simulation's cost grows with the square of their number)"
+            + (": this encoder reads them as a prompt of their own." if adapter.is_encoder
+               else ", with exactly the states they have in the whole prompt."))
+    page.add_section("Idealised particle dynamics", [result.show()], intro=INTRO + note,
                      math="docs/math.md §6")
 
 
