@@ -21,10 +21,11 @@ def test_report_on_a_tiny_model_has_every_registered_section():
 
 
 def test_registry_is_explicit_and_complete():
-    from tl_dynamics import circuits, contextual_mlp, odds_ratio, particles, trajectories
+    from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, trajectories
 
+    assert report.SECTIONS[0] == ("atlas", atlas.report_section)  # "What each head does" first
     assert dict(report.SECTIONS) == {
-        "circuits": circuits.report_section, "odds_ratio": odds_ratio.report_section,
+        "atlas": atlas.report_section, "circuits": circuits.report_section, "odds_ratio": odds_ratio.report_section,
         "contextual_mlp": contextual_mlp.report_section,
         "trajectories": trajectories.report_section, "particles": particles.report_section}
 

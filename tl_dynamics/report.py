@@ -19,6 +19,7 @@ import torch
 from tl_dynamics import viz
 from tl_dynamics._heads import EXPLAINED, STATISTICS, HeadSummaries
 from tl_dynamics.adapter import Batch, ModelAdapter
+from tl_dynamics.atlas import report_section as atlas_section
 from tl_dynamics.circuits import report_section as circuits_section
 from tl_dynamics.contextual_mlp import report_section as contextual_mlp_section
 from tl_dynamics.errors import TLDynamicsError
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 SectionFn = Callable[[viz.Page, ModelAdapter, Batch], None]
 # The analyses, in page order: (name, report_section). Nothing is looked up at run time.
 SECTIONS: tuple[tuple[str, SectionFn], ...] = (
+    ("atlas", atlas_section),  # "What each head does"
     ("circuits", circuits_section),
     ("odds_ratio", odds_ratio_section),
     ("contextual_mlp", contextual_mlp_section),

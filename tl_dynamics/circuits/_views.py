@@ -34,7 +34,7 @@ def heatmaps(panels: Sequence[Panel], caption: str) -> viz.Component:
     """
     widths = [min(5.5, 1.5 + 0.25 * len(p.col_labels)) for p in panels]
     height = max(min(5.5, 1.2 + 0.25 * len(p.row_labels)) for p in panels)
-    fig = Figure(figsize=(sum(widths), height))
+    fig = Figure(figsize=(sum(widths) + 0.8 * len(panels), height), layout="constrained")  # room for colour bars
     axes = fig.subplots(1, len(panels), squeeze=False, gridspec_kw={"width_ratios": widths})
     for n, (ax, p) in enumerate(zip(axes[0], panels)):
         lo, hi = p.limits or symmetric_limits([p.values])

@@ -50,7 +50,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
              f"would give {_uniform_activation(mlp):.2f}), first row of the batch. The winner of "
              "a destination is where the head looks; the importance h_i |a_i| is what drives "
              "its output (docs/math.md §3.5).")
-    page.add_section(TITLE, items, intro=intro)
+    page.add_section(TITLE, items, intro=intro, math="docs/math.md §3")
 
 
 def _top_activation(mlp: ContextualMLP) -> float:

@@ -30,4 +30,5 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         'Attention as odds ratios: key prior vs distance likelihood'
     """
     result = compute(adapter, batch)
-    page.add_section(TITLE, list(result.show_extremes(row=0).components), INTRO)
+    page.add_section(TITLE, list(result.show_extremes(row=0).components), INTRO,
+                     math="docs/math.md §2")

@@ -65,14 +65,90 @@ def histogram_figure(labels: Sequence[str], bin_edges: np.ndarray, density: np.n
     return fig
 
 
+# What each per-point column means (the legend beside the plot of the per-point means).
+COLUMN_MEANINGS = (
+    ("mean_norm", "mean length |z| of the tokens' residual states"),
+    ("mean_step", "mean distance |z(p) - z(p-1)| moved since the previous point"),
+    ("mean_rel_step", "that step divided by the previous length |z(p-1)|"),
+    ("mean_turning_deg", "mean angle, in degrees, between a token's two latest steps"),
+    ("mean_cos_final", "mean cosine between a token's state and its final state"),
+    ("mean_pairwise_cos", "mean cosine between two tokens' states (1: all aligned)"),
+    ("effective_rank", "effective rank exp(entropy of the normalised singular values) of the "
+                       "tokens' unit vectors: how many directions they spread over"),
+    ("clusters_eps*", "number of clusters: groups of tokens linked by cosine above 1 - eps"),
+    ("merges_eps*", "mean number of cluster merges since the previous point"),
+    ("mean_rank", "logit lens: mean rank of the true next token (0: the top prediction)"),
+    ("mean_log1p_rank", "logit lens: mean log(1 + rank), less swayed by a few large ranks"),
+    ("top1_rate", "logit lens: fraction of tokens whose next token is the top prediction"),
+    ("mean_cos_embed, mean_cos_unembed", "mean cosine of the final-normalised state with the "
+                                         "next token's embedding W_E[next] / unembedding "
+                                         "W_U[:, next]"),
+    ("mean_dist_embed, mean_dist_unembed", "the same as distances"),
+    ("settling_count", "number of tokens whose next-token prediction settles at this point "
+                       "(top-1 from here to the end)"),
+)
+STANDARDIZE_MEANINGS = {
+    "none": "the raw residual states",
+    "prompt": "each dimension z-scored over the prompt's tokens (against rogue dimensions)",
+}
+MAX_PANELS = 24
+
+
+def means_figure(frame: pd.DataFrame) -> Figure:
+    """One small plot per numeric column of ``frame`` (per-point means, indexed or keyed by
+    ``point``) against the point.
+
+    Example:
+        >>> f = pd.DataFrame({"point": ["resid_pre0", "resid_post0"], "mean_norm": [1.0, 2.0]})
+        >>> len(means_figure(f).axes)
+        4
+    """
+    frame = frame.reset_index() if "point" not in frame.columns else frame
+    labels = [str(x) for x in frame["point"]]
+    names = [c for c in frame.columns if c != "point"
+             and pd.api.types.is_numeric_dtype(frame[c])][:MAX_PANELS]
+    ncols = 4
+    nrows = max(1, -(-len(names) // ncols))
+    fig = Figure(figsize=(11, 1.9 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    x = np.arange(len(labels))
+    step = max(1, -(-len(labels) // 8))
+    for ax, name in zip(axes.flat, names):
+        ax.plot(x, frame[name].to_numpy(dtype=float), marker="o", ms=2.5, lw=1.0)
+        ax.set_title(name, fontsize=8)
+        ax.set_xticks(x[::step], labels[::step], rotation=45, fontsize=5.5, ha="right")
+        ax.tick_params(axis="y", labelsize=6)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    fig.tight_layout(h_pad=0.6, w_pad=0.8)
+    return fig
+
+
 def stats_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarray,
                 clusters: Mapping[float, np.ndarray], frame: pd.DataFrame, caption: str,
                 lens_note: str | None) -> viz.Group:
-    """The statistics' plots, their table of per-point means, and why the next-token
-    statistics are missing when they are (``lens_note``)."""
+    """The statistics' plots, the per-point means as small plots with a legend saying what each
+    statistic is, and why the next-token statistics are missing when they are (``lens_note``).
+    A ``standardize=...`` in ``caption`` is explained after it."""
+    for value, meaning in STANDARDIZE_MEANINGS.items():
+        if f"standardize={value}" in caption:
+            caption += f" (standardize={value}: the particle statistics use {meaning})"
+    shown = set(frame.columns)
+    legend = pd.DataFrame([{"statistic": name, "meaning": meaning}
+                           for name, meaning in COLUMN_MEANINGS
+                           if any(_matches(part.strip(), shown) for part in name.split(","))])
     parts = [viz.figure(histogram_figure(labels, bin_edges, density, clusters), close=False,
                         caption=caption),
-             viz.table(frame, caption="per-point means")]
+             viz.figure(means_figure(frame), close=False,
+                        caption="Per-point means over the prompt's tokens, one plot per "
+                                "statistic (x: depth point, as above); what each is:"),
+             viz.table(legend, max_rows=len(legend) + 1)]
     if lens_note is not None:
         parts.append(viz.text(f"next-token statistics: {lens_note}"))
     return viz.group(*parts)
+
+
+def _matches(pattern: str, columns: set[str]) -> bool:
+    if pattern.endswith("*"):
+        return any(c.startswith(pattern[:-1]) for c in columns)
+    return pattern in columns
