@@ -12,6 +12,7 @@ run the tiny model) are skipped with that reason, so the skip list is the rest o
 
 import inspect
 import math
+import re
 import tempfile
 
 import pytest
@@ -41,7 +42,7 @@ MUST_BE_EXACT = {
     "StableLmForCausalLM", "Starcoder2ForCausalLM", "VaultGemmaForCausalLM", "XGLMForCausalLM",
     "falcon-rotary", "phi3-sliding", "qwen3-sliding", "granite-attention-multiplier",
     "gpt_bigcode-unscaled", "Ministral3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "Ernie4_5ForCausalLM",
-    "Ernie4_5_MoeForCausalLM",
+    "Ernie4_5_MoeForCausalLM", "falcon-alibi", "MptForCausalLM",
 }
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
@@ -160,6 +161,7 @@ VARIANTS = {
     "phi-qk-layernorm": ("PhiForCausalLM", dict(qk_layernorm=True)),
     "gpt_bigcode-unscaled": ("GPTBigCodeForCausalLM", dict(scale_attn_weights=False)),
     "cohere-qk-norm": ("CohereForCausalLM", dict(use_qk_norm=True)),
+    "mpt-clip-qkv": ("MptForCausalLM", dict(attn_config=dict(clip_qkv=0.5))),
 }
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
@@ -172,3 +174,14 @@ HOST_NOT_HF = {
 def test_variant_is_exact_or_refused_by_name(variant):
     name, overrides = VARIANTS[variant]
     check_exact_or_refused(name, boot_tiny(name, **overrides), row=variant)
+
+
+@pytest.mark.parametrize("variant, reason", [
+    ("mpt-clip-qkv", "clip_qkv=0.5 (q, k and v are clamped after their projections"),
+])
+def test_refused_variant_says_why(variant, reason):
+    name, overrides = VARIANTS[variant]
+    model = boot_tiny(name, **overrides)
+    with pytest.raises(TLDynamicsError, match=re.escape(reason)) as info:
+        ModelAdapter(model)
+    assert name in str(info.value)

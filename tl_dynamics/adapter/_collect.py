@@ -3,6 +3,7 @@ done, and hand it to a callback, so only one layer's tensors are alive at a time
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -11,7 +12,7 @@ from torch import Tensor
 from tl_dynamics.adapter import _rotary
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
-from tl_dynamics.adapter._host import alibi_slopes
+from tl_dynamics.adapter._host import alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.errors import TLDynamicsError
 
@@ -100,10 +101,17 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
     query_valid = key_valid & allowed.any(-1)
 
     bias = None
+    key_pos = (key_valid.long().cumsum(-1) - 1) * key_valid.long()
     if spec.alibi == "key":
-        key_pos = (key_valid.long().cumsum(-1) - 1) * key_valid.long()
         slopes = alibi_slopes(adapter.n_heads).to(key_pos.device)
         bias = slopes[None, :, None, None] * key_pos[:, None, None, :].float()
+    elif spec.alibi == "falcon":  # bf16 slopes * positions, added as (q.k + a) * c + a / sqrt(d)
+        slopes = alibi_slopes(adapter.n_heads).to(key_pos.device).bfloat16()
+        a = (slopes[None, :, None, None] * key_pos[:, None, None, :]).float()
+        bias = a * spec.scale + a / math.sqrt(q.shape[-1])
+    elif spec.alibi == "mpt":
+        slopes = mpt_alibi_slopes(adapter.n_heads).to(q.device)
+        bias = (slopes[:, None, None] * (positions - (n_pos - 1)).float())[None]
     elif spec.alibi == "relative":
         bias = adapter.hooked_alibi(layer, n_pos)[None]
 

@@ -69,7 +69,8 @@ def check_bridge_flags(model: Any, architecture: str) -> None:
         tl_dynamics.errors.TLDynamicsError: unsupported OlmoForCausalLM: Hugging Face config clip_qkv=8.0 (q, k and v are clamped after their projections; the value hook holds the unclamped v and the query is no longer linear in the layer input); the adapter refuses rather than return attention that ignores it
     """
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
-    for cfg in (hf_cfg, getattr(hf_cfg, "text_config", None)):
+    # MPT keeps its attention flags (clip_qkv) in a sub-config
+    for cfg in (hf_cfg, getattr(hf_cfg, "text_config", None), getattr(hf_cfg, "attn_config", None)):
         if cfg is not None:
             _check(cfg, _HF_CONFIG_RULES, "Hugging Face config", architecture)
     _check(model.cfg, _BRIDGE_CFG_RULES, "TransformerLens cfg", architecture)

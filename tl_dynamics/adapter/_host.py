@@ -52,6 +52,7 @@ VERIFIED_HF_ATTENTION = {
     "Ministral3Attention": "ministral3",  # context limited to its original one (_flags)
     "CohereAttention": "cohere", "Cohere2Attention": "cohere2", "GlmAttention": "glm",
     "Glm4Attention": "glm4", "Ernie4_5Attention": "ernie4_5", "Ernie4_5_MoeAttention": "ernie4_5_moe",
+    "MptAttention": "mpt",
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -59,6 +60,7 @@ RECONSTRUCTING_BRIDGES = {
     "JointQKVPositionEmbeddingsAttentionBridge", "BloomAttentionBridge",
     "_SmolLM3AttentionBridge", "_Exaone4AttentionBridge",  # subclasses, tested exact
     "CodeGenAttentionBridge", "_Cohere2AttentionBridge",
+    "ALiBiJointQKVAttentionBridge", "MPTALiBiAttentionBridge",  # Falcon ALiBi, MPT
 }
 # Bridge attention class that runs the HF module and fires hook_attn_scores on its weights.
 DELEGATING_BRIDGES = {"AttentionBridge"}
@@ -76,8 +78,12 @@ class LayerSpec:
         rotary: how q and k are rotated: ``"none"``; ``"hooked"`` (the model fires rotated
             q/k hooks); ``"half"`` (rotate_half with the model's cos/sin on the first
             ``rotary_dim`` dims); ``"interleaved"`` (GPT-J style, base ``rotary_base``).
-        alibi: ``"none"``, ``"key"`` (Bloom: ``slope_h * key_position``) or ``"relative"``
-            (HookedTransformer: ``slope_h * (j - i)``).
+        alibi: ``"none"``, ``"key"`` (Bloom: ``slope_h * key_position``), ``"relative"``
+            (HookedTransformer: ``slope_h * (j - i)``), ``"falcon"`` (Falcon with
+            ``alibi=True``: Hugging Face adds its bf16 ``a_j = slope_h * key_position`` twice,
+            inside the module as ``(q.k + a_j) * scale`` and again through the attention mask
+            as ``a_j / sqrt(d_head)``; TransformerLens runs the same two terms) or ``"mpt"``
+            (MPT: ``slope_h * (j - (n - 1))`` with MPT's own slopes, not padding-aware).
         scores_hook: what the model's ``hook_attn_scores`` holds: ``"logits"`` (pre-softmax,
             post-mask) or ``"pattern"`` (post-softmax weights, on delegating bridges).
         qk_norm: whether q/k are normalised after their projections (q is then not linear
@@ -92,7 +98,7 @@ class LayerSpec:
     rotary: RotaryStyle
     rotary_dim: int | None
     rotary_base: float | None
-    alibi: Literal["none", "key", "relative"]
+    alibi: Literal["none", "key", "relative", "falcon", "mpt"]
     scores_hook: Literal["logits", "pattern"]
     qk_norm: bool
 
@@ -199,6 +205,8 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         scale = 1.0 / float(orig.scale_attn)
     elif family in ("bloom", "falcon"):
         scale = float(orig.inv_norm_factor)
+    elif family == "mpt":
+        scale = float(orig.softmax_scale)
     elif kind == "JointQKVAttentionBridge":  # GPT-2: the bridge ignores scale_attn_weights
         scale = model.cfg.d_head ** -0.5 / (
             layer + 1 if getattr(hf_cfg, "scale_attn_by_inverse_layer_idx", False) else 1)
@@ -220,12 +228,11 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
     elif model.cfg.positional_embedding_type == "rotary":
         rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
 
-    # Encoder or decoder: from the HF module, since cfg.attention_dir is wrong for BERT on 3.9.
-    if family == "falcon" and bool(getattr(hf_cfg, "alibi", False)):
-        raise TLDynamicsError(
-            f"unsupported {info.architecture}: Falcon with alibi=True (its ALiBi bias reaches the "
-            "scores twice, through the attention mask and inside the attention module, scaled "
-            "differently; the recipe does not model that)")
+    alibi: Literal["none", "key", "falcon", "mpt"] = "none"
+    if family == "bloom" or family == "mpt":
+        alibi = "key" if family == "bloom" else "mpt"
+    elif family == "falcon" and bool(getattr(hf_cfg, "alibi", False)):
+        alibi = "falcon"  # the bias reaches the scores twice, in HF and in TransformerLens
     # BERT: BertLMHeadModel (is_decoder=True) is causal, BertForMaskedLM is not.
     causal = bool(getattr(orig, "is_causal", getattr(getattr(orig, "self", None), "is_causal", True)))
     if family == "bert":
@@ -234,7 +241,7 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         layer=layer, scale=scale, softcap=float(cap) if cap else None,
         window=int(window) if window else None, causal=causal,
         rotary=rotary, rotary_dim=rotary_dim, rotary_base=base,
-        alibi="key" if family == "bloom" else "none",
+        alibi=alibi,
         scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
         qk_norm=any(getattr(orig, name, None) is not None for name in ("q_norm", "q_layernorm")))
 
@@ -265,3 +272,18 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
         n_extra = min(closest, n_heads - closest)
         slopes += [extra_base ** (2 * i + 1) for i in range(n_extra)]
     return torch.tensor(slopes, dtype=torch.float32)
+
+
+def mpt_alibi_slopes(n_heads: int, alibi_bias_max: int = 8) -> torch.Tensor:
+    """ALiBi head slopes as Hugging Face MPT builds them (``build_mpt_alibi_tensor``).
+
+    Example:
+        >>> mpt_alibi_slopes(4)
+        tensor([0.2500, 0.0625, 0.0156, 0.0039])
+    """
+    power = 2 ** math.ceil(math.log2(n_heads))
+    base = torch.arange(1, power + 1, dtype=torch.int64).float() * (alibi_bias_max / power)
+    slopes = 1.0 / torch.pow(2, base)
+    if power != n_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:n_heads]
+    return slopes
