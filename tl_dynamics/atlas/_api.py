@@ -134,17 +134,26 @@ def compute(model: Any, prompts: Prompt | Batch | None = None, *,
 # The report runs the interventions only up to this many heads (three patched variants each);
 # larger models get the scores and a pointer to ``tl-dynamics heads``, which runs them all.
 REPORT_CAUSAL_HEADS = 64
+# The report's natural probe is at most this many leading tokens of its first prompt (the sink
+# split costs the square of the length per head).
+REPORT_NATURAL_TOKENS = 128
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """"What each head does": the atlas with the report's prompt as the natural probes."""
+    """"What each head does": the atlas with the report's first prompt (its first
+    ``REPORT_NATURAL_TOKENS`` real tokens) as the natural probe."""
     n_heads = adapter.n_layers * adapter.n_heads
     causal = n_heads <= REPORT_CAUSAL_HEADS
-    result = compute(adapter, batch, causal=causal)
-    cost = ("Numbers under a role: the change in next-token loss when the head is mean-ablated on "
-            "the report's prompt." if causal else
+    real = batch.tokens[0][batch.key_valid[0]]
+    natural = real[:REPORT_NATURAL_TOKENS]
+    result = compute(adapter, adapter.tokenize(natural[None]), causal=causal)
+    cut = ("the report's prompt" if len(natural) == len(real) else
+           f"the report's prompt (its first {len(natural)} of {len(real)} tokens)")
+    cost = (f"Numbers under a role: the change in next-token loss when the head is mean-ablated on "
+            f"{cut}." if causal else
             f"The causal columns are left out of the report for {n_heads} heads (more than "
-            f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them.")
+            f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them. Sinks and "
+            f"locality are read on {cut}.")
     page.add_section("What each head does", [result.show()], intro=(
         "Each head's roles from mechanism, not one pattern: the pattern on repeated random token "
         "sequences and the weights that produce it (positional circuit, token-level K-circuit "
