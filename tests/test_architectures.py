@@ -42,7 +42,7 @@ MUST_BE_EXACT = {
     "StableLmForCausalLM", "Starcoder2ForCausalLM", "VaultGemmaForCausalLM", "XGLMForCausalLM",
     "falcon-rotary", "phi3-sliding", "qwen3-sliding", "granite-attention-multiplier",
     "gpt_bigcode-unscaled", "Ministral3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "Ernie4_5ForCausalLM",
-    "Ernie4_5_MoeForCausalLM", "falcon-alibi", "MptForCausalLM",
+    "Ernie4_5_MoeForCausalLM", "falcon-alibi", "MptForCausalLM", "GptOssForCausalLM",
 }
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
@@ -185,3 +185,32 @@ def test_refused_variant_says_why(variant, reason):
     with pytest.raises(TLDynamicsError, match=re.escape(reason)) as info:
         ModelAdapter(model)
     assert name in str(info.value)
+
+
+def test_gpt_oss_sinks_join_the_softmax_and_analyses_refuse_them():
+    from tl_dynamics import contextual_mlp, odds_ratio
+    from tl_dynamics.adapter import masked_softmax
+
+    model = boot_tiny("GptOssForCausalLM")
+    adapter = ModelAdapter(model)
+    la = adapter.attention(testing.PROMPTS[0], reference=True, sinks=True)[0]
+    assert la.spec.sinks and la.sink_logit is not None and la.sink_logit.shape == (la.n_heads,)
+    pattern = la.pattern()
+    assert (pattern - la.reference["pattern"]).abs().max() <= EXACT_TOL
+    row_sums = pattern.sum(-1).transpose(1, 2)[la.query_valid]  # [rows, head]
+    assert row_sums.max() <= 1 + 1e-6 and row_sums.min() < 0.6  # the sinks take their share
+    plain = masked_softmax(la.scores(), la.allowed)  # what ignoring the sinks would give
+    assert (plain - la.reference["pattern"]).abs().max() > 1e-2
+    assert torch.equal(la.pattern([2, 0]), pattern[:, [2, 0]])  # a head subset keeps its sinks
+    prompt = testing.PROMPTS[0]
+    refusals = [
+        (lambda: adapter.attention(prompt), "ModelAdapter.attention(..., sinks=True)"),
+        (lambda: odds_ratio.compute(model, prompt), "have learned attention sinks"),
+        (lambda: contextual_mlp.compute(model, prompt), "have learned attention sinks"),
+        (lambda: odds_ratio.decompose_layer(la, [0]), "odds_ratio.decompose_layer: layer 0 has "
+                                                      "learned attention sinks"),
+        (lambda: contextual_mlp.from_layer(adapter, la, 0), "contextual_mlp.from_layer: layer 0"),
+    ]
+    for call, message in refusals:
+        with pytest.raises(TLDynamicsError, match=re.escape(message)):
+            call()

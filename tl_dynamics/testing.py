@@ -269,7 +269,8 @@ def reconstruction_errors(adapter, prompt=PROMPTS, padding_side: str = "right") 
     """
     worst = {"scores": float("nan"), "pattern": 0.0, "z": 0.0, "out": float("nan"),
              "scores_hook_is_pattern": 0.0}
-    for la in adapter.attention(prompt, reference=True, padding_side=padding_side).values():
+    for la in adapter.attention(prompt, reference=True, padding_side=padding_side,
+                                   sinks=True).values():
         ref, rows = la.reference, la.query_valid
         pattern = la.pattern()
         worst["pattern"] = max(worst["pattern"], _masked_max(pattern - ref["pattern"], rows[:, None, :, None]))
@@ -355,7 +356,7 @@ def hf_truth_errors(adapter, twin, prompt=PROMPTS, padding_side: str = "right") 
             handle.remove()
     compat = bool(getattr(adapter.model, "compatibility_mode", False))
     worst = {"pattern": 0.0, "out": float("nan") if compat else 0.0}
-    for layer, la in adapter.attention(batch).items():
+    for layer, la in adapter.attention(batch, sinks=True).items():
         rows = la.query_valid
         worst["pattern"] = max(worst["pattern"], _masked_max(
             la.pattern() - hf.attentions[layer].float(), rows[:, None, :, None]))

@@ -12,7 +12,7 @@ from torch import Tensor
 from tl_dynamics.adapter import _rotary
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
-from tl_dynamics.adapter._host import alibi_slopes, mpt_alibi_slopes
+from tl_dynamics.adapter._host import LayerSpec, alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.errors import TLDynamicsError
 
@@ -119,5 +119,30 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
     reference = {r: st[r].float() for r in REFERENCE_ROLES if r in st}
     if "x" in st:
         reference["x"] = adapter.attention_input(layer, st["x"].float())
+    sink = None
+    if spec.sinks:  # read live from the module that adds them (GPT-OSS)
+        sink = adapter.model.blocks[layer].attn.original_component.sinks.detach().float().to(q.device)
     return LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
-                          query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference)
+                          query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference,
+                          sink_logit=sink)
+
+
+def refuse_sinks(specs: Sequence[LayerSpec], layers: Sequence[int], architecture: str) -> None:
+    """Refuse layers with learned attention sinks unless the caller asked for them.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> refuse_sinks([NS(layer=0, sinks=True)], [0], "GptOssForCausalLM")
+        Traceback (most recent call last):
+        ...
+        tl_dynamics.errors.TLDynamicsError: unsupported GptOssForCausalLM for this analysis: layers [0] have learned attention sinks (a per-head logit joins every softmax denominator, p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h)), so rows sum to less than 1), which the analyses built on LayerAttention (odds-ratio split, contextual MLP, sink statistics, atlas, reports) do not model; ModelAdapter.attention(..., sinks=True) gives the exact pattern, z and outputs
+    """
+    sunk = [layer for layer in layers if specs[layer].sinks]
+    if sunk:
+        raise TLDynamicsError(
+            f"unsupported {architecture} for this analysis: layers {sunk} have learned attention "
+            "sinks (a per-head logit joins every softmax denominator, p_ij = exp(s_ij) / "
+            "(sum_j exp(s_ij) + exp(sink_h)), so rows sum to less than 1), which the analyses "
+            "built on LayerAttention (odds-ratio split, contextual MLP, sink statistics, atlas, "
+            "reports) do not model; ModelAdapter.attention(..., sinks=True) gives the exact "
+            "pattern, z and outputs")

@@ -28,10 +28,8 @@ _HF_CONFIG_RULES: list[_Rule] = [
     ("attention_sink_size", lambda v: bool(v), "attention sinks"),
 ]
 # Attributes of the wrapped Hugging Face attention module.
-_HF_MODULE_RULES: list[_Rule] = [
-    ("sinks", lambda v: v is not None,
-     "learned attention sinks: an extra softmax column scales every real key's weight down"),
-]
+# (learned sinks, ``sinks``, are modelled: LayerSpec.sinks, LayerAttention.sink_logit)
+_HF_MODULE_RULES: list[_Rule] = []
 # TransformerLens bridge cfg switches that change the attention computation after the hooks.
 _BRIDGE_CFG_RULES: list[_Rule] = [
     ("gated_q_proj", bool, "a sigmoid output gate from the query projection multiplies z"),

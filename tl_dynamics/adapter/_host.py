@@ -52,7 +52,7 @@ VERIFIED_HF_ATTENTION = {
     "Ministral3Attention": "ministral3",  # context limited to its original one (_flags)
     "CohereAttention": "cohere", "Cohere2Attention": "cohere2", "GlmAttention": "glm",
     "Glm4Attention": "glm4", "Ernie4_5Attention": "ernie4_5", "Ernie4_5_MoeAttention": "ernie4_5_moe",
-    "MptAttention": "mpt",
+    "MptAttention": "mpt", "GptOssAttention": "gpt_oss",  # GPT-OSS: learned sinks (LayerSpec)
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -88,6 +88,9 @@ class LayerSpec:
             post-mask) or ``"pattern"`` (post-softmax weights, on delegating bridges).
         qk_norm: whether q/k are normalised after their projections (q is then not linear
             in the layer input).
+        sinks: whether the layer has learned per-head attention sinks (GPT-OSS): a logit
+            ``sink_h`` joins every softmax row as an extra column that is then dropped, so
+            ``p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h))`` and rows sum to less than 1.
     """
 
     layer: int
@@ -101,6 +104,7 @@ class LayerSpec:
     alibi: Literal["none", "key", "relative", "falcon", "mpt"]
     scores_hook: Literal["logits", "pattern"]
     qk_norm: bool
+    sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -243,7 +247,8 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         rotary=rotary, rotary_dim=rotary_dim, rotary_base=base,
         alibi=alibi,
         scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
-        qk_norm=any(getattr(orig, name, None) is not None for name in ("q_norm", "q_layernorm")))
+        qk_norm=any(getattr(orig, name, None) is not None for name in ("q_norm", "q_layernorm")),
+        sinks=getattr(orig, "sinks", None) is not None)
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

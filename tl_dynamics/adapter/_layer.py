@@ -16,6 +16,7 @@ from torch import Tensor
 
 from tl_dynamics.adapter._host import LayerSpec
 from tl_dynamics.adapter._softmax import masked_softmax
+from tl_dynamics.errors import TLDynamicsError
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class LayerAttention:
     grouped K/V heads already mapped to their query heads. ``allowed[b, i, j]`` says whether
     query ``i`` may attend to key ``j`` (causal, sliding window and key padding together);
     ``query_valid[b, i]`` is False on padding query rows, whose pattern is meaningless.
+    ``sink_logit[h]`` is head ``h``'s learned sink logit where the layer has sinks
+    (``spec.sinks``; GPT-OSS), joining every softmax denominator; None elsewhere.
     ``reference`` holds the model's own cached activations when they were asked for
     (keys ``"scores"``, ``"pattern"``, ``"z"``, ``"out"``); ``spec.scores_hook`` says
     whether ``"scores"`` holds logits or, on delegating bridges, the pattern itself.
@@ -49,6 +52,7 @@ class LayerAttention:
     W_O: Float[Tensor, "head d_head d_model"]
     b_O: Float[Tensor, " d_model"]
     reference: dict[str, Tensor] = field(default_factory=dict)
+    sink_logit: Float[Tensor, " head"] | None = None
 
     @property
     def layer(self) -> int:
@@ -65,6 +69,15 @@ class LayerAttention:
     @property
     def n_heads(self) -> int:
         return self.q.shape[2]
+
+    def require_no_sinks(self, analysis: str) -> None:
+        """Refuse, naming ``analysis``, when this layer has learned attention sinks (its rows sum
+        to less than 1, which ``analysis`` does not model)."""
+        if self.sink_logit is not None:
+            raise TLDynamicsError(
+                f"{analysis}: layer {self.layer} has learned attention sinks (a per-head logit "
+                "joins every softmax denominator, p_ij = exp(s_ij) / (sum_j exp(s_ij) + "
+                "exp(sink_h)), so rows sum to less than 1), which it does not model")
 
     def _heads(self, heads: Sequence[int] | None) -> slice | list[int]:
         return slice(None) if heads is None else list(heads)
@@ -91,13 +104,17 @@ class LayerAttention:
         """The pre-softmax scores the model's softmax sees on allowed entries (post-cap)."""
         return self.capped(self.raw_scores(heads))
 
-    def masked_softmax(self, scores: Float[Tensor, "batch head pos pos"]) -> Float[Tensor, "batch head pos pos"]:
-        """Softmax over allowed keys; rows with no allowed key (pad queries) are all zero."""
-        return masked_softmax(scores, self.allowed)
+    def masked_softmax(self, scores: Float[Tensor, "batch head pos pos"],
+                       heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
+        """Softmax over allowed keys (``scores`` of ``heads``, all heads by default); rows with
+        no allowed key (pad queries) are all zero. Learned sinks, where the layer has them,
+        join every row's denominator (``sink_logit``)."""
+        sink = None if self.sink_logit is None else self.sink_logit[self._heads(heads)]
+        return masked_softmax(scores, self.allowed, sink)
 
     def pattern(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
         """The attention pattern, recomputed: equals the model's ``hook_pattern`` on valid rows."""
-        return self.masked_softmax(self.scores(heads))
+        return self.masked_softmax(self.scores(heads), heads)
 
     def z(self, heads: Sequence[int] | None = None,
           pattern: Tensor | None = None) -> Float[Tensor, "batch pos head d_head"]:

@@ -15,7 +15,7 @@ from torch import Tensor
 from tl_dynamics.adapter import _batch, _capture
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch, Prompt
-from tl_dynamics.adapter._collect import LayerCollector
+from tl_dynamics.adapter._collect import LayerCollector, refuse_sinks
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._patch import patched
 from tl_dynamics.errors import TLDynamicsError
@@ -127,15 +127,21 @@ class ModelAdapter(AdapterBase):
     @contextmanager
     def capture(self, on_layer: Callable[[LayerAttention], None],
                 layers: int | Sequence[int] | None = None, reference: bool = False,
-                inputs: bool = False, batch: Batch | None = None) -> Iterator[None]:
+                inputs: bool = False, batch: Batch | None = None,
+                sinks: bool = False) -> Iterator[None]:
         """Call ``on_layer(LayerAttention)`` for each layer during every forward pass inside.
 
         Only one layer's tensors are held at a time. ``batch`` supplies the padding mask for
         padded inputs run by the caller; without it every position counts as real.
         ``reference=True`` also keeps the model's own scores/pattern/z/output for checking.
+        Layers with learned attention sinks (GPT-OSS) are refused unless ``sinks=True``: their
+        rows sum to less than 1, which the analyses built on ``LayerAttention`` do not model;
+        with ``sinks=True`` the pattern, ``z`` and outputs are exact (``sink_logit``).
         """
         self._check_padding(batch)
         layer_list = self.check_layers(layers)
+        if not sinks:
+            refuse_sinks(self.specs, layer_list, self.info.architecture)
         for layer in layer_list:  # read before hooking: reading may run a probe forward pass
             self.rotation(layer)
         collector = LayerCollector(self, layer_list, on_layer, reference, inputs, batch)
@@ -146,10 +152,12 @@ class ModelAdapter(AdapterBase):
 
     def attention(self, prompt: Prompt | Batch, layers: int | Sequence[int] | None = None,
                   reference: bool = False, inputs: bool = False,
-                  padding_side: str = "right") -> dict[int, LayerAttention]:
-        """Run the model once and return ``{layer: LayerAttention}`` for the asked layers."""
+                  padding_side: str = "right", sinks: bool = False) -> dict[int, LayerAttention]:
+        """Run the model once and return ``{layer: LayerAttention}`` for the asked layers
+        (``sinks`` as in ``capture``)."""
         batch = self.tokenize(prompt, padding_side)
         out: dict[int, LayerAttention] = {}
-        with self.capture(lambda la: out.__setitem__(la.layer, la), layers, reference, inputs, batch):
+        with self.capture(lambda la: out.__setitem__(la.layer, la), layers, reference, inputs,
+                          batch, sinks):
             self.forward(batch)
         return out

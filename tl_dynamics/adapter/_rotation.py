@@ -62,7 +62,7 @@ def read_rotation(spec: LayerSpec, model: Any, probe: Probe, queries: Queries,
         candidates = [_interleaved(spec, model, where)]
     elif spec.rotary == "half":
         candidates = [_from_hooks(spec, model, got, where)]
-        candidates += _adjacent_pairs(candidates[0], got)
+        candidates += _adjacent_pairs(candidates[0], got) + _undoubled(spec, model, got)
     else:
         candidates = _hooked(spec, model, where)
     return _verified(candidates, got, queries, where)
@@ -128,6 +128,23 @@ def _adjacent_pairs(half: Rotation, got: dict[str, Tensor]) -> list[Rotation]:
             Rotation(half.layer, "interleaved", half.rotary_dim, inv_freq, magnitude)]
 
 
+def _undoubled(spec: LayerSpec, model: Any, got: dict[str, Tensor]) -> list[Rotation]:
+    """A half-layout candidate for tables that hold each frequency once (GPT-OSS fires
+    ``cos``/``sin`` of width ``rotary_dim / 2`` and rotates ``(x_k, x_{k + rotary_dim/2})``):
+    tried last, kept only if it reproduces the rotated queries."""
+    n_pos, n_rot = got["cos"].shape[-2:]
+    cos = got["cos"].reshape(-1, n_pos, n_rot)[0].double()
+    sin = got["sin"].reshape(-1, n_pos, n_rot)[0].double()
+    if n_pos < 2:
+        return []
+    inv_freq, magnitude = torch.atan2(sin[1], cos[1]), float(cos[0, 0])
+    for name, buffer in getattr(model, "original_model", model).named_buffers():
+        if name.endswith("inv_freq") and buffer.numel() == n_rot:  # the model's own float32 values
+            inv_freq = buffer.detach().double().cpu()
+            break
+    return [Rotation(spec.layer, "half", 2 * n_rot, inv_freq, magnitude)]
+
+
 def _hooked(spec: LayerSpec, model: Any, where: str) -> list[Rotation]:
     attn = model.blocks[spec.layer].attn
     cos, sin = getattr(attn, "rotary_cos", None), getattr(attn, "rotary_sin", None)
@@ -151,6 +168,8 @@ def _verified(candidates: list[Rotation], got: dict[str, Tensor], queries: Queri
     positions = torch.arange(q.shape[1], device=q.device).expand(q.shape[:2])
     errors = {}
     for rotation in candidates:
+        if rotation.rotary_dim > q.shape[-1]:
+            continue  # an undoubled candidate wider than the head
         err = (rotation.rotate(q, positions) - scored).abs().max() / scored.abs().max().clamp_min(1e-30)
         errors[rotation.layout] = float(err)
         if errors[rotation.layout] <= tolerance:

@@ -24,11 +24,15 @@ def masked_log_softmax(logits: Float[Tensor, "batch head q k"],
 
 
 def masked_softmax(logits: Float[Tensor, "batch head q k"],
-                   allowed: Bool[Tensor, "batch q k"]) -> Float[Tensor, "batch head q k"]:
+                   allowed: Bool[Tensor, "batch q k"],
+                   sink: Float[Tensor, " head"] | None = None) -> Float[Tensor, "batch head q k"]:
     """Softmax over allowed keys; zero elsewhere and on rows with no allowed key (pad queries).
 
     The same arithmetic as the model's own softmax (``torch.softmax`` over the row with
     disallowed entries at ``-inf``), so recomputed patterns match the host to float rounding.
+    With learned per-head ``sink`` logits (GPT-OSS) the sink joins every row's denominator,
+    ``p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h))``, and is then dropped: rows sum to
+    less than 1.
 
     Example:
         >>> import torch
@@ -36,8 +40,16 @@ def masked_softmax(logits: Float[Tensor, "batch head q k"],
         >>> masked_softmax(torch.zeros(1, 1, 2, 2), allowed)
         tensor([[[[1., 0.],
                   [0., 0.]]]])
+        >>> masked_softmax(torch.zeros(1, 1, 2, 2), allowed, sink=torch.zeros(1))
+        tensor([[[[0.5000, 0.0000],
+                  [0.0000, 0.0000]]]])
     """
     allowed = allowed[:, None]
     masked = logits.masked_fill(~allowed, float("-inf"))
     empty = ~allowed.any(-1, keepdim=True)
-    return torch.softmax(masked.masked_fill(empty, 0.0), dim=-1).masked_fill(~allowed, 0.0)
+    masked = masked.masked_fill(empty, 0.0)
+    if sink is None:
+        return torch.softmax(masked, dim=-1).masked_fill(~allowed, 0.0)
+    column = sink.to(masked)[None, :, None, None].expand(*masked.shape[:-1], 1)
+    weights = torch.softmax(torch.cat([masked, column], dim=-1), dim=-1)[..., :-1]
+    return weights.masked_fill(~allowed, 0.0)

@@ -37,6 +37,7 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
     ``build_frames``); required for rotary layers. With ``reference=True`` captures the result
     can check its own exactness.
     """
+    la.require_no_sinks("contextual_mlp.from_layer")
     head = adapter.check_head(head, la.layer)
     n_batch, n_pos = la.q.shape[:2]
     row = _check_row(row, n_batch)
