@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--keep", default=None, help="folder to keep the page in")
     parser.add_argument("--no-browser", action="store_true")
-    parser.add_argument("--sections", default="circuits,odds_ratio,contextual_mlp,trajectories,"
+    parser.add_argument("--sections", default="atlas,circuits,odds_ratio,contextual_mlp,trajectories,"
                         "particles", help="the CLI's --sections ('none': attention section only)")
     parser.add_argument("--timeout", type=float, default=120.0, help="browser timeout, seconds")
     args = parser.parse_args()
