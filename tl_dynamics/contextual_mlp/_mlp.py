@@ -22,7 +22,8 @@ from tl_dynamics.errors import TLDynamicsError
 if TYPE_CHECKING:
     from tl_dynamics.adapter import ModelAdapter
 
-SAVE_FORMAT = "tl_dynamics.contextual_mlp/1"
+# /2: the frame is stored as (rotation, positions) since the adapter owns rotation; /1 files are refused.
+SAVE_FORMAT = "tl_dynamics.contextual_mlp/2"
 # The MLP is evaluated in float64 from the float32 activations: its error against the model is
 # then the model's own float32 rounding alone (on a d_model=256 GPT-2 shape at 512 tokens: max
 # 6.8e-6 against 1.1e-5 when evaluated in float32). Results are returned in float32.
