@@ -147,6 +147,26 @@ def test_hooked_local_window_is_not_applied_when_bidirectional():
 
 
 @requires_hooked
+@pytest.mark.parametrize("variant", ["gpt2-like", "rotary"])
+def test_hooked_attention_sinks_are_exact(variant):
+    """``use_attention_sinks``: the per-head sink logit joins every softmax denominator."""
+    model = testing.tiny_hooked(variant, use_attention_sinks=True)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sinks.normal_(0.0, 1.0)  # initialised at zero; make every head differ
+    adapter = ModelAdapter(model)
+    assert all(spec.sinks for spec in adapter.specs)
+    for side in ("right", "left"):
+        errors = testing.reconstruction_errors(adapter, testing.PROMPTS, side)
+        for key in ("scores", "pattern", "z", "out"):
+            assert errors[key] <= EXACT_TOL, (key, errors)
+    la = adapter.attention(testing.PROMPTS[1], sinks=True)[0]
+    assert la.pattern().sum(-1)[0].min() < 0.9  # the sinks take a visible share
+    with pytest.raises(TLDynamicsError, match=r"sinks=True"):
+        adapter.attention(testing.PROMPTS[1])
+
+
+@requires_hooked
 def test_hooked_alibi_and_softcap_each_alone_stay_exact():
     """The refusal is for the combination only: either one alone reproduces exactly."""
     for variant in ("alibi", "softcap"):

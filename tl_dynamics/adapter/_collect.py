@@ -120,8 +120,10 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
     if "x" in st:
         reference["x"] = adapter.attention_input(layer, st["x"].float())
     sink = None
-    if spec.sinks:  # read live from the module that adds them (GPT-OSS)
-        sink = adapter.model.blocks[layer].attn.original_component.sinks.detach().float().to(q.device)
+    if spec.sinks:  # read live from the module that adds them (GPT-OSS; HookedTransformer's attn)
+        attn = adapter.model.blocks[layer].attn
+        owner = getattr(attn, "original_component", None) or attn
+        sink = owner.sinks.detach().float().to(q.device)
     return LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
                           query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference,
                           sink_logit=sink)

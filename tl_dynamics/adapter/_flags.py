@@ -38,7 +38,6 @@ _BRIDGE_CFG_RULES: list[_Rule] = [
 # HookedTransformer cfg flags.
 _HOOKED_RULES: list[_Rule] = [
     ("use_logn_attn", bool, "log-n attention scaling"),
-    ("use_attention_sinks", bool, "learned attention sinks"),
     ("clip_qkv", lambda v: v is not None,
      "q, k and v are clamped after hook_q/hook_k/hook_v fire, so the hooks do not hold what "
      "is scored"),

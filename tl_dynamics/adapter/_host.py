@@ -152,8 +152,7 @@ def layer_specs(model: Any, info: HostInfo) -> list[LayerSpec]:
 def _hooked_spec(model: Any, layer: int) -> LayerSpec:
     cfg = model.cfg
     attn = model.blocks[layer].attn
-    for flag, what in (("use_logn_attn", "log-n attention scaling"),
-                       ("use_attention_sinks", "learned attention sinks")):
+    for flag, what in (("use_logn_attn", "log-n attention scaling"),):
         if getattr(cfg, flag, False):
             raise TLDynamicsError(f"unsupported HookedTransformer config: {flag}=True ({what}) "
                                   "is not part of the exact score recipe")
@@ -174,7 +173,8 @@ def _hooked_spec(model: Any, layer: int) -> LayerSpec:
         rotary_dim=cfg.rotary_dim if pos_type == "rotary" else None,
         rotary_base=float(cfg.rotary_base) if pos_type == "rotary" else None,
         alibi="relative" if pos_type == "alibi" else "none",
-        scores_hook="logits", qk_norm=getattr(attn, "q_norm", None) is not None)
+        scores_hook="logits", qk_norm=getattr(attn, "q_norm", None) is not None,
+        sinks=bool(getattr(cfg, "use_attention_sinks", False)))
 
 
 def hooked_post_norm(model: Any) -> str | None:
