@@ -103,13 +103,17 @@ class Peak:
         self.extra = self.peak - self.start
 
 
+CLOCK = "wall"  # or "cpu": the main thread's CPU time (with --threads 1 all of the work)
+
+
 def measure(fn: Callable[[], Any], device: str) -> tuple[float, int]:
+    clock = time.thread_time if CLOCK == "cpu" else time.perf_counter
     with torch.no_grad(), Peak(device) as peak:
-        start = time.perf_counter()
+        start = clock()
         out = fn()
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
     del out
     return elapsed, peak.extra
 
@@ -126,7 +130,7 @@ def run_rows(title: str, rows: dict[str, Callable[[], Any]], repeats: int, devic
             mems[name].append(m)
     base_t = statistics.median(times["plain forward"])
     base_m = max(statistics.median(mems["plain forward"]), 1 << 20)
-    print(f"\n## {title}  (load average {os.getloadavg()[0]:.2f})")
+    print(f"\n## {title}  (load average {os.getloadavg()[0]:.2f}, clock {CLOCK})")
     print("| run | median s | x plain | peak MB above start | extra vs forward's peak |")
     print("|---|---|---|---|---|")
     for name in rows:
@@ -197,9 +201,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--only", choices=["attach", "compute", "long"], action="append")
     parser.add_argument("--profile", help="print a torch profiler table for the row of this name")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: the main thread's CPU time, robust to load from other "
+                             "processes (use with --threads 1, where it is all of the work)")
     parser.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "tl_dynamics_bench"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = args.clock
     only = set(args.only or ["attach", "compute"])
     gen = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}, "
