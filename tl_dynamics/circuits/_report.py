@@ -101,14 +101,15 @@ def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | Non
 
 REPORT_MAX_POSITIONS = 64  # the per-prompt circuit reads at most this many leading positions
 READOUT_ROWS = 30  # prompt tokens listed in the OV read-out table
+READOUT_K = 4  # vocabulary tokens per side and row of that table
 SCORES_CAPTION = ("Eigenvalue positivity sum(Re λ)/sum(|λ|) of each head's full OV circuit "
                   "(W_E W_V W_O W_U: +1 copies its input token) and QK circuit "
                   "(W_E W_Q W_K^T W_E^T: +1 attends to the same token); rows: layers, columns: "
                   "heads, hover for the value.")
 COMPOSITION_CAPTION = ("Composition score of every earlier head (row) into every later head "
-                       "(column) minus the mean of the random baseline above: red pairs compose "
-                       "more than random heads of the same shapes; one colour scale for the three "
-                       "kinds, grey where the pair is not earlier-to-later.")
+                       "(column) minus the mean of the random baseline above: blue pairs compose "
+                       "more than random heads of the same shapes, red less; one colour scale for "
+                       "the three kinds, grey where the pair is not earlier-to-later.")
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
@@ -131,7 +132,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     head = result.copying.best(last)
     real = batch.tokens[0][batch.key_valid[0]]  # first prompt, unpadded
     ids = torch.unique(real)
-    readout = ov_circuit(adapter, last, head).topk(7, ids)
+    readout = ov_circuit(adapter, last, head).topk(READOUT_K, ids[:READOUT_ROWS])
     items: list[viz.Component] = [
         viz.text(result.composition.summary().replace("\n", " ")),
         score_maps([result.copying.panel(), result.qk_positivity.panel()], SCORES_CAPTION,
@@ -162,8 +163,8 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
                        "streamed):"),
               topk_table(readout.to_dataframe(), READOUT_ROWS,
                          f"L{last}H{head}: for each prompt token (first {READOUT_ROWS} distinct), "
-                         "the vocabulary tokens whose logits attending to it raises and lowers "
-                         "most, with the logit change.")]
+                         f"the {READOUT_K} vocabulary tokens whose logits attending to it raises "
+                         "and lowers most, with the logit change.")]
     page.add_section("QK and OV circuits", items, intro=(
         "Weight-based circuits (Elhage et al. 2021), kept factored: no vocabulary x vocabulary "
         "matrix is formed. " + result.copying.notes[-1] + " " + result.composition.notes[-1]),

@@ -99,7 +99,7 @@ def topk_table(frame, rows: int, caption: str) -> viz.Component:
     for row, part in frame.groupby("row", sort=False):
         if len(lines) == rows:
             break
-        cells = {side: ", ".join(f"{viz.visible_token(c)} ({v:+.3g})" for c, v in
+        cells = {side: ", ".join(f"{viz.visible_token(c)} ({v:+.2g})" for c, v in
                                  zip(group["col_label"], group["value"]))
                  for side, group in part.sort_values("rank").groupby("side")}
         lines.append({"token": viz.visible_token(part["row_label"].iloc[0]),
