@@ -37,6 +37,13 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
     ``build_frames``); required for rotary layers. With ``reference=True`` captures the result
     can check its own exactness.
     """
+    return _from_layer(adapter, la, head, row, frame, tokens, str_tokens, None)
+
+
+def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
+                frame: RotaryFrame | None, tokens: torch.Tensor | None,
+                str_tokens: Sequence[str] | None, outgoing: torch.Tensor | None) -> ContextualMLP:
+    """``from_layer`` with the head's outgoing weights ``v_j W_O`` given (None: computed)."""
     la.require_no_sinks("contextual_mlp.from_layer")
     head = adapter.check_head(head, la.layer)
     n_batch, n_pos = la.q.shape[:2]
@@ -61,7 +68,7 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
         layer=la.layer, head=head, row=row, architecture=adapter.info.architecture,
         tokens=None if tokens is None else tokens[row].clone(), str_tokens=names,
         x=la.reference["x"][row].clone(), keys=la.k[row, :, head].clone(),
-        outgoing=la.source_outputs([head])[row, :, 0].clone(),
+        outgoing=(la.v[row, :, head] @ la.W_O[head]) if outgoing is None else outgoing,
         W_Q=adapter.W_Q(la.layer)[head], b_Q=adapter.b_Q(la.layer)[head],
         scale=la.scale, softcap=la.softcap, allowed=la.allowed[row].clone(),
         query_valid=la.query_valid[row].clone(), bias=None if bias is None else bias.clone(),
@@ -116,10 +123,12 @@ class ContextualMLPCollector:
         out: dict[int, dict[tuple[int, int], ContextualMLP]] = {}
         for row in rows:
             names = self.adapter.str_tokens(batch, row) if batch is not None else None
-            for head in self.heads:
-                out.setdefault(row, {})[(la.layer, head)] = from_layer(
+            # this row's outgoing weights v_j W_O of every selected head, in one product
+            outgoing = torch.einsum("jhd,hdm->hjm", la.v[row][:, self.heads], la.W_O[self.heads])
+            for i, head in enumerate(self.heads):
+                out.setdefault(row, {})[(la.layer, head)] = _from_layer(
                     self.adapter, la, head, row, frames[row],
-                    None if batch is None else batch.tokens, names)
+                    None if batch is None else batch.tokens, names, outgoing[i])
         return out
 
     def _pass(self, forward_pass: int, rows: list[int] | None = None
