@@ -381,8 +381,10 @@ def test_views_show_the_three_patterns_and_parts_with_head_names():
     adapter = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
     res = orr.compute(adapter, ["x = <b> & 1", "y"], layers=[1], heads=[0, 3])
     group = res[1].show(heads=3)
-    names = group.components[0].props["attentionHeadNames"]
+    patterns, parts = group.components[0], group.components[1]  # rows of heat maps
+    names = [m.props["title"] for m in patterns.components]
     assert names == ["L1H3 real", "L1H3 prior-only", "L1H3 likelihood-only"]
+    assert patterns.row and parts.row and all(m.name == "Heatmap" for m in parts.components)
     captions = " ".join(c.caption for c in group.components)
     for part in ("query term", "key prior", "log-likelihood"):
         assert part in captions
@@ -403,7 +405,8 @@ def test_report_section_shows_the_most_prior_and_likelihood_driven_heads():
     orr.report_section(page, adapter, batch)
     assert len(page.sections) == 1 and "odds ratio" in page.sections[0].title.lower()
     df = orr.compute(adapter, batch).to_dataframe()
-    lines = [c.html for c in page.sections[0].items if c.name is None and c.html.startswith("<p>")]
+    lines = [c.html for c in page.sections[0].items
+             if isinstance(c, viz.Component) and c.name is None and c.html.startswith("<p>")]
     assert len(lines) == 2
     for key, line in zip(("attr_prior", "attr_loglik"), lines):
         top = df[key].idxmax()

@@ -140,7 +140,7 @@ def stats_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarra
     parts = [viz.figure(histogram_figure(labels, bin_edges, density, clusters), close=False,
                         caption=caption),
              viz.figure(means_figure(frame), close=False,
-                        caption="Per-point means over the prompt's tokens, one plot per "
+                        caption="The per-point means over the prompt's tokens, one plot per "
                                 "statistic (x: depth point, as above); what each is:"),
              viz.table(legend, max_rows=len(legend) + 1)]
     if lens_note is not None:
