@@ -37,7 +37,7 @@ def run(capsys, *argv):
     (["--layers", "one"], "--layers 'one': expected non-negative integers"),
     (["--heads", "L3"], "write a head as L<layer>H<head>"),
     (["--prompt-env", "TLD_NO_SUCH_VARIABLE"], "no such environment variable"),
-    (["--sections", "circuits,bogus"], "unknown ['bogus']; valid: circuits, odds_ratio"),
+    (["--sections", "circuits,bogus"], "unknown ['bogus']; valid: atlas, circuits, odds_ratio"),
     (["--layers", "1", "--heads", "L0H2"], "names heads outside --layers '1'"),
 ])
 def test_bad_prompts_and_focus_options_are_refused_before_loading(argv, message, tmp_path, capsys,
