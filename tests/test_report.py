@@ -132,3 +132,32 @@ def test_public_loader_is_the_package_attribute():
     import tl_dynamics
 
     assert tl_dynamics.load_model is load_model
+
+
+def _attention_sentence(model, tokens):
+    from tl_dynamics.adapter import ModelAdapter
+
+    adapter = ModelAdapter(model)
+    page = viz.Page("t")
+    report.attention_section(page, adapter, adapter.tokenize(tokens))
+    import html
+
+    return " ".join(html.unescape(c.html) for c in page.sections[0].items
+                    if isinstance(c, viz.Component) and c.name is None and c.html)
+
+
+def test_attention_headline_names_a_head_only_where_it_does_the_thing():
+    """Planted structure: induction-2l's previous-token head L0H0 (card: 0.98) is named on a
+    repeated random sequence; an untrained model of the same shape names no previous-token head
+    (its heads spread attention), and the sentence says so instead of naming a 'top' head."""
+    from tl_dynamics import zoo
+
+    gen = torch.Generator().manual_seed(0)
+    half = torch.randint(3, 40, (24,), generator=gen)
+    tokens = torch.cat([half, half])[None]
+    trained = _attention_sentence(zoo.load("induction-2l"), tokens)
+    assert "At least half of a head's attention: previous token L0H0" in trained, trained
+    assert "induction L1H" in trained, trained
+    untrained = _attention_sentence(testing.tiny_model("gpt2"), tokens)
+    assert "No head reaches half for: previous token" in untrained, untrained
+    assert "previous token L" not in untrained.split("No head")[0], untrained

@@ -131,6 +131,10 @@ class HeadSummaries:
         """The top head of each statistic (statistics defined somewhere)."""
         return {name: key for name, (_, key, _) in self._best.items()}
 
+    def top_values(self) -> dict[str, tuple[tuple[int, int], float]]:
+        """Each statistic's top head and its value (statistics defined somewhere)."""
+        return {name: (key, float(value)) for name, (value, key, _) in self._best.items()}
+
     def full_patterns(self) -> dict[tuple[int, int], Tensor]:
         """Asked-for heads, then each statistic's top head, then the lowest-entropy heads,
         within the budget (asked-for heads are always kept)."""

@@ -116,12 +116,37 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
                               columns=adapter.n_heads, row_names=rows, selected=index[first],
                               mask_upper_tri=causal[0],
                               caption=f"{len(names)} heads; full patterns kept for {len(full)}")
-    singled = "; ".join(f"{name.replace('_', ' ')}: L{k[0]}H{k[1]}" for name, k in picked.items())
     items: list[Any] = [viz.group(*maps, caption="Per-head statistics (one cell per head; "
                                           "hover for the value)", row=True), grid]
+    singled = top_heads_sentence(summary.top_values())
     if singled:
-        items.append(viz.text(f"Top head of each statistic: {singled}."))
+        items.append(viz.text(singled))
     page.add_section("Attention patterns", items, intro=ATTENTION_INTRO, math="docs/math.md §1.4")
+
+
+# A head is named for a statistic only when that is where most of its attention goes: the maps
+# show every head's value, and a "top head" at, say, 0.04 would name a head that does not do it.
+NAMED_SHARE = 0.5
+
+
+def top_heads_sentence(tops: dict[str, tuple[tuple[int, int], float]]) -> str:
+    """One sentence naming, per statistic, the head with the largest mean weight there, only
+    where that weight is at least ``NAMED_SHARE`` (otherwise it says no head does it).
+
+    Example:
+        >>> top_heads_sentence({"previous_token": ((0, 2), 0.91), "induction": ((1, 0), 0.04)})
+        'At least half of a head's attention: previous token L0H2 (0.91). No head reaches half for: induction (largest L1H0, 0.04).'
+    """
+    named = [f"{name.replace('_', ' ')} L{k[0]}H{k[1]} ({v:.2f})" for name, (k, v) in tops.items()
+             if v >= NAMED_SHARE]
+    below = [f"{name.replace('_', ' ')} (largest L{k[0]}H{k[1]}, {v:.2f})"
+             for name, (k, v) in tops.items() if v < NAMED_SHARE]
+    parts = []
+    if named:
+        parts.append("At least half of a head's attention: " + "; ".join(named) + ".")
+    if below:
+        parts.append("No head reaches half for: " + "; ".join(below) + ".")
+    return " ".join(parts)
 
 
 def unknown_token_warning(adapter: ModelAdapter, batch: Batch) -> str | None:
