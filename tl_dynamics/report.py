@@ -156,7 +156,7 @@ def unknown_token_warning(adapter: ModelAdapter, batch: Batch) -> str | None:
     special = {getattr(tok, f"{k}_token_id", None) for k in ("bos", "eos", "pad")}
     if unk is None or unk in special:
         return None
-    count = int((batch.tokens[0][batch.key_valid[0]] == unk).sum())
+    count = int((batch.real_tokens() == unk).sum())
     if not count:
         return None
     return (f"{count} of the prompt's {int(batch.key_valid[0].sum())} tokens are unknown to this "

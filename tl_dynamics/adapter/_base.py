@@ -107,6 +107,18 @@ class AdapterBase:
             name = f"blocks.{layer}.hook_resid_pre"  # no input normalisation: W_Q reads the stream
         return name if name in self.model.hook_dict else None
 
+    def named_hooks(self, entries: Sequence[tuple[str, int, Any]]) -> list[tuple[str, Any]]:
+        """``(role, layer, fn)`` entries as ``(hook name, fn)``; every role must exist, checked
+        before any hook is attached."""
+        named = []
+        for role, layer, fn in entries:
+            name = self.hook_name(role, self.check_layer(layer))
+            if name is None:
+                raise TLDynamicsError(f"this {self.info.architecture} model has no {role!r} hook "
+                                      f"in layer {layer}")
+            named.append((name, fn))
+        return named
+
     # ----------------------------------------------------------------- weights
     def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
         self.info  # noqa: B018 (drops the cache when the compatibility mode changed)

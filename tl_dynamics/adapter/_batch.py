@@ -36,6 +36,10 @@ class Batch:
     def padded(self) -> bool:
         return not bool(self.key_valid.all())
 
+    def real_tokens(self, row: int = 0) -> Int[Tensor, " pos"]:
+        """The token ids of one row with its padding removed."""
+        return self.tokens[row][self.key_valid[row]]
+
 
 def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str = "right",
              attention_mask: Tensor | None = None) -> Batch:

@@ -106,13 +106,7 @@ class ModelAdapter(AdapterBase):
     def hooks(self, hooks: Sequence[tuple[str, int, Callable[[Tensor], None]]],
               on_forward_end: Callable[[], None] | None = None) -> Iterator[None]:
         """Attach ``fn(activation)`` at ``(role, layer)``; removes exactly these hooks on exit."""
-        named = []
-        for role, layer, fn in hooks:
-            name = self.hook_name(role, self.check_layer(layer))
-            if name is None:
-                raise TLDynamicsError(f"this {self.info.architecture} model has no {role!r} hook "
-                                      f"in layer {layer}")
-            named.append((name, fn))
+        named = self.named_hooks(hooks)
         with _capture.registered(self.model, self.info.architecture, named, on_forward_end):
             yield
 

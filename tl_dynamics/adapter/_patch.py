@@ -26,13 +26,7 @@ PatchFn = Callable[[Tensor], "Tensor | None"]
 @contextmanager
 def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -> Iterator[None]:
     """Attach replacing hooks ``(role, layer, fn)``; remove exactly these on exit."""
-    named = []
-    for role, layer, fn in patches:
-        name = adapter.hook_name(role, adapter.check_layer(layer))
-        if name is None:
-            raise TLDynamicsError(f"this {adapter.info.architecture} model has no {role!r} hook "
-                                  f"in layer {layer}")
-        named.append((name, fn))
+    named = adapter.named_hooks(patches)
     hook_dict = adapter.model.hook_dict
     owned: list[tuple[Any, Any]] = []
 

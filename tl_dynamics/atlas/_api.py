@@ -144,7 +144,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     ``REPORT_NATURAL_TOKENS`` real tokens) as the natural probe."""
     n_heads = adapter.n_layers * adapter.n_heads
     causal = n_heads <= REPORT_CAUSAL_HEADS
-    real = batch.tokens[0][batch.key_valid[0]]
+    real = batch.real_tokens()
     natural = real[:REPORT_NATURAL_TOKENS]
     result = compute(adapter, adapter.tokenize(natural[None]), causal=causal)
     cut = ("the report's prompt" if len(natural) == len(real) else

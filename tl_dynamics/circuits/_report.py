@@ -130,7 +130,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     result = compute(adapter)  # weights only: per-prompt circuits below, for the shown head only
     last = adapter.n_layers - 1
     head = result.copying.best(last)
-    real = batch.tokens[0][batch.key_valid[0]]  # first prompt, unpadded
+    real = batch.real_tokens()  # first prompt, unpadded
     ids = torch.unique(real)
     readout = ov_circuit(adapter, last, head).topk(READOUT_K, ids[:READOUT_ROWS])
     items: list[viz.Component] = [

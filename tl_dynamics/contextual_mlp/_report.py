@@ -29,7 +29,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         'Attention as a contextual MLP'
     """
     layer = adapter.n_layers - 1
-    real = batch.tokens[0][batch.key_valid[0]][:REPORT_MAX_POSITIONS]  # row 0, unpadded
+    real = batch.real_tokens()[:REPORT_MAX_POSITIONS]  # row 0, unpadded
     result = compute(adapter, adapter.tokenize(real[None]), layers=layer)
     mlp = result.decisive()
     items: list[viz.Component] = list(result.show().components)

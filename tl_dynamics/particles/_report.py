@@ -34,7 +34,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         >>> page = viz.Page("report")                                     # doctest: +SKIP
         >>> particles.report_section(page, ad, ad.tokenize("a b c d"))    # doctest: +SKIP
     """
-    real = batch.tokens[0][batch.key_valid[0]]
+    real = batch.real_tokens()
     shown = real[:REPORT_MAX_PARTICLES]  # causal models: these states are the full prompt's
     result = compute(adapter, adapter.tokenize(shown[None]), layers=0, heads=0, t_max=10.0)
     note = ("" if len(shown) == len(real) else
