@@ -142,6 +142,16 @@ def section_text(page) -> str:
     return html.unescape("\n".join(item._repr_html_() for item in page.sections[0].items))
 
 
+def test_scores_without_chance_level_are_the_same_scores(induction):
+    """``chance=False`` (what the atlas asks for) skips only the random-head level: the scores
+    are identical and no head is said to clear a chance level that was not computed."""
+    for fn in (circuits.copying_scores, circuits.qk_positivity_scores):
+        full, bare = fn(induction), fn(induction, chance=False)
+        assert full.chance is not None and bare.chance is None
+        assert torch.equal(full.scores, bare.scores)
+        assert not bare.beyond_chance(1, bare.best(1)) and "no chance level" in bare.verdict(1)
+
+
 def test_copying_head_is_named_only_beyond_chance(induction, untrained):
     """The induction head copies (score ~1, far above random heads); at initialisation no head
     does, and the report must say so instead of naming the highest score."""

@@ -113,8 +113,10 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
     out = {"prev_circuit": np.full(shape, np.nan), "ov_copying": np.full(shape, np.nan),
            "qk_positivity": np.full(shape, np.nan)}
     try:
-        out["ov_copying"] = circuits.copying_scores(adapter).scores.double().numpy()
-        out["qk_positivity"] = circuits.qk_positivity_scores(adapter).scores.double().numpy()
+        # The roles compare with the shuffled control, not with the random-head chance level.
+        out["ov_copying"] = circuits.copying_scores(adapter, chance=False).scores.double().numpy()
+        out["qk_positivity"] = (circuits.qk_positivity_scores(adapter, chance=False).scores
+                                .double().numpy())
     except TLDynamicsError as exc:
         notes.append(f"OV copying and QK positivity not available: {exc}")
     if adapter.W_pos is None:

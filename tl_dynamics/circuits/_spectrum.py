@@ -149,9 +149,10 @@ def _checked_layers(adapter, layers: int | Sequence[int] | None) -> list[int]:
 
 
 def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
-                   biases: bool = True) -> HeadScores:
+                   biases: bool = True, chance: bool = True) -> HeadScores:
     """OV copying score of every head: eigenvalues of ``W_E W_V W_O W_U`` from its
-    ``d_head x d_head`` factor ``W_O (W_U W_E) W_V``.
+    ``d_head x d_head`` factor ``W_O (W_U W_E) W_V``. ``chance=False`` skips the chance level
+    (``CHANCE_SAMPLES`` random heads; most of the cost on small models): ``.chance`` is None.
 
     Example:
         >>> from tl_dynamics import circuits, zoo
@@ -176,13 +177,15 @@ def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
     notes = (f"b_V {'included' if biases else 'left out'}; b_O, b_U and the final LayerNorm left out.",
              norm_note(adapter))
     return HeadScores("OV copying", tuple(layers), positivity(eig), eig, None, notes,
-                      adapter.info.architecture, chance_level(UE, adapter.d_head))
+                      adapter.info.architecture, chance_level(UE, adapter.d_head) if chance else None)
 
 
 def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
-                         offset: int | None = None, biases: bool = True) -> HeadScores:
+                         offset: int | None = None, biases: bool = True,
+                         chance: bool = True) -> HeadScores:
     """Positivity of every head's full QK circuit ``W_E W_Q R_offset W_K^T W_E^T`` (rotary
-    layers: at ``offset``, 0 by default), from ``W_K^T (W_E^T W_E) W_Q R``."""
+    layers: at ``offset``, 0 by default), from ``W_K^T (W_E^T W_E) W_Q R``; ``chance`` as in
+    ``copying_scores``."""
     adapter = ModelAdapter.of(model)
     layers = _checked_layers(adapter, layers)
     E = _embedding(adapter, biases)
@@ -203,6 +206,7 @@ def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
     if any(adapter.specs[l].qk_norm for l in layers):
         notes.append("q/k normalisation (qk_norm) is left out of the bilinear circuit.")
     return HeadScores("QK positivity", tuple(layers), positivity(eig), eig, used, tuple(notes),
-                      adapter.info.architecture, chance_level(gram, adapter.d_head))
+                      adapter.info.architecture,
+                      chance_level(gram, adapter.d_head) if chance else None)
 
 
