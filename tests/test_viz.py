@@ -101,3 +101,33 @@ def test_coloured_tokens_say_what_their_colours_mean():
     spec = viz.colored_tokens(["a", "b", "c"], [-0.5, 0.0, 2.0]).fragment_spec()
     assert spec["note"].startswith("Colour: blue for positive values, red for negative")
     assert "from -0.5 to 2" in spec["note"]
+
+
+def test_svg_plots_escape_names_and_place_every_finite_point():
+    """Line plots are inline SVG: hostile series names and x labels stay text, every finite
+    value is a point with its exact value on hover, a NaN breaks the line instead of drawing
+    it, and the y range written beside the panel is the data's."""
+    import re
+
+    labels = [HOSTILE[0], "p1", "p2", "p3"]
+    plot = viz.line_plot(labels, {HOSTILE[1]: [0.5, 1.5, float("nan"), 2.5], "b": [1, 2, 3, 4]},
+                         title=HOSTILE[2])
+    html = plot.html
+    for bad in HOSTILE[:3]:
+        assert bad not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html and "<script" not in html
+    points = re.findall(r"<circle [^>]*><title>([^<]*)</title>", html)
+    assert len(points) == 7 and any(p.endswith("at p3: 2.5") for p in points)
+    assert html.count("<polyline") == 2  # series one: p0-p1, then p3 alone (a dot) after the NaN
+    grid = viz.small_multiples(["a", "b"], {"norm": [1.0, 3.0], "rank": [-2.0, 5.0]}, columns=1)
+    ticks = re.findall(r'text-anchor="end" style="[^"]*">([^<]*)</text>', grid.html)
+    assert ticks == ["1", "3", "-2", "5"]  # each panel shows its own range
+
+
+def test_svg_plots_refuse_mismatched_series():
+    with pytest.raises(TLDynamicsError, match=r"series 'x' has shape \(3,\); expected \(2,\)"):
+        viz.line_plot(["a", "b"], {"x": [1, 2, 3]})
+    with pytest.raises(TLDynamicsError, match="columns must be at least 1"):
+        viz.small_multiples(["a"], {"x": [1]}, columns=0)
+    with pytest.raises(TLDynamicsError, match="at least one x label"):
+        viz.line_plot([], {"x": []})

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure  # no pyplot: no global state, no backend switch
 
 from tl_dynamics import viz
 
@@ -40,29 +38,26 @@ def token_views(architecture: str, row: int, tokens: Sequence[str], labels: Sequ
     return viz.group(*parts, caption=f"{architecture}: token trajectories, prompt {row}")
 
 
-def histogram_figure(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarray,
-                     clusters: Mapping[float, np.ndarray]) -> Figure:
+def histogram_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarray,
+                    clusters: Mapping[float, np.ndarray], caption: str) -> viz.Group:
     """Pairwise-cosine densities per point (``density [point, bins]``) beside the mean cluster
-    count per prompt at each threshold (``clusters[eps] [point]``)."""
-    centres = (bin_edges[:-1] + bin_edges[1:]) / 2
-    fig = Figure(figsize=(10, 3.4))
-    axes = fig.subplots(1, 2)
-    cmap = matplotlib.colormaps["viridis"]
-    for p, lab in enumerate(labels):
-        axes[0].plot(centres, density[p], color=cmap(p / max(len(labels) - 1, 1)), label=lab)
-    axes[0].set_xlabel("pairwise cosine")
-    axes[0].set_ylabel("density")
-    axes[0].set_title("pairwise cosines per point")
-    axes[0].legend(fontsize=6, ncol=2)
-    x = np.arange(len(labels))
-    for eps, counts in clusters.items():
-        axes[1].plot(x, counts, marker="o", label=f"eps={eps:g}")
-    axes[1].set_xticks(x, list(labels), rotation=60, fontsize=6)
-    axes[1].set_ylabel("clusters per prompt")
-    axes[1].set_title("clusters (cos > 1 - eps)")
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    count per prompt at each threshold (``clusters[eps] [point]``).
+
+    Example:
+        >>> views = histogram_views(["p0", "p1"], np.linspace(-1, 1, 3), np.ones((2, 2)),
+        ...                         {0.1: np.array([2.0, 1.0])}, "two points")
+        >>> len(views.components)
+        2
+    """
+    centres = [f"{c:.2f}" for c in (bin_edges[:-1] + bin_edges[1:]) / 2]
+    return viz.group(
+        viz.line_plot(centres, {lab: density[p] for p, lab in enumerate(labels)},
+                      title="pairwise cosines per point", y_title="density",
+                      caption="x: cosine between two tokens' states; one line per depth point"),
+        viz.line_plot(list(labels), {f"eps={eps:g}": counts for eps, counts in clusters.items()},
+                      title="clusters (cos > 1 - eps)", y_title="clusters per prompt",
+                      caption="x: depth point; one line per threshold eps"),
+        caption=caption, row=True)
 
 
 # What each per-point column means (the legend beside the plot of the per-point means).
@@ -94,34 +89,21 @@ STANDARDIZE_MEANINGS = {
 MAX_PANELS = 24
 
 
-def means_figure(frame: pd.DataFrame) -> Figure:
+def means_view(frame: pd.DataFrame, caption: str = "") -> viz.Component:
     """One small plot per numeric column of ``frame`` (per-point means, indexed or keyed by
-    ``point``) against the point.
+    ``point``) against the point, at most ``MAX_PANELS``.
 
     Example:
         >>> f = pd.DataFrame({"point": ["resid_pre0", "resid_post0"], "mean_norm": [1.0, 2.0]})
-        >>> len(means_figure(f).axes)
-        4
+        >>> means_view(f).html.count("<polyline")
+        1
     """
     frame = frame.reset_index() if "point" not in frame.columns else frame
     labels = [str(x) for x in frame["point"]]
     names = [c for c in frame.columns if c != "point"
              and pd.api.types.is_numeric_dtype(frame[c])][:MAX_PANELS]
-    ncols = 4
-    nrows = max(1, -(-len(names) // ncols))
-    fig = Figure(figsize=(11, 1.9 * nrows))
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    x = np.arange(len(labels))
-    step = max(1, -(-len(labels) // 8))
-    for ax, name in zip(axes.flat, names):
-        ax.plot(x, frame[name].to_numpy(dtype=float), marker="o", ms=2.5, lw=1.0)
-        ax.set_title(name, fontsize=8)
-        ax.set_xticks(x[::step], labels[::step], rotation=45, fontsize=5.5, ha="right")
-        ax.tick_params(axis="y", labelsize=6)
-    for ax in list(axes.flat)[len(names):]:
-        ax.set_visible(False)
-    fig.tight_layout(h_pad=0.6, w_pad=0.8)
-    return fig
+    return viz.small_multiples(labels, {name: frame[name].to_numpy(dtype=float) for name in names},
+                               columns=4, caption=caption)
 
 
 def stats_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarray,
@@ -137,11 +119,10 @@ def stats_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarra
     legend = pd.DataFrame([{"statistic": name, "meaning": meaning}
                            for name, meaning in COLUMN_MEANINGS
                            if any(_matches(part.strip(), shown) for part in name.split(","))])
-    parts = [viz.figure(histogram_figure(labels, bin_edges, density, clusters), close=False,
-                        caption=caption),
-             viz.figure(means_figure(frame), close=False,
-                        caption="The per-point means over the prompt's tokens, one plot per "
-                                "statistic (x: depth point, as above); what each is:"),
+    parts = [histogram_views(labels, bin_edges, density, clusters, caption),
+             means_view(frame, caption="The per-point means over the prompt's tokens, one plot "
+                                       "per statistic (x: depth point, as above; hover a point "
+                                       "for its value); what each is:"),
              viz.table(legend, max_rows=len(legend) + 1)]
     if lens_note is not None:
         parts.append(viz.text(f"next-token statistics: {lens_note}"))

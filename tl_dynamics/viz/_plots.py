@@ -1,0 +1,149 @@
+"""Line plots as inline SVG written in Python: no matplotlib, no script, a few KB each.
+
+Labels are laid out on a fixed grid (titles above the plot area, y range at its left, x ticks
+below, thinned to fit and slanted), so nothing overlaps whatever the values. Every point carries
+a ``<title>`` with its exact value, which the browser shows on hover. Untrusted text (names,
+labels) is escaped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from jaxtyping import Float
+
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.viz._component import Component, html_escape
+
+# Distinct colours for series (Tableau 10); more series cycle through them.
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac")
+_FONT = "font-family:sans-serif"
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}" if math.isfinite(value) else "n/a"
+
+
+def _series(values: Any, n: int, name: str) -> Float[np.ndarray, " n"]:
+    arr = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=float)
+    if arr.shape != (n,):
+        raise TLDynamicsError(f"series {name!r} has shape {arr.shape}; expected ({n},), one value "
+                              f"per x label")
+    return arr
+
+
+def _panel(x_labels: Sequence[str], series: Sequence[tuple[str, np.ndarray, str]], title: str,
+           x0: float, y0: float, width: float, height: float, y_title: str = "",
+           max_ticks: int = 8) -> list[str]:
+    """SVG elements of one panel whose outer box starts at ``(x0, y0)``."""
+    left, top, bottom = 54.0, 18.0, 52.0
+    pw, ph = width - left - 8.0, height - top - bottom
+    px, py = x0 + left, y0 + top
+    finite = np.concatenate([s[np.isfinite(s)] for _, s, _ in series] or [np.zeros(0)])
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if hi - lo < 1e-12 * max(1.0, abs(hi)):
+        lo, hi = lo - 0.5, hi + 0.5
+    n = len(x_labels)
+    xs = [px + (pw * i / (n - 1) if n > 1 else pw / 2) for i in range(n)]
+
+    def y_of(v: float) -> float:
+        return py + ph * (1.0 - (v - lo) / (hi - lo))
+
+    out = [f'<text x="{x0 + width / 2:.1f}" y="{y0 + 12:.1f}" text-anchor="middle" '
+           f'style="{_FONT};font-size:11px;font-weight:bold">{html_escape(title)}</text>',
+           f'<rect x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{ph:.1f}" fill="none" '
+           f'stroke="#bbb"/>']
+    for v in (lo, hi):
+        out.append(f'<text x="{px - 4:.1f}" y="{y_of(v) + 3:.1f}" text-anchor="end" '
+                   f'style="{_FONT};font-size:9px">{_fmt(v)}</text>')
+    if y_title:
+        out.append(f'<text x="{x0 + 9:.1f}" y="{py + ph / 2:.1f}" text-anchor="middle" '
+                   f'transform="rotate(-90 {x0 + 9:.1f} {py + ph / 2:.1f})" '
+                   f'style="{_FONT};font-size:9px">{html_escape(y_title)}</text>')
+    step = max(1, -(-n // max_ticks))
+    for i in range(0, n, step):
+        tx, ty = xs[i], py + ph + 10
+        out.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" '
+                   f'transform="rotate(-40 {tx:.1f} {ty:.1f})" '
+                   f'style="{_FONT};font-size:8px">{html_escape(x_labels[i])}</text>')
+    for name, values, colour in series:
+        runs: list[list[str]] = [[]]
+        for x, v in zip(xs, values):
+            if math.isfinite(v):
+                runs[-1].append(f"{x:.1f},{y_of(v):.1f}")
+            elif runs[-1]:
+                runs.append([])  # a gap where the value is not defined
+        for run in runs:
+            if len(run) > 1:
+                out.append(f'<polyline points="{" ".join(run)}" fill="none" stroke="{colour}" '
+                           f'stroke-width="1.4"/>')
+        for x, v, label in zip(xs, values, x_labels):
+            if math.isfinite(v):
+                out.append(f'<circle cx="{x:.1f}" cy="{y_of(v):.1f}" r="2.2" fill="{colour}">'
+                           f'<title>{html_escape(name)} at {html_escape(label)}: {v:.6g}</title>'
+                           f'</circle>')
+    return out
+
+
+def _svg(parts: list[str], width: float, height: float, caption: str) -> Component:
+    body = "".join(parts)
+    return Component(html=f'<svg class="tld-figure tld-svg" xmlns="http://www.w3.org/2000/svg" '
+                          f'width="{width:.0f}" height="{height:.0f}" '
+                          f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
+                          f'aria-label="{html_escape(caption or "plot")}">{body}</svg>',
+                     caption=caption)
+
+
+def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "",
+              y_title: str = "", caption: str = "", width: int = 560,
+              height: int = 260) -> Component:
+    """Several named series over the same categorical x axis in one panel, with a legend.
+
+    Example:
+        >>> line_plot(["a", "b", "c"], {"up": [0, 1, 2], "down": [2, 1, float("nan")]}).name is None
+        True
+    """
+    labels = [str(x) for x in x_labels]
+    if not labels or not series:
+        raise TLDynamicsError("line_plot needs at least one x label and one series")
+    drawn = [(str(k), _series(v, len(labels), str(k)), PALETTE[i % len(PALETTE)])
+             for i, (k, v) in enumerate(series.items())]
+    legend_w = 150.0
+    parts = _panel(labels, drawn, title, 0.0, 0.0, width - legend_w, height, y_title)
+    for i, (name, _, colour) in enumerate(drawn):
+        y = 24.0 + 14.0 * i
+        parts.append(f'<line x1="{width - legend_w + 8:.1f}" y1="{y - 3:.1f}" '
+                     f'x2="{width - legend_w + 24:.1f}" y2="{y - 3:.1f}" stroke="{colour}" '
+                     f'stroke-width="2"/><text x="{width - legend_w + 28:.1f}" y="{y:.1f}" '
+                     f'style="{_FONT};font-size:9px">{html_escape(name[:28])}</text>')
+    total_h = max(float(height), 24.0 + 14.0 * len(drawn))
+    return _svg(parts, float(width), total_h, caption)
+
+
+def small_multiples(x_labels: Sequence[str], panels: Mapping[str, Any], columns: int = 4,
+                    caption: str = "", panel_width: int = 270, panel_height: int = 150
+                    ) -> Component:
+    """One small line plot per named series (its own y range, written at its left), all over
+    the same x labels, ``columns`` to a row.
+
+    Example:
+        >>> small_multiples(["p0", "p1"], {"norm": [1.0, 2.0], "rank": [3.0, 2.5]}).html[:4]
+        '<svg'
+    """
+    labels = [str(x) for x in x_labels]
+    if not labels or not panels:
+        raise TLDynamicsError("small_multiples needs at least one x label and one panel")
+    if columns < 1:
+        raise TLDynamicsError(f"small_multiples: columns must be at least 1, got {columns}")
+    parts: list[str] = []
+    for i, (name, values) in enumerate(panels.items()):
+        row, col = divmod(i, columns)
+        parts += _panel(labels, [(str(name), _series(values, len(labels), str(name)), PALETTE[0])],
+                        str(name), float(col * panel_width), float(row * panel_height),
+                        float(panel_width), float(panel_height), max_ticks=6)
+    rows = -(-len(panels) // columns)
+    return _svg(parts, float(min(columns, len(panels)) * panel_width), float(rows * panel_height),
+                caption)
