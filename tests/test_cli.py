@@ -39,6 +39,8 @@ def run(capsys, *argv):
     (["--prompt-env", "TLD_NO_SUCH_VARIABLE"], "no such environment variable"),
     (["--sections", "circuits,bogus"], "unknown ['bogus']; valid: atlas, circuits, odds_ratio"),
     (["--layers", "1", "--heads", "L0H2"], "names heads outside --layers '1'"),
+    (["--threads", "0"], "--threads '0': give a positive integer or 'auto'"),
+    (["--threads", "two"], "--threads 'two': give a positive integer or 'auto'"),
 ])
 def test_bad_prompts_and_focus_options_are_refused_before_loading(argv, message, tmp_path, capsys,
                                                                    no_loading):
@@ -202,3 +204,25 @@ def test_make_report_passes_the_prompt_without_the_shell(tmp_path):
     seen = json.loads(dump.read_text())
     assert seen["prompt"] == HOSTILE_PROMPT
     assert "--prompt-env" in seen["argv"] and HOSTILE_PROMPT not in seen["argv"]
+
+
+def test_report_threads_follow_the_setting_and_the_machine_load(monkeypatch):
+    """'auto' leaves torch's one-thread-per-core default on a quiet machine and uses one thread
+    when the cores are already busy; the report restores torch's setting afterwards."""
+    import torch
+
+    from tl_dynamics import report, testing
+
+    monkeypatch.setattr(report.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(report.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert report.report_threads("auto") is None
+    monkeypatch.setattr(report.os, "getloadavg", lambda: (3.6, 3.0, 3.0))
+    assert report.report_threads("auto") == 1
+    assert report.report_threads(2) == 2 and report.report_threads(None) is None
+    with pytest.raises(TLDynamicsError, match="give a positive integer"):
+        report.report_threads(0)
+    before = torch.get_num_threads()
+    seen = []
+    section = ("probe", lambda page, adapter, batch: seen.append(torch.get_num_threads()))
+    report.build_report(testing.tiny_model("gpt2"), "a b", sections=[section], threads=3)
+    assert seen == [3] and torch.get_num_threads() == before

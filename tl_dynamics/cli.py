@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="analysis sections to include, comma-separated, from: circuits, "
                              "odds_ratio, contextual_mlp, trajectories, particles; 'none' for the "
                              "attention section only (default: all)")
+    report.add_argument("--threads", default="auto",
+                        help="torch intra-op threads while building: a positive integer, or "
+                             "'auto' (default: one per core, or 1 when the machine is busy)")
     sub.add_parser("models", help="list the shipped models, what is installed, and the tiny "
                                   "random architectures")
     sub.add_parser("heads", help="what every head does, as a table (--out: an HTML page); "
@@ -179,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             raise TLDynamicsError(f"--heads {args.heads!r} names heads outside --layers "
                                   f"{args.layers!r}: add their layers or drop them")
         sections = parse_sections(args.sections) if args.sections is not None else None
-        path, label = _report(args.model, prompt, out, layers, heads, sections)
+        threads = parse_threads(args.threads)
+        path, label = _report(args.model, prompt, out, layers, heads, sections, threads)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
@@ -188,8 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def parse_threads(text: str) -> int | str:
+    if text.strip() == "auto":
+        return "auto"
+    if not text.strip().isdigit() or int(text) < 1:
+        raise TLDynamicsError(f"--threads {text!r}: give a positive integer or 'auto'")
+    return int(text)
+
+
 def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
-            heads: list[tuple[int, int]] | None, sections: list[str] | None) -> tuple[Path, str]:
+            heads: list[tuple[int, int]] | None, sections: list[str] | None,
+            threads: int | str = "auto") -> tuple[Path, str]:
     from tl_dynamics import models, report
 
     progress = (lambda msg: print(msg, file=sys.stderr))
@@ -203,5 +216,5 @@ def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
     chosen = report.SECTIONS if sections is None else tuple(
         (n, fn) for n, fn in report.SECTIONS if n in sections)
     page = report.build_report(loaded.model, prompt, loaded.label, sections=chosen,
-                               progress=progress, layers=layers, heads=heads)
+                               progress=progress, layers=layers, heads=heads, threads=threads)
     return page.write(out), loaded.label
