@@ -169,6 +169,32 @@ def test_errors_name_what_is_valid(induction):
         atlas.build_probes(induction, n_seq=0)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_sink_advantages_equal_the_odds_ratio_split(arch):
+    """The sink's key-prior and log-likelihood advantages over the row mean, taken without the
+    [q, k, d_head] difference tensor, equal the same terms read off ``odds_ratio.split_scores``
+    (padded prompts of two lengths, causal and bidirectional)."""
+    from tl_dynamics import odds_ratio, testing
+    from tl_dynamics.atlas import _measure
+
+    ad = ModelAdapter(testing.tiny_model(arch))
+    las = ad.attention(ad.tokenize(["a b c a b c d", "x y"]))
+    for la in (las.values() if isinstance(las, dict) else las):
+        top = torch.randint(0, la.k.shape[1], la.q.shape[:1] + la.q.shape[2:3],
+                            generator=torch.Generator().manual_seed(la.layer))
+        prior_adv, loglik_adv = _measure._sink_advantages(la, top)
+        parts = odds_ratio.split_scores(la.q, la.k, la.scale, dtype=torch.float64)
+        allowed = la.allowed[:, None].expand_as(parts.loglik)
+        n_keys = la.allowed.double().sum(-1).clamp(min=1.0)[:, None, :]
+        idx = top[:, :, None, None].expand(-1, -1, parts.loglik.shape[2], 1)
+        prior = parts.key_prior[:, :, None, :].expand_as(parts.loglik)
+        want_prior = prior.gather(-1, idx).squeeze(-1) - prior.masked_fill(~allowed, 0).sum(-1) / n_keys
+        want_lik = (parts.loglik.gather(-1, idx).squeeze(-1)
+                    - parts.loglik.masked_fill(~allowed, 0).sum(-1) / n_keys)
+        torch.testing.assert_close(prior_adv.double(), want_prior, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loglik_adv.double(), want_lik, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------ the real encoder
 MINILM_PROMPTS = ["The cat sat on the mat because it was warm.",
                   "Paris is the capital of France, and Berlin is the capital of Germany."]
