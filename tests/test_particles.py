@@ -565,4 +565,7 @@ def test_report_section_labels_the_plot_and_captions_it_once():
     [figure] = section.items
     assert "clusters among the prompt's" in figure.caption.lower()
     assert "every token its own cluster" in figure.caption
-    assert page.to_html().count(viz.html_escape(figure.caption)) == 2  # alt text + caption
+    html = page.to_html()
+    assert html.count(viz.html_escape(figure.caption)) == 1  # captioned once
+    assert html.count("tld-svg") == 3 and "clusters (cos &gt; 1 - 0.05)" in html  # y axes labelled
+    assert "time t of the idealised flow" in html and "depth point" in html

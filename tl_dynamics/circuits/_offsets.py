@@ -17,7 +17,6 @@ from typing import Any, Sequence
 
 import torch
 from jaxtyping import Float
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from tl_dynamics import viz
@@ -53,6 +52,8 @@ class OffsetSummary:
 
     def show(self) -> viz.Component:
         """Line plots of each statistic against the offset."""
+        from matplotlib.figure import Figure  # imported when drawn
+
         fig = Figure(figsize=(3.2 * len(STATS), 2.6))
         axes = fig.subplots(1, len(STATS))
         for ax, stat in zip(axes, STATS):

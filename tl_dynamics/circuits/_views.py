@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from tl_dynamics import viz
 
@@ -34,6 +33,8 @@ def heatmaps(panels: Sequence[Panel], caption: str) -> viz.Component:
     """
     widths = [min(5.5, 1.5 + 0.25 * len(p.col_labels)) for p in panels]
     height = max(min(5.5, 1.2 + 0.25 * len(p.row_labels)) for p in panels)
+    from matplotlib.figure import Figure  # imported when drawn: importing the package stays light
+
     fig = Figure(figsize=(sum(widths) + 0.8 * len(panels), height), layout="constrained")  # room for colour bars
     axes = fig.subplots(1, len(panels), squeeze=False, gridspec_kw={"width_ratios": widths})
     for n, (ax, p) in enumerate(zip(axes[0], panels)):

@@ -75,11 +75,13 @@ class BesideModel:
         model = f"{int(self.model_clusters.min())}..{int(self.model_clusters.max())}"
         return (f"Clusters among the prompt's {n} tokens (cos > 1 - {self.eps:g}): through the "
                 f"model's depth (left: {model}) and under the idealised (SA) flow seeded from "
-                f"{', '.join(self.names[:6])}{', ...' if len(self.names) > 6 else ''} (right; dotted: "
-                f"mean pairwise cosine). Dashed: {n}, every token its own cluster. Here {flow}.")
+                f"{', '.join(self.names[:6])}{', ...' if len(self.names) > 6 else ''} (middle; "
+                f"right: its mean pairwise cosine). Dashed: {n}, every token its own cluster. "
+                f"Here {flow}.")
 
-    def show(self) -> viz.Component:
-        """The model's clusters through depth beside the flow's over time (one figure)."""
+    def show(self) -> viz.Group:
+        """The model's clusters through depth beside the flow's over time, and the flow's mean
+        pairwise cosine (inline SVG plots)."""
         counts = self.run.cluster_counts(self.eps).numpy().astype(float)
         return beside_figure(self.point_labels, self.model_clusters, len(self.tokens),
                              self.run.times.numpy(), counts, self.run.mean_cosine.numpy(),

@@ -1,17 +1,15 @@
 """Figures for particle runs, phase diagrams and the flow beside a model, from plain arrays.
 
-Matplotlib figures are drawn in memory (``Figure``, no pyplot state) and returned as ``viz``
-components (an inline PNG with its caption).
+Runs and phase diagrams are matplotlib figures drawn in memory (``Figure``, no pyplot state)
+and returned as ``viz`` components (an inline PNG with its caption); the flow beside a model is
+inline SVG line plots.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-import matplotlib
-import matplotlib.ticker
 import numpy as np
-from matplotlib.figure import Figure
 
 from tl_dynamics import viz
 
@@ -19,6 +17,8 @@ _MAX_RUN_LINES = 24
 
 
 def _cmap() -> Any:
+    import matplotlib  # imported when drawn: importing the package stays light
+
     return matplotlib.colormaps["tab10"]
 
 
@@ -67,6 +67,8 @@ def plot_cluster_counts(ax: Any, times: np.ndarray, counts: np.ndarray, eps: flo
     ax.set_yscale("log", base=2)
     top = int(max(counts.max(), 1))
     ax.set_yticks([2**k for k in range(top.bit_length() + 1) if 2**k <= 2 * top])
+    import matplotlib.ticker
+
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("t")
@@ -87,6 +89,8 @@ def run_figure(times: np.ndarray, states: np.ndarray | None, final_labels: np.nd
                caption: str) -> viz.Component:
     """Trajectories of one run (``states [T, n, d]`` for d = 2 or 3; None: the mean cosine
     instead) beside the cluster counts of every run."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(10, 4))
     if states is not None and states.shape[-1] == 2:
         plot_circle(fig.add_subplot(1, 2, 1, projection="polar"), times, states, final_labels, run)
@@ -109,6 +113,8 @@ def _edges(c: np.ndarray) -> np.ndarray:
 def phase_panels(panels: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, str, float]],
                  caption: str) -> viz.Component:
     """Heat maps side by side, one per ``(times, betas, fraction [beta, t], title, eps)``."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(4.6 * len(panels), 3.8))
     for k, (t, b, fraction, title, eps) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), k + 1)
@@ -124,35 +130,35 @@ def phase_panels(panels: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, str,
 
 def beside_figure(point_labels: Sequence[str], model_clusters: np.ndarray, n_tokens: int,
                   times: np.ndarray, run_clusters: np.ndarray, run_mean_cosine: np.ndarray,
-                  run_names: Sequence[str], eps: float, caption: str) -> viz.Component:
-    """The model's cluster count through depth (left) beside the idealised flow's over time
-    (right, one line per seeded head, ``run_clusters [T, runs]``), on the same y scale, with the
-    flow's mean pairwise cosine on a second axis (it moves even while the count holds)."""
-    fig = Figure(figsize=(10, 3.8))
-    left, right = fig.subplots(1, 2, sharey=True)
-    x = np.arange(len(point_labels))
-    left.plot(x, model_clusters, marker="o")
-    left.set_xticks(x, list(point_labels), rotation=45, fontsize=7)
-    left.set_xlabel("depth point")
-    left.set_ylabel(f"clusters among the tokens (cos > 1 - {eps:g})")
-    left.set_title(f"model: {n_tokens} tokens through depth", fontsize=9)
-    cmap = _cmap()
-    for r, name in enumerate(run_names[:_MAX_RUN_LINES]):
-        right.plot(times, run_clusters[:, r], color=cmap(r % 10), label=name)
-    right.set_xlabel("time t of the idealised flow")
-    right.yaxis.set_tick_params(labelleft=True)
-    right.set_ylabel(f"clusters (cos > 1 - {eps:g})")
-    right.set_title("(SA) seeded from the head(s) and the tokens' states", fontsize=9)
-    for ax in (left, right):
-        ax.axhline(n_tokens, color="0.6", ls="--", lw=0.8)
-        ax.set_ylim(0, n_tokens + max(1, n_tokens // 10))
-    right.text(times[-1], n_tokens, "every token alone", ha="right", va="bottom", fontsize=7,
-               color="0.4")
-    cos_ax = right.twinx()
-    for r in range(min(len(run_names), _MAX_RUN_LINES)):
-        cos_ax.plot(times, run_mean_cosine[:, r], color=cmap(r % 10), ls=":", lw=1.0)
-    cos_ax.set_ylabel("mean pairwise cosine (dotted)")
-    cos_ax.set_ylim(-1.05, 1.05)
-    right.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    return viz.figure(fig, caption=caption, close=False)
+                  run_names: Sequence[str], eps: float, caption: str) -> viz.Group:
+    """The model's cluster count through depth beside the idealised flow's over time (one line
+    per seeded head, ``run_clusters [T, runs]``) on the same y scale, and the flow's mean
+    pairwise cosine (it moves even while the count holds); inline SVG plots.
+
+    Example:
+        >>> view = beside_figure(["p0", "p1"], np.array([3.0, 2.0]), 3, np.array([0.0, 1.0]),
+        ...                      np.array([[3.0], [1.0]]), np.array([[0.1], [0.9]]), ["L0H0"],
+        ...                      0.1, "two points")
+        >>> len(view.components)
+        3
+    """
+    alone = f"{n_tokens}: every token alone"
+    y_range = (0.0, float(n_tokens + max(1, n_tokens // 10)))
+    y_title = f"clusters (cos > 1 - {eps:g})"
+    shown = list(run_names[:_MAX_RUN_LINES])
+    t_labels = [f"{t:.3g}" for t in times]
+    model = viz.line_plot(
+        list(point_labels), {alone: np.full(len(point_labels), n_tokens), "model": model_clusters},
+        title=f"model: {n_tokens} tokens through depth", y_title=y_title, x_title="depth point",
+        y_range=y_range, dashed=[alone], width=520)
+    flow = viz.line_plot(
+        t_labels, {alone: np.full(len(times), n_tokens),
+                   **{name: run_clusters[:, r] for r, name in enumerate(shown)}},
+        title="(SA) flow seeded from the head(s) and the tokens", y_title=y_title,
+        x_title="time t of the idealised flow", x_values=times, y_range=y_range, dashed=[alone],
+        width=520)
+    cosine = viz.line_plot(
+        t_labels, {name: run_mean_cosine[:, r] for r, name in enumerate(shown)},
+        title="(SA) flow: mean pairwise cosine", y_title="mean <x_i, x_j>",
+        x_title="time t of the idealised flow", x_values=times, y_range=(-1.05, 1.05), width=520)
+    return viz.group(model, flow, cosine, caption=caption, row=True)

@@ -35,19 +35,30 @@ def _series(values: Any, n: int, name: str) -> Float[np.ndarray, " n"]:
     return arr
 
 
-def _panel(x_labels: Sequence[str], series: Sequence[tuple[str, np.ndarray, str]], title: str,
+Series = tuple[str, np.ndarray, str, bool]  # name, values, colour, dashed
+
+
+def _panel(x_labels: Sequence[str], series: Sequence[Series], title: str,
            x0: float, y0: float, width: float, height: float, y_title: str = "",
-           max_ticks: int = 8) -> list[str]:
-    """SVG elements of one panel whose outer box starts at ``(x0, y0)``."""
-    left, top, bottom = 54.0, 18.0, 52.0
+           max_ticks: int = 8, x_values: np.ndarray | None = None,
+           y_range: tuple[float, float] | None = None, x_title: str = "") -> list[str]:
+    """SVG elements of one panel whose outer box starts at ``(x0, y0)``; x positions evenly
+    spaced, or proportional to ``x_values`` when given."""
+    left, top, bottom = 54.0, 18.0, 52.0 + (12.0 if x_title else 0.0)
     pw, ph = width - left - 8.0, height - top - bottom
     px, py = x0 + left, y0 + top
-    finite = np.concatenate([s[np.isfinite(s)] for _, s, _ in series] or [np.zeros(0)])
+    finite = np.concatenate([s[np.isfinite(s)] for _, s, _, _ in series] or [np.zeros(0)])
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if y_range is not None:
+        lo, hi = float(y_range[0]), float(y_range[1])
     if hi - lo < 1e-12 * max(1.0, abs(hi)):
         lo, hi = lo - 0.5, hi + 0.5
     n = len(x_labels)
-    xs = [px + (pw * i / (n - 1) if n > 1 else pw / 2) for i in range(n)]
+    if x_values is not None and n > 1 and float(x_values[-1]) > float(x_values[0]):
+        span = float(x_values[-1]) - float(x_values[0])
+        xs = [px + pw * (float(v) - float(x_values[0])) / span for v in x_values]
+    else:
+        xs = [px + (pw * i / (n - 1) if n > 1 else pw / 2) for i in range(n)]
 
     def y_of(v: float) -> float:
         return py + ph * (1.0 - (v - lo) / (hi - lo))
@@ -63,13 +74,21 @@ def _panel(x_labels: Sequence[str], series: Sequence[tuple[str, np.ndarray, str]
         out.append(f'<text x="{x0 + 9:.1f}" y="{py + ph / 2:.1f}" text-anchor="middle" '
                    f'transform="rotate(-90 {x0 + 9:.1f} {py + ph / 2:.1f})" '
                    f'style="{_FONT};font-size:9px">{html_escape(y_title)}</text>')
+    if x_title:
+        out.append(f'<text x="{px + pw / 2:.1f}" y="{y0 + height - 4:.1f}" text-anchor="middle" '
+                   f'style="{_FONT};font-size:9px">{html_escape(x_title)}</text>')
     step = max(1, -(-n // max_ticks))
-    for i in range(0, n, step):
+    ticks = list(range(0, n, step))
+    if x_values is not None:  # ticks at evenly spaced positions, not evenly spaced samples
+        ticks = sorted({int(np.argmin(np.abs(np.asarray(xs) - (px + pw * k / (max_ticks - 1)))))
+                        for k in range(max_ticks)})
+    for i in ticks:
         tx, ty = xs[i], py + ph + 10
         out.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" '
                    f'transform="rotate(-40 {tx:.1f} {ty:.1f})" '
                    f'style="{_FONT};font-size:8px">{html_escape(x_labels[i])}</text>')
-    for name, values, colour in series:
+    for name, values, colour, dashed in series:
+        dash = ' stroke-dasharray="4 3"' if dashed else ""
         runs: list[list[str]] = [[]]
         for x, v in zip(xs, values):
             if math.isfinite(v):
@@ -79,9 +98,9 @@ def _panel(x_labels: Sequence[str], series: Sequence[tuple[str, np.ndarray, str]
         for run in runs:
             if len(run) > 1:
                 out.append(f'<polyline points="{" ".join(run)}" fill="none" stroke="{colour}" '
-                           f'stroke-width="1.4"/>')
+                           f'stroke-width="1.4"{dash}/>')
         for x, v, label in zip(xs, values, x_labels):
-            if math.isfinite(v):
+            if math.isfinite(v) and not dashed:  # a dashed series is a reference line: no dots
                 out.append(f'<circle cx="{x:.1f}" cy="{y_of(v):.1f}" r="2.2" fill="{colour}">'
                            f'<title>{html_escape(name)} at {html_escape(label)}: {v:.6g}</title>'
                            f'</circle>')
@@ -99,8 +118,13 @@ def _svg(parts: list[str], width: float, height: float, caption: str) -> Compone
 
 def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "",
               y_title: str = "", caption: str = "", width: int = 560,
-              height: int = 260) -> Component:
-    """Several named series over the same categorical x axis in one panel, with a legend.
+              height: int = 260, x_values: Any = None,
+              y_range: tuple[float, float] | None = None, x_title: str = "",
+              dashed: Sequence[str] = ()) -> Component:
+    """Several named series over the same x axis in one panel, with a legend. The x axis is
+    categorical (``x_labels`` evenly spaced) unless ``x_values`` (increasing numbers, one per
+    label) place the points; ``y_range`` fixes the y axis; series named in ``dashed`` are drawn
+    dashed, without dots (reference lines).
 
     Example:
         >>> line_plot(["a", "b", "c"], {"up": [0, 1, 2], "down": [2, 1, float("nan")]}).name is None
@@ -109,15 +133,18 @@ def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "
     labels = [str(x) for x in x_labels]
     if not labels or not series:
         raise TLDynamicsError("line_plot needs at least one x label and one series")
-    drawn = [(str(k), _series(v, len(labels), str(k)), PALETTE[i % len(PALETTE)])
-             for i, (k, v) in enumerate(series.items())]
+    drawn = [(str(k), _series(v, len(labels), str(k)), PALETTE[i % len(PALETTE)],
+              str(k) in dashed) for i, (k, v) in enumerate(series.items())]
+    xv = None if x_values is None else _series(x_values, len(labels), "x_values")
     legend_w = 150.0
-    parts = _panel(labels, drawn, title, 0.0, 0.0, width - legend_w, height, y_title)
-    for i, (name, _, colour) in enumerate(drawn):
+    parts = _panel(labels, drawn, title, 0.0, 0.0, width - legend_w, height, y_title,
+                   x_values=xv, y_range=y_range, x_title=x_title)
+    for i, (name, _, colour, dashed_line) in enumerate(drawn):
         y = 24.0 + 14.0 * i
+        dash = ' stroke-dasharray="4 3"' if dashed_line else ""
         parts.append(f'<line x1="{width - legend_w + 8:.1f}" y1="{y - 3:.1f}" '
                      f'x2="{width - legend_w + 24:.1f}" y2="{y - 3:.1f}" stroke="{colour}" '
-                     f'stroke-width="2"/><text x="{width - legend_w + 28:.1f}" y="{y:.1f}" '
+                     f'stroke-width="2"{dash}/><text x="{width - legend_w + 28:.1f}" y="{y:.1f}" '
                      f'style="{_FONT};font-size:9px">{html_escape(name[:28])}</text>')
     total_h = max(float(height), 24.0 + 14.0 * len(drawn))
     return _svg(parts, float(width), total_h, caption)
@@ -141,7 +168,8 @@ def small_multiples(x_labels: Sequence[str], panels: Mapping[str, Any], columns:
     parts: list[str] = []
     for i, (name, values) in enumerate(panels.items()):
         row, col = divmod(i, columns)
-        parts += _panel(labels, [(str(name), _series(values, len(labels), str(name)), PALETTE[0])],
+        parts += _panel(labels, [(str(name), _series(values, len(labels), str(name)), PALETTE[0],
+                                  False)],
                         str(name), float(col * panel_width), float(row * panel_height),
                         float(panel_width), float(panel_height), max_ticks=6)
     rows = -(-len(panels) // columns)
