@@ -41,6 +41,12 @@ class Batch:
         return self.tokens[row][self.key_valid[row]]
 
 
+def _device(model: Any) -> torch.device:
+    """The device of the model's first parameter (the CPU for a model without any)."""
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return torch.device("cpu") if param is None else param.device
+
+
 def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str = "right",
              attention_mask: Tensor | None = None) -> Batch:
     """``ModelAdapter.tokenize``: tokens and padding mask of ``prompt`` for ``model``."""
@@ -53,10 +59,11 @@ def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str =
         if tokens.ndim != 2 or tokens.is_floating_point():
             raise TLDynamicsError(f"token tensor must be integer [batch, pos] or [pos], got "
                                   f"{tuple(prompt.shape)} {prompt.dtype}")
+        tokens = tokens.to(_device(model))  # where the host's own to_tokens puts text
         if attention_mask is None:
             key_valid = torch.ones_like(tokens, dtype=torch.bool)
         else:
-            key_valid = attention_mask.reshape(tokens.shape).bool()
+            key_valid = attention_mask.reshape(tokens.shape).bool().to(tokens.device)
     else:
         if not isinstance(prompt, (str, list, tuple)):
             raise TLDynamicsError(f"prompt must be a string, a list of strings, a token tensor or a "

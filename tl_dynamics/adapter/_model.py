@@ -87,10 +87,14 @@ class ModelAdapter(AdapterBase):
         unless ``grad=True`` (e.g. for Jacobians through hooks)."""
         kwargs: dict[str, Any] = {}
         self._check_padding(batch)
+        device = batch.tokens.device
+        for param in self.model.parameters():  # a Batch built by hand may sit on another device
+            device = param.device
+            break
         if batch.padded:
-            kwargs["attention_mask"] = batch.key_valid.long()
+            kwargs["attention_mask"] = batch.key_valid.long().to(device)
         with torch.set_grad_enabled(grad):
-            return self.model(batch.tokens, **kwargs)
+            return self.model(batch.tokens.to(device), **kwargs)
 
     def _check_padding(self, batch: Batch | None) -> None:
         if batch is None or not batch.padded or self.info.host != "hooked":

@@ -100,8 +100,8 @@ def _from_hooks(spec: LayerSpec, model: Any, got: dict[str, Tensor], where: str)
         raise TLDynamicsError(f"{where} is rotary but fires no cos/sin hooks, so its rotation "
                               "cannot be read")
     n_pos, n_rot = got["cos"].shape[-2:]
-    cos = got["cos"].reshape(-1, n_pos, n_rot)[0]  # [pos, rotary_dim]
-    sin = got["sin"].reshape(-1, n_pos, n_rot)[0]
+    cos = got["cos"].reshape(-1, n_pos, n_rot)[0].cpu()  # [pos, rotary_dim], on the CPU
+    sin = got["sin"].reshape(-1, n_pos, n_rot)[0].cpu()
     inv_freq, magnitude = _fitted("half", cos, sin)
     positions = torch.arange(n_pos)
     buffers = getattr(model, "original_model", model).named_buffers()
@@ -121,8 +121,8 @@ def _adjacent_pairs(half: Rotation, got: dict[str, Tensor]) -> list[Rotation]:
     cos/sin (tried after ``half``, kept only if they reproduce the rotated queries): GLM/ERNIE
     expand half-layout tables, Cohere fires interleaved ones."""
     n_pos, n_rot = got["cos"].shape[-2:]
-    cos = got["cos"].reshape(-1, n_pos, n_rot)[0]
-    sin = got["sin"].reshape(-1, n_pos, n_rot)[0]
+    cos = got["cos"].reshape(-1, n_pos, n_rot)[0].cpu()
+    sin = got["sin"].reshape(-1, n_pos, n_rot)[0].cpu()
     inv_freq, magnitude = _fitted("interleaved", cos, sin)
     return [Rotation(half.layer, "interleaved", half.rotary_dim, half.inv_freq, half.magnitude),
             Rotation(half.layer, "interleaved", half.rotary_dim, inv_freq, magnitude)]
@@ -133,8 +133,8 @@ def _undoubled(spec: LayerSpec, model: Any, got: dict[str, Tensor]) -> list[Rota
     ``cos``/``sin`` of width ``rotary_dim / 2`` and rotates ``(x_k, x_{k + rotary_dim/2})``):
     tried last, kept only if it reproduces the rotated queries."""
     n_pos, n_rot = got["cos"].shape[-2:]
-    cos = got["cos"].reshape(-1, n_pos, n_rot)[0].double()
-    sin = got["sin"].reshape(-1, n_pos, n_rot)[0].double()
+    cos = got["cos"].reshape(-1, n_pos, n_rot)[0].double().cpu()
+    sin = got["sin"].reshape(-1, n_pos, n_rot)[0].double().cpu()
     if n_pos < 2:
         return []
     inv_freq, magnitude = torch.atan2(sin[1], cos[1]), float(cos[0, 0])

@@ -68,7 +68,7 @@ def row_ids(rows: Sequence[int] | Tensor | None, n_rows: int, what: str = "row")
     """Validated row indices (all rows when None)."""
     if rows is None:
         return torch.arange(n_rows)
-    ids = torch.as_tensor(rows).reshape(-1)
+    ids = torch.as_tensor(rows).reshape(-1).cpu()  # indices stay on the CPU; chunks move
     if ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
         raise TLDynamicsError(f"{what}s must be a non-empty list of integer indices, got {rows!r}")
     bad = ids[(ids < 0) | (ids >= n_rows)]

@@ -94,8 +94,8 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
         raise TLDynamicsError(f"row {row!r} is out of range: the batch has {batch.tokens.shape[0]} "
                               f"prompts (valid: 0..{batch.tokens.shape[0] - 1})")
     la = adapter.attention(batch, layers=[layer])[layer]
-    pattern = la.pattern([head])[row, 0].double()
-    outputs = la.source_outputs([head])[row, :, 0].double()  # [pos, d_model]
+    pattern = la.pattern([head])[row, 0].double().cpu()  # the simplex solver works on the CPU
+    outputs = la.source_outputs([head])[row, :, 0].double().cpu()  # [pos, d_model]
     tokens = batch.tokens[row]
     valid = batch.key_valid[row]
     positions = torch.nonzero(valid).flatten().tolist()
@@ -105,7 +105,7 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
         y = targets.get(i)
         if y is None or not bool(la.query_valid[row, i]):
             continue
-        keys = torch.nonzero(la.allowed[row, i]).flatten()
+        keys = torch.nonzero(la.allowed[row, i]).flatten().cpu()
         O = outputs[keys]  # [n, d_model]
         sol = simplex_lstsq(O.T, y)
         a = torch.zeros_like(pattern[i])
