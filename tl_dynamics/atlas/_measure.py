@@ -140,6 +140,7 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
     n = min(n_pos, adapter.n_ctx)
     causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
     queries = torch.arange(2, n)
+    positions = adapter.W_pos[:n]
     for layer in range(adapter.n_layers):
         mask = causal if adapter.specs[layer].causal else torch.ones(n, n, dtype=torch.bool)
         mask = mask.clone()
@@ -147,8 +148,10 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
         for head in range(adapter.n_heads):
             # Without biases: b_Q adds a key-only term (a positional key prior) that can make
             # one position win every row (the first, on MiniLM), which says nothing about offsets.
-            matrix = circuits.positional_qk_circuit(adapter, layer, head, biases=False).matrix
-            block = (matrix.A[:n] @ matrix.B[:, :n]).cpu().masked_fill(~mask, float("-inf"))
+            # The positional circuit on the first n positions only (rows W_pos[:n]).
+            matrix = circuits.qk_circuit(adapter, layer, head, inputs=positions,
+                                         biases=False).matrix
+            block = (matrix.A @ matrix.B).cpu().masked_fill(~mask, float("-inf"))
             out["prev_circuit"][layer, head] = float((block[queries].argmax(-1) == queries - 1)
                                                      .float().mean())
     return out
