@@ -221,6 +221,33 @@ def test_circuits(pair):
     assert_same(*both(pair, computed), "circuits")
 
 
+def test_circuits_entry_points(pair):
+    rotary = pair[0].rotation(1) is not None
+
+    def computed(ad):
+        out = {"composition": circuits.composition_scores(ad, n_samples=10),
+               "prompt": circuits.prompt_circuit(ad, PROMPTS[0], 1, 0),
+               "token_composition": circuits.token_composition(ad, "K", (1, 0), [(0, 1)],
+                                                               rows=[1, 2, 3, 4])}
+        if rotary:
+            out["offsets"] = circuits.offset_summary(ad, 1, 0, offsets=[0, 1, 2])
+        else:
+            out["positional"] = circuits.positional_qk_circuit(ad, 1, 0).topk(k=3).to_dataframe()
+        return out
+    assert_same(*both(pair, computed), "circuits entry points")
+
+
+def test_more_entry_points(pair):
+    def computed(ad):
+        la = ad.attention(PROMPTS, layers=[1])[1]
+        return {"decompose_layer": odds_ratio.decompose_layer(la, [0, 1]).pattern,
+                "stream": trajectories.stream(ad, PROMPTS * 2, batch_size=2, progress=False),
+                "from_head": particles.from_head(ad, 1, 0),
+                "generate_growth": contextual_mlp.generate_growth(ad, PROMPTS[0], 1, 0,
+                                                                  max_new_tokens=3)}
+    assert_same(*both(pair, computed), "more entry points")
+
+
 def test_particles(pair):
     assert_same(*both(pair, lambda ad: particles.compute(ad, PROMPTS[0], layers=0, heads=[0, 1])),
                 "particles.compute")
