@@ -42,8 +42,8 @@ PROBE = """() => {
 # Text boxes of every label the runtime draws (axis labels, legends, titles, read-outs), per view.
 OVERLAPS = """() => {
   const out = [];
-  for (const view of document.querySelectorAll('.tld-view')) {
-    const boxes = [...view.querySelectorAll('.tld-lab, .tld-legend > span, .tld-hm-title, .tld-axes, .tld-tip, .tld-note')]
+  for (const view of document.querySelectorAll('.tld-view, .tld-html')) {
+    const boxes = [...view.querySelectorAll('.tld-lab, .tld-legend > span, .tld-hm-title, .tld-axes, .tld-tip, .tld-note, .tld-svg-lab')]
       .map(e => [e, e.getBoundingClientRect()]).filter(([e, r]) => r.width > 0 && r.height > 0);
     for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
       const a = boxes[i][1], b = boxes[j][1];
@@ -153,11 +153,9 @@ def gpt2_small_page(tmp_path_factory):
     model = compat.bridge_class().boot_transformers(str(root / "model"), device="cpu").eval()
     ids = torch.randint(1, len(tok), (1, 511), generator=torch.Generator().manual_seed(0))
     prompt = torch.cat([torch.zeros(1, 1, dtype=torch.long), ids], dim=1)  # BOS + 511 tokens
-    # The attention section (what grows with layers x heads x tokens) and the odds-ratio section
-    # (512-token maps from an analysis); the whole page at this size is measured by
-    # benchmarks/report_bench.py, since some analyses take minutes there.
-    sections = tuple((n, fn) for n, fn in report.SECTIONS if n == "odds_ratio")
-    page = report.build_report(model, prompt, label="GPT-2 small shape", sections=sections)
+    # The whole report, every section (its time and size are measured by
+    # benchmarks/report_bench.py).
+    page = report.build_report(model, prompt, label="GPT-2 small shape")
     return page.write(root / "report.html")
 
 

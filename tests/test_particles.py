@@ -567,5 +567,5 @@ def test_report_section_labels_the_plot_and_captions_it_once():
     assert "every token its own cluster" in figure.caption
     html = page.to_html()
     assert html.count(viz.html_escape(figure.caption)) == 1  # captioned once
-    assert html.count("tld-svg") == 3 and "clusters (cos &gt; 1 - 0.05)" in html  # y axes labelled
+    assert html.count("tld-figure tld-svg") == 3 and "clusters (cos &gt; 1 - 0.05)" in html  # y axes labelled
     assert "time t of the idealised flow" in html and "depth point" in html

@@ -27,6 +27,10 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}" if math.isfinite(value) else "n/a"
 
 
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(1, limit - 1)] + "\u2026"
+
+
 def _series(values: Any, n: int, name: str) -> Float[np.ndarray, " n"]:
     arr = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=float)
     if arr.shape != (n,):
@@ -44,7 +48,7 @@ def _panel(x_labels: Sequence[str], series: Sequence[Series], title: str,
            y_range: tuple[float, float] | None = None, x_title: str = "") -> list[str]:
     """SVG elements of one panel whose outer box starts at ``(x0, y0)``; x positions evenly
     spaced, or proportional to ``x_values`` when given."""
-    left, top, bottom = 54.0, 18.0, 52.0 + (12.0 if x_title else 0.0)
+    left, top, bottom = 54.0, 24.0, 52.0 + (12.0 if x_title else 0.0)
     pw, ph = width - left - 8.0, height - top - bottom
     px, py = x0 + left, y0 + top
     finite = np.concatenate([s[np.isfinite(s)] for _, s, _, _ in series] or [np.zeros(0)])
@@ -63,20 +67,25 @@ def _panel(x_labels: Sequence[str], series: Sequence[Series], title: str,
     def y_of(v: float) -> float:
         return py + ph * (1.0 - (v - lo) / (hi - lo))
 
-    out = [f'<text x="{x0 + width / 2:.1f}" y="{y0 + 12:.1f}" text-anchor="middle" '
-           f'style="{_FONT};font-size:11px;font-weight:bold">{html_escape(title)}</text>',
+    out = [f'<text class="tld-svg-lab" x="{x0 + width / 2:.1f}" y="{y0 + 13:.1f}" '
+           f'text-anchor="middle" style="{_FONT};font-size:11px;font-weight:bold">'
+           f'{html_escape(_clip(title, int(width / 7)))}</text>',
            f'<rect x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{ph:.1f}" fill="none" '
            f'stroke="#bbb"/>']
     for v in (lo, hi):
-        out.append(f'<text x="{px - 4:.1f}" y="{y_of(v) + 3:.1f}" text-anchor="end" '
-                   f'style="{_FONT};font-size:9px">{_fmt(v)}</text>')
+        out.append(f'<text class="tld-svg-lab" x="{px - 4:.1f}" y="{y_of(v) + 3:.1f}" '
+                   f'text-anchor="end" style="{_FONT};font-size:9px">{_fmt(v)}</text>')
     if y_title:
         out.append(f'<text x="{x0 + 9:.1f}" y="{py + ph / 2:.1f}" text-anchor="middle" '
                    f'transform="rotate(-90 {x0 + 9:.1f} {py + ph / 2:.1f})" '
                    f'style="{_FONT};font-size:9px">{html_escape(y_title)}</text>')
     if x_title:
-        out.append(f'<text x="{px + pw / 2:.1f}" y="{y0 + height - 4:.1f}" text-anchor="middle" '
-                   f'style="{_FONT};font-size:9px">{html_escape(x_title)}</text>')
+        out.append(f'<text class="tld-svg-lab" x="{px + pw / 2:.1f}" y="{y0 + height - 4:.1f}" '
+                   f'text-anchor="middle" style="{_FONT};font-size:9px">'
+                   f'{html_escape(x_title)}</text>')
+    # Slanted at 40 degrees, neighbouring tick labels stay apart when their baselines are at
+    # least 12 px apart: spacing * sin(40) >= 12, so at most one tick per 19 px.
+    max_ticks = max(2, min(max_ticks, int(pw // 19) + 1))
     step = max(1, -(-n // max_ticks))
     ticks = list(range(0, n, step))
     if x_values is not None:  # ticks at evenly spaced positions, not evenly spaced samples
@@ -86,7 +95,7 @@ def _panel(x_labels: Sequence[str], series: Sequence[Series], title: str,
         tx, ty = xs[i], py + ph + 10
         out.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" '
                    f'transform="rotate(-40 {tx:.1f} {ty:.1f})" '
-                   f'style="{_FONT};font-size:8px">{html_escape(x_labels[i])}</text>')
+                   f'style="{_FONT};font-size:8px">{html_escape(_clip(x_labels[i], 14))}</text>')
     for name, values, colour, dashed in series:
         dash = ' stroke-dasharray="4 3"' if dashed else ""
         runs: list[list[str]] = [[]]
@@ -145,7 +154,8 @@ def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "
         parts.append(f'<line x1="{width - legend_w + 8:.1f}" y1="{y - 3:.1f}" '
                      f'x2="{width - legend_w + 24:.1f}" y2="{y - 3:.1f}" stroke="{colour}" '
                      f'stroke-width="2"{dash}/><text x="{width - legend_w + 28:.1f}" y="{y:.1f}" '
-                     f'style="{_FONT};font-size:9px">{html_escape(name[:28])}</text>')
+                     f'class="tld-svg-lab" style="{_FONT};font-size:9px">'
+                     f'{html_escape(_clip(name, 22))}</text>')
     total_h = max(float(height), 24.0 + 14.0 * len(drawn))
     return _svg(parts, float(width), total_h, caption)
 
