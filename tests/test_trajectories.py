@@ -428,11 +428,11 @@ def test_views_and_report_section():
     assert list(sdf.index) == list(stats.labels) and "clusters_eps0.1" in sdf.columns
     assert "ColoredTokens" in traj.show(0)._repr_html_()
     shown = stats.show()._repr_html_()
-    assert shown.count("tld-svg") == 3 and shown.count("<polyline") >= len(stats.labels)
+    assert shown.count("tld-figure tld-svg") == 3 and shown.count("<polyline") >= len(stats.labels)
     page = viz.Page("t")
     T.report_section(page, ad, batch)
     assert page.sections[-1].title == "Depth-wise trajectories"
-    assert page.to_html().count("tld-svg") == 3
+    assert page.to_html().count("tld-figure tld-svg") == 3
     # the section is compute's result, shown: per-token views, then the batch's statistics
     assert traj.stats == T.stream(ad, [batch], progress=False)
     [shown] = page.sections[-1].items
