@@ -188,6 +188,29 @@ def test_fast_streaming_path_equals_the_direct_path(side):
                                            rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_causal_row_sums_are_prefix_sums_and_mask_facts_are_shared(side):
+    """A causal mask with padding is recognised (its row sums are float64 prefix sums, equal
+    to the [pos, pos] product); a bidirectional one is not. One layer's mask facts serve the
+    next layer only where its masks are equal."""
+    causal = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
+    las = causal.attention(list(testing.PROMPTS), padding_side=side)
+    first = las[min(las)]
+    masks = _fast.MaskFacts.of(first.allowed, first.query_valid)
+    assert masks.prefix is not None and bool((~masks.key_valid).any())  # padded and causal
+    values = first.k.permute(0, 2, 1, 3)
+    for v in (values, values.pow(2).sum(-1).double()):
+        torch.testing.assert_close(_fast._row_sums(masks.allowed_f, v, masks.prefix),
+                                   _fast._row_sums(masks.allowed_f, v, None), rtol=1e-5, atol=1e-5)
+    for la in las.values():
+        assert masks.matches(la.allowed, la.query_valid)
+    shifted = first.allowed.roll(1, dims=0)
+    assert not masks.matches(shifted, first.query_valid)
+    encoder = adapter_for("bidirectional" if HAS_HOOKED else "bert")
+    la = next(iter(encoder.attention(testing.PROMPTS[0]).values()))
+    assert _fast.MaskFacts.of(la.allowed, la.query_valid).prefix is None
+
+
 def test_fast_path_declines_keys_whose_priors_span_too_far():
     q, k = planted("loud")
     k[0, 3] *= 4.0  # prior 0.25 * 576 = 144 nats above the rest

@@ -468,3 +468,32 @@ def test_induction_model_lens_rank_improves_on_repeats():
     first = traj.rank[:, :, :19].double().mean((0, 2))  # random: nothing to predict
     assert second[-1] < 0.5 * second[0], second
     assert first[-1] > 0.5 * first[0], first
+
+
+@pytest.mark.parametrize("n,d", [(300, 200), (200, 300)])
+def test_cloud_blocks_equal_the_whole_matrix(n, d):
+    """The effective rank's Gram taken block by block below the diagonal and the cosine
+    histogram binned by row blocks (issue 15) against the SVD and a float64 floor of every
+    pair, with padding."""
+    from tl_dynamics.trajectories import _cloud
+
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(2, n, d, generator=gen) * torch.linspace(0.05, 2.0, d) + 1.0
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, n // 3:] = False
+    u = sphere.unit(z) * mask[..., None]
+    erank = _cloud.effective_rank(u, mask)
+    cos, pairs = sphere.cosines(u), sphere.pair_mask(mask)
+    hist = _cloud.cos_histogram(cos, pairs)
+    ud = u.double()
+    whole = ud @ ud.transpose(1, 2) if n <= d else ud.transpose(1, 2) @ ud
+    for b in range(2):
+        sigma = torch.linalg.eigvalsh(whole[b]).clamp_min(0.0).sqrt()  # the unblocked Gram
+        p = sigma / sigma.sum()
+        unblocked = torch.exp(-(p * torch.log(p.clamp_min(1e-300))).sum())
+        np.testing.assert_allclose(float(erank[b]), float(unblocked), rtol=1e-12)
+        s = np.linalg.svd(u[b][mask[b]].double().numpy(), compute_uv=False)
+        p = s / s.sum()
+        np.testing.assert_allclose(float(erank[b]), np.exp(-(p * np.log(p)).sum()), rtol=1e-6)
+        bins = ((cos[b][pairs[b]].double() + 1.0) * (T.N_BINS / 2.0)).floor().long()
+        assert torch.equal(hist[b], torch.bincount(bins.clamp(0, T.N_BINS - 1), minlength=T.N_BINS))

@@ -40,10 +40,22 @@ def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 
     return _from_layer(adapter, la, head, row, frame, tokens, str_tokens, None)
 
 
+def _row_tensors(la: LayerAttention, row: int, tokens: torch.Tensor | None
+                 ) -> dict[str, torch.Tensor | None]:
+    """One row's copies of what every head of the layer shares (``x``, masks, tokens): taken
+    once per row and layer, not once per head (at 1,024 tokens, 144 copies of ``x`` were 453 MB
+    and a third of ``result()``'s time; issue 15). Nothing mutates them."""
+    return {"x": la.reference["x"][row].clone(), "allowed": la.allowed[row].clone(),
+            "query_valid": la.query_valid[row].clone(),
+            "tokens": None if tokens is None else tokens[row].clone()}
+
+
 def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
                 frame: RotaryFrame | None, tokens: torch.Tensor | None,
-                str_tokens: Sequence[str] | None, outgoing: torch.Tensor | None) -> ContextualMLP:
-    """``from_layer`` with the head's outgoing weights ``v_j W_O`` given (None: computed)."""
+                str_tokens: Sequence[str] | None, outgoing: torch.Tensor | None,
+                shared: dict[str, torch.Tensor | None] | None = None) -> ContextualMLP:
+    """``from_layer`` with the head's outgoing weights ``v_j W_O`` given (None: computed) and
+    the row's shared copies (``_row_tensors``; None: taken here)."""
     la.require_no_sinks("contextual_mlp.from_layer")
     head = adapter.check_head(head, la.layer)
     n_batch, n_pos = la.q.shape[:2]
@@ -64,14 +76,14 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
         z = la.reference["z"].reshape(n_batch, n_pos, adapter.n_heads, adapter.d_head)
         ref_output = z[row, :, head] @ la.W_O[head]
     names = tuple(str_tokens) if str_tokens is not None else tuple(str(i) for i in range(n_pos))
+    shared = _row_tensors(la, row, tokens) if shared is None else shared
     return ContextualMLP(
         layer=la.layer, head=head, row=row, architecture=adapter.info.architecture,
-        tokens=None if tokens is None else tokens[row].clone(), str_tokens=names,
-        x=la.reference["x"][row].clone(), keys=la.k[row, :, head].clone(),
+        tokens=shared["tokens"], str_tokens=names, x=shared["x"], keys=la.k[row, :, head].clone(),
         outgoing=(la.v[row, :, head] @ la.W_O[head]) if outgoing is None else outgoing,
         W_Q=adapter.W_Q(la.layer)[head], b_Q=adapter.b_Q(la.layer)[head],
-        scale=la.scale, softcap=la.softcap, allowed=la.allowed[row].clone(),
-        query_valid=la.query_valid[row].clone(), bias=None if bias is None else bias.clone(),
+        scale=la.scale, softcap=la.softcap, allowed=shared["allowed"],
+        query_valid=shared["query_valid"], bias=None if bias is None else bias.clone(),
         frame=frame, reference_pattern=ref_pattern, reference_output=ref_output,
         query_norm=adapter.query_norm(la.layer))
 
@@ -116,27 +128,35 @@ class ContextualMLPCollector:
     def _rows(self, la: LayerAttention) -> list[int]:
         return list(range(la.q.shape[0])) if self.rows is None else list(self.rows)
 
-    def _build(self, la: LayerAttention, batch: Batch | None, rows: list[int]
+    def _build(self, la: LayerAttention, batch: Batch | None, rows: list[int],
+               masks: dict[tuple[int, int], torch.Tensor] | None = None
                ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
+        """The MLPs of ``rows`` of one captured layer; ``masks`` shares each row's mask copy
+        between the layers of a pass (keyed by the captured mask and the row)."""
         key_valid = batch.key_valid if batch is not None else la.allowed.any(dim=1)
-        frames = build_frames(self.adapter, la, key_valid)
+        frames = build_frames(self.adapter, la, key_valid, rows=rows)
+        tokens = None if batch is None else batch.tokens
+        masks = {} if masks is None else masks
         out: dict[int, dict[tuple[int, int], ContextualMLP]] = {}
         for row in rows:
             names = self.adapter.str_tokens(batch, row) if batch is not None else None
             # this row's outgoing weights v_j W_O of every selected head, in one product
             outgoing = torch.einsum("jhd,hdm->hjm", la.v[row][:, self.heads], la.W_O[self.heads])
+            shared = _row_tensors(la, row, tokens)
+            # one copy of a row's mask for every layer of the pass (the collector keeps one)
+            shared["allowed"] = masks.setdefault((id(la.allowed), row), shared["allowed"])
             for i, head in enumerate(self.heads):
                 out.setdefault(row, {})[(la.layer, head)] = _from_layer(
-                    self.adapter, la, head, row, frames[row],
-                    None if batch is None else batch.tokens, names, outgoing[i])
+                    self.adapter, la, head, row, frames[row], tokens, names, outgoing[i], shared)
         return out
 
     def _pass(self, forward_pass: int, rows: list[int] | None = None
               ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
         by_row: dict[int, dict[tuple[int, int], ContextualMLP]] = {}
+        masks: dict[tuple[int, int], torch.Tensor] = {}
         for la, batch in self._passes[forward_pass]:
             wanted = [r for r in self._rows(la) if rows is None or r in rows]
-            for row, mlps in self._build(la, batch, wanted).items():
+            for row, mlps in self._build(la, batch, wanted, masks).items():
                 by_row.setdefault(row, {}).update(mlps)
         return by_row
 
@@ -154,8 +174,9 @@ class ContextualMLPCollector:
     def mlps(self) -> tuple[ContextualMLP, ...]:
         out: list[ContextualMLP] = []
         for layers in self._passes:
+            masks: dict[tuple[int, int], torch.Tensor] = {}
             for la, batch in layers:
-                for mlps in self._build(la, batch, self._rows(la)).values():
+                for mlps in self._build(la, batch, self._rows(la), masks).values():
                     out.extend(mlps.values())
         return tuple(out)
 

@@ -102,7 +102,7 @@ def evaluate_vocab(mlp: ContextualMLP, adapter: ModelAdapter, position: int,
     parts = []
     starts = range(0, vocab, chunk_size)
     for start in tqdm(starts, disable=len(starts) < PROGRESS_MIN, desc="vocabulary", leave=False):
-        ids = torch.arange(start, min(start + chunk_size, vocab))
+        ids = torch.arange(start, min(start + chunk_size, vocab), device=adapter.W_E.device)
         x = token_inputs(mlp, adapter, ids, position, normalise)
         parts.append(mlp.evaluate(x, position, chunk_size, keep_outputs))
     first = parts[0]
@@ -225,7 +225,7 @@ def read_tokens(mlp: ContextualMLP, adapter: ModelAdapter, position: int, k: int
     vocab = adapter.W_E.shape[0]
     parts = []
     for start in range(0, vocab, chunk_size):
-        x = token_inputs(mlp, adapter, torch.arange(start, min(start + chunk_size, vocab)), pos,
-                         normalise)
+        ids = torch.arange(start, min(start + chunk_size, vocab), device=adapter.W_E.device)
+        x = token_inputs(mlp, adapter, ids, pos, normalise)
         parts.append(_core.preactivations(mlp.queries(x), keys, mlp.scale, bias))
     return _readout(mlp, adapter, "reads", pos, src, torch.cat(parts).T, k)

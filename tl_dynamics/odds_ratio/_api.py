@@ -10,6 +10,7 @@ import torch
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
 from tl_dynamics.trajectories import ExactSum
 from tl_dynamics.odds_ratio import _stats
+from tl_dynamics.odds_ratio._fast import MaskFacts
 from tl_dynamics.odds_ratio._lazy import LazyDecompositions
 from tl_dynamics.odds_ratio._result import SINK_SUM_KEYS, Decomposition, HeadStats, OddsRatioResult
 from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
@@ -70,6 +71,7 @@ class OddsRatioCollector:
         self._batch: Batch | None = None
         self._seen_in_pass: set[int] = set()
         self._in_forward = False
+        self._masks: MaskFacts | None = None  # the last layer's mask facts (reused if equal)
 
     def on_outer_layer(self, la: LayerAttention) -> None:
         """The ``attach`` block's callback: ``forward`` collects with its own padding mask."""
@@ -99,8 +101,10 @@ class OddsRatioCollector:
         a = self.layers.index(la.layer)
         h = self.heads
         pick = slice(None) if h == list(range(la.n_heads)) else h  # no copy for all heads
+        if self._masks is None or not self._masks.matches(la.allowed, la.query_valid):
+            self._masks = MaskFacts.of(la.allowed, la.query_valid)  # once per pass, usually
         sums, sinks = _stats.layer_sums(la.q[:, :, pick], la.k[:, :, pick], la.scale, la.bias(h),
-                                        la.allowed, la.query_valid, la.softcap)
+                                        la.allowed, la.query_valid, la.softcap, masks=self._masks)
         by_prior = sinks["sink_prior_adv"] > sinks["sink_loglik_adv"]
         sink_values = {"sink_mass": sinks["sink_mass"], "sink_first": _stats.first_sinks(sinks),
                        "sink_by_prior": by_prior, "sink_prior_adv": sinks["sink_prior_adv"],

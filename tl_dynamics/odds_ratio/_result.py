@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -281,7 +281,7 @@ class OddsRatioResult:
     decompositions (``{layer: Decomposition}`` per forward pass) when they were asked for."""
 
     stats: HeadStats
-    decompositions: tuple[dict[int, Decomposition], ...] = ()
+    decompositions: tuple[Mapping[int, Decomposition], ...] = ()
     sinks: tuple[dict[int, dict[str, Tensor]], ...] = ()
 
     def __repr__(self) -> str:

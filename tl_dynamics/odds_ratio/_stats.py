@@ -14,9 +14,14 @@ fewer than two allowed keys (the first position of a causal head) carry no infor
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from tl_dynamics.odds_ratio._fast import MaskFacts
 
 # Sums kept per head (names of the streaming accumulators).
 SUM_KEYS = ("rows", "var_r", "var_prior", "var_bias", "cov_r_prior", "cov_r_bias",
@@ -47,7 +52,8 @@ def _key_lse(values: Float[Tensor, "batch head k"], allowed_f: Float[Tensor, "ba
 def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
                scale: float, bias: Float[Tensor, "batch head pos pos"] | None,
                allowed: Bool[Tensor, "batch pos pos"], query_valid: Bool[Tensor, "batch pos"],
-               softcap: float | None = None, fast: bool = True
+               softcap: float | None = None, fast: bool = True,
+               masks: "MaskFacts | None" = None
                ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Per-head sums over this batch's valid rows, and per-prompt sink facts.
 
@@ -62,17 +68,20 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
 
     ``fast`` uses ``_fast.row_facts`` (query chunks, matrix products for the row moments)
     where it applies (no position bias, no soft-cap, key priors within ``_fast.MAX_PRIOR_SPREAD``
-    nats); it equals the direct computation here (tested).
+    nats); it equals the direct computation here (tested). ``masks`` (``_fast.MaskFacts``) are
+    the mask facts of an earlier layer, reused where ``allowed`` and ``query_valid`` match.
     """
     from tl_dynamics.odds_ratio import _fast
 
     q, k = q.float(), k.float()
+    if masks is None or not masks.matches(allowed, query_valid):
+        masks = _fast.MaskFacts.of(allowed, query_valid)
     facts = None
     if fast and bias is None and softcap is None:
-        facts = _fast.row_facts(q, k, scale, allowed, query_valid)
+        facts = _fast.row_facts(q, k, scale, allowed, query_valid, masks)
     if facts is None:
         facts = _direct_row_facts(q, k, scale, bias, allowed, query_valid, softcap)
-    return _finish(facts, allowed, query_valid)
+    return _finish(facts, allowed, query_valid, masks.n_allowed)
 
 
 def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, allowed: Tensor,
@@ -139,9 +148,9 @@ def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, a
     return out
 
 
-def _finish(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor
-            ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    rows = (query_valid & (allowed.sum(-1) >= 2))[:, None, :].double()  # [b, 1, i]
+def _finish(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor,
+            n_allowed: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    rows = (query_valid & (n_allowed >= 2))[:, None, :].double()  # [b, 1, i]
     n_heads = facts["var_r"].shape[1]
 
     def total(name: str) -> Tensor:  # rows without keys hold inf/nan: drop them, not weight them
@@ -158,7 +167,7 @@ def _finish(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor
     facts["entropy"] = -facts["neg_entropy"]
     sums.update(rows=rows.expand(-1, n_heads, -1).sum(dim=(0, 2)), kl_prior=total("kl_prior"),
                 kl_loglik=total("kl_loglik"), entropy=total("entropy"))
-    return sums, _sinks(facts, allowed, query_valid)
+    return sums, _sinks(facts, allowed, query_valid, n_allowed)
 
 
 def first_sinks(sinks: dict[str, Tensor]) -> Bool[Tensor, "batch head"]:
@@ -173,8 +182,9 @@ def first_sinks(sinks: dict[str, Tensor]) -> Bool[Tensor, "batch head"]:
     return (sinks["sink_position"] == 0) & (sinks["sink_dominance"] >= SINK_DOMINANCE)
 
 
-def _sinks(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor) -> dict[str, Tensor]:
-    informative = query_valid & (allowed.sum(-1) >= 2)  # [b, i]: rows that choose a key
+def _sinks(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor,
+           n_allowed: Tensor) -> dict[str, Tensor]:
+    informative = query_valid & (n_allowed >= 2)  # [b, i]: rows that choose a key
     n_rows = informative.float().sum(-1).clamp(min=1.0)[:, None]  # [b, 1]
     top, prior = facts["top"], facts["prior"]
     mass = facts["column"].gather(-1, top[..., None]).squeeze(-1) / n_rows  # [b, h]
