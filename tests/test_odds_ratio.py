@@ -513,3 +513,21 @@ def test_real_encoder_cls_sinks_win_by_likelihood_in_middle_layers(minilm):
     assert cls["prior_rank"].median() >= 3  # [CLS]'s key is not among the loudest
     labels = res.to_dataframe()["label"]
     assert (labels == "likelihood-driven").mean() > 0.8
+
+
+def test_one_heads_decomposition_equals_its_slice_of_the_layer():
+    """``show_extremes`` forms only the shown head's split (a twelfth of the layer's cost at 12
+    heads): it equals that head's slice of the whole layer's decomposition."""
+    res = orr.compute(testing.tiny_model("gpt2"), ["a b c a b", "x y"], keep_tensors=True)
+    lazy = res.decompositions[0]
+    for layer in lazy:
+        whole = res[layer]
+        for head in whole.heads:
+            one = lazy.heads_of(layer, [head])
+            i = whole.head_index(head)
+            assert one.heads == (head,)
+            for name in ("query_term", "key_prior", "loglik"):
+                assert torch.equal(getattr(one.parts, name)[:, 0], getattr(whole.parts, name)[:, i])
+            assert torch.equal(one.prior_pattern[:, 0], whole.prior_pattern[:, i])
+            assert torch.equal(one.likelihood_pattern[:, 0], whole.likelihood_pattern[:, i])
+    assert "prior" in res.show_extremes()._repr_html_()

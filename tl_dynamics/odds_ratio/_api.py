@@ -117,13 +117,13 @@ class OddsRatioCollector:
             self._sinks[-1][la.layer] = {k: v.cpu() for k, v in sinks.items()}
 
     def _maker(self, la: LayerAttention, heads: list[int], batch: Batch | None
-               ) -> Callable[[], Decomposition]:
-        def make() -> Decomposition:
+               ) -> Callable[..., Decomposition]:
+        def make(only: list[int] | None = None) -> Decomposition:
             tokens = batch.tokens if batch is not None else None
             strs = [self.adapter.str_tokens(batch, row) for row in range(len(tokens))] \
                 if tokens is not None and self.adapter.tokenizer is not None else ()
-            return decompose_layer(la, heads, self.adapter.info.architecture, tokens, strs,
-                                   self.dtype)
+            return decompose_layer(la, heads if only is None else only,
+                                   self.adapter.info.architecture, tokens, strs, self.dtype)
         return make
 
     def forward(self, prompt: Prompt | Batch, padding_side: str = "right") -> torch.Tensor:

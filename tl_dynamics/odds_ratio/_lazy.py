@@ -14,6 +14,9 @@ from typing import Callable, Iterator, Mapping
 
 from tl_dynamics.odds_ratio._result import Decomposition
 
+# Forms a layer's decomposition: for every head kept (no argument) or for the heads given.
+Maker = Callable[..., Decomposition]
+
 
 class LazyDecompositions(Mapping[int, Decomposition]):
     """``{layer: Decomposition}`` of one forward pass; each value is built on first look-up.
@@ -25,11 +28,11 @@ class LazyDecompositions(Mapping[int, Decomposition]):
         ([0, 1], torch.Size([1, 4, 4, 4]))
     """
 
-    def __init__(self, makers: dict[int, Callable[[], Decomposition]] | None = None):
-        self._makers: dict[int, Callable[[], Decomposition]] = dict(makers or {})
+    def __init__(self, makers: dict[int, Maker] | None = None):
+        self._makers: dict[int, Maker] = dict(makers or {})
         self._last: tuple[int, Decomposition] | None = None
 
-    def add(self, layer: int, make: Callable[[], Decomposition]) -> None:
+    def add(self, layer: int, make: Maker) -> None:
         """Register how to form ``layer``'s decomposition (called while collecting)."""
         self._makers[layer] = make
         if self._last is not None and self._last[0] == layer:
@@ -38,6 +41,11 @@ class LazyDecompositions(Mapping[int, Decomposition]):
     def copy(self) -> "LazyDecompositions":
         """A snapshot of the layers registered so far (nothing is formed)."""
         return LazyDecompositions(self._makers)
+
+    def heads_of(self, layer: int, heads: list[int]) -> Decomposition:
+        """``layer``'s decomposition for ``heads`` only (formed each call, not kept): what a
+        view of one head needs, at a fraction of the whole layer's cost."""
+        return self._makers[layer](heads)
 
     def __getitem__(self, layer: int) -> Decomposition:
         if self._last is not None and self._last[0] == layer:

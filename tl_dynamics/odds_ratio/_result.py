@@ -297,6 +297,13 @@ class OddsRatioResult:
                                   f"{sorted(first)}")
         return first[layer]
 
+    def _head(self, layer: int, head: int) -> Decomposition:
+        """One head's decomposition: formed for that head alone when the pass is lazy."""
+        first = self.decompositions[0] if self.decompositions else None
+        if first is not None and layer in first and hasattr(first, "heads_of"):
+            return first.heads_of(layer, [head])
+        return self[layer]
+
     def to_dataframe(self) -> pd.DataFrame:
         return self.stats.to_dataframe()
 
@@ -350,6 +357,6 @@ class OddsRatioResult:
     def show_extremes(self, row: int = 0) -> viz.Group:
         """The per-head table and the split of the most prior-driven and the most
         likelihood-driven head (``extreme_heads``) on prompt ``row`` (needs kept tensors)."""
-        picks = [(head_name(layer, head), key, value, self[layer].show([head], row))
+        picks = [(head_name(layer, head), key, value, self._head(layer, head).show([head], row))
                  for layer, head, key, value in self.extreme_heads()]
         return _views.extremes_view(self.stats.show(), picks, self.stats.model, LABEL_THRESHOLD)
