@@ -13,6 +13,7 @@ the call (CUDA: ``torch.cuda.max_memory_allocated``), minus what was resident be
     python benchmarks/cost_bench.py --device cuda   # the same on a GPU
     python benchmarks/cost_bench.py --only compute --profile odds_ratio.compute   # profile one row
     python benchmarks/cost_bench.py --only attach --profile "all three attached at once"
+    python benchmarks/cost_bench.py --only long --repeats 1   # 1 x 4,096 (minutes on a CPU)
 """
 
 from __future__ import annotations
@@ -118,8 +119,12 @@ def measure(fn: Callable[[], Any], device: str) -> tuple[float, int]:
     return elapsed, peak.extra
 
 
-def run_rows(title: str, rows: dict[str, Callable[[], Any]], repeats: int, device: str) -> None:
-    for fn in rows.values():  # warm-up
+def run_rows(title: str, rows: dict[str, Callable[[], Any]], repeats: int, device: str,
+             warm: dict[str, Callable[[], Any]] | None = None) -> None:
+    """Median time and memory of every row over ``repeats`` interleaved rounds, after one
+    warm-up call of each (of ``warm``'s rows instead where given: the same analyses on a short
+    input, for rows too slow to run twice)."""
+    for fn in (warm or rows).values():  # warm-up
         measure(fn, device)
     times: dict[str, list[float]] = {name: [] for name in rows}
     mems: dict[str, list[int]] = {name: [] for name in rows}
@@ -153,6 +158,23 @@ def profile_row(rows: dict[str, Callable[[], Any]], name: str | None, title: str
 
 
 def attach_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict[str, Callable]:
+    odds = lambda: odds_ratio.attach(adapter)  # noqa: E731
+    mlp = lambda: contextual_mlp.attach(adapter)  # noqa: E731
+    traj = lambda: trajectories.attach(adapter, lens=False)  # noqa: E731
+    attached = _attached(model, tokens)
+    return {"plain forward": lambda: model(tokens),
+            "run_with_cache": lambda: model.run_with_cache(tokens),
+            "odds_ratio.attach, all heads": attached(odds),
+            "contextual_mlp.attach, all layers and heads": attached(mlp),
+            "trajectories.attach(lens=False)": attached(traj),
+            "all three attached at once": attached(odds, mlp, traj)}
+
+
+def _attached(model: Any, tokens: torch.Tensor, results: bool = True
+              ) -> Callable[..., Callable[[], Any]]:
+    """A row that runs ``model(tokens)`` with the given analyses attached and, with ``results``,
+    asks each collector for its ``result()`` (counted: for the contextual MLP that builds row
+    0's MLPs of every layer and head)."""
     def attached(*makers: Callable[[], Any]) -> Callable[[], Any]:
         def fn() -> Any:
             from contextlib import ExitStack
@@ -160,18 +182,31 @@ def attach_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict
             with ExitStack() as stack:
                 collectors = [stack.enter_context(make()) for make in makers]
                 model(tokens)
-            return [c.result() for c in collectors]
+            return [c.result() for c in collectors] if results else collectors
         return fn
+    return attached
 
+
+def long_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict[str, Callable]:
+    """The long-context rows: each analysis attached alone and all three; the contextual MLP
+    collects (its ``result()``, 144 MLPs whose outgoing weights alone are ``144 x pos x d_model``
+    floats, 1.8 GB at 4,096 tokens, is the size of what was asked for, not a cost of attaching,
+    and has a row of its own)."""
     odds = lambda: odds_ratio.attach(adapter)  # noqa: E731
     mlp = lambda: contextual_mlp.attach(adapter)  # noqa: E731
     traj = lambda: trajectories.attach(adapter, lens=False)  # noqa: E731
+    with_result, collect = _attached(model, tokens), _attached(model, tokens, results=False)
+
+    def all_three() -> Any:  # odds-ratio and trajectory results (small), MLPs collected
+        out = collect(odds, mlp, traj)()
+        return [out[0].result(), out[1], out[2].result()]
+
     return {"plain forward": lambda: model(tokens),
-            "run_with_cache": lambda: model.run_with_cache(tokens),
-            "odds_ratio.attach, all heads": attached(odds),
-            "contextual_mlp.attach, all layers and heads": attached(mlp),
-            "trajectories.attach(lens=False)": attached(traj),
-            "all three attached at once": attached(odds, mlp, traj)}
+            "odds_ratio.attach, all heads": with_result(odds),
+            "contextual_mlp.attach, all layers and heads (collected)": collect(mlp),
+            "contextual_mlp.attach + result() (row 0: 144 MLPs)": with_result(mlp),
+            "trajectories.attach(lens=False)": with_result(traj),
+            "all three attached at once (MLPs collected)": all_three}
 
 
 def compute_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict[str, Callable]:
@@ -201,6 +236,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--only", choices=["attach", "compute", "long"], action="append")
     parser.add_argument("--profile", help="print a torch profiler table for the row of this name")
+    parser.add_argument("--long-rows", action="append",
+                        help="with --only long: keep the rows whose name contains this (and the "
+                             "plain forward); a 4,096-token forward is about a minute on one CPU "
+                             "thread")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: the main thread's CPU time, robust to load from other "
                              "processes (use with --threads 1, where it is all of the work)")
@@ -236,9 +275,20 @@ def main() -> None:
         model = build_model(Path(args.root), 4096, args.device)
         adapter = ModelAdapter(model)
         tokens = torch.randint(0, 50257, (1, 4096), generator=gen).to(args.device)
-        rows = attach_rows(model, adapter, tokens)
-        rows.pop("run_with_cache")
-        run_rows("long context: attach, 1 x 4,096", rows, 1, args.device)
+        rows = long_rows(model, adapter, tokens)
+        if args.long_rows:
+            rows = {name: fn for name, fn in rows.items()
+                    if name == "plain forward" or any(w in name for w in args.long_rows)}
+        # warm-up: the plain forward at full length (the first 4,096-token call peaked at
+        # 10 GB RSS, later ones at 2.2 GB), the analyses' first calls on 64 tokens
+        warm = long_rows(model, adapter, tokens[:, :64])
+        warm = {name: fn for name, fn in warm.items() if name in rows}
+        warm["plain forward"] = rows["plain forward"]
+        if args.profile:
+            profile_row(rows, args.profile, "long context, 1 x 4,096")
+        else:
+            run_rows("long context: attach, 1 x 4,096", rows, max(1, args.repeats), args.device,
+                     warm)
 
 
 if __name__ == "__main__":
