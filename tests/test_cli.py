@@ -207,17 +207,18 @@ def test_make_report_passes_the_prompt_without_the_shell(tmp_path):
 
 
 def test_report_threads_follow_the_setting_and_the_machine_load(monkeypatch):
-    """'auto' leaves torch's one-thread-per-core default on a quiet machine and uses one thread
-    when the cores are already busy; the report restores torch's setting afterwards."""
+    """'auto' leaves torch's one-thread-per-core default on a quiet machine and uses only the
+    free cores when other work keeps some busy; the report restores torch's setting after."""
     import torch
 
     from tl_dynamics import report, testing
 
     monkeypatch.setattr(report.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(report.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
-    assert report.report_threads("auto") is None
-    monkeypatch.setattr(report.os, "getloadavg", lambda: (3.6, 3.0, 3.0))
-    assert report.report_threads("auto") == 1
+    for busy, threads in ((0.1, None), (0.5, None), (1.0, 3), (2.6, 1), (3.9, 1), (7.0, 1)):
+        monkeypatch.setattr(report, "busy_cores", lambda: busy)
+        assert report.report_threads("auto") == threads, busy
+    monkeypatch.undo()
+    assert 0.0 <= report.busy_cores(0.05) <= (os.cpu_count() or 1) + 1e-9
     assert report.report_threads(2) == 2 and report.report_threads(None) is None
     with pytest.raises(TLDynamicsError, match="give a positive integer"):
         report.report_threads(0)

@@ -40,8 +40,8 @@ SECTIONS: tuple[tuple[str, SectionFn], ...] = (
     ("particles", particles_section),
 )
 # Intra-op threads while the report is built (torch's setting is restored after). "auto": torch's
-# own default (one per core) on a quiet machine, one thread when other work already keeps the
-# cores busy. Measured at 12 layers x 12 heads x 512 tokens on a 2-core machine: idle, every
+# own default (one per core) on a quiet machine, only the free cores (at least one) when other
+# work keeps cores busy. Measured at 12 layers x 12 heads x 512 tokens on a 2-core machine: idle, every
 # section took 23.4 s with two threads and 28.1 s with one; under load 3, 120 s with two and 48 s
 # with one (the threads spent their time waiting for each other).
 REPORT_THREADS: int | str | None = "auto"
@@ -165,10 +165,32 @@ def unknown_token_warning(adapter: ModelAdapter, batch: Batch) -> str | None:
             f"model's tokenizer (shown as {tok.unk_token!r}): use characters it knows.")
 
 
+def busy_cores(sample_s: float = 0.25) -> float:
+    """How many cores other work keeps busy now: the non-idle share of ``/proc/stat`` over
+    ``sample_s`` seconds times the core count (the 1-minute load average where there is no
+    ``/proc/stat``)."""
+    def read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as stat:
+                fields = [int(x) for x in stat.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # total, idle
+
+    first = read()
+    if first is None:
+        return os.getloadavg()[0]
+    time.sleep(sample_s)
+    second = read()
+    total, idle = second[0] - first[0], second[1] - first[1]
+    return (os.cpu_count() or 1) * (total - idle) / total if total > 0 else 0.0
+
+
 def report_threads(setting: int | str | None = REPORT_THREADS) -> int | None:
     """The intra-op thread count the report builds with: an int as given (at least 1), None to
-    leave torch's setting, ``"auto"`` for None on a quiet machine and 1 when the 1-minute load
-    average is within half a core of the core count.
+    leave torch's setting, ``"auto"`` for None (torch's one per core) when at most half a core
+    is busy with other work (``busy_cores``), else the free cores, at least 1: threads that
+    share a core with another process wait for each other.
 
     Example:
         >>> report_threads(3), report_threads(None)
@@ -178,7 +200,8 @@ def report_threads(setting: int | str | None = REPORT_THREADS) -> int | None:
         return None
     if setting == "auto":
         cores = os.cpu_count() or 1
-        return 1 if cores == 1 or os.getloadavg()[0] >= cores - 0.5 else None
+        busy = busy_cores()
+        return None if cores > 1 and busy <= 0.5 else max(1, int(cores - busy))
     if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
         raise TLDynamicsError(f"threads {setting!r}: give a positive integer, 'auto' or None")
     return setting
