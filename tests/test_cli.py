@@ -214,9 +214,14 @@ def test_report_threads_follow_the_setting_and_the_machine_load(monkeypatch):
     from tl_dynamics import report, testing
 
     monkeypatch.setattr(report.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(report.torch, "get_num_threads", lambda: 4)
     for busy, threads in ((0.1, None), (0.5, None), (1.0, 3), (2.6, 1), (3.9, 1), (7.0, 1)):
         monkeypatch.setattr(report, "busy_cores", lambda: busy)
         assert report.report_threads("auto") == threads, busy
+    monkeypatch.setattr(report.torch, "get_num_threads", lambda: 2)  # e.g. OMP_NUM_THREADS=2
+    assert report.report_threads("auto") == 1  # busy 7.0: one
+    monkeypatch.setattr(report, "busy_cores", lambda: 1.0)
+    assert report.report_threads("auto") == 2  # three cores free, torch set to two
     monkeypatch.undo()
     assert 0.0 <= report.busy_cores(0.05) <= (os.cpu_count() or 1) + 1e-9
     assert report.report_threads(2) == 2 and report.report_threads(None) is None

@@ -189,8 +189,8 @@ def busy_cores(sample_s: float = 0.25) -> float:
 def report_threads(setting: int | str | None = REPORT_THREADS) -> int | None:
     """The intra-op thread count the report builds with: an int as given (at least 1), None to
     leave torch's setting, ``"auto"`` for None (torch's one per core) when at most half a core
-    is busy with other work (``busy_cores``), else the free cores, at least 1: threads that
-    share a core with another process wait for each other.
+    is busy with other work (``busy_cores``), else the free cores (at least 1, at most torch's
+    setting): threads that share a core with another process wait for each other.
 
     Example:
         >>> report_threads(3), report_threads(None)
@@ -201,7 +201,8 @@ def report_threads(setting: int | str | None = REPORT_THREADS) -> int | None:
     if setting == "auto":
         cores = os.cpu_count() or 1
         busy = busy_cores()
-        return None if cores > 1 and busy <= 0.5 else max(1, int(cores - busy))
+        free = max(1, min(torch.get_num_threads(), int(cores - busy)))  # never above torch's
+        return None if cores > 1 and busy <= 0.5 else free
     if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
         raise TLDynamicsError(f"threads {setting!r}: give a positive integer, 'auto' or None")
     return setting
