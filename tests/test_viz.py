@@ -131,3 +131,17 @@ def test_svg_plots_refuse_mismatched_series():
         viz.small_multiples(["a"], {"x": [1]}, columns=0)
     with pytest.raises(TLDynamicsError, match="at least one x label"):
         viz.line_plot([], {"x": []})
+
+
+def test_ordered_series_run_along_one_colour_scale():
+    """Depth-ordered series get one sequential scale (first dark, last yellow, all distinct),
+    not a palette that repeats after ten."""
+    import re
+
+    plot = viz.line_plot(["a", "b"], {f"p{i}": [i, i + 1] for i in range(13)}, ordered=True)
+    colours = re.findall(r'<polyline [^>]*stroke="(#[0-9a-f]{6})"', plot.html)
+    assert len(colours) == 13 == len(set(colours))
+    assert colours[0] == "#440154" and colours[-1] == "#fde725"
+    cycled = re.findall(r'<polyline [^>]*stroke="(#[0-9a-f]{6})"',
+                        viz.line_plot(["a", "b"], {f"p{i}": [i, i] for i in range(13)}).html)
+    assert cycled[0] == cycled[10]  # the categorical palette repeats

@@ -52,8 +52,9 @@ def histogram_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.nd
     centres = [f"{c:.2f}" for c in (bin_edges[:-1] + bin_edges[1:]) / 2]
     return viz.group(
         viz.line_plot(centres, {lab: density[p] for p, lab in enumerate(labels)},
-                      title="pairwise cosines per point", y_title="density",
-                      caption="x: cosine between two tokens' states; one line per depth point"),
+                      title="pairwise cosines per point", y_title="density", ordered=True,
+                      caption="x: cosine between two tokens' states; one line per depth point "
+                              "(dark: early, yellow: late)"),
         viz.line_plot(list(labels), {f"eps={eps:g}": counts for eps, counts in clusters.items()},
                       title="clusters (cos > 1 - eps)", y_title="clusters per prompt",
                       caption="x: depth point; one line per threshold eps"),

@@ -21,6 +21,22 @@ from tl_dynamics.viz._component import Component, html_escape
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
            "#ff9da7", "#9c755f", "#bab0ac")
 _FONT = "font-family:sans-serif"
+# Anchors of a viridis-like sequential scale (dark purple -> yellow), for ordered series.
+_SEQUENTIAL = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
+
+
+def sequential_colour(t: float) -> str:
+    """A colour of the sequential scale at ``t`` in [0, 1] (0: dark purple, 1: yellow).
+
+    Example:
+        >>> sequential_colour(0.0), sequential_colour(1.0)
+        ('#440154', '#fde725')
+    """
+    t = min(1.0, max(0.0, float(t))) * (len(_SEQUENTIAL) - 1)
+    i = min(int(t), len(_SEQUENTIAL) - 2)
+    a, b = _SEQUENTIAL[i], _SEQUENTIAL[i + 1]
+    rgb = (round(x + (y - x) * (t - i)) for x, y in zip(a, b))
+    return "#" + "".join(f"{c:02x}" for c in rgb)
 
 
 def _fmt(value: float) -> str:
@@ -129,11 +145,12 @@ def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "
               y_title: str = "", caption: str = "", width: int = 560,
               height: int = 260, x_values: Any = None,
               y_range: tuple[float, float] | None = None, x_title: str = "",
-              dashed: Sequence[str] = ()) -> Component:
+              dashed: Sequence[str] = (), ordered: bool = False) -> Component:
     """Several named series over the same x axis in one panel, with a legend. The x axis is
     categorical (``x_labels`` evenly spaced) unless ``x_values`` (increasing numbers, one per
     label) place the points; ``y_range`` fixes the y axis; series named in ``dashed`` are drawn
-    dashed, without dots (reference lines).
+    dashed, without dots (reference lines). ``ordered`` colours the series along a sequential
+    scale (e.g. depth: dark first, yellow last) instead of distinct colours.
 
     Example:
         >>> line_plot(["a", "b", "c"], {"up": [0, 1, 2], "down": [2, 1, float("nan")]}).name is None
@@ -142,8 +159,11 @@ def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "
     labels = [str(x) for x in x_labels]
     if not labels or not series:
         raise TLDynamicsError("line_plot needs at least one x label and one series")
-    drawn = [(str(k), _series(v, len(labels), str(k)), PALETTE[i % len(PALETTE)],
-              str(k) in dashed) for i, (k, v) in enumerate(series.items())]
+    n = len(series)
+    colour = (lambda i: sequential_colour(i / max(n - 1, 1))) if ordered else \
+        (lambda i: PALETTE[i % len(PALETTE)])
+    drawn = [(str(k), _series(v, len(labels), str(k)), colour(i), str(k) in dashed)
+             for i, (k, v) in enumerate(series.items())]
     xv = None if x_values is None else _series(x_values, len(labels), "x_values")
     legend_w = 150.0
     parts = _panel(labels, drawn, title, 0.0, 0.0, width - legend_w, height, y_title,
