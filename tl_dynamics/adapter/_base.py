@@ -12,7 +12,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_dynamics.adapter import _capture, _weights
-from tl_dynamics.adapter._batch import Batch
+from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import check_index, check_indices, check_materialised
 from tl_dynamics.adapter._flags import query_scaling_context
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
@@ -143,7 +143,7 @@ class AdapterBase:
             w = _weights.attn_param(self.model, layer, name)
             if w is None and bias_shape is None:
                 raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no {name}")
-            w = torch.zeros(bias_shape, device=next(self.model.parameters()).device) \
+            w = torch.zeros(bias_shape, device=model_device(self.model)) \
                 if w is None else w
             return w if name == "b_O" else _weights.expand_heads(w, self.n_heads)
         return self._cached((name, layer), compute)
@@ -319,7 +319,7 @@ class AdapterBase:
                     if name is not None:
                         named.append((name, (lambda w, r: lambda t: got.setdefault(w, {}).__setitem__(
                             r, t.detach().clone()))(where, role)))
-            device = next(self.model.parameters()).device
+            device = model_device(self.model)
             tokens = torch.randint(0, self.W_E.shape[0], (2, min(PROBE_POSITIONS, self.n_ctx)),
                                    generator=torch.Generator().manual_seed(0)).to(device)
             with _capture.registered(self.model, self.info.architecture, named, probe=True), \

@@ -41,7 +41,7 @@ class Batch:
         return self.tokens[row][self.key_valid[row]]
 
 
-def _device(model: Any) -> torch.device:
+def model_device(model: Any) -> torch.device:
     """The device of the model's first parameter (the CPU for a model without any)."""
     param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     return torch.device("cpu") if param is None else param.device
@@ -59,7 +59,7 @@ def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str =
         if tokens.ndim != 2 or tokens.is_floating_point():
             raise TLDynamicsError(f"token tensor must be integer [batch, pos] or [pos], got "
                                   f"{tuple(prompt.shape)} {prompt.dtype}")
-        tokens = tokens.to(_device(model))  # where the host's own to_tokens puts text
+        tokens = tokens.to(model_device(model))  # where the host's own to_tokens puts text
         if attention_mask is None:
             key_valid = torch.ones_like(tokens, dtype=torch.bool)
         else:

@@ -87,10 +87,7 @@ class ModelAdapter(AdapterBase):
         unless ``grad=True`` (e.g. for Jacobians through hooks)."""
         kwargs: dict[str, Any] = {}
         self._check_padding(batch)
-        device = batch.tokens.device
-        for param in self.model.parameters():  # a Batch built by hand may sit on another device
-            device = param.device
-            break
+        device = _batch.model_device(self.model)  # a Batch built by hand may sit elsewhere
         if batch.padded:
             kwargs["attention_mask"] = batch.key_valid.long().to(device)
         with torch.set_grad_enabled(grad):
