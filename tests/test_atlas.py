@@ -170,29 +170,40 @@ def test_errors_name_what_is_valid(induction):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "bert"])
-def test_sink_advantages_equal_the_odds_ratio_split(arch):
-    """The sink's key-prior and log-likelihood advantages over the row mean, taken without the
-    [q, k, d_head] difference tensor, equal the same terms read off ``odds_ratio.split_scores``
-    (padded prompts of two lengths, causal and bidirectional)."""
+def test_sink_scores_equal_the_odds_ratio_split(arch):
+    """The atlas's sink scores (``odds_ratio.sink_facts``) against a direct reading of the
+    pattern and of ``odds_ratio.split_scores``: the column with the most attention over rows
+    with two or more keys, its mass and place, and its attention-weighted key-prior and
+    log-likelihood advantages over the row mean (padded prompts of two lengths, causal and
+    bidirectional)."""
     from tl_dynamics import odds_ratio, testing
     from tl_dynamics.atlas import _measure
 
     ad = ModelAdapter(testing.tiny_model(arch))
     las = ad.attention(ad.tokenize(["a b c a b c d", "x y"]))
     for la in (las.values() if isinstance(las, dict) else las):
-        top = torch.randint(0, la.k.shape[1], la.q.shape[:1] + la.q.shape[2:3],
-                            generator=torch.Generator().manual_seed(la.layer))
-        prior_adv, loglik_adv = _measure._sink_advantages(la, top)
+        got = _measure.natural_scores(la)
+        pattern = la.pattern().double()
+        rows = (la.query_valid & (la.allowed.sum(-1) >= 2)).double()  # [b, q]
+        column = (pattern * rows[:, None, :, None]).sum(2)
+        top = column.argmax(-1)  # [b, h]
+        mass = column.gather(-1, top[..., None]).squeeze(-1) / rows.sum(-1)[:, None]
+        first = (top == la.allowed.any(1).double().argmax(-1)[:, None]).double()
         parts = odds_ratio.split_scores(la.q, la.k, la.scale, dtype=torch.float64)
         allowed = la.allowed[:, None].expand_as(parts.loglik)
         n_keys = la.allowed.double().sum(-1).clamp(min=1.0)[:, None, :]
         idx = top[:, :, None, None].expand(-1, -1, parts.loglik.shape[2], 1)
         prior = parts.key_prior[:, :, None, :].expand_as(parts.loglik)
-        want_prior = prior.gather(-1, idx).squeeze(-1) - prior.masked_fill(~allowed, 0).sum(-1) / n_keys
-        want_lik = (parts.loglik.gather(-1, idx).squeeze(-1)
-                    - parts.loglik.masked_fill(~allowed, 0).sum(-1) / n_keys)
-        torch.testing.assert_close(prior_adv.double(), want_prior, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(loglik_adv.double(), want_lik, rtol=1e-5, atol=1e-5)
+        prior_adv = prior.gather(-1, idx).squeeze(-1) - prior.masked_fill(~allowed, 0).sum(-1) / n_keys
+        lik_adv = (parts.loglik.gather(-1, idx).squeeze(-1)
+                   - parts.loglik.masked_fill(~allowed, 0).sum(-1) / n_keys)
+        weight = pattern.gather(-1, idx).squeeze(-1) * rows[:, None]
+        weight = weight / weight.sum(-1, keepdim=True)
+        want = {"sink_mass": mass, "sink_first": first, "sink_prior_adv": (weight * prior_adv).sum(-1),
+                "sink_loglik_adv": (weight * lik_adv).sum(-1)}
+        for name, value in want.items():
+            torch.testing.assert_close(got[name].double(), value.mean(0), rtol=1e-4, atol=1e-5,
+                                       msg=name)
 
 
 # ------------------------------------------------------------------ the real encoder

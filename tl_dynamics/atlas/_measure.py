@@ -2,7 +2,7 @@
 
 Pattern scores come from one captured forward pass over the repeated probes (and one over the
 natural probes when the user gave prompts); weight scores from ``tl_dynamics.circuits``; the
-sink's cause from the terms of ``tl_dynamics.odds_ratio.split_scores``. All arrays are ``[n_layers,
+sink and its cause from ``tl_dynamics.odds_ratio.sink_facts``. All arrays are ``[n_layers,
 n_heads]`` float64, NaN where a score does not apply to the model.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tl_dynamics import circuits
+from tl_dynamics import circuits, odds_ratio
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter
 from tl_dynamics.atlas._probes import Probes
 from tl_dynamics.errors import TLDynamicsError
@@ -63,55 +63,26 @@ def pattern_scores(la: LayerAttention, probes: Probes) -> dict[str, Tensor]:
 def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
     """Sink mass and position, its cause (odds-ratio split), and local mass ``[head]`` each.
 
-    The sink of a prompt is the key with the most attention summed over valid rows; its mass is
-    that sum over the number of rows. Its cause: the attention-weighted advantage of that key
-    over the row mean, split into key prior and distance log-likelihood (docs/math.md §1).
+    The sink of a prompt is the key with the most attention summed over the rows that choose
+    among at least two keys; its mass is that sum over the number of rows. Its cause: the
+    attention-weighted advantage of that key over the row mean, split into key prior and
+    distance log-likelihood (``odds_ratio.sink_facts``; docs/math.md §2.3).
     """
+    sinks = odds_ratio.sink_facts(la)  # [b, h] each
     pattern = la.pattern()  # [b, h, q, k]
     rows = _rows(la)
-    rows_f = rows[:, None, :, None].float()
     n_rows = rows.float().sum(-1).clamp(min=1.0)[:, None]  # [b, 1]
-    column = (pattern * rows_f).sum(2)  # [b, h, k]
-    top = column.argmax(-1)  # [b, h]
-    mass = column.gather(-1, top[..., None]).squeeze(-1) / n_rows
     first_real = la.allowed.any(1).float().argmax(-1)  # [b]
-    first = (top == first_real[:, None].long()).float()
-
-    prior_adv, loglik_adv = _sink_advantages(la, top)
-    idx = top[:, :, None, None].expand(-1, -1, pattern.shape[2], 1)
-    weight = pattern.gather(-1, idx).squeeze(-1) * rows[:, None].float()
-    weight = weight / weight.sum(-1, keepdim=True).clamp(min=1e-30)
-
     positions = torch.arange(pattern.shape[-1], device=pattern.device)
     near = (positions[:, None] - positions[None, :]).abs() < LOCAL_WINDOW  # [q, k]
     not_first = positions[None, :] != first_real[:, None]  # [b, k]
     local = near[None] & not_first[:, None, :]  # [b, q, k]
     local_mass = ((pattern * local[:, None].float()).sum(-1) * rows[:, None].float()).sum(-1) / n_rows
-    return {"sink_mass": mass.mean(0), "sink_first": first.mean(0),
-            "sink_prior_adv": (weight * prior_adv).sum(-1).mean(0),
-            "sink_loglik_adv": (weight * loglik_adv).sum(-1).mean(0),
+    return {"sink_mass": sinks["sink_mass"].mean(0),
+            "sink_first": (sinks["sink_position"] == 0).float().mean(0),
+            "sink_prior_adv": sinks["sink_prior_adv"].mean(0),
+            "sink_loglik_adv": sinks["sink_loglik_adv"].mean(0),
             "local_mass": local_mass.mean(0)}
-
-
-def _sink_advantages(la: LayerAttention, top: Tensor) -> tuple[Tensor, Tensor]:
-    """The sink key's advantage over the row mean of the allowed keys, per query ``[b, h, q]``,
-    in key prior ``(c/2)|k_j|^2`` and distance log-likelihood ``-(c/2)|q_i - k_j|^2`` (the
-    terms of ``odds_ratio.split_scores``). The row mean of the squared distances is taken as
-    ``|q_i|^2 - 2 q_i . mean_j k_j + mean_j |k_j|^2`` in float64, so no ``[q, k, d_head]``
-    difference tensor is formed."""
-    q = la.q.permute(0, 2, 1, 3).double()  # [b, h, q, d]
-    k = la.k.permute(0, 2, 1, 3).double()
-    half = la.scale / 2.0
-    allowed = la.allowed.double()  # [b, q, k]
-    n_keys = allowed.sum(-1).clamp(min=1.0)[:, None, :]  # [b, 1, q]
-    k_sq = k.pow(2).sum(-1)  # [b, h, k]
-    mean_k = torch.einsum("bqk,bhkd->bhqd", allowed, k) / n_keys[..., None]
-    mean_k_sq = torch.einsum("bqk,bhk->bhq", allowed, k_sq) / n_keys
-    mean_dist = q.pow(2).sum(-1) - 2.0 * (q * mean_k).sum(-1) + mean_k_sq
-    sink = k.gather(2, top[:, :, None, None].expand(-1, -1, 1, k.shape[-1]))  # [b, h, 1, d]
-    sink_dist = (q - sink).pow(2).sum(-1)
-    prior_adv = half * (k_sq.gather(-1, top[..., None]) - mean_k_sq)
-    return prior_adv.float(), (-half * (sink_dist - mean_dist)).float()
 
 
 def _capture(adapter: ModelAdapter, batch: Batch, on_layer) -> None:

@@ -6,7 +6,8 @@ statistics (variance shares, KL to the prior-only and likelihood-only patterns, 
 simplex coordinates over the per-source head outputs.
 """
 
-from tl_dynamics.odds_ratio._api import OddsRatioCollector, attach, compute, decompose_layer
+from tl_dynamics.odds_ratio._api import (OddsRatioCollector, attach, compute, decompose_layer,
+                                         sink_facts)
 from tl_dynamics.odds_ratio._barycentric import BarycentricView, barycentric
 from tl_dynamics.odds_ratio._markov import (DAMPING, ChainSummary, absorption_steps, chain_summary,
                                             compose, damped_stationary, effective_rank, stationary)
@@ -23,4 +24,4 @@ __all__ = ["BarycentricView", "ChainSummary", "DAMPING", "Decomposition", "HeadS
            "SimplexSolution", "absorption_steps", "attach", "barycentric", "chain_summary",
            "compose", "composed", "compute", "counterfactual_patterns", "damped_stationary",
            "decompose_layer", "effective_rank", "kkt_residual", "label", "markov", "masked_softmax",
-           "report_section", "row_kl", "simplex_lstsq", "split_scores", "stationary"]
+           "report_section", "row_kl", "simplex_lstsq", "sink_facts", "split_scores", "stationary"]

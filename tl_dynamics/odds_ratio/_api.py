@@ -147,6 +147,23 @@ class OddsRatioCollector:
                                tuple(dict(s) for s in self._sinks))
 
 
+def sink_facts(la: LayerAttention) -> dict[str, torch.Tensor]:
+    """The sink of every prompt and head of one captured layer, ``[batch, head]`` each: its
+    mass, position (in real tokens; 0 = the first), dominance over the next-largest column,
+    key-prior rank, and its advantage over the row mean split into key prior, distance
+    log-likelihood and bias (docs/math.md §2.3), as ``attach`` collects them.
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> la = ModelAdapter(testing.tiny_model("gpt2")).attention("a b c a b c")[1]
+        >>> odds_ratio.sink_facts(la)["sink_mass"].shape
+        torch.Size([1, 4])
+    """
+    return _stats.layer_sums(la.q, la.k, la.scale, la.bias(), la.allowed, la.query_valid,
+                             la.softcap)[1]
+
+
 @contextmanager
 def attach(model: Any, *, layers: int | Sequence[int] | None = None,
            heads: int | Sequence[int] | None = None, keep_tensors: bool = False,
