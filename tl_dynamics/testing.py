@@ -142,24 +142,22 @@ NATIVE_VARIANTS: dict[str, dict[str, Any]] = {
                                          attention_dir="bidirectional"),
 }
 
-_CORPUS = (Path(__file__).parent / "testing.py", Path(torch.__file__).parent / "functional.py")
+# The test tokenizer, trained once (byte-level BPE, 512 ids) and shipped, so that editing a source
+# file or upgrading torch never changes a tiny model's vocabulary.
+TOKENIZER_FILE = Path(__file__).parent / "data" / "test_tokenizer.json"
 
 
 @functools.lru_cache(maxsize=1)
-def tokenizer(vocab_size: int = 512):
-    """A byte-level BPE tokenizer trained on local source files; pad = BOS = EOS = id 0."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def tokenizer():
+    """The tiny models' byte-level BPE tokenizer (512 ids, shipped); pad = BOS = EOS = id 0.
+
+    Example:
+        >>> len(tokenizer()), tokenizer().pad_token_id
+        (512, 0)
+    """
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    text = [p.read_text(errors="ignore")[:200_000] for p in _CORPUS if p.exists()]
-    tok.train_from_iterator(text, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_FILE), bos_token="<|endoftext|>",
                                    eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                                    unk_token="<|endoftext|>")
     # Round-trip through a folder: HookedTransformer re-loads tokenizers by name_or_path.
