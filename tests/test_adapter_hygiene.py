@@ -30,18 +30,20 @@ def test_hooks_removed_after_exception_and_user_hooks_kept(model):
     user_point = adapter.hook_name("pattern", 0)
     model.hook_dict[user_point].add_hook(_user_hook, dir="fwd")
     before = _hook_counts(model)
-    torch_hooks_before = len(model._forward_hooks)
+    torch_hooks_before = len(model._forward_hooks), len(model._forward_pre_hooks)
 
     def explode(layer_attention):
         raise RuntimeError("boom in layer %d" % layer_attention.layer)
 
     batch = adapter.tokenize("x = 1")
-    with pytest.raises(TLDynamicsError, match="boom in layer 0") as info:
+    # a bug in a collector reaches the caller as itself (not as a refusal), the hook named
+    with pytest.raises(RuntimeError, match="boom in layer 0") as info:
         with adapter.capture(explode):
             adapter.forward(batch)
-    assert "error inside tl_dynamics hook" in str(info.value)
+    assert not isinstance(info.value, TLDynamicsError)
+    assert any("raised inside the tl_dynamics hook" in n for n in getattr(info.value, "__notes__", []))
     assert _hook_counts(model) == before
-    assert len(model._forward_hooks) == torch_hooks_before
+    assert (len(model._forward_hooks), len(model._forward_pre_hooks)) == torch_hooks_before
     assert [h.user_hook if hasattr(h, "user_hook") else None
             for h in model.hook_dict[user_point].fwd_hooks][-1] in (_user_hook, None)
     assert len(model.hook_dict[user_point].fwd_hooks) == 1

@@ -19,7 +19,7 @@ import torch
 from tl_dynamics import (atlas, circuits, contextual_mlp, odds_ratio, particles, report, testing,
                          trajectories)
 from tl_dynamics.adapter import ModelAdapter
-from tl_dynamics.trajectories import ExactSum
+from tl_dynamics.collect import ExactSum
 
 DEVICE = os.environ.get("TL_DYNAMICS_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(),

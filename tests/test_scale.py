@@ -19,7 +19,7 @@ import torch
 from tl_dynamics import cli, odds_ratio, scale, testing
 from tl_dynamics import trajectories as T
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories import ExactSum
+from tl_dynamics.collect import ExactSum
 
 from helpers import requires_hooked
 

@@ -14,7 +14,7 @@ import torch
 from tl_dynamics import sphere, testing, trajectories as T, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories._exact import ExactSum
+from tl_dynamics.collect import ExactSum
 
 HAS_HOOKED = testing.has_hooked_transformer()
 PROMPTS = ["def f(x): return x + 1", "import torch", "a = b", "for i in range(10):",

@@ -27,15 +27,18 @@ def probing(model: Any) -> bool:
 @contextmanager
 def registered(model: Any, architecture: str, hooks: Sequence[tuple[str, HookFn]],
                on_forward_end: Callable[[], None] | None = None,
-               probe: bool = False) -> Iterator[None]:
+               probe: bool = False,
+               on_forward_start: Callable[[tuple, dict], None] | None = None) -> Iterator[None]:
     """Attach ``fn(activation)`` at each named hook point of ``model``; remove exactly these on
-    exit, and call ``on_forward_end()`` after each forward pass.
+    exit, call ``on_forward_start(args, kwargs)`` before each forward pass (with the model's own
+    call arguments) and ``on_forward_end()`` after it.
 
     ``probe=True``: these hooks belong to a probe pass run inside the block; while it runs,
     every other tl_dynamics hook on the model stands by (and these fire only then).
 
-    Hooks the user attached before are left alone. An exception raised by ``fn`` is re-raised
-    as a ``TLDynamicsError`` naming the hook point, after every hook here is removed.
+    Hooks the user attached before are left alone. An exception raised by ``fn`` reaches the
+    caller as itself, with a note naming the hook point, after every hook here is removed: a
+    bug in a collector must read as a bug, not as a refusal.
     ``architecture`` names the model in errors.
     """
     hook_dict = model.hook_dict
@@ -48,11 +51,11 @@ def registered(model: Any, architecture: str, hooks: Sequence[tuple[str, HookFn]
                 return None
             try:
                 fn(activation)
-            except TLDynamicsError:
+            except Exception as exc:  # the exception itself, with the hook point named
+                if hasattr(exc, "add_note") and not getattr(exc, "_tld_noted", False):
+                    exc.add_note(f"(raised inside the tl_dynamics hook at {name!r})")
+                    exc._tld_noted = True  # type: ignore[attr-defined]
                 raise
-            except Exception as exc:  # re-raised with the hook point named
-                raise TLDynamicsError(f"error inside tl_dynamics hook at {name!r}: "
-                                      f"{type(exc).__name__}: {exc}") from exc
             return None
         return hook
 
@@ -65,6 +68,10 @@ def registered(model: Any, architecture: str, hooks: Sequence[tuple[str, HookFn]
             before = list(point.fwd_hooks)
             point.add_hook(wrap(name, fn), dir="fwd")
             owned.extend((point, h) for h in point.fwd_hooks if all(h is not b for b in before))
+        if on_forward_start is not None:
+            torch_handles.append(model.register_forward_pre_hook(
+                lambda _module, args, kwargs: None if probing(model) != probe
+                else on_forward_start(args, kwargs), with_kwargs=True))
         if on_forward_end is not None:
             torch_handles.append(model.register_forward_hook(
                 lambda *_: None if probing(model) != probe else on_forward_end()))

@@ -1,10 +1,11 @@
-"""Per-layer capture: stash one layer's hook outputs, assemble its ``LayerAttention`` when it is
-done, and hand it to a callback, so only one layer's tensors are alive at a time."""
+"""Assembling one layer's ``LayerAttention`` from its hook outputs (the hub, ``_hub.py``, stashes
+them and calls ``assemble`` when the layer is done, so only one layer's tensors are alive at a
+time). Masks and position ids are built once per forward pass, in the pass's shared memo."""
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -16,66 +17,48 @@ from tl_dynamics.adapter._host import LayerSpec, alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.errors import TLDynamicsError
 
-HookFn = Callable[[Tensor], None]
 REFERENCE_ROLES = ("scores", "pattern", "z", "out")
 
 
-class LayerCollector:
-    """Stashes one layer's hook outputs and assembles a ``LayerAttention`` when it is done.
-
-    A layer is done when a hook of another layer fires or the forward pass ends, so at most
-    one layer's tensors are held at a time.
-    """
-
-    def __init__(self, adapter: AdapterBase, layers: Sequence[int],
-                 on_layer: Callable[[LayerAttention], None], reference: bool,
-                 inputs: bool, batch: Batch | None):
-        self.adapter, self.layers, self.on_layer = adapter, list(layers), on_layer
-        self.reference, self.inputs, self.batch = reference, inputs, batch
-        self.current: int | None = None
-        self.stash: dict[str, Tensor] = {}
-
-    def hooks(self) -> list[tuple[str, HookFn]]:
-        roles = ["q", "k", "v", "rot_q", "rot_k", "cos", "sin"]
-        roles += list(REFERENCE_ROLES) if self.reference else []
-        roles += ["x"] if self.inputs else []
-        out = []
-        for layer in self.layers:
-            for role in roles:
-                name = self.adapter.hook_name(role, layer)
-                if name is not None:
-                    out.append((name, self._store(role, layer)))
-        return out
-
-    def _store(self, role: str, layer: int) -> HookFn:
-        def fn(activation: Tensor) -> None:
-            if self.current is not None and self.current != layer:
-                self.flush()
-            self.current = layer
-            keep = activation.detach()
-            self.stash[role] = keep.clone() if role in REFERENCE_ROLES else keep
-        return fn
-
-    def flush(self) -> None:
-        if self.current is None:
-            return
-        layer, stash = self.current, self.stash
-        self.current, self.stash = None, {}
-        self.on_layer(assemble(self.adapter, layer, stash, self.batch))
+def masks(adapter: AdapterBase, spec: LayerSpec, key_valid: Tensor, n_pos: int,
+          shared: dict) -> tuple[Tensor, Tensor, Tensor]:
+    """``(allowed, query_valid, key_pos)`` for a layer's mask kind, built once per pass (the
+    same tensors for every layer with the same causal flag and window)."""
+    key = ("masks", spec.causal, spec.window, n_pos)
+    if key not in shared:
+        n_batch = key_valid.shape[0]
+        positions = torch.arange(n_pos, device=key_valid.device)
+        allowed = key_valid[:, None, :].expand(n_batch, n_pos, n_pos)
+        if spec.causal:
+            allowed = allowed & (positions[None, :] <= positions[:, None])
+        if spec.window is not None:
+            allowed = allowed & (positions[None, :] > positions[:, None] - spec.window)
+        query_valid = key_valid & allowed.any(-1)
+        key_pos = shared.get(("key_pos", n_pos))
+        if key_pos is None:
+            key_pos = shared[("key_pos", n_pos)] = (key_valid.long().cumsum(-1) - 1) * key_valid.long()
+        shared[key] = (allowed, query_valid, key_pos)
+    return shared[key]
 
 
 def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
-             batch: Batch | None) -> LayerAttention:
+             batch: Batch | None, shared: dict | None = None) -> LayerAttention:
+    """The ``LayerAttention`` of ``layer`` from its stashed hook outputs ``st``; ``shared`` is the
+    pass's memo (masks are formed once there)."""
+    shared = {} if shared is None else shared
     spec = adapter.specs[layer]
     missing = [r for r in ("q", "k", "v") if r not in st]
     if missing:
         raise TLDynamicsError(f"layer {layer}: the forward pass did not fire the {missing} hooks")
     q, k, v = (st[r].float() for r in ("q", "k", "v"))
     n_batch, n_pos = q.shape[0], q.shape[1]
-    if batch is not None and tuple(batch.key_valid.shape) == (n_batch, n_pos):
-        key_valid = batch.key_valid.to(q.device)
-    else:
-        key_valid = torch.ones(n_batch, n_pos, dtype=torch.bool, device=q.device)
+    key_valid = shared.get(("key_valid", n_batch, n_pos))
+    if key_valid is None:
+        if batch is not None and tuple(batch.key_valid.shape) == (n_batch, n_pos):
+            key_valid = batch.key_valid.to(q.device)
+        else:
+            key_valid = torch.ones(n_batch, n_pos, dtype=torch.bool, device=q.device)
+        shared[("key_valid", n_batch, n_pos)] = key_valid
 
     if spec.rotary in ("hooked", "half") and "rot_q" in st:
         q, k = st["rot_q"].float(), st["rot_k"].float()
@@ -92,16 +75,8 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         raise TLDynamicsError(f"layer {layer}: rotary model did not fire its rotated q/k hooks")
     k, v = adapter.expand_kv(k), adapter.expand_kv(v)
 
-    positions = torch.arange(n_pos, device=q.device)
-    allowed = key_valid[:, None, :].expand(n_batch, n_pos, n_pos)
-    if spec.causal:
-        allowed = allowed & (positions[None, :] <= positions[:, None])
-    if spec.window is not None:
-        allowed = allowed & (positions[None, :] > positions[:, None] - spec.window)
-    query_valid = key_valid & allowed.any(-1)
-
+    allowed, query_valid, key_pos = masks(adapter, spec, key_valid, n_pos, shared)
     bias = None
-    key_pos = (key_valid.long().cumsum(-1) - 1) * key_valid.long()
     if spec.alibi == "key":
         slopes = alibi_slopes(adapter.n_heads).to(key_pos.device)
         bias = slopes[None, :, None, None] * key_pos[:, None, None, :].float()
@@ -111,6 +86,7 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         bias = a * spec.scale + a / math.sqrt(q.shape[-1])
     elif spec.alibi == "mpt":
         slopes = mpt_alibi_slopes(adapter.n_heads).to(q.device)
+        positions = torch.arange(n_pos, device=q.device)
         bias = (slopes[:, None, None] * (positions - (n_pos - 1)).float())[None]
     elif spec.alibi == "relative":
         bias = adapter.hooked_alibi(layer, n_pos)[None]

@@ -6,7 +6,7 @@ What the model is and holds (specs, weights, rotations) is read by ``AdapterBase
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -15,9 +15,10 @@ from torch import Tensor
 from tl_dynamics.adapter import _batch, _capture
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch, Prompt
-from tl_dynamics.adapter._collect import LayerCollector, refuse_sinks
+from tl_dynamics.adapter._hub import LayerState, hub_of
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._patch import patched
+from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -90,8 +91,13 @@ class ModelAdapter(AdapterBase):
         device = _batch.model_device(self.model)  # a Batch built by hand may sit elsewhere
         if batch.padded:
             kwargs["attention_mask"] = batch.key_valid.long().to(device)
-        with torch.set_grad_enabled(grad):
-            return self.model(batch.tokens.to(device), **kwargs)
+        hub = hub_of(self)
+        before, hub.pending = hub.pending, batch  # the pass's Batch, for every collector
+        try:
+            with torch.set_grad_enabled(grad):
+                return self.model(batch.tokens.to(device), **kwargs)
+        finally:
+            hub.pending = before
 
     def _check_padding(self, batch: Batch | None) -> None:
         if batch is None or not batch.padded or self.info.host != "hooked":
@@ -120,30 +126,40 @@ class ModelAdapter(AdapterBase):
             yield
 
     @contextmanager
+    def collecting(self, *collectors: Collector) -> Iterator[None]:
+        """Attach ``collectors`` (``tl_dynamics.collect.Collector``) for every forward pass run
+        inside: each pass calls ``start_pass(batch)``, ``on_layer(state)`` per layer it asked
+        for, with one ``LayerState`` shared by every collector on the model, and ``end_pass()``.
+
+        What a collector asks for is checked before anything is hooked (layers, learned sinks,
+        residual points); hooks are removed on exit, even on errors.
+        """
+        hub = hub_of(self)
+        self._check_padding(hub.pending)
+        with ExitStack() as stack:
+            for collector in collectors:
+                stack.enter_context(hub.attached(collector))
+            yield
+
+    @contextmanager
     def capture(self, on_layer: Callable[[LayerAttention], None],
                 layers: int | Sequence[int] | None = None, reference: bool = False,
                 inputs: bool = False, batch: Batch | None = None,
                 sinks: bool = False) -> Iterator[None]:
         """Call ``on_layer(LayerAttention)`` for each layer during every forward pass inside.
 
-        Only one layer's tensors are held at a time. ``batch`` supplies the padding mask for
-        padded inputs run by the caller; without it every position counts as real.
-        ``reference=True`` also keeps the model's own scores/pattern/z/output for checking.
-        Layers with learned attention sinks (GPT-OSS) are refused unless ``sinks=True``: their
-        rows sum to less than 1, which the analyses built on ``LayerAttention`` do not model;
-        with ``sinks=True`` the pattern, ``z`` and outputs are exact (``sink_logit``).
+        Only one layer's tensors are held at a time. The padding mask is the pass's own (the
+        ``Batch`` that ``forward`` ran, or the ``attention_mask`` the model was called with);
+        ``batch``, when given, is checked for padding support only. ``reference=True`` also
+        keeps the model's own scores/pattern/z/output for checking. Layers with learned
+        attention sinks (GPT-OSS) are refused unless ``sinks=True``: their rows sum to less
+        than 1, which the analyses built on ``LayerAttention`` do not model; with
+        ``sinks=True`` the pattern, ``z`` and outputs are exact (``sink_logit``).
         """
         self._check_padding(batch)
-        layer_list = self.check_layers(layers)
-        if not sinks:
-            refuse_sinks(self.specs, layer_list, self.info.architecture)
-        for layer in layer_list:  # read before hooking: reading may run a probe forward pass
-            self.rotation(layer)
-        collector = LayerCollector(self, layer_list, on_layer, reference, inputs, batch)
-        with _capture.registered(self.model, self.info.architecture, collector.hooks(),
-                                 collector.flush):
+        collector = _Calls(on_layer, self.check_layers(layers), reference, inputs, sinks)
+        with self.collecting(collector):
             yield
-            collector.flush()
 
     def attention(self, prompt: Prompt | Batch, layers: int | Sequence[int] | None = None,
                   reference: bool = False, inputs: bool = False,
@@ -156,3 +172,16 @@ class ModelAdapter(AdapterBase):
                           batch, sinks):
             self.forward(batch)
         return out
+
+
+class _Calls(Collector):
+    """``capture``'s collector: hands each layer's ``LayerAttention`` to a function."""
+
+    def __init__(self, fn: Callable[[LayerAttention], None], layers: list[int], reference: bool,
+                 inputs: bool, sinks: bool):
+        self.fn, self.layers = fn, tuple(layers)
+        self.reference, self.inputs, self.sinks = reference, inputs, sinks
+
+    def on_layer(self, state: LayerState) -> None:
+        if state.attention is not None and state.layer in self.layers:
+            self.fn(state.attention)

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
-from tl_dynamics.trajectories import ExactSum
+from tl_dynamics.collect import ExactSum
 from tl_dynamics.odds_ratio import _stats
 from tl_dynamics.odds_ratio._fast import MaskFacts
 from tl_dynamics.odds_ratio._lazy import LazyDecompositions

@@ -15,7 +15,7 @@ from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
 from tl_dynamics.odds_ratio._split import ScoreParts, row_kl
-from tl_dynamics.trajectories import ExactSum
+from tl_dynamics.collect import ExactSum
 
 # A head is "prior-driven" when the key prior's additive share of the row-centred score
 # variance, Cov(prior, r) / Var(r), is at least LABEL_THRESHOLD, "likelihood-driven" when the

@@ -19,7 +19,8 @@ from safetensors.numpy import load as st_load
 
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
-from tl_dynamics.trajectories import ExactSum, TrajectoryStats
+from tl_dynamics.collect import ExactSum
+from tl_dynamics.trajectories import TrajectoryStats
 
 FORMAT, VERSION = "tl-dynamics-stats", 1
 HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY = "tl_dynamics_stats", "tl_dynamics_sha256", \

@@ -9,7 +9,6 @@ come from ``tl_dynamics.sphere``. Definitions: docs/math.md §5.
 """
 
 from tl_dynamics.trajectories._cloud import BIN_EDGES, N_BINS
-from tl_dynamics.trajectories._exact import ExactSum
 from tl_dynamics.trajectories._jacobian import JacobianSpectrum, block_jacobian, dense_block_jacobian
 from tl_dynamics.trajectories._points import Standardizer
 from tl_dynamics.trajectories._probe import ClassProbe, class_probe
@@ -18,6 +17,6 @@ from tl_dynamics.trajectories._stats import TrajectoryStats
 from tl_dynamics.trajectories._stream import Accumulator, attach, merge, stream
 from tl_dynamics.trajectories._trajectory import Trajectory, compute
 
-__all__ = ["Accumulator", "BIN_EDGES", "ClassProbe", "ExactSum", "JacobianSpectrum", "N_BINS",
+__all__ = ["Accumulator", "BIN_EDGES", "ClassProbe", "JacobianSpectrum", "N_BINS",
            "Standardizer", "Trajectory", "TrajectoryStats", "attach", "block_jacobian",
            "class_probe", "compute", "dense_block_jacobian", "merge", "report_section", "stream"]

@@ -18,7 +18,7 @@ from torch import Tensor
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._cloud import BIN_EDGES, N_BINS
-from tl_dynamics.trajectories._exact import ExactSum
+from tl_dynamics.collect import ExactSum
 from tl_dynamics.trajectories._points import Standardizer
 from tl_dynamics.trajectories._views import stats_views
 

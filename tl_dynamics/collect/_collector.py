@@ -1,0 +1,79 @@
+"""The collector base every attached analysis subclasses, and the analysis registry's base.
+
+The adapter drives collectors (``ModelAdapter.collecting``): for each forward pass it calls
+``start_pass(batch)`` once, ``on_layer(state)`` once per layer a collector asked for, with one
+``LayerState`` shared by every collector attached to the model (the layer's ``LayerAttention``,
+computed once, its memoised scores and log-softmax, the pass's masks, the residual points), and
+``end_pass()`` after the model's forward returns. Nothing is guessed from layer indices."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+
+if TYPE_CHECKING:
+    from tl_dynamics.adapter import Batch, LayerState
+
+
+class Collector(ABC):
+    """What the adapter calls during the forward passes run while it is attached.
+
+    A subclass says what it reads with these attributes (set in ``__init__`` or on the class):
+
+    - ``layers``: attention layers whose ``state.attention`` (a ``LayerAttention``) it reads;
+    - ``points``: residual points ``(role, layer)`` it reads from ``state.points`` (roles
+      ``"resid_pre"``, ``"resid_mid"``, ``"resid_post"``);
+    - ``inputs``: whether it needs the attention input ``x`` (``reference["x"]``);
+    - ``reference``: whether it needs the model's own scores, pattern, ``z`` and output;
+    - ``sinks``: whether it models learned attention sinks (otherwise such layers are refused
+      when it is attached).
+
+    An exception raised by a collector's own code reaches the caller as itself (with a note
+    naming the hook point), after every hook is removed.
+
+    Example:
+        >>> from tl_dynamics import testing
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> class Layers(Collector):
+        ...     def __init__(self):
+        ...         self.layers, self.seen = (0, 1), []
+        ...     def on_layer(self, state):
+        ...         self.seen.append(state.layer)
+        >>> ad = ModelAdapter(testing.tiny_model("gpt2"))
+        >>> c = Layers()
+        >>> with ad.collecting(c):
+        ...     _ = ad.forward(ad.tokenize("a b c"))
+        >>> c.seen
+        [0, 1]
+    """
+
+    layers: Sequence[int] = ()
+    points: Sequence[tuple[str, int]] = ()
+    inputs: bool = False
+    reference: bool = False
+    sinks: bool = False
+
+    def start_pass(self, batch: "Batch | None") -> None:
+        """A forward pass starts; ``batch`` holds its tokens and padding mask (None when the
+        model was called with something that is not token ids or text)."""
+
+    @abstractmethod
+    def on_layer(self, state: "LayerState") -> None:
+        """One layer of the pass (only layers in ``layers`` or with a point in ``points``)."""
+
+    def end_pass(self) -> None:
+        """The forward pass has returned (every layer was delivered)."""
+
+
+class Analysis(ABC):
+    """One analysis package's entry points, as ``tl_dynamics.report.SECTIONS`` lists them.
+
+    ``compute(model, prompt, *, layers=None, heads=None, ...)`` is the one-call entry point,
+    ``attach`` (None where the analysis cannot stream) the context manager whose collector is a
+    ``Collector``, and ``report_section(page, adapter, batch)`` adds its section to a report.
+    """
+
+    name: ClassVar[str]
+    compute: ClassVar[Callable[..., Any]]
+    attach: ClassVar[Callable[..., Any] | None] = None
+    report_section: ClassVar[Callable[..., None]]
