@@ -126,7 +126,7 @@ def imported(name, path):
 
 
 def owner(module):
-    """The package a module belongs to (``tl_dynamics.odds_ratio._api`` -> ``tl_dynamics.odds_ratio``)."""
+    """The package a module belongs to (``tl_dynamics.odds_ratio._collect`` -> ``tl_dynamics.odds_ratio``)."""
     parts = module.split(".")
     return ".".join(parts[:2]) if len(parts) > 1 else module
 

@@ -196,26 +196,36 @@ def test_causal_row_sums_are_prefix_sums_and_mask_facts_are_shared(side):
     causal = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
     las = causal.attention(list(testing.PROMPTS), padding_side=side)
     first = las[min(las)]
-    masks = _fast.MaskFacts.of(first.allowed, first.query_valid)
+    masks = _fast.MaskFacts.of(first.allowed, first.query_valid, first.spec.causal,
+                               first.spec.window)
     assert masks.prefix is not None and bool((~masks.key_valid).any())  # padded and causal
     values = first.k.permute(0, 2, 1, 3)
     for v in (values, values.pow(2).sum(-1).double()):
         torch.testing.assert_close(_fast._row_sums(masks.allowed_f, v, masks.prefix),
                                    _fast._row_sums(masks.allowed_f, v, None), rtol=1e-5, atol=1e-5)
-    for la in las.values():
+    for la in las.values():  # the adapter builds one mask per pass and kind: every layer's
         assert masks.matches(la.allowed, la.query_valid)
     shifted = first.allowed.roll(1, dims=0)
     assert not masks.matches(shifted, first.query_valid)
     encoder = adapter_for("bidirectional" if HAS_HOOKED else "bert")
     la = next(iter(encoder.attention(testing.PROMPTS[0]).values()))
-    assert _fast.MaskFacts.of(la.allowed, la.query_valid).prefix is None
+    assert _fast.MaskFacts.of(la.allowed, la.query_valid, la.spec.causal,
+                              la.spec.window).prefix is None
 
 
-def test_fast_path_declines_keys_whose_priors_span_too_far():
+def test_fast_path_is_exact_when_key_priors_span_far():
+    """The likelihood-only log-partition is a masked log-sum-exp of its own, so a key whose
+    prior is 144 nats above the rest (where exp(-prior) underflows) changes nothing."""
     q, k = planted("loud")
     k[0, 3] *= 4.0  # prior 0.25 * 576 = 144 nats above the rest
-    allowed = torch.ones(1, 12, 12, dtype=torch.bool)
-    assert _fast.row_facts(q, k, 0.5, allowed, torch.ones(1, 12, dtype=torch.bool)) is None
+    allowed = torch.ones(1, 12, 12, dtype=torch.bool).tril()
+    valid = torch.ones(1, 12, dtype=torch.bool)
+    fast = _fast.row_facts(q, k, 0.5, allowed, valid, _fast.MaskFacts.of(allowed, valid, True))
+    direct = _stats._direct_row_facts(q, k, 0.5, None, allowed, valid, None)
+    for key in ("kl_prior", "kl_loglik", "neg_entropy", "var_r"):  # rows with >= 2 keys
+        torch.testing.assert_close(fast[key][..., 1:].double(), direct[key][..., 1:].double(),
+                                   rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fast["column"], direct["column"], rtol=1e-4, atol=1e-4)
 
 
 def test_attach_streams_over_the_users_own_forward_passes():

@@ -84,6 +84,9 @@ class Hub:
 
     @contextmanager
     def attached(self, collector: Collector) -> Iterator[None]:
+        if any(c is collector for c in self.collectors):  # attached already (a nested block)
+            yield
+            return
         self.check(collector)
         self.collectors.append(collector)
         try:

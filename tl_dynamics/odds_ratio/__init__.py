@@ -6,7 +6,7 @@ statistics (variance shares, KL to the prior-only and likelihood-only patterns, 
 simplex coordinates over the per-source head outputs.
 """
 
-from tl_dynamics.odds_ratio._api import (OddsRatioCollector, attach, compute, decompose_layer,
+from tl_dynamics.odds_ratio._collect import (OddsRatioCollector, attach, compute, decompose_layer,
                                          sink_facts)
 from tl_dynamics.odds_ratio._barycentric import BarycentricView, barycentric
 from tl_dynamics.odds_ratio._markov import (DAMPING, ChainSummary, absorption_steps, chain_summary,

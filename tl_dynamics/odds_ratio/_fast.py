@@ -1,5 +1,5 @@
 """The streaming path for the common case (no position bias, no soft-cap): few passes over
-``[batch, head, q, k]``, in query chunks that stay in cache.
+``[batch, head, q, k]``, in query chunks sized by a memory budget, with no host synchronisation.
 
 Identities used (``A`` the allowed mask, ``P_j`` the key prior, ``p`` the pattern,
 ``lse_i`` the row's log-partition):
@@ -7,11 +7,16 @@ Identities used (``A`` the allowed mask, ``P_j`` the key prior, ``p`` the patter
 - ``sum_j A_ij r_ij = c <q_i, sum_j A_ij k_j>``: the row means come from a matrix product of
   the mask with the keys before any score is formed, so each chunk centres its scores in place
   and the second moments have no cancellation;
-- ``lse_i = r_ii - log p_ii`` (a valid query may always attend to itself);
-- ``log sum_j A_ij exp(r_ij - P_j) = lse_i + log sum_j p_ij exp(-P_j)``: the likelihood-only
-  log-partition from the real pattern. Exact, but it loses keys whose ``p_ij`` underflows, so
-  it is only used when the key priors of a prompt and head span less than ``MAX_PRIOR_SPREAD``
-  nats (then no lost key can weigh more than ``exp(MAX_PRIOR_SPREAD - 87)`` of the sum).
+- ``lse_i = r_ii - log p_ii`` (a valid query may always attend to itself: every mask the
+  adapter builds, causal, windowed, bidirectional or padded, allows it);
+- the likelihood-only and prior-only log-partitions (``log sum_j A_ij exp(r_ij - P_j)``,
+  ``log sum_j A_ij exp(P_j)``) are masked log-sum-exps over the chunk, exact whatever the
+  spread of the key priors.
+
+Which keys a chunk of queries may see follows from the mask's kind (causal, window), not from
+reading the mask, so nothing waits for the device. The heads axis may hold several layers'
+heads side by side (``OddsRatioCollector`` concatenates a pass's layers): every statistic is
+per head.
 """
 
 from __future__ import annotations
@@ -21,21 +26,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-MAX_PRIOR_SPREAD = 60.0
-# Scores of [batch, head, chunk, keys] formed at once: ~2 MB of float32, cache-sized; with a
-# causal or sliding-window mask each chunk of queries only scores the band of keys it may see.
-CHUNK_ELEMENTS = 1 << 19
-# On a GPU a chunk is a few kernel launches and a host sync (the band's keys): cache-sized chunks
-# made odds_ratio.attach 39x a 4,096-token forward on an H100; 16M elements (64 MB) each keep the
-# launches few and the transient memory a fraction of the forward's own attention scores.
-DEVICE_CHUNK_ELEMENTS = 1 << 24
+# Score-sized temporaries of one chunk, in units of one layer's full [batch, head, q, k] scores
+# (what the forward itself forms): chunks are sized by this memory budget, so a pass's layers
+# concatenated take (layers / SCORE_BUDGET_LAYERS) chunks whatever the heads and tokens.
+SCORE_BUDGET_LAYERS = 2
 
 
 @dataclass(frozen=True, eq=False)
 class MaskFacts:
-    """What the statistics need of a layer's masks, formed once for every layer that has the
-    same ``allowed`` and ``query_valid`` (usually every layer of a forward pass: at 1,024
-    tokens, forming them per layer was a quarter of the statistics' time; issue 15)."""
+    """What the statistics need of a layer's masks, formed once per forward pass for every
+    layer that shares the same ``allowed`` and ``query_valid`` (the adapter's masks are one
+    tensor per mask kind and pass)."""
 
     allowed: Tensor  # [b, i, j]
     query_valid: Tensor  # [b, i]
@@ -46,51 +47,53 @@ class MaskFacts:
     prefix: Tensor | None  # key_valid where the mask is causal (row sums are prefix sums)
     additive: Tensor  # [b, i, j]: 0 on allowed keys, -inf elsewhere (0 on rows with none)
     valid_f: Tensor  # [b, i] float: rows that choose among >= 2 keys (sinks, §2.3)
-    key_span: Tensor  # [i, j]: keys some prompt's query i may attend to
-    self_allowed: bool  # every valid query may attend to itself
+    causal: bool
+    window: int | None
 
     @classmethod
-    def of(cls, allowed: Tensor, query_valid: Tensor) -> "MaskFacts":
+    def of(cls, allowed: Tensor, query_valid: Tensor, causal: bool = False,
+           window: int | None = None) -> "MaskFacts":
+        """``causal`` and ``window`` describe how ``allowed`` was built (the layer's spec):
+        they bound the keys a query may see, and a causal mask without a window makes row sums
+        prefix sums."""
         allowed_f = allowed.float()
         n_allowed = allowed.sum(-1)
         key_valid = allowed.any(1)
         additive = torch.zeros(allowed.shape, device=allowed.device).masked_fill(
             ~allowed, float("-inf"))
-        additive[n_allowed == 0] = 0.0  # rows with no key: finite garbage, never counted
-        diag = allowed.diagonal(dim1=1, dim2=2)
+        additive.masked_fill_((n_allowed == 0)[..., None], 0.0)  # rows with no key: never counted
         return cls(allowed=allowed, query_valid=query_valid, allowed_f=allowed_f,
                    n_allowed=n_allowed, n_safe=allowed_f.sum(-1).clamp(min=1.0)[:, None],
-                   key_valid=key_valid,
-                   prefix=key_valid if _is_causal(allowed, key_valid) else None,
+                   key_valid=key_valid, prefix=key_valid if causal and window is None else None,
                    additive=additive, valid_f=(query_valid & (n_allowed >= 2)).float(),
-                   key_span=allowed.any(0), self_allowed=bool(diag[query_valid].all()))
+                   causal=causal, window=window)
 
     def matches(self, allowed: Tensor, query_valid: Tensor) -> bool:
-        """Whether these facts are those of ``allowed`` and ``query_valid``."""
-        return (allowed is self.allowed or (allowed.shape == self.allowed.shape
-                                            and torch.equal(allowed, self.allowed))) and \
-            query_valid.shape == self.query_valid.shape and torch.equal(query_valid,
-                                                                         self.query_valid)
+        """Whether these are the facts of ``allowed`` and ``query_valid`` (the same tensors)."""
+        return allowed is self.allowed and query_valid is self.query_valid
+
+    def band(self, i0: int, i1: int, n_pos: int) -> tuple[int, int]:
+        """The keys ``[j0, j1)`` queries ``i0 .. i1 - 1`` may see under this mask kind."""
+        j1 = i1 if self.causal else n_pos
+        j0 = max(0, i0 - self.window + 1) if self.window is not None else 0
+        return j0, max(j1, j0 + 1)
 
 
 def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
-              query_valid: Tensor, masks: MaskFacts | None = None) -> dict[str, Tensor] | None:
-    """Row statistics like ``_stats._direct_row_facts``, or None where this path does not apply.
-    ``masks`` are the facts of ``allowed`` and ``query_valid`` when known already."""
+              query_valid: Tensor, masks: MaskFacts | None = None,
+              layer_heads: int | None = None) -> dict[str, Tensor]:
+    """Row statistics like ``_stats._direct_row_facts``, without a position bias or soft-cap.
+    ``masks`` are the facts of ``allowed`` and ``query_valid`` when known already;
+    ``layer_heads`` is the number of heads of one layer when ``q`` holds several layers'."""
     n_batch, n_pos, n_heads, _ = q.shape
     if masks is None or not masks.matches(allowed, query_valid):
         masks = MaskFacts.of(allowed, query_valid)
-    if not masks.self_allowed:
-        return None
     qh = q.permute(0, 2, 1, 3).contiguous()  # [b, h, i, d]: each chunk's product reads it
     kh = k.permute(0, 2, 1, 3).contiguous()  # in place (a strided view was copied per chunk)
     prior = (scale / 2.0) * kh.pow(2).sum(-1)  # [b, h, j]
     key_valid, prefix, allowed_f, n_safe = masks.key_valid, masks.prefix, masks.allowed_f, masks.n_safe
     kv = key_valid[:, None]
     p_min = prior.masked_fill(~kv, float("inf")).amin(-1, keepdim=True)
-    p_max = prior.masked_fill(~kv, float("-inf")).amax(-1, keepdim=True)
-    if bool(((p_max - p_min) > MAX_PRIOR_SPREAD).any()):
-        return None
 
     # row means of r through the keys (no [b, h, i, j] pass)
     sum_k = _row_sums(allowed_f, kh, prefix)
@@ -100,46 +103,41 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
     sum_p = _row_sums(allowed_f, p64, prefix)
     var_prior = _row_sums(allowed_f, p64 * p64, prefix) - sum_p * sum_p / n_safe.double()
     mean_p = sum_p / n_safe.double()
-
-    exp_neg_p = torch.exp(-(prior - p_min)).masked_fill(~kv, 0.0)  # [b, h, j], <= 1
-    per_key = torch.stack([prior, exp_neg_p], -1)  # [b, h, j, 2]
-    additive, valid_f, key_span = masks.additive, masks.valid_f, masks.key_span
+    additive, valid_f = masks.additive, masks.valid_f
 
     mean_r = sum_r / n_safe
     shifted_prior = prior - p_min
-    sum_sq = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
-    cov_rp = torch.zeros_like(sum_sq)
-    sum_pr, lse = torch.zeros_like(sum_sq), torch.zeros_like(sum_sq)
-    pat_keys = torch.zeros(n_batch, n_heads, n_pos, 2, device=q.device)
-    column = torch.zeros_like(sum_sq)
-    chunk = CHUNK_ELEMENTS if q.device.type == "cpu" else DEVICE_CHUNK_ELEMENTS
-    step = max(8, chunk // max(1, n_batch * n_heads * n_pos))
+    budget = SCORE_BUDGET_LAYERS * n_batch * (layer_heads or n_heads) * n_pos * n_pos
+    step = max(8, budget // max(1, n_batch * n_heads * n_pos))
     k_t = kh.transpose(-1, -2)
+    parts: dict[str, list[Tensor]] = {n: [] for n in ("sum_sq", "cov_rp", "sum_pr", "lse",
+                                                       "pattern_prior", "lse_lik", "lse_prior")}
+    column = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
-        cols = torch.nonzero(key_span[i0:i1].any(0)).flatten()
-        if cols.numel() == 0:
-            continue
-        j0, j1 = int(cols[0]), int(cols[-1]) + 1  # causal/window: only this band of keys
+        j0, j1 = masks.band(i0, i1, n_pos)
         r = torch.matmul(qh[:, :, i0:i1], k_t[..., j0:j1]).mul_(scale)  # [b, h, c, m]
-        log_p = torch.log_softmax(r + additive[:, None, i0:i1, j0:j1], dim=-1)
+        s = r + additive[:, None, i0:i1, j0:j1]
+        log_p = torch.log_softmax(s, dim=-1)
         p = log_p.exp()
         own = (torch.arange(i0, i1, device=q.device) - j0).clamp(0, j1 - j0 - 1)[None, None, :, None]
         own = own.expand(n_batch, n_heads, -1, 1)
-        lse[..., i0:i1] = (r.gather(-1, own) - log_p.gather(-1, own)).squeeze(-1)
-        sum_pr[..., i0:i1] = torch.linalg.vecdot(p, r)
-        pat_keys[:, :, i0:i1] = torch.matmul(p, per_key[:, :, j0:j1])
+        parts["lse"].append((r.gather(-1, own) - log_p.gather(-1, own)).squeeze(-1))
+        parts["sum_pr"].append(torch.linalg.vecdot(p, r))
+        parts["pattern_prior"].append(torch.matmul(p, prior[:, :, j0:j1, None]).squeeze(-1))
+        parts["lse_prior"].append(torch.logsumexp(prior[:, :, None, j0:j1]
+                                                  + additive[:, None, i0:i1, j0:j1], dim=-1))
+        parts["lse_lik"].append(torch.logsumexp(s.sub_(prior[:, :, None, j0:j1]), dim=-1))
         column[..., j0:j1] += torch.matmul(valid_f[:, None, None, i0:i1], p).squeeze(-2)
         # centred in place (the row means are known already): no cancellation in the moments
         r.sub_(mean_r[..., i0:i1, None]).mul_(allowed_f[:, None, i0:i1, j0:j1])
-        sum_sq[..., i0:i1] = torch.linalg.vector_norm(r, dim=-1).square()
-        cov_rp[..., i0:i1] = torch.matmul(r, shifted_prior[..., j0:j1, None]).squeeze(-1)
+        parts["sum_sq"].append(torch.linalg.vector_norm(r, dim=-1).square())
+        parts["cov_rp"].append(torch.matmul(r, shifted_prior[..., j0:j1, None]).squeeze(-1))
+    got = {n: v[0] if len(v) == 1 else torch.cat(v, -1) for n, v in parts.items()}
+    lse, sum_pr, pattern_prior = got["lse"], got["sum_pr"], got["pattern_prior"]
 
-    var_r, cov_r_prior = sum_sq.double(), cov_rp.double()
+    var_r, cov_r_prior = got["sum_sq"].double(), got["cov_rp"].double()
     neg_entropy = sum_pr - lse
-    pattern_prior = pat_keys[..., 0]
-    lse_prior = p_max + torch.log(_row_sums(allowed_f, torch.exp(prior - p_max), prefix))
-    lse_lik = lse - p_min + torch.log(pat_keys[..., 1].clamp(min=1e-38))
     top = column.argmax(-1)  # [b, h]
     k_top = kh.gather(2, top[:, :, None, None].expand(-1, -1, 1, d))  # [b, h, 1, d]
     r_top = scale * (qh * k_top).sum(-1)
@@ -147,23 +145,15 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
     pattern_top = torch.exp(r_top - lse) * allowed_top.float()
     return {"var_r": var_r, "var_prior": var_prior, "cov_r_prior": cov_r_prior,
             "mean_r": mean_r, "mean_prior": mean_p, "prior": prior,
-            "kl_prior": neg_entropy - pattern_prior + lse_prior,
-            "kl_loglik": neg_entropy - (sum_pr - pattern_prior) + lse_lik,
+            "kl_prior": neg_entropy - pattern_prior + got["lse_prior"],
+            "kl_loglik": neg_entropy - (sum_pr - pattern_prior) + got["lse_lik"],
             "neg_entropy": neg_entropy, "column": column, "top": top, "r_top": r_top,
             "pattern_top": pattern_top}
 
 
-def _is_causal(allowed: Tensor, key_valid: Tensor) -> bool:
-    """Whether ``allowed[b, i, j]`` is exactly ``key_valid[b, j] and j <= i`` (a causal mask
-    with key padding), so sums over each row's allowed keys are prefix sums."""
-    n = allowed.shape[-1]
-    causal = torch.ones(n, n, dtype=torch.bool, device=allowed.device).tril()
-    return torch.equal(allowed, causal & key_valid[:, None, :])
-
-
 def _row_sums(allowed_f: Tensor, values: Tensor, prefix: Tensor | None) -> Tensor:
     """``sum_j allowed[b, i, j] values[b, h, j, ...]`` for every row ``i``. With ``prefix`` (the
-    valid keys ``[b, j]`` of a causal mask, ``_is_causal``) a float64 prefix sum: O(pos) rather
+    valid keys ``[b, j]`` of a causal mask without a window) a float64 prefix sum: O(pos) rather
     than a ``[pos, pos]`` product, which at 4,096 tokens was 26 GFLOP per layer for the keys."""
     if prefix is None:
         if values.dim() == 3:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
-from tl_dynamics.odds_ratio._api import compute
+from tl_dynamics.odds_ratio._collect import compute
 from tl_dynamics.odds_ratio._result import LABEL_THRESHOLD
 
 TITLE = "Attention as odds ratios: key prior vs distance likelihood"

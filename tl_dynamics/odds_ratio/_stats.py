@@ -53,7 +53,7 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
                scale: float, bias: Float[Tensor, "batch head pos pos"] | None,
                allowed: Bool[Tensor, "batch pos pos"], query_valid: Bool[Tensor, "batch pos"],
                softcap: float | None = None, fast: bool = True,
-               masks: "MaskFacts | None" = None
+               masks: "MaskFacts | None" = None, layer_heads: int | None = None
                ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Per-head sums over this batch's valid rows, and per-prompt sink facts.
 
@@ -67,9 +67,10 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
     prompt's keys (0 = loudest key).
 
     ``fast`` uses ``_fast.row_facts`` (query chunks, matrix products for the row moments)
-    where it applies (no position bias, no soft-cap, key priors within ``_fast.MAX_PRIOR_SPREAD``
-    nats); it equals the direct computation here (tested). ``masks`` (``_fast.MaskFacts``) are
-    the mask facts of an earlier layer, reused where ``allowed`` and ``query_valid`` match.
+    where it applies (no position bias, no soft-cap); it equals the direct computation here
+    (tested). ``masks`` (``_fast.MaskFacts``) are the pass's mask facts, reused where
+    ``allowed`` and ``query_valid`` are the same tensors; ``layer_heads`` is one layer's head
+    count when the heads axis holds several layers' heads side by side.
     """
     from tl_dynamics.odds_ratio import _fast
 
@@ -78,7 +79,7 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
         masks = _fast.MaskFacts.of(allowed, query_valid)
     facts = None
     if fast and bias is None and softcap is None:
-        facts = _fast.row_facts(q, k, scale, allowed, query_valid, masks)
+        facts = _fast.row_facts(q, k, scale, allowed, query_valid, masks, layer_heads)
     if facts is None:
         facts = _direct_row_facts(q, k, scale, bias, allowed, query_valid, softcap)
     return _finish(facts, allowed, query_valid, masks.n_allowed)

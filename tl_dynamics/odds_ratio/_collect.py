@@ -1,4 +1,5 @@
-"""Entry points: ``compute`` (one call) and ``attach`` (collect during the user's own runs)."""
+"""Entry points and the collector: ``compute`` (one call), ``attach`` (collect during the user's
+own runs) and ``OddsRatioCollector`` (what ``attach`` yields; the adapter drives it)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
-from tl_dynamics.collect import ExactSum
+from tl_dynamics.adapter import Batch, LayerAttention, LayerState, ModelAdapter, Prompt
+from tl_dynamics.collect import Collector, ExactSum, torch_threads
 from tl_dynamics.odds_ratio import _stats
 from tl_dynamics.odds_ratio._fast import MaskFacts
 from tl_dynamics.odds_ratio._lazy import LazyDecompositions
@@ -43,78 +44,96 @@ def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
                          query_valid=la.query_valid, softcap=la.softcap)
 
 
-# Intra-op threads for the statistics (torch's setting is restored after each layer); None keeps
-# torch's own setting. Measured (benchmarks/README.md): on an idle 2-core machine torch's two
-# threads give 1.20x a plain forward against 1.26x on one thread; under heavy load one thread
-# did better (1.17x vs 1.29x), so pass threads=1 on a shared machine.
+# Intra-op threads for the statistics (None keeps torch's own setting): pass threads=1 on a
+# machine other work keeps busy (benchmarks/README.md measures both).
 STAT_THREADS: int | None = None
 
 
-class OddsRatioCollector:
+class OddsRatioCollector(Collector):
     """Accumulates per-head statistics over every forward pass run while attached.
 
-    Only ``[layer, head]`` sums are kept unless ``keep_tensors`` (then every pass's
-    ``Decomposition`` per layer and per-prompt sink facts are kept too).
+    During a pass each layer's ``q`` and ``k`` are kept (references, no copy); when the pass
+    ends, the layers that share a scale and mask are split together, their heads side by side,
+    in a few launches whatever the number of heads, and their sums stay on the device until
+    ``result()``. Only ``[layer, head]`` sums are kept unless ``keep_tensors`` (then every
+    pass's ``Decomposition`` per layer and per-prompt sink facts are kept too).
     """
 
     def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
                  keep_tensors: bool = False, dtype: torch.dtype = torch.float32,
                  threads: int | None = STAT_THREADS):
-        self.adapter, self.layers, self.heads = adapter, layers, heads
+        self.adapter, self.layers, self.heads = adapter, tuple(layers), list(heads)
         self.keep_tensors, self.dtype, self.threads = keep_tensors, dtype, threads
-        # per layer, the exact sums [key, head] (keys SUM_KEYS then SINK_SUM_KEYS)
-        self._exact = [ExactSum.zeros((len(_stats.SUM_KEYS) + len(SINK_SUM_KEYS), len(heads)))
-                       for _ in layers]
+        self._pass_sums: list[torch.Tensor] = []  # per pass, [layer, key, head] float64 (device)
         self._prompts = 0
         self._passes: list[LazyDecompositions] = []  # per pass, formed when looked up
         self._sinks: list[dict[int, dict[str, torch.Tensor]]] = []
+        self._layers: list[tuple[LayerAttention, MaskFacts]] = []  # this pass's, so far
         self._batch: Batch | None = None
-        self._seen_in_pass: set[int] = set()
-        self._in_forward = False
-        self._masks: MaskFacts | None = None  # the last layer's mask facts (reused if equal)
 
-    def on_outer_layer(self, la: LayerAttention) -> None:
-        """The ``attach`` block's callback: ``forward`` collects with its own padding mask."""
-        if not self._in_forward:
-            self.on_layer(la)
-
-    def _new_pass(self) -> None:
-        self._seen_in_pass = set()
+    def start_pass(self, batch: Batch | None) -> None:
+        self._layers, self._batch = [], batch
         if self.keep_tensors:
             self._passes.append(LazyDecompositions())
             self._sinks.append({})
 
-    def on_layer(self, la: LayerAttention) -> None:
-        before = torch.get_num_threads()
-        if self.threads is not None:
-            torch.set_num_threads(self.threads)
-        try:
-            self._on_layer(la)
-        finally:
-            torch.set_num_threads(before)
-
-    def _on_layer(self, la: LayerAttention) -> None:
-        if not self._seen_in_pass or la.layer in self._seen_in_pass:
-            self._new_pass()
-            self._prompts += int(la.q.shape[0])
-        self._seen_in_pass.add(la.layer)
-        a = self.layers.index(la.layer)
-        h = self.heads
-        pick = slice(None) if h == list(range(la.n_heads)) else h  # no copy for all heads
-        if self._masks is None or not self._masks.matches(la.allowed, la.query_valid):
-            self._masks = MaskFacts.of(la.allowed, la.query_valid)  # once per pass, usually
-        sums, sinks = _stats.layer_sums(la.q[:, :, pick], la.k[:, :, pick], la.scale, la.bias(h),
-                                        la.allowed, la.query_valid, la.softcap, masks=self._masks)
-        by_prior = sinks["sink_prior_adv"] > sinks["sink_loglik_adv"]
-        sink_values = {"sink_mass": sinks["sink_mass"], "sink_first": _stats.first_sinks(sinks),
-                       "sink_by_prior": by_prior, "sink_prior_adv": sinks["sink_prior_adv"],
-                       "sink_loglik_adv": sinks["sink_loglik_adv"]}
-        part = torch.stack([sums[k].double().cpu() for k in _stats.SUM_KEYS]
-                           + [sink_values[k].double().sum(0).cpu() for k in SINK_SUM_KEYS])
-        self._exact[a] = self._exact[a] + ExactSum.of(part)
+    def on_layer(self, state: LayerState) -> None:
+        la = state.attention
+        if la is None or la.layer not in self.layers:
+            return
+        la.require_no_sinks("odds_ratio")
+        key = ("odds_ratio.masks", id(la.allowed))
+        if key not in state.shared:  # once per pass and mask kind, for every layer
+            state.shared[key] = MaskFacts.of(la.allowed, la.query_valid, la.spec.causal,
+                                             la.spec.window)
+        self._layers.append((la, state.shared[key]))
         if self.keep_tensors:  # keep q, k, scale, bias and masks; form the split when asked
-            self._passes[-1].add(la.layer, self._maker(la, list(h), self._batch))
-            self._sinks[-1][la.layer] = {k: v.cpu() for k, v in sinks.items()}
+            self._passes[-1].add(la.layer, self._maker(la, list(self.heads), self._batch))
+
+    def end_pass(self) -> None:
+        if not self._layers:
+            return
+        with torch_threads(self.threads):
+            self._end_pass()
+
+    def _end_pass(self) -> None:
+        layers, self._layers = self._layers, []
+        h = self.heads
+        n_h = len(h)
+        pick = slice(None) if h == list(range(layers[0][0].n_heads)) else h  # all heads: no copy
+        by_layer: dict[int, torch.Tensor] = {}
+        groups: dict[tuple, list[LayerAttention]] = {}
+        facts: dict[tuple, MaskFacts] = {}
+        for la, masks in layers:  # split together: same scale and masks, no bias or soft-cap
+            fast = la.position_bias is None and la.softcap is None
+            key = (la.scale, id(masks)) if fast else ("one", la.layer)
+            groups.setdefault(key, []).append(la)
+            facts[key] = masks
+        for key, group in groups.items():
+            first, masks = group[0], facts[key]
+            q = torch.cat([la.q[:, :, pick] for la in group], 2) if len(group) > 1 \
+                else first.q[:, :, pick]
+            k = torch.cat([la.k[:, :, pick] for la in group], 2) if len(group) > 1 \
+                else first.k[:, :, pick]
+            sums, sinks = _stats.layer_sums(q, k, first.scale, first.bias(h), first.allowed,
+                                            first.query_valid, first.softcap, masks=masks,
+                                            layer_heads=n_h)
+            by_prior = sinks["sink_prior_adv"] > sinks["sink_loglik_adv"]
+            sink_values = {"sink_mass": sinks["sink_mass"], "sink_first": _stats.first_sinks(sinks),
+                           "sink_by_prior": by_prior, "sink_prior_adv": sinks["sink_prior_adv"],
+                           "sink_loglik_adv": sinks["sink_loglik_adv"]}
+            part = torch.stack([sums[k].double() for k in _stats.SUM_KEYS]
+                               + [sink_values[k].double().sum(0) for k in SINK_SUM_KEYS])
+            part = part.reshape(part.shape[0], len(group), n_h).transpose(0, 1)  # [g, key, head]
+            for i, la in enumerate(group):
+                by_layer[la.layer] = part[i]
+                if self.keep_tensors:
+                    self._sinks[-1][la.layer] = {
+                        name: v.reshape(v.shape[0], len(group), n_h)[:, i].cpu()
+                        for name, v in sinks.items()}
+        zero = torch.zeros_like(next(iter(by_layer.values())))
+        self._pass_sums.append(torch.stack([by_layer.get(layer, zero) for layer in self.layers]))
+        self._prompts += int(layers[0][0].q.shape[0])
 
     def _maker(self, la: LayerAttention, heads: list[int], batch: Batch | None
                ) -> Callable[..., Decomposition]:
@@ -129,20 +148,22 @@ class OddsRatioCollector:
     def forward(self, prompt: Prompt | Batch, padding_side: str = "right") -> torch.Tensor:
         """Run the model on a prompt or padded batch with its padding mask, collecting."""
         batch = self.adapter.tokenize(prompt, padding_side)
-        self._batch, self._in_forward, self._seen_in_pass = batch, True, set()
-        try:
-            with self.adapter.capture(self.on_layer, self.layers, batch=batch):
-                return self.adapter.forward(batch)
-        finally:
-            self._batch, self._in_forward, self._seen_in_pass = None, False, set()
+        with self.adapter.collecting(self):
+            return self.adapter.forward(batch)
 
     def result(self) -> OddsRatioResult:
         """Everything collected so far (copies: collecting more does not change it)."""
         specs = [self.adapter.specs[layer] for layer in self.layers]
+        keys = len(_stats.SUM_KEYS) + len(SINK_SUM_KEYS)
+        if self._pass_sums:  # one read from the device for every pass so far
+            host = torch.stack(self._pass_sums).cpu()
+            exact = ExactSum.total([ExactSum.of(x) for x in host])
+        else:
+            exact = ExactSum.zeros((len(self.layers), keys, len(self.heads)))
         stats = HeadStats.from_exact(
             self.adapter.info.architecture, tuple(self.layers), tuple(self.heads),
             tuple(s.scale for s in specs), tuple(s.softcap for s in specs), self._prompts,
-            ExactSum.stack(self._exact), _stats.SUM_KEYS)
+            exact, _stats.SUM_KEYS)
         return OddsRatioResult(stats, tuple(p.copy() for p in self._passes),
                                tuple(dict(s) for s in self._sinks))
 
@@ -174,9 +195,9 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
     ``layers`` and ``heads`` select as in ``compute``; the collector's ``result()`` is an
     ``OddsRatioResult`` like ``compute``'s.
 
-    Statistics stream: only per-head sums are kept unless ``keep_tensors=True``. Unpadded
-    inputs can go straight through ``model(tokens)``; for padded batches use
-    ``collector.forward(prompts, padding_side=...)`` so the padding mask is known.
+    Statistics stream: only per-head sums are kept unless ``keep_tensors=True``. The padding
+    mask is the pass's own: pass ``attention_mask=`` to your model call, or use
+    ``collector.forward(prompts, padding_side=...)``.
     ``threads`` is the number of intra-op threads for the statistics (None: torch's setting).
 
     Example:
@@ -191,7 +212,7 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
     adapter = ModelAdapter.of(model)
     collector = OddsRatioCollector(adapter, adapter.check_layers(layers), adapter.check_heads(heads),
                                    keep_tensors, dtype, threads)
-    with adapter.capture(collector.on_outer_layer, collector.layers):
+    with adapter.collecting(collector):
         yield collector
 
 
