@@ -235,7 +235,7 @@ def test_merge_refuses_different_settings():
 def test_attach_during_user_forward_and_hooks_removed():
     ad = adapter("gpt2")
     batch = ad.tokenize(PROMPTS[:4])
-    with T.attach(ad.model, batch=batch) as acc:
+    with T.attach(ad.model) as acc:  # the pass's own Batch (its padding) reaches the collector
         ad.forward(batch)
     assert acc.stats() == T.stream(ad, [batch], progress=False) == acc.result().stats
     n = acc.stats().n_prompts
@@ -247,12 +247,11 @@ def test_attach_during_user_forward_and_hooks_removed():
     ad.forward(batch)
     with pytest.raises(TLDynamicsError, match="no forward pass has run inside attach"):
         acc2.result()
-    unlabelled = None
-    with T.attach(ad) as acc3:
+    with T.attach(ad) as acc3:  # the user's own call: its token ids are the pass's tokens
         ad.model(batch.tokens[:1])
-        unlabelled = acc3.result()
-    assert not unlabelled.stats.has_lens and "pass batch=" in unlabelled.lens_note
-    assert unlabelled.rank is None and unlabelled.tokens.eq(-1).all()
+    own = acc3.result()
+    assert own.stats.has_lens and torch.equal(own.tokens, batch.tokens[:1].cpu())
+    assert own.stats == T.stream(ad, [ad.tokenize(batch.tokens[:1])], progress=False)
 
 
 def test_attach_result_is_computes_trajectory_for_every_pass():
@@ -260,9 +259,8 @@ def test_attach_result_is_computes_trajectory_for_every_pass():
     stacked (the shorter padded), and the statistics of both."""
     ad = adapter("gpt2")
     first, second = ad.tokenize(PROMPTS[:2]), ad.tokenize(PROMPTS[2:5])
-    with T.attach(ad, batch=first) as acc:
+    with T.attach(ad) as acc:  # each pass brings its own Batch: nothing to set between them
         ad.forward(first)
-        acc.set_batch(second)
         ad.forward(second)
     both = acc.result()
     assert isinstance(both, T.Trajectory) and both.tokens.shape[0] == 5

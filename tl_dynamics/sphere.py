@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -29,7 +29,7 @@ from torch import Tensor
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = ["CLUSTER_EPS", "MergeEvents", "NORM_FLOOR", "TRAJECTORY_EPS_GRID", "close_fraction",
-           "cluster_labels", "cosines", "count_clusters", "gram", "mean_cosine", "merge_events",
+           "cluster_labels", "cluster_labels_grid", "cosines", "count_clusters", "gram", "mean_cosine", "merge_events",
            "pair_mask", "unit"]
 
 CLUSTER_EPS: float = 1e-2
@@ -130,25 +130,50 @@ def cluster_labels(cos: Float[Tensor, "*batch n n"], eps: float,
         >>> cluster_labels(gram(x), 0.01, mask=torch.tensor([True, True, False])).tolist()
         [0, 1, -1]
     """
-    if not 0.0 < float(eps) <= 2.0:
+    return cluster_labels_grid(cos, (eps,), mask)[0]
+
+
+# Rounds of label propagation between two reads of "did anything change?" (each read waits for
+# the device): rounds after convergence change nothing, so checking rarely is exact.
+CHECK_EVERY = 4
+
+
+def cluster_labels_grid(cos: Float[Tensor, "*batch n n"], eps: Sequence[float],
+                        mask: Bool[Tensor, "*batch n"] | None = None
+                        ) -> Int[Tensor, "eps *batch n"]:
+    """``cluster_labels`` at several thresholds at once: ``[len(eps), *batch, n]``, every
+    threshold and batch element propagated together (the same launches for four thresholds
+    as for one), with one read from the device every ``CHECK_EVERY`` rounds.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+        >>> cluster_labels_grid(gram(x), (0.01, 0.5)).tolist()
+        [[0, 1, 2], [0, 0, 0]]
+    """
+    eps = tuple(float(e) for e in eps)
+    if not eps or any(not 0.0 < e <= 2.0 for e in eps):
         raise TLDynamicsError(f"eps must be in (0, 2] (points are close when cos > 1 - eps), "
                               f"got {eps!r}")
     lead, n = cos.shape[:-2], cos.shape[-1]
-    adj = cos > 1.0 - eps  # a new tensor: edited in place below
-    if mask is not None and not bool(mask.all()):
-        adj = adj & mask[..., :, None] & mask[..., None, :]
+    flat = cos.reshape(-1, n, n)
+    thresholds = torch.tensor([1.0 - e for e in eps], dtype=cos.dtype, device=cos.device)
+    adj = flat[None] > thresholds[:, None, None, None]  # [eps, batch, n, n]
+    if mask is not None:
+        m = mask.reshape(-1, n)
+        adj = adj & m[None, :, :, None] & m[None, :, None, :]
     adj = adj.reshape(-1, n, n)
     adj.diagonal(dim1=-2, dim2=-1).fill_(True)  # every point links to itself (no [n, n] eye)
     # int32 while propagating: the [batch, n, n] minimum is the cost, and half as wide is
-    # about twice as fast (measured in benchmarks/trajectories_bench.py --kernel)
+    # about twice as fast (benchmarks/trajectories_bench.py --kernel)
     labels = torch.arange(n, dtype=torch.int32, device=cos.device).expand(adj.shape[0], n)
-    for _ in range(n + 1):
+    for r in range(n + 1):
         new = torch.where(adj, labels[:, None, :], n).amin(-1)
         new = torch.gather(new, 1, new.long())
-        if torch.equal(new, labels):
-            break
+        if (r + 1) % CHECK_EVERY == 0 or r == n:
+            if torch.equal(new, labels):
+                break
         labels = new
-    labels = labels.long().reshape(*lead, n)
+    labels = labels.long().reshape(len(eps), *lead, n)
     return labels if mask is None else torch.where(mask, labels, -1)
 
 

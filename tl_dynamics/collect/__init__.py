@@ -5,6 +5,7 @@ the one ``torch_threads`` setting, and op/sync counts (``count_ops``)."""
 from tl_dynamics.collect._collector import Analysis, Collector
 from tl_dynamics.collect._count import OpCount, count_ops
 from tl_dynamics.collect._exact import ExactSum
+from tl_dynamics.collect._host import to_host
 from tl_dynamics.collect._threads import torch_threads
 
-__all__ = ["Analysis", "Collector", "ExactSum", "OpCount", "count_ops", "torch_threads"]
+__all__ = ["Analysis", "Collector", "ExactSum", "OpCount", "count_ops", "to_host", "torch_threads"]

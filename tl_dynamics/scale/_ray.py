@@ -16,7 +16,8 @@ import numpy as np
 from tl_dynamics import sphere
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._format import ANALYSES, DatasetStats, from_bytes, save_stats, to_bytes
-from tl_dynamics.scale._run import ShardRunner, _threads, batches, iter_prompts, make_settings
+from tl_dynamics.collect import torch_threads
+from tl_dynamics.scale._run import ShardRunner, batches, iter_prompts, make_settings
 
 
 class StatsActor:
@@ -25,11 +26,11 @@ class StatsActor:
     def __init__(self, loader: Callable[[], Any], name: str, settings: dict[str, Any],
                  threads: int | None):
         self.name, self.settings, self.threads = name, settings, threads
-        with _threads(threads):
+        with torch_threads(threads):
             self.model = loader()
 
     def __call__(self, group: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with _threads(self.threads):
+        with torch_threads(self.threads):
             runner = ShardRunner(self.model, self.name, self.settings, self.threads)
             try:
                 for texts in group["texts"]:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-import torch
 
 from tl_dynamics import odds_ratio, sphere, trajectories
 from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.collect import torch_threads
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._format import (ANALYSES, DatasetStats, from_bytes, prompt_hash,
                                        save_stats, to_bytes)
@@ -116,8 +115,8 @@ def _model_name(model: Any, model_name: str | None) -> tuple[Any, str]:
 class ShardRunner:
     """Streams batches through one model with the chosen analyses on; ``result()`` is the
     ``DatasetStats`` of the batches seen. One forward pass per batch serves both analyses:
-    ``trajectories.stream`` runs it, and the odds-ratio collector reads every layer during it
-    through ``adapter.capture`` with the batch's padding mask."""
+    ``trajectories.stream`` runs it, and the odds-ratio collector, attached around it, reads
+    every layer of the same pass (``adapter.collecting``)."""
 
     def __init__(self, model: Any, model_name: str, settings: dict[str, Any],
                  threads: int | None = 1):
@@ -148,7 +147,7 @@ class ShardRunner:
         elif self._odds is None:
             self._traj = self._traj.merge(self._stream([batch]))
         else:
-            with self.adapter.capture(self._odds.on_layer, self._odds.layers, batch=batch):
+            with self.adapter.collecting(self._odds):  # one pass feeds both collectors
                 part = self._stream([batch])
             self._traj = self._traj.merge(part)
         self.n_prompts += len(texts)
@@ -158,17 +157,6 @@ class ShardRunner:
         return DatasetStats(self.name, self.settings, self.n_prompts, self.hash,
                             None if self._odds is None else self._odds.result().stats,
                             self._traj)
-
-
-@contextmanager
-def _threads(n: int | None) -> Iterator[None]:
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def run_shard(runner: ShardRunner, items: Iterable[tuple[int, list[str]]], *,
@@ -249,9 +237,9 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
         raise TLDynamicsError(f"max_batches must be a non-negative integer, got {max_batches!r}")
     if checkpoint_every < 1:
         raise TLDynamicsError(f"checkpoint_every must be at least 1, got {checkpoint_every!r}")
-    with _threads(threads):
+    with torch_threads(threads):
         model, name = _model_name(model, model_name)  # before the process group (see _distributed)
-    with _distributed.session() as dist, _threads(threads):
+    with _distributed.session() as dist, torch_threads(threads):
         model = _distributed.to_device(model, dist)
         out_path = None if out is None else Path(out)
         checkpoint = None if out_path is None else dist.checkpoint_path(out_path)

@@ -14,9 +14,9 @@ from tl_dynamics.trajectories._points import Standardizer
 from tl_dynamics.trajectories._probe import ClassProbe, class_probe
 from tl_dynamics.trajectories._report import report_section
 from tl_dynamics.trajectories._stats import TrajectoryStats
-from tl_dynamics.trajectories._stream import Accumulator, attach, merge, stream
-from tl_dynamics.trajectories._trajectory import Trajectory, compute
+from tl_dynamics.trajectories._collect import TrajectoryCollector, attach, compute, merge, stream
+from tl_dynamics.trajectories._trajectory import Trajectory
 
-__all__ = ["Accumulator", "BIN_EDGES", "ClassProbe", "JacobianSpectrum", "N_BINS",
-           "Standardizer", "Trajectory", "TrajectoryStats", "attach", "block_jacobian",
+__all__ = ["BIN_EDGES", "ClassProbe", "JacobianSpectrum", "N_BINS",
+           "Standardizer", "Trajectory", "TrajectoryCollector", "TrajectoryStats", "attach", "block_jacobian",
            "class_probe", "compute", "dense_block_jacobian", "merge", "report_section", "stream"]

@@ -1,19 +1,19 @@
-"""Per-point statistics, computed inside the residual hooks one trajectory point at a time.
+"""Per-point statistics of the residual stream, for every trajectory point of a pass at once.
 
 Directional quantities of a zero state (e.g. a zero embedding row) are NaN and left out of
 means; in the particle statistics a zero state is an isolated point (cosine 0 to every other).
 
-A ``PointComputer`` receives the residual state ``z [batch, pos, d_model]`` at trajectory
-point ``p`` and keeps only per-token scalars, per-prompt particle statistics, the previous
-state and step (for step sizes and turning angles) and the unit vectors (for the cosine to the
-final state), so memory is bounded by one batch, never by the number of prompts.
+``point_statistics`` receives every residual state of one forward pass (the collector keeps
+them while the pass runs) and computes every point's statistics at once, batched over points,
+keeping only per-token scalars and per-prompt particle statistics, so memory is bounded by one
+batch's residual states, never by the number of prompts.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -107,129 +107,125 @@ def _cos(a: Tensor, b: Tensor) -> Tensor:
     return torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
 
 
-@dataclass
-class PointComputer:
-    """Accumulates one forward pass's per-point statistics; ``finish()`` stacks them."""
+# Memory for one group of points' particle statistics (cosines, eps-adjacency, labels; about
+# 30 bytes per token pair and point): points are processed in groups within it.
+POINT_BUDGET_BYTES = 512 << 20
+# Logit-lens logits of one group of points ([points, batch, pos, vocab] float32).
+LENS_BUDGET_BYTES = 256 << 20
 
-    adapter: "ModelAdapter"
-    cfg: Config
-    key_valid: Bool[Tensor, "batch pos"]
-    targets: Int[Tensor, "batch pos"] | None
-    n_points: int
-    out: dict[str, list[Any]] = field(default_factory=dict)
-    prev: Tensor | None = None
-    prev_step: Tensor | None = None
-    prev_labels: list[Tensor] | None = None
-    next_point: int = 0
-    pairs: tuple[Tensor, Tensor, Tensor] | None = None  # (mask, pair mask, pair count), once
 
-    def particle_mask(self) -> Tensor:
-        mask = self.key_valid
-        if self.cfg.skip_first:
-            first = mask.long().cumsum(-1) == 1
-            mask = mask & ~first
-        return mask
+def point_statistics(adapter: "ModelAdapter", cfg: Config, zs: list[Tensor],
+                     key_valid: Bool[Tensor, "batch pos"], targets: Int[Tensor, "batch pos"] | None
+                     ) -> dict[str, Tensor]:
+    """Every point's statistics of one forward pass at once (``zs``: the residual states in
+    depth order, each ``[batch, pos, d_model]``), batched over points: the same launches for
+    12 points as for one. Per-token ones are ``[batch, point, pos]``, per-prompt ones
+    ``[batch, point]`` (clusters ``[batch, eps, point]``); left on the device."""
+    z = torch.stack([t.detach().float() for t in zs])  # [P, b, n, d]
+    if tuple(z.shape[1:3]) != tuple(key_valid.shape):
+        raise TLDynamicsError(f"residual state has shape {tuple(z.shape[1:])} but the batch mask is "
+                              f"{tuple(key_valid.shape)}: pass the batch that is being run")
+    n_points = z.shape[0]
+    res: dict[str, Tensor] = {}
+    zd, w = z.double(), key_valid.double()
+    res["state_sum"] = torch.einsum("bn,pbnd->pd", w, zd)
+    res["state_sumsq"] = torch.einsum("bn,pbnd->pd", w, zd * zd)
+    del zd
+    norm = z.norm(dim=-1)  # [P, b, n]
+    res["norm"] = norm.transpose(0, 1)
+    if n_points > 1:
+        step_vec = z[1:] - z[:-1]
+        step = step_vec.norm(dim=-1)
+        prev = norm[:-1]
+        res["step"] = step.transpose(0, 1)
+        res["rel_step"] = torch.where(prev > sphere.NORM_FLOOR,
+                                      step / prev.clamp_min(sphere.NORM_FLOOR), math.nan).transpose(0, 1)
+        if n_points > 2:
+            c = _cos(step_vec[1:], step_vec[:-1]).clamp(-1.0, 1.0)
+            res["turning"] = torch.rad2deg(torch.acos(c)).transpose(0, 1)
+        del step_vec
+    unit = sphere.unit(z)
+    cos_final = (unit * unit[-1]).sum(-1)
+    defined = (norm > sphere.NORM_FLOOR) & (norm[-1:] > sphere.NORM_FLOOR)
+    res["cos_final"] = torch.where(defined, cos_final, math.nan).transpose(0, 1)
+    del unit
+    if targets is not None:
+        res.update(_lens(adapter, z, targets))
+    res.update(_particles(cfg, z, key_valid))
+    if "rank" in res:
+        res["settling"] = settling_point(res["rank"], targets)
+    return res
 
-    def _put(self, name: str, value: Any) -> None:
-        self.out.setdefault(name, []).append(value)
 
-    def add(self, p: int, z: Float[Tensor, "batch pos d_model"]) -> None:
-        if p != self.next_point:
-            raise TLDynamicsError(f"residual points arrived out of order: got point {p}, "
-                                  f"expected {self.next_point}")
-        self.next_point += 1
-        z = z.detach().float()
-        if tuple(z.shape[:2]) != tuple(self.key_valid.shape):
-            raise TLDynamicsError(f"residual state has shape {tuple(z.shape)} but the batch mask is "
-                                  f"{tuple(self.key_valid.shape)}: pass the batch that is being run")
-        zd, w = z.double(), self.key_valid.double()
-        self._put("state_sum", torch.einsum("bp,bpd->d", w, zd))
-        self._put("state_sumsq", torch.einsum("bp,bpd->d", w, zd * zd))
-        norm = z.norm(dim=-1)
-        self._put("norm", norm)
-        self._put("unit", sphere.unit(z))
-        if self.prev is not None:
-            step_vec = z - self.prev
-            step = step_vec.norm(dim=-1)
-            self._put("step", step)
-            prev_norm = self.prev.norm(dim=-1)
-            self._put("rel_step", torch.where(prev_norm > sphere.NORM_FLOOR,
-                                              step / prev_norm.clamp_min(sphere.NORM_FLOOR),
-                                              math.nan))
-            if self.prev_step is not None:
-                c = _cos(step_vec, self.prev_step).clamp(-1.0, 1.0)
-                self._put("turning", torch.rad2deg(torch.acos(c)))
-            self.prev_step = step_vec
-        self.prev = z
-        if self.targets is not None:
-            self._lens(z)
-        self._particles(p, z)
-
-    def _lens(self, z: Tensor) -> None:
-        ad, tgt = self.adapter, self.targets
-        has = tgt >= 0
-        safe = tgt.clamp_min(0)
-        x = ad.final_norm(z)
-        logits = ad.unembed(x)
-        tgt_logit = logits.gather(-1, safe[..., None])
+def _lens(adapter: "ModelAdapter", z: Tensor, targets: Tensor) -> dict[str, Tensor]:
+    """Next-token statistics of every point, in groups of points within ``LENS_BUDGET_BYTES``."""
+    n_points, b, n = z.shape[:3]
+    has = targets >= 0
+    safe = targets.clamp_min(0)
+    emb, unemb = adapter.W_E[safe].float(), adapter.W_U.T[safe].float()
+    per_point = b * n * adapter.W_U.shape[-1] * 4
+    group = max(1, LENS_BUDGET_BYTES // max(1, per_point))
+    out: dict[str, list[Tensor]] = {}
+    for p0 in range(0, n_points, group):
+        x = adapter.final_norm(z[p0:p0 + group])
+        logits = adapter.unembed(x)
+        tgt_logit = logits.gather(-1, safe.expand(x.shape[0], -1, -1)[..., None])
         rank = (logits > tgt_logit).sum(-1)
         del logits
-        self._put("rank", torch.where(has, rank, -1))
-        emb = ad.W_E[safe].float()
-        unemb = ad.W_U.T[safe].float()
-        nan = math.nan
+        out.setdefault("rank", []).append(torch.where(has, rank, -1))
         for name, ref in (("embed", emb), ("unembed", unemb)):
-            self._put(f"cos_{name}", torch.where(has, _cos(x, ref), nan))
-            self._put(f"dist_{name}", torch.where(has, (x - ref).norm(dim=-1), nan))
+            out.setdefault(f"cos_{name}", []).append(torch.where(has, _cos(x, ref), math.nan))
+            out.setdefault(f"dist_{name}", []).append(
+                torch.where(has, (x - ref).norm(dim=-1), math.nan))
+    return {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
 
-    def _particles(self, p: int, z: Tensor) -> None:
-        if self.pairs is None:  # the same at every point of the pass
-            mask = self.particle_mask()
-            pairs = sphere.pair_mask(mask)
-            self.pairs = (mask, pairs, pairs.sum((1, 2)))
-        mask, pairs, n_pairs = self.pairs
-        std = self.cfg.standardize
+
+def _particles(cfg: Config, z: Tensor, key_valid: Tensor) -> dict[str, Tensor]:
+    """The token cloud's statistics at every point: cosine histograms and sums, effective rank,
+    eps-clusters and the merge events between consecutive points (groups of points within
+    ``POINT_BUDGET_BYTES``)."""
+    n_points, b, n, _ = z.shape
+    mask = key_valid
+    if cfg.skip_first:
+        mask = mask & ~(mask.long().cumsum(-1) == 1)
+    pairs = sphere.pair_mask(mask)
+    n_pairs = pairs.sum((1, 2))
+    std = cfg.standardize
+    group = max(1, POINT_BUDGET_BYTES // max(1, 30 * b * n * n))
+    out: dict[str, list[Tensor]] = {}
+    last: Tensor | None = None  # the labels of the group before's last point
+    for p0 in range(0, n_points, group):
+        zg = z[p0:p0 + group]
+        g = zg.shape[0]
         if std is True or std == "prompt":
-            z = _cloud.standardize_prompt(z, mask)
+            zg = torch.stack([_cloud.standardize_prompt(x, mask) for x in zg])
         elif isinstance(std, Standardizer):
-            z = std.apply(p, z, mask)
-        u = sphere.unit(z) * mask[..., None]
+            zg = torch.stack([std.apply(p0 + i, x, mask) for i, x in enumerate(zg)])
+        flat_mask = mask.expand(g, -1, -1).reshape(g * b, n)
+        u = sphere.unit(zg).reshape(g * b, n, -1) * flat_mask[..., None]
         cos = sphere.cosines(u)
-        self._put("cos_hist", _cloud.cos_histogram(cos, pairs))
-        self._put("cos_sum", (cos.double() * pairs).sum((1, 2)))
-        self._put("n_pairs", n_pairs)
-        self._put("erank", _cloud.effective_rank(u, mask))
-        labels = [sphere.cluster_labels(cos, e, mask) for e in self.cfg.eps]
-        self._put("clusters", torch.stack([sphere.count_clusters(lab) for lab in labels]))
-        if self.prev_labels is not None:
-            events = [sphere.merge_events(a, b) for a, b in zip(self.prev_labels, labels)]
-            self._put("merges", torch.stack([e.merges for e in events]))
-            self._put("splits", torch.stack([e.splits for e in events]))
-        self.prev_labels = labels
-
-    def finish(self) -> dict[str, Tensor]:
-        """Stack every statistic along a point axis (per-token ones as ``[batch, point, pos]``)."""
-        if self.next_point != self.n_points:
-            raise TLDynamicsError(f"the forward pass delivered {self.next_point} of "
-                                  f"{self.n_points} residual points")
-        o = self.out
-        res: dict[str, Tensor] = {}
-        for name in ("state_sum", "state_sumsq"):
-            res[name] = torch.stack(o[name])
-        for name in ("norm", "step", "rel_step", "turning", "rank", "cos_embed", "cos_unembed",
-                     "dist_embed", "dist_unembed", "cos_hist", "cos_sum", "n_pairs", "erank"):
-            if name in o:
-                res[name] = torch.stack(o[name], dim=1)
-        for name in ("clusters", "merges", "splits"):  # [eps, batch] -> [batch, eps, point]
-            if name in o:
-                res[name] = torch.stack(o[name], dim=2).transpose(0, 1)
-        units, norms = o["unit"], res["norm"]
-        cos_final = torch.stack([(u * units[-1]).sum(-1) for u in units], dim=1)
-        defined = (norms > sphere.NORM_FLOOR) & (norms[:, -1:] > sphere.NORM_FLOOR)
-        res["cos_final"] = torch.where(defined, cos_final, math.nan)
-        if "rank" in res:
-            res["settling"] = settling_point(res["rank"], self.targets)
-        return {k: v.cpu() for k, v in res.items()}  # small per-token/per-prompt summaries
+        flat_pairs = pairs.expand(g, -1, -1, -1).reshape(g * b, n, n)
+        out.setdefault("cos_hist", []).append(_cloud.cos_histogram(cos, flat_pairs).reshape(g, b, -1))
+        out.setdefault("cos_sum", []).append((cos.double() * flat_pairs).sum((1, 2)).reshape(g, b))
+        out.setdefault("erank", []).append(_cloud.effective_rank(u, flat_mask).reshape(g, b))
+        labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask).reshape(len(cfg.eps), g, b, n)
+        del cos, u
+        out.setdefault("clusters", []).append(sphere.count_clusters(labels))  # [E, g, b]
+        chain = labels if last is None else torch.cat([last, labels], 1)
+        if chain.shape[1] > 1:
+            events = sphere.merge_events(chain[:, :-1], chain[:, 1:])
+            out.setdefault("merges", []).append(events.merges)
+            out.setdefault("splits", []).append(events.splits)
+        last = labels[:, -1:]
+    res = {"n_pairs": n_pairs[:, None].expand(b, n_points).contiguous()}
+    for name in ("cos_hist", "cos_sum", "erank"):  # [P, b, ...] -> [b, P, ...]
+        res[name] = torch.cat(out[name]).transpose(0, 1)
+    for name in ("clusters", "merges", "splits"):  # [E, P, b] -> [b, E, P]
+        if name in out:
+            res[name] = torch.cat(out[name], 1).permute(2, 0, 1)
+        else:
+            res[name] = torch.zeros(b, len(cfg.eps), 0, dtype=torch.long, device=z.device)
+    return res
 
 
 def settling_point(rank: Int[Tensor, "batch point pos"], targets: Tensor) -> Int[Tensor, "batch pos"]:

@@ -20,7 +20,7 @@ from torch import Tensor
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._points import point_labels, point_roles
-from tl_dynamics.trajectories._stream import _batches
+from tl_dynamics.trajectories._collect import batches as _batches
 
 DEFAULT_RIDGE = 1.0
 

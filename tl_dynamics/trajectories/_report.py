@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
-from tl_dynamics.trajectories._trajectory import compute
+from tl_dynamics.trajectories._collect import compute
 
 INTRO = ("Each token's residual state before every block and after the last, as a particle on "
          "the sphere. First: per-token settling point of the next-token "

@@ -42,7 +42,7 @@ def _add_float(ints: dict, sums: dict, name: str, x: Tensor, valid: Tensor) -> N
 
 def reduce_batch(raw: dict[str, Tensor], key_valid: Tensor, meta: dict[str, Any]
                  ) -> "TrajectoryStats":
-    """The statistics of one batch (a ``PointComputer``'s stacked output)."""
+    """The statistics of one batch (one pass's ``point_statistics``, on the CPU)."""
     ints: dict[str, np.ndarray] = {}
     sums: dict[str, ExactSum] = {}
     n_tok = int(key_valid.sum())

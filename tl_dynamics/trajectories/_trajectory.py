@@ -1,4 +1,5 @@
-"""Per-token trajectories of one batch: ``compute(model, prompt)`` -> ``Trajectory``."""
+"""``Trajectory``: per-token trajectories of one batch (what ``compute`` returns), ``build`` from
+one pass's point statistics and ``join`` of several passes."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics import sphere, viz
-from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
+from tl_dynamics import viz
+from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories._points import Config, StandardizeArg, point_labels, point_roles
+from tl_dynamics.trajectories._points import Config, point_labels, point_roles
 from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
 from tl_dynamics.trajectories._views import token_views
-from tl_dynamics.trajectories._walk import Walker, lens_note, stats_meta
+from tl_dynamics.trajectories._meta import lens_note, stats_meta
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def _pad(x: Tensor, valid: Tensor, fill: float) -> Tensor:
 
 def build(adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor],
           batch: Batch | None) -> Trajectory:
-    """Assemble a ``Trajectory`` from a ``PointComputer``'s stacked output. Without ``batch``
+    """Assemble a ``Trajectory`` from one pass's ``point_statistics`` (on the CPU). Without ``batch``
     (a forward pass ``attach`` saw without being told its tokens) every position is real and
     the token ids and strings are unknown (-1 and "")."""
     b, n_pos = raw["norm"].shape[0], raw["norm"].shape[2]
@@ -185,43 +186,3 @@ def join(parts: Sequence[Trajectory], stats: TrajectoryStats) -> Trajectory:
     rows = tuple(row + ("",) * (n_pos - len(row)) for p in parts for row in p.str_tokens)
     return Trajectory(architecture=first.architecture, labels=first.labels, eps=first.eps,
                       str_tokens=rows, lens_note=first.lens_note, stats=stats, **fields)
-
-
-def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
-            eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, flattened: bool = False,
-            lens: bool = True, standardize: StandardizeArg = None, skip_first: bool = False,
-            padding_side: str = "right") -> Trajectory:
-    """Trajectories of every token of ``prompt`` (one forward pass, statistics in the hooks).
-
-    Args:
-        model: a TransformerLens model or a ``ModelAdapter``.
-        prompt: text, a list of texts (padded on ``padding_side``), tokens, or a ``Batch``.
-        layers: a layer index, a list of them, or None (all layers): the blocks whose input
-            is a trajectory point (in depth order); the last block's output is always the
-            final point.
-        eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
-        flattened: interleave the mid-block points (not available on parallel-block models).
-        lens: compute the next-token (logit-lens) statistics (decoders only).
-        standardize: None, ``"prompt"`` (per-prompt per-dimension z-scores) or a
-            ``Standardizer``, applied before the particle statistics only.
-        skip_first: leave each prompt's first real token out of the particle statistics.
-
-    Example:
-        >>> from tl_dynamics import testing, trajectories
-        >>> traj = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x")  # doctest: +SKIP
-        >>> traj.rank.shape[1] == traj.n_points                                              # doctest: +SKIP
-        True
-    """
-    adapter = ModelAdapter.of(model)
-    selected = None if layers is None else tuple(adapter.check_layers(layers))
-    batch = adapter.tokenize(prompt, padding_side)
-    cfg = Config(eps=tuple(eps), layers=selected, flattened=flattened, lens=lens,
-                 standardize=standardize, skip_first=skip_first)
-    out: dict[str, Any] = {}
-
-    def sink(raw: dict[str, Tensor], b: Batch | None) -> None:
-        out["raw"] = raw
-
-    walker = Walker(adapter, cfg, sink, batch)
-    walker.run(batch)
-    return build(adapter, cfg, out["raw"], batch)
