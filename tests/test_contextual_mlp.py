@@ -292,7 +292,7 @@ def test_attach_collects_during_own_forward_and_removes_its_hooks():
     adapter = adapter_for("llama")
     batch = adapter.tokenize(list(testing.PROMPTS))
     before = {name: len(point.fwd_hooks) for name, point in adapter.model.hook_dict.items()}
-    with cm.attach(adapter, layers=[0, 1], heads=[1], batch=batch, reference=True) as collector:
+    with cm.attach(adapter, layers=[0, 1], heads=[1], reference=True) as collector:
         adapter.forward(batch)
     after = {name: len(point.fwd_hooks) for name, point in adapter.model.hook_dict.items()}
     assert before == after

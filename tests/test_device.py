@@ -178,7 +178,7 @@ def test_contextual_mlp_compute_attach_and_readouts(pair):
 
     def attached(ad):
         batch = ad.tokenize(PROMPTS)
-        with contextual_mlp.attach(ad, batch=batch) as collector:
+        with contextual_mlp.attach(ad) as collector:
             ad.forward(batch)
         return [collector.result(row=r) for r in range(2)]
     assert_same(*both(pair, attached), "contextual_mlp.attach")
@@ -193,7 +193,7 @@ def test_trajectories_compute_and_attach(pair, lens):
 
     def attached(ad):
         batch = ad.tokenize(PROMPTS)
-        with trajectories.attach(ad, batch=batch, lens=lens) as collector:
+        with trajectories.attach(ad, lens=lens) as collector:
             ad.forward(batch)
         return collector.result()
     assert_same(*both(pair, attached), f"trajectories.attach(lens={lens})")

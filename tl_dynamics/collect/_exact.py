@@ -111,7 +111,8 @@ class ExactSum:
     def of(values: Tensor | np.ndarray) -> "ExactSum":
         """Exact representation of ``values`` (converted to float64 first)."""
         if isinstance(values, Tensor):
-            values = values.detach().to(torch.float64).cpu().numpy()
+            values = (values.detach() if values.requires_grad else values)
+            values = values.to(torch.float64).cpu().numpy()
         x = np.asarray(values, dtype=np.float64)
         shape, flat = tuple(x.shape), x.reshape(-1)
         finite = np.isfinite(flat)

@@ -5,7 +5,7 @@
 a batch in one forward pass; ``attach`` builds them during your own forward passes.
 """
 
-from tl_dynamics.contextual_mlp._build import (ContextualMLPCollector, attach, compute,
+from tl_dynamics.contextual_mlp._collect import (ContextualMLPCollector, attach, compute,
                                                compute_rows, from_layer)
 from tl_dynamics.contextual_mlp._core import naive_mlp
 from tl_dynamics.contextual_mlp._frame import RotaryFrame, build_frames

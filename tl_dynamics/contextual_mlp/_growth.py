@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter, Prompt
-from tl_dynamics.contextual_mlp._build import compute
+from tl_dynamics.contextual_mlp._collect import compute
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.errors import TLDynamicsError
 

@@ -4,7 +4,7 @@ prompt row, keyed by ``(layer, head)``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -13,6 +13,31 @@ from tl_dynamics import viz
 from tl_dynamics.contextual_mlp import _views
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.errors import TLDynamicsError
+
+
+class LazyMLPs(Mapping[tuple[int, int], ContextualMLP]):
+    """``{(layer, head): ContextualMLP}`` whose values are formed on first look-up (and kept)."""
+
+    def __init__(self, keys: Sequence[tuple[int, int]],
+                 form: Callable[[int, int], ContextualMLP]):
+        self._keys, self._form = list(keys), form
+        self._formed: dict[tuple[int, int], ContextualMLP] = {}
+
+    def __getitem__(self, key: tuple[int, int]) -> ContextualMLP:
+        if key not in self._formed:
+            if key not in self._keys:
+                raise KeyError(key)
+            self._formed[key] = self._form(*key)
+        return self._formed[key]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
 
 
 @dataclass(frozen=True)
@@ -34,7 +59,7 @@ class ContextualMLPs:
     architecture: str
     row: int
     str_tokens: tuple[str, ...]
-    mlps: dict[tuple[int, int], ContextualMLP]
+    mlps: Mapping[tuple[int, int], ContextualMLP]
 
     def __repr__(self) -> str:
         return (f"ContextualMLPs({self.architecture}, row={self.row}, layers={self.layers}, "
@@ -54,11 +79,10 @@ class ContextualMLPs:
 
     def mlp(self, layer: int, head: int) -> ContextualMLP:
         """The ``ContextualMLP`` of head ``head`` in layer ``layer``."""
-        found = self.mlps.get((layer, head))
-        if found is None:
+        if (layer, head) not in self.mlps:
             raise TLDynamicsError(f"no contextual MLP for layer {layer!r}, head {head!r}: computed "
                                   f"(layer, head) pairs: {self.keys()}")
-        return found
+        return self.mlps[(layer, head)]
 
     def __getitem__(self, key: tuple[int, int]) -> ContextualMLP:
         if not isinstance(key, tuple) or len(key) != 2:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
-from tl_dynamics.contextual_mlp._build import compute
+from tl_dynamics.contextual_mlp._collect import compute
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.contextual_mlp._readout import written_tokens
 

@@ -7,8 +7,6 @@ Identities used (``A`` the allowed mask, ``P_j`` the key prior, ``p`` the patter
 - ``sum_j A_ij r_ij = c <q_i, sum_j A_ij k_j>``: the row means come from a matrix product of
   the mask with the keys before any score is formed, so each chunk centres its scores in place
   and the second moments have no cancellation;
-- ``lse_i = r_ii - log p_ii`` (a valid query may always attend to itself: every mask the
-  adapter builds, causal, windowed, bidirectional or padded, allows it);
 - the likelihood-only and prior-only log-partitions (``log sum_j A_ij exp(r_ij - P_j)``,
   ``log sum_j A_ij exp(P_j)``) are masked log-sum-exps over the chunk, exact whatever the
   spread of the key priors.
@@ -30,6 +28,9 @@ from torch import Tensor
 # (what the forward itself forms): chunks are sized by this memory budget, so a pass's layers
 # concatenated take (layers / SCORE_BUDGET_LAYERS) chunks whatever the heads and tokens.
 SCORE_BUDGET_LAYERS = 2
+# ... and never more than this many bytes per score-sized temporary (long contexts: at 4,096
+# tokens one GPT-2-small layer's scores are 805 MB), so memory stays a fraction of the forward's.
+MAX_CHUNK_BYTES = 256 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,32 +108,34 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
 
     mean_r = sum_r / n_safe
     shifted_prior = prior - p_min
-    budget = SCORE_BUDGET_LAYERS * n_batch * (layer_heads or n_heads) * n_pos * n_pos
+    budget = min(SCORE_BUDGET_LAYERS * n_batch * (layer_heads or n_heads) * n_pos * n_pos,
+                 MAX_CHUNK_BYTES // 4)
     step = max(8, budget // max(1, n_batch * n_heads * n_pos))
-    k_t = kh.transpose(-1, -2)
+    # [batch * head, pos, d] with the scale folded into q once: each chunk's scores are one bmm
+    qs = (qh * scale).reshape(n_batch * n_heads, n_pos, d)
+    kt = kh.reshape(n_batch * n_heads, n_pos, d).transpose(1, 2)
     parts: dict[str, list[Tensor]] = {n: [] for n in ("sum_sq", "cov_rp", "sum_pr", "lse",
                                                        "pattern_prior", "lse_lik", "lse_prior")}
     column = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
         j0, j1 = masks.band(i0, i1, n_pos)
-        r = torch.matmul(qh[:, :, i0:i1], k_t[..., j0:j1]).mul_(scale)  # [b, h, c, m]
-        s = r + additive[:, None, i0:i1, j0:j1]
-        log_p = torch.log_softmax(s, dim=-1)
-        p = log_p.exp()
-        own = (torch.arange(i0, i1, device=q.device) - j0).clamp(0, j1 - j0 - 1)[None, None, :, None]
-        own = own.expand(n_batch, n_heads, -1, 1)
-        parts["lse"].append((r.gather(-1, own) - log_p.gather(-1, own)).squeeze(-1))
-        parts["sum_pr"].append(torch.linalg.vecdot(p, r))
-        parts["pattern_prior"].append(torch.matmul(p, prior[:, :, j0:j1, None]).squeeze(-1))
-        parts["lse_prior"].append(torch.logsumexp(prior[:, :, None, j0:j1]
-                                                  + additive[:, None, i0:i1, j0:j1], dim=-1))
-        parts["lse_lik"].append(torch.logsumexp(s.sub_(prior[:, :, None, j0:j1]), dim=-1))
-        column[..., j0:j1] += torch.matmul(valid_f[:, None, None, i0:i1], p).squeeze(-2)
-        # centred in place (the row means are known already): no cancellation in the moments
-        r.sub_(mean_r[..., i0:i1, None]).mul_(allowed_f[:, None, i0:i1, j0:j1])
-        parts["sum_sq"].append(torch.linalg.vector_norm(r, dim=-1).square())
-        parts["cov_rp"].append(torch.matmul(r, shifted_prior[..., j0:j1, None]).squeeze(-1))
+        r = torch.bmm(qs[:, i0:i1], kt[:, :, j0:j1]).view(n_batch, n_heads, i1 - i0, j1 - j0)
+        add = additive[:, None, i0:i1, j0:j1]
+        s = r + add
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse[..., None])
+        pr = prior[:, :, None, j0:j1]
+        parts["lse"].append(lse)
+        parts["sum_pr"].append((p * r).sum(-1))
+        parts["pattern_prior"].append((p * pr).sum(-1))
+        parts["lse_lik"].append(torch.logsumexp(s - pr, -1))
+        parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
+        column[..., j0:j1] += (p * valid_f[:, None, i0:i1, None]).sum(2)
+        # centred (the row means are known already): no cancellation in the moments
+        rc = (r - mean_r[..., i0:i1, None]) * allowed_f[:, None, i0:i1, j0:j1]
+        parts["sum_sq"].append((rc * rc).sum(-1))
+        parts["cov_rp"].append((rc * shifted_prior[:, :, None, j0:j1]).sum(-1))
     got = {n: v[0] if len(v) == 1 else torch.cat(v, -1) for n, v in parts.items()}
     lse, sum_pr, pattern_prior = got["lse"], got["sum_pr"], got["pattern_prior"]
 

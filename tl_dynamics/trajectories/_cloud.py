@@ -53,7 +53,7 @@ def cos_histogram(cos: Float[Tensor, "batch pos pos"], pairs: Bool[Tensor, "batc
     thresholds = _THRESHOLDS.to(cos.device)
     offset = (N_BINS * torch.arange(b, device=cos.device))[:, None, None]
     counts = torch.zeros(b * N_BINS + 1, dtype=torch.long, device=cos.device)
-    step = max(64, -(-n // HIST_BLOCKS))
+    step = max(1, -(-n // HIST_BLOCKS))
     for i0 in range(0, n, step):
         block, block_pairs = cos[:, i0:i0 + step, i0:], pairs[:, i0:i0 + step, i0:]
         idx = torch.bucketize(block.contiguous(), thresholds, right=True)
@@ -65,7 +65,7 @@ def cos_histogram(cos: Float[Tensor, "batch pos pos"], pairs: Bool[Tensor, "batc
 
 
 # Row blocks of the cosine histogram (each bins its rows' columns from its first row on).
-HIST_BLOCKS = 8
+HIST_BLOCKS = 4
 
 
 def _bin_thresholds() -> Tensor:

@@ -80,9 +80,11 @@ class TrajectoryCollector(Collector):
         """Read the pending passes off the device and add them up."""
         pending, self._pending = self._pending, []
         for raw, batch in pending:
+            if batch is not None:  # read with the summaries: they and their mask on the CPU
+                raw = {**raw, "_tokens": batch.tokens, "_key_valid": batch.key_valid}
             raw = to_host(raw)
-            if batch is not None:  # summaries are on the CPU; so is their mask
-                batch = Batch(batch.tokens.cpu(), batch.key_valid.cpu(), batch.padding_side)
+            if batch is not None:
+                batch = Batch(raw.pop("_tokens"), raw.pop("_key_valid"), batch.padding_side)
             if self.keep_tokens:
                 traj = build(self.adapter, self.cfg, raw, batch)
                 self.parts.append(traj)

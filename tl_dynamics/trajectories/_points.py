@@ -121,7 +121,7 @@ def point_statistics(adapter: "ModelAdapter", cfg: Config, zs: list[Tensor],
     depth order, each ``[batch, pos, d_model]``), batched over points: the same launches for
     12 points as for one. Per-token ones are ``[batch, point, pos]``, per-prompt ones
     ``[batch, point]`` (clusters ``[batch, eps, point]``); left on the device."""
-    z = torch.stack([t.detach().float() for t in zs])  # [P, b, n, d]
+    z = torch.stack(zs).float()  # [P, b, n, d] (the hub hands over detached states)
     if tuple(z.shape[1:3]) != tuple(key_valid.shape):
         raise TLDynamicsError(f"residual state has shape {tuple(z.shape[1:])} but the batch mask is "
                               f"{tuple(key_valid.shape)}: pass the batch that is being run")

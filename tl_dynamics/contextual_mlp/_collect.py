@@ -1,5 +1,6 @@
-"""Entry points: ``compute`` (one prompt row), ``compute_rows`` (every row of a batch in one
-forward pass), ``attach`` (during your own runs) and ``from_layer`` (one head of a captured layer).
+"""Entry points and the collector: ``compute`` (one prompt row), ``compute_rows`` (every row of a
+batch in one forward pass), ``attach`` (during your own runs; its ``ContextualMLPCollector`` is
+driven by the adapter) and ``from_layer`` (one head of a captured layer).
 
 ``layers`` and ``heads`` follow the one convention of every analysis (``docs/developing.md``):
 an index, a list of them, or None (all); the heads are taken in every selected layer.
@@ -7,16 +8,16 @@ an index, a list of them, or None (all); the heads are taken in every selected l
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
+from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import torch
 
-from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
+from tl_dynamics.adapter import Batch, LayerAttention, LayerState, ModelAdapter, Prompt
+from tl_dynamics.collect import Collector
 from tl_dynamics.contextual_mlp._frame import RotaryFrame, build_frames, check_inputs
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
-from tl_dynamics.contextual_mlp._mlps import ContextualMLPs
+from tl_dynamics.contextual_mlp._mlps import ContextualMLPs, LazyMLPs
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -88,7 +89,7 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
         query_norm=adapter.query_norm(la.layer))
 
 
-class ContextualMLPCollector:
+class ContextualMLPCollector(Collector):
     """What ``attach`` yields: collects the MLPs of the selected heads on every forward pass run
     while attached (of the rows ``rows``, every row when None).
 
@@ -96,74 +97,63 @@ class ContextualMLPCollector:
     one per row; ``mlps`` everything collected, in collection order (pass, layer, row, head).
 
     During the forward pass only the captured layer is kept (its ``q``, ``k``, ``v``, ``W_O``,
-    masks and attention input); the rotary frames are verified and the ``ContextualMLP`` objects
-    are built when a result is asked for, so attaching costs little more than the capture
-    (issue 15). A frame that does not reproduce the model's query raises then.
+    masks and attention input, references to what the model computed). Nothing is formed at
+    ``result()`` either: each head's MLP, its outgoing weights ``v_j W_O`` and the verification
+    of its layer's rotary frame are formed when that head is first read, so collecting and
+    asking for a result cost next to nothing (issue 21). A frame that does not reproduce the
+    model's query raises then, before any number of that layer is given.
     """
 
-    def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
-                 rows: list[int] | None = None, batch: Batch | None = None,
-                 reference: bool = False):
-        self.adapter, self.layers, self.heads = adapter, layers, heads
-        self.rows, self.batch, self.reference = rows, batch, reference
-        # per pass, the captured layers in order, with the batch that was given for them
-        self._passes: list[list[tuple[LayerAttention, Batch | None]]] = []
-        self._seen: set[int] = set()
+    inputs = True
 
-    def on_layer(self, la: LayerAttention) -> None:
-        """The capture callback: one layer of one forward pass (kept, built when asked)."""
-        if not self._passes or la.layer in self._seen:
-            self._passes.append([])
-            self._seen = set()
-        self._seen.add(la.layer)
+    def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
+                 rows: list[int] | None = None, reference: bool = False):
+        self.adapter, self.layers, self.heads = adapter, tuple(layers), list(heads)
+        self.rows, self.reference = rows, reference
+        # per pass, the captured layers in order, with the pass's batch
+        self._passes: list[list[tuple[LayerAttention, Batch | None]]] = []
+        self._batch: Batch | None = None
+
+    def start_pass(self, batch: Batch | None) -> None:
+        self._passes.append([])
+        self._batch = batch
+
+    def on_layer(self, state: LayerState) -> None:
+        """One layer of one forward pass (kept, built when asked)."""
+        la = state.attention
+        if la is None or la.layer not in self.layers:
+            return
+        la.require_no_sinks("contextual_mlp")
         if self.rows is not None:
             for r in self.rows:
                 _check_row(r, la.q.shape[0])
-        if self._passes[-1]:  # every layer's mask is usually the same: keep one copy
-            prev = self._passes[-1][-1][0].allowed
-            if prev.shape == la.allowed.shape and torch.equal(prev, la.allowed):
-                la = replace(la, allowed=prev)
-        self._passes[-1].append((la, self.batch))
+        self._passes[-1].append((la, self._batch))
 
     def _rows(self, la: LayerAttention) -> list[int]:
         return list(range(la.q.shape[0])) if self.rows is None else list(self.rows)
 
-    def _build(self, la: LayerAttention, batch: Batch | None, rows: list[int],
-               masks: dict[tuple[int, int], torch.Tensor] | None = None
-               ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
-        """The MLPs of ``rows`` of one captured layer; ``masks`` shares each row's mask copy
-        between the layers of a pass (keyed by the captured mask and the row)."""
+    def _frames(self, la: LayerAttention, batch: Batch | None, rows: list[int]) -> list[RotaryFrame]:
         key_valid = batch.key_valid if batch is not None else la.allowed.any(dim=1)
-        frames = build_frames(self.adapter, la, key_valid, rows=rows)
+        return build_frames(self.adapter, la, key_valid, rows=rows)
+
+    def _build(self, la: LayerAttention, batch: Batch | None, rows: list[int],
+               heads: list[int] | None = None, frames: list[RotaryFrame] | None = None
+               ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
+        """The MLPs of ``heads`` (default: the selected ones) on ``rows`` of one captured layer;
+        ``frames`` are the layer's verified frames when known already."""
+        heads = self.heads if heads is None else heads
+        frames = self._frames(la, batch, rows) if frames is None else frames
         tokens = None if batch is None else batch.tokens
-        masks = {} if masks is None else masks
         out: dict[int, dict[tuple[int, int], ContextualMLP]] = {}
         for row in rows:
             names = self.adapter.str_tokens(batch, row) if batch is not None else None
-            # this row's outgoing weights v_j W_O of every selected head, in one product
-            outgoing = torch.einsum("jhd,hdm->hjm", la.v[row][:, self.heads], la.W_O[self.heads])
+            # this row's outgoing weights v_j W_O of the heads asked for, in one product
+            outgoing = torch.einsum("jhd,hdm->hjm", la.v[row][:, heads], la.W_O[heads])
             shared = _row_tensors(la, row, tokens)
-            # one copy of a row's mask for every layer of the pass (the collector keeps one)
-            shared["allowed"] = masks.setdefault((id(la.allowed), row), shared["allowed"])
-            for i, head in enumerate(self.heads):
+            for i, head in enumerate(heads):
                 out.setdefault(row, {})[(la.layer, head)] = _from_layer(
                     self.adapter, la, head, row, frames[row], tokens, names, outgoing[i], shared)
         return out
-
-    def _pass(self, forward_pass: int, rows: list[int] | None = None
-              ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
-        by_row: dict[int, dict[tuple[int, int], ContextualMLP]] = {}
-        masks: dict[tuple[int, int], torch.Tensor] = {}
-        for la, batch in self._passes[forward_pass]:
-            wanted = [r for r in self._rows(la) if rows is None or r in rows]
-            for row, mlps in self._build(la, batch, wanted, masks).items():
-                by_row.setdefault(row, {}).update(mlps)
-        return by_row
-
-    def capture(self) -> AbstractContextManager:
-        """The per-layer capture that collects (hooks removed on exit, even on errors)."""
-        return self.adapter.capture(self.on_layer, self.layers, reference=self.reference,
-                                    inputs=True, batch=self.batch)
 
     @property
     def n_passes(self) -> int:
@@ -174,46 +164,66 @@ class ContextualMLPCollector:
     def mlps(self) -> tuple[ContextualMLP, ...]:
         out: list[ContextualMLP] = []
         for layers in self._passes:
-            masks: dict[tuple[int, int], torch.Tensor] = {}
             for la, batch in layers:
-                for mlps in self._build(la, batch, self._rows(la), masks).values():
+                for mlps in self._build(la, batch, self._rows(la)).values():
                     out.extend(mlps.values())
         return tuple(out)
 
-    def result(self, row: int = 0, forward_pass: int = 0) -> ContextualMLPs:
-        """The MLPs of prompt row ``row`` in forward pass ``forward_pass`` (the first by default)."""
+    def _check_pass(self, forward_pass: int) -> None:
         if not self._passes:
             raise TLDynamicsError("nothing was collected: run a forward pass inside the attach block")
         if isinstance(forward_pass, bool) or not isinstance(forward_pass, int) or \
                 not -len(self._passes) <= forward_pass < len(self._passes):
             raise TLDynamicsError(f"forward_pass {forward_pass!r} is out of range: {len(self._passes)} "
                                   f"pass(es) were collected")
-        collected = sorted({r for la, _ in self._passes[forward_pass] for r in self._rows(la)})
+
+    def result(self, row: int = 0, forward_pass: int = 0) -> ContextualMLPs:
+        """The MLPs of prompt row ``row`` in forward pass ``forward_pass`` (the first by default),
+        each formed when first read."""
+        self._check_pass(forward_pass)
+        layers = self._passes[forward_pass]
+        collected = sorted({r for la, _ in layers for r in self._rows(la)})
         if row not in collected:
             raise TLDynamicsError(f"row {row!r} was not collected; collected rows: {collected}")
-        mlps = self._pass(forward_pass, [row])[row]
+        return self._lazy(layers, row)
+
+    def _lazy(self, layers: list[tuple[LayerAttention, Batch | None]], row: int) -> ContextualMLPs:
+        by_layer = {la.layer: (la, batch) for la, batch in layers}
+        frames: dict[int, list[RotaryFrame]] = {}  # each layer's frame, verified once
+
+        def form(layer: int, head: int) -> ContextualMLP:
+            la, batch = by_layer[layer]
+            if layer not in frames:
+                frames[layer] = self._frames(la, batch, [row])
+            return self._build(la, batch, [row], [head], frames[layer])[row][(layer, head)]
+
+        la, batch = layers[0]
+        names = tuple(self.adapter.str_tokens(batch, row)) if batch is not None \
+            else tuple(str(i) for i in range(la.q.shape[1]))
+        keys = [(layer, head) for layer in by_layer for head in self.heads]
         return ContextualMLPs(architecture=self.adapter.info.architecture, row=row,
-                              str_tokens=next(iter(mlps.values())).str_tokens, mlps=dict(mlps))
+                              str_tokens=names, mlps=LazyMLPs(keys, form))
 
     def results(self, forward_pass: int = 0) -> list[ContextualMLPs]:
         """One ``ContextualMLPs`` per collected row of forward pass ``forward_pass``."""
         if not self._passes:
             return []
-        by_row = self._pass(forward_pass)
-        return [ContextualMLPs(architecture=self.adapter.info.architecture, row=row,
-                               str_tokens=next(iter(by_row[row].values())).str_tokens,
-                               mlps=dict(by_row[row])) for row in sorted(by_row)]
+        self._check_pass(forward_pass)
+        layers = self._passes[forward_pass]
+        rows = sorted({r for la, _ in layers for r in self._rows(la)})
+        return [self._lazy(layers, row) for row in rows]
 
 
 @contextmanager
 def attach(model: Any, *, layers: int | Sequence[int] | None = None,
-           heads: int | Sequence[int] | None = None, batch: Batch | None = None,
+           heads: int | Sequence[int] | None = None,
            reference: bool = False) -> Iterator[ContextualMLPCollector]:
     """Build the contextual MLPs of the selected heads during every forward pass in the block.
 
     Yields a ``ContextualMLPCollector``: ``collector.result(row=0)`` is a ``ContextualMLPs`` as
-    ``compute`` returns. ``batch`` gives tokens (for labels) and the padding mask of inputs you
-    run yourself. Hooks are removed on exit, even on errors.
+    ``compute`` returns. Each pass's tokens (for labels) and padding mask are its own (the
+    ``attention_mask`` your model call was given, or ``ModelAdapter.forward``'s batch). Hooks
+    are removed on exit, even on errors.
 
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
@@ -226,8 +236,8 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
     """
     adapter = ModelAdapter.of(model)
     collector = ContextualMLPCollector(adapter, adapter.check_layers(layers),
-                                       adapter.check_heads(heads), None, batch, reference)
-    with collector.capture():
+                                       adapter.check_heads(heads), None, reference)
+    with adapter.collecting(collector):
         yield collector
 
 
@@ -239,8 +249,8 @@ def _run(model: Any, prompt: Prompt | Batch, layers: int | Sequence[int] | None,
     batch = adapter.tokenize(prompt, padding_side)
     for row in rows or []:
         _check_row(row, batch.tokens.shape[0])
-    collector = ContextualMLPCollector(adapter, layer_list, head_list, rows, batch, reference)
-    with collector.capture():
+    collector = ContextualMLPCollector(adapter, layer_list, head_list, rows, reference)
+    with adapter.collecting(collector):
         adapter.forward(batch)
     return collector
 
