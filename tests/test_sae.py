@@ -52,6 +52,7 @@ ATTENTION = {
     "blocks.1.attn.hook_k": ("d_head", "attend and write by activations the SAE reconstructs"),
     "blocks.0.attn.hook_pattern": ("pos", "attend and write by activations the SAE reconstructs"),
     "blocks.1.hook_attn_out": ("d_model", "the head would write the SAE's reconstruction"),
+    "ln_final.hook_normalized": ("d_model", "the logit lens recomputes the final normalisation"),
 }
 
 
