@@ -23,7 +23,7 @@ DEFAULT_TOL = 1e-6
 #: Step-size controller: safety factor and bounds on the change per step (standard values).
 _SAFETY, _FAC_MIN, _FAC_MAX = 0.9, 0.2, 5.0
 #: Below this many score entries x d per step (runs * n * n * d), intra-op threads cost more
-#: than they save (measured: 2 threads on a busy 2-core machine ran small batches 5-30x slower).
+#: than they save: small batches run on one thread (timings: benchmarks/particles_bench.py).
 _SMALL_WORK = 1 << 22
 
 
