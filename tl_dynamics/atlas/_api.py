@@ -182,6 +182,8 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     page.add_section("What each head does", [result.show()], intro=(
         "Each head's roles from mechanism, not one pattern: the pattern on repeated random token "
         "sequences and the weights that produce it (positional circuit, token-level K-circuit "
-        "through earlier previous-token heads, OV copying), the sink's cause from the odds-ratio "
+        "through earlier previous-token heads, OV copying, and for a head that writes against "
+        "what it reads the QK circuit that seeks the predicted token), the sink's dominance and "
+        "its cause from the odds-ratio "
         f"split, each score against a weight-shuffled copy of the model by a margin of "
         f"{result.margin}. {cost} Hover a cell for the evidence."))

@@ -183,6 +183,8 @@ def suppression_qk(adapter: ModelAdapter, layer: int, head: int, rows: Tensor) -
     token the query's residual stream predicts on the query side and the token embeddings on
     the key side, ranks the key ``t`` first among every vocabulary token (biases, LayerNorm and
     the rotary rotation beyond offset 0 left out, as in ``circuits.qk_circuit``)."""
-    circuit = circuits.qk_circuit(adapter, layer, head, inputs=(adapter.W_U.T, adapter.W_E),
-                                  biases=False)
-    return circuit.own_best_fraction(rows)
+    rows = rows.to(adapter.W_U.device)
+    circuit = circuits.qk_circuit(adapter, layer, head, inputs=(adapter.W_U.T[rows], adapter.W_E),
+                                  biases=False)  # query rows: only the probe tokens' directions
+    best = circuit.topk(1, bottom=False).indices[:, 0]
+    return float((best.to(rows.device) == rows).float().mean())
