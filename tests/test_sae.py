@@ -4,7 +4,8 @@ Inside attention (``hook_z``, ``hook_q``/``hook_k``, ``hook_pattern``, the atten
 the adapter refuses the model by the hook's name: the head would write (or attend by) the SAE's
 reconstruction, which the weights do not reproduce. In the residual stream and the MLPs every
 analysis reads the spliced forward: the trajectories equal a ``run_with_cache`` of the spliced
-model, and the captured attention equals the spliced model's own. Skipped where sae-lens is not
+model, the captured attention equals the spliced model's own, and the atlas's losses are the
+spliced model's (its interventions grow the batch at the spliced point itself). Skipped where sae-lens is not
 installed (the TransformerLens 4 environment: SAELens needs HookedTransformer).
 """
 
@@ -116,3 +117,32 @@ def test_saes_in_the_stream_are_read_as_spliced(model, hooks):
     # attention captured from the spliced stream equals the spliced model's pattern and z
     errors = testing.reconstruction_errors(ModelAdapter(model), PROMPT)
     assert errors["pattern"] <= TOL and errors["z"] <= TOL
+
+
+def test_atlas_losses_are_the_spliced_models(model):
+    """The atlas grows the batch inside ``resid_pre`` of each layer (the spliced point itself
+    here): its clean loss is the spliced model's own next-token loss on the same positions."""
+    model.add_sae(sae_at("blocks.1.hook_resid_pre", model.cfg.d_model))
+    res = atlas.compute(model, n_seq=2, seq_len=6)
+    probes = atlas.build_probes(ModelAdapter(model), n_seq=2, seq_len=6)
+    with torch.no_grad():
+        per_token = model(probes.repeat.tokens, return_type="loss", loss_per_token=True)
+    predicted = [p - 1 for p in probes.second_copy]  # loss_per_token[i] predicts token i + 1
+    assert res.clean_loss == pytest.approx(float(per_token[:, predicted].mean()), abs=1e-4)
+    assert "earlier layers run once" in " ".join(res.notes)
+    # the interventions of layer 1 with resid_pre repeated at the spliced point equal them with
+    # the input repeated (test_atlas's identity, here through the SAE)
+    from tl_dynamics.atlas import _causal
+
+    adapter = ModelAdapter(model)
+    captures = adapter.attention(probes.natural)
+    runner = _causal.CausalRunner(adapter, probes.natural, captures, {"all": None})
+    repl = runner._replacements(captures[1], [0, 2])
+    variants = [(0, 0, "mean"), (2, 1, "prior"), (0, 0, "likelihood")]
+    shared = runner._forward(1, variants, repl, expand=True)
+    repeated = runner._forward(1, variants, repl, expand=False)
+    assert (shared - repeated).abs().max() <= 1e-4
+    model.reset_saes()
+    with torch.no_grad():
+        clean = model(probes.repeat.tokens, return_type="loss", loss_per_token=True)
+    assert abs(float(clean[:, predicted].mean()) - res.clean_loss) > 0.01  # the SAE matters
