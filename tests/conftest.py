@@ -9,6 +9,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-# Tiny models: one intra-op thread is fastest and deterministic (two threads made small
-# matmuls ~1000x slower on a loaded 2-core machine).
+# Tiny models: one intra-op thread is fastest and deterministic (on a loaded machine, threads
+# waiting for each other make small matmuls far slower).
 torch.set_num_threads(1)

@@ -231,9 +231,9 @@ def test_meta_device_model_is_refused_at_construction():
 def test_docstring_examples_run():
     import doctest
 
-    from tl_dynamics.adapter import _checks, _flags, _qknorm, _weights
+    from tl_dynamics.adapter import _checks, _flags, _qknorm, _sae, _weights
 
-    for module in (_checks, _flags, _qknorm, _weights):
+    for module in (_checks, _flags, _qknorm, _sae, _weights):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

@@ -188,7 +188,9 @@ def test_sink_scores_equal_the_odds_ratio_split(arch):
         column = (pattern * rows[:, None, :, None]).sum(2)
         top = column.argmax(-1)  # [b, h]
         mass = column.gather(-1, top[..., None]).squeeze(-1) / rows.sum(-1)[:, None]
-        first = (top == la.allowed.any(1).double().argmax(-1)[:, None]).double()
+        two = column.topk(2, dim=-1).values
+        dominant = two[..., 0] >= odds_ratio.SINK_DOMINANCE * two[..., 1]  # [b, h]
+        first = ((top == la.allowed.any(1).double().argmax(-1)[:, None]) & dominant).double()
         parts = odds_ratio.split_scores(la.q, la.k, la.scale, dtype=torch.float64)
         allowed = la.allowed[:, None].expand_as(parts.loglik)
         n_keys = la.allowed.double().sum(-1).clamp(min=1.0)[:, None, :]
@@ -199,11 +201,100 @@ def test_sink_scores_equal_the_odds_ratio_split(arch):
                    - parts.loglik.masked_fill(~allowed, 0).sum(-1) / n_keys)
         weight = pattern.gather(-1, idx).squeeze(-1) * rows[:, None]
         weight = weight / weight.sum(-1, keepdim=True)
-        want = {"sink_mass": mass, "sink_first": first, "sink_prior_adv": (weight * prior_adv).sum(-1),
+        want = {"sink_mass": mass, "sink_first": first, "sink_dominant": dominant.double(),
+                "sink_prior_adv": (weight * prior_adv).sum(-1),
                 "sink_loglik_adv": (weight * lik_adv).sum(-1)}
         for name, value in want.items():
             torch.testing.assert_close(got[name].double(), value.mean(0), rtol=1e-4, atol=1e-5,
                                        msg=name)
+
+
+# ------------------------------------------------------------------ copy suppression, sinks
+def _scores(**given):
+    """One head's scores: nothing clears its control unless ``given``."""
+    base = dict(prev_pattern=0.0, prev_circuit=0.0, dup_pattern=0.0, qk_positivity=0.0,
+                ind_pattern=0.0, ind_kcomp=float("nan"), ov_copying=0.0, neg_ov_copying=0.0,
+                suppression_qk=float("nan"), sink_mass=0.0, sink_first=0.0, sink_dominant=0.0,
+                sink_prior_adv=0.0, sink_loglik_adv=0.0, local_mass=0.0)
+    return {**base, **given}
+
+
+def test_copy_suppression_needs_the_qk_side_and_a_sink_needs_dominance():
+    c = {k: 0.1 for k in _scores()}
+    both = atlas.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5, suppression_qk=0.6), c)
+    assert both.roles == ("copy-suppression",)  # negative copying is part of it, not listed
+    assert "ranks that token's key first for 60% (control 10%)" in both.evidence
+    ov_only = atlas.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5, suppression_qk=0.15), c)
+    assert ov_only.roles == ("negative copying",)
+    assert "not copy-suppression" in ov_only.evidence and "15% (control 10%)" in ov_only.evidence
+    unmeasured = atlas.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5), c)
+    assert unmeasured.roles == ("negative copying",) and "not measured" in unmeasured.evidence
+    # a large column that does not dominate the next-largest in most prompts is not a sink
+    tie = atlas.classify(_scores(sink_mass=0.4, sink_dominant=0.25, sink_first=0.25), c)
+    assert tie.roles == ("unclassified",) and "dominates the next-largest column" in tie.evidence
+    sink = atlas.classify(_scores(sink_mass=0.4, sink_dominant=0.75, sink_first=0.75), c)
+    assert sink.roles == ("sink",) and sink.sink_position == "first-token"
+    elsewhere = atlas.classify(_scores(sink_mass=0.4, sink_dominant=0.75, sink_first=0.25), c)
+    assert elsewhere.sink_position == "other"
+
+
+def test_suppression_qk_equals_its_definition(induction):
+    """The QK side of copy suppression against the dense ``W_U^T W_Q W_K^T W_E^T`` (query:
+    the predicted token's unembedding; key: the token's embedding; biases left out)."""
+    from tl_dynamics.atlas import _measure
+
+    rows = torch.tensor([0, 5, 17, 33, 63])
+    for layer, head in [(0, 1), (1, 2)]:
+        q = induction.W_U.T[rows] @ induction.W_Q(layer)[head] * induction.specs[layer].scale
+        k = induction.W_E @ induction.W_K(layer)[head]
+        want = float(((q @ k.T).argmax(-1) == rows).float().mean())
+        assert _measure.suppression_qk(induction, layer, head, rows) == pytest.approx(want)
+
+
+def test_code_2l_layer_1_is_negative_copying_not_copy_suppression():
+    """code-2l's layer-1 heads have negative OV copying, but their QK circuits do not attend to
+    the token the query predicts (its key is first for no probe token), so they are
+    "negative copying"; their largest columns do not dominate, so they are not sinks."""
+    res = atlas.compute(zoo.load("code-2l"), causal=False)
+    layer_1 = [(1, h) for h in range(4)]
+    assert res.heads_with("copy-suppression") == []
+    assert res.heads_with("negative copying") == layer_1
+    for pair in layer_1:
+        assert res.scores["ov_copying"][pair] <= -(res.controls["neg_ov_copying"] + atlas.MARGIN)
+        assert res.scores["suppression_qk"][pair] < res.controls["suppression_qk"] + atlas.MARGIN
+        assert res.scores["sink_dominant"][pair] < 0.5 and "sink" not in res.roles_of(*pair)
+        assert "not copy-suppression" in res.evidence(*pair)
+
+
+def test_planted_copy_suppression_head():
+    """A HookedTransformer (TransformerLens 3.x) with planted heads: token embeddings are unit
+    vectors in the first d_head coordinates and the unembedding is their transpose. L1H0 reads
+    the predicted token with W_Q = W_K = identity there and writes minus it (W_V W_O = -I):
+    copy-suppression. L1H1 writes minus the token too but its QK circuit is random: negative
+    copying only."""
+    from tl_dynamics import testing
+
+    try:
+        model = testing.tiny_hooked()
+    except TLDynamicsError as exc:
+        pytest.skip(f"HookedTransformer unavailable: {exc}")
+    gen = torch.Generator().manual_seed(0)
+    d_head, vocab = model.cfg.d_head, model.cfg.d_vocab
+    embed = torch.zeros(vocab, model.cfg.d_model)
+    embed[:, :d_head] = torch.nn.functional.normalize(torch.randn(vocab, d_head, generator=gen), dim=-1)
+    eye = torch.zeros(model.cfg.d_model, d_head)
+    eye[:d_head] = torch.eye(d_head)
+    with torch.no_grad():
+        model.W_E.copy_(embed)
+        model.W_U.copy_(embed.T)
+        attn = model.blocks[1].attn
+        attn.W_Q[0], attn.W_K[0] = eye, eye
+        for head in (0, 1):
+            attn.W_V[head], attn.W_O[head] = eye, -eye.T
+    res = atlas.compute(model, causal=False)
+    assert res.roles_of(1, 0)[0] == "copy-suppression"
+    assert res.scores["suppression_qk"][1, 0] == 1.0
+    assert "negative copying" in res.roles_of(1, 1) and "copy-suppression" not in res.roles_of(1, 1)
 
 
 # ------------------------------------------------------------------ the real encoder

@@ -23,6 +23,7 @@ from tl_dynamics.atlas import report_section as atlas_section
 from tl_dynamics.circuits import report_section as circuits_section
 from tl_dynamics.contextual_mlp import report_section as contextual_mlp_section
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.models import CODE_PROMPT as DEFAULT_PROMPT  # the one spelling (models.py)
 from tl_dynamics.odds_ratio import report_section as odds_ratio_section
 from tl_dynamics.particles import report_section as particles_section
 from tl_dynamics.trajectories import report_section as trajectories_section
@@ -41,11 +42,9 @@ SECTIONS: tuple[tuple[str, SectionFn], ...] = (
 )
 # Intra-op threads while the report is built (torch's setting is restored after). "auto": torch's
 # own default (one per core) on a quiet machine, only the free cores (at least one) when other
-# work keeps cores busy. Measured at 12 layers x 12 heads x 512 tokens on a 2-core machine: idle, every
-# section took 23.4 s with two threads and 28.1 s with one; under load 3, 120 s with two and 48 s
-# with one (the threads spent their time waiting for each other).
+# work keeps cores busy: under load, threads that wait for each other cost more than they save
+# (benchmarks/README.md, "report").
 REPORT_THREADS: int | str | None = "auto"
-DEFAULT_PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
 MATH_DOC = Path(__file__).resolve().parent.parent / "docs" / "math.md"
 ATTENTION_INTRO = (
     "How each head spreads its attention over earlier tokens. The maps give one number per head "

@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics.adapter import _capture, _weights
+from tl_dynamics.adapter import _capture, _sae, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import check_index, check_indices, check_materialised
 from tl_dynamics.adapter._flags import query_scaling_context
@@ -42,6 +42,7 @@ class AdapterBase:
         self.model = model
         check_materialised(model)
         self._info = host_info(model)
+        _sae.refuse_attention(model, self._info.host, self._info.architecture)  # SAELens
         self.specs = layer_specs(model, self._info)
         # HookedTransformer blocks that normalise the attention output (see hooked_post_norm)
         self.post_norm: str | None = hooked_post_norm(model) if self.info.host == "hooked" else None
@@ -56,6 +57,7 @@ class AdapterBase:
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self._cache: dict[tuple, Any] = {}
         self._params: list[Tensor] | None = None  # for weights_version (see _cached)
+        self._hooks_seen: tuple[int, int] | None = None  # hook_dict checked for SAEs (_sae)
 
     @property
     def info(self) -> HostInfo:
@@ -100,12 +102,24 @@ class AdapterBase:
             raise TLDynamicsError(f"unknown hook role {role!r}; valid: "
                                   f"{sorted(set(_BLOCK_HOOKS) | set(_HOST_HOOKS['bridge']))}")
         name = f"blocks.{layer}.{template}"
+        self._check_spliced()
         if role == "out" and self.post_norm is not None:
             return None  # hook_attn_out is after a post-norm: no hook holds the head-output sum
         unnormalised = self.post_norm == "post" or name not in self.model.hook_dict
         if role == "x" and self.info.host == "hooked" and unnormalised:
             name = f"blocks.{layer}.hook_resid_pre"  # no input normalisation: W_Q reads the stream
+        name = _sae.spliced_output(self.model, name) or name  # an SAE in the stream: what flows on
         return name if name in self.model.hook_dict else None
+
+    def _check_spliced(self) -> None:
+        """Refuse an SAE spliced inside attention since the adapter was made (SAELens rebuilds
+        ``hook_dict`` when it splices, so the walk runs again only when that changed)."""
+        if self.info.host != "hooked":
+            return
+        seen = (id(self.model.hook_dict), len(self.model.hook_dict))
+        if seen != self._hooks_seen:
+            _sae.refuse_attention(self.model, self.info.host, self.info.architecture)
+            self._hooks_seen = seen
 
     def named_hooks(self, entries: Sequence[tuple[str, int, Any]]) -> list[tuple[str, Any]]:
         """``(role, layer, fn)`` entries as ``(hook name, fn)``; every role must exist, checked

@@ -1,8 +1,10 @@
 """The head atlas: what every head does, from mechanistic and causal evidence, in one call.
 
 ``compute(model, prompts=None, *, layers=None, heads=None)`` returns a ``HeadAtlas``: per head,
-ranked roles (previous-token, duplicate-token, induction, copying, copy-suppression, sink,
-positional/local, unclassified), each from the mechanism rather than one pattern, every score
+ranked roles (previous-token, duplicate-token, induction, copying, copy-suppression,
+negative copying, sink, positional/local, unclassified), each from the mechanism rather than
+one pattern (copy-suppression needs both the negative OV copying and the QK circuit that attends
+to the token the residual stream predicts; a sink must dominate the next-largest key), every score
 beside its value on a weight-shuffled copy of the model (a role needs a margin of ``MARGIN``
 over it), and the change in next-token loss when the head is mean-ablated, or its pattern
 replaced by the prior-only or the likelihood-only counterfactual of the odds-ratio split.

@@ -45,6 +45,29 @@ def _induction_circuits(adapter: ModelAdapter, control: ModelAdapter, probes, re
     return via_of
 
 
+def _suppression_circuits(adapter: ModelAdapter, control: ModelAdapter, probes: Probes,
+                          real: dict, ctrl: dict, c: dict[str, float],
+                          pairs: list[tuple[int, int]], notes: list[str]) -> None:
+    """Fill ``suppression_qk`` for heads whose negative OV copying clears its control: the QK
+    side of copy suppression (``_measure.suppression_qk``), on the model and on the same head
+    of the control; the control value is the largest of those and chance (one key in d_vocab)."""
+    vocab = int(adapter.W_E.shape[0])
+    if adapter.W_U.shape[1] != vocab:
+        notes.append(f"the copy-suppression QK circuit needs W_U over W_E's vocabulary ({vocab} "
+                     f"tokens; W_U has {adapter.W_U.shape[1]}): negative copying heads stay so")
+        c["suppression_qk"] = float("nan")
+        return
+    rows = _measure.kcomp_rows(probes)
+    control_values = []
+    for layer, head in pairs:
+        if not real["neg_ov_copying"][layer, head] >= c["neg_ov_copying"] + MARGIN:
+            continue
+        real["suppression_qk"][layer, head] = _measure.suppression_qk(adapter, layer, head, rows)
+        ctrl["suppression_qk"][layer, head] = _measure.suppression_qk(control, layer, head, rows)
+        control_values.append(ctrl["suppression_qk"][layer, head])
+    c["suppression_qk"] = max(control_values + [1.0 / vocab])
+
+
 DELTA_KEYS = KINDS + ("mean_unrepeated",)
 
 
@@ -94,13 +117,15 @@ def compute(model: Any, prompts: Prompt | Batch | None = None, *,
     for scores in (real.scores, ctrl.scores):
         scores["neg_ov_copying"] = -scores["ov_copying"]
         scores["ind_kcomp"] = np.full((adapter.n_layers, adapter.n_heads), np.nan)
+        scores["suppression_qk"] = np.full((adapter.n_layers, adapter.n_heads), np.nan)
     c = controls(ctrl.scores)
     pairs = [(layer, head) for layer in chosen_layers for head in chosen_heads]
+    notes = list(real.notes)
     via_of = _induction_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs)
+    _suppression_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs, notes)
     roles: dict[tuple[int, int], HeadRoles] = {
         pair: classify(_head_scores(real.scores, *pair), c, via_of[pair]) for pair in pairs}
 
-    notes = list(real.notes)
     shape = (adapter.n_layers, adapter.n_heads)
     deltas = {kind: np.full(shape, np.nan) for kind in DELTA_KEYS}
     clean = float("nan")
@@ -157,6 +182,8 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     page.add_section("What each head does", [result.show()], intro=(
         "Each head's roles from mechanism, not one pattern: the pattern on repeated random token "
         "sequences and the weights that produce it (positional circuit, token-level K-circuit "
-        "through earlier previous-token heads, OV copying), the sink's cause from the odds-ratio "
+        "through earlier previous-token heads, OV copying, and for a head that writes against "
+        "what it reads the QK circuit that seeks the predicted token), the sink's dominance and "
+        "its cause from the odds-ratio "
         f"split, each score against a weight-shuffled copy of the model by a margin of "
         f"{result.margin}. {cost} Hover a cell for the evidence."))

@@ -26,7 +26,8 @@ LOCAL_WINDOW = 4
 KCOMP_ROWS = 256
 
 PATTERN_KEYS = ("prev_pattern", "dup_pattern", "ind_pattern")
-NATURAL_KEYS = ("sink_mass", "sink_first", "sink_prior_adv", "sink_loglik_adv", "local_mass")
+NATURAL_KEYS = ("sink_mass", "sink_first", "sink_dominant", "sink_prior_adv", "sink_loglik_adv",
+                "local_mass")
 
 
 @dataclass
@@ -61,10 +62,14 @@ def pattern_scores(la: LayerAttention, probes: Probes) -> dict[str, Tensor]:
 
 
 def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
-    """Sink mass and position, its cause (odds-ratio split), and local mass ``[head]`` each.
+    """Sink mass, dominance and position, its cause (odds-ratio split), and local mass
+    ``[head]`` each.
 
     The sink of a prompt is the key with the most attention summed over the rows that choose
-    among at least two keys; its mass is that sum over the number of rows. Its cause: the
+    among at least two keys; its mass is that sum over the number of rows. It dominates when
+    that column is at least ``odds_ratio.SINK_DOMINANCE`` times the next-largest
+    (``sink_dominant``: the share of prompts where it does; ``sink_first``: the share where a
+    dominant sink is the first real token, ``odds_ratio``'s first-token rule). Its cause: the
     attention-weighted advantage of that key over the row mean, split into key prior and
     distance log-likelihood (``odds_ratio.sink_facts``; docs/math.md §2.3).
     """
@@ -78,8 +83,10 @@ def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
     not_first = positions[None, :] != first_real[:, None]  # [b, k]
     local = near[None] & not_first[:, None, :]  # [b, q, k]
     local_mass = ((pattern * local[:, None].float()).sum(-1) * rows[:, None].float()).sum(-1) / n_rows
+    dominant = sinks["sink_dominance"] >= odds_ratio.SINK_DOMINANCE  # [b, h]
     return {"sink_mass": sinks["sink_mass"].mean(0),
-            "sink_first": (sinks["sink_position"] == 0).float().mean(0),
+            "sink_first": ((sinks["sink_position"] == 0) & dominant).float().mean(0),
+            "sink_dominant": dominant.float().mean(0),
             "sink_prior_adv": sinks["sink_prior_adv"].mean(0),
             "sink_loglik_adv": sinks["sink_loglik_adv"].mean(0),
             "local_mass": local_mass.mean(0)}
@@ -168,3 +175,16 @@ def kcomp_rows(probes: Probes) -> Tensor:
     """Up to ``KCOMP_ROWS`` distinct token ids of the repeated probes (the composition rows)."""
     ids = probes.repeat.tokens[:, probes.offset:].reshape(-1).unique()
     return ids[:KCOMP_ROWS]
+
+
+def suppression_qk(adapter: ModelAdapter, layer: int, head: int, rows: Tensor) -> float:
+    """The QK side of copy suppression: the share of ``rows`` tokens ``t`` for which the head's
+    QK circuit ``W_U^T W_Q W_K^T W_E^T``, with the unembedding direction ``W_U[:, t]`` of the
+    token the query's residual stream predicts on the query side and the token embeddings on
+    the key side, ranks the key ``t`` first among every vocabulary token (biases, LayerNorm and
+    the rotary rotation beyond offset 0 left out, as in ``circuits.qk_circuit``)."""
+    rows = rows.to(adapter.W_U.device)
+    circuit = circuits.qk_circuit(adapter, layer, head, inputs=(adapter.W_U.T[rows], adapter.W_E),
+                                  biases=False)  # query rows: only the probe tokens' directions
+    best = circuit.topk(1, bottom=False).indices[:, 0]
+    return float((best.to(rows.device) == rows).float().mean())

@@ -7,8 +7,9 @@ score against its value on the weight-shuffled control, by a stated margin.
 | duplicate-token | attention to the earlier copy of the same token | QK positivity (tokens attend to themselves in the full QK circuit) |
 | induction | attention to the token after the earlier copy | the token-level K-circuit through earlier previous-token heads picks the matching key; OV copying |
 | copying | OV copying ``sum Re(lambda) / sum abs(lambda)`` | not already induction |
-| copy-suppression | minus OV copying | - |
-| sink | mass on the most-attended key | its cause from the odds-ratio split (prior- or likelihood-driven) |
+| copy-suppression | minus OV copying | the QK circuit with the unembedding on the query side ranks the predicted token's key first (``suppression_qk``) |
+| negative copying | minus OV copying | not already copy-suppression (the OV side alone) |
+| sink | mass on the most-attended key | it dominates (``odds_ratio.SINK_DOMINANCE``) in at least ``SINK_PROMPTS`` of the prompts; its cause from the odds-ratio split (prior- or likelihood-driven) |
 | positional/local | attention within ``LOCAL_WINDOW`` positions | not already previous-token |
 
 A head can hold several roles; they are ranked by how far each score clears its control.
@@ -20,25 +21,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tl_dynamics.odds_ratio import SINK_DOMINANCE
+
 # A score counts when it is at least its control's value plus MARGIN. Every score is a share
 # of attention, a share of rows or tokens, or an eigenvalue ratio in [-1, 1], so one absolute
 # margin of 0.1 serves them all.
 MARGIN = 0.1
-ROLES = ("previous-token", "duplicate-token", "induction", "copying", "copy-suppression", "sink",
-         "positional/local", "unclassified")
+ROLES = ("previous-token", "duplicate-token", "induction", "copying", "copy-suppression",
+         "negative copying", "sink", "positional/local", "unclassified")
 # role -> (primary score, mechanism scores that must clear their controls too)
 RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "previous-token": ("prev_pattern", ("prev_circuit",)),
     "duplicate-token": ("dup_pattern", ("qk_positivity",)),
     "induction": ("ind_pattern", ("ind_kcomp", "ov_copying")),
     "copying": ("ov_copying", ()),
-    "copy-suppression": ("neg_ov_copying", ()),
-    "sink": ("sink_mass", ()),
+    "copy-suppression": ("neg_ov_copying", ("suppression_qk",)),
+    "negative copying": ("neg_ov_copying", ()),
+    "sink": ("sink_mass", ("sink_dominant",)),
     "positional/local": ("local_mass", ()),
 }
 # A role not listed on its own when the head holds the role that includes it (previous-token
 # attention is local; an induction head's OV copying is part of its induction mechanism).
-SUBSUMED = {"positional/local": "previous-token", "copying": "induction"}
+SUBSUMED = {"positional/local": "previous-token", "copying": "induction",
+            "negative copying": "copy-suppression"}
+# Requirements read against a fixed floor, not the control: a sink must dominate (its column at
+# least odds_ratio.SINK_DOMINANCE times the next-largest) in at least this share of the prompts.
+SINK_PROMPTS = 0.5
+FLOORS = {"sink_dominant": SINK_PROMPTS}
 # Scores allowed to be missing (NaN) without failing a role, and why (said in the evidence).
 OPTIONAL = {"prev_circuit": "no learned positions, so no positional circuit"}
 
@@ -69,6 +78,13 @@ def _clears(value: float, control: float) -> bool:
     return bool(np.isfinite(value)) and (not np.isfinite(control) or value >= control + MARGIN)
 
 
+def _meets(key: str, s: dict[str, float], c: dict[str, float]) -> bool:
+    """Whether a required score holds: above its floor (``FLOORS``) or clear of its control."""
+    if key in FLOORS:
+        return bool(np.isfinite(s[key])) and s[key] >= FLOORS[key]
+    return _clears(s[key], c[key])
+
+
 def _head_name(pair: tuple[int, int]) -> str:
     return f"L{pair[0]}H{pair[1]}"
 
@@ -92,12 +108,19 @@ def _sentence(role: str, s: dict[str, float], c: dict[str, float], via: tuple) -
                 f"OV copying {vs('ov_copying')}")
     if role == "copying":
         return f"copying: OV copying score {vs('ov_copying')}"
+    ov = f"OV copying score {s['ov_copying']:.2f} (control min {-c['neg_ov_copying']:.2f})"
     if role == "copy-suppression":
-        return f"copy-suppression: OV copying score {s['ov_copying']:.2f} (control min {-c['neg_ov_copying']:.2f})"
+        return (f"copy-suppression: {ov}; with the unembedding of the predicted token on the "
+                f"query side, the QK circuit ranks that token's key first for "
+                f"{vs('suppression_qk', '{:.0%}')} of probe tokens")
+    if role == "negative copying":
+        return f"negative copying: {ov}"
     if role == "sink":
-        where = "the first token" if s["sink_first"] >= 0.5 else "a token other than the first"
+        where = ("the first token" if s["sink_first"] >= SINK_PROMPTS
+                 else "a token other than the first")
         cause = "likelihood" if s["sink_loglik_adv"] >= s["sink_prior_adv"] else "key prior"
-        return (f"sink: {vs('sink_mass')} of attention on {where}, won by its {cause} "
+        return (f"sink: {vs('sink_mass')} of attention on {where}, dominant in "
+                f"{s['sink_dominant']:.0%} of prompts, won by its {cause} "
                 f"(advantage: key prior {s['sink_prior_adv']:.2f}, log-likelihood "
                 f"{s['sink_loglik_adv']:.2f} nats)")
     return f"positional/local: {vs('local_mass')} of attention within a few positions"
@@ -109,7 +132,20 @@ def _near_misses(s: dict[str, float], c: dict[str, float], roles: list[str], via
     for role, (primary, needs) in RULES.items():
         if role in roles or not needs or not _clears(s[primary], c[primary]):
             continue
-        missing = [k for k in needs if k not in OPTIONAL and not _clears(s[k], c[k])]
+        if role == "copy-suppression":
+            qk = (f"{s['suppression_qk']:.0%} (control {c['suppression_qk']:.0%})"
+                  if np.isfinite(s["suppression_qk"]) else "not measured (W_U and W_E differ in "
+                  "vocabulary)")
+            out.append(f"not copy-suppression: the QK circuit with the predicted token's "
+                       f"unembedding on the query side ranks that token's key first for {qk} "
+                       f"of probe tokens")
+            continue
+        if role == "sink":
+            out.append(f"largest column {s['sink_mass']:.2f} (control {c['sink_mass']:.2f}) but "
+                       f"not a sink: it dominates the next-largest column (ratio >= "
+                       f"{SINK_DOMINANCE:g}) in only {s['sink_dominant']:.0%} of prompts")
+            continue
+        missing = [k for k in needs if k not in OPTIONAL and not _meets(k, s, c)]
         if role == "induction" and not via:
             missing = ["no earlier previous-token head to compose with"]
         out.append(f"{role} pattern {s[primary]:.2f} (control {c[primary]:.2f}) but not the "
@@ -124,8 +160,8 @@ def classify(s: dict[str, float], c: dict[str, float],
     Example:
         >>> s = dict(prev_pattern=0.9, prev_circuit=1.0, dup_pattern=0.0, qk_positivity=0.0,
         ...          ind_pattern=0.0, ind_kcomp=float("nan"), ov_copying=0.1, neg_ov_copying=-0.1,
-        ...          sink_mass=0.1, sink_first=0.0, sink_prior_adv=0.0, sink_loglik_adv=0.0,
-        ...          local_mass=0.95)
+        ...          suppression_qk=float("nan"), sink_mass=0.1, sink_first=0.0,
+        ...          sink_dominant=0.0, sink_prior_adv=0.0, sink_loglik_adv=0.0, local_mass=0.95)
         >>> c = {k: 0.2 for k in s}
         >>> classify(s, c).roles
         ('previous-token',)
@@ -134,7 +170,7 @@ def classify(s: dict[str, float], c: dict[str, float],
     for role, (primary, needs) in RULES.items():
         if not _clears(s[primary], c[primary]):
             continue
-        if any(not _clears(s[k], c[k]) and not (k in OPTIONAL and not np.isfinite(s[k]))
+        if any(not _meets(k, s, c) and not (k in OPTIONAL and not np.isfinite(s[k]))
                for k in needs):
             continue
         if any(r == SUBSUMED.get(role) for _, r in found):
@@ -153,6 +189,6 @@ def classify(s: dict[str, float], c: dict[str, float],
         scores=tuple(float(s[k]) if k else float("nan") for k in primary),
         baselines=tuple(float(c[k]) if k else float("nan") for k in primary),
         evidence="; ".join(parts) + ".",
-        sink_position=("first-token" if s["sink_first"] >= 0.5 else "other") if sink else "",
+        sink_position=("first-token" if s["sink_first"] >= SINK_PROMPTS else "other") if sink else "",
         sink_cause=(("likelihood-driven" if s["sink_loglik_adv"] >= s["sink_prior_adv"]
                      else "prior-driven") if sink else ""))

@@ -8,12 +8,14 @@ from tl_dynamics import viz
 
 COLOURS = {
     "previous-token": "#4e79a7", "duplicate-token": "#76b7b2", "induction": "#e15759",
-    "copying": "#f28e2b", "copy-suppression": "#b07aa1", "sink": "#9c755f",
+    "copying": "#f28e2b", "copy-suppression": "#b07aa1",
+    "negative copying": "#d4a6c8", "sink": "#9c755f",
     "positional/local": "#59a14f", "unclassified": "#d9d9d9", "not analysed": "#ffffff",
 }
 SHORT = {
     "previous-token": "prev", "duplicate-token": "dup", "induction": "ind", "copying": "copy",
-    "copy-suppression": "supp", "sink": "sink", "positional/local": "local",
+    "copy-suppression": "supp",
+    "negative copying": "neg", "sink": "sink", "positional/local": "local",
     "unclassified": "-", "not analysed": "",
 }
 

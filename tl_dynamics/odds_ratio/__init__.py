@@ -17,10 +17,12 @@ from tl_dynamics.odds_ratio._result import (LABEL_THRESHOLD, Decomposition, Head
 from tl_dynamics.odds_ratio._simplex import SimplexSolution, kkt_residual, simplex_lstsq
 from tl_dynamics.odds_ratio._split import (ScoreParts, counterfactual_patterns, masked_softmax,
                                            row_kl, split_scores)
+from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE
 from tl_dynamics.odds_ratio._walk import composed, markov
 
 __all__ = ["BarycentricView", "ChainSummary", "DAMPING", "Decomposition", "HeadStats",
-           "LABEL_THRESHOLD", "OddsRatioCollector", "OddsRatioResult", "ScoreParts",
+           "LABEL_THRESHOLD", "OddsRatioCollector", "OddsRatioResult", "SINK_DOMINANCE",
+           "ScoreParts",
            "SimplexSolution", "absorption_steps", "attach", "barycentric", "chain_summary",
            "compose", "composed", "compute", "counterfactual_patterns", "damped_stationary",
            "decompose_layer", "effective_rank", "kkt_residual", "label", "markov", "masked_softmax",

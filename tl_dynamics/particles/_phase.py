@@ -114,8 +114,7 @@ def phase_diagram(
     numbers, so differences along beta are not sampling noise), and all betas are
     integrated in one batch with per-run adaptive steps. (SA) is cheap at any beta;
     (USA) needs about ``e^beta`` steps per unit time (see ``tl_dynamics.particles._integrators``), so keep
-    its betas moderate (n = 32, d = 2, 8 runs, t <= 20: beta <= 4 takes seconds, beta <= 6
-    about half a minute on a busy 2-core machine).
+    its betas moderate: from beta = 4 to beta = 6 its cost grows about e^2-fold.
 
     >>> pd_ = phase_diagram([1.0, 4.0], [0.0, 5.0], n=8, runs=4, generator=torch.Generator().manual_seed(0))
     >>> tuple(pd_.fraction.shape), bool(pd_.fraction[:, 1].ge(pd_.fraction[:, 0]).all())

@@ -23,7 +23,7 @@ DEFAULT_TOL = 1e-6
 #: Step-size controller: safety factor and bounds on the change per step (standard values).
 _SAFETY, _FAC_MIN, _FAC_MAX = 0.9, 0.2, 5.0
 #: Below this many score entries x d per step (runs * n * n * d), intra-op threads cost more
-#: than they save (measured: 2 threads on a busy 2-core machine ran small batches 5-30x slower).
+#: than they save: small batches run on one thread (timings: benchmarks/particles_bench.py).
 _SMALL_WORK = 1 << 22
 
 
@@ -92,11 +92,13 @@ def simulate(
 
     Args:
         beta: inverse temperature, a number or a ``[runs]`` tensor (one per run).
-        Q, K: ``[m, d]`` (or ``[runs, m, d]``); scores are ``beta <Q x_i, K x_j>``. ``None``: identity.
+        Q: ``[m, d]`` (or ``[runs, m, d]``); scores are ``beta <Q x_i, K x_j>``. ``None``: identity.
+        K: ``[m, d]`` (or ``[runs, m, d]``), as ``Q``. ``None``: identity.
         V: ``[d, d]`` (or ``[runs, d, d]``); values are ``V x_j``. ``None``: identity.
         dynamics: ``"SA"`` (softmax-normalised) or ``"USA"`` (unnormalised, ``1/n``).
-        t_max, record_every: record at ``0, record_every, ...`` and at ``t_max`` (default
-            ``t_max=10``, ``record_every=t_max/100``). Or give ``times`` explicitly.
+        t_max: record until ``t_max`` (default 10), at ``0, record_every, ...`` and ``t_max``;
+            or give ``times`` explicitly.
+        record_every: the interval between records (default ``t_max/100``).
         dt: fixed step size (each record interval is split into equal steps ``<= dt``).
             ``None`` (default): adaptive steps, per run, keeping the local error of each
             step below ``tol`` (see below). :func:`suggest_dt` gives a safe fixed ``dt``.

@@ -2,8 +2,10 @@
 
 The analysis contract (docs/developing.md): ``compute(model, prompt, *, layers=None, ...)``
 gives a ``Trajectory`` (per-token paths of one batch, with that batch's ``TrajectoryStats``);
-``attach`` and ``stream`` give ``TrajectoryStats`` (exactly mergeable statistics over many
-prompts; per-token arrays do not stream); ``block_jacobian`` (local stability),
+``attach`` collects during your own forward passes: its ``result()`` is a ``Trajectory`` of
+every pass (what ``compute`` gives), its ``stats()`` their ``TrajectoryStats``; ``stream``
+gives ``TrajectoryStats`` only (exactly mergeable statistics over many prompts; per-token
+arrays do not stream); ``block_jacobian`` (local stability),
 ``class_probe`` (class attractors) and ``report_section``. Unit vectors, cosines and clusters
 come from ``tl_dynamics.sphere``. Definitions: docs/math.md §5.
 """
