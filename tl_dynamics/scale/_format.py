@@ -224,7 +224,7 @@ def from_bytes(data: bytes, what: str = "statistics",
         position = _validate.check_position(_json(meta[CHECKPOINT_KEY], what), what)
     header = _json(text, what)
     if not isinstance(header, dict) or header.get("format") != FORMAT \
-            or header.get("version") != VERSION:
+            or type(header.get("version")) is not int or header.get("version") != VERSION:
         got = header if not isinstance(header, dict) else \
             f"format {header.get('format')!r} version {header.get('version')!r}"
         raise TLDynamicsError(f"{what}: {got}; this tl_dynamics reads {FORMAT!r} version "

@@ -229,8 +229,15 @@ def check_tensors(header: dict[str, Any], tensors: dict[str, np.ndarray], what: 
                 if (array < 0).any():
                     raise fail(what, f"tensor {full!r} holds negative counts")
                 used.add(full)
-        if t["ints"] and int(tensors["trajectories.ints.n_prompts"]) != header["n_prompts"]:
+        if t["ints"] and ("n_prompts" not in t["ints"] or int(
+                tensors["trajectories.ints.n_prompts"]) != header["n_prompts"]):
             raise fail(what, "trajectories.ints.n_prompts disagrees with n_prompts")
+        setting = header["settings"]["trajectories"]
+        if [float(e) for e in setting["eps"]] != [float(e) for e in t["meta"]["eps"]]:
+            raise fail(what, "settings.trajectories.eps disagrees with trajectories.meta.eps")
+        if not setting["lens"] and "rank_sum" in t["ints"]:
+            raise fail(what, "settings.trajectories.lens is false but the file has lens "
+                             "statistics")
     extra = sorted(set(tensors) - used)
     if extra:
         raise fail(what, f"tensor {extra[0]!r} is not described by the header")
