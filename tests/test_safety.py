@@ -428,3 +428,46 @@ def test_fuzz_mutated_statistics_files_load_equal_or_raise_tldynamicserror(model
             f"mutation {i} (kind {kind}) was silently accepted"
         outcomes["equal"] += 1
     assert sum(outcomes.values()) == 2400 and outcomes["refused"] > 2000, outcomes
+
+
+# ---------------------------------------------------------------------- 9. every model shape
+def _gpt2(tmp_path, n_layer, n_head, n_embd):
+    import transformers
+
+    from tl_dynamics import compat
+
+    tok = testing.tokenizer()
+    config = transformers.GPT2Config(vocab_size=len(tok), bos_token_id=0, eos_token_id=0,
+                                     n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                                     n_positions=64)
+    torch.manual_seed(0)
+    folder = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return compat.bridge_class().boot_transformers(str(folder), device="cpu").eval()
+
+
+@pytest.mark.parametrize("shape, prompt", [
+    ((1, 4, 16), "def f(x): return x + 1"),  # one layer
+    ((2, 1, 16), "def f(x): return x + 1"),  # one head
+    ((2, 4, 4), "def f(x): return x + 1"),   # d_head 1
+    ((2, 4, 16), "x"),                       # a one-token prompt
+], ids=["1-layer", "1-head", "d_head-1", "1-token"])
+def test_every_model_shape_builds_the_full_report(tmp_path, shape, prompt):
+    from tl_dynamics import report
+
+    page = report.build_report(_gpt2(tmp_path, *shape), prompt, "tiny", threads=1)
+    assert page.failed_sections == []
+    html = page.to_html()
+    assert "This section failed" not in html and len(page.sections) == 1 + len(report.SECTIONS)
+
+
+def test_empty_and_one_cell_maps_have_a_size():
+    from tl_dynamics.viz import _specs
+
+    for values in (np.zeros((0, 3)), np.zeros((1, 1)), np.zeros((0, 0))):
+        spec, height = _specs.canvas_spec("Heatmap", {"values": values})
+        assert spec["kind"] == "heatmap" and height >= 140
+    spec, height = _specs.canvas_spec("AttentionGrid", {"thumbs": np.zeros((0, 2, 2)), "full": {},
+                                                        "tokens": ["a", "b"]})
+    assert spec["names"] == [] and height == 700

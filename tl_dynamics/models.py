@@ -180,11 +180,36 @@ def _load_folder(folder: Path) -> Any:
         message = f"{type(err).__name__}: {err}"
         if "above report" in message:  # transformers logs its report; say it here instead
             message = ("the weights do not fit config.json (size mismatch): "
-                       + (report.text() or "transformers gave no details"))
+                       + (_size_mismatches(folder) or report.text()
+                          or "transformers gave no details"))
         raise TLDynamicsError(f"could not load the Hugging Face model folder {folder} "
                               f"(config.json, weights {weights or 'missing'}): {message}") from err
     finally:
         logger.removeHandler(report)
+
+
+def _size_mismatches(folder: Path) -> str:
+    """Which weights have another shape in the files than config.json gives them (read from
+    the safetensors headers and a model built on the meta device; empty if that fails)."""
+    try:
+        import torch
+        import transformers
+        from safetensors import safe_open
+
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        found: dict[str, tuple[int, ...]] = {}
+        for path in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(path), framework="pt") as handle:
+                for key in handle.keys():
+                    found[key] = tuple(handle.get_slice(key).get_shape())
+    except Exception:  # best effort: the caller falls back to what transformers logged
+        return ""
+    rows = [f"{k} is {list(found[k])} in the weights but {list(expected[k])} by config.json"
+            for k in sorted(found) if k in expected and found[k] != expected[k]]
+    return "; ".join(rows[:6]) + (f"; ... ({len(rows) - 6} more)" if len(rows) > 6 else "")
 
 
 class _LogLines(logging.Handler):
