@@ -471,3 +471,33 @@ def test_empty_and_one_cell_maps_have_a_size():
     spec, height = _specs.canvas_spec("AttentionGrid", {"thumbs": np.zeros((0, 2, 2)), "full": {},
                                                         "tokens": ["a", "b"]})
     assert spec["names"] == [] and height == 700
+
+
+# ---------------------------------------------------------------------- 7. heads in chunks
+def test_atlas_runs_the_probes_in_chunks_with_the_same_numbers(monkeypatch):
+    from tl_dynamics import atlas
+    from tl_dynamics.atlas import _measure
+
+    model = testing.cached_model("gpt2")
+    whole = atlas.compute(model, n_seq=7, seq_len=6)
+    rows = []
+    original = ModelAdapter.forward
+
+    def counting(self, batch, *a, **k):
+        rows.append(int(self.tokenize(batch).tokens.shape[0]))
+        return original(self, batch, *a, **k)
+
+    monkeypatch.setattr(ModelAdapter, "forward", counting)
+    monkeypatch.setattr(_measure, "PROBE_CHUNK", 3)
+    chunked = atlas.compute(model, n_seq=7, seq_len=6)
+    # every forward pass holds at most 3 probes (times the causal variants of one layer's
+    # heads), whatever n_seq is: memory is flat in n_seq
+    variants = 3 * model.cfg.n_heads
+    assert rows and max(rows) <= 3 * variants and 7 not in rows
+    for key, value in whole.scores.items():
+        np.testing.assert_allclose(chunked.scores[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    for key, value in whole.delta_loss.items():
+        np.testing.assert_allclose(chunked.delta_loss[key], value, rtol=1e-4, atol=1e-5,
+                                   err_msg=key)
+    assert {k: r.roles for k, r in chunked.roles.items()} == \
+        {k: r.roles for k, r in whole.roles.items()}
