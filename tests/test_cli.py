@@ -269,7 +269,8 @@ def test_a_page_with_failed_sections_does_not_exit_0(tmp_path, capsys, monkeypat
     assert code == 1 and "its sections circuits failed" in err and out.exists()
 
 
-def test_counts_and_threads_are_validated_with_a_clear_message(tmp_path, capsys, no_loading):
+def test_counts_and_threads_are_validated_with_a_clear_message(tmp_path, capsys, caplog,
+                                                               no_loading):
     corpus = tmp_path / "c.txt"
     corpus.write_text("a = 1\n")
     stats = ["stats", "--prompts", str(corpus), "--out", str(tmp_path / "s.safetensors")]
@@ -290,7 +291,7 @@ def test_counts_and_threads_are_validated_with_a_clear_message(tmp_path, capsys,
         from tl_dynamics import scale
         scale.run_stats(testing.cached_model("gpt2"), ["a"], threads=0, progress=False)
     assert _args.threads_arg(str(os.cpu_count() + 1)) == os.cpu_count() + 1
-    assert f"--threads {os.cpu_count() + 1} is more than this machine's" in capsys.readouterr().err
+    assert f"--threads {os.cpu_count() + 1} is more than this machine's" in caplog.text
     with pytest.raises(SystemExit):
         cli.main(["report", "--help"])
     assert "from: atlas, circuits," in " ".join(capsys.readouterr().out.split())

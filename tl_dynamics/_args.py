@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-import sys
+import logging
 
 from tl_dynamics.errors import TLDynamicsError
 
@@ -26,8 +26,9 @@ def threads_arg(text: str, allow_auto: bool = False) -> int | str:
                               "cores)")
     n = int(text)
     if n > cores():
-        print(f"tl-dynamics: warning: --threads {n} is more than this machine's {cores()} cores; "
-              "torch runs slower with more threads than cores", file=sys.stderr)
+        logging.getLogger("tl_dynamics").warning(
+            "tl-dynamics: warning: --threads %d is more than this machine's %d cores; torch runs "
+            "slower with more threads than cores", n, cores())
     return n
 
 
