@@ -18,6 +18,7 @@ from tl_dynamics import _files, cli, models, scale, testing
 from tl_dynamics import contextual_mlp as cm
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.contextual_mlp._mlp import SAVE_FORMAT
 from tl_dynamics.scale import _corpus, _format
 
 NAME = "tiny-random:gpt2"
@@ -62,7 +63,8 @@ def test_stats_out_that_is_the_corpus_is_refused_even_through_links(tmp_path, ca
     corpus.write_text("\n".join(CORPUS) + "\n")
     (tmp_path / "link.txt").symlink_to(corpus)
     os.link(corpus, tmp_path / "hard.txt")
-    for out in (corpus, tmp_path / "link.txt", tmp_path / "hard.txt", tmp_path / "." / "corpus.txt"):
+    for out in (corpus, tmp_path / "link.txt", tmp_path / "hard.txt",
+                tmp_path / "." / "corpus.txt"):
         code, _, err = main(capsys, "stats", "--model", NAME, "--prompts", str(corpus), "--out",
                             str(out), "--no-progress")
         assert code == 2 and "is the same file as --prompts" in err, err
@@ -159,7 +161,7 @@ class _Marker:
 
 def test_no_loader_runs_code_from_a_crafted_file(tmp_path, capsys):
     marker = tmp_path / "RAN"
-    payload = {"format": cm.SAVE_FORMAT if hasattr(cm, "SAVE_FORMAT") else "x",
+    payload = {"format": SAVE_FORMAT,
                "state": _Marker(marker)}
     as_torch = tmp_path / "mlp.pt"
     torch.save(payload, as_torch)
@@ -501,3 +503,26 @@ def test_atlas_runs_the_probes_in_chunks_with_the_same_numbers(monkeypatch):
                                    err_msg=key)
     assert {k: r.roles for k, r in chunked.roles.items()} == \
         {k: r.roles for k, r in whole.roles.items()}
+
+
+def test_a_crafted_contextual_mlp_description_names_only_known_classes(tmp_path):
+    from safetensors.torch import save_file
+
+    def craft(tree):
+        path = tmp_path / "mlp.safetensors"
+        text = tree if isinstance(tree, str) else json.dumps(tree)
+        save_file({"t": torch.zeros(2)}, str(path), metadata={
+            "tl_dynamics.contextual_mlp": f'{{"format": "{SAVE_FORMAT}", "tree": {text}}}'})
+        return path
+
+    cases = [({"type": "os.system", "fields": {}}, "unknown type 'os.system'"),
+             ({"type": "ContextualMLP", "fields": {"layer": 0, "evil": 1}}, "has no fields"),
+             ({"type": "ContextualMLP", "fields": {"layer": 0}}, "fields do not fit"),
+             ({"tensor": "missing"}, "tensor 'missing' is missing"),
+             ({"tuple": [{"tuple": []}] * 2, "x": 1}, "malformed entry"),
+             ('{"tuple": ' * 3000 + "[]" + "}" * 3000,
+              "not a saved ContextualMLP|nested too deeply"),
+             ("[" * 100000 + "]" * 100000, "not a saved ContextualMLP")]
+    for tree, message in cases:
+        with pytest.raises(TLDynamicsError, match=message):
+            cm.ContextualMLP.load(craft(tree))

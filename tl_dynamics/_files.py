@@ -53,7 +53,8 @@ def check_output(out: str | os.PathLike, *, what: str = "--out", example: str = 
     try:
         is_dir = path.is_dir()
     except OSError as exc:  # a symlink loop, a name too long, ...
-        raise TLDynamicsError(f"{what} {text!r}: not a usable path ({exc.strerror or exc})") from None
+        raise TLDynamicsError(f"{what} {text!r}: not a usable path "
+                              f"({exc.strerror or exc})") from None
     if is_dir:
         raise TLDynamicsError(f"{what} {text!r} is a directory: give a file path, e.g. "
                               f"{path / example}")

@@ -91,7 +91,7 @@ def _decode(node: Any, tensors: dict[str, Tensor], what: str) -> Any:
         values = {k: _decode(v, tensors, what) for k, v in node["fields"].items()}
         try:
             return cls(**values)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise TLDynamicsError(f"{what}: {node['type']} fields do not fit ({exc})") from None
     raise TLDynamicsError(f"{what}: malformed entry {str(node)[:80]!r}")
 
@@ -120,7 +120,11 @@ def load(path: str | os.PathLike, save_format: str) -> Any:
         got = blob.get("format") if isinstance(blob, dict) else None
         raise TLDynamicsError(f"{what} is not a saved ContextualMLP (expected format "
                               f"{save_format!r}, got {got!r})")
-    out = _decode(blob.get("tree"), tensors, what)
+    try:
+        out = _decode(blob.get("tree"), tensors, what)
+    except RecursionError:
+        raise TLDynamicsError(f"{what}: malformed ContextualMLP description (nested too "
+                              "deeply)") from None
     if type(out).__name__ != "ContextualMLP":
         raise TLDynamicsError(f"{what} is not a saved ContextualMLP")
     return out
