@@ -298,10 +298,11 @@ def test_counts_and_threads_are_validated_with_a_clear_message(tmp_path, capsys,
 
 
 def test_compute_refuses_what_is_not_a_model_and_load_model_takes_paths(tmp_path):
-    from tl_dynamics import atlas, odds_ratio, trajectories
+    from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, trajectories
 
     for thing in ("code-2l", None, Path("code-2l"), 3):
-        for compute in (odds_ratio.compute, trajectories.compute, atlas.compute):
+        for compute in (odds_ratio.compute, trajectories.compute, atlas.compute, circuits.compute,
+                        contextual_mlp.compute, particles.compute, report.build_report):
             with pytest.raises(TLDynamicsError, match="expected a TransformerLens model .* got "
                                                       f"{type(thing).__name__}.*load_model"):
                 compute(thing, "a = 1")

@@ -238,6 +238,10 @@ def test_undecodable_lines_and_lone_surrogates_name_their_line(model, tmp_path, 
     code, _, err = main(capsys, "stats", "--model", NAME, "--prompts", str(raw), "--out",
                         str(tmp_path / "cli.safetensors"), "--no-progress")
     assert code == 2 and "raw.txt:2: not valid UTF-8" in err and "Traceback" not in err
+    code, out, _ = main(capsys, "stats", "--model", NAME, "--prompts", str(raw), "--out",
+                        str(tmp_path / "cli.safetensors"), "--no-progress", "--on-long", "skip")
+    assert code == 0 and "2 prompts" in out
+    assert scale.load_stats(tmp_path / "cli.safetensors").skipped == {"skipped_undecodable": 1}
 
 
 # ---------------------------------------------------------------------- 5. crafted headers

@@ -95,7 +95,9 @@ def cli_main(argv: list[str]) -> int:
         return 2
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the run
         state = f"wrote {out}" if out.is_file() else f"stopped early (checkpoint {out}.partial)"
-        print(f"{state}: {stats.n_prompts} prompts in {time.perf_counter() - start:.1f} s")
+        left = ", ".join(f"{k} {n}" for k, n in sorted(stats.skipped.items()) if n)
+        print(f"{state}: {stats.n_prompts} prompts in {time.perf_counter() - start:.1f} s"
+              + (f" (corpus lines not used whole: {left})" if left else ""))
     return 0
 
 
