@@ -78,6 +78,16 @@ def test_report_stats_out_that_is_the_stats_file_is_refused(stats_file, tmp_path
     assert stats_file.read_bytes() == before
 
 
+def test_an_output_over_a_model_folders_file_is_refused(tmp_path, capsys):
+    folder = testing.hf_folder("gpt2", tmp_path / "hf")
+    weights = folder / "model.safetensors"
+    before = weights.read_bytes()
+    for command in ("report", "heads"):
+        code, _, err = main(capsys, command, "--model", str(folder), "--out", str(weights))
+        assert code == 2 and "is the same file as --model" in err, err
+    assert weights.read_bytes() == before
+
+
 def test_a_checkpoint_is_never_replaced_without_resume(model, tmp_path, capsys, no_loading):
     out = tmp_path / "s.safetensors"
     partial = tmp_path / "s.safetensors.partial"

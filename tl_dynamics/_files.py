@@ -35,6 +35,17 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
+def model_inputs(model: str | None) -> list[tuple[str, Path]]:
+    """The files of a ``--model`` folder (an output must not overwrite its weights or config)."""
+    if not model:
+        return []
+    folder = Path(model).expanduser()
+    try:
+        return [("--model", p) for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+    except OSError:
+        return []
+
+
 def partial_path(out: str | os.PathLike) -> Path:
     """The checkpoint next to ``out``: ``OUT.partial``."""
     out = Path(out)

@@ -74,11 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_out(out: str) -> Path:
+def check_out(out: str, model: str | None = None) -> Path:
     """The output file, checked before any work (``tl_dynamics._files.check_output``): not
-    empty, not a directory, not under a file, and in a folder that exists or can be created and
-    is writable."""
-    return _files.check_output(out, example="report.html")
+    empty, not a directory, not under a file, not a file of the ``--model`` folder, and in a
+    folder that exists or can be created and is writable."""
+    return _files.check_output(out, example="report.html", inputs=_files.model_inputs(model))
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return _models()
     start = time.perf_counter()
     try:
-        out = check_out(args.out)
+        out = check_out(args.out, args.model)
         prompt = _prompt(args)
         layers = parse_ints(args.layers, "--layers") if args.layers is not None else None
         heads = parse_heads(args.heads) if args.heads is not None else None

@@ -45,7 +45,8 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     try:
-        out = None if args.out is None else _files.check_output(args.out, example="heads.html")
+        out = None if args.out is None else _files.check_output(
+            args.out, example="heads.html", inputs=_files.model_inputs(args.model))
         n_seq = _args.positive_arg(args.n_seq, "--n-seq")
         seq_len = _args.positive_arg(args.seq_len, "--seq-len")
         if args.prompt is not None and not args.prompt.strip():
