@@ -46,12 +46,6 @@ def model_inputs(model: str | None) -> list[tuple[str, Path]]:
         return []
 
 
-def partial_path(out: str | os.PathLike) -> Path:
-    """The checkpoint next to ``out``: ``OUT.partial``."""
-    out = Path(out)
-    return out.with_name(out.name + PARTIAL_SUFFIX)
-
-
 def check_output(out: str | os.PathLike, *, what: str = "--out", example: str = "report.html",
                  inputs: Iterable[tuple[str, str | os.PathLike | None]] = ()) -> Path:
     """The output path, checked before any work; ``inputs`` are ``(option, path)`` pairs the
@@ -87,16 +81,6 @@ def check_output(out: str | os.PathLike, *, what: str = "--out", example: str = 
     if not os.access(parent, os.W_OK | os.X_OK):
         raise TLDynamicsError(f"{what} {text!r}: the folder {parent} is not writable")
     return path
-
-
-def check_partial(out: str | os.PathLike, resume: bool, what: str = "--out") -> Path:
-    """Refuse to start over an existing checkpoint ``OUT.partial`` unless resuming."""
-    partial = partial_path(out)
-    if partial.exists() and not resume:
-        raise TLDynamicsError(f"{what} {str(out)!r}: a checkpoint of an unfinished run exists "
-                              f"({partial}); pass --resume to continue it, or delete it to start "
-                              "over")
-    return partial
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:

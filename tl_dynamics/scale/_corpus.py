@@ -116,8 +116,9 @@ class PromptCheck:
             raise TLDynamicsError(f"on_long {self.policy!r}: valid are {', '.join(ON_LONG)}")
 
     def _fits(self, text: str) -> bool:
-        # a token covers at least one byte, so short texts need no tokenizing (+1: a BOS)
-        return len(text.encode("utf-8")) + 1 <= self.n_ctx or self.n_tokens(text) <= self.n_ctx
+        # a token covers at least one byte, so short texts need no tokenizing (+4: room for the
+        # special tokens a tokenizer adds, BOS, CLS/SEP)
+        return len(text.encode("utf-8")) + 4 <= self.n_ctx or self.n_tokens(text) <= self.n_ctx
 
     def __call__(self, where: str, text: str | None) -> str | None:
         """The text to use, or None when it is left out (counted)."""

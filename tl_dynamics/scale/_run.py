@@ -221,8 +221,7 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
         source = prompts if isinstance(prompts, (str, os.PathLike)) else None
         _files.check_output(out, example="stats.safetensors", inputs=[("--prompts", source)])
         _refuse_stale_checkpoints(Path(out), resume)
-        if source is not None and any(_files.same_file(source, p)
-                                      for p in Path(out).parent.glob(Path(out).name + ".partial*")):
+        if source is not None and any(_files.same_file(source, p) for p in _checkpoints(Path(out))):
             raise TLDynamicsError(f"--prompts {str(source)!r} is a checkpoint of --out")
     with _threads(threads):
         model, name = _model_name(model, model_name)  # before the process group (see _distributed)
@@ -269,10 +268,18 @@ def check_threads(threads: Any) -> None:
                               f"setting), got {threads!r}")
 
 
+def _checkpoints(out: Path) -> list[Path]:
+    """``OUT.partial`` and ``OUT.partial-rankR-ofN`` files next to ``out``."""
+    if not out.parent.is_dir():
+        return []
+    prefix = out.name + _files.PARTIAL_SUFFIX
+    return sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix))
+
+
 def _refuse_stale_checkpoints(out: Path, resume: bool) -> None:
     if resume:
         return
-    stale = sorted(out.parent.glob(out.name + ".partial*")) if out.parent.is_dir() else []
+    stale = _checkpoints(out)
     if stale:
         raise TLDynamicsError(f"--out {str(out)!r}: a checkpoint of an unfinished run exists "
                               f"({stale[0]}); pass --resume to continue it, or delete it to "
