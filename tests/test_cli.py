@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from tl_dynamics import TLDynamicsError, cli, compat, models, report, testing
 
@@ -232,3 +233,117 @@ def test_report_threads_follow_the_setting_and_the_machine_load(monkeypatch):
     section = ("probe", lambda page, adapter, batch: seen.append(torch.get_num_threads()))
     report.build_report(testing.tiny_model("gpt2"), "a b", sections=[section], threads=3)
     assert seen == [3] and torch.get_num_threads() == before
+
+
+# ---------------------------------------------------------------------- issue 24: every argument
+def test_prompt_ids_are_checked_against_the_vocabulary_before_any_section(tmp_path, capsys,
+                                                                          monkeypatch):
+    from tl_dynamics.adapter import ModelAdapter
+
+    built = []
+    monkeypatch.setattr(report, "build_report", lambda *a, **k: built.append(a))
+    for ids in ("1 2 99999", "1 " + "9" * 23):
+        out = tmp_path / "r.html"
+        code, _, err = run(capsys, "report", "--model", "tiny-random:gpt2", "--prompt-ids", ids,
+                           "--out", str(out))
+        assert code == 2 and "outside this model's vocabulary (valid: 0..511)" in err, err
+        assert "Traceback" not in err and not out.exists() and not built
+    code, _, err = run(capsys, "report", "--prompt-ids", "1 ²", "--out", str(tmp_path / "r.html"))
+    assert code == 2 and "expected non-negative integers" in err
+    adapter = ModelAdapter.of(testing.cached_model("gpt2"))
+    with pytest.raises(TLDynamicsError, match=r"token ids \[512\] are outside this model's "
+                                              r"vocabulary \(valid: 0..511\)"):
+        adapter.tokenize(torch.tensor([1, 512, 3]))
+    with pytest.raises(TLDynamicsError, match=r"token ids \[-1\]"):
+        adapter.tokenize(torch.tensor([[1, -1]]))
+
+
+def test_a_page_with_failed_sections_does_not_exit_0(tmp_path, capsys, monkeypatch):
+    def broken(page, adapter, batch):
+        raise RuntimeError("a bug in a section")
+
+    monkeypatch.setattr(report, "SECTIONS", (("circuits", broken),))
+    out = tmp_path / "r.html"
+    code, _, err = run(capsys, "report", "--model", "tiny-random:gpt2", "--prompt", "a = 1",
+                       "--sections", "circuits", "--out", str(out), "--threads", "1")
+    assert code == 1 and "its sections circuits failed" in err and out.exists()
+
+
+def test_counts_and_threads_are_validated_with_a_clear_message(tmp_path, capsys, caplog,
+                                                               no_loading):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a = 1\n")
+    stats = ["stats", "--prompts", str(corpus), "--out", str(tmp_path / "s.safetensors")]
+    cases = [(stats + ["--threads", "0"], "--threads '0': give a positive integer (this machine"),
+             (stats + ["--threads", "x"], "--threads 'x': give a positive integer"),
+             (stats + ["--batch-size", "0"], "--batch-size 0: give a positive integer"),
+             (stats + ["--checkpoint-every", "-1"], "--checkpoint-every -1: give a positive"),
+             (stats + ["--eps", "inf"], "--eps 'inf': expected positive numbers"),
+             (["heads", "--n-seq", "0"], "--n-seq 0: give a positive integer"),
+             (["heads", "--seq-len", "-3"], "--seq-len -3: give a positive integer"),
+             (["report", "--threads", "0"], "--threads '0': give a positive integer or 'auto'")]
+    for argv, message in cases:
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and message in err and "Traceback" not in err, (argv, err)
+    from tl_dynamics import _args
+
+    with pytest.raises(TLDynamicsError, match="threads must be a positive integer"):
+        from tl_dynamics import scale
+        scale.run_stats(testing.cached_model("gpt2"), ["a"], threads=0, progress=False)
+    assert _args.threads_arg(str(os.cpu_count() + 1)) == os.cpu_count() + 1
+    assert f"--threads {os.cpu_count() + 1} is more than this machine's" in caplog.text
+    with pytest.raises(SystemExit):
+        cli.main(["report", "--help"])
+    assert "from: atlas, circuits," in " ".join(capsys.readouterr().out.split())
+
+
+def test_compute_refuses_what_is_not_a_model_and_load_model_takes_paths(tmp_path):
+    from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, trajectories
+
+    for thing in ("code-2l", None, Path("code-2l"), 3):
+        for compute in (odds_ratio.compute, trajectories.compute, atlas.compute, circuits.compute,
+                        contextual_mlp.compute, particles.compute, report.build_report):
+            with pytest.raises(TLDynamicsError, match="expected a TransformerLens model .* got "
+                                                      f"{type(thing).__name__}.*load_model"):
+                compute(thing, "a = 1")
+    folder = ZOO / "induction-2l"
+    assert type(models.load_model(folder)).__name__ == type(models.load_model(str(folder))).__name__
+    with pytest.raises(TLDynamicsError, match="takes a model name or a folder path"):
+        models.load_model(3)
+
+
+def test_local_paths_that_are_not_folders_are_never_hub_names(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    a_file = tmp_path / "weights.bin"
+    a_file.write_bytes(b"x")
+    cases = [(loop, "is a symlink that leads to no folder"),
+             (tmp_path / "dangling", "is a symlink that leads to no folder"),
+             (a_file, "is a file, not a model folder"),
+             (tmp_path / "typo" / "model", f"no such folder \\({tmp_path} exists"),
+             ("tests/no-such-model", "no such folder \\(tests exists")]
+    hub = []
+    original = models._load_hub
+    models._load_hub = lambda name: hub.append(name)
+    try:
+        for name, message in cases:
+            with pytest.raises(TLDynamicsError, match=message):
+                models.load_model(str(name))
+    finally:
+        models._load_hub = original
+    assert hub == []
+
+
+def test_hf_shape_mismatch_names_the_mismatch_not_a_report_above(tmp_path):
+    hf = testing.hf_folder("gpt2", tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    config["vocab_size"] += 8  # the weights no longer fit
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TLDynamicsError) as err:
+        models.load_model(hf)
+    message = str(err.value)
+    assert "above report" not in message and "report above" not in message
+    assert "could not load the Hugging Face model folder" in message
+    assert "size mismatch): transformer.wte.weight is [512, 64] in the weights but [520, 64] by " \
+           "config.json" in message, message

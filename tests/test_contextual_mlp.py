@@ -333,13 +333,31 @@ def test_compute_selects_heads_in_every_layer_and_tabulates_each_destination():
 
 def test_save_and_load_round_trip(tmp_path):
     mlp = cm.compute(adapter_for("phi"), testing.PROMPTS[0], layers=1, heads=2)[1, 2]
-    back = cm.ContextualMLP.load(mlp.save(tmp_path / "mlp.pt"))
+    back = cm.ContextualMLP.load(mlp.save(tmp_path / "mlp.safetensors"))
     assert (back.layer, back.head, back.str_tokens, back.frame.style) == \
         (mlp.layer, mlp.head, mlp.str_tokens, "half")
     assert torch.equal(back.neurons(5).b, mlp.neurons(5).b)
+    for f in dataclasses.fields(mlp):  # every field, tensors bit for bit
+        a, b = getattr(mlp, f.name), getattr(back, f.name)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b or f.name == "frame"
+    assert torch.equal(back.frame.positions, mlp.frame.positions)
+    assert torch.equal(back.frame.rotation.inv_freq, mlp.frame.rotation.inv_freq)
+    assert back.save(tmp_path / "again.safetensors").read_bytes() == \
+        (tmp_path / "mlp.safetensors").read_bytes()
     torch.save({"something": 1}, tmp_path / "other.pt")
-    with pytest.raises(TLDynamicsError, match="is not a saved ContextualMLP"):
+    with pytest.raises(TLDynamicsError, match="is not a saved ContextualMLP.*it is a pickle"):
         cm.ContextualMLP.load(tmp_path / "other.pt")
+    (tmp_path / "text.bin").write_bytes(b"hello")
+    with pytest.raises(TLDynamicsError, match="is not a saved ContextualMLP"):
+        cm.ContextualMLP.load(tmp_path / "text.bin")
+
+
+def test_qk_norm_mlp_round_trips(tmp_path):
+    mlp = cm.compute(adapter_for("gemma3"), testing.PROMPTS[0], layers=1, heads=0)[1, 0]
+    assert mlp.query_norm is not None
+    back = cm.ContextualMLP.load(mlp.save(tmp_path / "mlp.safetensors"))
+    assert torch.equal(back.query_norm.weight, mlp.query_norm.weight)
+    assert torch.equal(back.evaluate(mlp.x[3], 3).outputs, mlp.evaluate(mlp.x[3], 3).outputs)
 
 
 def test_views_are_viz_components():

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import __version__
+from tl_dynamics import __version__, _args, _files
 from tl_dynamics.errors import TLDynamicsError
 
 _HEAD = re.compile(r"^(?:L(\d+)H(\d+)|(\d+)\.(\d+))$", re.IGNORECASE)
@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
                         help='heads whose full patterns are kept, e.g. "L3H4,L5H1" or "3.4 5.1" '
                              "(default: the heads the statistics single out)")
     report.add_argument("--sections", default=None,
-                        help="analysis sections to include, comma-separated, from: circuits, "
+                        help="analysis sections to include, comma-separated, from: atlas, circuits, "
                              "odds_ratio, contextual_mlp, trajectories, particles; 'none' for the "
                              "attention section only (default: all)")
     report.add_argument("--threads", default="auto",
@@ -74,32 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_out(out: str) -> Path:
-    """The output file, checked before any work: not empty, not a directory, not under a file,
-    and in a folder that exists or can be created and is writable."""
-    if not out.strip():
-        raise TLDynamicsError("--out is empty: give an HTML file path, e.g. report.html")
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise TLDynamicsError(f"--out {out!r} is a directory: give a file path, e.g. {path / 'report.html'}")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise TLDynamicsError(f"--out {out!r}: the file exists and is not writable")
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise TLDynamicsError(f"--out {out!r}: {parent} is a file, so nothing can be written under it")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise TLDynamicsError(f"--out {out!r}: the folder {parent} is not writable")
-    return path
+def check_out(out: str, model: str | None = None) -> Path:
+    """The output file, checked before any work (``tl_dynamics._files.check_output``): not
+    empty, not a directory, not under a file, not a file of the ``--model`` folder, and in a
+    folder that exists or can be created and is writable."""
+    return _files.check_output(out, example="report.html", inputs=_files.model_inputs(model))
 
 
 def parse_ints(text: str, what: str) -> list[int]:
-    parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise TLDynamicsError(f"{what} {text!r}: expected non-negative integers separated by spaces "
-                              'or commas, e.g. "0 3 11"')
-    return [int(p) for p in parts]
+    return _args.token_ids(text, what)
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:
@@ -174,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return _models()
     start = time.perf_counter()
     try:
-        out = check_out(args.out)
+        out = check_out(args.out, args.model)
         prompt = _prompt(args)
         layers = parse_ints(args.layers, "--layers") if args.layers is not None else None
         heads = parse_heads(args.heads) if args.heads is not None else None
@@ -183,26 +166,26 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{args.layers!r}: add their layers or drop them")
         sections = parse_sections(args.sections) if args.sections is not None else None
         threads = parse_threads(args.threads)
-        path, label = _report(args.model, prompt, out, layers, heads, sections, threads)
+        path, label, failed = _report(args.model, prompt, out, layers, heads, sections, threads)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
+    if failed:  # the page is written (it shows what failed) but the run did not succeed
+        print(f"tl-dynamics: error: wrote {path}, but its sections {', '.join(failed)} failed "
+              "(see the messages above and on the page)", file=sys.stderr)
+        return 1
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) for {label} "
           f"in {time.perf_counter() - start:.1f} s")
     return 0
 
 
 def parse_threads(text: str) -> int | str:
-    if text.strip() == "auto":
-        return "auto"
-    if not text.strip().isdigit() or int(text) < 1:
-        raise TLDynamicsError(f"--threads {text!r}: give a positive integer or 'auto'")
-    return int(text)
+    return _args.threads_arg(text, allow_auto=True)
 
 
 def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
             heads: list[tuple[int, int]] | None, sections: list[str] | None,
-            threads: int | str = "auto") -> tuple[Path, str]:
+            threads: int | str = "auto") -> tuple[Path, str, list[str]]:
     from tl_dynamics import models, report
 
     progress = (lambda msg: print(msg, file=sys.stderr))
@@ -213,8 +196,10 @@ def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
     if isinstance(prompt, str) and not loaded.has_tokenizer:
         raise TLDynamicsError(f"{loaded.label} has no tokenizer: give the prompt as token ids, "
                               'e.g. --prompt-ids "300 5 17"')
+    if isinstance(prompt, list):  # before any section runs: no page of failed sections
+        _args.check_vocab(prompt, int(loaded.model.cfg.d_vocab))
     chosen = report.SECTIONS if sections is None else tuple(
         (n, fn) for n, fn in report.SECTIONS if n in sections)
     page = report.build_report(loaded.model, prompt, loaded.label, sections=chosen,
                                progress=progress, layers=layers, heads=heads, threads=threads)
-    return page.write(out), loaded.label
+    return page.write(out), loaded.label, list(getattr(page, "failed_sections", []))

@@ -13,6 +13,9 @@ import dataclasses
 import importlib.util
 import inspect
 import json
+import logging
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +72,7 @@ def tiny_architectures() -> list[str]:
     return sorted(names)
 
 
-def load_model(name_or_folder: str | None = None) -> Any:
+def load_model(name_or_folder: str | os.PathLike | None = None) -> Any:
     """Load a model by name or folder (see the module docstring) and return it.
 
     Example:
@@ -80,8 +83,13 @@ def load_model(name_or_folder: str | None = None) -> Any:
     return resolve(name_or_folder).model
 
 
-def resolve(name: str | None = None) -> LoadedModel:
+def resolve(name: str | os.PathLike | None = None) -> LoadedModel:
     """``load_model`` with a label and the model's default prompt (used by the CLI)."""
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
+    if name is not None and not isinstance(name, str):
+        raise TLDynamicsError(f"load_model takes a model name or a folder path (str or "
+                              f"os.PathLike), got {type(name).__name__}")
     if name is not None and not name.strip():
         raise TLDynamicsError("model name is empty: give a shipped model "
                               f"({', '.join(shipped_names())}), a folder, 'tiny-random[:arch]' "
@@ -101,14 +109,40 @@ def resolve(name: str | None = None) -> LoadedModel:
         return LoadedModel(testing.tiny_model(arch), f"{name}: a tiny RANDOMLY INITIALISED {arch} "
                            "model (untrained; patterns show no structure)", CODE_PROMPT)
     folder = Path(name).expanduser()
-    if folder.is_dir():
+    if _is_dir(folder):
         model = _load_folder(folder)
         prompt = CODE_PROMPT if getattr(model, "tokenizer", None) is not None else ID_PROMPT
         return LoadedModel(model, f"{folder} (local folder)", prompt)
-    if _looks_like_path(name):
-        raise TLDynamicsError(f"model {name!r}: no such folder, and not a shipped model "
-                              f"({', '.join(shipped_names())}) or a hub name")
+    _refuse_local_non_folder(name, folder)
     return LoadedModel(_load_hub(name), f"{name} (loaded by TransformerLens)", CODE_PROMPT)
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a symlink loop, a name too long
+        return False
+
+
+def _refuse_local_non_folder(name: str, folder: Path) -> None:
+    """A name that is a local path but not a folder (a symlink loop, a dangling link, a file,
+    a typo below an existing folder) is an error here, never sent to the hub as a name."""
+    shipped = ", ".join(shipped_names())
+    if os.path.islink(folder):
+        raise TLDynamicsError(f"model {name!r} is a symlink that leads to no folder (a loop or a "
+                              "dangling link): point it at a model folder")
+    first = Path(name.split("/")[0]).expanduser() if "/" in name else None
+    if _looks_like_path(name) or (first is not None and _is_dir(first)) or \
+            (("/" in name or "\\" in name) and os.path.lexists(folder)):
+        if os.path.lexists(folder):
+            raise TLDynamicsError(f"model {name!r} is a file, not a model folder (a Hugging Face "
+                                  "or TransformerLens checkpoint folder holds config.json)")
+        parent = folder.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        raise TLDynamicsError(f"model {name!r}: no such folder ({parent} exists, {folder} does "
+                              f"not; check the path for a typo), and not a shipped model "
+                              f"({shipped}) or a hub name")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -136,13 +170,61 @@ def _load_folder(folder: Path) -> Any:
     if not (folder / "config.json").is_file():
         raise TLDynamicsError(f"folder {folder} has no config.json or tl_config.json: expected a "
                               "Hugging Face model folder or a TransformerLens checkpoint folder")
+    report = _LogLines()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(report)
     try:
         return compat.bridge_class().boot_transformers(str(folder), device="cpu").eval()
     except Exception as err:  # malformed weights or an unsupported architecture: name the folder
         weights = [p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
+        message = f"{type(err).__name__}: {err}"
+        if "above report" in message:  # transformers logs its report; say it here instead
+            message = ("the weights do not fit config.json (size mismatch): "
+                       + (_size_mismatches(folder) or report.text()
+                          or "transformers gave no details"))
         raise TLDynamicsError(f"could not load the Hugging Face model folder {folder} "
-                              f"(config.json, weights {weights or 'missing'}): "
-                              f"{type(err).__name__}: {err}") from err
+                              f"(config.json, weights {weights or 'missing'}): {message}") from err
+    finally:
+        logger.removeHandler(report)
+
+
+def _size_mismatches(folder: Path) -> str:
+    """Which weights have another shape in the files than config.json gives them (read from
+    the safetensors headers and a model built on the meta device; empty if that fails)."""
+    try:
+        import torch
+        import transformers
+        from safetensors import safe_open
+
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        found: dict[str, tuple[int, ...]] = {}
+        for path in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(path), framework="pt") as handle:
+                for key in handle.keys():
+                    found[key] = tuple(handle.get_slice(key).get_shape())
+    except Exception:  # best effort: the caller falls back to what transformers logged
+        return ""
+    rows = [f"{k} is {list(found[k])} in the weights but {list(expected[k])} by config.json"
+            for k in sorted(found) if k in expected and found[k] != expected[k]]
+    return "; ".join(rows[:6]) + (f"; ... ({len(rows) - 6} more)" if len(rows) > 6 else "")
+
+
+class _LogLines(logging.Handler):
+    """Warnings transformers logs while loading (its load report), kept for an error."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage()))
+
+    def text(self, limit: int = 1500) -> str:
+        text = "\n".join(self.lines).strip()
+        return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def _tokenizer(folder: Path) -> Any:

@@ -59,6 +59,11 @@ def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str =
         if tokens.ndim != 2 or tokens.is_floating_point():
             raise TLDynamicsError(f"token tensor must be integer [batch, pos] or [pos], got "
                                   f"{tuple(prompt.shape)} {prompt.dtype}")
+        vocab = int(getattr(getattr(model, "cfg", None), "d_vocab", 0) or 0)
+        if vocab and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            bad = tokens[(tokens < 0) | (tokens >= vocab)].unique()[:5].tolist()
+            raise TLDynamicsError(f"token ids {bad} are outside this model's vocabulary "
+                                  f"(valid: 0..{vocab - 1})")
         tokens = tokens.to(model_device(model))  # where the host's own to_tokens puts text
         if attention_mask is None:
             key_valid = torch.ones_like(tokens, dtype=torch.bool)

@@ -7,6 +7,7 @@ What the model is and holds (specs, weights, rotations) is read by ``AdapterBase
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
+from os import PathLike
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -47,7 +48,16 @@ class ModelAdapter(AdapterBase):
             >>> ModelAdapter.of(ad) is ad
             True
         """
-        return model if isinstance(model, ModelAdapter) else cls(model)
+        if isinstance(model, ModelAdapter):
+            return model
+        if not (hasattr(model, "cfg") and hasattr(model, "named_parameters")):
+            hint = (f"; to load one by name or folder: tl_dynamics.load_model({str(model)!r})"
+                    if isinstance(model, (str, PathLike)) else
+                    "; load one with tl_dynamics.load_model(name_or_folder)")
+            raise TLDynamicsError(f"expected a TransformerLens model (HookedTransformer or "
+                                  f"TransformerBridge) or a ModelAdapter, got "
+                                  f"{type(model).__name__}{hint}")
+        return cls(model)
 
     @property
     def tokenizer(self) -> Any:

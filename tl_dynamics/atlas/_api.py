@@ -71,6 +71,26 @@ def _suppression_circuits(adapter: ModelAdapter, control: ModelAdapter, probes: 
 DELTA_KEYS = KINDS + ("mean_unrepeated",)
 
 
+def _causal(adapter: ModelAdapter, probes: Probes, captures: dict, selected: dict,
+            targets: dict) -> tuple[dict, dict[str, float], bool]:
+    """``causal_deltas`` on the natural probes; the repeated probes (equal lengths, no padding)
+    run in chunks of ``_measure.PROBE_CHUNK``, each loss a mean over the same number of tokens
+    per probe, so the size-weighted mean of the chunks' losses is the whole batch's."""
+    if probes.natural is not probes.repeat:
+        return causal_deltas(adapter, probes.natural, captures, selected, targets)
+    found: dict = {}
+    losses: dict[str, float] = {}
+    shared = False
+    for part, share in _measure.chunks(probes.repeat):
+        got, clean, shared = causal_deltas(adapter, part, _measure.capture_layers(adapter, part),
+                                           selected, targets)
+        for key, value in got.items():
+            found[key] = found.get(key, 0.0) + share * value
+        for key, value in clean.items():
+            losses[key] = losses.get(key, 0.0) + share * value
+    return found, losses, shared
+
+
 def _targets(probes: Probes) -> dict[str, Tensor | None]:
     """Which predicted positions the losses average over: on the repeated probes, the second
     copy (where repetition makes tokens predictable) and, as a control, the first copy."""
@@ -134,9 +154,8 @@ def compute(model: Any, prompts: Prompt | Batch | None = None, *,
     elif causal:
         targets = _targets(probes)
         main = next(iter(targets))
-        found, losses, shared = causal_deltas(adapter, probes.natural, real.captures,
-                                              {layer: chosen_heads for layer in chosen_layers},
-                                              targets)
+        found, losses, shared = _causal(adapter, probes, real.captures,
+                                        {layer: chosen_heads for layer in chosen_layers}, targets)
         deltas.update({kind: found[(kind, main)] for kind in KINDS})
         if "unrepeated" in targets:
             deltas["mean_unrepeated"] = found[("mean", "unrepeated")]

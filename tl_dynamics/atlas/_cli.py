@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from tl_dynamics import _args, _files
 from tl_dynamics.errors import TLDynamicsError
 
 TABLE_COLUMNS = ["layer", "head", "role", "score", "baseline", "delta_loss", "delta_loss_prior",
@@ -44,17 +45,22 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     try:
+        out = None if args.out is None else _files.check_output(
+            args.out, example="heads.html", inputs=_files.model_inputs(args.model))
+        n_seq = _args.positive_arg(args.n_seq, "--n-seq")
+        seq_len = _args.positive_arg(args.seq_len, "--seq-len")
         if args.prompt is not None and not args.prompt.strip():
             raise TLDynamicsError("--prompt is empty: give some text, or leave --prompt out for "
                                   "the repeated random token probes")
         loaded = models.resolve(args.model)
-        result = compute(loaded.model, args.prompt, n_seq=args.n_seq or N_SEQ,
-                         seq_len=args.seq_len or SEQ_LEN, causal=not args.no_causal)
+        result = compute(loaded.model, args.prompt, n_seq=N_SEQ if n_seq is None else n_seq,
+                         seq_len=SEQ_LEN if seq_len is None else seq_len,
+                         causal=not args.no_causal)
         path = None
-        if args.out:
+        if out is not None:
             page = viz.Page(f"Head atlas: {loaded.label}")
             page.add_section("What each head does", [result.show()])
-            path = page.write(args.out)
+            path = page.write(out)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2

@@ -25,6 +25,11 @@ LOCAL_WINDOW = 4
 # Token ids sampled as rows of the token-level K-composition circuit.
 KCOMP_ROWS = 256
 
+# Repeated probes captured at once: every score is a mean over probes of equal length, so the
+# probes run in chunks of this many and the chunk means are averaged by size; memory stays flat
+# in n_seq (``tl-dynamics heads --n-seq 100000`` holds 32 probes' patterns at a time).
+PROBE_CHUNK = 32
+
 PATTERN_KEYS = ("prev_pattern", "dup_pattern", "ind_pattern")
 NATURAL_KEYS = ("sink_mass", "sink_first", "sink_dominant", "sink_prior_adv", "sink_loglik_adv",
                 "local_mass")
@@ -135,31 +140,59 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
     return out
 
 
+def chunks(batch: Batch, size: int | None = None):
+    """``(rows, share)``: consecutive row slices of ``batch`` (``PROBE_CHUNK`` rows each by
+    default) and each one's share of its rows."""
+    n, size = batch.tokens.shape[0], size or PROBE_CHUNK
+    for start in range(0, n, size):
+        part = Batch(batch.tokens[start:start + size], batch.key_valid[start:start + size],
+                     batch.padding_side)
+        yield part, part.tokens.shape[0] / n
+
+
 def measure(adapter: ModelAdapter, probes: Probes, keep: bool = False) -> Measurements:
-    """All scores of every head; ``keep`` also keeps the natural probes' captured layers."""
+    """All scores of every head; ``keep`` also keeps the natural probes' captured layers when
+    the user gave them (the repeated probes run in chunks, see ``PROBE_CHUNK``, and the causal
+    step captures each chunk again)."""
     shape = (adapter.n_layers, adapter.n_heads)
-    scores = {k: np.full(shape, np.nan) for k in PATTERN_KEYS + NATURAL_KEYS}
+    scores = {k: np.zeros(shape) for k in PATTERN_KEYS + NATURAL_KEYS}
     captures: dict[int, LayerAttention] = {}
     same = probes.natural is probes.repeat
+    share = 1.0
+
+    def add(values: dict[str, Tensor], layer: int) -> None:
+        for key, value in values.items():
+            scores[key][layer] += share * value.double().cpu().numpy()
 
     def on_repeat(la: LayerAttention) -> None:
-        for key, value in pattern_scores(la, probes).items():
-            scores[key][la.layer] = value.double().cpu().numpy()
+        add(pattern_scores(la, probes), la.layer)
         if same:
-            on_natural(la)
+            add(natural_scores(la), la.layer)
 
     def on_natural(la: LayerAttention) -> None:
-        for key, value in natural_scores(la).items():
-            scores[key][la.layer] = value.double().cpu().numpy()
+        add(natural_scores(la), la.layer)
         if keep:
             captures[la.layer] = la
 
-    _capture(adapter, probes.repeat, on_repeat)
+    for part, share in chunks(probes.repeat):
+        _capture(adapter, part, on_repeat)
     if not same:
+        share = 1.0
         _capture(adapter, probes.natural, on_natural)
     notes: list[str] = []
     scores.update(weight_scores(adapter, int(probes.repeat.tokens.shape[1]), notes))
     return Measurements(scores=scores, captures=captures, notes=notes)
+
+
+def capture_layers(adapter: ModelAdapter, batch: Batch) -> dict[int, LayerAttention]:
+    """Every layer's capture of one forward pass over ``batch``."""
+    out: dict[int, LayerAttention] = {}
+
+    def keep(la: LayerAttention) -> None:
+        out[la.layer] = la
+
+    _capture(adapter, batch, keep)
+    return out
 
 
 def k_composition(adapter: ModelAdapter, later: tuple[int, int], earlier: Sequence[tuple[int, int]],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +14,7 @@ from torch import Tensor
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import QueryNorm
-from tl_dynamics.contextual_mlp import _core, _readout, _views
+from tl_dynamics.contextual_mlp import _core, _files, _readout, _views
 from tl_dynamics.contextual_mlp._frame import RotaryFrame
 from tl_dynamics.contextual_mlp._results import Evaluation, Exactness, Neurons
 from tl_dynamics.errors import TLDynamicsError
@@ -22,8 +22,9 @@ from tl_dynamics.errors import TLDynamicsError
 if TYPE_CHECKING:
     from tl_dynamics.adapter import ModelAdapter
 
-# /2: the frame is stored as (rotation, positions) since the adapter owns rotation; /1 files are refused.
-SAVE_FORMAT = "tl_dynamics.contextual_mlp/2"
+# /3: safetensors tensors + a JSON description (no pickle); /2 and /1 (torch.save pickles) are
+# refused without being unpickled.
+SAVE_FORMAT = "tl_dynamics.contextual_mlp/3"
 # The MLP is evaluated in float64 from the float32 activations: its error against the model is
 # then the model's own float32 rounding alone (on a d_model=256 GPT-2 shape at 512 tokens: max
 # 6.8e-6 against 1.1e-5 when evaluated in float32). Results are returned in float32.
@@ -31,6 +32,7 @@ WORK_DTYPE = torch.float64
 DEFAULT_CHUNK = 4096  # query inputs evaluated at once: chunk x (n_src + d_head + d_model) floats
 
 
+@_files.register
 @dataclass(frozen=True)
 class ContextualMLP:
     """Head ``head`` of layer ``layer`` on one prompt row, as a contextual MLP per destination.
@@ -292,27 +294,15 @@ class ContextualMLP:
         return pd.concat(frames, ignore_index=True)
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write this MLP (tensors and provenance) to ``path`` with ``torch.save``."""
-        state = {f.name: getattr(self, f.name) for f in fields(self)}
-        state["frame"] = {f.name: getattr(self.frame, f.name) for f in fields(self.frame)}
-        if self.query_norm is not None:
-            state["query_norm"] = {f.name: getattr(self.query_norm, f.name) for f in fields(self.query_norm)}
-        path = Path(path)
-        torch.save({"format": SAVE_FORMAT, "state": state}, path)
-        return path
+        """Write this MLP (tensors and provenance) to ``path``: safetensors tensors plus a JSON
+        description (no pickle, so loading runs no code), written atomically."""
+        return _files.save(self, path, SAVE_FORMAT)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ContextualMLP":
-        """Read an MLP written by ``save``."""
-        blob = torch.load(Path(path), weights_only=False)
-        if not isinstance(blob, dict) or blob.get("format") != SAVE_FORMAT:
-            raise TLDynamicsError(f"{path} is not a saved ContextualMLP (expected format "
-                                  f"{SAVE_FORMAT!r})")
-        state = dict(blob["state"])
-        state["frame"] = RotaryFrame(**state["frame"])
-        if state.get("query_norm") is not None:
-            state["query_norm"] = QueryNorm(**state["query_norm"])
-        return cls(**state)
+        """Read an MLP written by ``save``; refuses pickles (the old ``torch.save`` format,
+        /2 and before) without unpickling them."""
+        return _files.load(path, SAVE_FORMAT)
 
     def show(self, position: int | None = None) -> viz.Group:
         """Neurons = source tokens. Without ``position``: every destination's hidden activations

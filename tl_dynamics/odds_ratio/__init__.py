@@ -12,9 +12,10 @@ from tl_dynamics.odds_ratio._barycentric import BarycentricView, barycentric
 from tl_dynamics.odds_ratio._markov import (DAMPING, ChainSummary, absorption_steps, chain_summary,
                                             compose, damped_stationary, effective_rank, stationary)
 from tl_dynamics.odds_ratio._report import report_section
-from tl_dynamics.odds_ratio._result import (LABEL_THRESHOLD, Decomposition, HeadStats,
-                                            OddsRatioResult, label)
+from tl_dynamics.odds_ratio._result import (LABEL_THRESHOLD, SINK_SUM_KEYS, Decomposition,
+                                            HeadStats, OddsRatioResult, label)
 from tl_dynamics.odds_ratio._simplex import SimplexSolution, kkt_residual, simplex_lstsq
+from tl_dynamics.odds_ratio._stats import SUM_KEYS
 from tl_dynamics.odds_ratio._split import (ScoreParts, counterfactual_patterns, masked_softmax,
                                            row_kl, split_scores)
 from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE
@@ -22,6 +23,7 @@ from tl_dynamics.odds_ratio._walk import composed, markov
 
 __all__ = ["BarycentricView", "ChainSummary", "DAMPING", "Decomposition", "HeadStats",
            "LABEL_THRESHOLD", "OddsRatioCollector", "OddsRatioResult", "SINK_DOMINANCE",
+           "SINK_SUM_KEYS", "SUM_KEYS",
            "ScoreParts",
            "SimplexSolution", "absorption_steps", "attach", "barycentric", "chain_summary",
            "compose", "composed", "compute", "counterfactual_patterns", "damped_stationary",

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
 import time
 from pathlib import Path
 
-from tl_dynamics import sphere
+from tl_dynamics import _args, _files, sphere
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.scale._corpus import ON_LONG
 from tl_dynamics.scale._format import ANALYSES, load_stats
 from tl_dynamics.scale._page import stats_page
 from tl_dynamics.scale._run import run_stats
 
 
 def _ints(text: str | None, what: str) -> list[int] | None:
-    if text is None:
-        return None
-    parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise TLDynamicsError(f"{what} {text!r}: expected non-negative integers separated by "
-                              'spaces or commas, e.g. "0 3 11"')
-    return [int(p) for p in parts]
+    return None if text is None else _args.token_ids(text, what)
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -31,8 +27,10 @@ def _floats(text: str, what: str) -> list[float]:
         values = [float(p) for p in re.split(r"[\s,]+", text.strip()) if p]
     except ValueError:
         values = []
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        values = []
     if not values:
-        raise TLDynamicsError(f"{what} {text!r}: expected numbers separated by commas, e.g. "
+        raise TLDynamicsError(f"{what} {text!r}: expected positive numbers separated by commas, e.g. "
                               '"0.05,0.1"')
     return values
 
@@ -62,7 +60,12 @@ def stats_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=8, help="batches between checkpoints")
     p.add_argument("--max-batches", type=int, default=None,
                    help="stop (checkpointed) after this many new batches; finish with --resume")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--threads", default="1",
+                   help="torch threads per process: a positive integer up to the core count")
+    p.add_argument("--on-long", default="error", choices=ON_LONG,
+                   help="a prompt longer than the model's context, or a line that is not UTF-8: "
+                        "stop with its file and line (error, the default), leave it out (skip), "
+                        "or keep the tokens that fit (truncate); both are counted in the file")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -72,24 +75,29 @@ def cli_main(argv: list[str]) -> int:
     args = stats_parser().parse_args(argv)
     start = time.perf_counter()
     try:
-        out = Path(args.out)
-        if out.is_dir():
-            raise TLDynamicsError(f"--out {args.out!r} is a directory: give a file path, e.g. "
-                                  f"{out / 'stats.safetensors'}")
+        out = _files.check_output(args.out, example="stats.safetensors",
+                                  inputs=[("--prompts", args.prompts)])
+        threads = _args.threads_arg(args.threads)
+        batch_size = _args.positive_arg(args.batch_size, "--batch-size")
+        checkpoint_every = _args.positive_arg(args.checkpoint_every, "--checkpoint-every")
+        if args.max_batches is not None and args.max_batches < 0:
+            raise TLDynamicsError(f"--max-batches {args.max_batches}: give 0 or more")
         stats = run_stats(args.model, args.prompts, out,
                           analyses=[a.strip() for a in args.analyses.split(",") if a.strip()],
-                          batch_size=args.batch_size, layers=_ints(args.layers, "--layers"),
+                          batch_size=batch_size, layers=_ints(args.layers, "--layers"),
                           heads=_ints(args.heads, "--heads"), eps=_floats(args.eps, "--eps"),
                           lens=not args.no_lens, padding_side=args.padding_side,
-                          resume=args.resume, checkpoint_every=args.checkpoint_every,
+                          resume=args.resume, checkpoint_every=checkpoint_every,
                           max_batches=args.max_batches, progress=not args.no_progress,
-                          threads=args.threads)
+                          threads=threads, on_long=args.on_long)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the run
         state = f"wrote {out}" if out.is_file() else f"stopped early (checkpoint {out}.partial)"
-        print(f"{state}: {stats.n_prompts} prompts in {time.perf_counter() - start:.1f} s")
+        left = ", ".join(f"{k} {n}" for k, n in sorted(stats.skipped.items()) if n)
+        print(f"{state}: {stats.n_prompts} prompts in {time.perf_counter() - start:.1f} s"
+              + (f" (corpus lines not used whole: {left})" if left else ""))
     return 0
 
 
@@ -99,10 +107,13 @@ def report_main(argv: list[str]) -> int:
                                 description="Render a statistics file as an offline HTML page.")
     p.add_argument("--stats", required=True, help="statistics file from `tl-dynamics stats`")
     p.add_argument("--out", default="stats.html", help="output HTML file (default stats.html)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="render an unfinished run's checkpoint (OUT.partial) too")
     args = p.parse_args(argv)
     try:
-        stats = load_stats(args.stats)
-        path = stats_page(stats).write(args.out)
+        out = _files.check_output(args.out, example="stats.html", inputs=[("--stats", args.stats)])
+        stats = load_stats(args.stats, allow_partial=args.allow_partial)
+        path = stats_page(stats).write(out)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The statistics file (docs/stats-format.md): safetensors tensors plus a small JSON header.
 
-Every real number is an exact sum (``trajectories.ExactSum``: int64 limbs and one exponent per
+Every real number is an exact sum (``tl_dynamics.collect.ExactSum``: int64 limbs and one exponent per
 array), every count an int64 array, so a file is a function of the corpus, the model and the
 settings alone: the same statistics give the same bytes however many workers computed them.
 """
@@ -10,22 +10,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 from safetensors.numpy import load as st_load
 
+from tl_dynamics import _files
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.collect import ExactSum
+from tl_dynamics.scale import _validate
+from tl_dynamics.scale._validate import ANALYSES, SKIP_KEYS
 from tl_dynamics.trajectories import TrajectoryStats
 
 FORMAT, VERSION = "tl-dynamics-stats", 1
 HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY = "tl_dynamics_stats", "tl_dynamics_sha256", \
     "tl_dynamics_checkpoint"
-ANALYSES = ("odds_ratio", "trajectories")
 _HASH_MOD = 1 << 256
 
 
@@ -45,7 +47,9 @@ class DatasetStats:
 
     ``settings`` are the run's inputs that change the numbers (batch size, padding side, the
     analyses' layers/heads/eps/lens); two statistics merge only when model, analyses and
-    settings agree. Equality is byte equality of the saved files.
+    settings agree. ``skipped`` counts the corpus lines the run's ``on_long`` policy left out
+    or cut (``skipped_long``, ``truncated``, ``skipped_undecodable``; empty when none). Equality
+    is byte equality of the saved files.
     """
 
     model: str
@@ -54,6 +58,7 @@ class DatasetStats:
     prompts_hash: int
     odds_ratio: HeadStats | None = None
     trajectories: TrajectoryStats | None = None
+    skipped: dict[str, int] = field(default_factory=dict)
 
     @property
     def analyses(self) -> tuple[str, ...]:
@@ -83,7 +88,9 @@ class DatasetStats:
             self.model, self.settings, self.n_prompts + other.n_prompts,
             (self.prompts_hash + other.prompts_hash) % _HASH_MOD,
             None if self.odds_ratio is None else self.odds_ratio.merge(other.odds_ratio),
-            None if self.trajectories is None else self.trajectories.merge(other.trajectories))
+            None if self.trajectories is None else self.trajectories.merge(other.trajectories),
+            {k: self.skipped.get(k, 0) + other.skipped.get(k, 0) for k in SKIP_KEYS
+             if self.skipped.get(k, 0) + other.skipped.get(k, 0)})
 
 
 # ---------------------------------------------------------------------- writing
@@ -139,6 +146,9 @@ def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> b
                               "analyses": list(stats.analyses), "settings": _plain(stats.settings),
                               "n_prompts": int(stats.n_prompts),
                               "prompts_hash": f"{stats.prompts_hash:064x}"}
+    skipped = {k: int(v) for k, v in sorted(stats.skipped.items()) if v}
+    if skipped:  # only when lines were left out or cut: clean corpora keep their bytes
+        header["corpus"] = skipped
     h = stats.odds_ratio
     if h is not None:
         if h.exact is None:
@@ -173,11 +183,7 @@ def save_stats(stats: DatasetStats, path: str | os.PathLike,
         >>> scale.load_stats(scale.save_stats(stats, "s.safetensors")) == stats  # doctest: +SKIP
         True
     """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(to_bytes(stats, checkpoint))
-    os.replace(tmp, path)
-    return path
+    return _files.write_bytes(Path(path), to_bytes(stats, checkpoint))
 
 
 # ---------------------------------------------------------------------- reading
@@ -190,8 +196,10 @@ def _exact(tensors: dict[str, np.ndarray], prefix: str, what: str) -> ExactSum:
     return ExactSum.from_arrays(parts, what)
 
 
-def from_bytes(data: bytes, what: str = "statistics") -> tuple[DatasetStats, dict | None]:
-    """Parse a file's bytes; returns the statistics and the checkpoint position (or None)."""
+def from_bytes(data: bytes, what: str = "statistics",
+               allow_partial: bool = False) -> tuple[DatasetStats, dict | None]:
+    """Parse a file's bytes; returns the statistics and the checkpoint position (or None).
+    A checkpoint (an unfinished run's ``.partial``) is refused unless ``allow_partial``."""
     try:
         tensors = st_load(data)
         n = int.from_bytes(data[:8], "little")
@@ -199,24 +207,49 @@ def from_bytes(data: bytes, what: str = "statistics") -> tuple[DatasetStats, dic
     except Exception as exc:  # safetensors, JSON and index errors alike: not a readable file
         raise TLDynamicsError(f"{what} is not a tl-dynamics statistics file (corrupt or "
                               f"truncated safetensors: {exc})") from None
-    if HEADER_KEY not in meta:
+    if not isinstance(meta, dict) or not isinstance(meta.get(HEADER_KEY), str):
         raise TLDynamicsError(f"{what} is a safetensors file but not tl-dynamics statistics "
                               f"(no {HEADER_KEY!r} header)")
     text = meta[HEADER_KEY]
     if meta.get(CHECKSUM_KEY) != _checksum(tensors, text):
         raise TLDynamicsError(f"{what} is corrupt: its contents do not match its checksum")
+    unknown = sorted(set(meta) - {HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY})
+    if unknown:
+        raise _validate.fail(what, f"unknown metadata {unknown}")
+    position = None
+    if CHECKPOINT_KEY in meta:
+        if not allow_partial:
+            raise TLDynamicsError(f"{what} is the checkpoint of an unfinished run (a .partial "
+                                  "file), not finished statistics; finish it with `tl-dynamics "
+                                  "stats ... --resume`, or pass --allow-partial to read it anyway")
+        position = _validate.check_position(_json(meta[CHECKPOINT_KEY], what), what)
+    header = _json(text, what)
+    if not isinstance(header, dict) or header.get("format") != FORMAT \
+            or type(header.get("version")) is not int or header.get("version") != VERSION:
+        got = header if not isinstance(header, dict) else \
+            f"format {header.get('format')!r} version {header.get('version')!r}"
+        raise TLDynamicsError(f"{what}: {got}; this tl_dynamics reads {FORMAT!r} version "
+                              f"{VERSION}")
+    _validate.check_header(header, what)
+    _validate.check_tensors(header, tensors, what)
     try:
-        return _parse(json.loads(text), tensors, what), (
-            json.loads(meta[CHECKPOINT_KEY]) if CHECKPOINT_KEY in meta else None)
-    except (KeyError, TypeError, ValueError) as exc:
+        stats = _parse(header, tensors, what)
+    except (KeyError, TypeError, ValueError, OverflowError, IndexError) as exc:
         raise TLDynamicsError(f"{what}: malformed statistics header ({exc!r})") from None
+    return stats, None if position is None else {"next_batch": position}
+
+
+def _json(text: str, what: str) -> Any:
+    def refuse(token: str) -> None:
+        raise ValueError(f"{token} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except (ValueError, RecursionError) as exc:
+        raise _validate.fail(what, f"not valid JSON ({exc})") from None
 
 
 def _parse(header: dict[str, Any], tensors: dict[str, np.ndarray], what: str) -> DatasetStats:
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
-        raise TLDynamicsError(f"{what}: format {header.get('format')!r} version "
-                              f"{header.get('version')!r}; this tl_dynamics reads {FORMAT!r} "
-                              f"version {VERSION}")
     heads = trajs = None
     if "odds_ratio" in header["analyses"]:
         o = header["odds_ratio"]
@@ -234,15 +267,23 @@ def _parse(header: dict[str, Any], tensors: dict[str, np.ndarray], what: str) ->
         trajs = TrajectoryStats(meta={k: _tuples(v) for k, v in t["meta"].items()},
                                 ints=ints, sums=sums)
     return DatasetStats(header["model"], header["settings"], int(header["n_prompts"]),
-                        int(header["prompts_hash"], 16), heads, trajs)
+                        int(header["prompts_hash"], 16), heads, trajs,
+                        dict(header.get("corpus", {})))
 
 
-def load_stats(path: str | os.PathLike) -> DatasetStats:
-    """Read a statistics file back, bit-exactly; refuses corrupt or foreign files clearly."""
+def load_stats(path: str | os.PathLike, allow_partial: bool = False) -> DatasetStats:
+    """Read a statistics file back, bit-exactly; refuses corrupt, crafted or foreign files
+    clearly, and an unfinished run's checkpoint (``.partial``) unless ``allow_partial``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TLDynamicsError(f"load_stats takes a file path, got {type(path).__name__}")
     path = Path(path)
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:
+        is_file = False
+    if not is_file:
         raise TLDynamicsError(f"statistics file {str(path)!r} does not exist")
-    return from_bytes(path.read_bytes(), f"statistics file {str(path)!r}")[0]
+    return from_bytes(path.read_bytes(), f"statistics file {str(path)!r}", allow_partial)[0]
 
 
 def merge_stats(*items: DatasetStats | str | os.PathLike) -> DatasetStats:
@@ -250,6 +291,15 @@ def merge_stats(*items: DatasetStats | str | os.PathLike) -> DatasetStats:
     if not items:
         raise TLDynamicsError("merge_stats needs at least one statistics file or object")
     loaded = [s if isinstance(s, DatasetStats) else load_stats(s) for s in items]
+    seen: dict[tuple[int, int], int] = {}
+    for i, s in enumerate(loaded):
+        key = (s.prompts_hash, s.n_prompts)
+        if s.n_prompts and key in seen:
+            raise TLDynamicsError(
+                f"merge_stats: items {seen[key]} and {i} hold the same prompts (hash "
+                f"{s.prompts_hash:064x}, {s.n_prompts} prompts): merging a file with itself "
+                "would count every prompt twice")
+        seen[key] = i
     out = loaded[0]
     for other in loaded[1:]:
         out = out.merge(other)

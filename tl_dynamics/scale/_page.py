@@ -51,6 +51,15 @@ def stats_page(stats: DatasetStats, title: str | None = None) -> viz.Page:
                   ("analyses", ", ".join(stats.analyses)),
                   ("settings", json.dumps(stats.settings, sort_keys=True)),
                   ("prompt-list hash", f"{stats.prompts_hash:064x}")]
+    left_out = {k: v for k, v in stats.skipped.items() if v}
+    if left_out:
+        words = {"skipped_long": "longer than the model's context, left out",
+                 "truncated": "longer than the model's context, cut to fit",
+                 "skipped_undecodable": "not valid UTF-8, left out"}
+        text = "; ".join(f"{n} {words.get(k, k)}" for k, n in sorted(left_out.items()))
+        page.meta.append(("corpus lines not used whole", text))
+        page.warnings.append(f"Not every corpus line was used whole ({text}): these statistics "
+                             "cover the prompts that were kept.")
     if stats.n_prompts == 0:
         page.warnings.append("These statistics cover no prompts (an empty corpus or shard).")
         return page

@@ -16,76 +16,22 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from tl_dynamics import odds_ratio, sphere, trajectories
 from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics import _files
 from tl_dynamics.collect import torch_threads
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.scale._corpus import (ON_LONG, PromptCheck, Prompts, batches, count_prompts,
+                                       iter_prompts, token_counter)
 from tl_dynamics.scale._format import (ANALYSES, DatasetStats, from_bytes, prompt_hash,
                                        save_stats, to_bytes)
 
-Prompts = str | os.PathLike | Sequence[str]
-
-
-# ---------------------------------------------------------------------- the corpus
-def _is_jsonl(path: Path) -> bool:
-    return path.suffix.lower() in (".jsonl", ".ndjson", ".json")
-
-
-def iter_prompts(prompts: Prompts) -> Iterator[str]:
-    """The prompts of a corpus, lazily: a text file (one prompt per line; blank lines are
-    skipped), JSON lines (``.jsonl``/``.ndjson``/``.json``: one object with a ``text`` field
-    per line), or a sequence of strings."""
-    if not isinstance(prompts, (str, os.PathLike)):
-        for i, text in enumerate(prompts):
-            if not isinstance(text, str) or not text:
-                raise TLDynamicsError(f"prompt {i} is {text!r}: every prompt must be a non-empty "
-                                      "string")
-            yield text
-        return
-    path = Path(prompts)
-    if not path.is_file():
-        raise TLDynamicsError(f"prompts file {str(path)!r} does not exist (give a text file, one "
-                              "prompt per line, or JSON lines with a 'text' field)")
-    jsonl = _is_jsonl(path)
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            if not jsonl:
-                yield line
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise TLDynamicsError(f"{path}:{number}: not a JSON object (JSON lines need one "
-                                      'object per line, e.g. {"text": "..."})') from None
-            text = record.get("text") if isinstance(record, dict) else None
-            if not isinstance(text, str) or not text:
-                raise TLDynamicsError(f"{path}:{number}: no non-empty string 'text' field")
-            yield text
-
-
-def count_prompts(prompts: Prompts) -> int:
-    if isinstance(prompts, (str, os.PathLike)):
-        return sum(1 for _ in iter_prompts(prompts))
-    return len(prompts)
-
-
-def batches(prompts: Prompts, batch_size: int) -> Iterator[tuple[int, list[str]]]:
-    """``(index, prompts)`` for every batch of the corpus, in order."""
-    chunk: list[str] = []
-    index = 0
-    for text in iter_prompts(prompts):
-        chunk.append(text)
-        if len(chunk) == batch_size:
-            yield index, chunk
-            index, chunk = index + 1, []
-    if chunk:
-        yield index, chunk
+__all__ = ["ShardRunner", "batches", "count_prompts", "iter_prompts", "make_settings",
+           "run_shard", "run_stats", "stats_bytes"]
 
 
 # ---------------------------------------------------------------------- settings
 def make_settings(analyses: Sequence[str], batch_size: int, padding_side: str,
-                  layers: Any, heads: Any, eps: Sequence[float], lens: bool) -> dict[str, Any]:
+                  layers: Any, heads: Any, eps: Sequence[float], lens: bool,
+                  on_long: str = "error") -> dict[str, Any]:
     """The settings recorded in the file (plain JSON values, so they compare after loading)."""
     chosen = sorted(set(analyses))
     bad = [a for a in chosen if a not in ANALYSES]
@@ -95,7 +41,11 @@ def make_settings(analyses: Sequence[str], batch_size: int, padding_side: str,
         raise TLDynamicsError(f"batch_size must be a positive integer, got {batch_size!r}")
     if padding_side not in ("left", "right"):
         raise TLDynamicsError(f"padding_side {padding_side!r}: valid are 'left' and 'right'")
+    if on_long not in ON_LONG:
+        raise TLDynamicsError(f"on_long {on_long!r}: valid are {', '.join(ON_LONG)}")
     out: dict[str, Any] = {"batch_size": batch_size, "padding_side": padding_side}
+    if on_long != "error":  # recorded only when it can change the numbers
+        out["on_long"] = on_long
     if "odds_ratio" in chosen:
         out["odds_ratio"] = {"layers": layers, "heads": heads}
     if "trajectories" in chosen:
@@ -126,6 +76,7 @@ class ShardRunner:
                                   "need one")
         self.name, self.settings, self.threads = model_name, settings, threads
         self.n_prompts, self.hash = 0, 0
+        self.skipped: dict[str, int] = {}
         o, self._t = settings.get("odds_ratio"), settings.get("trajectories")
         self._odds = None if o is None else odds_ratio.OddsRatioCollector(
             self.adapter, self.adapter.check_layers(o["layers"]),
@@ -140,7 +91,12 @@ class ShardRunner:
     def close(self) -> None:
         """Nothing stays attached between batches (kept for symmetry with other runners)."""
 
-    def add(self, texts: list[str]) -> None:
+    def add(self, texts: list[str], skipped: dict[str, int] | None = None) -> None:
+        for key, n in (skipped or {}).items():
+            if n:
+                self.skipped[key] = self.skipped.get(key, 0) + n
+        if not texts:  # lines left out after the last batch: counted, nothing to run
+            return
         batch = self.adapter.tokenize(texts, self.settings["padding_side"])
         if self._traj is None:
             self._odds.forward(batch)  # type: ignore[union-attr]
@@ -156,7 +112,7 @@ class ShardRunner:
     def result(self) -> DatasetStats:
         return DatasetStats(self.name, self.settings, self.n_prompts, self.hash,
                             None if self._odds is None else self._odds.result().stats,
-                            self._traj)
+                            self._traj, dict(self.skipped))
 
 
 def run_shard(runner: ShardRunner, items: Iterable[tuple[int, list[str]]], *,
@@ -171,11 +127,11 @@ def run_shard(runner: ShardRunner, items: Iterable[tuple[int, list[str]]], *,
         part = runner.result()
         return part if base is None else base.merge(part)
 
-    for index, texts in items:
+    for index, texts, *skipped in items:
         if max_batches is not None and done >= max_batches:
             complete = False
             break
-        runner.add(texts)
+        runner.add(texts, skipped[0] if skipped else None)
         done, last = done + 1, index
         if bar is not None:
             bar.update(len(texts))
@@ -189,12 +145,17 @@ def run_shard(runner: ShardRunner, items: Iterable[tuple[int, list[str]]], *,
 
 def read_checkpoint(path: Path, settings: dict[str, Any], name: str) -> tuple[DatasetStats, int]:
     """A checkpoint's statistics and its next batch index, refused if made differently."""
-    stats, position = from_bytes(path.read_bytes(), f"checkpoint {str(path)!r}")
-    if position is None or stats.settings != settings or stats.model != name:
-        raise TLDynamicsError(f"checkpoint {str(path)!r} was made by a different run (model "
-                              f"{stats.model!r}, settings {stats.settings}); delete it or run "
-                              "without --resume")
-    return stats, int(position["next_batch"])
+    stats, position = from_bytes(path.read_bytes(), f"checkpoint {str(path)!r}",
+                                 allow_partial=True)
+    if position is None:
+        raise TLDynamicsError(f"checkpoint {str(path)!r} is a finished statistics file, not a "
+                              "checkpoint; delete it or run without --resume")
+    diff = [f"model ({stats.model!r} vs {name!r})"] if stats.model != name else []
+    diff += [f"settings ({stats.settings} vs {settings})"] if stats.settings != settings else []
+    if diff:
+        raise TLDynamicsError(f"checkpoint {str(path)!r} was made by a different run: it differs "
+                              f"in {', '.join(diff)}; delete it or run without --resume")
+    return stats, position["next_batch"]
 
 
 def new_bar(progress: bool, total: int | None, initial: int = 0) -> Any:
@@ -212,7 +173,7 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
               eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, lens: bool = True,
               padding_side: str = "right", resume: bool = False, checkpoint_every: int = 8,
               max_batches: int | None = None, progress: bool = True, threads: int | None = 1,
-              model_name: str | None = None) -> DatasetStats:
+              model_name: str | None = None, on_long: str = "error") -> DatasetStats:
     """Dataset-level statistics of a corpus, written to ``out`` (a ``.safetensors`` file).
 
     ``model`` is a model name (as ``tl-dynamics report --model``) or a model/adapter;
@@ -223,6 +184,10 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
     there and ends with the same bytes as an uninterrupted run. ``max_batches`` stops after
     that many new batches (checkpointed, ``out`` not written): long runs can be cut into jobs.
     ``threads`` sets torch's threads for the run (bits can depend on it; keep it the same).
+    ``on_long`` says what to do with a prompt longer than the model's context or a line that is
+    not UTF-8: ``"error"`` (name its file and line), ``"skip"`` or ``"truncate"`` (counted in
+    the file). ``out`` is checked before any work: not a directory, not the corpus, and no
+    checkpoint of an earlier run next to it unless ``resume``.
 
     Example:
         >>> from tl_dynamics import scale                                     # doctest: +SKIP
@@ -232,26 +197,38 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
     """
     from tl_dynamics.scale import _distributed
 
-    settings = make_settings(analyses, batch_size, padding_side, layers, heads, eps, lens)
-    if max_batches is not None and (isinstance(max_batches, bool) or max_batches < 0):
+    settings = make_settings(analyses, batch_size, padding_side, layers, heads, eps, lens, on_long)
+    if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(
+            max_batches, int) or max_batches < 0):
         raise TLDynamicsError(f"max_batches must be a non-negative integer, got {max_batches!r}")
-    if checkpoint_every < 1:
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
+            or checkpoint_every < 1:
         raise TLDynamicsError(f"checkpoint_every must be at least 1, got {checkpoint_every!r}")
+    check_threads(threads)
+    if out is not None:  # before any work: never over an input or a checkpoint not asked for
+        source = prompts if isinstance(prompts, (str, os.PathLike)) else None
+        _files.check_output(out, example="stats.safetensors", inputs=[("--prompts", source)])
+        _refuse_stale_checkpoints(Path(out), resume)
+        if source is not None and any(_files.same_file(source, p) for p in _checkpoints(Path(out))):
+            raise TLDynamicsError(f"--prompts {str(source)!r} is a checkpoint of --out")
     with torch_threads(threads):
         model, name = _model_name(model, model_name)  # before the process group (see _distributed)
     with _distributed.session() as dist, torch_threads(threads):
         model = _distributed.to_device(model, dist)
         out_path = None if out is None else Path(out)
         checkpoint = None if out_path is None else dist.checkpoint_path(out_path)
+        runner = ShardRunner(model, name, settings, threads)
+        check = PromptCheck(on_long, runner.adapter.n_ctx, token_counter(runner.adapter))
         base, start = None, 0
         if resume and checkpoint is not None and checkpoint.is_file():
             base, start = read_checkpoint(checkpoint, settings, name)
-        items = ((i, t) for i, t in batches(prompts, batch_size)
-                 if i >= start and i % dist.world == dist.rank)
+            _check_resumed_prompts(base, prompts, batch_size, start, dist, checkpoint, on_long,
+                                   check)
+        items = (item for item in batches(prompts, batch_size, check)
+                 if item[0] >= start and item[0] % dist.world == dist.rank)
         total = count_prompts(prompts) if progress and dist.rank == 0 else None
         bar = new_bar(progress and dist.rank == 0, None if total is None else
                       -(-total // dist.world), 0 if base is None else base.n_prompts)
-        runner = ShardRunner(model, name, settings, threads)
         try:
             part, complete = run_shard(runner, items, base=base, checkpoint=checkpoint,
                                        checkpoint_every=checkpoint_every,
@@ -269,6 +246,53 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
         if checkpoint is not None and checkpoint.is_file():
             checkpoint.unlink()
         return part if merged is None else merged
+
+
+def check_threads(threads: Any) -> None:
+    """``threads``: None (torch's setting) or a positive integer."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise TLDynamicsError(f"threads must be a positive integer (or None for torch's own "
+                              f"setting), got {threads!r}")
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    """``OUT.partial`` and ``OUT.partial-rankR-ofN`` files next to ``out``."""
+    if not out.parent.is_dir():
+        return []
+    prefix = out.name + _files.PARTIAL_SUFFIX
+    return sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix))
+
+
+def _refuse_stale_checkpoints(out: Path, resume: bool) -> None:
+    if resume:
+        return
+    stale = _checkpoints(out)
+    if stale:
+        raise TLDynamicsError(f"--out {str(out)!r}: a checkpoint of an unfinished run exists "
+                              f"({stale[0]}); pass --resume to continue it, or delete it to "
+                              "start over")
+
+
+def _check_resumed_prompts(base: DatasetStats, prompts: Prompts, batch_size: int, start: int,
+                           dist: Any, checkpoint: Path, on_long: str, check: PromptCheck) -> None:
+    """The checkpoint's prompts must be this corpus's first ``start`` batches (this rank's
+    share): same count, same hash; refused by name otherwise."""
+    quiet = PromptCheck(on_long, check.n_ctx, check.n_tokens)
+    n, digest = 0, 0
+    for index, texts, _ in batches(prompts, batch_size, quiet):
+        if index >= start:
+            break
+        if index % dist.world == dist.rank:
+            n, digest = n + len(texts), prompt_hash(texts, digest)
+    if (n, digest) != (base.n_prompts, base.prompts_hash):
+        where = f"--prompts {str(prompts)!r}" if isinstance(prompts, (str, os.PathLike)) \
+            else "the prompts given"
+        raise TLDynamicsError(
+            f"checkpoint {str(checkpoint)!r} was made from different prompts: it holds "
+            f"{base.n_prompts} prompts (hash {base.prompts_hash:064x}), but the first {start} "
+            f"batches of {where} are {n} prompts (hash {digest:064x}); resume with the same "
+            "corpus, or delete the checkpoint to start over")
 
 
 def stats_bytes(stats: DatasetStats) -> bytes:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
+from tl_dynamics import _files
 from tl_dynamics.viz._component import Component, Group, bundle_js, html_escape
 from tl_dynamics.viz._runtime import RUNTIME_JS
 
@@ -133,7 +134,5 @@ class Page:
             + "".join(body) + f'<script nonce="{nonce}">TLD.start();</script></body></html>\n')
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_html(), encoding="utf-8")
-        return path
+        # atomic: a temporary file in the same folder, renamed into place
+        return _files.write_text(Path(path), self.to_html())

@@ -69,14 +69,15 @@ def canvas_spec(name: str, props: dict[str, Any]) -> tuple[dict[str, Any], int]:
         cmap = props.get("cmap") or cmap
         spec = {k: v for k, v in props.items() if k not in ("values", "minValue", "maxValue")}
         spec.update(kind="heatmap", data=pack_u8(arr, lo, hi), cmap=cmap)
-        cell = min(float(props.get("cell") or 16), 480.0 / max(arr.shape))
+        longest = max(max(arr.shape, default=0), 1)  # an empty or one-cell map draws too
+        cell = min(float(props.get("cell") or 16), 480.0 / longest)
         return spec, int(arr.shape[0] * cell + 140)
     if name == "AttentionGrid":
         full = {int(h): as_array(a) for h, a in props["full"].items()}
         thumbs = as_array(props["thumbs"])
         lo, hi, scale, cmap = _scale(thumbs, None, None)
         spec = _heads_spec(np.zeros((0,)), full, props, lo, hi, scale, cmap)
-        rows = -(-len(thumbs) // (props.get("columns") or len(thumbs)))
+        rows = -(-len(thumbs) // max(int(props.get("columns") or len(thumbs)), 1))
         return spec, rows * 40 + 700
     arr = as_array(props["attention"])
     if name == "AttentionPattern":

@@ -1,0 +1,112 @@
+"""Output files, checked before any work and written atomically (a bottom-layer module).
+
+Every command that writes (``report``, ``report --stats``, ``heads --out``, ``stats``) checks
+its output path first with ``check_output``: not empty, not a directory, not one of the run's
+inputs (compared as files, so a symlink or a hard link to an input is caught), in a folder that
+exists or can be created and is writable. ``write_bytes``/``write_text`` then write through a
+temporary file in the same folder and ``os.replace`` it into place, so a reader never sees half
+a file and an interrupted write leaves the old file whole.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+from tl_dynamics.errors import TLDynamicsError
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name the same file: equal resolved paths, or (both existing) the same
+    inode (hard links, symlinks, bind mounts)."""
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    try:
+        if pa.resolve() == pb.resolve():
+            return True
+    except (OSError, RuntimeError):  # a symlink loop: compare what can be compared
+        pass
+    try:
+        return pa.exists() and pb.exists() and os.path.samefile(pa, pb)
+    except OSError:
+        return False
+
+
+def model_inputs(model: str | None) -> list[tuple[str, Path]]:
+    """The files of a ``--model`` folder (an output must not overwrite its weights or config)."""
+    if not model:
+        return []
+    folder = Path(model).expanduser()
+    try:
+        return [("--model", p) for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+    except OSError:
+        return []
+
+
+def check_output(out: str | os.PathLike, *, what: str = "--out", example: str = "report.html",
+                 inputs: Iterable[tuple[str, str | os.PathLike | None]] = ()) -> Path:
+    """The output path, checked before any work; ``inputs`` are ``(option, path)`` pairs the
+    output must not overwrite. Raises ``TLDynamicsError`` saying what is wrong and touches
+    nothing."""
+    text = os.fspath(out)
+    if not text.strip():
+        raise TLDynamicsError(f"{what} is empty: give a file path, e.g. {example}")
+    path = Path(text).expanduser()
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:  # a symlink loop, a name too long, ...
+        raise TLDynamicsError(f"{what} {text!r}: not a usable path "
+                              f"({exc.strerror or exc})") from None
+    if is_dir:
+        raise TLDynamicsError(f"{what} {text!r} is a directory: give a file path, e.g. "
+                              f"{path / example}")
+    for option, source in inputs:
+        if source is not None and same_file(path, source):
+            raise TLDynamicsError(f"{what} {text!r} is the same file as {option} {str(source)!r}: "
+                                  "writing it would destroy the input; choose another output path")
+    if path.is_symlink() and not path.exists():
+        raise TLDynamicsError(f"{what} {text!r} is a dangling or looping symlink: remove it or "
+                              "choose another output path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise TLDynamicsError(f"{what} {text!r}: the file exists and is not writable")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise TLDynamicsError(f"{what} {text!r}: {parent} is a file, so nothing can be written "
+                              "under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TLDynamicsError(f"{what} {text!r}: the folder {parent} is not writable")
+    return path
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (a temporary file in the same folder, then
+    ``os.replace``); missing parent folders are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if path.exists():  # keep the permissions of the file it replaces
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """``write_bytes`` of ``text`` in UTF-8."""
+    return write_bytes(path, text.encode("utf-8"))
