@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from tl_dynamics import sphere
+from tl_dynamics import devices, sphere
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.scale._distributed import rank_device
 from tl_dynamics.scale._format import ANALYSES, load_stats
 from tl_dynamics.scale._page import stats_page
 from tl_dynamics.scale._run import run_stats
@@ -64,6 +65,7 @@ def stats_parser() -> argparse.ArgumentParser:
                    help="stop (checkpointed) after this many new batches; finish with --resume")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--no-progress", action="store_true")
+    devices.add_options(p)  # under torchrun: auto/cuda = cuda:LOCAL_RANK (NCCL), cuda:N shared (gloo)
     return p
 
 
@@ -76,6 +78,8 @@ def cli_main(argv: list[str]) -> int:
         if out.is_dir():
             raise TLDynamicsError(f"--out {args.out!r} is a directory: give a file path, e.g. "
                                   f"{out / 'stats.safetensors'}")
+        rank_device(args.device, "--device")  # checked before the model loads
+        devices.resolve_dtype(args.dtype, "--dtype")
         stats = run_stats(args.model, args.prompts, out,
                           analyses=[a.strip() for a in args.analyses.split(",") if a.strip()],
                           batch_size=args.batch_size, layers=_ints(args.layers, "--layers"),
@@ -83,7 +87,7 @@ def cli_main(argv: list[str]) -> int:
                           lens=not args.no_lens, padding_side=args.padding_side,
                           resume=args.resume, checkpoint_every=args.checkpoint_every,
                           max_batches=args.max_batches, progress=not args.no_progress,
-                          threads=args.threads)
+                          threads=args.threads, device=args.device, dtype=args.dtype)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
