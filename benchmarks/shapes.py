@@ -63,6 +63,12 @@ TINY = {"gpt2-small": dict(n_layer=2, n_embd=96, vocab_size=1024),
                          vocab_size=1024)}
 
 
+def attach_tokens(name: str, tiny: bool = False) -> tuple[tuple[int, int], ...]:
+    """The ``(batch, positions)`` inputs of ``cost_bench.py --shape`` (``tiny``: at most 128
+    positions, for the CPU)."""
+    return tuple((b, min(n, 128)) for b, n in ATTACH_TOKENS[name]) if tiny else ATTACH_TOKENS[name]
+
+
 def fields(name: str, tiny: bool = False) -> dict[str, Any]:
     """The config fields of shape ``name`` (``tiny``: scaled down, same heads and dtype)."""
     if name not in SHAPES:
