@@ -267,8 +267,16 @@ def main() -> None:
         for batch, n_pos in shapes.attach_tokens(args.shape, args.tiny):
             tokens = torch.randint(0, shapes.vocab(args.shape, args.tiny), (batch, n_pos),
                                    generator=gen).to(args.device)
-            run_rows(f"{args.shape}, attach, batch {batch} x {n_pos}",
-                     attach_rows(model, ModelAdapter(model), tokens), args.repeats, args.device)
+            if args.shape == "llama-8b":  # the long rows, MLPs collected: at 4,096 tokens
+                # run_with_cache's scores and patterns (2 x 34 GB in bf16) and row 0's 1,024
+                # contextual MLPs (68 GB) are beyond 80 GB next to the 16 GB of weights
+                rows = {name: fn for name, fn in long_rows(model, ModelAdapter(model),
+                                                           tokens).items()
+                        if "result()" not in name}
+            else:
+                rows = attach_rows(model, ModelAdapter(model), tokens)
+            run_rows(f"{args.shape}, attach, batch {batch} x {n_pos}", rows, args.repeats,
+                     args.device)
         return
     if only & {"attach", "compute"}:
         model = build_model(Path(args.root), 1024, args.device)
