@@ -188,3 +188,31 @@ def test_torchrun_plan_refuses_more_ranks_than_gpus_and_cuda_without_one(monkeyp
     monkeypatch.setattr(devices, "cuda_count", lambda: 0)
     with pytest.raises(TLDynamicsError, match="^" + re.escape(f"--device 'cuda': {NO_CUDA}")):
         _distributed.plan("cuda", 2, 0, 0, "--device")
+
+
+def test_transformerlens_checkpoint_takes_its_configs_dtype_or_the_asked_one(tmp_path):
+    """A TransformerLens checkpoint is built in float32 and cast (``model.to(dtype)``, as the
+    half-precision tests do): ``dtype`` in its config is the ``auto`` choice."""
+    import shutil
+
+    from test_cli import ZOO
+
+    def checkpoint(name, dtype=None):
+        folder = tmp_path / name
+        folder.mkdir()
+        config = json.loads((ZOO / "induction-2l" / "config.json").read_text())
+        if dtype:
+            config["dtype"] = dtype
+        (folder / "tl_config.json").write_text(json.dumps(config))
+        shutil.copy(ZOO / "induction-2l" / "model.safetensors", folder / "model.safetensors")
+        return str(folder)
+
+    plain, half = checkpoint("plain"), checkpoint("half", "torch.bfloat16")
+    assert {p.dtype for p in load_model(plain).parameters()} == {torch.float32}
+    assert {p.dtype for p in load_model(half).parameters()} == {torch.bfloat16}
+    asked = load_model(plain, dtype="float16")
+    assert {p.dtype for p in asked.parameters()} == {torch.float16}
+    want = load_model("induction-2l").to(torch.float16).state_dict()
+    for key, value in asked.state_dict().items():
+        if key in want and value.dtype.is_floating_point:
+            assert torch.equal(value, want[key]), key

@@ -197,7 +197,8 @@ def _load_tl_native(folder: Path, config: Path, fields: dict[str, Any]) -> Any:
             from transformer_lens import HookedTransformer, HookedTransformerConfig
 
             cfg = HookedTransformerConfig(**{k: v for k, v in fields.items()
-                                             if k in _accepted(HookedTransformerConfig)})
+                                             if k in _accepted(HookedTransformerConfig)
+                                             and k != "dtype"})  # built in float32, then cast
             model = HookedTransformer(cfg, tokenizer=tokenizer)
             missing, unexpected = model.load_state_dict(state, strict=False)
         else:
@@ -223,7 +224,7 @@ def _boot_native(folder: Path, fields: dict[str, Any], state: dict[str, Any],
     cfg = TransformerBridgeConfig(architecture="TransformerLensNative", init_weights=False,
                                   **{k: v for k, v in fields.items()
                                      if k in _accepted(TransformerBridgeConfig)
-                                     and k not in ("architecture", "init_weights")})
+                                     and k not in ("architecture", "init_weights", "dtype")})
     model = compat.bridge_class().boot_native(cfg, tokenizer=tokenizer,
                                               model_name=fields.get("model_name", folder.name))
     missing, unexpected = model.load_state_dict(convert_tl_checkpoint(state, model.cfg), strict=False)
