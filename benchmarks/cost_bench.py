@@ -14,6 +14,8 @@ the call (CUDA: ``torch.cuda.max_memory_allocated``), minus what was resident be
     python benchmarks/cost_bench.py --only compute --profile odds_ratio.compute   # profile one row
     python benchmarks/cost_bench.py --only attach --profile "all three attached at once"
     python benchmarks/cost_bench.py --only long --repeats 1   # 1 x 4,096 (minutes on a CPU)
+    python benchmarks/cost_bench.py --shape llama-1b --device cuda  # attach rows, 1 x 2,048, 8 x 512
+    python benchmarks/cost_bench.py --shape llama-8b --tiny --repeats 1  # CPU smoke (shapes.py)
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import torch  # noqa: E402
 
 from tl_dynamics import contextual_mlp, odds_ratio, testing, trajectories  # noqa: E402
 from tl_dynamics.adapter import ModelAdapter  # noqa: E402
+
+import shapes  # noqa: E402  (benchmarks/shapes.py: the Llama shapes of issue 22)
 
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257)
 
@@ -244,6 +248,11 @@ def main() -> None:
                         help="cpu: the main thread's CPU time, robust to load from other "
                              "processes (use with --threads 1, where it is all of the work)")
     parser.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "tl_dynamics_bench"))
+    parser.add_argument("--shape", choices=shapes.NAMES, default="gpt2-small",
+                        help="model shape (benchmarks/shapes.py); other than gpt2-small: the "
+                             "attach rows at the shape's own token shapes, in its dtype")
+    parser.add_argument("--tiny", action="store_true",
+                        help="with --shape: 2 layers, d_model 256, short inputs (a smoke test)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     global CLOCK
@@ -252,6 +261,23 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}, "
           f"{time.strftime('%Y-%m-%d')}")
+    if args.shape != "gpt2-small" or args.tiny:
+        model = shapes.build(args.shape, args.root, args.device, tiny=args.tiny)
+        print(f"shape {args.shape}{' (tiny)' if args.tiny else ''}: {shapes.describe(model)}")
+        for batch, n_pos in shapes.attach_tokens(args.shape, args.tiny):
+            tokens = torch.randint(0, shapes.vocab(args.shape, args.tiny), (batch, n_pos),
+                                   generator=gen).to(args.device)
+            if args.shape == "llama-8b":  # the long rows, MLPs collected: at 4,096 tokens
+                # run_with_cache's scores and patterns (2 x 34 GB in bf16) and row 0's 1,024
+                # contextual MLPs (68 GB) are beyond 80 GB next to the 16 GB of weights
+                rows = {name: fn for name, fn in long_rows(model, ModelAdapter(model),
+                                                           tokens).items()
+                        if "result()" not in name}
+            else:
+                rows = attach_rows(model, ModelAdapter(model), tokens)
+            run_rows(f"{args.shape}, attach, batch {batch} x {n_pos}", rows, args.repeats,
+                     args.device)
+        return
     if only & {"attach", "compute"}:
         model = build_model(Path(args.root), 1024, args.device)
         adapter = ModelAdapter(model)

@@ -121,9 +121,11 @@ def test_hub_ids_with_dots_go_to_the_hub_not_the_file_system(monkeypatch):
     from tl_dynamics import models
 
     asked = []
-    monkeypatch.setattr(models, "_load_hub", lambda name: asked.append(name) or object())
-    load_model("Qwen/Qwen2.5-0.5B")
-    assert asked == ["Qwen/Qwen2.5-0.5B"]
+    monkeypatch.setattr(models, "_load_hub", lambda name, where: asked.append((name, where))
+                        or object())
+    load_model("Qwen/Qwen2.5-0.5B", device="cpu", dtype="float16")
+    assert asked == [("Qwen/Qwen2.5-0.5B", models.devices.Placement(torch.device("cpu"),
+                                                                   torch.float16))]
     with pytest.raises(TLDynamicsError, match="no such folder"):
         load_model("./models/Qwen2.5-0.5B")
 

@@ -237,6 +237,32 @@ def test_torchrun_two_processes_byte_identical(whole, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_torchrun_on_cuda_byte_identical_to_one_process(tmp_path):
+    """GPU ranks (issue 22): with two GPUs or more each rank runs on its own ``cuda:LOCAL_RANK``
+    and the group is NCCL (``--device cuda``); on one GPU both ranks share ``cuda:0`` and the
+    group is gloo (NCCL refuses two ranks on one GPU). Either way the file equals a one-process
+    run on ``cuda:0``, the same device kind and the same batches."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    corpus = _corpus_file(tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    common = ["stats", "--model", NAME, "--prompts", str(corpus), "--batch-size", str(BATCH),
+              "--no-progress"]
+    one, dist = tmp_path / "one.safetensors", tmp_path / "dist.safetensors"
+    proc = subprocess.run([sys.executable, "-m", "tl_dynamics", *common, "--out", str(one),
+                           "--device", "cuda:0"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    device = "cuda" if torch.cuda.device_count() >= 2 else "cuda:0"
+    proc = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", "--master-port", str(29900 + os.getpid() % 90),
+         "-m", "tl_dynamics", *common, "--out", str(dist), "--device", device],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert dist.read_bytes() == one.read_bytes()
+
+
+@pytest.mark.slow
 def test_ray_data_two_workers_byte_identical(whole, tmp_path):
     ray = pytest.importorskip("ray")
     from tl_dynamics import load_model

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import __version__, _args, _files
+from tl_dynamics import __version__, _args, _files, devices
 from tl_dynamics.errors import TLDynamicsError
 
 _HEAD = re.compile(r"^(?:L(\d+)H(\d+)|(\d+)\.(\d+))$", re.IGNORECASE)
@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--threads", default="auto",
                         help="torch intra-op threads while building: a positive integer, or "
                              "'auto' (default: one per core, or 1 when the machine is busy)")
+    devices.add_options(report)
     sub.add_parser("models", help="list the shipped models, what is installed, and the tiny "
                                   "random architectures")
     sub.add_parser("heads", help="what every head does, as a table (--out: an HTML page); "
@@ -166,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{args.layers!r}: add their layers or drop them")
         sections = parse_sections(args.sections) if args.sections is not None else None
         threads = parse_threads(args.threads)
-        path, label, failed = _report(args.model, prompt, out, layers, heads, sections, threads)
+        where = devices.placement(args.device, args.dtype, cli=True)
+        path, label, failed = _report(args.model, prompt, out, layers, heads, sections, threads,
+                                      where)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
@@ -185,12 +188,13 @@ def parse_threads(text: str) -> int | str:
 
 def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
             heads: list[tuple[int, int]] | None, sections: list[str] | None,
-            threads: int | str = "auto") -> tuple[Path, str, list[str]]:
+            threads: int | str = "auto", where: devices.Placement | None = None
+            ) -> tuple[Path, str, list[str]]:
     from tl_dynamics import models, report
 
     progress = (lambda msg: print(msg, file=sys.stderr))
     progress(f"loading {name or models.DEFAULT_MODEL} ...")
-    loaded = models.resolve(name)
+    loaded = models.resolve(name, where)
     if prompt is None:
         prompt = loaded.default_prompt
     if isinstance(prompt, str) and not loaded.has_tokenizer:

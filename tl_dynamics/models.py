@@ -5,6 +5,12 @@ Accepted: a shipped model (``tl_dynamics.zoo.names()``), ``tiny-random`` or ``ti
 checkpoint folder (``HookedTransformerConfig`` fields in ``config.json`` or ``tl_config.json``,
 weights in ``model.safetensors``, tokenizer files optional: without them prompts are token ids),
 or a hub name that TransformerLens loads when the machine is online.
+
+``device`` and ``dtype`` (``tl_dynamics.devices``: ``auto``, ``cpu``, ``cuda[:N]``; ``auto``,
+``float32``, ``bfloat16``, ``float16``) are checked before anything loads. A Hugging Face folder
+or hub model is loaded straight into its dtype and onto its device (an 8B model in bfloat16 never
+exists in float32); the shipped, tiny random and TransformerLens-checkpoint models are built in
+float32 on the CPU and then cast and moved (``model.to(dtype)``, as the half-precision tests do).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import compat, testing, zoo
+from tl_dynamics import compat, devices, testing, zoo
 from tl_dynamics.errors import TLDynamicsError
 
 DEFAULT_MODEL = "code-2l"
@@ -72,19 +78,26 @@ def tiny_architectures() -> list[str]:
     return sorted(names)
 
 
-def load_model(name_or_folder: str | os.PathLike | None = None) -> Any:
-    """Load a model by name or folder (see the module docstring) and return it.
+def load_model(name_or_folder: str | os.PathLike | None = None, device: Any = "auto",
+               dtype: Any = "auto") -> Any:
+    """Load a model by name or folder (see the module docstring) onto ``device`` in ``dtype``
+    and return it.
 
     Example:
         >>> from tl_dynamics import load_model
         >>> type(load_model("tiny-random:llama")).__name__
         'TransformerBridge'
+        >>> next(load_model("tiny-random:llama", dtype="bfloat16").parameters()).dtype
+        torch.bfloat16
     """
-    return resolve(name_or_folder).model
+    return resolve(name_or_folder, devices.placement(device, dtype)).model
 
 
-def resolve(name: str | os.PathLike | None = None) -> LoadedModel:
-    """``load_model`` with a label and the model's default prompt (used by the CLI)."""
+def resolve(name: str | os.PathLike | None = None,
+            where: devices.Placement | None = None) -> LoadedModel:
+    """``load_model`` with a label and the model's default prompt (used by the CLI, which checks
+    ``where`` from ``--device``/``--dtype`` first; None: ``auto`` for both)."""
+    where = devices.placement() if where is None else where
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
     if name is not None and not isinstance(name, str):
@@ -99,22 +112,24 @@ def resolve(name: str | os.PathLike | None = None) -> LoadedModel:
         if not is_installed(name):
             raise TLDynamicsError(f"model {name!r} is optional and not installed: "
                                   f"{shipped_names()[name]}")
-        return LoadedModel(zoo.load(name), f"{name} (shipped with tl_dynamics)",
+        return LoadedModel(devices.place(zoo.load(name), where),
+                           f"{name} (shipped with tl_dynamics)",
                            DEFAULT_PROMPTS.get(name, CODE_PROMPT))
     if name == TINY_PREFIX or name.startswith(TINY_PREFIX + ":"):
         arch = name.partition(":")[2] or "gpt2"
         if arch not in tiny_architectures():
             raise TLDynamicsError(f"tiny-random architecture {arch!r} does not run on TransformerLens "
                                   f"{compat.tl_version()}; valid: {', '.join(tiny_architectures())}")
-        return LoadedModel(testing.tiny_model(arch), f"{name}: a tiny RANDOMLY INITIALISED {arch} "
+        return LoadedModel(devices.place(testing.tiny_model(arch), where),
+                           f"{name}: a tiny RANDOMLY INITIALISED {arch} "
                            "model (untrained; patterns show no structure)", CODE_PROMPT)
     folder = Path(name).expanduser()
     if _is_dir(folder):
-        model = _load_folder(folder)
+        model = _load_folder(folder, where)
         prompt = CODE_PROMPT if getattr(model, "tokenizer", None) is not None else ID_PROMPT
         return LoadedModel(model, f"{folder} (local folder)", prompt)
     _refuse_local_non_folder(name, folder)
-    return LoadedModel(_load_hub(name), f"{name} (loaded by TransformerLens)", CODE_PROMPT)
+    return LoadedModel(_load_hub(name, where), f"{name} (loaded by TransformerLens)", CODE_PROMPT)
 
 
 def _is_dir(path: Path) -> bool:
@@ -160,21 +175,24 @@ def _read_json(path: Path) -> dict[str, Any]:
     return fields
 
 
-def _load_folder(folder: Path) -> Any:
+def _load_folder(folder: Path, where: devices.Placement) -> Any:
     for fname in _TL_CONFIGS:
         path = folder / fname
         if path.is_file():
             fields = _read_json(path)
             if "d_model" in fields and "n_layers" in fields:
-                return _load_tl_native(folder, path, fields)
+                own = devices.Placement(where.device, where.dtype_or(devices.config_dtype(fields)))
+                return devices.place(_load_tl_native(folder, path, fields), own)
     if not (folder / "config.json").is_file():
         raise TLDynamicsError(f"folder {folder} has no config.json or tl_config.json: expected a "
                               "Hugging Face model folder or a TransformerLens checkpoint folder")
     report = _LogLines()
     logger = logging.getLogger("transformers")
     logger.addHandler(report)
+    dtype = where.dtype_or(devices.config_dtype(_read_json(folder / "config.json")))
     try:
-        return compat.bridge_class().boot_transformers(str(folder), device="cpu").eval()
+        return compat.bridge_class().boot_transformers(str(folder), device=str(where.device),
+                                                       dtype=dtype).eval()
     except Exception as err:  # malformed weights or an unsupported architecture: name the folder
         weights = [p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
         message = f"{type(err).__name__}: {err}"
@@ -262,7 +280,8 @@ def _load_tl_native(folder: Path, config: Path, fields: dict[str, Any]) -> Any:
             from transformer_lens import HookedTransformer, HookedTransformerConfig
 
             cfg = HookedTransformerConfig(**{k: v for k, v in fields.items()
-                                             if k in _accepted(HookedTransformerConfig)})
+                                             if k in _accepted(HookedTransformerConfig)
+                                             and k != "dtype"})  # built in float32, then cast
             model = HookedTransformer(cfg, tokenizer=tokenizer)
             missing, unexpected = model.load_state_dict(state, strict=False)
         else:
@@ -288,21 +307,29 @@ def _boot_native(folder: Path, fields: dict[str, Any], state: dict[str, Any],
     cfg = TransformerBridgeConfig(architecture="TransformerLensNative", init_weights=False,
                                   **{k: v for k, v in fields.items()
                                      if k in _accepted(TransformerBridgeConfig)
-                                     and k not in ("architecture", "init_weights")})
+                                     and k not in ("architecture", "init_weights", "dtype")})
     model = compat.bridge_class().boot_native(cfg, tokenizer=tokenizer,
                                               model_name=fields.get("model_name", folder.name))
     missing, unexpected = model.load_state_dict(convert_tl_checkpoint(state, model.cfg), strict=False)
     return model, list(missing), list(unexpected)
 
 
-def _load_hub(name: str) -> Any:
-    """The real loading path for hub models; it needs a network connection."""
+def _load_hub(name: str, where: devices.Placement) -> Any:
+    """The real loading path for hub models; it needs a network connection (``auto`` dtype: the
+    hub config's)."""
     try:
+        dtype = where.dtype
+        if dtype is None:
+            from transformers import AutoConfig
+
+            dtype = devices.config_dtype(AutoConfig.from_pretrained(name).to_dict())
         if compat.has_hooked_transformer():
             from transformer_lens import HookedTransformer
 
-            return HookedTransformer.from_pretrained(name, device="cpu").eval()
-        return compat.bridge_class().boot_transformers(name, device="cpu").eval()
+            return HookedTransformer.from_pretrained(name, device=str(where.device),
+                                                     dtype=dtype).eval()
+        return compat.bridge_class().boot_transformers(name, device=str(where.device),
+                                                       dtype=dtype).eval()
     except Exception as exc:  # offline, unknown name, ...: say what was tried
         raise TLDynamicsError(
             f"could not load model {name!r} through TransformerLens (hub models need a network "

@@ -248,6 +248,7 @@ def _build(model: Any, prompt: Any, label: str, sections: Sequence[tuple[str, Se
                  f"{', compatibility mode' if info.compat else ''})"),
         ("shape", f"{adapter.n_layers} layers, {adapter.n_heads} heads "
                   f"({adapter.n_kv_heads} key/value heads), d_model {adapter.d_model}"),
+        ("runs on", f"{batch.tokens.device}, {str(adapter.dtype).removeprefix('torch.')}"),
         ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)")],
         math_href=MATH_DOC.as_uri() if MATH_DOC.exists() else "")
     warning = unknown_token_warning(adapter, batch)

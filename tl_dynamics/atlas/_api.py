@@ -119,6 +119,11 @@ def compute(model: Any, prompts: Prompt | Batch | None = None, *,
     ``heads`` select the rows (all scores that roles depend on, such as earlier
     previous-token heads, are read from every head).
 
+    It runs where ``model`` is, in its dtype, like every analysis: there is no ``device=``
+    (moving the caller's model, or copying an 8B one, is not this function's to do); load the
+    model where it should run, ``load_model(name, device="cuda", dtype="bfloat16")``, or move it
+    with ``model.to(...)`` first. ``tl-dynamics heads --device/--dtype`` does the former.
+
     Example:
         >>> from tl_dynamics import atlas, zoo
         >>> res = atlas.compute(zoo.load("induction-2l"))                     # doctest: +SKIP

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from tl_dynamics import _args, _files
+from tl_dynamics import _args, _files, devices
 from tl_dynamics.errors import TLDynamicsError
 
 TABLE_COLUMNS = ["layer", "head", "role", "score", "baseline", "delta_loss", "delta_loss_prior",
@@ -29,6 +29,7 @@ def cli_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n-seq", type=int, default=None, help="number of repeated probes")
     parser.add_argument("--no-causal", action="store_true", help="skip the interventions")
     parser.add_argument("--out", default=None, help="also write an offline HTML page here")
+    devices.add_options(parser)
     return parser
 
 
@@ -52,7 +53,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         if args.prompt is not None and not args.prompt.strip():
             raise TLDynamicsError("--prompt is empty: give some text, or leave --prompt out for "
                                   "the repeated random token probes")
-        loaded = models.resolve(args.model)
+        where = devices.placement(args.device, args.dtype, cli=True)
+        loaded = models.resolve(args.model, where)
         result = compute(loaded.model, args.prompt, n_seq=N_SEQ if n_seq is None else n_seq,
                          seq_len=SEQ_LEN if seq_len is None else seq_len,
                          causal=not args.no_causal)

@@ -8,11 +8,11 @@ import os
 import re
 import sys
 import time
-from pathlib import Path
 
-from tl_dynamics import _args, _files, sphere
+from tl_dynamics import _args, _files, devices, sphere
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._corpus import ON_LONG
+from tl_dynamics.scale._distributed import rank_device
 from tl_dynamics.scale._format import ANALYSES, load_stats
 from tl_dynamics.scale._page import stats_page
 from tl_dynamics.scale._run import run_stats
@@ -67,6 +67,7 @@ def stats_parser() -> argparse.ArgumentParser:
                         "stop with its file and line (error, the default), leave it out (skip), "
                         "or keep the tokens that fit (truncate); both are counted in the file")
     p.add_argument("--no-progress", action="store_true")
+    devices.add_options(p)  # under torchrun: auto/cuda = cuda:LOCAL_RANK (NCCL), cuda:N shared (gloo)
     return p
 
 
@@ -82,6 +83,8 @@ def cli_main(argv: list[str]) -> int:
         checkpoint_every = _args.positive_arg(args.checkpoint_every, "--checkpoint-every")
         if args.max_batches is not None and args.max_batches < 0:
             raise TLDynamicsError(f"--max-batches {args.max_batches}: give 0 or more")
+        rank_device(args.device, "--device")  # checked before the model loads
+        devices.resolve_dtype(args.dtype, "--dtype")
         stats = run_stats(args.model, args.prompts, out,
                           analyses=[a.strip() for a in args.analyses.split(",") if a.strip()],
                           batch_size=batch_size, layers=_ints(args.layers, "--layers"),
@@ -89,7 +92,8 @@ def cli_main(argv: list[str]) -> int:
                           lens=not args.no_lens, padding_side=args.padding_side,
                           resume=args.resume, checkpoint_every=checkpoint_every,
                           max_batches=args.max_batches, progress=not args.no_progress,
-                          threads=threads, on_long=args.on_long)
+                          threads=threads, on_long=args.on_long, device=args.device,
+                          dtype=args.dtype)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 
 from tl_dynamics import odds_ratio, sphere, trajectories
@@ -53,11 +53,12 @@ def make_settings(analyses: Sequence[str], batch_size: int, padding_side: str,
     return json.loads(json.dumps(out, sort_keys=True))
 
 
-def _model_name(model: Any, model_name: str | None) -> tuple[Any, str]:
+def _model_name(model: Any, model_name: str | None,
+                where: Any = None) -> tuple[Any, str]:
     if isinstance(model, str):
         from tl_dynamics import models
 
-        return models.resolve(model).model, model_name or model
+        return models.resolve(model, where).model, model_name or model
     return model, model_name or ModelAdapter.of(model).info.architecture
 
 
@@ -173,7 +174,8 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
               eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, lens: bool = True,
               padding_side: str = "right", resume: bool = False, checkpoint_every: int = 8,
               max_batches: int | None = None, progress: bool = True, threads: int | None = 1,
-              model_name: str | None = None, on_long: str = "error") -> DatasetStats:
+              model_name: str | None = None, on_long: str = "error", device: Any = None,
+              dtype: Any = None) -> DatasetStats:
     """Dataset-level statistics of a corpus, written to ``out`` (a ``.safetensors`` file).
 
     ``model`` is a model name (as ``tl-dynamics report --model``) or a model/adapter;
@@ -188,6 +190,10 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
     not UTF-8: ``"error"`` (name its file and line), ``"skip"`` or ``"truncate"`` (counted in
     the file). ``out`` is checked before any work: not a directory, not the corpus, and no
     checkpoint of an earlier run next to it unless ``resume``.
+    ``device`` and ``dtype`` (``tl_dynamics.devices``) place a model given by name (``device``
+    None: ``auto``) and move or cast a given model (None: it stays as it is, except that under
+    torchrun each rank moves it to its own device); under torchrun ``auto``/``cuda`` mean
+    ``cuda:LOCAL_RANK`` with NCCL, ``cuda:N`` one shared GPU with gloo (``_distributed.plan``).
 
     Example:
         >>> from tl_dynamics import scale                                     # doctest: +SKIP
@@ -195,8 +201,11 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
         >>> stats.n_prompts                                                   # doctest: +SKIP
         1
     """
+    from tl_dynamics import devices
     from tl_dynamics.scale import _distributed
 
+    request = "auto" if device is None else device
+    where = devices.Placement(_distributed.rank_device(request), devices.resolve_dtype(dtype))
     settings = make_settings(analyses, batch_size, padding_side, layers, heads, eps, lens, on_long)
     if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(
             max_batches, int) or max_batches < 0):
@@ -212,9 +221,10 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
         if source is not None and any(_files.same_file(source, p) for p in _checkpoints(Path(out))):
             raise TLDynamicsError(f"--prompts {str(source)!r} is a checkpoint of --out")
     with torch_threads(threads):
-        model, name = _model_name(model, model_name)  # before the process group (see _distributed)
-    with _distributed.session() as dist, torch_threads(threads):
-        model = _distributed.to_device(model, dist)
+        model, name = _model_name(model, model_name, where)  # before the process group
+    with _distributed.session(request) as dist, torch_threads(threads):
+        if device is not None or dtype is not None or dist.world > 1:
+            model = _distributed.to_device(model, dist, where.dtype)
         out_path = None if out is None else Path(out)
         checkpoint = None if out_path is None else dist.checkpoint_path(out_path)
         runner = ShardRunner(model, name, settings, threads)
