@@ -9,7 +9,8 @@ the call (CUDA: ``torch.cuda.max_memory_allocated``), minus what was resident be
 "extra" is that peak minus the plain forward's own peak.
 
     python benchmarks/cost_bench.py                 # attach rows (4 x 256, 1 x 1,024) + compute rows
-    python benchmarks/cost_bench.py --only attach   # or: compute, long
+    python benchmarks/cost_bench.py --only attach   # or: compute, long, ops
+    python benchmarks/cost_bench.py --only ops      # ops and syncs per layer (issue 21)
     python benchmarks/cost_bench.py --device cuda   # the same on a GPU
     python benchmarks/cost_bench.py --only compute --profile odds_ratio.compute   # profile one row
     python benchmarks/cost_bench.py --only attach --profile "all three attached at once"
@@ -44,14 +45,15 @@ import shapes  # noqa: E402  (benchmarks/shapes.py: the Llama shapes of issue 22
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257)
 
 
-def build_model(root: Path, n_positions: int, device: str):
+def build_model(root: Path, n_positions: int, device: str, n_head: int = 12):
     import transformers
 
-    folder = root / f"gpt2-small-random-{n_positions}"
+    folder = root / f"gpt2-small-random-{n_positions}" if n_head == 12 else \
+        root / f"gpt2-small-random-{n_positions}-h{n_head}"
     if not (folder / "config.json").exists():
         torch.manual_seed(0)
-        config = transformers.GPT2Config(**GPT2_SMALL, n_positions=n_positions, bos_token_id=0,
-                                         eos_token_id=0)
+        config = transformers.GPT2Config(**{**GPT2_SMALL, "n_head": n_head},
+                                         n_positions=n_positions, bos_token_id=0, eos_token_id=0)
         transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
         testing.tokenizer().save_pretrained(folder)
     return testing.bridge_class().boot_transformers(str(folder), device=device).eval()
@@ -213,6 +215,42 @@ def long_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict[s
             "all three attached at once (MLPs collected)": all_three}
 
 
+def op_rows(root: Path, device: str) -> None:
+    """Torch ops (kernel launches on a GPU) and host syncs each analysis adds per layer,
+    ``result()`` included, counted with ``tl_dynamics.collect.count_ops`` (repeatable on any
+    machine; issue 21)."""
+    from tl_dynamics.collect import count_ops
+
+    print("\n## ops and syncs per layer (added to the plain forward's own), result() included")
+    print("| heads | batch x tokens | forward ops/layer | odds_ratio | contextual_mlp | "
+          "trajectories(lens=False) | all three | syncs per forward (all three) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n_head in (12, 24):
+        model = build_model(root, 1024, device, n_head)
+        adapter = ModelAdapter(model)
+        makers = {"odds_ratio": lambda: odds_ratio.attach(adapter),
+                  "contextual_mlp": lambda: contextual_mlp.attach(adapter),
+                  "trajectories": lambda: trajectories.attach(adapter, lens=False)}
+        for shape in ((4, 256), (1, 256), (1, 1024)):
+            tokens = torch.randint(0, 50257, shape).to(device)
+            attached = _attached(model, tokens)
+            cells, syncs, base = [], 0, 0
+            for name, ms in [("forward", [])] + [(k, [v]) for k, v in makers.items()] + [
+                    ("all", list(makers.values()))]:
+                fn = attached(*ms) if ms else (lambda: model(tokens))
+                with torch.no_grad():
+                    fn()  # warm
+                    with count_ops() as c:
+                        fn()
+                if name == "forward":
+                    base = c.ops
+                    cells.append(f"{c.ops / adapter.n_layers:.1f}")
+                else:
+                    cells.append(f"{(c.ops - base) / adapter.n_layers:.1f}")
+                syncs = c.syncs
+            print(f"| {n_head} | {shape[0]} x {shape[1]} | " + " | ".join(cells) + f" | {syncs} |")
+
+
 def compute_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict[str, Callable]:
     batch = adapter.tokenize(tokens)
     n_points = 2 * adapter.n_layers + 1
@@ -238,7 +276,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--only", choices=["attach", "compute", "long"], action="append")
+    parser.add_argument("--only", choices=["attach", "compute", "long", "ops"], action="append")
     parser.add_argument("--profile", help="print a torch profiler table for the row of this name")
     parser.add_argument("--long-rows", action="append",
                         help="with --only long: keep the rows whose name contains this (and the "
@@ -278,6 +316,8 @@ def main() -> None:
             run_rows(f"{args.shape}, attach, batch {batch} x {n_pos}", rows, args.repeats,
                      args.device)
         return
+    if "ops" in only:
+        op_rows(Path(args.root), args.device)
     if only & {"attach", "compute"}:
         model = build_model(Path(args.root), 1024, args.device)
         adapter = ModelAdapter(model)

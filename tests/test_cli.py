@@ -230,7 +230,10 @@ def test_report_threads_follow_the_setting_and_the_machine_load(monkeypatch):
         report.report_threads(0)
     before = torch.get_num_threads()
     seen = []
-    section = ("probe", lambda page, adapter, batch: seen.append(torch.get_num_threads()))
+    from tl_dynamics.collect import Analysis
+
+    probe = staticmethod(lambda page, adapter, batch: seen.append(torch.get_num_threads()))
+    section = type("Probe", (Analysis,), {"name": "probe", "compute": probe, "report_section": probe})
     report.build_report(testing.tiny_model("gpt2"), "a b", sections=[section], threads=3)
     assert seen == [3] and torch.get_num_threads() == before
 
@@ -262,7 +265,11 @@ def test_a_page_with_failed_sections_does_not_exit_0(tmp_path, capsys, monkeypat
     def broken(page, adapter, batch):
         raise RuntimeError("a bug in a section")
 
-    monkeypatch.setattr(report, "SECTIONS", (("circuits", broken),))
+    from tl_dynamics.collect import Analysis
+
+    entry = type("Broken", (Analysis,), {"name": "circuits", "compute": staticmethod(broken),
+                                         "report_section": staticmethod(broken)})
+    monkeypatch.setattr(report, "SECTIONS", (entry,))
     out = tmp_path / "r.html"
     code, _, err = run(capsys, "report", "--model", "tiny-random:gpt2", "--prompt", "a = 1",
                        "--sections", "circuits", "--out", str(out), "--threads", "1")

@@ -22,12 +22,22 @@ def test_report_on_a_tiny_model_has_every_registered_section():
 
 def test_registry_is_explicit_and_complete():
     from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, trajectories
+    from tl_dynamics.collect import Analysis
 
-    assert report.SECTIONS[0] == ("atlas", atlas.report_section)  # "What each head does" first
-    assert dict(report.SECTIONS) == {
-        "atlas": atlas.report_section, "circuits": circuits.report_section, "odds_ratio": odds_ratio.report_section,
-        "contextual_mlp": contextual_mlp.report_section,
-        "trajectories": trajectories.report_section, "particles": particles.report_section}
+    packages = [atlas, circuits, odds_ratio, contextual_mlp, trajectories, particles]
+    assert [a.name for a in report.SECTIONS] == [p.__name__.split(".")[-1] for p in packages]
+    for analysis, pkg in zip(report.SECTIONS, packages):  # "What each head does" first
+        assert issubclass(analysis, Analysis)
+        assert analysis.report_section is pkg.report_section and analysis.compute is pkg.compute
+        assert analysis.attach is getattr(pkg, "attach", None)
+
+
+def section(name, fn):
+    """A registry entry for a report section function."""
+    from tl_dynamics.collect import Analysis
+
+    return type(name, (Analysis,), {"name": name, "compute": staticmethod(fn),
+                                    "report_section": staticmethod(fn)})
 
 
 def test_not_applicable_sections_get_one_message_and_bugs_are_reported():
@@ -38,10 +48,34 @@ def test_not_applicable_sections_get_one_message_and_bugs_are_reported():
         raise ValueError("boom")
 
     page = report.build_report(testing.cached_model("gpt2"), "x = 1",
-                               sections=(("needs_rotary", not_here), ("broken", broken)))
+                               sections=(section("needs_rotary", not_here), section("broken", broken)))
     html = page.to_html()
     assert "Not shown for this model: needs rotary embeddings" in html
     assert page.failed_sections == ["broken"] and "This section failed: ValueError: boom" in html
+
+
+def test_a_bug_inside_a_collector_is_a_failure_not_a_refusal():
+    """An exception raised by a collector's own code, inside a hook during the forward pass,
+    reaches the report as itself: the section reads "failed", never "Not shown"."""
+    from tl_dynamics.collect import Collector
+
+    class Buggy(Collector):
+        layers = (1,)
+
+        def on_layer(self, state):
+            return state.attention.q.shape[0] / 0  # a planted bug
+
+    def attached(page, adapter, batch):
+        with adapter.collecting(Buggy()):
+            adapter.forward(batch)
+
+    model = testing.cached_model("gpt2")
+    before = {name: len(point.fwd_hooks) for name, point in model.hook_dict.items()}
+    page = report.build_report(model, "x = 1", sections=(section("buggy", attached),))
+    html = page.to_html()
+    assert page.failed_sections == ["buggy"] and "This section failed: ZeroDivisionError" in html
+    assert "Not shown for this model" not in html
+    assert {name: len(point.fwd_hooks) for name, point in model.hook_dict.items()} == before
 
 
 def test_head_statistics_on_planted_patterns():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tl_dynamics import _files, cli, models, scale, testing
+from tl_dynamics import cli, files, models, scale, testing
 from tl_dynamics import contextual_mlp as cm
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.adapter import ModelAdapter
@@ -130,11 +130,11 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", broken)
     with pytest.raises(OSError, match="disk full"):
-        _files.write_text(path, "new page")
+        files.write_text(path, "new page")
     monkeypatch.undo()
     assert path.read_text() == "old page" and sorted(p.name for p in tmp_path.iterdir()) == \
         ["page.html"]  # no temporary file left behind
-    _files.write_text(path, "new page")
+    files.write_text(path, "new page")
     assert path.read_text() == "new page" and path.stat().st_mode & 0o777 == 0o640
 
 

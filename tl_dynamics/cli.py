@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import __version__, _args, _files, devices
+from tl_dynamics import __version__, _args, devices, files
 from tl_dynamics.errors import TLDynamicsError
 
 _HEAD = re.compile(r"^(?:L(\d+)H(\d+)|(\d+)\.(\d+))$", re.IGNORECASE)
@@ -76,10 +76,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def check_out(out: str, model: str | None = None) -> Path:
-    """The output file, checked before any work (``tl_dynamics._files.check_output``): not
+    """The output file, checked before any work (``tl_dynamics.files.check_output``): not
     empty, not a directory, not under a file, not a file of the ``--model`` folder, and in a
     folder that exists or can be created and is writable."""
-    return _files.check_output(out, example="report.html", inputs=_files.model_inputs(model))
+    return files.check_output(out, example="report.html", inputs=files.model_inputs(model))
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -103,7 +103,7 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
 def parse_sections(text: str) -> list[str]:
     from tl_dynamics import report
 
-    valid = [name for name, _ in report.SECTIONS]
+    valid = [analysis.name for analysis in report.SECTIONS]
     names = [p for p in re.split(r"[\s,]+", text.strip()) if p]
     if names == ["none"]:
         return []
@@ -203,7 +203,7 @@ def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
     if isinstance(prompt, list):  # before any section runs: no page of failed sections
         _args.check_vocab(prompt, int(loaded.model.cfg.d_vocab))
     chosen = report.SECTIONS if sections is None else tuple(
-        (n, fn) for n, fn in report.SECTIONS if n in sections)
+        analysis for analysis in report.SECTIONS if analysis.name in sections)
     page = report.build_report(loaded.model, prompt, loaded.label, sections=chosen,
                                progress=progress, layers=layers, heads=heads, threads=threads)
     return page.write(out), loaded.label, list(getattr(page, "failed_sections", []))

@@ -19,26 +19,28 @@ import torch
 from tl_dynamics import viz
 from tl_dynamics._heads import EXPLAINED, STATISTICS, HeadSummaries
 from tl_dynamics.adapter import Batch, ModelAdapter
-from tl_dynamics.atlas import report_section as atlas_section
-from tl_dynamics.circuits import report_section as circuits_section
-from tl_dynamics.contextual_mlp import report_section as contextual_mlp_section
+from tl_dynamics.atlas import AtlasAnalysis
+from tl_dynamics.circuits import CircuitsAnalysis
+from tl_dynamics.collect import Analysis, torch_threads
+from tl_dynamics.contextual_mlp import ContextualMLPAnalysis
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.models import CODE_PROMPT as DEFAULT_PROMPT  # the one spelling (models.py)
-from tl_dynamics.odds_ratio import report_section as odds_ratio_section
-from tl_dynamics.particles import report_section as particles_section
-from tl_dynamics.trajectories import report_section as trajectories_section
+from tl_dynamics.odds_ratio import OddsRatioAnalysis
+from tl_dynamics.particles import ParticlesAnalysis
+from tl_dynamics.trajectories import TrajectoriesAnalysis
 
 log = logging.getLogger(__name__)
 
 SectionFn = Callable[[viz.Page, ModelAdapter, Batch], None]
-# The analyses, in page order: (name, report_section). Nothing is looked up at run time.
-SECTIONS: tuple[tuple[str, SectionFn], ...] = (
-    ("atlas", atlas_section),  # "What each head does"
-    ("circuits", circuits_section),
-    ("odds_ratio", odds_ratio_section),
-    ("contextual_mlp", contextual_mlp_section),
-    ("trajectories", trajectories_section),
-    ("particles", particles_section),
+# The analyses, in page order: each a ``tl_dynamics.collect.Analysis`` subclass naming its
+# ``compute``, ``attach`` and ``report_section``. Nothing is looked up at run time.
+SECTIONS: tuple[type[Analysis], ...] = (
+    AtlasAnalysis,  # "What each head does"
+    CircuitsAnalysis,
+    OddsRatioAnalysis,
+    ContextualMLPAnalysis,
+    TrajectoriesAnalysis,
+    ParticlesAnalysis,
 )
 # Intra-op threads while the report is built (torch's setting is restored after). "auto": torch's
 # own default (one per core) on a quiet machine, only the free cores (at least one) when other
@@ -208,7 +210,7 @@ def report_threads(setting: int | str | None = REPORT_THREADS) -> int | None:
 
 
 def build_report(model: Any, prompt: Any = DEFAULT_PROMPT, label: str = "",
-                 sections: Sequence[tuple[str, SectionFn]] = SECTIONS,
+                 sections: Sequence[type[Analysis]] = SECTIONS,
                  progress: Callable[[str], None] | None = None,
                  layers: Sequence[int] | None = None,
                  heads: Sequence[tuple[int, int]] | None = None,
@@ -216,19 +218,13 @@ def build_report(model: Any, prompt: Any = DEFAULT_PROMPT, label: str = "",
     """Build the report page for ``model`` on ``prompt`` (a string or token ids; see
     ``write_report``); ``layers`` and ``heads`` focus the attention section; ``threads`` sets
     torch's intra-op threads while building (``report_threads``; None: leave torch's setting)."""
-    chosen = report_threads(threads)
-    before = torch.get_num_threads()
-    if chosen is not None:
-        torch.set_num_threads(chosen)
-    if progress:
-        progress(f"building with {torch.get_num_threads()} torch thread(s)")
-    try:
+    with torch_threads(report_threads(threads)):
+        if progress:
+            progress(f"building with {torch.get_num_threads()} torch thread(s)")
         return _build(model, prompt, label, sections, progress, layers, heads)
-    finally:
-        torch.set_num_threads(before)
 
 
-def _build(model: Any, prompt: Any, label: str, sections: Sequence[tuple[str, SectionFn]],
+def _build(model: Any, prompt: Any, label: str, sections: Sequence[type[Analysis]],
            progress: Callable[[str], None] | None, layers: Sequence[int] | None,
            heads: Sequence[tuple[int, int]] | None) -> viz.Page:
     adapter = ModelAdapter.of(model)
@@ -256,7 +252,8 @@ def _build(model: Any, prompt: Any, label: str, sections: Sequence[tuple[str, Se
         page.warnings.append(warning)
         (progress or log.warning)(f"warning: {warning}")
     steps: list[tuple[str, Callable[..., None]]] = [
-        ("attention", lambda p, a, b: attention_section(p, a, b, layers, heads)), *sections]
+        ("attention", lambda p, a, b: attention_section(p, a, b, layers, heads)),
+        *((analysis.name, analysis.report_section) for analysis in sections)]
     failed: list[str] = []
     for name, section in steps:
         start = time.perf_counter()

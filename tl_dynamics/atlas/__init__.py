@@ -16,7 +16,7 @@ work. The atlas cannot stream (it runs its own probes and interventions), so the
 TransformerLens's ``detect_head``.
 """
 
-from tl_dynamics.atlas._api import REPORT_CAUSAL_HEADS, compute, report_section
+from tl_dynamics.atlas._api import AtlasAnalysis, REPORT_CAUSAL_HEADS, compute, report_section
 from tl_dynamics.atlas._causal import KINDS, next_token_loss
 from tl_dynamics.atlas._cli import cli_main, cli_parser
 from tl_dynamics.atlas._measure import LOCAL_WINDOW
@@ -24,7 +24,7 @@ from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes
 from tl_dynamics.atlas._result import HeadAtlas
 from tl_dynamics.atlas._roles import MARGIN, ROLES, RULES, HeadRoles, classify
 
-__all__ = ["HeadAtlas", "HeadRoles", "KINDS", "LOCAL_WINDOW", "MARGIN", "N_SEQ",
-           "Probes", "REPORT_CAUSAL_HEADS", "ROLES", "RULES", "SEED", "SEQ_LEN",
-           "build_probes", "classify", "cli_main", "cli_parser", "compute",
-           "next_token_loss", "repeated_tokens", "report_section"]
+__all__ = ["AtlasAnalysis", "HeadAtlas", "HeadRoles", "KINDS", "LOCAL_WINDOW", "MARGIN", "N_SEQ",
+           "Probes", "REPORT_CAUSAL_HEADS", "ROLES", "RULES", "SEED", "SEQ_LEN", "build_probes",
+           "classify", "cli_main", "cli_parser", "compute", "next_token_loss", "repeated_tokens",
+           "report_section"]

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from tl_dynamics import _args, _files, devices
+from tl_dynamics import _args, devices, files
 from tl_dynamics.errors import TLDynamicsError
 
 TABLE_COLUMNS = ["layer", "head", "role", "score", "baseline", "delta_loss", "delta_loss_prior",
@@ -46,8 +46,8 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     try:
-        out = None if args.out is None else _files.check_output(
-            args.out, example="heads.html", inputs=_files.model_inputs(args.model))
+        out = None if args.out is None else files.check_output(
+            args.out, example="heads.html", inputs=files.model_inputs(args.model))
         n_seq = _args.positive_arg(args.n_seq, "--n-seq")
         seq_len = _args.positive_arg(args.seq_len, "--seq-len")
         if args.prompt is not None and not args.prompt.strip():

@@ -15,11 +15,11 @@ from tl_dynamics.contextual_mlp._mlps import ContextualMLPs
 from tl_dynamics.contextual_mlp._readout import (Readout, direction_logits, evaluate_tokens,
                                                  evaluate_vocab, read_tokens, token_inputs,
                                                  written_tokens)
-from tl_dynamics.contextual_mlp._report import report_section
+from tl_dynamics.contextual_mlp._report import ContextualMLPAnalysis, report_section
 from tl_dynamics.contextual_mlp._results import Evaluation, Exactness, Neurons
 
-__all__ = ["ContextualMLP", "ContextualMLPCollector", "ContextualMLPs", "Evaluation", "Exactness",
-           "Growth", "Neurons", "Readout", "RotaryFrame", "attach", "build_frames", "compute",
-           "compute_rows", "direction_logits", "evaluate_tokens", "evaluate_vocab", "from_layer",
-           "generate_growth", "growth", "naive_mlp", "read_tokens", "report_section",
-           "token_inputs", "written_tokens"]
+__all__ = ["ContextualMLP", "ContextualMLPAnalysis", "ContextualMLPCollector", "ContextualMLPs",
+           "Evaluation", "Exactness", "Growth", "Neurons", "Readout", "RotaryFrame", "attach",
+           "build_frames", "compute", "compute_rows", "direction_logits", "evaluate_tokens",
+           "evaluate_vocab", "from_layer", "generate_growth", "growth", "naive_mlp",
+           "read_tokens", "report_section", "token_inputs", "written_tokens"]

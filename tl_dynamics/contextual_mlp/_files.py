@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 from torch import Tensor
 
-from tl_dynamics import _files
+from tl_dynamics import files
 from tl_dynamics.adapter import QueryNorm, Rotation
 from tl_dynamics.contextual_mlp._frame import RotaryFrame
 from tl_dynamics.errors import TLDynamicsError
@@ -66,7 +66,7 @@ def save(mlp: Any, path: str | os.PathLike, save_format: str) -> Path:
     tensors: dict[str, Tensor] = {}
     tree = _encode(mlp, "mlp", tensors)
     text = json.dumps({"format": save_format, "tree": tree}, sort_keys=True, allow_nan=False)
-    return _files.write_bytes(Path(path), st_save(tensors, metadata={KEY: text}))
+    return files.write_bytes(Path(path), st_save(tensors, metadata={KEY: text}))
 
 
 def _decode(node: Any, tensors: dict[str, Tensor], what: str) -> Any:

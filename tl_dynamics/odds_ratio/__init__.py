@@ -11,7 +11,7 @@ from tl_dynamics.odds_ratio._collect import (OddsRatioCollector, attach, compute
 from tl_dynamics.odds_ratio._barycentric import BarycentricView, barycentric
 from tl_dynamics.odds_ratio._markov import (DAMPING, ChainSummary, absorption_steps, chain_summary,
                                             compose, damped_stationary, effective_rank, stationary)
-from tl_dynamics.odds_ratio._report import report_section
+from tl_dynamics.odds_ratio._report import OddsRatioAnalysis, report_section
 from tl_dynamics.odds_ratio._result import (LABEL_THRESHOLD, SINK_SUM_KEYS, Decomposition,
                                             HeadStats, OddsRatioResult, label)
 from tl_dynamics.odds_ratio._simplex import SimplexSolution, kkt_residual, simplex_lstsq
@@ -22,10 +22,10 @@ from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE
 from tl_dynamics.odds_ratio._walk import composed, markov
 
 __all__ = ["BarycentricView", "ChainSummary", "DAMPING", "Decomposition", "HeadStats",
-           "LABEL_THRESHOLD", "OddsRatioCollector", "OddsRatioResult", "SINK_DOMINANCE",
-           "SINK_SUM_KEYS", "SUM_KEYS",
-           "ScoreParts",
-           "SimplexSolution", "absorption_steps", "attach", "barycentric", "chain_summary",
-           "compose", "composed", "compute", "counterfactual_patterns", "damped_stationary",
-           "decompose_layer", "effective_rank", "kkt_residual", "label", "markov", "masked_softmax",
-           "report_section", "row_kl", "simplex_lstsq", "sink_facts", "split_scores", "stationary"]
+           "LABEL_THRESHOLD", "OddsRatioAnalysis", "OddsRatioCollector", "OddsRatioResult",
+           "SINK_DOMINANCE", "SINK_SUM_KEYS", "SUM_KEYS", "ScoreParts", "SimplexSolution",
+           "absorption_steps", "attach", "barycentric", "chain_summary", "compose", "composed",
+           "compute", "counterfactual_patterns", "damped_stationary", "decompose_layer",
+           "effective_rank", "kkt_residual", "label", "markov", "masked_softmax",
+           "report_section", "row_kl", "simplex_lstsq", "sink_facts", "split_scores",
+           "stationary"]

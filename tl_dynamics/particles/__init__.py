@@ -13,13 +13,13 @@ from tl_dynamics.particles._beside import BESIDE_EPS, BesideModel, beside_model,
 from tl_dynamics.particles._dynamics import identity_qkv, random_init, random_qkv, suggest_dt, velocity
 from tl_dynamics.particles._observables import close_fraction, cluster_count, cluster_labels, mean_cosine
 from tl_dynamics.particles._phase import PhaseDiagram, PhaseParams, phase_diagram, phase_figure
-from tl_dynamics.particles._report import report_html, report_section
+from tl_dynamics.particles._report import ParticlesAnalysis, report_html, report_section
 from tl_dynamics.particles._result import ParticleRun, RunParams
 from tl_dynamics.particles._seeding import HeadDynamics, HeadSource, from_head
 from tl_dynamics.particles._simulation import simulate
 
-__all__ = ["BESIDE_EPS", "BesideModel", "HeadDynamics", "HeadSource", "ParticleRun", "PhaseDiagram",
-           "PhaseParams", "RunParams", "beside_model", "close_fraction", "cluster_count",
-           "cluster_labels", "compute", "from_head", "identity_qkv", "mean_cosine", "phase_diagram",
-           "phase_figure", "random_init", "random_qkv", "report_html", "report_section", "simulate",
-           "suggest_dt", "velocity"]
+__all__ = ["BESIDE_EPS", "BesideModel", "HeadDynamics", "HeadSource", "ParticleRun",
+           "ParticlesAnalysis", "PhaseDiagram", "PhaseParams", "RunParams", "beside_model",
+           "close_fraction", "cluster_count", "cluster_labels", "compute", "from_head",
+           "identity_qkv", "mean_cosine", "phase_diagram", "phase_figure", "random_init",
+           "random_qkv", "report_html", "report_section", "simulate", "suggest_dt", "velocity"]

@@ -11,6 +11,7 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.particles._beside import compute
 from tl_dynamics.particles._phase import PhaseDiagram, phase_figure
 from tl_dynamics.particles._result import ParticleRun
+from tl_dynamics.collect import Analysis
 
 REPORT_MAX_PARTICLES = 64  # the section simulates at most this many tokens: the prompt's first ones
 INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, V and beta"
@@ -74,3 +75,11 @@ def report_html(obj: Any, title: str | None = None) -> str:
     cap = html.escape(view.caption)
     return (f'<section class="tl-dynamics-particles"><h3>{head}</h3><figure>{view.html}'
             f"<figcaption>{cap}</figcaption></figure></section>")
+
+
+class ParticlesAnalysis(Analysis):
+    """The idealised particle system beside the model (simulated: no attach): the entry points ``tl_dynamics.report.SECTIONS`` lists."""
+
+    name = "particles"
+    compute = staticmethod(compute)
+    report_section = staticmethod(report_section)

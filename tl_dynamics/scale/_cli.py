@@ -9,7 +9,7 @@ import re
 import sys
 import time
 
-from tl_dynamics import _args, _files, devices, sphere
+from tl_dynamics import _args, devices, files, sphere
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._corpus import ON_LONG
 from tl_dynamics.scale._distributed import rank_device
@@ -76,7 +76,7 @@ def cli_main(argv: list[str]) -> int:
     args = stats_parser().parse_args(argv)
     start = time.perf_counter()
     try:
-        out = _files.check_output(args.out, example="stats.safetensors",
+        out = files.check_output(args.out, example="stats.safetensors",
                                   inputs=[("--prompts", args.prompts)])
         threads = _args.threads_arg(args.threads)
         batch_size = _args.positive_arg(args.batch_size, "--batch-size")
@@ -115,7 +115,7 @@ def report_main(argv: list[str]) -> int:
                    help="render an unfinished run's checkpoint (OUT.partial) too")
     args = p.parse_args(argv)
     try:
-        out = _files.check_output(args.out, example="stats.html", inputs=[("--stats", args.stats)])
+        out = files.check_output(args.out, example="stats.html", inputs=[("--stats", args.stats)])
         stats = load_stats(args.stats, allow_partial=args.allow_partial)
         path = stats_page(stats).write(out)
     except TLDynamicsError as exc:

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import numpy as np
 from safetensors.numpy import load as st_load
 
-from tl_dynamics import _files
+from tl_dynamics import files
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.collect import ExactSum
@@ -183,7 +183,7 @@ def save_stats(stats: DatasetStats, path: str | os.PathLike,
         >>> scale.load_stats(scale.save_stats(stats, "s.safetensors")) == stats  # doctest: +SKIP
         True
     """
-    return _files.write_bytes(Path(path), to_bytes(stats, checkpoint))
+    return files.write_bytes(Path(path), to_bytes(stats, checkpoint))
 
 
 # ---------------------------------------------------------------------- reading

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 from tl_dynamics import odds_ratio, sphere, trajectories
 from tl_dynamics.adapter import ModelAdapter
-from tl_dynamics import _files
+from tl_dynamics import files
 from tl_dynamics.collect import torch_threads
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._corpus import (ON_LONG, PromptCheck, Prompts, batches, count_prompts,
@@ -216,9 +216,9 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
     check_threads(threads)
     if out is not None:  # before any work: never over an input or a checkpoint not asked for
         source = prompts if isinstance(prompts, (str, os.PathLike)) else None
-        _files.check_output(out, example="stats.safetensors", inputs=[("--prompts", source)])
+        files.check_output(out, example="stats.safetensors", inputs=[("--prompts", source)])
         _refuse_stale_checkpoints(Path(out), resume)
-        if source is not None and any(_files.same_file(source, p) for p in _checkpoints(Path(out))):
+        if source is not None and any(files.same_file(source, p) for p in _checkpoints(Path(out))):
             raise TLDynamicsError(f"--prompts {str(source)!r} is a checkpoint of --out")
     with torch_threads(threads):
         model, name = _model_name(model, model_name, where)  # before the process group
@@ -270,7 +270,7 @@ def _checkpoints(out: Path) -> list[Path]:
     """``OUT.partial`` and ``OUT.partial-rankR-ofN`` files next to ``out``."""
     if not out.parent.is_dir():
         return []
-    prefix = out.name + _files.PARTIAL_SUFFIX
+    prefix = out.name + files.PARTIAL_SUFFIX
     return sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix))
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
-from tl_dynamics import _files
+from tl_dynamics import files
 from tl_dynamics.viz._component import Component, Group, bundle_js, html_escape
 from tl_dynamics.viz._runtime import RUNTIME_JS
 
@@ -135,4 +135,4 @@ class Page:
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
         # atomic: a temporary file in the same folder, renamed into place
-        return _files.write_text(Path(path), self.to_html())
+        return files.write_text(Path(path), self.to_html())
