@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="analysis sections to include, comma-separated, from: circuits, "
                              "odds_ratio, contextual_mlp, trajectories, particles; 'none' for the "
                              "attention section only (default: all)")
+    report.add_argument("--figures", default=None, metavar="DIR",
+                        help="also write every figure of the page into DIR as PNG (headless "
+                             "chromium) and, for heat maps, attention maps and line plots, SVG")
     report.add_argument("--threads", default="auto",
                         help="torch intra-op threads while building: a positive integer, or "
                              "'auto' (default: one per core, or 1 when the machine is busy)")
@@ -91,6 +94,19 @@ def check_out(out: str) -> Path:
         raise TLDynamicsError(f"--out {out!r}: {parent} is a file, so nothing can be written under it")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise TLDynamicsError(f"--out {out!r}: the folder {parent} is not writable")
+    return path
+
+
+def check_figures(folder: str) -> Path:
+    """The ``--figures`` folder, checked before any work: not a file, and creatable/writable."""
+    path = Path(folder).expanduser()
+    if not folder.strip() or path.exists() and not path.is_dir():
+        raise TLDynamicsError(f"--figures {folder!r}: give a folder for the PNG and SVG files")
+    parent = path.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise TLDynamicsError(f"--figures {folder!r}: {parent} is not a writable folder")
     return path
 
 
@@ -183,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{args.layers!r}: add their layers or drop them")
         sections = parse_sections(args.sections) if args.sections is not None else None
         threads = parse_threads(args.threads)
-        path, label = _report(args.model, prompt, out, layers, heads, sections, threads)
+        figures = check_figures(args.figures) if args.figures is not None else None
+        path, label = _report(args.model, prompt, out, layers, heads, sections, threads, figures)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
@@ -202,7 +219,7 @@ def parse_threads(text: str) -> int | str:
 
 def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
             heads: list[tuple[int, int]] | None, sections: list[str] | None,
-            threads: int | str = "auto") -> tuple[Path, str]:
+            threads: int | str = "auto", figures: Path | None = None) -> tuple[Path, str]:
     from tl_dynamics import models, report
 
     progress = (lambda msg: print(msg, file=sys.stderr))
@@ -217,4 +234,10 @@ def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
         (n, fn) for n, fn in report.SECTIONS if n in sections)
     page = report.build_report(loaded.model, prompt, loaded.label, sections=chosen,
                                progress=progress, layers=layers, heads=heads, threads=threads)
-    return page.write(out), loaded.label
+    path = page.write(out)
+    if figures is not None:
+        progress(f"writing figures to {figures} ...")
+        files = page.save_figures(figures)
+        progress(f"wrote {sum(f.suffix == '.png' for f in files)} PNG and "
+                 f"{sum(f.suffix == '.svg' for f in files)} SVG files to {figures}")
+    return path, loaded.label

@@ -91,6 +91,7 @@ class Component:
     props: dict[str, Any] = field(default_factory=dict)
     html: str = ""
     caption: str = ""
+    kind: str = ""  # for an html view: "line_plot", "small_multiples", "figure", "table", "text"
 
     def __repr__(self) -> str:
         kind = self.name or f"html, {len(self.html)} chars"
@@ -126,6 +127,21 @@ class Component:
 
     def show(self) -> "Component":
         return self
+
+    def save(self, path: Any) -> Path:
+        """Write the view to ``path``: ``.html`` (a standalone offline page), ``.svg`` (heat maps,
+        attention maps, line plots) or ``.png`` (headless Chromium; see ``viz._export``).
+
+        Example:
+            >>> import tempfile, pathlib
+            >>> out = pathlib.Path(tempfile.mkdtemp()) / "map.svg"
+            >>> from tl_dynamics import viz
+            >>> viz.heatmap([[0.0, 1.0]], ["L0"], ["H0", "H1"], title="demo").save(out).name
+            'map.svg'
+        """
+        from tl_dynamics.viz._export import save
+
+        return save(self, path)
 
 
 def standalone_html(components: list[Any], caption: str = "") -> str:
@@ -170,3 +186,10 @@ class Group:
 
     def show(self) -> "Group":
         return self
+
+    def save(self, path: Any) -> Path:
+        """Write the views together to ``path`` (as ``Component.save``; ``.svg`` when every
+        view has one)."""
+        from tl_dynamics.viz._export import save
+
+        return save(self, path)

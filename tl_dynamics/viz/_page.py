@@ -115,7 +115,8 @@ class Page:
                       for a, s in zip(anchors, self.sections))
         body, needs_bundle = [], False
         for anchor, section in zip(anchors, self.sections):
-            body.append(f'<section id="{anchor}"><h2>{html_escape(section.title)}</h2>')
+            heading = f"<h2>{html_escape(section.title)}</h2>" if section.title else ""
+            body.append(f'<section id="{anchor}">{heading}')
             if section.intro or section.math:
                 body.append(f'<p class="intro">{html_escape(section.intro)}{self._cite(section.math)}</p>')
             body.extend(item.fragment(nonce) for item in section.items)
@@ -129,8 +130,17 @@ class Page:
             f"<title>{html_escape(self.title)}</title><style>{_STYLE}</style>{bundle}"
             f'<script nonce="{nonce}">{RUNTIME_JS}</script></head><body>'
             f"<h1>{html_escape(self.title)}</h1>{warnings}<ul class=\"meta\">{meta}</ul>"
-            f'<nav class="toc"><b>Contents</b><ol>{toc}</ol></nav>'
+            + (f'<nav class="toc"><b>Contents</b><ol>{toc}</ol></nav>' if len(anchors) > 1 else "")
             + "".join(body) + f'<script nonce="{nonce}">TLD.start();</script></body></html>\n')
+
+    def save_figures(self, folder: Union[str, os.PathLike],
+                     formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+        """Every figure of the page into ``folder``, named ``NN-section_MM-kind-label.png``
+        (and ``.svg`` for heat maps, attention maps and line plots); returns the files written.
+        Text views are left out; PNGs need a headless Chromium (``viz._export``)."""
+        from tl_dynamics.viz._export import save_figures
+
+        return save_figures(self.sections, folder, formats)
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
         path = Path(path)
