@@ -161,3 +161,13 @@ def test_report_figures_writes_png_and_svg_for_every_figure(tmp_path, capsys):
     assert [p for p in pngs if blank(p)] == []
     words = texts(out / "01-attention-patterns_01-heatmap-previous-token.svg")
     assert {"previous token", "L0", "L1", "H0", "layer down, head across"} <= set(words)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from tl_dynamics.viz import _component
+
+    for module in (_svg, _component):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__

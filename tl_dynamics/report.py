@@ -46,7 +46,6 @@ SECTIONS: tuple[tuple[str, SectionFn], ...] = (
 # with one (the threads spent their time waiting for each other).
 REPORT_THREADS: int | str | None = "auto"
 DEFAULT_PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
-MATH_DOC = Path(__file__).resolve().parent.parent / "docs" / "math.md"
 ATTENTION_INTRO = (
     "How each head spreads its attention over earlier tokens. The maps give one number per head "
     "(rows: layers, columns: heads); the grid shows every head's pattern as a thumbnail "
@@ -249,8 +248,7 @@ def _build(model: Any, prompt: Any, label: str, sections: Sequence[tuple[str, Se
                  f"{', compatibility mode' if info.compat else ''})"),
         ("shape", f"{adapter.n_layers} layers, {adapter.n_heads} heads "
                   f"({adapter.n_kv_heads} key/value heads), d_model {adapter.d_model}"),
-        ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)")],
-        math_href=MATH_DOC.as_uri() if MATH_DOC.exists() else "")
+        ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)")])
     warning = unknown_token_warning(adapter, batch)
     if warning:
         page.warnings.append(warning)

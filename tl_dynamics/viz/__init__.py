@@ -9,6 +9,7 @@ from tl_dynamics.viz._builders import (attention_grid, attention_heads, attentio
 from tl_dynamics.viz._component import (Component, Group, escape_tokens, group, html_escape,
                                         visible_token)
 from tl_dynamics.viz._page import Page, Section
+from tl_dynamics.viz import _export  # noqa: F401  (registers view.save and Page.save_figures)
 from tl_dynamics.viz._plots import line_plot, small_multiples
 
 __all__ = ["Component", "Group", "Page", "Section", "attention_grid", "attention_heads",

@@ -10,12 +10,15 @@ import secrets
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tl_dynamics.viz._runtime import RUNTIME_JS
 from tl_dynamics.viz._specs import CANVAS_KINDS, canvas_spec, cv_spec
 
 _ids = itertools.count()
+# Writes a view to a file (``viz._export.save``, registered when ``tl_dynamics.viz`` loads: it
+# builds pages, which are made of components, so this module cannot import it).
+WRITERS: dict[str, Callable[..., Any]] = {}
 
 
 def html_escape(text: Any) -> str:
@@ -139,9 +142,7 @@ class Component:
             >>> viz.heatmap([[0.0, 1.0]], ["L0"], ["H0", "H1"], title="demo").save(out).name
             'map.svg'
         """
-        from tl_dynamics.viz._export import save
-
-        return save(self, path)
+        return WRITERS["save"](self, path)
 
 
 def standalone_html(components: list[Any], caption: str = "") -> str:
@@ -190,6 +191,4 @@ class Group:
     def save(self, path: Any) -> Path:
         """Write the views together to ``path`` (as ``Component.save``; ``.svg`` when every
         view has one)."""
-        from tl_dynamics.viz._export import save
-
-        return save(self, path)
+        return WRITERS["save"](self, path)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
 
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.viz import _svg
+from tl_dynamics.viz import _component, _svg
 from tl_dynamics.viz._component import Component, Group
+from tl_dynamics.viz._page import Page
 
 FORMATS = (".html", ".svg", ".png")
 SVG_KINDS = ("heatmap", "attention_pattern", "attention_heads", "attention_grid", "line_plot",
@@ -68,8 +69,6 @@ def to_svg(item: Item) -> str:
 
 def to_html(item: Item, title: str = "") -> str:
     """The view alone on a standalone offline page (``viz.Page``'s machinery)."""
-    from tl_dynamics.viz._page import Page
-
     page = Page(title or item.caption or kind_of(item).replace("_", " "))
     page.add_section("", [item])
     return page.to_html()
@@ -251,3 +250,6 @@ def save_figures(sections: Sequence[Any], folder: Union[str, os.PathLike],
         if renderer is not None:
             renderer.__exit__(None, None, None)
     return written
+
+
+_component.WRITERS.update(save=save, figures=save_figures)
