@@ -7,11 +7,13 @@ import itertools
 import json
 import math
 import secrets
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.viz._runtime import RUNTIME_JS
 from tl_dynamics.viz._specs import CANVAS_KINDS, canvas_spec, cv_spec
 
@@ -145,11 +147,42 @@ class Component:
         return WRITERS["save"](self, path)
 
 
+# Notebook outputs: circuitsvis's ~1.3 MB bundle goes with the first view of a kernel session
+# that needs it; later outputs find ``window.CircuitsVis`` in the same front end (the runtime
+# waits for it). "every" inlines it in every output (front ends that isolate each output, such
+# as Colab, get that automatically).
+_BUNDLE = {"mode": "once", "sent": False}
+
+
+def notebook_bundle(mode: str) -> str:
+    """How notebook outputs carry the circuitsvis script: ``"once"`` (default: with the first
+    view of the kernel session; later views use it) or ``"every"`` (inlined in each output, for
+    a front end that isolates outputs, or a notebook whose first output was cleared). Returns
+    the previous mode.
+
+    Example:
+        >>> notebook_bundle("every"), notebook_bundle("once")
+        ('once', 'every')
+    """
+    if mode not in ("once", "every"):
+        raise TLDynamicsError(f"notebook_bundle({mode!r}): valid modes are 'once' and 'every'")
+    before, _BUNDLE["mode"] = _BUNDLE["mode"], mode
+    return str(before)
+
+
+def _send_bundle() -> bool:
+    if _BUNDLE["mode"] == "every" or "google.colab" in sys.modules or not _BUNDLE["sent"]:
+        _BUNDLE["sent"] = True
+        return True
+    return False
+
+
 def standalone_html(components: list[Any], caption: str = "") -> str:
-    """Components with the bundle (when circuitsvis draws one) and the runtime: a notebook cell."""
+    """Components with the runtime (and the circuitsvis bundle when one needs it and this kernel
+    session has not sent it yet; see ``notebook_bundle``): a notebook cell's output."""
     nonce = secrets.token_hex(8)
-    bundle = (f'<script nonce="{nonce}">{bundle_js()}</script>'
-              if any(c.needs_bundle() for c in components) else "")
+    needs = any(c.needs_bundle() for c in components)
+    bundle = f'<script nonce="{nonce}">{bundle_js()}</script>' if needs and _send_bundle() else ""
     head = f'<p class="caption">{html_escape(caption)}</p>' if caption else ""
     return (bundle + f'<script nonce="{nonce}">{RUNTIME_JS}</script>' + head
             + "".join(c.fragment(nonce) for c in components)
