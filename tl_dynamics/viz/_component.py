@@ -18,6 +18,9 @@ from tl_dynamics.viz._runtime import RUNTIME_JS
 from tl_dynamics.viz._specs import CANVAS_KINDS, canvas_spec, cv_spec
 
 _ids = itertools.count()
+# Element ids carry a per-process prefix: a notebook keeps outputs of earlier kernels on the
+# same page, and their counters started at 0 too.
+_PROCESS = secrets.token_hex(3)
 # Writes a view to a file (``viz._export.save``, registered when ``tl_dynamics.viz`` loads: it
 # builds pages, which are made of components, so this module cannot import it).
 WRITERS: dict[str, Callable[..., Any]] = {}
@@ -109,7 +112,7 @@ class Component:
         if self.name is None:
             return f'<div class="tld-html">{self.html}</div>{caption}'
         spec, height = self._spec()
-        element = f"tld-v-{next(_ids)}"
+        element = f"tld-v-{_PROCESS}-{next(_ids)}"
         return (f'<div class="tld-view" id="{element}" style="min-height:{height}px"></div>'
                 f'<script type="application/json" id="{element}-data">{props_json(spec)}</script>'
                 f"{caption}")
