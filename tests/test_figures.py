@@ -114,7 +114,8 @@ def test_figures_folder_is_checked_before_the_model_loads(tmp_path, capsys, monk
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     code = cli.main(["report", "--out", str(tmp_path / "r.html"), "--figures", str(a_file)])
-    assert code == 2 and "--figures" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and f"--figures {str(a_file)!r}: give a folder for the PNG and SVG files" in err
 
 
 def blank(png):

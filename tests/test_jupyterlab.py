@@ -4,7 +4,7 @@ circuitsvis components mounted), with no page error, no error output and no requ
 leaves the machine. Views share one circuitsvis bundle per kernel session, so this is also the
 check that later outputs find the bundle an earlier one sent.
 
-Cost: all six notebooks in about two and a half minutes on a loaded 2-core machine (server and
+Cost: all six notebooks in 100 s on a loaded 2-core machine (server and
 kernel start, the cells, the drawing).
 """
 
