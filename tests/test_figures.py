@@ -93,7 +93,7 @@ def test_unsupported_formats_are_refused_naming_what_is_supported(tmp_path):
 def test_html_is_a_standalone_offline_page(tmp_path):
     page = viz.colored_tokens(["<BOS>", "b"], [0.0, 1.0], caption="tokens").save(tmp_path / "t.html")
     text = page.read_text()
-    assert "default-src 'none'" in text and "CircuitsVis.render" in text  # bundle inlined
+    assert "default-src 'none'" in text and "var CircuitsVis=" in text  # bundle inlined
     assert "<title>tokens</title>" in text and "&lt;BOS&gt;" in text
     assert not re.search(r"""(src|href)=["']https?:""", text)
 
