@@ -7,7 +7,8 @@ Each notebook is executed offline (nbclient, as ``tests/test_notebooks.py`` does
 output that holds tl_dynamics views is opened in headless Debian chromium (playwright, no
 browser download), each view is drawn by the page's runtime and photographed, and the output's
 HTML is rewritten without scripts: each view's placeholder holds its picture, SVG plots, tables
-and figures stay as they are. Re-running a cell brings the interactive view back. A notebook
+and figures stay as they are; warnings on stderr are dropped. Re-running a cell brings the
+interactive view back. A notebook
 over the budget is reported and the command exits 1 (``tests/test_notebook_outputs.py`` holds
 committed notebooks to the same budget).
 """
@@ -37,6 +38,8 @@ def execute(path: Path):
     import nbformat
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # the kernel imports this checkout's tl_dynamics, whatever the environment has installed
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     notebook = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory() as scratch:
         nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
@@ -79,6 +82,9 @@ def freeze(notebook) -> int:
     bundle = (Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js").read_text("utf-8")
     shell = (f"<!DOCTYPE html><html><head><meta charset='utf-8'>{style}<script>"
              + bundle.replace("</script", "<\\/script") + "</script></head><body>{{body}}</body></html>")
+    for cell in notebook.cells:  # the environment's warnings (e.g. tqdm without ipywidgets)
+        if "outputs" in cell:
+            cell["outputs"] = [o for o in cell["outputs"] if o.get("name") != "stderr"]
     count = 0
     chromium = os.environ.get("TL_DYNAMICS_CHROMIUM") or shutil.which("chromium")
     with sync_playwright() as p:
