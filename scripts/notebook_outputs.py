@@ -42,7 +42,7 @@ def execute(path: Path):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     notebook = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory() as scratch:
-        nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
+        nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3", record_timing=False,
                                 resources={"metadata": {"path": scratch}}).execute()
     return notebook
 
