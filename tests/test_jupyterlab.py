@@ -42,6 +42,10 @@ SETTINGS = {
 RUN_ALL = """async () => {
   const app = window.jupyterapp, panel = app.shell.currentWidget;
   await panel.context.ready; await panel.sessionContext.ready;
+  for (const cell of panel.content.widgets) {  // committed outputs and counts go first
+    if (cell.model.type !== 'code') continue;
+    cell.model.outputs.clear(); cell.model.executionCount = null;
+  }
   await app.commands.execute('notebook:run-all-cells');
 }"""
 DONE = """() => {
