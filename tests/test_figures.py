@@ -127,6 +127,23 @@ def blank(png):
     return differs.mean() < 0.01 or len(np.unique(image.reshape(-1, 3), axis=0)) < 4
 
 
+def mpl_figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.plot([0, 1], [1, 0])
+    return viz.figure(fig, caption="a line")
+
+
+def test_a_matplotlib_figure_is_written_from_its_own_png_without_a_browser(tmp_path, monkeypatch):
+    monkeypatch.setattr(_export, "Renderer", lambda: pytest.fail("a browser was started"))
+    path = mpl_figure().save(tmp_path / "f.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not blank(path)
+
+
 @pytest.mark.browser
 @browser
 def test_png_of_every_kind_of_view_is_drawn(tmp_path):
@@ -136,7 +153,9 @@ def test_png_of_every_kind_of_view_is_drawn(tmp_path):
     views = {"heat": heat(), "tokens": viz.colored_tokens(["a", "b"], [0.0, 1.0]),
              "heads": viz.attention_pattern(list("abc"), np.tril(np.ones((3, 3))) / 3),
              "plot": viz.line_plot(["a", "b"], {"s": [0.0, 1.0]}),
-             "table": viz.table(__import__("pandas").DataFrame({"x": [1.5, 2.5]}))}
+             "table": viz.table(__import__("pandas").DataFrame({"x": [1.5, 2.5]})),
+             "text": viz.text("a paragraph"), "figure": mpl_figure(),
+             "group": viz.group(viz.colored_tokens(["a"], [1.0]), heat(), row=True)}
     with _export.Renderer() as renderer:
         for name, view in views.items():
             path = _export.save(view, tmp_path / f"{name}.png", renderer)
