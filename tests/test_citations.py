@@ -80,9 +80,14 @@ def test_a_page_links_every_citation_to_the_sections_it_carries():
     links = LINK.findall(html)
     assert {n for _, n in links} >= {"2.1", "2.2", "4"} and unlinked(html) == []
     ids = re.findall(r'<details class="tld-math" id="([^"]+)">', html)
-    assert {a for a, _ in links} <= set(ids)  # every link resolves inside the page
+    targets = set(re.findall(r'id="(math-[\d-]+)"', html))
+    assert {a for a, _ in links} <= targets  # every link resolves inside the page
     expected = _cite.closure(["4", "2.1", "2.2"], docs.sections())
-    assert ids == [_cite.anchor(n) for n in expected] and {"math-4", "math-2-1"} <= set(ids)
+    blocks = [n for n in expected if "." not in n or n.split(".")[0] not in expected]
+    assert ids == [_cite.anchor(n) for n in blocks] and {"math-4", "math-2-1"} <= set(ids)
+    # a subsection of a carried section is read inside it (its heading has the id), not repeated
+    assert "math-4-2" not in ids and '<h5 id="math-4-2">4.2 Rotary offsets</h5>' in html
+    assert len(targets) == len(re.findall(r'id="math-[\d-]+"', html))  # no id twice
     assert "§99" in html and "#math-99" not in html  # not a section: left as written
     assert '<details class="tld-math" id="math-2-1"><summary>docs/math.md §2.1 The split' in html
     assert "open" not in re.search(r"<details[^>]*>", html).group(0)  # collapsed
@@ -104,7 +109,7 @@ def test_the_report_carries_what_it_cites():
 def test_following_a_citation_opens_its_section_in_the_browser(tmp_path):
     sync = pytest.importorskip("playwright.sync_api")
     page = viz.Page("cites")
-    page.add_section("A", [viz.text("see docs/math.md §2.3")])
+    page.add_section("A", [viz.text("see docs/math.md §2.3; §4 and §4.2")])
     path = page.write(tmp_path / "p.html")
     with sync.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
@@ -118,6 +123,10 @@ def test_following_a_citation_opens_its_section_in_the_browser(tmp_path):
         tab.click("section#a a.tld-cite")
         tab.wait_for_function("document.getElementById('math-2-3').open")
         assert "Sink statistics" in tab.inner_text("#math-2-3")
+        assert tab.evaluate("document.getElementById('math-4').open") is False
+        tab.click("section#a a.tld-cite[href='#math-4-2']")  # inside the carried §4
+        tab.wait_for_function("document.getElementById('math-4').open")
+        assert tab.is_visible("#math-4-2")
         browser.close()
     assert errors == [] and requests == [path.as_uri()]
 

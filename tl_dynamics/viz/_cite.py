@@ -109,16 +109,28 @@ def closure(numbers: list[str], parts: dict[str, docs.Section]) -> list[str]:
     return [n for n in parts if n in seen]
 
 
+def _heading_ids(html: str) -> str:
+    """Subsection headings inside a carried top-level section get their own ids (``math-2-3``),
+    so a link to a subsection lands inside its section's block, with no second copy."""
+    return re.sub(r"<h(\d)>(\d+\.\d+) ",
+                  lambda m: f'<h{m.group(1)} id="{anchor(m.group(2))}">{m.group(2)} ', html)
+
+
 def appendix(numbers: list[str]) -> str:
-    """The cited sections, collapsed, as a last page section (empty when nothing is cited)."""
+    """The cited sections, collapsed, as a last page section (empty when nothing is cited). A
+    subsection whose top-level section is carried is read inside it, not repeated."""
     if not numbers:
         return ""
     parts = docs.sections()
     known = set(parts)
+    chosen = closure(numbers, parts)
     blocks = []
-    for number in closure(numbers, parts):
+    for number in chosen:
+        if "." in number and number.split(".")[0] in chosen:
+            continue  # inside its section's block
         section = parts[number]
         body = link(markdown_html(section.text.split("\n", 1)[1]), known, [])
+        body = _heading_ids(body) if "." not in number else body
         blocks.append(f'<details class="tld-math" id="{anchor(number)}"><summary>docs/math.md '
                       f"§{number} {html_escape(section.title)}</summary>{body}</details>")
     return ('<section id="tld-maths-cited"><h2>Maths cited on this page</h2><p class="intro">The '
@@ -130,11 +142,12 @@ def appendix(numbers: list[str]) -> str:
 # Opens a collapsed section when a citation is followed (nonce'd page script; no inline handler).
 OPEN_JS = r"""
 (function () {
+function reveal(el) { var box = el && el.closest('details.tld-math'); if (box) box.open = true; return box; }
 function open() { var id = decodeURIComponent(location.hash.slice(1)), el = id && document.getElementById(id);
-  if (el && el.tagName === 'DETAILS') { el.open = true; el.scrollIntoView(); } }
+  if (reveal(el)) el.scrollIntoView(); }
 window.addEventListener('hashchange', open);
 document.addEventListener('click', function (e) { var a = e.target.closest && e.target.closest('a.tld-cite');
-  if (a) { var el = document.getElementById(a.getAttribute('href').slice(1)); if (el) el.open = true; } });
+  if (a) reveal(document.getElementById(a.getAttribute('href').slice(1))); });
 open();
 })();
 """
