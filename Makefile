@@ -16,7 +16,7 @@ export PROMPT OUT
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: report test test-main test-tl3 setup chromium docs
+.PHONY: report test test-main test-tl3 setup chromium docs notebooks
 
 $(VENV)/.installed: pyproject.toml
 	@echo "==> [1/4] creating $(VENV) (TransformerLens 4.x); about 2-4 minutes in all"
@@ -63,3 +63,8 @@ test-main: $(VENV)/.installed chromium
 # on the host, so they run once, above.
 test-tl3: $(VENV3)/.installed
 	$(VENV3)/bin/python -m pytest -m "not browser and not notebook"
+
+# Execute the notebooks and keep their outputs as static pictures of each view (for viewers that
+# cannot run scripts), each notebook under the size budget (scripts/notebook_outputs.py).
+notebooks: $(VENV)/.installed chromium
+	$(VENV)/bin/python scripts/notebook_outputs.py

@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="analysis sections to include, comma-separated, from: atlas, circuits, "
                              "odds_ratio, contextual_mlp, trajectories, particles; 'none' for the "
                              "attention section only (default: all)")
+    report.add_argument("--figures", default=None, metavar="DIR",
+                        help="also write every figure of the page into DIR as PNG (headless "
+                             "chromium) and, for heat maps, attention maps and line plots, SVG")
     report.add_argument("--threads", default="auto",
                         help="torch intra-op threads while building: a positive integer, or "
                              "'auto' (default: one per core, or 1 when the machine is busy)")
@@ -80,6 +83,19 @@ def check_out(out: str, model: str | None = None) -> Path:
     empty, not a directory, not under a file, not a file of the ``--model`` folder, and in a
     folder that exists or can be created and is writable."""
     return files.check_output(out, example="report.html", inputs=files.model_inputs(model))
+
+
+def check_figures(folder: str) -> Path:
+    """The ``--figures`` folder, checked before any work: not a file, and creatable/writable."""
+    path = Path(folder).expanduser()
+    if not folder.strip() or path.exists() and not path.is_dir():
+        raise TLDynamicsError(f"--figures {folder!r}: give a folder for the PNG and SVG files")
+    parent = path.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise TLDynamicsError(f"--figures {folder!r}: {parent} is not a writable folder")
+    return path
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -168,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         sections = parse_sections(args.sections) if args.sections is not None else None
         threads = parse_threads(args.threads)
         where = devices.placement(args.device, args.dtype, cli=True)
+        figures = check_figures(args.figures) if args.figures is not None else None
         path, label, failed = _report(args.model, prompt, out, layers, heads, sections, threads,
-                                      where)
+                                      where, figures)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
@@ -188,8 +205,8 @@ def parse_threads(text: str) -> int | str:
 
 def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
             heads: list[tuple[int, int]] | None, sections: list[str] | None,
-            threads: int | str = "auto", where: devices.Placement | None = None
-            ) -> tuple[Path, str, list[str]]:
+            threads: int | str = "auto", where: devices.Placement | None = None,
+            figures: Path | None = None) -> tuple[Path, str, list[str]]:
     from tl_dynamics import models, report
 
     progress = (lambda msg: print(msg, file=sys.stderr))
@@ -206,4 +223,10 @@ def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
         analysis for analysis in report.SECTIONS if analysis.name in sections)
     page = report.build_report(loaded.model, prompt, loaded.label, sections=chosen,
                                progress=progress, layers=layers, heads=heads, threads=threads)
-    return page.write(out), loaded.label, list(getattr(page, "failed_sections", []))
+    path = page.write(out)
+    if figures is not None:
+        progress(f"writing figures to {figures} ...")
+        written = page.save_figures(figures)
+        progress(f"wrote {sum(f.suffix == '.png' for f in written)} PNG and "
+                 f"{sum(f.suffix == '.svg' for f in written)} SVG files to {figures}")
+    return path, loaded.label, list(getattr(page, "failed_sections", []))

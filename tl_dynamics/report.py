@@ -47,7 +47,6 @@ SECTIONS: tuple[type[Analysis], ...] = (
 # work keeps cores busy: under load, threads that wait for each other cost more than they save
 # (benchmarks/README.md, "report").
 REPORT_THREADS: int | str | None = "auto"
-MATH_DOC = Path(__file__).resolve().parent.parent / "docs" / "math.md"
 ATTENTION_INTRO = (
     "How each head spreads its attention over earlier tokens. The maps give one number per head "
     "(rows: layers, columns: heads); the grid shows every head's pattern as a thumbnail "
@@ -245,8 +244,7 @@ def _build(model: Any, prompt: Any, label: str, sections: Sequence[type[Analysis
         ("shape", f"{adapter.n_layers} layers, {adapter.n_heads} heads "
                   f"({adapter.n_kv_heads} key/value heads), d_model {adapter.d_model}"),
         ("runs on", f"{batch.tokens.device}, {str(adapter.dtype).removeprefix('torch.')}"),
-        ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)")],
-        math_href=MATH_DOC.as_uri() if MATH_DOC.exists() else "")
+        ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)")])
     warning = unknown_token_warning(adapter, batch)
     if warning:
         page.warnings.append(warning)

@@ -133,7 +133,7 @@ def figure(fig: Any, caption: str = "", close: bool = True) -> Component:
         plt.close(fig)
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
     return Component(html=f'<img class="tld-figure" alt="{html_escape(caption or "figure")}" '
-                          f'src="data:image/png;base64,{data}">', caption=caption)
+                          f'src="data:image/png;base64,{data}">', caption=caption, kind="figure")
 
 
 def heatmap(values: Any, row_labels: Sequence[str] | None = None,
@@ -211,12 +211,12 @@ def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{
     more = f'<p class="caption">{len(df) - max_rows} more rows not shown</p>' if len(df) > max_rows else ""
     return Component(html=f'<div class="tld-scroll"><table class="tld-table"><thead><tr>{head}'
                           f'</tr></thead><tbody>{"".join(rows)}</tbody></table></div>{more}',
-                     caption=caption)
+                     caption=caption, kind="table")
 
 
 def text(body: str, caption: str = "") -> Component:
     """A paragraph of plain (escaped) text."""
-    return Component(html=f"<p>{html_escape(body)}</p>", caption=caption)
+    return Component(html=f"<p>{html_escape(body)}</p>", caption=caption, kind="text")
 
 
 def _fmt(value: Any, float_format: str) -> str:

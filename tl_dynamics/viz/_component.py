@@ -7,15 +7,23 @@ import itertools
 import json
 import math
 import secrets
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.viz._runtime import RUNTIME_JS
 from tl_dynamics.viz._specs import CANVAS_KINDS, canvas_spec, cv_spec
 
 _ids = itertools.count()
+# Element ids carry a per-process prefix: a notebook keeps outputs of earlier kernels on the
+# same page, and their counters started at 0 too.
+_PROCESS = secrets.token_hex(3)
+# Writes a view to a file (``viz._export.save``, registered when ``tl_dynamics.viz`` loads: it
+# builds pages, which are made of components, so this module cannot import it).
+WRITERS: dict[str, Callable[..., Any]] = {}
 
 
 def html_escape(text: Any) -> str:
@@ -91,6 +99,7 @@ class Component:
     props: dict[str, Any] = field(default_factory=dict)
     html: str = ""
     caption: str = ""
+    kind: str = ""  # for an html view: "line_plot", "small_multiples", "figure", "table", "text"
 
     def __repr__(self) -> str:
         kind = self.name or f"html, {len(self.html)} chars"
@@ -103,7 +112,7 @@ class Component:
         if self.name is None:
             return f'<div class="tld-html">{self.html}</div>{caption}'
         spec, height = self._spec()
-        element = f"tld-v-{next(_ids)}"
+        element = f"tld-v-{_PROCESS}-{next(_ids)}"
         return (f'<div class="tld-view" id="{element}" style="min-height:{height}px"></div>'
                 f'<script type="application/json" id="{element}-data">{props_json(spec)}</script>'
                 f"{caption}")
@@ -127,12 +136,56 @@ class Component:
     def show(self) -> "Component":
         return self
 
+    def save(self, path: Any) -> Path:
+        """Write the view to ``path``: ``.html`` (a standalone offline page), ``.svg`` (heat maps,
+        attention maps, line plots) or ``.png`` (headless Chromium; see ``viz._export``).
+
+        Example:
+            >>> import tempfile, pathlib
+            >>> out = pathlib.Path(tempfile.mkdtemp()) / "map.svg"
+            >>> from tl_dynamics import viz
+            >>> viz.heatmap([[0.0, 1.0]], ["L0"], ["H0", "H1"], title="demo").save(out).name
+            'map.svg'
+        """
+        return WRITERS["save"](self, path)
+
+
+# Notebook outputs: circuitsvis's ~1.3 MB bundle goes with the first view of a kernel session
+# that needs it; later outputs find ``window.CircuitsVis`` in the same front end (the runtime
+# waits for it). "every" inlines it in every output (front ends that isolate each output, such
+# as Colab, get that automatically).
+_BUNDLE = {"mode": "once", "sent": False}
+
+
+def notebook_bundle(mode: str) -> str:
+    """How notebook outputs carry the circuitsvis script: ``"once"`` (default: with the first
+    view of the kernel session; later views use it) or ``"every"`` (inlined in each output, for
+    a front end that isolates outputs, or a notebook whose first output was cleared). Returns
+    the previous mode.
+
+    Example:
+        >>> notebook_bundle("every"), notebook_bundle("once")
+        ('once', 'every')
+    """
+    if mode not in ("once", "every"):
+        raise TLDynamicsError(f"notebook_bundle({mode!r}): valid modes are 'once' and 'every'")
+    before, _BUNDLE["mode"] = _BUNDLE["mode"], mode
+    return str(before)
+
+
+def _send_bundle() -> bool:
+    if _BUNDLE["mode"] == "every" or "google.colab" in sys.modules or not _BUNDLE["sent"]:
+        _BUNDLE["sent"] = True
+        return True
+    return False
+
 
 def standalone_html(components: list[Any], caption: str = "") -> str:
-    """Components with the bundle (when circuitsvis draws one) and the runtime: a notebook cell."""
+    """Components with the runtime (and the circuitsvis bundle when one needs it and this kernel
+    session has not sent it yet; see ``notebook_bundle``): a notebook cell's output."""
     nonce = secrets.token_hex(8)
-    bundle = (f'<script nonce="{nonce}">{bundle_js()}</script>'
-              if any(c.needs_bundle() for c in components) else "")
+    needs = any(c.needs_bundle() for c in components)
+    bundle = f'<script nonce="{nonce}">{bundle_js()}</script>' if needs and _send_bundle() else ""
     head = f'<p class="caption">{html_escape(caption)}</p>' if caption else ""
     return (bundle + f'<script nonce="{nonce}">{RUNTIME_JS}</script>' + head
             + "".join(c.fragment(nonce) for c in components)
@@ -170,3 +223,8 @@ class Group:
 
     def show(self) -> "Group":
         return self
+
+    def save(self, path: Any) -> Path:
+        """Write the views together to ``path`` (as ``Component.save``; ``.svg`` when every
+        view has one)."""
+        return WRITERS["save"](self, path)

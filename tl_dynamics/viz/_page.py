@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
-from tl_dynamics import files
+from tl_dynamics import docs, files
+from tl_dynamics.viz import _cite, _component
 from tl_dynamics.viz._component import Component, Group, bundle_js, html_escape
 from tl_dynamics.viz._runtime import RUNTIME_JS
 
@@ -48,6 +49,8 @@ pre { white-space: pre-wrap; }
 .tld-row { display: flex; flex-wrap: wrap; gap: 8px 28px; align-items: flex-start; }
 .tld-cell { flex: 0 1 auto; min-width: 260px; max-width: 100%; }
 .tld-cell .caption { max-width: 360px; }
+.tld-math { margin: .3em 0; } .tld-math summary { cursor: pointer; font-weight: 600; }
+.tld-math pre { background: #f7f7f7; padding: .3em .6em; }
 .tld-legend { display: flex; align-items: center; gap: 6px; font-size: .8em; color: #444; flex-wrap: wrap; }
 """
 
@@ -88,7 +91,6 @@ class Page:
     sections: list[Section] = field(default_factory=list)
     failed_sections: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    math_href: str = ""  # where "docs/math.md" links point (a file URL), or plain text if empty
 
     def add_section(self, title: str, items: list[Item], intro: str = "",
                     math: str = "") -> Section:
@@ -96,15 +98,9 @@ class Page:
         self.sections.append(section)
         return section
 
-    def _cite(self, math: str) -> str:
-        if not math:
-            return ""
-        text = html_escape(math)
-        if self.math_href:
-            text = f'<a href="{html_escape(self.math_href)}">{text}</a>'
-        return f' <span class="cite">(maths: {text})</span>'
-
     def to_html(self) -> str:
+        """The page. Every "§N" it shows links to that section of docs/math.md, which the page
+        carries collapsed at its end (with the sections those cite; see ``_cite``)."""
         nonce = secrets.token_hex(16)
         csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
                "img-src data:; font-src data:")
@@ -112,16 +108,24 @@ class Page:
         warnings = "".join(f'<p class="warning">{html_escape(w)}</p>' for w in self.warnings)
         taken: set[str] = set()
         anchors = [_anchor(section.title, taken) for section in self.sections]
-        toc = "".join(f'<li><a href="#{a}">{html_escape(s.title)}</a></li>'
-                      for a, s in zip(anchors, self.sections))
         body, needs_bundle = [], False
         for anchor, section in zip(anchors, self.sections):
-            body.append(f'<section id="{anchor}"><h2>{html_escape(section.title)}</h2>')
+            heading = f"<h2>{html_escape(section.title)}</h2>" if section.title else ""
+            body.append(f'<section id="{anchor}">{heading}')
             if section.intro or section.math:
-                body.append(f'<p class="intro">{html_escape(section.intro)}{self._cite(section.math)}</p>')
+                cite = (f' <span class="cite">(maths: {html_escape(section.math)})</span>'
+                        if section.math else "")
+                body.append(f'<p class="intro">{html_escape(section.intro)}{cite}</p>')
             body.extend(item.fragment(nonce) for item in section.items)
             needs_bundle = needs_bundle or any(item.needs_bundle() for item in section.items)
             body.append("</section>")
+        cited: list[str] = []
+        known = set(docs.sections()) if any("\u00a7" in part for part in body) else set()
+        text = _cite.link("".join(body), known, cited)
+        maths = _cite.appendix(cited)
+        entries = [(a, s.title) for a, s in zip(anchors, self.sections)]
+        entries += [("tld-maths-cited", "Maths cited on this page")] if maths else []
+        toc = "".join(f'<li><a href="#{a}">{html_escape(t)}</a></li>' for a, t in entries)
         bundle = f'<script nonce="{nonce}">{bundle_js()}</script>' if needs_bundle else ""
         return (
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -130,8 +134,17 @@ class Page:
             f"<title>{html_escape(self.title)}</title><style>{_STYLE}</style>{bundle}"
             f'<script nonce="{nonce}">{RUNTIME_JS}</script></head><body>'
             f"<h1>{html_escape(self.title)}</h1>{warnings}<ul class=\"meta\">{meta}</ul>"
-            f'<nav class="toc"><b>Contents</b><ol>{toc}</ol></nav>'
-            + "".join(body) + f'<script nonce="{nonce}">TLD.start();</script></body></html>\n')
+            + (f'<nav class="toc"><b>Contents</b><ol>{toc}</ol></nav>' if len(entries) > 1 else "")
+            + text + maths + f'<script nonce="{nonce}">TLD.start();</script>'
+            + (f'<script nonce="{nonce}">{_cite.OPEN_JS}</script>' if maths else "")
+            + "</body></html>\n")
+
+    def save_figures(self, folder: Union[str, os.PathLike],
+                     formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+        """Every figure of the page into ``folder``, named ``NN-section_MM-kind-label.png``
+        (and ``.svg`` for heat maps, attention maps and line plots); returns the files written.
+        Text views are left out; PNGs need a headless Chromium (``viz._export``)."""
+        return _component.WRITERS["figures"](self.sections, folder, formats)
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
         # atomic: a temporary file in the same folder, renamed into place

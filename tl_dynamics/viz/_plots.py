@@ -132,13 +132,14 @@ def _panel(x_labels: Sequence[str], series: Sequence[Series], title: str,
     return out
 
 
-def _svg(parts: list[str], width: float, height: float, caption: str) -> Component:
+def _svg(parts: list[str], width: float, height: float, caption: str, kind: str,
+         title: str = "") -> Component:
     body = "".join(parts)
     return Component(html=f'<svg class="tld-figure tld-svg" xmlns="http://www.w3.org/2000/svg" '
                           f'width="{width:.0f}" height="{height:.0f}" '
                           f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
                           f'aria-label="{html_escape(caption or "plot")}">{body}</svg>',
-                     caption=caption)
+                     caption=caption, kind=kind, props={"title": title} if title else {})
 
 
 def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "",
@@ -177,7 +178,7 @@ def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "
                      f'class="tld-svg-lab" style="{_FONT};font-size:9px">'
                      f'{html_escape(_clip(name, 22))}</text>')
     total_h = max(float(height), 24.0 + 14.0 * len(drawn))
-    return _svg(parts, float(width), total_h, caption)
+    return _svg(parts, float(width), total_h, caption, "line_plot", title)
 
 
 def small_multiples(x_labels: Sequence[str], panels: Mapping[str, Any], columns: int = 4,
@@ -204,4 +205,4 @@ def small_multiples(x_labels: Sequence[str], panels: Mapping[str, Any], columns:
                         float(panel_width), float(panel_height), max_ticks=6)
     rows = -(-len(panels) // columns)
     return _svg(parts, float(min(columns, len(panels)) * panel_width), float(rows * panel_height),
-                caption)
+                caption, "small_multiples")

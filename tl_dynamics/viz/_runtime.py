@@ -132,11 +132,19 @@ async function heads(host, spec) {
         r = Math.floor((e.clientY - b.top) / b.height * rows), h = r * cols + c;
     canvas.title = h < n ? spec.names[h] : ''; });
   pick(spec.selected || 0); }
+function circuitsvis() {  // in a notebook the bundle may come with an earlier output
+  return new Promise(function (ok, fail) { var t0 = Date.now();
+    (function poll() { if (window.CircuitsVis) ok(window.CircuitsVis);
+      else if (Date.now() - t0 > 20000) fail(new Error('the circuitsvis script is not loaded: it comes '
+        + 'with the first view of a kernel session; re-run this cell after '
+        + 'tl_dynamics.viz.notebook_bundle("every")'));
+      else setTimeout(poll, 50); })(); }); }
 TLD.mount = async function (view) {
   if (view.dataset.state) return; view.dataset.state = 'loading';
   try {
     var spec = JSON.parse(document.getElementById(view.id + '-data').textContent);
-    if (spec.kind === 'cv') { CircuitsVis.render(view.id, CircuitsVis[spec.name], await revive(spec.props));
+    if (spec.kind === 'cv') { var CV = await circuitsvis();
+      CV.render(view.id, CV[spec.name], await revive(spec.props));
       if (spec.note) view.insertAdjacentElement('afterend', el('div', 'tld-note', spec.note)); }
     else if (spec.kind === 'heatmap') { heatmap(view, await decode(spec.data), 0, spec); }
     else if (spec.kind === 'heads') { await heads(view, spec); }
