@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
@@ -23,9 +23,6 @@ from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble, refuse_sinks
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
-
-if TYPE_CHECKING:
-    from tl_dynamics.adapter._model import ModelAdapter
 
 ATTENTION_ROLES = ("q", "k", "v", "rot_q", "rot_k", "cos", "sin")
 POINT_ROLES = ("resid_pre", "resid_mid", "resid_post")
@@ -59,7 +56,7 @@ class _Pass:
 class Hub:
     """The collectors attached to one model, and the hooks that feed them."""
 
-    def __init__(self, adapter: "ModelAdapter"):
+    def __init__(self, adapter: Any):  # a ModelAdapter (_model.py imports this module)
         self.adapter = adapter
         self.collectors: list[Collector] = []
         self.pending: Batch | None = None  # the Batch ModelAdapter.forward is running
@@ -199,7 +196,7 @@ class Hub:
 _HUBS: "weakref.WeakKeyDictionary[Any, Hub]" = weakref.WeakKeyDictionary()
 
 
-def hub_of(adapter: "ModelAdapter") -> Hub:
+def hub_of(adapter: Any) -> Hub:
     """The one hub of ``adapter``'s model (adapters of the same model share it)."""
     hub = _HUBS.get(adapter.model)
     if hub is None:

@@ -15,7 +15,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from tl_dynamics.adapter._host import LayerSpec
-from tl_dynamics.adapter._softmax import masked_softmax
+from tl_dynamics.adapter._softmax import masked_log_softmax, masked_softmax
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -53,6 +53,16 @@ class LayerAttention:
     b_O: Float[Tensor, " d_model"]
     reference: dict[str, Tensor] = field(default_factory=dict)
     sink_logit: Float[Tensor, " head"] | None = None
+    # what every collector reads of this layer, computed once (all heads): scores, pattern,
+    # log-pattern; new for each instance (``dataclasses.replace`` makes a fresh one)
+    _memo: dict[str, Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _memoised(self, name: str, heads: Sequence[int] | None, make) -> Tensor:
+        if heads is not None:
+            return make()
+        if name not in self._memo:
+            self._memo[name] = make()
+        return self._memo[name]
 
     @property
     def layer(self) -> int:
@@ -101,8 +111,9 @@ class LayerAttention:
         return raw if cap is None else cap * torch.tanh(raw / cap)
 
     def scores(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
-        """The pre-softmax scores the model's softmax sees on allowed entries (post-cap)."""
-        return self.capped(self.raw_scores(heads))
+        """The pre-softmax scores the model's softmax sees on allowed entries (post-cap); over
+        all heads, computed once per layer and shared by every reader."""
+        return self._memoised("scores", heads, lambda: self.capped(self.raw_scores(heads)))
 
     def masked_softmax(self, scores: Float[Tensor, "batch head pos pos"],
                        heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
@@ -113,8 +124,19 @@ class LayerAttention:
         return masked_softmax(scores, self.allowed, sink)
 
     def pattern(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
-        """The attention pattern, recomputed: equals the model's ``hook_pattern`` on valid rows."""
-        return self.masked_softmax(self.scores(heads), heads)
+        """The attention pattern, recomputed: equals the model's ``hook_pattern`` on valid rows
+        (over all heads, computed once per layer)."""
+        return self._memoised("pattern", heads,
+                              lambda: self.masked_softmax(self.scores(heads), heads))
+
+    def log_pattern(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
+        """``log pattern``: -inf on masked keys and on rows with no allowed key (over all heads,
+        computed once per layer). Learned sinks join the denominator as in ``pattern``."""
+        def make() -> Tensor:
+            if self.sink_logit is not None:
+                return torch.log(self.pattern(heads))
+            return masked_log_softmax(self.scores(heads), self.allowed)
+        return self._memoised("log_pattern", heads, make)
 
     def z(self, heads: Sequence[int] | None = None,
           pattern: Tensor | None = None) -> Float[Tensor, "batch pos head d_head"]:

@@ -9,10 +9,7 @@ computed once, its memoised scores and log-softmax, the pass's masks, the residu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
-
-if TYPE_CHECKING:
-    from tl_dynamics.adapter import Batch, LayerState
+from typing import Any, Callable, ClassVar, Sequence
 
 
 class Collector(ABC):
@@ -53,13 +50,15 @@ class Collector(ABC):
     reference: bool = False
     sinks: bool = False
 
-    def start_pass(self, batch: "Batch | None") -> None:
-        """A forward pass starts; ``batch`` holds its tokens and padding mask (None when the
-        model was called with something that is not token ids or text)."""
+    def start_pass(self, batch: Any) -> None:
+        """A forward pass starts; ``batch`` (a ``tl_dynamics.adapter.Batch``) holds its tokens
+        and padding mask (None when the model was called with something that is not token ids
+        or text)."""
 
     @abstractmethod
-    def on_layer(self, state: "LayerState") -> None:
-        """One layer of the pass (only layers in ``layers`` or with a point in ``points``)."""
+    def on_layer(self, state: Any) -> None:
+        """One layer of the pass (only layers in ``layers`` or with a point in ``points``):
+        ``state`` is the ``tl_dynamics.adapter.LayerState`` every collector shares."""
 
     def end_pass(self) -> None:
         """The forward pass has returned (every layer was delivered)."""

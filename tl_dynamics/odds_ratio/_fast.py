@@ -108,9 +108,12 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
 
     mean_r = sum_r / n_safe
     shifted_prior = prior - p_min
-    budget = min(SCORE_BUDGET_LAYERS * n_batch * (layer_heads or n_heads) * n_pos * n_pos,
-                 MAX_CHUNK_BYTES // 4)
-    step = max(8, budget // max(1, n_batch * n_heads * n_pos))
+    # chunks: one per SCORE_BUDGET_LAYERS layers (the same count whatever the heads and tokens),
+    # more only where a chunk would pass MAX_CHUNK_BYTES
+    n_layers = max(1, n_heads // (layer_heads or n_heads))
+    n_chunks = max(-(-n_layers // SCORE_BUDGET_LAYERS),
+                   -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES))
+    step = -(-n_pos // min(n_pos, n_chunks))
     # [batch * head, pos, d] with the scale folded into q once: each chunk's scores are one bmm
     qs = (qh * scale).reshape(n_batch * n_heads, n_pos, d)
     kt = kh.reshape(n_batch * n_heads, n_pos, d).transpose(1, 2)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+
+from typing import Any, ContextManager, Sequence
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from tl_dynamics import sphere
+from tl_dynamics.collect import torch_threads
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.particles._checks import Problems, check_eps, positive_number
 from tl_dynamics.particles._dynamics import Field, make_field
@@ -27,18 +28,9 @@ _SAFETY, _FAC_MIN, _FAC_MAX = 0.9, 0.2, 5.0
 _SMALL_WORK = 1 << 22
 
 
-@contextmanager
-def _single_thread_if_small(work: int) -> Iterator[None]:
+def _single_thread_if_small(work: int) -> ContextManager[None]:
     """Use one intra-op thread for small batches, restoring the caller's setting afterwards."""
-    before = torch.get_num_threads()
-    if work >= _SMALL_WORK or before == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return torch_threads(1 if work < _SMALL_WORK else None)
 
 
 def _record_times(p: Problems, t_max: Any, record_every: Any, times: Any) -> Tensor | None:

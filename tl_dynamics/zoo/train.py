@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from tl_dynamics.collect import torch_threads
 from tl_dynamics.zoo import _cards, _data, _files
 from tl_dynamics.zoo._load import default_host, load_folder, model_folder
 from tl_dynamics.zoo._measure import masked_loss
@@ -220,7 +221,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    torch.set_num_threads(1)
+    with torch_threads(1):  # training is reproducible on one thread
+        _main(args)
+
+
+def _main(args: argparse.Namespace) -> None:
     torch.manual_seed(SEED)
     folder = args.out or model_folder(args.name)
     if args.reference_only:
