@@ -117,28 +117,36 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
     # [batch * head, pos, d] with the scale folded into q once: each chunk's scores are one bmm
     qs = (qh * scale).reshape(n_batch * n_heads, n_pos, d)
     kt = kh.reshape(n_batch * n_heads, n_pos, d).transpose(1, 2)
-    parts: dict[str, list[Tensor]] = {n: [] for n in ("sum_sq", "cov_rp", "sum_pr", "lse",
-                                                       "pattern_prior", "lse_lik", "lse_prior")}
+    names = ("sum_sq", "cov_rp", "sum_pr", "lse", "pattern_prior", "lse_lik", "lse_prior")
+    parts: dict[str, list[Tensor]] = {n: [] for n in names}
+    if prefix is not None:  # causal, no window: each row's keys are a prefix, one pass for all
+        parts["lse_prior"].append(torch.logcumsumexp(prior.masked_fill(~kv, float("-inf")), -1))
     column = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
         j0, j1 = masks.band(i0, i1, n_pos)
-        r = torch.bmm(qs[:, i0:i1], kt[:, :, j0:j1]).view(n_batch, n_heads, i1 - i0, j1 - j0)
+        c, m = i1 - i0, j1 - j0
+        r = torch.bmm(qs[:, i0:i1], kt[:, :, j0:j1]).view(n_batch, n_heads, c, m)
         add = additive[:, None, i0:i1, j0:j1]
         s = r + add
-        lse = torch.logsumexp(s, -1)
-        p = torch.exp(s - lse[..., None])
+        log_p = torch.log_softmax(s, dim=-1)
+        own = (torch.arange(i0, i1, device=q.device) - j0).clamp(0, m - 1)
+        own = own.view(1, 1, c, 1).expand(n_batch, n_heads, c, 1)  # a valid query sees itself
+        parts["lse"].append((r.gather(-1, own) - log_p.gather(-1, own)).squeeze(-1))
+        p = log_p.exp_()  # the pattern, in place of its log
         pr = prior[:, :, None, j0:j1]
-        parts["lse"].append(lse)
-        parts["sum_pr"].append((p * r).sum(-1))
-        parts["pattern_prior"].append((p * pr).sum(-1))
-        parts["lse_lik"].append(torch.logsumexp(s - pr, -1))
-        parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
-        column[..., j0:j1] += (p * valid_f[:, None, i0:i1, None]).sum(2)
-        # centred (the row means are known already): no cancellation in the moments
-        rc = (r - mean_r[..., i0:i1, None]) * allowed_f[:, None, i0:i1, j0:j1]
-        parts["sum_sq"].append((rc * rc).sum(-1))
-        parts["cov_rp"].append((rc * shifted_prior[:, :, None, j0:j1]).sum(-1))
+        parts["sum_pr"].append(torch.linalg.vecdot(p, r))
+        parts["pattern_prior"].append(
+            torch.bmm(p.view(-1, c, m), prior.view(-1, n_pos, 1)[:, j0:j1]).view(n_batch, n_heads, c))
+        if prefix is None:
+            parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
+        parts["lse_lik"].append(torch.logsumexp(s.sub_(pr), -1))
+        column[..., j0:j1] += torch.matmul(valid_f[:, None, None, i0:i1], p).squeeze(-2)
+        # centred in place (the row means are known already): no cancellation in the moments
+        r.sub_(mean_r[..., i0:i1, None]).mul_(allowed_f[:, None, i0:i1, j0:j1])
+        parts["sum_sq"].append(torch.linalg.vector_norm(r, dim=-1).square())
+        parts["cov_rp"].append(torch.bmm(r.view(-1, c, m), shifted_prior.view(-1, n_pos, 1)[:, j0:j1])
+                               .view(n_batch, n_heads, c))
     got = {n: v[0] if len(v) == 1 else torch.cat(v, -1) for n, v in parts.items()}
     lse, sum_pr, pattern_prior = got["lse"], got["sum_pr"], got["pattern_prior"]
 
