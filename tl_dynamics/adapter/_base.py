@@ -13,9 +13,11 @@ from torch import Tensor
 
 from tl_dynamics.adapter import _capture, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
-from tl_dynamics.adapter._checks import check_index, check_indices, check_materialised
+from tl_dynamics.adapter._checks import (check_attention, check_index, check_indices,
+                                         check_materialised)
 from tl_dynamics.adapter._flags import query_scaling_context
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
+from tl_dynamics.adapter._mla import latent_W_O
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
 from tl_dynamics.adapter._rotation import PROBE_POSITIONS, read_rotation
@@ -88,6 +90,18 @@ class AdapterBase:
         """None (all layers), one layer index or a non-empty sequence of them."""
         return check_indices(layers, "layer", self.n_layers)
 
+    @property
+    def attention_layers(self) -> list[int]:
+        """Indices of the layers with softmax attention the host hooks (every layer but the
+        state-space, linear-attention, convolution ... layers of hybrids; none on Mamba)."""
+        return [spec.layer for spec in self.specs if spec.is_attention]
+
+    def check_attention_layers(self, layers: int | Sequence[int] | None) -> list[int]:
+        """Like ``check_layers`` for attention analyses: None means every attention layer, and a
+        layer of another type (or a model with none) is a TLDynamicsError naming it."""
+        chosen = self.attention_layers if layers is None else self.check_layers(layers)
+        return check_attention(self.specs, chosen, self.info.architecture)
+
     def check_heads(self, heads: int | Sequence[int] | None) -> list[int]:
         """None (all heads), one head index or a non-empty sequence of them."""
         return check_indices(heads, "head", self.n_heads)
@@ -139,7 +153,11 @@ class AdapterBase:
 
     def _attn_weight(self, layer: int, name: str, bias_shape: tuple[int, ...] | None = None) -> Tensor:
         """A weight (required) or a bias (zeros where the model has none), GQA expanded."""
+        check_attention(self.specs, [layer], self.info.architecture)
+
         def compute() -> Tensor:
+            if self.specs[layer].latent:  # low-rank q/k/v factors: only W_O is one matrix
+                return self._latent_weight(layer, name, bias_shape)
             w = _weights.attn_param(self.model, layer, name)
             if w is None and bias_shape is None:
                 raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no {name}")
@@ -147,6 +165,17 @@ class AdapterBase:
                 if w is None else w
             return w if name == "b_O" else _weights.expand_heads(w, self.n_heads)
         return self._cached((name, layer), compute)
+
+    def _latent_weight(self, layer: int, name: str, bias_shape: tuple[int, ...] | None) -> Tensor:
+        if name == "W_O":
+            return latent_W_O(self.model, layer, self.n_heads)
+        if name == "b_O":
+            return torch.zeros(bias_shape, device=model_device(self.model))
+        raise TLDynamicsError(
+            f"layer {layer} of {self.info.architecture} has multi-head latent attention: its "
+            f"queries and keys come from low-rank factors with a rotary part shared across "
+            f"heads, so there is no {name} matrix; analyses that read {name} do not apply "
+            "(the pattern, z and head outputs are exact: ModelAdapter.attention)")
 
     def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
         return self._attn_weight(self.check_layer(layer), "W_Q")

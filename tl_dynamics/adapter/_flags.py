@@ -72,7 +72,7 @@ def check_bridge_flags(model: Any, architecture: str) -> None:
             _check(cfg, _HF_CONFIG_RULES, "Hugging Face config", architecture)
     _check(model.cfg, _BRIDGE_CFG_RULES, "TransformerLens cfg", architecture)
     for block in model.blocks:
-        orig = getattr(block.attn, "original_component", None)
+        orig = getattr(getattr(block, "attn", None), "original_component", None)
         if orig is not None:
             _check(orig, _HF_MODULE_RULES, "attention module", architecture)
 

@@ -94,6 +94,11 @@ class ModelAdapter(AdapterBase):
             return self.model(batch.tokens.to(device), **kwargs)
 
     def _check_padding(self, batch: Batch | None) -> None:
+        if batch is not None and batch.padded and self.info.family == "openai_gpt":
+            raise TLDynamicsError(
+                "padded batch on OpenAIGPTLMHeadModel: TransformerLens's bridge replaces the "
+                "causal mask by the padding mask when one is passed, so its queries attend to "
+                "later tokens (the Hugging Face model keeps both); pass prompts one at a time")
         if batch is None or not batch.padded or self.info.host != "hooked":
             return
         if any(not spec.causal for spec in self.specs):
@@ -134,7 +139,7 @@ class ModelAdapter(AdapterBase):
         with ``sinks=True`` the pattern, ``z`` and outputs are exact (``sink_logit``).
         """
         self._check_padding(batch)
-        layer_list = self.check_layers(layers)
+        layer_list = self.check_attention_layers(layers)
         if not sinks:
             refuse_sinks(self.specs, layer_list, self.info.architecture)
         for layer in layer_list:  # read before hooking: reading may run a probe forward pass
