@@ -44,6 +44,12 @@ MUST_BE_EXACT = {
     "gpt_bigcode-unscaled", "Ministral3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "Ernie4_5ForCausalLM",
     "Ernie4_5_MoeForCausalLM", "falcon-alibi", "MptForCausalLM", "GptOssForCausalLM",
 }
+# Issue 23, TransformerLens 4.x bridge: latent attention (MLAAttentionBridge) and the attention
+# layers of hybrids (the other layers carry LayerSpec.kind and are not attention layers).
+if compat.tl_major_version() >= 4:
+    MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
+                      "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
+                      "Lfm2ForCausalLM", "FalconH1ForCausalLM"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -63,8 +69,24 @@ _TINY = dict(
     bos_token_id=0, eos_token_id=0, pad_token_id=0, sliding_window=4, window_size=4,
     use_cache=False, tie_word_embeddings=False,
 )
-# Families whose config validates a per-layer list against the layer count.
-_EXTRA = {"GPTNeoForCausalLM": dict(attention_types=[[["global", "local"], 1]])}
+# Multi-head latent attention at a tiny size: q/k head width 16 + 8 (non-rotary + rotary) differs
+# from the value width 12, and one key per head (Hugging Face's eager DeepSeek path has no GQA).
+MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+           v_head_dim=12, num_key_value_heads=4)
+# Families whose config validates a per-layer list against the layer count, or that need a
+# layout to be exercised: hybrids get one layer of each type (attention last).
+_EXTRA = {
+    "GPTNeoForCausalLM": dict(attention_types=[[["global", "local"], 1]]),
+    "DeepseekV2ForCausalLM": MLA, "DeepseekV3ForCausalLM": MLA, "Glm4MoeLiteForCausalLM": MLA,
+    "YoutuForCausalLM": MLA,
+    "JambaForCausalLM": dict(attn_layer_period=2, attn_layer_offset=1),
+    "BambaForCausalLM": dict(attn_layer_indices=[1]),
+    "Lfm2ForCausalLM": dict(layer_types=["conv", "full_attention"]),
+    "Qwen3NextForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
+    "Qwen3_5ForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
+    "NemotronHForCausalLM": dict(hybrid_override_pattern="M*", num_hidden_layers=2),
+    "RecurrentGemmaForCausalLM": dict(block_types=["recurrent", "attention"]),
+}
 
 
 def supported_architectures() -> list[str]:
@@ -214,3 +236,57 @@ def test_gpt_oss_sinks_join_the_softmax_and_analyses_refuse_them():
     for call, message in refusals:
         with pytest.raises(TLDynamicsError, match=re.escape(message)):
             call()
+
+
+def test_latent_attention_scores_split_into_a_per_head_part_and_a_shared_rotary_key():
+    """DeepSeek-V3's score is <q_nope, k_nope> + <q_rope, k_rope>, the rotary key the same vector
+    for every head, q/k wider than v (docs/math.md, latent attention); W_Q does not exist."""
+    model = boot_tiny("DeepseekV3ForCausalLM")
+    adapter = ModelAdapter(model)
+    la = adapter.attention(testing.PROMPTS, reference=True, padding_side="left")[1]
+    assert la.spec.latent and la.q.shape[-1] == 24 and la.v.shape[-1] == 12
+    rope = la.k[..., 16:]
+    assert torch.equal(rope, rope[:, :, :1].expand_as(rope))  # one rotary key per position
+    assert not torch.equal(la.k[:, :, 0, :16], la.k[:, :, 1, :16])  # per-head non-rotary keys
+    split = sum(torch.einsum("bihd,bjhd->bhij", la.q[..., part], la.k[..., part])
+                for part in (slice(0, 16), slice(16, 24))) * la.scale
+    keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
+    assert ((split - la.reference["scores"]).abs() * keep).max() <= EXACT_TOL
+    with pytest.raises(TLDynamicsError, match="multi-head latent attention: its queries and keys"):
+        adapter.W_Q(0)
+    assert adapter.W_O(0).shape == (4, 12, 64)
+
+
+def test_hybrid_attention_layers_and_refusal_of_the_others():
+    model = boot_tiny("JambaForCausalLM")
+    adapter = ModelAdapter(model)
+    assert [spec.kind for spec in adapter.specs] == ["state_space", "attention"]
+    assert adapter.attention_layers == [1]
+    assert list(adapter.attention(testing.PROMPTS[0])) == [1]  # default: the attention layers
+    message = ("layer 0 of JambaForCausalLM is not an attention layer: it is a 'state_space' "
+               "layer (a state-space (Mamba) mixer, no attention pattern); attention layers: [1]")
+    with pytest.raises(TLDynamicsError, match=re.escape(message)):
+        adapter.attention(testing.PROMPTS[0], layers=0)
+    with pytest.raises(TLDynamicsError, match=re.escape(message)):
+        adapter.W_Q(0)
+
+
+@pytest.mark.parametrize("name, kind", [("MambaForCausalLM", "state_space"),
+                                        ("RwkvForCausalLM", "rwkv"),
+                                        ("NemotronHForCausalLM", "unhooked_attention")])
+def test_models_without_hooked_attention_load_and_say_so(name, kind):
+    adapter = ModelAdapter(boot_tiny(name))
+    assert adapter.attention_layers == [] and kind in {spec.kind for spec in adapter.specs}
+    with pytest.raises(TLDynamicsError, match=re.escape(f"{name} has no attention layers")):
+        adapter.attention(testing.PROMPTS[0])
+
+
+def test_openai_gpt_is_exact_on_single_prompts_and_refuses_padded_batches():
+    model = boot_tiny("OpenAIGPTLMHeadModel")
+    adapter = ModelAdapter(model)
+    host = testing.reconstruction_errors(adapter, testing.PROMPTS[0])
+    hf = testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS[0])
+    assert max(host["pattern"], host["z"], host["out"], host["scores"]) <= EXACT_TOL, host
+    assert max(hf.values()) <= EXACT_TOL, hf
+    with pytest.raises(TLDynamicsError, match="replaces the causal mask by the padding mask"):
+        adapter.attention(testing.PROMPTS)
