@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -15,13 +16,13 @@ from tl_dynamics.adapter import _capture, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import (check_attention, check_index, check_indices,
                                          check_materialised)
-from tl_dynamics.adapter._flags import query_scaling_context
+from tl_dynamics.adapter._flags import host_differences, query_scaling_context
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._mla import latent_W_O
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
 from tl_dynamics.adapter._rotation import PROBE_POSITIONS, read_rotation
-from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.errors import HostDiffersWarning, TLDynamicsError
 
 # role -> hook name template per host; the only place hook strings are spelled.
 _BLOCK_HOOKS = {
@@ -45,6 +46,9 @@ class AdapterBase:
         check_materialised(model)
         self._info = host_info(model)
         self.specs = layer_specs(model, self._info)
+        if self._info.host == "bridge":
+            for message in host_differences(model, self._info.family, self._info.architecture):
+                warnings.warn(message, HostDiffersWarning, stacklevel=3)
         # HookedTransformer blocks that normalise the attention output (see hooked_post_norm)
         self.post_norm: str | None = hooked_post_norm(model) if self.info.host == "hooked" else None
         cfg = model.cfg

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["check_bridge_flags", "check_hooked_flags", "query_scaling_context"]
+__all__ = ["check_bridge_flags", "check_hooked_flags", "host_differences", "query_scaling_context"]
 
 _Rule = tuple[str, Callable[[Any], bool], str]
 
@@ -119,3 +119,28 @@ def check_hooked_flags(model: Any) -> None:
             f"positional_embedding_type={pos_type!r} (hook_q/hook_k fire before the norm and no "
             "rotated hook fires after it, so no hook holds the scored q and k); the adapter "
             "refuses rather than return attention that ignores it")
+
+
+def host_differences(model: Any, family: str, architecture: str) -> list[str]:
+    """What a TransformerBridge computes differently from its Hugging Face model, per flag this
+    model sets (the adapter follows the bridge; ``AdapterBase`` warns with each message).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> model = NS(original_model=NS(config=NS(scale_attn_weights=False)))
+        >>> host_differences(model, "gpt2", "GPT2LMHeadModel")[0][:60]
+        'GPT2LMHeadModel sets scale_attn_weights=False (Hugging Face '
+    """
+    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
+    found = []
+    if family in ("gpt2", "gpt_bigcode") and getattr(hf_cfg, "scale_attn_weights", True) is False:
+        found.append(f"{architecture} sets scale_attn_weights=False (Hugging Face does not scale "
+                     "q.k), but TransformerLens scores with d_head**-0.5 anyway, so its patterns "
+                     "differ from the Hugging Face model's; the adapter reproduces TransformerLens")
+    cap = getattr(hf_cfg, "attn_logit_softcapping", None)
+    if family == "gemma3" and cap:
+        found.append(f"{architecture} sets attn_logit_softcapping={cap}: TransformerLens soft-caps "
+                     "the attention scores (cap * tanh(s / cap)) but Hugging Face Gemma 3 ignores "
+                     "the flag, so its patterns differ from the Hugging Face model's; the adapter "
+                     "reproduces TransformerLens")
+    return found
