@@ -50,8 +50,7 @@ def test_bert_as_a_decoder_is_causal():
     assert ModelAdapter(testing.cached_model("bert")).is_encoder
 
 
-@pytest.mark.parametrize("variant,flag", [("gemma3-bidirectional", "use_bidirectional_attention"),
-                                          ("olmo-clip-qkv", "clip_qkv")])
+@pytest.mark.parametrize("variant,flag", [("olmo-clip-qkv", "clip_qkv")])
 def test_unmodelled_hugging_face_flag_is_refused(variant, flag):
     model = testing.cached_model(variant)
     with pytest.raises(TLDynamicsError, match=flag) as info:
@@ -281,3 +280,21 @@ def test_no_host_difference_warning_where_host_and_hugging_face_agree(arch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", HostDiffersWarning)
         ModelAdapter(testing.cached_model(arch))
+
+
+def test_gemma3_bidirectional_window_is_two_sided_and_exact():
+    """Gemma 3 with use_bidirectional_attention: its sliding layer lets query i see keys with
+    |i - j| < w (both sides), its full layer every key; host and Hugging Face agree."""
+    model = testing.cached_model("gemma3-bidirectional")
+    adapter = ModelAdapter(model)
+    assert [spec.causal for spec in adapter.specs] == [False, False]
+    w = adapter.specs[0].window
+    la = adapter.attention(testing.PROMPTS[0])[0]
+    i, j = torch.meshgrid(torch.arange(la.allowed.shape[1]), torch.arange(la.allowed.shape[1]),
+                          indexing="ij")
+    assert torch.equal(la.allowed[0], (i - j).abs() < w) and w is not None
+    _assert_exact(_host_errors(adapter))
+    twin = testing.hf_twin(model)
+    for prompt, side in ((testing.PROMPTS[0], "right"), (testing.PROMPTS, "left")):
+        errors = testing.hf_truth_errors(adapter, twin, prompt, side)
+        assert max(errors.values()) <= EXACT_TOL, errors

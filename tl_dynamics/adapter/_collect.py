@@ -100,6 +100,8 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         allowed = allowed & (positions[None, :] <= positions[:, None])
     if spec.window is not None:
         allowed = allowed & (positions[None, :] > positions[:, None] - spec.window)
+        if not spec.causal:  # a bidirectional window is two-sided (Gemma 3): |i - j| < w
+            allowed = allowed & (positions[None, :] < positions[:, None] + spec.window)
     query_valid = key_valid & allowed.any(-1)
 
     bias = None

@@ -20,10 +20,9 @@ _Rule = tuple[str, Callable[[Any], bool], str]
 # Hugging Face config flags (read from the wrapped model's config).
 _HF_CONFIG_RULES: list[_Rule] = [
     ("clip_qkv", lambda v: v is not None,
-     "q, k and v are clamped after their projections; the value hook holds the unclamped v and "
-     "the query is no longer linear in the layer input"),
-    ("use_bidirectional_attention", bool,
-     "bidirectional attention with a two-sided sliding window, which the recipe does not model"),
+     "q, k and v are clamped after their projections; TransformerLens clamps them after hook_q, "
+     "hook_k and hook_v fire, so the value hook holds the unclamped v and the query is no longer "
+     "linear in the layer input, which the analyses' W_Q identities assume"),
     ("use_logn_attn", bool, "log-n scaling of the query by position"),
     ("attention_sink_size", lambda v: bool(v), "attention sinks"),
 ]
@@ -63,7 +62,7 @@ def check_bridge_flags(model: Any, architecture: str) -> None:
         >>> check_bridge_flags(model, "OlmoForCausalLM")
         Traceback (most recent call last):
         ...
-        tl_dynamics.errors.TLDynamicsError: unsupported OlmoForCausalLM: Hugging Face config clip_qkv=8.0 (q, k and v are clamped after their projections; the value hook holds the unclamped v and the query is no longer linear in the layer input); the adapter refuses rather than return attention that ignores it
+        tl_dynamics.errors.TLDynamicsError: unsupported OlmoForCausalLM: Hugging Face config clip_qkv=8.0 (q, k and v are clamped after their projections; TransformerLens clamps them after hook_q, hook_k and hook_v fire, so the value hook holds the unclamped v and the query is no longer linear in the layer input, which the analyses' W_Q identities assume); the adapter refuses rather than return attention that ignores it
     """
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
     # MPT keeps its attention flags (clip_qkv) in a sub-config

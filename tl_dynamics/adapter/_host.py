@@ -82,7 +82,8 @@ class LayerSpec:
     Attributes:
         scale: ``c`` in ``s = c <q, k> + bias``.
         softcap: ``cap`` in ``cap * tanh(s / cap)``, or None.
-        window: sliding/local window ``w`` (key ``j`` allowed iff ``j > i - w``), or None.
+        window: sliding/local window ``w`` (key ``j`` allowed iff ``j > i - w``, and also
+            ``j < i + w`` on bidirectional layers: Gemma 3 with use_bidirectional_attention), or None.
         causal: whether key ``j`` must satisfy ``j <= i``.
         rotary: how q and k are rotated: ``"none"``; ``"hooked"`` (the model fires rotated
             q/k hooks); ``"half"`` (rotate_half with the model's cos/sin on the first
@@ -276,8 +277,9 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         pass  # q/k hooks fire after rotary (_mla)
     elif family in ("gptj", "codegen"):
         rotary, rotary_dim, base = "interleaved", int(orig.rotary_dim or model.cfg.d_head), 10000.0
-    elif model.cfg.positional_embedding_type == "rotary":
+    elif model.cfg.positional_embedding_type == "rotary" and getattr(orig, "use_rope", True):
         rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
+    # (SmolLM3 / Llama 4 NoPE layers set use_rope=False: their q and k are scored unrotated)
 
     alibi: Literal["none", "key", "falcon", "mpt"] = "none"
     if family == "bloom" or family == "mpt":
