@@ -24,7 +24,8 @@ from tl_dynamics.errors import TLDynamicsError
 
 EXACT_TOL = 1e-5  # fp32 sums reordered (as in test_adapter_exactness and test_hf_truth)
 # Measured host-vs-HF gaps above EXACT_TOL (see test_hf_truth.HF_GAP for the reasons).
-HF_GAP = {"GPTNeoForCausalLM": 5e-5, "BloomForCausalLM": 2e-5}
+HF_GAP = {"GPTNeoForCausalLM": 5e-5, "BloomForCausalLM": 2e-5,
+          "MptForCausalLM": 2e-5}  # MPT: summed head outputs 1.13e-5 off HF (host exact)
 TEXT_HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")
 # Rows measured exact on both hosts (TransformerLens 3.9 and 4.3 bridges): a refusal there is a
 # regression, not a safe answer.
@@ -275,10 +276,15 @@ def test_hybrid_attention_layers_and_refusal_of_the_others():
                                         ("RwkvForCausalLM", "rwkv"),
                                         ("NemotronHForCausalLM", "unhooked_attention")])
 def test_models_without_hooked_attention_load_and_say_so(name, kind):
+    from tl_dynamics import trajectories
+
     adapter = ModelAdapter(boot_tiny(name))
     assert adapter.attention_layers == [] and kind in {spec.kind for spec in adapter.specs}
     with pytest.raises(TLDynamicsError, match=re.escape(f"{name} has no attention layers")):
         adapter.attention(testing.PROMPTS[0])
+    # the residual stream runs through every layer: its trajectories apply
+    labels = list(trajectories.compute(adapter, testing.PROMPTS).labels)
+    assert labels[0] == "resid_pre0" and labels[-1] == f"resid_post{adapter.n_layers - 1}"
 
 
 def test_openai_gpt_is_exact_on_single_prompts_and_refuses_padded_batches():
@@ -290,3 +296,18 @@ def test_openai_gpt_is_exact_on_single_prompts_and_refuses_padded_batches():
     assert max(hf.values()) <= EXACT_TOL, hf
     with pytest.raises(TLDynamicsError, match="replaces the causal mask by the padding mask"):
         adapter.attention(testing.PROMPTS)
+
+
+@pytest.mark.parametrize("name, kind", [("JambaForCausalLM", "state_space"),
+                                        ("MambaForCausalLM", "state_space")])
+def test_report_on_hybrid_and_attention_free_models_names_the_layer_type(name, kind):
+    """Every section shows, or says why not naming the layer type; trajectories always show."""
+    from tl_dynamics import report
+
+    page = report.build_report(boot_tiny(name), testing.PROMPTS[0])
+    html = page.to_html()
+    assert page.failed_sections == []
+    notes = re.findall(r"Not shown for this model: ([^<]*)", html)
+    assert all(f"&#x27;{kind}&#x27;" in note for note in notes), notes
+    trajectories = html.rsplit("Depth-wise trajectories", 1)[1].split("<section", 1)[0]  # not the TOC
+    assert "<svg" in trajectories and "Not shown for this model" not in trajectories

@@ -18,11 +18,11 @@ output projection, so the pattern, ``z`` and head outputs recompute exactly.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from torch import Tensor
 
-__all__ = ["LATENT_BRIDGES", "latent_W_O", "latent_qkv"]
+__all__ = ["LATENT_BRIDGES", "latent_W_O", "latent_qkv", "latent_z_patch"]
 
 # Bridges whose q/k/v hooks fire on [batch, head, pos, d] after rotary (see module doc).
 LATENT_BRIDGES = {"MLAAttentionBridge"}
@@ -45,3 +45,14 @@ def latent_W_O(model: Any, layer: int, n_heads: int) -> Tensor:
     projection's own weight (``o_proj``: ``[d_model, head * d_v]``), as float32."""
     weight = model.blocks[layer].attn.o.original_component.weight.detach().float()
     return weight.T.reshape(n_heads, -1, weight.shape[0])
+
+
+def latent_z_patch(fn: Callable[[Tensor], Tensor | None], n_heads: int
+                   ) -> Callable[[Tensor], Tensor | None]:
+    """A ``z`` patch for a latent-attention layer: ``fn`` sees and returns ``z`` per head
+    (``[batch, pos, head, d_v]``), whatever layout the host's ``hook_z`` has (the flat input of
+    the output projection, which TransformerLens splits with the config's ``d_head``)."""
+    def patch(activation: Tensor) -> Tensor | None:
+        out = fn(activation.reshape(*activation.shape[:2], n_heads, -1))
+        return None if out is None else out.reshape(out.shape[0], *activation.shape[1:])
+    return patch

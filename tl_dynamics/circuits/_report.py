@@ -81,7 +81,7 @@ def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | Non
         ['layer', 'head', 'ov_copying', 'qk_positivity']
     """
     adapter = ModelAdapter.of(model)
-    layer_list = adapter.check_layers(layers)
+    layer_list = adapter.check_attention_layers(layers)
     head_list = adapter.check_heads(heads)
     batch = None if prompt is None else adapter.tokenize(prompt)
     if batch is not None and batch.tokens.shape[0] != 1:
