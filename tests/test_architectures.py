@@ -50,7 +50,8 @@ MUST_BE_EXACT = {
 if compat.tl_major_version() >= 4:
     MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
                       "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
-                      "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer"}
+                      "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
+                      "Llama4ForCausalLM", "llama4-nope-layer"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -185,6 +186,7 @@ VARIANTS = {
     "gpt_bigcode-unscaled": ("GPTBigCodeForCausalLM", dict(scale_attn_weights=False)),
     "cohere-qk-norm": ("CohereForCausalLM", dict(use_qk_norm=True)),
     "mpt-clip-qkv": ("MptForCausalLM", dict(attn_config=dict(clip_qkv=0.5))),
+    "llama4-nope-layer": ("Llama4ForCausalLM", dict(no_rope_layers=[1, 0])),
 }
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
@@ -311,3 +313,15 @@ def test_report_on_hybrid_and_attention_free_models_names_the_layer_type(name, k
     assert all(f"&#x27;{kind}&#x27;" in note for note in notes), notes
     trajectories = html.rsplit("Depth-wise trajectories", 1)[1].split("<section", 1)[0]  # not the TOC
     assert "<svg" in trajectories and "Not shown for this model" not in trajectories
+
+
+def test_llama4_rotary_layers_normalise_q_and_k_and_nope_layers_do_not_rotate():
+    """Llama 4: rotary layers apply a weightless RMS norm to q and k (read from the module,
+    applied by the adapter to the pre-norm hooks); NoPE layers score unrotated projections; the
+    context stops where chunked attention and the NoPE query temperature would start."""
+    adapter = ModelAdapter(boot_tiny("Llama4ForCausalLM", no_rope_layers=[1, 0]))
+    assert [(s.rotary, s.prenorm) for s in adapter.specs] == [("interleaved", True), ("none", False)]
+    la = adapter.attention(testing.PROMPTS[0])[0]
+    rms = la.q[:, 1:].pow(2).mean(-1)  # unit mean square after the norm (BOS: a zero embedding)
+    assert (rms - 1).abs().max() <= 1e-4
+    assert adapter.rotation(1) is None and adapter.n_ctx == 64  # min(n_ctx, chunk 8192)

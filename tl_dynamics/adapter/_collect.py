@@ -14,7 +14,7 @@ from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._host import LayerSpec, alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
-from tl_dynamics.adapter._mla import latent_qkv
+from tl_dynamics.adapter._scored import scored_qkv
 from tl_dynamics.errors import TLDynamicsError
 
 HookFn = Callable[[Tensor], None]
@@ -72,7 +72,7 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
     if missing:
         raise TLDynamicsError(f"layer {layer}: the forward pass did not fire the {missing} hooks")
     q, k, v = (st[r].float() for r in ("q", "k", "v"))
-    q, k, v = latent_qkv(spec, st, q, k, v)  # latent attention: [batch, head, pos, d] hooks
+    q, k, v = scored_qkv(adapter, spec, st, q, k, v)  # latent attention; pre-norm hooks
     n_batch, n_pos = q.shape[0], q.shape[1]
     if batch is not None and tuple(batch.key_valid.shape) == (n_batch, n_pos):
         key_valid = batch.key_valid.to(q.device)

@@ -94,6 +94,14 @@ def query_scaling_context(model: Any) -> int | None:
         rope = getattr(cfg, "rope_parameters", None)
         if isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None:
             return int(rope["original_max_position_embeddings"])
+        # Llama 4: attention is chunked (keys of the query's own chunk only) from
+        # attention_chunk_size tokens on, and NoPE layers scale queries by
+        # 1 + attn_scale * log(1 + floor((p + 1) / floor_scale)), exactly 1 below floor_scale
+        limits = [getattr(cfg, "attention_chunk_size", None)]
+        if getattr(cfg, "attn_temperature_tuning", False):
+            limits.append(getattr(cfg, "floor_scale", None))
+        if any(limits) and type(cfg).__name__.startswith("Llama4"):
+            return int(min(v for v in limits if v))
     return None
 
 

@@ -61,6 +61,8 @@ VERIFIED_HF_ATTENTION = {
     # multi-head latent attention (_mla): q/k/v read from MLAAttentionBridge's hooks
     "DeepseekV2Attention": "deepseek_v2", "DeepseekV3Attention": "deepseek_v3",
     "Glm4MoeLiteAttention": "glm4_moe_lite", "YoutuAttention": "youtu",
+    # Llama 4 text: its bridge delegates, q/k hooks hold the projections (LayerSpec.prenorm)
+    "Llama4TextAttention": "llama4",
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -108,6 +110,10 @@ class LayerSpec:
         latent: multi-head latent attention (DeepSeek-V2/V3; ``_mla``): the q/k hooks hold the
             rotated, concatenated non-rotary and rotary parts, so ``rotary`` is ``"none"`` (no
             rotation left to apply) and the q/k width differs from the value width.
+        prenorm: the q/k hooks hold the projections before the layer's q/k norm (Llama 4, whose
+            bridge delegates to Hugging Face): the adapter applies the norm (``query_norm``) to
+            both before rotary. Llama 4 normalises after rotary; a weightless RMS norm commutes
+            with a rotation (it preserves the sum of squares), so the order does not matter.
     """
 
     layer: int
@@ -124,6 +130,7 @@ class LayerSpec:
     sinks: bool = False
     kind: str = ATTENTION
     latent: bool = False
+    prenorm: bool = False
 
     @property
     def is_attention(self) -> bool:
@@ -275,6 +282,9 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
     latent = kind in LATENT_BRIDGES
     if latent:
         pass  # q/k hooks fire after rotary (_mla)
+    elif family == "llama4":  # complex rotary on adjacent pairs with the model's own frequencies
+        if orig.use_rope:
+            rotary, rotary_dim = "interleaved", int(orig.head_dim)
     elif family in ("gptj", "codegen"):
         rotary, rotary_dim, base = "interleaved", int(orig.rotary_dim or model.cfg.d_head), 10000.0
     elif model.cfg.positional_embedding_type == "rotary" and getattr(orig, "use_rope", True):
@@ -296,8 +306,10 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         rotary=rotary, rotary_dim=rotary_dim, rotary_base=base,
         alibi=alibi,
         scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
-        qk_norm=any(getattr(orig, name, None) is not None for name in ("q_norm", "q_layernorm")),
-        sinks=getattr(orig, "sinks", None) is not None, latent=latent)
+        qk_norm=any(getattr(orig, name, None) is not None
+                    for name in ("q_norm", "q_layernorm", "qk_norm")),
+        sinks=getattr(orig, "sinks", None) is not None, latent=latent,
+        prenorm=family == "llama4" and getattr(orig, "qk_norm", None) is not None)
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:
