@@ -45,13 +45,13 @@ MUST_BE_EXACT = {
     "gpt_bigcode-unscaled", "Ministral3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "Ernie4_5ForCausalLM",
     "Ernie4_5_MoeForCausalLM", "falcon-alibi", "MptForCausalLM", "GptOssForCausalLM",
 }
-# Issue 23, TransformerLens 4.x bridge: latent attention (MLAAttentionBridge) and the attention
-# layers of hybrids (the other layers carry LayerSpec.kind and are not attention layers).
-if compat.tl_major_version() >= 4:
-    MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
-                      "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
-                      "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
-                      "Llama4ForCausalLM", "llama4-nope-layer"}
+# Issue 23, measured exact on both TransformerLens versions: latent attention (MLAAttentionBridge),
+# Llama 4, NoPE layers, and the attention layers of hybrids (the other layers carry
+# LayerSpec.kind and are not attention layers).
+MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
+                  "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
+                  "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
+                  "Llama4ForCausalLM", "llama4-nope-layer"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -325,3 +325,11 @@ def test_llama4_rotary_layers_normalise_q_and_k_and_nope_layers_do_not_rotate():
     rms = la.q[:, 1:].pow(2).mean(-1)  # unit mean square after the norm (BOS: a zero embedding)
     assert (rms - 1).abs().max() <= 1e-4
     assert adapter.rotation(1) is None and adapter.n_ctx == 64  # min(n_ctx, chunk 8192)
+
+
+@pytest.mark.skipif(compat.tl_major_version() >= 4, reason="TransformerLens 4.x runs Cohere exactly")
+@pytest.mark.parametrize("name", ["CohereForCausalLM", "Cohere2ForCausalLM"])
+def test_cohere_on_transformer_lens_3_is_refused_saying_what_the_host_does(name):
+    with pytest.raises(TLDynamicsError, match=re.escape(
+            f"unsupported {name} on TransformerLens 3.x: its bridge rotates Cohere's queries")):
+        ModelAdapter(boot_tiny(name))

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["check_bridge_flags", "check_hooked_flags", "host_differences", "query_scaling_context"]
+__all__ = ["check_bridge_flags", "check_hooked_flags", "check_host_version", "host_differences", "query_scaling_context"]
 
 _Rule = tuple[str, Callable[[Any], bool], str]
 
@@ -151,3 +151,21 @@ def host_differences(model: Any, family: str, architecture: str) -> list[str]:
                      "the flag, so its patterns differ from the Hugging Face model's; the adapter "
                      "reproduces TransformerLens")
     return found
+
+
+def check_host_version(family: str, architecture: str, major: int) -> None:
+    """Refuse a family whose bridge in this TransformerLens major version does not compute what
+    the Hugging Face model computes (so no hook holds the real attention to reproduce).
+
+    Example:
+        >>> check_host_version("cohere", "CohereForCausalLM", 3)
+        Traceback (most recent call last):
+        ...
+        tl_dynamics.errors.TLDynamicsError: unsupported CohereForCausalLM on TransformerLens 3.x: its bridge rotates Cohere's queries and keys with neither layout of its own cos/sin tables, and its attention pattern differs from the Hugging Face model's (by 0.97 on a tiny random model); TransformerLens 4.x computes it exactly and the adapter reproduces it there
+    """
+    if family in ("cohere", "cohere2") and major < 4:
+        raise TLDynamicsError(
+            f"unsupported {architecture} on TransformerLens 3.x: its bridge rotates Cohere's "
+            "queries and keys with neither layout of its own cos/sin tables, and its attention "
+            "pattern differs from the Hugging Face model's (by 0.97 on a tiny random model); "
+            "TransformerLens 4.x computes it exactly and the adapter reproduces it there")

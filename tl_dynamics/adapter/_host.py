@@ -23,10 +23,10 @@ from typing import Any, Literal
 
 import torch
 
-from tl_dynamics.adapter._flags import check_bridge_flags, check_hooked_flags
+from tl_dynamics.adapter._flags import check_bridge_flags, check_hooked_flags, check_host_version
 from tl_dynamics.adapter._kinds import ATTENTION, layer_kind
 from tl_dynamics.adapter._mla import LATENT_BRIDGES
-from tl_dynamics.compat import Host, detect_host, tl_version
+from tl_dynamics.compat import Host, detect_host, tl_major_version, tl_version
 from tl_dynamics.errors import TLDynamicsError
 
 RotaryStyle = Literal["none", "hooked", "half", "interleaved"]
@@ -189,6 +189,7 @@ def layer_specs(model: Any, info: HostInfo) -> list[LayerSpec]:
         check_hooked_flags(model)
         return [_hooked_spec(model, layer) for layer in range(model.cfg.n_layers)]
     check_bridge_flags(model, info.architecture)
+    check_host_version(info.family, info.architecture, tl_major_version())
     specs = []
     for layer in range(len(model.blocks)):
         kind = layer_kind(model, layer)
