@@ -51,7 +51,7 @@ MUST_BE_EXACT = {
 MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
                   "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
                   "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
-                  "Llama4ForCausalLM", "llama4-nope-layer"}
+                  "Llama4ForCausalLM", "llama4-nope-layer", "ModernBertDecoderForCausalLM"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -88,6 +88,7 @@ _EXTRA = {
     "Qwen3_5ForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
     "NemotronHForCausalLM": dict(hybrid_override_pattern="M*", num_hidden_layers=2),
     "RecurrentGemmaForCausalLM": dict(block_types=["recurrent", "attention"]),
+    "ModernBertDecoderForCausalLM": dict(local_attention=8),  # layer 1: sliding window 4
 }
 
 

@@ -72,7 +72,7 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
     if missing:
         raise TLDynamicsError(f"layer {layer}: the forward pass did not fire the {missing} hooks")
     q, k, v = (st[r].float() for r in ("q", "k", "v"))
-    q, k, v = scored_qkv(adapter, spec, st, q, k, v)  # latent attention; pre-norm hooks
+    q, k, v = scored_qkv(adapter, spec, st, q, k, v, batch and batch.key_valid)  # _scored
     n_batch, n_pos = q.shape[0], q.shape[1]
     if batch is not None and tuple(batch.key_valid.shape) == (n_batch, n_pos):
         key_valid = batch.key_valid.to(q.device)

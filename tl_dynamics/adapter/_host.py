@@ -63,6 +63,8 @@ VERIFIED_HF_ATTENTION = {
     "Glm4MoeLiteAttention": "glm4_moe_lite", "YoutuAttention": "youtu",
     # Llama 4 text: its bridge delegates, q/k hooks hold the projections (LayerSpec.prenorm)
     "Llama4TextAttention": "llama4",
+    # a delegating bridge without rotary hooks: rotary from the module's own tables (_modrope)
+    "ModernBertDecoderAttention": "modernbert_decoder",
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {

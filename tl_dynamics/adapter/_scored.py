@@ -8,25 +8,38 @@ projections, and rotary is applied after (from the rotated-q/k hooks, the model'
   ``[batch, head, pos, d]`` after rotary; they are laid out per position;
 - Llama 4 (``spec.prenorm``): the bridge delegates to Hugging Face and hooks the projections
   before the weightless q/k RMS norm; the norm is applied here (``ModelAdapter.query_norm``, to
-  keys too), then the rotation as usual (it commutes with this norm).
+  keys too), then the rotation as usual (it commutes with this norm);
+- rotary layers of delegating bridges that fire no rotary hooks (ModernBERT decoder): rotated
+  here with the layer's ``Rotation``, read from the tables the module receives (``_modrope``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from tl_dynamics.adapter._mla import latent_qkv
+from tl_dynamics.adapter._rotary import positions_from_mask
 
 __all__ = ["scored_qkv"]
 
 
 def scored_qkv(adapter: Any, spec: Any, st: dict[str, Tensor], q: Tensor, k: Tensor,
-               v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(q, k, v)`` as ``[batch, pos, head, d]``, normalised where the hooks are pre-norm."""
+               v: Tensor, key_valid: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(q, k, v)`` as ``[batch, pos, head, d]``, normalised where the hooks are pre-norm. On a
+    rotary layer that fires no rotary hooks (``_modrope``) the rotated q and k are stored as
+    ``st["rot_q"]``/``st["rot_k"]``, rotated by the layer's ``Rotation`` at the positions the
+    host derives from ``key_valid`` (every position real when None)."""
     q, k, v = latent_qkv(spec, st, q, k, v)
     if spec.prenorm:
         norm = adapter.query_norm(spec.layer)
         q, k = norm.apply_heads(q), norm.apply_heads(k)
+    if spec.rotary == "half" and not {"rot_q", "cos"} & set(st):
+        if key_valid is None or tuple(key_valid.shape) != tuple(q.shape[:2]):
+            key_valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
+        rotation = adapter.rotation(spec.layer)
+        positions = positions_from_mask(key_valid.to(q.device))
+        st["rot_q"], st["rot_k"] = rotation.rotate(q, positions), rotation.rotate(k, positions)
     return q, k, v

@@ -1,0 +1,40 @@
+"""Rotary tables of a delegated Hugging Face attention module, for bridges that fire none.
+
+Some TransformerBridge attention classes (``AttentionBridge``) run the Hugging Face module as
+it is and fire ``hook_q``/``hook_k`` on its projections, before rotary, with no cos/sin or
+rotated-q/k hooks (ModernBERT decoder). The module itself receives its rotary tables as the
+``position_embeddings=(cos, sin)`` argument; a forward pre-hook on it reads them in the probe
+pass, so the layer's ``Rotation`` comes from the very tables the module uses (per layer: a
+model with global and local rotary bases gives each layer its own).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["module_tables"]
+
+
+def module_tables(model: Any, layer: int, tokens: Tensor) -> dict[str, Tensor]:
+    """``{"cos", "sin"}`` that ``blocks[layer]``'s Hugging Face attention module receives in a
+    forward pass on ``tokens`` (empty where it receives none)."""
+    orig = getattr(model.blocks[layer].attn, "original_component", None)
+    got: dict[str, Tensor] = {}
+    if orig is None:
+        return got
+
+    def read(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+        tables = kwargs.get("position_embeddings")
+        if isinstance(tables, tuple) and len(tables) == 2 and "cos" not in got:
+            got["cos"], got["sin"] = (t.detach().clone() for t in tables)
+
+    handle = orig.register_forward_pre_hook(read, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        handle.remove()
+    return got
