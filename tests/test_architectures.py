@@ -51,7 +51,8 @@ MUST_BE_EXACT = {
 MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
                   "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
                   "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
-                  "Llama4ForCausalLM", "llama4-nope-layer", "ModernBertDecoderForCausalLM"}
+                  "Llama4ForCausalLM", "llama4-nope-layer", "ModernBertDecoderForCausalLM",
+                  "OlmoHybridForCausalLM"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:

@@ -65,6 +65,7 @@ VERIFIED_HF_ATTENTION = {
     "Llama4TextAttention": "llama4",
     # a delegating bridge without rotary hooks: rotary from the module's own tables (_modrope)
     "ModernBertDecoderAttention": "modernbert_decoder",
+    "OlmoHybridAttention": "olmo_hybrid",  # pre-norm hooks (OLMo 2 norms over all heads)
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -312,7 +313,8 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         qk_norm=any(getattr(orig, name, None) is not None
                     for name in ("q_norm", "q_layernorm", "qk_norm")),
         sinks=getattr(orig, "sinks", None) is not None, latent=latent,
-        prenorm=family == "llama4" and getattr(orig, "qk_norm", None) is not None)
+        prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
+        or family == "olmo_hybrid")
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

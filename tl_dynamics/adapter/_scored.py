@@ -15,12 +15,14 @@ projections, and rotary is applied after (from the rotated-q/k hooks, the model'
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from tl_dynamics.adapter._mla import latent_qkv
+from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import positions_from_mask
 
 __all__ = ["scored_qkv"]
@@ -34,8 +36,7 @@ def scored_qkv(adapter: Any, spec: Any, st: dict[str, Tensor], q: Tensor, k: Ten
     host derives from ``key_valid`` (every position real when None)."""
     q, k, v = latent_qkv(spec, st, q, k, v)
     if spec.prenorm:
-        norm = adapter.query_norm(spec.layer)
-        q, k = norm.apply_heads(q), norm.apply_heads(k)
+        q, k = adapter.query_norm(spec.layer).apply_heads(q), key_norm(adapter, spec.layer).apply_heads(k)
     if spec.rotary == "half" and not {"rot_q", "cos"} & set(st):
         if key_valid is None or tuple(key_valid.shape) != tuple(q.shape[:2]):
             key_valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
@@ -43,3 +44,16 @@ def scored_qkv(adapter: Any, spec: Any, st: dict[str, Tensor], q: Tensor, k: Ten
         positions = positions_from_mask(key_valid.to(q.device))
         st["rot_q"], st["rot_k"] = rotation.rotate(q, positions), rotation.rotate(k, positions)
     return q, k, v
+
+
+def key_norm(adapter: Any, layer: int) -> QueryNorm:
+    """The key normalisation of a pre-norm layer, read as ``read_query_norm`` reads the query's:
+    the module's ``k_norm`` (OLMo-Hybrid, over all key heads) or, where q and k share one
+    (Llama 4's ``qk_norm``), the query norm itself."""
+    orig = adapter.model.blocks[layer].attn.original_component
+    if getattr(orig, "k_norm", None) is None:
+        return adapter.query_norm(layer)
+    return read_query_norm(SimpleNamespace(q_norm=orig.k_norm),
+                           f"layer {layer} of {adapter.info.architecture} (key norm)",
+                           gemma_gain=False, n_heads=adapter.n_kv_heads, d_head=adapter.d_head,
+                           W_Q=None, b_Q=None)
