@@ -52,7 +52,7 @@ MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLite
                   "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
                   "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
                   "Llama4ForCausalLM", "llama4-nope-layer", "ModernBertDecoderForCausalLM",
-                  "OlmoHybridForCausalLM"}
+                  "OlmoHybridForCausalLM", "NanoChatForCausalLM"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -335,3 +335,15 @@ def test_cohere_on_transformer_lens_3_is_refused_saying_what_the_host_does(name)
     with pytest.raises(TLDynamicsError, match=re.escape(
             f"unsupported {name} on TransformerLens 3.x: its bridge rotates Cohere's queries")):
         ModelAdapter(boot_tiny(name))
+
+
+def test_delegated_rotary_is_read_from_the_module_and_verified_with_its_direction():
+    """Bridges that hook only the projections: each layer's Rotation comes from the tables its
+    Hugging Face module receives and is checked against the module's own rotary function, which
+    NanoChat runs the other way (a negated frequency) and ModernBERT the usual way, with a
+    different base on its sliding layer."""
+    nanochat = ModelAdapter(boot_tiny("NanoChatForCausalLM")).rotation(0)
+    modern = ModelAdapter(boot_tiny("ModernBertDecoderForCausalLM"))
+    assert (nanochat.inv_freq < 0).all() and nanochat.layout == "half"
+    full, sliding = modern.rotation(0), modern.rotation(1)
+    assert (full.inv_freq > 0).all() and not torch.equal(full.inv_freq, sliding.inv_freq)

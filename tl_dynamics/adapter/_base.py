@@ -19,7 +19,7 @@ from tl_dynamics.adapter._checks import (check_attention, check_index, check_ind
 from tl_dynamics.adapter._flags import host_differences, query_scaling_context
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._mla import latent_W_O
-from tl_dynamics.adapter._modrope import module_tables
+from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
 from tl_dynamics.adapter._rotation import PROBE_POSITIONS, read_rotation
@@ -362,6 +362,7 @@ class AdapterBase:
             for where, spec in enumerate(self.specs):  # no rotary hooks: the module's own tables
                 if spec.rotary == "half" and "cos" in roles and not {"cos", "rot_q"} & set(got.get(where, {})):
                     got.setdefault(where, {}).update(module_tables(self.model, where, tokens))
+                    module_rotated_queries(self, where, got[where])
             return got
         return self._cached(("probe", tuple(roles)), run).get(layer, {})
 

@@ -66,6 +66,7 @@ VERIFIED_HF_ATTENTION = {
     # a delegating bridge without rotary hooks: rotary from the module's own tables (_modrope)
     "ModernBertDecoderAttention": "modernbert_decoder",
     "OlmoHybridAttention": "olmo_hybrid",  # pre-norm hooks (OLMo 2 norms over all heads)
+    "NanoChatAttention": "nanochat",  # pre-norm hooks; weightless norm after a reversed rotary
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -314,7 +315,7 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
                     for name in ("q_norm", "q_layernorm", "qk_norm")),
         sinks=getattr(orig, "sinks", None) is not None, latent=latent,
         prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
-        or family == "olmo_hybrid")
+        or family in ("olmo_hybrid", "nanochat"))
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

@@ -63,6 +63,9 @@ def read_rotation(spec: LayerSpec, model: Any, probe: Probe, queries: Queries,
     elif spec.rotary == "half":
         candidates = [_from_hooks(spec, model, got, where)]
         candidates += _adjacent_pairs(candidates[0], got) + _undoubled(spec, model, got)
+        first = candidates[0]  # NanoChat rotates the other way: sin negated (verified, last)
+        candidates.append(Rotation(first.layer, "half", first.rotary_dim, -first.inv_freq,
+                                   first.magnitude))
     else:
         candidates = _hooked(spec, model, where)
     return _verified(candidates, got, queries, where)
