@@ -190,6 +190,9 @@ VARIANTS = {
     "mpt-clip-qkv": ("MptForCausalLM", dict(attn_config=dict(clip_qkv=0.5))),
     "llama4-nope-layer": ("Llama4ForCausalLM", dict(no_rope_layers=[1, 0])),
 }
+# Rows refused with the reason (test_refused_variant_says_why), by their registry name.
+REFUSED_ROWS = {"laguna": ("LagunaForCausalLM", {}), "bitnet": ("BitNetForCausalLM", {}),
+                "gemma4": ("Gemma4ForCausalLM", {})}
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
 HOST_NOT_HF = {
@@ -205,9 +208,12 @@ def test_variant_is_exact_or_refused_by_name(variant):
 
 @pytest.mark.parametrize("variant, reason", [
     ("mpt-clip-qkv", "clip_qkv=0.5 (q, k and v are clamped after their projections"),
+    ("laguna", "LagunaAttention: a softplus output gate per head multiplies z"),
+    ("bitnet", "BitNetAttention: an RMSNorm over all heads (attn_sub_norm) sits between z"),
+    ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
 ])
 def test_refused_variant_says_why(variant, reason):
-    name, overrides = VARIANTS[variant]
+    name, overrides = {**VARIANTS, **REFUSED_ROWS}[variant]
     model = boot_tiny(name, **overrides)
     with pytest.raises(TLDynamicsError, match=re.escape(reason)) as info:
         ModelAdapter(model)

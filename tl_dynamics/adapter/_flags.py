@@ -13,9 +13,23 @@ from typing import Any, Callable
 
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["check_bridge_flags", "check_hooked_flags", "check_host_version", "host_differences", "query_scaling_context"]
+__all__ = ["REFUSED_ATTENTION", "check_bridge_flags", "check_hooked_flags", "check_host_version", "host_differences", "query_scaling_context"]
 
 _Rule = tuple[str, Callable[[Any], bool], str]
+
+# Hugging Face attention modules TransformerLens runs whose attention the recipe does not model,
+# with what they do (a refusal says so instead of "not verified").
+REFUSED_ATTENTION = {
+    "Gemma4TextAttention": "q, k and v are each RMS-normalised, head widths and rotary differ "
+                           "between sliding and full layers, and later layers can reuse an earlier "
+                           "layer's keys and values",
+    "LagunaAttention": "a softplus output gate per head multiplies z before the output projection",
+    "AfmoeAttention": "a sigmoid output gate (gate_proj) multiplies z before the output projection",
+    "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
+                      "experts",
+    "BitNetAttention": "an RMSNorm over all heads (attn_sub_norm) sits between z and the output "
+                       "projection, so the head outputs do not add up to the attention output",
+}
 
 # Hugging Face config flags (read from the wrapped model's config).
 _HF_CONFIG_RULES: list[_Rule] = [

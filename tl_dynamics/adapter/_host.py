@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 import torch
 
-from tl_dynamics.adapter._flags import check_bridge_flags, check_hooked_flags, check_host_version
+from tl_dynamics.adapter._flags import (REFUSED_ATTENTION, check_bridge_flags, check_hooked_flags,
+                                        check_host_version)
 from tl_dynamics.adapter._kinds import ATTENTION, layer_kind
 from tl_dynamics.adapter._mla import LATENT_BRIDGES
 from tl_dynamics.compat import Host, detect_host, tl_major_version, tl_version
@@ -169,6 +170,12 @@ def host_info(model: Any) -> HostInfo:
     else:
         orig = hooked[0].original_component
         family = VERIFIED_HF_ATTENTION.get(_attention_name(orig))
+        if type(orig).__name__ in REFUSED_ATTENTION:
+            raise TLDynamicsError(
+                f"unsupported architecture {architecture!r}: its attention module "
+                f"{type(orig).__name__}: {REFUSED_ATTENTION[type(orig).__name__]}, which the "
+                "recipe does not model; the adapter refuses rather than return attention that "
+                "ignores it")
         if family is None:
             raise TLDynamicsError(
                 f"unsupported architecture {architecture!r}: its attention module "
