@@ -308,17 +308,20 @@ def test_openai_gpt_is_exact_on_single_prompts_and_refuses_padded_batches():
         adapter.attention(testing.PROMPTS)
 
 
-@pytest.mark.parametrize("name, kind", [("JambaForCausalLM", "state_space"),
-                                        ("MambaForCausalLM", "state_space")])
-def test_report_on_hybrid_and_attention_free_models_names_the_layer_type(name, kind):
-    """Every section shows, or says why not naming the layer type; trajectories always show."""
+@pytest.mark.parametrize("name, kind", [("JambaForCausalLM", "&#x27;state_space&#x27;"),
+                                        ("MambaForCausalLM", "&#x27;state_space&#x27;"),
+                                        ("DeepseekV3ForCausalLM", "multi-head latent attention"),
+                                        ("Llama4ForCausalLM", None), ("NanoChatForCausalLM", None)])
+def test_report_on_new_architectures_shows_or_names_the_layer_type(name, kind):
+    """Every section shows, or says why not naming the layer type (kind None: every section
+    shows); trajectories always show."""
     from tl_dynamics import report
 
     page = report.build_report(boot_tiny(name), testing.PROMPTS[0])
     html = page.to_html()
     assert page.failed_sections == []
     notes = re.findall(r"Not shown for this model: ([^<]*)", html)
-    assert all(f"&#x27;{kind}&#x27;" in note for note in notes), notes
+    assert all(kind is not None and kind in note for note in notes), notes
     trajectories = html.rsplit("Depth-wise trajectories", 1)[1].split("<section", 1)[0]  # not the TOC
     assert "<svg" in trajectories and "Not shown for this model" not in trajectories
 

@@ -124,6 +124,8 @@ class AdapterBase:
         unnormalised = self.post_norm == "post" or name not in self.model.hook_dict
         if role == "x" and self.info.host == "hooked" and unnormalised:
             name = f"blocks.{layer}.hook_resid_pre"  # no input normalisation: W_Q reads the stream
+        if role == "x" and self.specs[layer].latent:  # latent attention: no q projection bridge
+            name = f"blocks.{layer}.attn.hook_in"
         return name if name in self.model.hook_dict else None
 
     def named_hooks(self, entries: Sequence[tuple[str, int, Any]]) -> list[tuple[str, Any]]:
