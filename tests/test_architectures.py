@@ -283,6 +283,8 @@ def test_hybrid_attention_layers_and_refusal_of_the_others():
 
 
 @pytest.mark.parametrize("name, kind", [("MambaForCausalLM", "state_space"),
+                                        ("FalconMambaForCausalLM", "state_space"),
+                                        ("RecurrentGemmaForCausalLM", "unhooked_attention"),
                                         ("RwkvForCausalLM", "rwkv"),
                                         ("NemotronHForCausalLM", "unhooked_attention")])
 def test_models_without_hooked_attention_load_and_say_so(name, kind):
