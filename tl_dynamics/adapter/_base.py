@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -16,14 +15,14 @@ from tl_dynamics.adapter import _capture, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import (check_attention, check_index, check_indices,
                                          check_materialised)
-from tl_dynamics.adapter._flags import host_differences, query_scaling_context
+from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
-from tl_dynamics.adapter._mla import latent_W_O
+from tl_dynamics.adapter._mla import latent_weight
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
 from tl_dynamics.adapter._rotation import PROBE_POSITIONS, read_rotation
-from tl_dynamics.errors import HostDiffersWarning, TLDynamicsError
+from tl_dynamics.errors import TLDynamicsError
 
 # role -> hook name template per host; the only place hook strings are spelled.
 _BLOCK_HOOKS = {
@@ -47,9 +46,7 @@ class AdapterBase:
         check_materialised(model)
         self._info = host_info(model)
         self.specs = layer_specs(model, self._info)
-        if self._info.host == "bridge":
-            for message in host_differences(model, self._info.family, self._info.architecture):
-                warnings.warn(message, HostDiffersWarning, stacklevel=3)
+        warn_host_differences(model, self._info.host, self._info.family, self._info.architecture)
         # HookedTransformer blocks that normalise the attention output (see hooked_post_norm)
         self.post_norm: str | None = hooked_post_norm(model) if self.info.host == "hooked" else None
         cfg = model.cfg
@@ -164,7 +161,8 @@ class AdapterBase:
 
         def compute() -> Tensor:
             if self.specs[layer].latent:  # low-rank q/k/v factors: only W_O is one matrix
-                return self._latent_weight(layer, name, bias_shape)
+                return latent_weight(self.model, layer, name, bias_shape, self.n_heads,
+                                     self.info.architecture)
             w = _weights.attn_param(self.model, layer, name)
             if w is None and bias_shape is None:
                 raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no {name}")
@@ -172,17 +170,6 @@ class AdapterBase:
                 if w is None else w
             return w if name == "b_O" else _weights.expand_heads(w, self.n_heads)
         return self._cached((name, layer), compute)
-
-    def _latent_weight(self, layer: int, name: str, bias_shape: tuple[int, ...] | None) -> Tensor:
-        if name == "W_O":
-            return latent_W_O(self.model, layer, self.n_heads)
-        if name == "b_O":
-            return torch.zeros(bias_shape, device=model_device(self.model))
-        raise TLDynamicsError(
-            f"layer {layer} of {self.info.architecture} has multi-head latent attention: its "
-            f"queries and keys come from low-rank factors with a rotary part shared across "
-            f"heads, so there is no {name} matrix; analyses that read {name} do not apply "
-            "(the pattern, z and head outputs are exact: ModelAdapter.attention)")
 
     def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
         return self._attn_weight(self.check_layer(layer), "W_Q")

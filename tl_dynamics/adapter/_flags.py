@@ -9,11 +9,13 @@ soft-caps, q/k norms read through the hooks) are read in ``_host`` instead.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
-from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.errors import HostDiffersWarning, TLDynamicsError
 
-__all__ = ["REFUSED_ATTENTION", "check_bridge_flags", "check_hooked_flags", "check_host_version", "host_differences", "query_scaling_context"]
+__all__ = ["REFUSED_ATTENTION", "check_bridge_flags", "check_hooked_flags", "check_host_version", "host_differences", "query_scaling_context",
+           "warn_host_differences"]
 
 _Rule = tuple[str, Callable[[Any], bool], str]
 
@@ -183,3 +185,10 @@ def check_host_version(family: str, architecture: str, major: int) -> None:
             "queries and keys with neither layout of its own cos/sin tables, and its attention "
             "pattern differs from the Hugging Face model's (by 0.97 on a tiny random model); "
             "TransformerLens 4.x computes it exactly and the adapter reproduces it there")
+
+
+def warn_host_differences(model: Any, host: str, family: str, architecture: str) -> None:
+    """Warn once (``HostDiffersWarning``) per ``host_differences`` message of a bridge model."""
+    if host == "bridge":
+        for message in host_differences(model, family, architecture):
+            warnings.warn(message, HostDiffersWarning, stacklevel=4)

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
 from torch import Tensor
 
-__all__ = ["LATENT_BRIDGES", "latent_W_O", "latent_qkv", "latent_z_patch"]
+from tl_dynamics.errors import TLDynamicsError
+
+__all__ = ["LATENT_BRIDGES", "latent_W_O", "latent_qkv", "latent_weight", "latent_z_patch"]
 
 # Bridges whose q/k/v hooks fire on [batch, head, pos, d] after rotary (see module doc).
 LATENT_BRIDGES = {"MLAAttentionBridge"}
@@ -56,3 +59,22 @@ def latent_z_patch(fn: Callable[[Tensor], Tensor | None], n_heads: int
         out = fn(activation.reshape(*activation.shape[:2], n_heads, -1))
         return None if out is None else out.reshape(out.shape[0], *activation.shape[1:])
     return patch
+
+
+def latent_weight(model: Any, layer: int, name: str, bias_shape: tuple[int, ...] | None,
+                  n_heads: int, architecture: str) -> Tensor:
+    """``W_O`` (per head) or ``b_O`` (zeros where it has none) of a latent-attention layer, from
+    its output projection; any other weight is a TLDynamicsError: there is no single
+    W_Q/W_K/W_V matrix."""
+    if name == "W_O":
+        return latent_W_O(model, layer, n_heads)
+    if name == "b_O":
+        o_proj = model.blocks[layer].attn.o.original_component
+        if o_proj.bias is not None:
+            return o_proj.bias.detach().float()
+        return torch.zeros(bias_shape, device=o_proj.weight.device)
+    raise TLDynamicsError(
+        f"layer {layer} of {architecture} has multi-head latent attention: its queries and keys "
+        "come from low-rank factors with a rotary part shared across heads, so there is no "
+        f"{name} matrix; analyses that read {name} do not apply (the pattern, z and head "
+        "outputs are exact: ModelAdapter.attention)")
