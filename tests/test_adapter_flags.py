@@ -7,13 +7,16 @@ own activations and, on the bridge, against the Hugging Face model itself; or ch
 adapter refuses with a ``TLDynamicsError`` naming the flag.
 """
 
+import re
+import warnings
+
 import pytest
 import torch
 
 from helpers import requires_hooked
 from tl_dynamics import testing
 from tl_dynamics.adapter import ModelAdapter
-from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.errors import HostDiffersWarning, TLDynamicsError
 
 EXACT_TOL = 1e-5  # as in test_adapter_exactness: fp32 sums reordered
 
@@ -47,8 +50,7 @@ def test_bert_as_a_decoder_is_causal():
     assert ModelAdapter(testing.cached_model("bert")).is_encoder
 
 
-@pytest.mark.parametrize("variant,flag", [("gemma3-bidirectional", "use_bidirectional_attention"),
-                                          ("olmo-clip-qkv", "clip_qkv")])
+@pytest.mark.parametrize("variant,flag", [("olmo-clip-qkv", "clip_qkv")])
 def test_unmodelled_hugging_face_flag_is_refused(variant, flag):
     model = testing.cached_model(variant)
     with pytest.raises(TLDynamicsError, match=flag) as info:
@@ -59,7 +61,10 @@ def test_unmodelled_hugging_face_flag_is_refused(variant, flag):
 def test_gpt2_scale_is_the_one_the_bridge_uses():
     """The bridge scores GPT-2 with d_head**-0.5 even when scale_attn_weights=False (the
     Hugging Face module then uses 1.0): the adapter follows the host it reads hooks from."""
-    adapter = ModelAdapter(testing.cached_model("gpt2-unscaled"))
+    with pytest.warns(HostDiffersWarning, match=re.escape(
+            "GPT2LMHeadModel sets scale_attn_weights=False (Hugging Face does not scale q.k), but "
+            "TransformerLens scores with d_head**-0.5 anyway")):
+        adapter = ModelAdapter(testing.cached_model("gpt2-unscaled"))
     assert adapter.specs[0].scale == pytest.approx(testing.D_HEAD ** -0.5)
     _assert_exact(_host_errors(adapter))
     inverse = ModelAdapter(testing.cached_model("gpt2-inverse-layer"))
@@ -69,7 +74,10 @@ def test_gpt2_scale_is_the_one_the_bridge_uses():
 def test_gemma3_softcap_follows_the_host():
     """TransformerLens soft-caps Gemma 3 scores when attn_logit_softcapping is set; Hugging Face
     Gemma 3 ignores it. The adapter follows the host whose hooks it reads."""
-    adapter = ModelAdapter(testing.cached_model("gemma3-softcap"))
+    with pytest.warns(HostDiffersWarning, match=re.escape(
+            f"Gemma3ForCausalLM sets attn_logit_softcapping={testing.SOFTCAP}: TransformerLens "
+            "soft-caps the attention scores (cap * tanh(s / cap)) but Hugging Face Gemma 3 ignores")):
+        adapter = ModelAdapter(testing.cached_model("gemma3-softcap"))
     assert adapter.specs[0].softcap == testing.SOFTCAP
     _assert_exact(_host_errors(adapter))
 
@@ -265,3 +273,28 @@ def test_ministral3_context_stops_where_its_query_scaling_starts():
     assert errors["pattern"] <= EXACT_TOL and errors["out"] <= EXACT_TOL, errors
     with pytest.raises(TLDynamicsError, match="context is 12 tokens"):
         adapter.tokenize(testing.PROMPTS[1])
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gemma3", "gpt2-inverse-layer"])
+def test_no_host_difference_warning_where_host_and_hugging_face_agree(arch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HostDiffersWarning)
+        ModelAdapter(testing.cached_model(arch))
+
+
+def test_gemma3_bidirectional_window_is_two_sided_and_exact():
+    """Gemma 3 with use_bidirectional_attention: its sliding layer lets query i see keys with
+    |i - j| < w (both sides), its full layer every key; host and Hugging Face agree."""
+    model = testing.cached_model("gemma3-bidirectional")
+    adapter = ModelAdapter(model)
+    assert [spec.causal for spec in adapter.specs] == [False, False]
+    w = adapter.specs[0].window
+    la = adapter.attention(testing.PROMPTS[0])[0]
+    i, j = torch.meshgrid(torch.arange(la.allowed.shape[1]), torch.arange(la.allowed.shape[1]),
+                          indexing="ij")
+    assert torch.equal(la.allowed[0], (i - j).abs() < w) and w is not None
+    _assert_exact(_host_errors(adapter))
+    twin = testing.hf_twin(model)
+    for prompt, side in ((testing.PROMPTS[0], "right"), (testing.PROMPTS, "left")):
+        errors = testing.hf_truth_errors(adapter, twin, prompt, side)
+        assert max(errors.values()) <= EXACT_TOL, errors

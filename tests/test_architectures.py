@@ -24,7 +24,8 @@ from tl_dynamics.errors import TLDynamicsError
 
 EXACT_TOL = 1e-5  # fp32 sums reordered (as in test_adapter_exactness and test_hf_truth)
 # Measured host-vs-HF gaps above EXACT_TOL (see test_hf_truth.HF_GAP for the reasons).
-HF_GAP = {"GPTNeoForCausalLM": 5e-5, "BloomForCausalLM": 2e-5}
+HF_GAP = {"GPTNeoForCausalLM": 5e-5, "BloomForCausalLM": 2e-5,
+          "MptForCausalLM": 2e-5}  # MPT: summed head outputs 1.13e-5 off HF (host exact)
 TEXT_HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")
 # Rows measured exact on both hosts (TransformerLens 3.9 and 4.3 bridges): a refusal there is a
 # regression, not a safe answer.
@@ -44,6 +45,14 @@ MUST_BE_EXACT = {
     "gpt_bigcode-unscaled", "Ministral3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "Ernie4_5ForCausalLM",
     "Ernie4_5_MoeForCausalLM", "falcon-alibi", "MptForCausalLM", "GptOssForCausalLM",
 }
+# Issue 23, measured exact on both TransformerLens versions: latent attention (MLAAttentionBridge),
+# Llama 4, NoPE layers, and the attention layers of hybrids (the other layers carry
+# LayerSpec.kind and are not attention layers).
+MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
+                  "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
+                  "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
+                  "Llama4ForCausalLM", "llama4-nope-layer", "ModernBertDecoderForCausalLM",
+                  "OlmoHybridForCausalLM", "NanoChatForCausalLM"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -63,8 +72,25 @@ _TINY = dict(
     bos_token_id=0, eos_token_id=0, pad_token_id=0, sliding_window=4, window_size=4,
     use_cache=False, tie_word_embeddings=False,
 )
-# Families whose config validates a per-layer list against the layer count.
-_EXTRA = {"GPTNeoForCausalLM": dict(attention_types=[[["global", "local"], 1]])}
+# Multi-head latent attention at a tiny size: q/k head width 16 + 8 (non-rotary + rotary) differs
+# from the value width 12, and one key per head (Hugging Face's eager DeepSeek path has no GQA).
+MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+           v_head_dim=12, num_key_value_heads=4)
+# Families whose config validates a per-layer list against the layer count, or that need a
+# layout to be exercised: hybrids get one layer of each type (attention last).
+_EXTRA = {
+    "GPTNeoForCausalLM": dict(attention_types=[[["global", "local"], 1]]),
+    "DeepseekV2ForCausalLM": MLA, "DeepseekV3ForCausalLM": MLA, "Glm4MoeLiteForCausalLM": MLA,
+    "YoutuForCausalLM": MLA,
+    "JambaForCausalLM": dict(attn_layer_period=2, attn_layer_offset=1),
+    "BambaForCausalLM": dict(attn_layer_indices=[1]),
+    "Lfm2ForCausalLM": dict(layer_types=["conv", "full_attention"]),
+    "Qwen3NextForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
+    "Qwen3_5ForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
+    "NemotronHForCausalLM": dict(hybrid_override_pattern="M*", num_hidden_layers=2),
+    "RecurrentGemmaForCausalLM": dict(block_types=["recurrent", "attention"]),
+    "ModernBertDecoderForCausalLM": dict(local_attention=8),  # layer 1: sliding window 4
+}
 
 
 def supported_architectures() -> list[str]:
@@ -162,7 +188,11 @@ VARIANTS = {
     "gpt_bigcode-unscaled": ("GPTBigCodeForCausalLM", dict(scale_attn_weights=False)),
     "cohere-qk-norm": ("CohereForCausalLM", dict(use_qk_norm=True)),
     "mpt-clip-qkv": ("MptForCausalLM", dict(attn_config=dict(clip_qkv=0.5))),
+    "llama4-nope-layer": ("Llama4ForCausalLM", dict(no_rope_layers=[1, 0])),
 }
+# Rows refused with the reason (test_refused_variant_says_why), by their registry name.
+REFUSED_ROWS = {"laguna": ("LagunaForCausalLM", {}), "bitnet": ("BitNetForCausalLM", {}),
+                "gemma4": ("Gemma4ForCausalLM", {})}
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
 HOST_NOT_HF = {
@@ -178,9 +208,12 @@ def test_variant_is_exact_or_refused_by_name(variant):
 
 @pytest.mark.parametrize("variant, reason", [
     ("mpt-clip-qkv", "clip_qkv=0.5 (q, k and v are clamped after their projections"),
+    ("laguna", "LagunaAttention: a softplus output gate per head multiplies z"),
+    ("bitnet", "BitNetAttention: an RMSNorm over all heads (attn_sub_norm) sits between z"),
+    ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
 ])
 def test_refused_variant_says_why(variant, reason):
-    name, overrides = VARIANTS[variant]
+    name, overrides = {**VARIANTS, **REFUSED_ROWS}[variant]
     model = boot_tiny(name, **overrides)
     with pytest.raises(TLDynamicsError, match=re.escape(reason)) as info:
         ModelAdapter(model)
@@ -214,3 +247,114 @@ def test_gpt_oss_sinks_join_the_softmax_and_analyses_refuse_them():
     for call, message in refusals:
         with pytest.raises(TLDynamicsError, match=re.escape(message)):
             call()
+
+
+def test_latent_attention_scores_split_into_a_per_head_part_and_a_shared_rotary_key():
+    """DeepSeek-V3's score is <q_nope, k_nope> + <q_rope, k_rope>, the rotary key the same vector
+    for every head, q/k wider than v (docs/math.md, latent attention); W_Q does not exist."""
+    model = boot_tiny("DeepseekV3ForCausalLM")
+    adapter = ModelAdapter(model)
+    la = adapter.attention(testing.PROMPTS, reference=True, padding_side="left")[1]
+    assert la.spec.latent and la.q.shape[-1] == 24 and la.v.shape[-1] == 12
+    rope = la.k[..., 16:]
+    assert torch.equal(rope, rope[:, :, :1].expand_as(rope))  # one rotary key per position
+    assert not torch.equal(la.k[:, :, 0, :16], la.k[:, :, 1, :16])  # per-head non-rotary keys
+    split = sum(torch.einsum("bihd,bjhd->bhij", la.q[..., part], la.k[..., part])
+                for part in (slice(0, 16), slice(16, 24))) * la.scale
+    keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
+    assert ((split - la.reference["scores"]).abs() * keep).max() <= EXACT_TOL
+    with pytest.raises(TLDynamicsError, match="multi-head latent attention: its queries and keys"):
+        adapter.W_Q(0)
+    assert adapter.W_O(0).shape == (4, 12, 64)
+
+
+def test_hybrid_attention_layers_and_refusal_of_the_others():
+    model = boot_tiny("JambaForCausalLM")
+    adapter = ModelAdapter(model)
+    assert [spec.kind for spec in adapter.specs] == ["state_space", "attention"]
+    assert adapter.attention_layers == [1]
+    assert list(adapter.attention(testing.PROMPTS[0])) == [1]  # default: the attention layers
+    message = ("layer 0 of JambaForCausalLM is not an attention layer: it is a 'state_space' "
+               "layer (a state-space (Mamba) mixer, no attention pattern); attention layers: [1]")
+    with pytest.raises(TLDynamicsError, match=re.escape(message)):
+        adapter.attention(testing.PROMPTS[0], layers=0)
+    with pytest.raises(TLDynamicsError, match=re.escape(message)):
+        adapter.W_Q(0)
+
+
+@pytest.mark.parametrize("name, kind", [("MambaForCausalLM", "state_space"),
+                                        ("FalconMambaForCausalLM", "state_space"),
+                                        ("RecurrentGemmaForCausalLM", "unhooked_attention"),
+                                        ("RwkvForCausalLM", "rwkv"),
+                                        ("NemotronHForCausalLM", "unhooked_attention")])
+def test_models_without_hooked_attention_load_and_say_so(name, kind):
+    from tl_dynamics import trajectories
+
+    adapter = ModelAdapter(boot_tiny(name))
+    assert adapter.attention_layers == [] and kind in {spec.kind for spec in adapter.specs}
+    with pytest.raises(TLDynamicsError, match=re.escape(f"{name} has no attention layers")):
+        adapter.attention(testing.PROMPTS[0])
+    # the residual stream runs through every layer: its trajectories apply
+    labels = list(trajectories.compute(adapter, testing.PROMPTS).labels)
+    assert labels[0] == "resid_pre0" and labels[-1] == f"resid_post{adapter.n_layers - 1}"
+
+
+def test_openai_gpt_is_exact_on_single_prompts_and_refuses_padded_batches():
+    model = boot_tiny("OpenAIGPTLMHeadModel")
+    adapter = ModelAdapter(model)
+    host = testing.reconstruction_errors(adapter, testing.PROMPTS[0])
+    hf = testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS[0])
+    assert max(host["pattern"], host["z"], host["out"], host["scores"]) <= EXACT_TOL, host
+    assert max(hf.values()) <= EXACT_TOL, hf
+    with pytest.raises(TLDynamicsError, match="replaces the causal mask by the padding mask"):
+        adapter.attention(testing.PROMPTS)
+
+
+@pytest.mark.parametrize("name, kind", [("JambaForCausalLM", "&#x27;state_space&#x27;"),
+                                        ("MambaForCausalLM", "&#x27;state_space&#x27;"),
+                                        ("DeepseekV3ForCausalLM", "multi-head latent attention"),
+                                        ("Llama4ForCausalLM", None), ("NanoChatForCausalLM", None)])
+def test_report_on_new_architectures_shows_or_names_the_layer_type(name, kind):
+    """Every section shows, or says why not naming the layer type (kind None: every section
+    shows); trajectories always show."""
+    from tl_dynamics import report
+
+    page = report.build_report(boot_tiny(name), testing.PROMPTS[0])
+    html = page.to_html()
+    assert page.failed_sections == []
+    notes = re.findall(r"Not shown for this model: ([^<]*)", html)
+    assert all(kind is not None and kind in note for note in notes), notes
+    trajectories = html.rsplit("Depth-wise trajectories", 1)[1].split("<section", 1)[0]  # not the TOC
+    assert "<svg" in trajectories and "Not shown for this model" not in trajectories
+
+
+def test_llama4_rotary_layers_normalise_q_and_k_and_nope_layers_do_not_rotate():
+    """Llama 4: rotary layers apply a weightless RMS norm to q and k (read from the module,
+    applied by the adapter to the pre-norm hooks); NoPE layers score unrotated projections; the
+    context stops where chunked attention and the NoPE query temperature would start."""
+    adapter = ModelAdapter(boot_tiny("Llama4ForCausalLM", no_rope_layers=[1, 0]))
+    assert [(s.rotary, s.prenorm) for s in adapter.specs] == [("interleaved", True), ("none", False)]
+    la = adapter.attention(testing.PROMPTS[0])[0]
+    rms = la.q[:, 1:].pow(2).mean(-1)  # unit mean square after the norm (BOS: a zero embedding)
+    assert (rms - 1).abs().max() <= 1e-4
+    assert adapter.rotation(1) is None and adapter.n_ctx == 64  # min(n_ctx, chunk 8192)
+
+
+@pytest.mark.skipif(compat.tl_major_version() >= 4, reason="TransformerLens 4.x runs Cohere exactly")
+@pytest.mark.parametrize("name", ["CohereForCausalLM", "Cohere2ForCausalLM"])
+def test_cohere_on_transformer_lens_3_is_refused_saying_what_the_host_does(name):
+    with pytest.raises(TLDynamicsError, match=re.escape(
+            f"unsupported {name} on TransformerLens 3.x: its bridge rotates Cohere's queries")):
+        ModelAdapter(boot_tiny(name))
+
+
+def test_delegated_rotary_is_read_from_the_module_and_verified_with_its_direction():
+    """Bridges that hook only the projections: each layer's Rotation comes from the tables its
+    Hugging Face module receives and is checked against the module's own rotary function, which
+    NanoChat runs the other way (a negated frequency) and ModernBERT the usual way, with a
+    different base on its sliding layer."""
+    nanochat = ModelAdapter(boot_tiny("NanoChatForCausalLM")).rotation(0)
+    modern = ModelAdapter(boot_tiny("ModernBertDecoderForCausalLM"))
+    assert (nanochat.inv_freq < 0).all() and nanochat.layout == "half"
+    full, sliding = modern.rotation(0), modern.rotation(1)
+    assert (full.inv_freq > 0).all() and not torch.equal(full.inv_freq, sliding.inv_freq)

@@ -569,3 +569,20 @@ def test_report_section_labels_the_plot_and_captions_it_once():
     assert html.count(viz.html_escape(figure.caption)) == 1  # captioned once
     assert html.count("tld-figure tld-svg") == 3 and "clusters (cos &gt; 1 - 0.05)" in html  # y axes labelled
     assert "time t of the idealised flow" in html and "depth point" in html
+
+
+def test_gpt_oss_zero_bos_state_is_left_out_by_name_not_normalised_into_nan():
+    """GPT-OSS's BOS embedding is its padding row (all zeros): the flow leaves that token out,
+    says so, and runs on the rest; the head's learned sink is named among what the flow drops."""
+    from test_architectures import boot_tiny
+
+    from tl_dynamics import particles, testing
+    from tl_dynamics.adapter import ModelAdapter
+
+    adapter = ModelAdapter(boot_tiny("GptOssForCausalLM"))
+    side = particles.compute(adapter, testing.PROMPTS[0], layers=0, heads=0, t_max=1.0)
+    n_real = int(adapter.tokenize(testing.PROMPTS[0]).key_valid.sum())
+    assert side.zero_tokens == ("<|endoftext|>",) and len(side.tokens) == n_real - 1
+    assert torch.isfinite(side.run.mean_cosine).all()
+    assert "Left out of the flow: ['<|endoftext|>']" in side.caption()
+    assert side.head_dynamics[0].source.dropped.endswith("the learned attention sink")

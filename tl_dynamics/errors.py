@@ -8,3 +8,9 @@ class TLDynamicsError(ValueError):
 
     Subclasses ``ValueError`` so that generic ``except ValueError`` handlers still catch it.
     """
+
+
+class HostDiffersWarning(UserWarning):
+    """The host (TransformerLens) computes attention differently from the Hugging Face model it
+    wraps for a flag this model sets; the adapter follows the host, whose hooks it reads, and
+    says so once when it is made (the message names the flag and the difference)."""

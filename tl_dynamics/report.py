@@ -74,7 +74,7 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
         >>> page = viz.Page("attention")                                   # doctest: +SKIP
         >>> attention_section(page, ad, ad.tokenize("a b a b"), heads=[(1, 0)])  # doctest: +SKIP
     """
-    chosen = adapter.check_layers(layers)
+    chosen = adapter.check_attention_layers(layers)
     forced = _head_list(heads, adapter)
     outside = sorted(k for k in forced if k[0] not in chosen)
     if outside:

@@ -341,7 +341,7 @@ def hf_truth_errors(adapter, twin, prompt=PROMPTS, padding_side: str = "right") 
              if _strip(name) in twin_modules}
     outs: dict[int, torch.Tensor] = {}
     handles = []
-    for layer in range(adapter.n_layers):
+    for layer in adapter.attention_layers:  # hybrids: the softmax-attention layers only
         o_proj = adapter.model.blocks[layer].attn.o.original_component
         target = twin_modules[names[id(o_proj)]]
         handles.append(target.register_forward_hook(
@@ -354,10 +354,14 @@ def hf_truth_errors(adapter, twin, prompt=PROMPTS, padding_side: str = "right") 
             handle.remove()
     compat = bool(getattr(adapter.model, "compatibility_mode", False))
     worst = {"pattern": 0.0, "out": float("nan") if compat else 0.0}
-    for layer, la in adapter.attention(batch, sinks=True).items():
+    # hybrids: Hugging Face returns the weights of its attention layers only, in order
+    attentions = [a for a in hf.attentions if a is not None]
+    if len(attentions) == adapter.n_layers:
+        attentions = [attentions[layer] for layer in adapter.attention_layers]
+    for index, (layer, la) in enumerate(adapter.attention(batch, sinks=True).items()):
         rows = la.query_valid
         worst["pattern"] = max(worst["pattern"], _masked_max(
-            la.pattern() - hf.attentions[layer].float(), rows[:, None, :, None]))
+            la.pattern() - attentions[index].float(), rows[:, None, :, None]))
         if not compat:
             out = la.head_outputs().sum(2) + la.b_O
             worst["out"] = max(worst["out"], _masked_max(out - outs[layer], rows[:, :, None]))

@@ -13,9 +13,12 @@ from torch import Tensor
 
 from tl_dynamics.adapter import _capture, _sae, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
-from tl_dynamics.adapter._checks import check_index, check_indices, check_materialised
-from tl_dynamics.adapter._flags import query_scaling_context
+from tl_dynamics.adapter._checks import (check_attention, check_index, check_indices,
+                                         check_materialised)
+from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
+from tl_dynamics.adapter._mla import latent_weight
+from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
 from tl_dynamics.adapter._rotation import PROBE_POSITIONS, read_rotation
@@ -44,6 +47,7 @@ class AdapterBase:
         self._info = host_info(model)
         _sae.refuse_attention(model, self._info.host, self._info.architecture)  # SAELens
         self.specs = layer_specs(model, self._info)
+        warn_host_differences(model, self._info.host, self._info.family, self._info.architecture)
         # HookedTransformer blocks that normalise the attention output (see hooked_post_norm)
         self.post_norm: str | None = hooked_post_norm(model) if self.info.host == "hooked" else None
         cfg = model.cfg
@@ -90,6 +94,18 @@ class AdapterBase:
         """None (all layers), one layer index or a non-empty sequence of them."""
         return check_indices(layers, "layer", self.n_layers)
 
+    @property
+    def attention_layers(self) -> list[int]:
+        """Indices of the layers with softmax attention the host hooks (every layer but the
+        state-space, linear-attention, convolution ... layers of hybrids; none on Mamba)."""
+        return [spec.layer for spec in self.specs if spec.is_attention]
+
+    def check_attention_layers(self, layers: int | Sequence[int] | None) -> list[int]:
+        """Like ``check_layers`` for attention analyses: None means every attention layer, and a
+        layer of another type (or a model with none) is a TLDynamicsError naming it."""
+        chosen = self.attention_layers if layers is None else self.check_layers(layers)
+        return check_attention(self.specs, chosen, self.info.architecture)
+
     def check_heads(self, heads: int | Sequence[int] | None) -> list[int]:
         """None (all heads), one head index or a non-empty sequence of them."""
         return check_indices(heads, "head", self.n_heads)
@@ -108,6 +124,8 @@ class AdapterBase:
         unnormalised = self.post_norm == "post" or name not in self.model.hook_dict
         if role == "x" and self.info.host == "hooked" and unnormalised:
             name = f"blocks.{layer}.hook_resid_pre"  # no input normalisation: W_Q reads the stream
+        if role == "x" and self.specs[layer].latent:  # latent attention: no q projection bridge
+            name = f"blocks.{layer}.attn.hook_in"
         name = _sae.spliced_output(self.model, name) or name  # an SAE in the stream: what flows on
         return name if name in self.model.hook_dict else None
 
@@ -153,7 +171,12 @@ class AdapterBase:
 
     def _attn_weight(self, layer: int, name: str, bias_shape: tuple[int, ...] | None = None) -> Tensor:
         """A weight (required) or a bias (zeros where the model has none), GQA expanded."""
+        check_attention(self.specs, [layer], self.info.architecture)
+
         def compute() -> Tensor:
+            if self.specs[layer].latent:  # low-rank q/k/v factors: only W_O is one matrix
+                return latent_weight(self.model, layer, name, bias_shape, self.n_heads,
+                                     self.info.architecture)
             w = _weights.attn_param(self.model, layer, name)
             if w is None and bias_shape is None:
                 raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no {name}")
@@ -339,6 +362,10 @@ class AdapterBase:
             with _capture.registered(self.model, self.info.architecture, named, probe=True), \
                     torch.no_grad():
                 self.model(tokens)
+            for where, spec in enumerate(self.specs):  # no rotary hooks: the module's own tables
+                if spec.rotary == "half" and "cos" in roles and not {"cos", "rot_q"} & set(got.get(where, {})):
+                    got.setdefault(where, {}).update(module_tables(self.model, where, tokens))
+                    module_rotated_queries(self, where, got[where])
             return got
         return self._cached(("probe", tuple(roles)), run).get(layer, {})
 

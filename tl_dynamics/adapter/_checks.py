@@ -15,7 +15,7 @@ import torch
 
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["check_index", "check_indices", "check_materialised"]
+__all__ = ["check_attention", "check_index", "check_indices", "check_materialised"]
 
 
 def check_index(value: Any, what: str, count: int, where: str = "") -> int:
@@ -83,3 +83,34 @@ def check_materialised(model: Any) -> None:
         raise TLDynamicsError(f"{len(meta)} of the model's weights are on the 'meta' device (e.g. "
                               f"{meta[0]}): they hold no values, so no analysis can run; load the "
                               "weights first (e.g. model.to_empty(device='cpu') and load a state dict)")
+
+
+def check_attention(specs: Sequence[Any], layers: list[int], architecture: str) -> list[int]:
+    """``layers`` if every one has softmax attention the host hooks, else a TLDynamicsError
+    naming the first layer that has not, its type and the attention layers there are.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> specs = [NS(layer=0, kind="state_space"), NS(layer=1, kind="attention")]
+        >>> check_attention(specs, [1], "JambaForCausalLM")
+        [1]
+        >>> check_attention(specs, [0], "JambaForCausalLM")
+        Traceback (most recent call last):
+        ...
+        tl_dynamics.errors.TLDynamicsError: layer 0 of JambaForCausalLM is not an attention layer: it is a 'state_space' layer (a state-space (Mamba) mixer, no attention pattern); attention layers: [1]
+    """
+    from tl_dynamics.adapter._kinds import KIND_WHAT
+
+    attention = [spec.layer for spec in specs if spec.kind == "attention"]
+    if not attention:
+        kinds = sorted({spec.kind for spec in specs})
+        raise TLDynamicsError(f"{architecture} has no attention layers (its layers are {kinds}: "
+                              f"{'; '.join(KIND_WHAT.get(k, k) for k in kinds)}), so attention "
+                              "analyses do not apply; residual-stream analyses (trajectories) do")
+    for layer in layers:
+        kind = specs[layer].kind
+        if kind != "attention":
+            raise TLDynamicsError(f"layer {layer} of {architecture} is not an attention layer: it "
+                                  f"is a {kind!r} layer ({KIND_WHAT.get(kind, kind)}); attention "
+                                  f"layers: {attention}")
+    return layers

@@ -15,6 +15,7 @@ from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._host import LayerSpec, alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
+from tl_dynamics.adapter._scored import scored_qkv
 from tl_dynamics.errors import TLDynamicsError
 
 REFERENCE_ROLES = ("scores", "pattern", "z", "out")
@@ -33,6 +34,8 @@ def masks(adapter: AdapterBase, spec: LayerSpec, key_valid: Tensor, n_pos: int,
             allowed = allowed & (positions[None, :] <= positions[:, None])
         if spec.window is not None:
             allowed = allowed & (positions[None, :] > positions[:, None] - spec.window)
+            if not spec.causal:  # a bidirectional window is two-sided (Gemma 3): |i - j| < w
+                allowed = allowed & (positions[None, :] < positions[:, None] + spec.window)
         query_valid = key_valid & allowed.any(-1)
         key_pos = shared.get(("key_pos", n_pos))
         if key_pos is None:
@@ -51,6 +54,7 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
     if missing:
         raise TLDynamicsError(f"layer {layer}: the forward pass did not fire the {missing} hooks")
     q, k, v = (st[r].float() for r in ("q", "k", "v"))
+    q, k, v = scored_qkv(adapter, spec, st, q, k, v, batch and batch.key_valid)  # _scored
     n_batch, n_pos = q.shape[0], q.shape[1]
     key_valid = shared.get(("key_valid", n_batch, n_pos))
     if key_valid is None:

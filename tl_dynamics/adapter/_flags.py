@@ -9,21 +9,36 @@ soft-caps, q/k norms read through the hooks) are read in ``_host`` instead.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
-from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.errors import HostDiffersWarning, TLDynamicsError
 
-__all__ = ["check_bridge_flags", "check_hooked_flags", "query_scaling_context"]
+__all__ = ["REFUSED_ATTENTION", "check_bridge_flags", "check_hooked_flags", "check_host_version", "host_differences", "query_scaling_context",
+           "warn_host_differences"]
 
 _Rule = tuple[str, Callable[[Any], bool], str]
+
+# Hugging Face attention modules TransformerLens runs whose attention the recipe does not model,
+# with what they do (a refusal says so instead of "not verified").
+REFUSED_ATTENTION = {
+    "Gemma4TextAttention": "q, k and v are each RMS-normalised, head widths and rotary differ "
+                           "between sliding and full layers, and later layers can reuse an earlier "
+                           "layer's keys and values",
+    "LagunaAttention": "a softplus output gate per head multiplies z before the output projection",
+    "AfmoeAttention": "a sigmoid output gate (gate_proj) multiplies z before the output projection",
+    "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
+                      "experts",
+    "BitNetAttention": "an RMSNorm over all heads (attn_sub_norm) sits between z and the output "
+                       "projection, so the head outputs do not add up to the attention output",
+}
 
 # Hugging Face config flags (read from the wrapped model's config).
 _HF_CONFIG_RULES: list[_Rule] = [
     ("clip_qkv", lambda v: v is not None,
-     "q, k and v are clamped after their projections; the value hook holds the unclamped v and "
-     "the query is no longer linear in the layer input"),
-    ("use_bidirectional_attention", bool,
-     "bidirectional attention with a two-sided sliding window, which the recipe does not model"),
+     "q, k and v are clamped after their projections; TransformerLens clamps them after hook_q, "
+     "hook_k and hook_v fire, so the value hook holds the unclamped v and the query is no longer "
+     "linear in the layer input, which the analyses' W_Q identities assume"),
     ("use_logn_attn", bool, "log-n scaling of the query by position"),
     ("attention_sink_size", lambda v: bool(v), "attention sinks"),
 ]
@@ -63,7 +78,7 @@ def check_bridge_flags(model: Any, architecture: str) -> None:
         >>> check_bridge_flags(model, "OlmoForCausalLM")
         Traceback (most recent call last):
         ...
-        tl_dynamics.errors.TLDynamicsError: unsupported OlmoForCausalLM: Hugging Face config clip_qkv=8.0 (q, k and v are clamped after their projections; the value hook holds the unclamped v and the query is no longer linear in the layer input); the adapter refuses rather than return attention that ignores it
+        tl_dynamics.errors.TLDynamicsError: unsupported OlmoForCausalLM: Hugging Face config clip_qkv=8.0 (q, k and v are clamped after their projections; TransformerLens clamps them after hook_q, hook_k and hook_v fire, so the value hook holds the unclamped v and the query is no longer linear in the layer input, which the analyses' W_Q identities assume); the adapter refuses rather than return attention that ignores it
     """
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
     # MPT keeps its attention flags (clip_qkv) in a sub-config
@@ -72,7 +87,7 @@ def check_bridge_flags(model: Any, architecture: str) -> None:
             _check(cfg, _HF_CONFIG_RULES, "Hugging Face config", architecture)
     _check(model.cfg, _BRIDGE_CFG_RULES, "TransformerLens cfg", architecture)
     for block in model.blocks:
-        orig = getattr(block.attn, "original_component", None)
+        orig = getattr(getattr(block, "attn", None), "original_component", None)
         if orig is not None:
             _check(orig, _HF_MODULE_RULES, "attention module", architecture)
 
@@ -95,6 +110,14 @@ def query_scaling_context(model: Any) -> int | None:
         rope = getattr(cfg, "rope_parameters", None)
         if isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None:
             return int(rope["original_max_position_embeddings"])
+        # Llama 4: attention is chunked (keys of the query's own chunk only) from
+        # attention_chunk_size tokens on, and NoPE layers scale queries by
+        # 1 + attn_scale * log(1 + floor((p + 1) / floor_scale)), exactly 1 below floor_scale
+        limits = [getattr(cfg, "attention_chunk_size", None)]
+        if getattr(cfg, "attn_temperature_tuning", False):
+            limits.append(getattr(cfg, "floor_scale", None))
+        if any(limits) and type(cfg).__name__.startswith("Llama4"):
+            return int(min(v for v in limits if v))
     return None
 
 
@@ -119,3 +142,53 @@ def check_hooked_flags(model: Any) -> None:
             f"positional_embedding_type={pos_type!r} (hook_q/hook_k fire before the norm and no "
             "rotated hook fires after it, so no hook holds the scored q and k); the adapter "
             "refuses rather than return attention that ignores it")
+
+
+def host_differences(model: Any, family: str, architecture: str) -> list[str]:
+    """What a TransformerBridge computes differently from its Hugging Face model, per flag this
+    model sets (the adapter follows the bridge; ``AdapterBase`` warns with each message).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> model = NS(original_model=NS(config=NS(scale_attn_weights=False)))
+        >>> host_differences(model, "gpt2", "GPT2LMHeadModel")[0][:60]
+        'GPT2LMHeadModel sets scale_attn_weights=False (Hugging Face '
+    """
+    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
+    found = []
+    if family in ("gpt2", "gpt_bigcode") and getattr(hf_cfg, "scale_attn_weights", True) is False:
+        found.append(f"{architecture} sets scale_attn_weights=False (Hugging Face does not scale "
+                     "q.k), but TransformerLens scores with d_head**-0.5 anyway, so its patterns "
+                     "differ from the Hugging Face model's; the adapter reproduces TransformerLens")
+    cap = getattr(hf_cfg, "attn_logit_softcapping", None)
+    if family == "gemma3" and cap:
+        found.append(f"{architecture} sets attn_logit_softcapping={cap}: TransformerLens soft-caps "
+                     "the attention scores (cap * tanh(s / cap)) but Hugging Face Gemma 3 ignores "
+                     "the flag, so its patterns differ from the Hugging Face model's; the adapter "
+                     "reproduces TransformerLens")
+    return found
+
+
+def check_host_version(family: str, architecture: str, major: int) -> None:
+    """Refuse a family whose bridge in this TransformerLens major version does not compute what
+    the Hugging Face model computes (so no hook holds the real attention to reproduce).
+
+    Example:
+        >>> check_host_version("cohere", "CohereForCausalLM", 3)
+        Traceback (most recent call last):
+        ...
+        tl_dynamics.errors.TLDynamicsError: unsupported CohereForCausalLM on TransformerLens 3.x: its bridge rotates Cohere's queries and keys with neither layout of its own cos/sin tables, and its attention pattern differs from the Hugging Face model's (by 0.97 on a tiny random model); TransformerLens 4.x computes it exactly and the adapter reproduces it there
+    """
+    if family in ("cohere", "cohere2") and major < 4:
+        raise TLDynamicsError(
+            f"unsupported {architecture} on TransformerLens 3.x: its bridge rotates Cohere's "
+            "queries and keys with neither layout of its own cos/sin tables, and its attention "
+            "pattern differs from the Hugging Face model's (by 0.97 on a tiny random model); "
+            "TransformerLens 4.x computes it exactly and the adapter reproduces it there")
+
+
+def warn_host_differences(model: Any, host: str, family: str, architecture: str) -> None:
+    """Warn once (``HostDiffersWarning``) per ``host_differences`` message of a bridge model."""
+    if host == "bridge":
+        for message in host_differences(model, family, architecture):
+            warnings.warn(message, HostDiffersWarning, stacklevel=4)

@@ -23,8 +23,11 @@ from typing import Any, Literal
 
 import torch
 
-from tl_dynamics.adapter._flags import check_bridge_flags, check_hooked_flags
-from tl_dynamics.compat import Host, detect_host, tl_version
+from tl_dynamics.adapter._flags import (REFUSED_ATTENTION, check_bridge_flags, check_hooked_flags,
+                                        check_host_version)
+from tl_dynamics.adapter._kinds import ATTENTION, layer_kind
+from tl_dynamics.adapter._mla import LATENT_BRIDGES
+from tl_dynamics.compat import Host, detect_host, tl_major_version, tl_version
 from tl_dynamics.errors import TLDynamicsError
 
 RotaryStyle = Literal["none", "hooked", "half", "interleaved"]
@@ -53,6 +56,18 @@ VERIFIED_HF_ATTENTION = {
     "CohereAttention": "cohere", "Cohere2Attention": "cohere2", "GlmAttention": "glm",
     "Glm4Attention": "glm4", "Ernie4_5Attention": "ernie4_5", "Ernie4_5_MoeAttention": "ernie4_5_moe",
     "MptAttention": "mpt", "GptOssAttention": "gpt_oss",  # GPT-OSS: learned sinks (LayerSpec)
+    # issue 23: hybrids (attention on some layers only: LayerSpec.kind) and new dense models
+    "JambaAttention": "jamba", "BambaAttention": "bamba", "Lfm2Attention": "lfm2",
+    "FalconH1Attention": "falcon_h1", "OpenAIGPTAttention": "openai_gpt",
+    # multi-head latent attention (_mla): q/k/v read from MLAAttentionBridge's hooks
+    "DeepseekV2Attention": "deepseek_v2", "DeepseekV3Attention": "deepseek_v3",
+    "Glm4MoeLiteAttention": "glm4_moe_lite", "YoutuAttention": "youtu",
+    # Llama 4 text: its bridge delegates, q/k hooks hold the projections (LayerSpec.prenorm)
+    "Llama4TextAttention": "llama4",
+    # a delegating bridge without rotary hooks: rotary from the module's own tables (_modrope)
+    "ModernBertDecoderAttention": "modernbert_decoder",
+    "OlmoHybridAttention": "olmo_hybrid",  # pre-norm hooks (OLMo 2 norms over all heads)
+    "NanoChatAttention": "nanochat",  # pre-norm hooks; weightless norm after a reversed rotary
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -61,6 +76,7 @@ RECONSTRUCTING_BRIDGES = {
     "_SmolLM3AttentionBridge", "_Exaone4AttentionBridge",  # subclasses, tested exact
     "CodeGenAttentionBridge", "_Cohere2AttentionBridge",
     "ALiBiJointQKVAttentionBridge", "MPTALiBiAttentionBridge",  # Falcon ALiBi, MPT
+    "_OpenAIGPTJointQKVAttentionBridge", "MLAAttentionBridge",
 }
 # Bridge attention class that runs the HF module and fires hook_attn_scores on its weights.
 DELEGATING_BRIDGES = {"AttentionBridge"}
@@ -73,7 +89,8 @@ class LayerSpec:
     Attributes:
         scale: ``c`` in ``s = c <q, k> + bias``.
         softcap: ``cap`` in ``cap * tanh(s / cap)``, or None.
-        window: sliding/local window ``w`` (key ``j`` allowed iff ``j > i - w``), or None.
+        window: sliding/local window ``w`` (key ``j`` allowed iff ``j > i - w``, and also
+            ``j < i + w`` on bidirectional layers: Gemma 3 with use_bidirectional_attention), or None.
         causal: whether key ``j`` must satisfy ``j <= i``.
         rotary: how q and k are rotated: ``"none"``; ``"hooked"`` (the model fires rotated
             q/k hooks); ``"half"`` (rotate_half with the model's cos/sin on the first
@@ -91,6 +108,17 @@ class LayerSpec:
         sinks: whether the layer has learned per-head attention sinks (GPT-OSS): a logit
             ``sink_h`` joins every softmax row as an extra column that is then dropped, so
             ``p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h))`` and rows sum to less than 1.
+        kind: what the layer mixes tokens with (``_kinds``): ``"attention"`` (softmax attention
+            the host hooks: every other field describes it), else e.g. ``"state_space"``,
+            ``"linear_attention"``, ``"conv"`` on hybrid and attention-free models, whose other
+            fields are placeholders that no recipe reads.
+        latent: multi-head latent attention (DeepSeek-V2/V3; ``_mla``): the q/k hooks hold the
+            rotated, concatenated non-rotary and rotary parts, so ``rotary`` is ``"none"`` (no
+            rotation left to apply) and the q/k width differs from the value width.
+        prenorm: the q/k hooks hold the projections before the layer's q/k norm (Llama 4, whose
+            bridge delegates to Hugging Face): the adapter applies the norm (``query_norm``) to
+            both before rotary. Llama 4 normalises after rotary; a weightless RMS norm commutes
+            with a rotation (it preserves the sum of squares), so the order does not matter.
     """
 
     layer: int
@@ -105,6 +133,13 @@ class LayerSpec:
     scores_hook: Literal["logits", "pattern"]
     qk_norm: bool
     sinks: bool = False
+    kind: str = ATTENTION
+    latent: bool = False
+    prenorm: bool = False
+
+    @property
+    def is_attention(self) -> bool:
+        return self.kind == ATTENTION
 
 
 @dataclass(frozen=True)
@@ -124,21 +159,40 @@ def host_info(model: Any) -> HostInfo:
                         "hooked")
     architecture = str(getattr(model.cfg, "architecture", None) or type(model.original_model).__name__)
     blocks = getattr(model, "blocks", None)
-    orig = getattr(getattr(blocks[0], "attn", None), "original_component", None) if blocks else None
-    if orig is None:  # e.g. T5 and other encoder-decoders: no decoder-style blocks
+    if not blocks:  # e.g. T5 and other encoder-decoders: no decoder-style blocks
         raise TLDynamicsError(
             f"unsupported architecture {architecture!r}: this TransformerBridge has no "
-            "blocks[i].attn wrapping a Hugging Face attention module (encoder-decoder, "
-            "state-space and hybrid models are not supported)")
-    family = VERIFIED_HF_ATTENTION.get(type(orig).__name__)
-    if family is None:
-        raise TLDynamicsError(
-            f"unsupported architecture {architecture!r}: its attention module "
-            f"{type(orig).__name__} (bridged by {type(model.blocks[0].attn).__name__}) has not been "
-            f"verified to reproduce exactly; supported attention modules: "
-            f"{sorted(VERIFIED_HF_ATTENTION)}, or a HookedTransformer")
+            "blocks[i] (encoder-decoder models are not supported)")
+    # hybrids: the first softmax-attention layer names the family (all of them share it)
+    hooked = [block.attn for i, block in enumerate(blocks) if layer_kind(model, i) == ATTENTION]
+    if not hooked:  # Mamba, RWKV, or a hybrid whose attention TransformerLens does not hook
+        family = "none"
+    else:
+        orig = hooked[0].original_component
+        family = VERIFIED_HF_ATTENTION.get(_attention_name(orig))
+        if type(orig).__name__ in REFUSED_ATTENTION:
+            raise TLDynamicsError(
+                f"unsupported architecture {architecture!r}: its attention module "
+                f"{type(orig).__name__}: {REFUSED_ATTENTION[type(orig).__name__]}, which the "
+                "recipe does not model; the adapter refuses rather than return attention that "
+                "ignores it")
+        if family is None:
+            raise TLDynamicsError(
+                f"unsupported architecture {architecture!r}: its attention module "
+                f"{type(orig).__name__} (bridged by {type(hooked[0]).__name__}) has not been "
+                f"verified to reproduce exactly; supported attention modules: "
+                f"{sorted(VERIFIED_HF_ATTENTION)}, or a HookedTransformer")
     compat = bool(getattr(model, "compatibility_mode", False))
     return HostInfo(host, tl_version(), compat, architecture, family)
+
+
+def _attention_name(orig: Any) -> str:
+    """The attention module's class name; the first GPT's is plain ``Attention``, so it is
+    told apart by its module (``OpenAIGPTAttention``)."""
+    name = type(orig).__name__
+    if name == "Attention" and type(orig).__module__.endswith("modeling_openai"):
+        return "OpenAIGPTAttention"
+    return name
 
 
 def layer_specs(model: Any, info: HostInfo) -> list[LayerSpec]:
@@ -146,7 +200,15 @@ def layer_specs(model: Any, info: HostInfo) -> list[LayerSpec]:
         check_hooked_flags(model)
         return [_hooked_spec(model, layer) for layer in range(model.cfg.n_layers)]
     check_bridge_flags(model, info.architecture)
-    return [_bridge_spec(model, info, layer) for layer in range(model.cfg.n_layers)]
+    check_host_version(info.family, info.architecture, tl_major_version())
+    specs = []
+    for layer in range(len(model.blocks)):
+        kind = layer_kind(model, layer)
+        specs.append(_bridge_spec(model, info, layer) if kind == ATTENTION else LayerSpec(
+            layer=layer, scale=1.0, softcap=None, window=None, causal=True, rotary="none",
+            rotary_dim=None, rotary_base=None, alibi="none", scores_hook="logits", qk_norm=False,
+            kind=kind))
+    return specs
 
 
 def _hooked_spec(model: Any, layer: int) -> LayerSpec:
@@ -211,6 +273,8 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         scale = float(orig.inv_norm_factor)
     elif family == "mpt":
         scale = float(orig.softmax_scale)
+    elif family == "openai_gpt":  # the first GPT: scores divided by sqrt(d_head) iff scale=True
+        scale = model.cfg.d_head ** -0.5 if bool(orig.scale) else 1.0
     elif kind == "JointQKVAttentionBridge":  # GPT-2: the bridge ignores scale_attn_weights
         scale = model.cfg.d_head ** -0.5 / (
             layer + 1 if getattr(hf_cfg, "scale_attn_by_inverse_layer_idx", False) else 1)
@@ -227,10 +291,17 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
 
     rotary: RotaryStyle = "none"
     rotary_dim, base = None, None
-    if family in ("gptj", "codegen"):
+    latent = kind in LATENT_BRIDGES
+    if latent:
+        pass  # q/k hooks fire after rotary (_mla)
+    elif family == "llama4":  # complex rotary on adjacent pairs with the model's own frequencies
+        if orig.use_rope:
+            rotary, rotary_dim = "interleaved", int(orig.head_dim)
+    elif family in ("gptj", "codegen"):
         rotary, rotary_dim, base = "interleaved", int(orig.rotary_dim or model.cfg.d_head), 10000.0
-    elif model.cfg.positional_embedding_type == "rotary":
+    elif model.cfg.positional_embedding_type == "rotary" and getattr(orig, "use_rope", True):
         rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
+    # (SmolLM3 / Llama 4 NoPE layers set use_rope=False: their q and k are scored unrotated)
 
     alibi: Literal["none", "key", "falcon", "mpt"] = "none"
     if family == "bloom" or family == "mpt":
@@ -247,8 +318,11 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         rotary=rotary, rotary_dim=rotary_dim, rotary_base=base,
         alibi=alibi,
         scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
-        qk_norm=any(getattr(orig, name, None) is not None for name in ("q_norm", "q_layernorm")),
-        sinks=getattr(orig, "sinks", None) is not None)
+        qk_norm=any(getattr(orig, name, None) is not None
+                    for name in ("q_norm", "q_layernorm", "qk_norm")),
+        sinks=getattr(orig, "sinks", None) is not None, latent=latent,
+        prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
+        or family in ("olmo_hybrid", "nanochat"))
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

@@ -67,7 +67,7 @@ class Hub:
     def check(self, collector: Collector) -> None:
         """Refuse, before anything is hooked, what ``collector`` asks for and cannot have."""
         ad = self.adapter
-        layers = ad.check_layers(list(collector.layers)) if collector.layers else []
+        layers = ad.check_attention_layers(list(collector.layers)) if collector.layers else []
         if not collector.sinks:
             refuse_sinks(ad.specs, layers, ad.info.architecture)
         for role, layer in collector.points:

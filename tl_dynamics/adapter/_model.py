@@ -110,6 +110,11 @@ class ModelAdapter(AdapterBase):
             hub.pending = before
 
     def _check_padding(self, batch: Batch | None) -> None:
+        if batch is not None and batch.padded and self.info.family == "openai_gpt":
+            raise TLDynamicsError(
+                "padded batch on OpenAIGPTLMHeadModel: TransformerLens's bridge replaces the "
+                "causal mask by the padding mask when one is passed, so its queries attend to "
+                "later tokens (the Hugging Face model keeps both); pass prompts one at a time")
         if batch is None or not batch.padded or self.info.host != "hooked":
             return
         if any(not spec.causal for spec in self.specs):
@@ -167,7 +172,7 @@ class ModelAdapter(AdapterBase):
         ``sinks=True`` the pattern, ``z`` and outputs are exact (``sink_logit``).
         """
         self._check_padding(batch)
-        collector = _Calls(on_layer, self.check_layers(layers), reference, inputs, sinks)
+        collector = _Calls(on_layer, self.check_attention_layers(layers), reference, inputs, sinks)
         with self.collecting(collector):
             yield
 

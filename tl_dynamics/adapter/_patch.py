@@ -18,6 +18,7 @@ from torch import Tensor
 
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._capture import probing
+from tl_dynamics.adapter._mla import latent_z_patch
 from tl_dynamics.errors import TLDynamicsError
 
 PatchFn = Callable[[Tensor], "Tensor | None"]
@@ -26,6 +27,9 @@ PatchFn = Callable[[Tensor], "Tensor | None"]
 @contextmanager
 def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -> Iterator[None]:
     """Attach replacing hooks ``(role, layer, fn)``; remove exactly these on exit."""
+    patches = [(role, layer, latent_z_patch(fn, adapter.n_heads)
+                if role == "z" and adapter.specs[adapter.check_layer(layer)].latent else fn)
+               for role, layer, fn in patches]
     named = adapter.named_hooks(patches)
     hook_dict = adapter.model.hook_dict
     owned: list[tuple[Any, Any]] = []

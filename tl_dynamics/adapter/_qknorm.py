@@ -92,6 +92,13 @@ def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_hea
         bias = None if biases[0] is None else torch.stack([b.detach().float() for b in biases])
         return QueryNorm("head", weight, float(norms[0].eps), 0.0, center=True, bias=bias)
     module = per_head if per_head is not None else getattr(hf_attn, "q_norm", None)
+    # weightless RMS norms: Llama 4's one qk_norm for q and k, NanoChat's q_norm
+    shared = module if module is not None else getattr(hf_attn, "qk_norm", None)
+    shared = getattr(shared, "original_component", None) or shared  # a bridge wrapper: its module
+    weightless = getattr(shared, "weight", getattr(shared, "w", None)) is None
+    if shared is not None and weightless and hasattr(shared, "eps"):
+        return _matching([QueryNorm("head", torch.ones(d_head), float(shared.eps), 0.0)], shared,
+                         torch.float32, n_heads, d_head, where)
     if module is None:
         raise TLDynamicsError(f"{where}: its attention module {type(hf_attn).__name__} has no "
                               "q_norm/q_layernorm to read")

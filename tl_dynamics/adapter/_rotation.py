@@ -63,6 +63,9 @@ def read_rotation(spec: LayerSpec, model: Any, probe: Probe, queries: Queries,
     elif spec.rotary == "half":
         candidates = [_from_hooks(spec, model, got, where)]
         candidates += _adjacent_pairs(candidates[0], got) + _undoubled(spec, model, got)
+        first = candidates[0]  # NanoChat rotates the other way: sin negated (verified, last)
+        candidates.append(Rotation(first.layer, "half", first.rotary_dim, -first.inv_freq,
+                                   first.magnitude))
     else:
         candidates = _hooked(spec, model, where)
     return _verified(candidates, got, queries, where)
@@ -76,6 +79,11 @@ def inv_freq_from_base(rotary_dim: int, base: float) -> Tensor:
 
 
 def _interleaved(spec: LayerSpec, model: Any, where: str) -> Rotation:
+    if spec.rotary_dim is not None and spec.rotary_base is None:  # Llama 4: the model's own
+        for name, buffer in getattr(model, "original_model", model).named_buffers():
+            if name.endswith("rotary_emb.inv_freq") and buffer.numel() == spec.rotary_dim // 2:
+                return Rotation(spec.layer, "interleaved", int(spec.rotary_dim),
+                                buffer.detach().double().cpu(), 1.0)
     if spec.rotary_dim is None or spec.rotary_base is None:
         raise TLDynamicsError(f"{where} is rotary (interleaved) but its rotary width or base is "
                               f"unknown (rotary_dim={spec.rotary_dim}, base={spec.rotary_base})")

@@ -133,7 +133,7 @@ def compute(model: Any, prompts: Prompt | Batch | None = None, *,
         >>> res.to_dataframe()[["layer", "head", "role", "delta_loss"]].head(2)  # doctest: +SKIP
     """
     adapter = ModelAdapter.of(model)
-    chosen_layers, chosen_heads = adapter.check_layers(layers), adapter.check_heads(heads)
+    chosen_layers, chosen_heads = adapter.check_attention_layers(layers), adapter.check_heads(heads)
     if not isinstance(causal, bool):
         raise TLDynamicsError(f"causal must be True or False, got {causal!r}")
     probes = build_probes(adapter, prompts, n_seq, seq_len, seed)

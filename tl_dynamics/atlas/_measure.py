@@ -111,9 +111,11 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
            "qk_positivity": np.full(shape, np.nan)}
     try:
         # The roles compare with the shuffled control, not with the random-head chance level.
-        out["ov_copying"] = circuits.copying_scores(adapter, chance=False).scores.double().numpy()
-        out["qk_positivity"] = (circuits.qk_positivity_scores(adapter, chance=False).scores
-                                .double().numpy())
+        # rows of the attention layers (every layer but a hybrid's other layer types)
+        rows = adapter.attention_layers
+        out["ov_copying"][rows] = circuits.copying_scores(adapter, chance=False).scores.double().numpy()
+        out["qk_positivity"][rows] = (circuits.qk_positivity_scores(adapter, chance=False).scores
+                                      .double().numpy())
     except TLDynamicsError as exc:
         notes.append(f"OV copying and QK positivity not available: {exc}")
     if adapter.W_pos is None:
@@ -124,7 +126,7 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
     causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
     queries = torch.arange(2, n)
     positions = adapter.W_pos[:n]
-    for layer in range(adapter.n_layers):
+    for layer in adapter.attention_layers:
         mask = causal if adapter.specs[layer].causal else torch.ones(n, n, dtype=torch.bool)
         mask = mask.clone()
         mask[:, 0] = False  # the first position is the sink's place, not a relative position

@@ -214,16 +214,19 @@ def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int 
         raise TLDynamicsError(f"n_samples={n_samples!r}: the baseline needs at least 2 samples")
     L, H = adapter.n_layers, adapter.n_heads
     scores = torch.full((len(kinds), L, H, L, H), float("nan"))
-    if L > 1:
-        W = {name: torch.stack([getattr(adapter, name)(l) for l in range(L)])
+    att = adapter.attention_layers  # hybrids: pairs of attention layers only (others stay NaN)
+    if len(att) > 1:
+        W = {name: torch.stack([getattr(adapter, name)(l) for l in att])
              for name in ("W_Q", "W_K", "W_V", "W_O")}
         left = left_factors(W["W_V"][:-1].flatten(0, 1), W["W_O"][:-1].flatten(0, 1))
         left_g = grams(left)
-        for l2 in tqdm(range(1, L), desc="composition", disable=not progress, leave=False):
-            weights = [W[name][l2] for name in ("W_Q", "W_K", "W_V", "W_O")]
+        for i2 in tqdm(range(1, len(att)), desc="composition", disable=not progress, leave=False):
+            weights = [W[name][i2] for name in ("W_Q", "W_K", "W_V", "W_O")]
             right = torch.cat([right_factors(kind, *weights) for kind in kinds])
-            block = pair_scores(left[: l2 * H], right, left_g[: l2 * H])  # [l2*H, kinds*H]
-            scores[:, :l2, :, l2, :] = block.reshape(l2, H, len(kinds), H).permute(2, 0, 1, 3).cpu()
+            block = pair_scores(left[: i2 * H], right, left_g[: i2 * H])  # [i2*H, kinds*H]
+            per = block.reshape(i2, H, len(kinds), H).permute(2, 0, 1, 3).cpu()  # [kinds, i2, H, H]
+            for i1 in range(i2):
+                scores[:, att[i1], :, att[i2], :] = per[:, i1]
             del right, block
     base = random_baseline(adapter.d_model, adapter.d_head, n_samples, seed)
     notes = ("Weights only: biases, LayerNorm and rotary rotations are left out.",

@@ -112,6 +112,8 @@ def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bo
         allowed &= pos[None, :] <= pos[:, None]
     if spec.window is not None:
         allowed &= pos[None, :] > pos[:, None] - spec.window
+        if not spec.causal:  # bidirectional: two-sided window
+            allowed &= pos[None, :] < pos[:, None] + spec.window
     ov = values(adapter, layer, head, rows, biases) @ (adapter.W_O(layer)[head] @ adapter.W_U[:, ids])
     notes = qk_notes(adapter, layer, biases, None) + ov_notes(adapter, biases)[:1]
     if positions and (rmap is not None or adapter.W_pos is not None):

@@ -82,7 +82,7 @@ def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | Non
         ['layer', 'head', 'ov_copying', 'qk_positivity']
     """
     adapter = ModelAdapter.of(model)
-    layer_list = adapter.check_layers(layers)
+    layer_list = adapter.check_attention_layers(layers)
     head_list = adapter.check_heads(heads)
     batch = None if prompt is None else adapter.tokenize(prompt)
     if batch is not None and batch.tokens.shape[0] != 1:
@@ -129,7 +129,8 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         'QK and OV circuits'
     """
     result = compute(adapter)  # weights only: per-prompt circuits below, for the shown head only
-    last = adapter.n_layers - 1
+    att = adapter.check_attention_layers(None)  # hybrids: the last two attention layers
+    last = att[-1]
     head = result.copying.best(last)
     real = batch.real_tokens()  # first prompt, unpadded
     ids = torch.unique(real)
@@ -139,12 +140,12 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         score_maps([result.copying.panel(), result.qk_positivity.panel()], SCORES_CAPTION,
                    cell_px=22),
         score_maps(result.composition.panels(), COMPOSITION_CAPTION, cell_px=6)]
-    if last > 0:  # token-level evidence beside the Frobenius verdict (docs/math.md §4.4, §4.5)
-        earlier = [(last - 1, h) for h in range(adapter.n_heads)]
+    if len(att) > 1:  # token-level evidence beside the Frobenius verdict (docs/math.md §4.4, §4.5)
+        earlier = [(att[-2], h) for h in range(adapter.n_heads)]
         tokens = token_composition(adapter, "K", (last, head), earlier, rows=ids)
         items.append(viz.text(
             "Token-level evidence (the Frobenius score can miss a real circuit): the K-circuit "
-            f"of L{last}H{head} through every head of layer {last - 1}, on the prompt's tokens: "
+            f"of L{last}H{head} through every head of layer {att[-2]}, on the prompt's tokens: "
             + tokens.summary()))
     shown = real[:REPORT_MAX_POSITIONS]
     circuit = prompt_circuit(adapter, adapter.tokenize(shown[None]), last, head)

@@ -145,7 +145,7 @@ def _augmented(weight: Tensor, bias: Tensor, biases: bool) -> Tensor:
 
 
 def _checked_layers(adapter, layers: int | Sequence[int] | None) -> list[int]:
-    return adapter.check_layers(layers)
+    return adapter.check_attention_layers(layers)
 
 
 def copying_scores(model: Any, layers: int | Sequence[int] | None = None,

@@ -28,7 +28,8 @@ DENSE_LIMIT = 2 ** 26
 @dataclass(frozen=True)
 class KeyRule:
     """Which key positions a query position may attend to, as the model masks them: causal
-    (``j <= i``) and a sliding window ``w`` (``j > i - w``), the adapter's ``allowed`` rule for a
+    (``j <= i``) and a sliding window ``w`` (``j > i - w``; two-sided, ``|i - j| < w``, when not
+    causal), the adapter's ``allowed`` rule for a
     layer (docs/math.md §1). Positional read-outs rank only allowed keys.
 
     Example:
@@ -48,6 +49,8 @@ class KeyRule:
             ok = ok & (j <= i)
         if self.window is not None:
             ok = ok & (j > i - self.window)
+            if not self.causal:  # bidirectional: two-sided window, |i - j| < w
+                ok = ok & (j < i + self.window)
         return ok
 
     @property

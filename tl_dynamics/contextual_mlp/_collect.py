@@ -235,7 +235,7 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
         [(1, 0), (1, 2)]
     """
     adapter = ModelAdapter.of(model)
-    collector = ContextualMLPCollector(adapter, adapter.check_layers(layers),
+    collector = ContextualMLPCollector(adapter, adapter.check_attention_layers(layers),
                                        adapter.check_heads(heads), None, reference)
     with adapter.collecting(collector):
         yield collector
@@ -245,7 +245,7 @@ def _run(model: Any, prompt: Prompt | Batch, layers: int | Sequence[int] | None,
          heads: int | Sequence[int] | None, rows: list[int] | None, reference: bool,
          padding_side: str) -> ContextualMLPCollector:
     adapter = ModelAdapter.of(model)
-    layer_list, head_list = adapter.check_layers(layers), adapter.check_heads(heads)
+    layer_list, head_list = adapter.check_attention_layers(layers), adapter.check_heads(heads)
     batch = adapter.tokenize(prompt, padding_side)
     for row in rows or []:
         _check_row(row, batch.tokens.shape[0])

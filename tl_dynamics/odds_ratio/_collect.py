@@ -210,7 +210,7 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
         ['likelihood-driven', 'mixed', 'likelihood-driven', 'likelihood-driven']
     """
     adapter = ModelAdapter.of(model)
-    collector = OddsRatioCollector(adapter, adapter.check_layers(layers), adapter.check_heads(heads),
+    collector = OddsRatioCollector(adapter, adapter.check_attention_layers(layers), adapter.check_heads(heads),
                                    keep_tensors, dtype, threads)
     with adapter.collecting(collector):
         yield collector
@@ -234,7 +234,7 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
         torch.Size([1, 4, 3])
     """
     adapter = ModelAdapter.of(model)
-    collector = OddsRatioCollector(adapter, adapter.check_layers(layers), adapter.check_heads(heads),
+    collector = OddsRatioCollector(adapter, adapter.check_attention_layers(layers), adapter.check_heads(heads),
                                    keep_tensors, dtype)
     collector.forward(prompt, padding_side)
     return collector.result()

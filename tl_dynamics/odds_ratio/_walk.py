@@ -53,7 +53,7 @@ def composed(model: Any, prompt: Prompt | Batch, layers: Sequence[int] | None = 
     """
 
     adapter = ModelAdapter.of(model)
-    layers = adapter.check_layers(layers)
+    layers = adapter.check_attention_layers(layers)
     heads = dict(heads or {})
     for layer, head in heads.items():
         adapter.check_layer(layer)

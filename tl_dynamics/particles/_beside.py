@@ -42,6 +42,7 @@ class BesideModel:
     model_clusters: np.ndarray
     head_dynamics: tuple[HeadDynamics, ...]
     run: ParticleRun
+    zero_tokens: tuple[str, ...] = ()  # tokens left out: their state is the zero vector
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -77,7 +78,9 @@ class BesideModel:
                 f"model's depth (left: {model}) and under the idealised (SA) flow seeded from "
                 f"{', '.join(self.names[:6])}{', ...' if len(self.names) > 6 else ''} (middle; "
                 f"right: its mean pairwise cosine). Dashed: {n}, every token its own cluster. "
-                f"Here {flow}.")
+                f"Here {flow}." + (f" Left out of the flow: {list(self.zero_tokens)!r}, whose "
+                                   "state is the zero vector (no direction on the sphere)."
+                                   if self.zero_tokens else ""))
 
     def show(self) -> viz.Group:
         """The model's clusters through depth beside the flow's over time, and the flow's mean
@@ -130,6 +133,19 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
     if int(valid.sum()) < 2:
         raise TLDynamicsError(f"particles.compute needs a prompt of at least 2 tokens, got "
                               f"{int(valid.sum())}")
+    # A token whose state is the zero vector has no direction on the sphere (e.g. GPT-OSS's BOS:
+    # its embedding row is the padding row, all zeros): it is left out, by name, not normalised
+    # into NaN.
+    placed = valid.clone()
+    for layer in set(chosen_layers):
+        placed &= (states[layer][0].norm(dim=-1) > 0).to(placed.device)
+    all_tokens = adapter.str_tokens(batch)
+    dropped = tuple(all_tokens[i] for i in range(len(all_tokens)) if valid[i] and not placed[i])
+    if int(placed.sum()) < 2:
+        raise TLDynamicsError(f"particles.compute needs at least 2 tokens with a non-zero state "
+                              f"at the input of layers {chosen_layers}; {len(dropped)} of the "
+                              f"prompt's {int(valid.sum())} are the zero vector ({dropped!r})")
+    valid = placed
     r = math.sqrt(adapter.d_model) if radius is None else radius
     dynamics = tuple(from_head(adapter, layer, head, radius=r) for layer, head in pairs)
     x0 = []
@@ -142,9 +158,10 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
         run = simulate(torch.stack(x0), torch.tensor([h.beta for h in dynamics]),
                        torch.stack([h.Q for h in dynamics]), torch.stack([h.K for h in dynamics]),
                        torch.stack([h.V for h in dynamics]), t_max=t_max, eps=eps)
-    tokens = tuple(t for t, ok in zip(adapter.str_tokens(batch), valid.tolist()) if ok)
+    tokens = tuple(t for t, ok in zip(all_tokens, valid.tolist()) if ok)
     return BesideModel(pairs=pairs, eps=eps, tokens=tokens, point_labels=tuple(traj.labels),
-                       model_clusters=traj.clusters[0, 0].numpy(), head_dynamics=dynamics, run=run)
+                       model_clusters=traj.clusters[0, 0].numpy(), head_dynamics=dynamics, run=run,
+                       zero_tokens=dropped)
 
 
 def beside_model(model: Any, prompt: Prompt | Batch, layer: int = 0, head: int = 0,

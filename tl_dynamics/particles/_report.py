@@ -15,7 +15,7 @@ from tl_dynamics.collect import Analysis
 
 REPORT_MAX_PARTICLES = 64  # the section simulates at most this many tokens: the prompt's first ones
 INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, V and beta"
-         " from one head (layer 0, head 0) and the prompt's own tokens as the initial "
+         " from one head (head 0 of the first attention layer) and the prompt's own tokens as the initial "
          "particles, beside the number of token clusters the real model forms through its layers. "
          "A cluster is a group of tokens linked by cosine above 1 - eps; a count equal to the "
          "number of tokens means no two are that close. The idealised flow drops biases, "
@@ -23,8 +23,9 @@ INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, 
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Add the particles section: the flow seeded from layer 0, head 0 beside the model's
-    clustering (``compute(adapter, batch, layers=0, heads=0, t_max=10)``) on the first prompt's
+    """Add the particles section: the flow seeded from head 0 of the first attention layer (layer
+    0 except on hybrids) beside the model's clustering (``compute(adapter, batch, layers=first,
+    heads=0, t_max=10)``) on the first prompt's
     first ``REPORT_MAX_PARTICLES`` real tokens (on a causal model their states are exactly
     those of the whole prompt).
 
@@ -37,7 +38,8 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """
     real = batch.real_tokens()
     shown = real[:REPORT_MAX_PARTICLES]  # causal models: these states are the full prompt's
-    result = compute(adapter, adapter.tokenize(shown[None]), layers=0, heads=0, t_max=10.0)
+    first = adapter.check_attention_layers(None)[0]  # no attention layers: refused by name
+    result = compute(adapter, adapter.tokenize(shown[None]), layers=first, heads=0, t_max=10.0)
     note = ("" if len(shown) == len(real) else
             f" The particles are the prompt's first {len(shown)} of its {len(real)} tokens (the "
             "simulation's cost grows with the square of their number)"

@@ -142,7 +142,10 @@ def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
         if tuple(mats[name].shape) != want:
             p.add(f"{name} must be [{want[0]}, {want[1]}] given W_Q {list(WQ.shape)} and W_V {list(WV.shape)}, got {list(mats[name].shape)}")
     p.raise_if_any()
-    source = HeadSource(layer=layer, head=head, model=_model_name(model), scale=scale, radius=r)
+    specs = getattr(adapter, "specs", None)
+    sunk = bool(specs) and bool(getattr(specs[layer], "sinks", False))
+    source = HeadSource(layer=layer, head=head, model=_model_name(model), scale=scale, radius=r,
+                        dropped=DROPPED + (", the learned attention sink" if sunk else ""))
     return HeadDynamics(Q=WQ.T.contiguous(), K=WK.T.contiguous(), V=(WV @ WO).T.contiguous(), beta=scale * r * r, source=source)
 
 
