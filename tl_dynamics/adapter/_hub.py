@@ -174,11 +174,11 @@ class Hub:
         batch = state.batch
         attention = None
         if any(layer in c.layers for c in wanting):
-            n = stash["q"].shape[:2] if "q" in stash else None
-            if batch is not None and n is not None and tuple(batch.tokens.shape) != tuple(n):
-                raise TLDynamicsError(f"the forward pass runs tokens of shape {tuple(n)} but the "
-                                      f"batch given has {tuple(batch.tokens.shape)}")
             attention = assemble(self.adapter, layer, stash, batch, state.shared)
+            n = tuple(attention.q.shape[:2])  # [batch, pos] as scored (hooks differ in layout)
+            if batch is not None and tuple(batch.tokens.shape) != n:
+                raise TLDynamicsError(f"the forward pass runs tokens of shape {n} but the batch "
+                                      f"given has {tuple(batch.tokens.shape)}")
         points = {r: stash[r] for r in POINT_ROLES if r in stash}
         ls = LayerState(layer, batch, attention, points, state.shared)
         for c in wanting:
