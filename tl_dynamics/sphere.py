@@ -163,9 +163,10 @@ def cluster_labels_grid(cos: Float[Tensor, "*batch n n"], eps: Sequence[float],
         adj = adj & m[None, :, :, None] & m[None, :, None, :]
     adj = adj.reshape(-1, n, n)
     adj.diagonal(dim1=-2, dim2=-1).fill_(True)  # every point links to itself (no [n, n] eye)
-    # int32 while propagating: the [batch, n, n] minimum is the cost, and half as wide is
-    # about twice as fast (benchmarks/trajectories_bench.py --kernel)
-    labels = torch.arange(n, dtype=torch.int32, device=cos.device).expand(adj.shape[0], n)
+    # narrow ints while propagating: the [batch, n, n] minimum is the cost, and it scales with
+    # the width (int16 below 32,768 points; benchmarks/trajectories_bench.py --kernel)
+    width = torch.int16 if n < (1 << 15) - 1 else torch.int32
+    labels = torch.arange(n, dtype=width, device=cos.device).expand(adj.shape[0], n)
     for r in range(n + 1):
         new = torch.where(adj, labels[:, None, :], n).amin(-1)
         new = torch.gather(new, 1, new.long())
