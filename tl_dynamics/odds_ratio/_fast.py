@@ -122,6 +122,12 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
     if prefix is not None:  # causal, no window: each row's keys are a prefix, one pass for all
         parts["lse_prior"].append(torch.logcumsumexp(prior.masked_fill(~kv, float("-inf")), -1))
     column = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
+    # formed once per pass, sliced per chunk: each query's own key (a valid query may always
+    # attend to itself), and the per-key prior columns the chunk products read
+    own_all = torch.arange(n_pos, device=q.device).view(1, 1, n_pos, 1).expand(
+        n_batch, n_heads, n_pos, 1)
+    prior_col = prior.view(-1, n_pos, 1)
+    shifted_col = shifted_prior.view(-1, n_pos, 1)
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
         j0, j1 = masks.band(i0, i1, n_pos)
@@ -130,14 +136,13 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
         add = additive[:, None, i0:i1, j0:j1]
         s = r + add
         log_p = torch.log_softmax(s, dim=-1)
-        own = (torch.arange(i0, i1, device=q.device) - j0).clamp(0, m - 1)
-        own = own.view(1, 1, c, 1).expand(n_batch, n_heads, c, 1)  # a valid query sees itself
+        own = own_all[:, :, i0:i1] if j0 == 0 else (own_all[:, :, i0:i1] - j0)
         parts["lse"].append((r.gather(-1, own) - log_p.gather(-1, own)).squeeze(-1))
         p = log_p.exp_()  # the pattern, in place of its log
         pr = prior[:, :, None, j0:j1]
         parts["sum_pr"].append(torch.linalg.vecdot(p, r))
         parts["pattern_prior"].append(
-            torch.bmm(p.view(-1, c, m), prior.view(-1, n_pos, 1)[:, j0:j1]).view(n_batch, n_heads, c))
+            torch.bmm(p.view(-1, c, m), prior_col[:, j0:j1]).view(n_batch, n_heads, c))
         if prefix is None:
             parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
         parts["lse_lik"].append(torch.logsumexp(s.sub_(pr), -1))
@@ -145,7 +150,7 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
         # centred in place (the row means are known already): no cancellation in the moments
         r.sub_(mean_r[..., i0:i1, None]).mul_(allowed_f[:, None, i0:i1, j0:j1])
         parts["sum_sq"].append(torch.linalg.vector_norm(r, dim=-1).square())
-        parts["cov_rp"].append(torch.bmm(r.view(-1, c, m), shifted_prior.view(-1, n_pos, 1)[:, j0:j1])
+        parts["cov_rp"].append(torch.bmm(r.view(-1, c, m), shifted_col[:, j0:j1])
                                .view(n_batch, n_heads, c))
     got = {n: v[0] if len(v) == 1 else torch.cat(v, -1) for n, v in parts.items()}
     lse, sum_pr, pattern_prior = got["lse"], got["sum_pr"], got["pattern_prior"]
