@@ -16,15 +16,7 @@ work. The atlas cannot stream (it runs its own probes and interventions), so the
 TransformerLens's ``detect_head``.
 """
 
-from tl_dynamics.atlas._api import AtlasAnalysis, REPORT_CAUSAL_HEADS, compute, report_section
-from tl_dynamics.atlas._causal import KINDS, next_token_loss
-from tl_dynamics.atlas._cli import cli_main, cli_parser
-from tl_dynamics.atlas._measure import LOCAL_WINDOW
-from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes, repeated_tokens
+from tl_dynamics.atlas._api import compute, report_section
 from tl_dynamics.atlas._result import HeadAtlas
-from tl_dynamics.atlas._roles import MARGIN, ROLES, RULES, HeadRoles, classify
 
-__all__ = ["AtlasAnalysis", "HeadAtlas", "HeadRoles", "KINDS", "LOCAL_WINDOW", "MARGIN", "N_SEQ",
-           "Probes", "REPORT_CAUSAL_HEADS", "ROLES", "RULES", "SEED", "SEQ_LEN", "build_probes",
-           "classify", "cli_main", "cli_parser", "compute", "next_token_loss", "repeated_tokens",
-           "report_section"]
+__all__ = ["HeadAtlas", "compute", "report_section"]

@@ -35,19 +35,14 @@ What the circuits include, and what they leave out (each result repeats it in ``
   matching key for every token.
 """
 
-from tl_dynamics.circuits._build import ov_circuit, positional_qk_circuit, qk_circuit
-from tl_dynamics.circuits._circuit import Circuit, TokenTopK, positivity
-from tl_dynamics.circuits._composition import (BASELINE_SAMPLES, BASELINE_SEED, CHANCE_Z,
-                                               CompositionScores, composition_scores)
-from tl_dynamics.circuits._offsets import OffsetSummary, offset_summary
-from tl_dynamics.circuits._prompt import PromptCircuit, prompt_circuit
-from tl_dynamics.circuits._report import CircuitsAnalysis, CircuitsOverview, compute, report_section
-from tl_dynamics.circuits._spectrum import HeadScores, copying_scores, qk_positivity_scores
-from tl_dynamics.circuits._virtual import TokenComposition, composition_circuit, token_composition
+from tl_dynamics.circuits._build import ov_circuit, qk_circuit
+from tl_dynamics.circuits._composition import composition_scores
+from tl_dynamics.circuits._offsets import offset_summary
+from tl_dynamics.circuits._prompt import prompt_circuit
+from tl_dynamics.circuits._report import CircuitsOverview, compute, report_section
+from tl_dynamics.circuits._spectrum import copying_scores, qk_positivity_scores
+from tl_dynamics.circuits._virtual import token_composition
 
-__all__ = ["BASELINE_SAMPLES", "BASELINE_SEED", "CHANCE_Z", "Circuit", "CircuitsAnalysis",
-           "CircuitsOverview", "CompositionScores", "HeadScores", "OffsetSummary",
-           "PromptCircuit", "TokenComposition", "TokenTopK", "composition_circuit",
-           "composition_scores", "compute", "copying_scores", "offset_summary", "ov_circuit",
-           "positional_qk_circuit", "positivity", "prompt_circuit", "qk_circuit",
-           "qk_positivity_scores", "report_section", "token_composition"]
+__all__ = ["CircuitsOverview", "composition_scores", "compute", "copying_scores", "offset_summary",
+           "ov_circuit", "prompt_circuit", "qk_circuit", "qk_positivity_scores", "report_section",
+           "token_composition"]

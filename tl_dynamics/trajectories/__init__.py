@@ -10,16 +10,10 @@ arrays do not stream); ``block_jacobian`` (local stability),
 come from ``tl_dynamics.sphere``. Definitions: docs/math.md §5.
 """
 
-from tl_dynamics.trajectories._cloud import BIN_EDGES, N_BINS
-from tl_dynamics.trajectories._jacobian import JacobianSpectrum, block_jacobian, dense_block_jacobian
-from tl_dynamics.trajectories._points import Standardizer
-from tl_dynamics.trajectories._probe import ClassProbe, class_probe
-from tl_dynamics.trajectories._report import TrajectoriesAnalysis, report_section
+from tl_dynamics.trajectories._collect import attach, compute, merge, stream
+from tl_dynamics.trajectories._report import report_section
 from tl_dynamics.trajectories._stats import TrajectoryStats
-from tl_dynamics.trajectories._collect import TrajectoryCollector, attach, compute, merge, stream
 from tl_dynamics.trajectories._trajectory import Trajectory
 
-__all__ = ["BIN_EDGES", "ClassProbe", "JacobianSpectrum", "N_BINS", "Standardizer",
-           "TrajectoriesAnalysis", "Trajectory", "TrajectoryCollector", "TrajectoryStats",
-           "attach", "block_jacobian", "class_probe", "compute", "dense_block_jacobian", "merge",
-           "report_section", "stream"]
+__all__ = ["Trajectory", "TrajectoryStats", "attach", "compute", "merge", "report_section",
+           "stream"]
