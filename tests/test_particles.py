@@ -430,9 +430,9 @@ def test_views_render_offline_and_escape_text():
     assert "data:image/png" in no_states.show().html
     # the caption once as the figure's caption (and once as its image's alt text), not twice
     assert view.section_html("t").count(viz.html_escape(view.caption)) == 2
-    with pytest.raises(TLDynamicsError, match=r"section_html: Component\(attention_pattern.*"
+    with pytest.raises(TLDynamicsError, match=r"section_html: Component\(AttentionPattern.*"
                                               r"is drawn by circuitsvis"):
-        viz.attention_pattern(torch.ones(2, 2).tril() / 2, ["a", "b"]).section_html()
+        viz.attention_pattern(["a", "b"], torch.ones(2, 2).tril() / 2).section_html()
 
 
 # --------------------------------------------------------------------------- errors
