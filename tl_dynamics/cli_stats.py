@@ -79,6 +79,8 @@ def cli_main(argv: list[str]) -> int:
         checkpoint_every = _args.positive_arg(args.checkpoint_every, "--checkpoint-every")
         if args.max_batches is not None and args.max_batches < 0:
             raise TLDynamicsError(f"--max-batches {args.max_batches}: give 0 or more")
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:  # torchrun: run_stats checks it
+            devices.resolve_device(args.device, "--device")  # before the model loads
         devices.resolve_dtype(args.dtype, "--dtype")
         stats = run_stats(args.model, args.prompts, out,
                           analyses=[a.strip() for a in args.analyses.split(",") if a.strip()],
