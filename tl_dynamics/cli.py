@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             a == "--stats" or a.startswith("--stats=") for a in argv)):
         from tl_dynamics import cli_stats
 
-        return cli_stats.cli_main(argv[1:]) if argv[0] == "stats" else cli_stats.report_main(argv[1:])
+        main = cli_stats.cli_main if argv[0] == "stats" else cli_stats.report_main
+        return main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "models":
         return _models()

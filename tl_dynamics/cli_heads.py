@@ -1,4 +1,5 @@
-"""``tl-dynamics heads --model M`` (hooked into ``tl_dynamics.cli``): the atlas as a console table, and an HTML page with ``--out``."""
+"""``tl-dynamics heads --model M`` (hooked into ``tl_dynamics.cli``): the atlas as a console
+table, and an HTML page with ``--out``."""
 
 from __future__ import annotations
 

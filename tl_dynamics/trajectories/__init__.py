@@ -5,9 +5,9 @@ gives a ``Trajectory`` (per-token paths of one batch, with that batch's ``Trajec
 ``attach`` collects during your own forward passes: its ``result()`` is a ``Trajectory`` of
 every pass (what ``compute`` gives), its ``stats()`` their ``TrajectoryStats``; ``stream``
 gives ``TrajectoryStats`` only (exactly mergeable statistics over many prompts; per-token
-arrays do not stream); ``block_jacobian`` (local stability),
-``class_probe`` (class attractors) and ``report_section``. Unit vectors, cosines and clusters
-come from ``tl_dynamics.sphere``. Definitions: docs/math.md §5.
+arrays do not stream); ``merge`` merges statistics exactly; ``report_section`` adds the report
+section. Unit vectors, cosines and clusters come from ``tl_dynamics.sphere``. Definitions:
+docs/math.md §5.
 """
 
 from tl_dynamics.trajectories._collect import attach, compute, merge, stream
