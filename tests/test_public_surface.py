@@ -25,12 +25,11 @@ SURFACE = {
         "qk_positivity_scores", "report_section", "token_composition"
     ),
     "collect": (
-        "Analysis", "Collector", "ExactSum", "OpCount", "count_ops", "to_host",
-        "torch_threads"
+        "Analysis", "Collector", "ExactSum", "to_host", "torch_threads"
     ),
     "contextual_mlp": (
         "ContextualMLP", "ContextualMLPs", "attach", "compute", "compute_rows",
-        "report_section"
+        "generate_growth", "report_section"
     ),
     "odds_ratio": (
         "HeadStats", "OddsRatioResult", "attach", "barycentric", "composed", "compute",
@@ -45,8 +44,8 @@ SURFACE = {
         "stats_page"
     ),
     "trajectories": (
-        "Trajectory", "TrajectoryStats", "attach", "compute", "merge", "report_section",
-        "stream"
+        "Trajectory", "TrajectoryStats", "attach", "block_jacobian", "class_probe", "compute",
+        "report_section", "stream"
     ),
     "viz": (
         "Component", "Group", "Page", "attention_grid", "attention_heads",

@@ -18,6 +18,7 @@ from tl_dynamics.collect import ExactSum
 from tl_dynamics.trajectories import _cloud
 from tl_dynamics.trajectories import _jacobian
 from tl_dynamics.trajectories import _probe
+from tl_dynamics.trajectories import _collect
 
 HAS_HOOKED = testing.has_hooked_transformer()
 PROMPTS = ["def f(x): return x + 1", "import torch", "a = b", "for i in range(10):",
@@ -196,7 +197,7 @@ def test_stream_matches_naive_sums_and_merges_exactly():
     half = T.stream(ad, PROMPTS[:4], batch_size=4, progress=False).merge(
         T.stream(ad, PROMPTS[4:], batch_size=4, progress=False))
     assert half == full
-    assert T.merge([T.stream(ad, PROMPTS[:4], batch_size=4, progress=False),
+    assert _collect.merge([T.stream(ad, PROMPTS[:4], batch_size=4, progress=False),
                     T.stream(ad, PROMPTS[4:], batch_size=4, progress=False)]) == full
     assert full.n_prompts == len(PROMPTS)
     # against the naive recomputation, prompt by prompt

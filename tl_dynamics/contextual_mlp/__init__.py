@@ -6,9 +6,10 @@ a batch in one forward pass; ``attach`` builds them during your own forward pass
 """
 
 from tl_dynamics.contextual_mlp._collect import attach, compute, compute_rows
+from tl_dynamics.contextual_mlp._growth import generate_growth
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.contextual_mlp._mlps import ContextualMLPs
 from tl_dynamics.contextual_mlp._report import report_section
 
 __all__ = ["ContextualMLP", "ContextualMLPs", "attach", "compute", "compute_rows",
-           "report_section"]
+           "generate_growth", "report_section"]
