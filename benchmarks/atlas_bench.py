@@ -6,8 +6,8 @@
 
 The model: 12 layers, 12 heads, d_model 768 (d_head 64), d_mlp 3072, GPT-2's vocabulary of
 50,257 tokens, learned positions, LayerNorm, random weights, built from a config (nothing from
-the hub). The probes: the atlas's defaults (``atlas.N_SEQ`` repeated random sequences of
-``atlas.SEQ_LEN`` token ids after a BOS).
+the hub). The probes: the atlas's defaults (``_probes.N_SEQ`` repeated random sequences of
+``_probes.SEQ_LEN`` token ids after a BOS).
 
 Reference: one ``run_with_cache`` over the probes plus one forward per ablated head (144 forwards,
 each with one head's ``z`` mean-ablated through ``ModelAdapter.patch``). The atlas: every score
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from tl_dynamics.atlas import _probes
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -99,7 +100,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     adapter = ModelAdapter(build(args.host))
-    batch = adapter.tokenize(atlas.repeated_tokens(adapter)[0])
+    batch = adapter.tokenize(_probes.repeated_tokens(adapter)[0])
     with torch.no_grad():
         adapter.forward(batch)  # warm-up
     ref_wall, ref_cpu = reference(adapter, batch)

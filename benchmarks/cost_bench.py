@@ -217,9 +217,9 @@ def long_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict[s
 
 def op_rows(root: Path, device: str) -> None:
     """Torch ops (kernel launches on a GPU) and host syncs each analysis adds per layer,
-    ``result()`` included, counted with ``tl_dynamics.collect.count_ops`` (repeatable on any
+    ``result()`` included, counted with ``tl_dynamics.collect._count.count_ops`` (repeatable on any
     machine; issue 21)."""
-    from tl_dynamics.collect import count_ops
+    from tl_dynamics.collect._count import count_ops
 
     print("\n## ops and syncs per layer (added to the plain forward's own), result() included")
     print("| heads | batch x tokens | forward ops/layer | odds_ratio | contextual_mlp | "

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from tl_dynamics import odds_ratio, testing  # noqa: E402
 from tl_dynamics.adapter import ModelAdapter  # noqa: E402
+from tl_dynamics.odds_ratio import _collect
 
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024)
 BATCH, POSITIONS = 4, 256
@@ -99,7 +100,7 @@ def main() -> None:
         print(f"{name:40s} median {med:6.3f} s  ({med / base:4.2f}x plain)  min {min(values):6.3f} s")
     # time spent inside the statistics callback alone (the rest is the forward pass + capture)
     spent: list[float] = []
-    collector = odds_ratio.OddsRatioCollector(adapter, adapter.check_layers(None),
+    collector = _collect.OddsRatioCollector(adapter, adapter.check_layers(None),
                                               adapter.check_heads(None))  # torch's threads
 
     def timed_layer(la):

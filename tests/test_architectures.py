@@ -21,6 +21,8 @@ import torch
 from tl_dynamics import compat, testing
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.contextual_mlp._collect import from_layer
+from tl_dynamics.odds_ratio._collect import decompose_layer
 
 EXACT_TOL = 1e-5  # fp32 sums reordered (as in test_adapter_exactness and test_hf_truth)
 # Measured host-vs-HF gaps above EXACT_TOL (see test_hf_truth.HF_GAP for the reasons).
@@ -240,9 +242,9 @@ def test_gpt_oss_sinks_join_the_softmax_and_analyses_refuse_them():
         (lambda: adapter.attention(prompt), "ModelAdapter.attention(..., sinks=True)"),
         (lambda: odds_ratio.compute(model, prompt), "have learned attention sinks"),
         (lambda: contextual_mlp.compute(model, prompt), "have learned attention sinks"),
-        (lambda: odds_ratio.decompose_layer(la, [0]), "odds_ratio.decompose_layer: layer 0 has "
+        (lambda: decompose_layer(la, [0]), "odds_ratio.decompose_layer: layer 0 has "
                                                       "learned attention sinks"),
-        (lambda: contextual_mlp.from_layer(adapter, la, 0), "contextual_mlp.from_layer: layer 0"),
+        (lambda: from_layer(adapter, la, 0), "contextual_mlp.from_layer: layer 0"),
     ]
     for call, message in refusals:
         with pytest.raises(TLDynamicsError, match=re.escape(message)):

@@ -12,6 +12,9 @@ from tl_dynamics import atlas, viz, zoo
 from tl_dynamics.adapter import ModelAdapter, shuffled_weights
 from tl_dynamics.atlas import _causal
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.atlas import _probes
+from tl_dynamics.atlas import _roles
+from tl_dynamics.odds_ratio import _stats
 
 # induction-2l's MODEL_CARD.md, "Head structure": previous-token heads (detect_head > 0.3)
 # L0H0, L0H2, L0H3; induction heads L1H0..L1H3.
@@ -54,7 +57,7 @@ def _hook_counts(adapter):
 
 
 def test_patch_own_pattern_back_leaves_logits_and_removes_hooks(induction):
-    batch = induction.tokenize(atlas.repeated_tokens(induction, 2, 6)[0])
+    batch = induction.tokenize(_probes.repeated_tokens(induction, 2, 6)[0])
     clean = induction.forward(batch)
     layers = induction.attention(batch)
     before = _hook_counts(induction)
@@ -76,7 +79,7 @@ def la_uniform(p):
 
 
 def test_patch_errors_and_removal_on_error(induction):
-    batch = induction.tokenize(atlas.repeated_tokens(induction, 1, 4)[0])
+    batch = induction.tokenize(_probes.repeated_tokens(induction, 1, 4)[0])
     before = _hook_counts(induction)
     with pytest.raises(TLDynamicsError, match="returned shape"):
         with induction.patch([("z", 0, lambda z: z[:, :1])]):
@@ -102,7 +105,7 @@ def test_shuffled_weights_keep_values_and_leave_the_original(induction):
 
 def test_layer_prefix_sharing_gives_the_same_losses(induction):
     """Repeating resid_pre inside the forward pass equals repeating the input."""
-    probes = atlas.build_probes(induction, n_seq=2, seq_len=8)
+    probes = _probes.build_probes(induction, n_seq=2, seq_len=8)
     captures = induction.attention(probes.natural)
     targets = {"all": None}
     runner = _causal.CausalRunner(induction, probes.natural, captures, targets)
@@ -120,7 +123,7 @@ def test_induction_2l_roles_match_the_card(induction_atlas):
     frame = induction_atlas.to_dataframe().set_index(["layer", "head"])
     for pair in CARD_INDUCTION:
         assert frame.loc[pair, "role"] == "induction"
-        assert frame.loc[pair, "score"] >= frame.loc[pair, "baseline"] + atlas.MARGIN
+        assert frame.loc[pair, "score"] >= frame.loc[pair, "baseline"] + _roles.MARGIN
         assert "L0H0, L0H2, L0H3" in frame.loc[pair, "evidence"]  # composes through them
 
 
@@ -166,7 +169,7 @@ def test_errors_name_what_is_valid(induction):
     with pytest.raises(TLDynamicsError, match=r"seq_len 100 does not fit.*valid: 2\.\.63"):
         atlas.compute(induction, seq_len=100)
     with pytest.raises(TLDynamicsError, match="n_seq must be a positive"):
-        atlas.build_probes(induction, n_seq=0)
+        _probes.build_probes(induction, n_seq=0)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "bert"])
@@ -189,7 +192,7 @@ def test_sink_scores_equal_the_odds_ratio_split(arch):
         top = column.argmax(-1)  # [b, h]
         mass = column.gather(-1, top[..., None]).squeeze(-1) / rows.sum(-1)[:, None]
         two = column.topk(2, dim=-1).values
-        dominant = two[..., 0] >= odds_ratio.SINK_DOMINANCE * two[..., 1]  # [b, h]
+        dominant = two[..., 0] >= _stats.SINK_DOMINANCE * two[..., 1]  # [b, h]
         first = ((top == la.allowed.any(1).double().argmax(-1)[:, None]) & dominant).double()
         parts = odds_ratio.split_scores(la.q, la.k, la.scale, dtype=torch.float64)
         allowed = la.allowed[:, None].expand_as(parts.loglik)
@@ -221,20 +224,20 @@ def _scores(**given):
 
 def test_copy_suppression_needs_the_qk_side_and_a_sink_needs_dominance():
     c = {k: 0.1 for k in _scores()}
-    both = atlas.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5, suppression_qk=0.6), c)
+    both = _roles.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5, suppression_qk=0.6), c)
     assert both.roles == ("copy-suppression",)  # negative copying is part of it, not listed
     assert "ranks that token's key first for 60% (control 10%)" in both.evidence
-    ov_only = atlas.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5, suppression_qk=0.15), c)
+    ov_only = _roles.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5, suppression_qk=0.15), c)
     assert ov_only.roles == ("negative copying",)
     assert "not copy-suppression" in ov_only.evidence and "15% (control 10%)" in ov_only.evidence
-    unmeasured = atlas.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5), c)
+    unmeasured = _roles.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5), c)
     assert unmeasured.roles == ("negative copying",) and "not measured" in unmeasured.evidence
     # a large column that does not dominate the next-largest in most prompts is not a sink
-    tie = atlas.classify(_scores(sink_mass=0.4, sink_dominant=0.25, sink_first=0.25), c)
+    tie = _roles.classify(_scores(sink_mass=0.4, sink_dominant=0.25, sink_first=0.25), c)
     assert tie.roles == ("unclassified",) and "dominates the next-largest column" in tie.evidence
-    sink = atlas.classify(_scores(sink_mass=0.4, sink_dominant=0.75, sink_first=0.75), c)
+    sink = _roles.classify(_scores(sink_mass=0.4, sink_dominant=0.75, sink_first=0.75), c)
     assert sink.roles == ("sink",) and sink.sink_position == "first-token"
-    elsewhere = atlas.classify(_scores(sink_mass=0.4, sink_dominant=0.75, sink_first=0.25), c)
+    elsewhere = _roles.classify(_scores(sink_mass=0.4, sink_dominant=0.75, sink_first=0.25), c)
     assert elsewhere.sink_position == "other"
 
 
@@ -260,8 +263,8 @@ def test_code_2l_layer_1_is_negative_copying_not_copy_suppression():
     assert res.heads_with("copy-suppression") == []
     assert res.heads_with("negative copying") == layer_1
     for pair in layer_1:
-        assert res.scores["ov_copying"][pair] <= -(res.controls["neg_ov_copying"] + atlas.MARGIN)
-        assert res.scores["suppression_qk"][pair] < res.controls["suppression_qk"] + atlas.MARGIN
+        assert res.scores["ov_copying"][pair] <= -(res.controls["neg_ov_copying"] + _roles.MARGIN)
+        assert res.scores["suppression_qk"][pair] < res.controls["suppression_qk"] + _roles.MARGIN
         assert res.scores["sink_dominant"][pair] < 0.5 and "sink" not in res.roles_of(*pair)
         assert "not copy-suppression" in res.evidence(*pair)
 

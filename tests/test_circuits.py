@@ -13,6 +13,9 @@ from tl_dynamics import circuits, testing, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits import _composition, _topk
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.circuits import _build
+from tl_dynamics.circuits import _circuit
+from tl_dynamics.circuits import _virtual
 
 # fp32: a circuit entry and the model's score are the same ~64-term sums in another order
 # (relative errors seen <= 1e-6 on every architecture).
@@ -110,7 +113,7 @@ def test_factored_circuits_equal_dense_products():
     ov = circuits.ov_circuit(adapter, 1, 2)
     assert torch.allclose(ov.dense(), v @ adapter.W_O(1)[2] @ adapter.W_U, atol=1e-5)
     P = adapter.W_pos
-    pos = circuits.positional_qk_circuit(adapter, 0, 1, biases=False)
+    pos = _build.positional_qk_circuit(adapter, 0, 1, biases=False)
     assert pos.kind == "positional QK" and pos.shape == (adapter.n_ctx, adapter.n_ctx)
     assert torch.allclose(pos.dense(), adapter.specs[0].scale * (P @ adapter.W_Q(0)[1]) @ (P @ adapter.W_K(0)[1]).T, atol=1e-5)
     assert torch.allclose(ov.entries([3, 7], [1, 2, 5]), ov.dense()[[3, 7]][:, [1, 2, 5]], atol=1e-6)
@@ -178,10 +181,10 @@ def test_copying_and_positivity_scores_equal_dense_eigenvalues(arch):
 
 def test_positivity_is_one_for_a_copying_map_and_minus_one_for_its_negative():
     lam = torch.tensor([3.0, 1.0, 0.5]).to(torch.complex64)
-    assert float(circuits.positivity(lam)) == pytest.approx(1.0)
-    assert float(circuits.positivity(-lam)) == pytest.approx(-1.0)
+    assert float(_circuit.positivity(lam)) == pytest.approx(1.0)
+    assert float(_circuit.positivity(-lam)) == pytest.approx(-1.0)
     rotation = torch.tensor([1j, -1j])  # a pure rotation neither copies nor anti-copies
-    assert float(circuits.positivity(rotation)) == pytest.approx(0.0, abs=1e-7)
+    assert float(_circuit.positivity(rotation)) == pytest.approx(0.0, abs=1e-7)
 
 
 # ------------------------------------------------------------------ composition
@@ -254,12 +257,12 @@ def test_token_composition_circuits_equal_their_definition():
     s = adapter.specs[1].scale
     q = s * (E @ adapter.W_Q(1)[2] + adapter.b_Q(1)[2])
     k = moved @ adapter.W_K(1)[2] + adapter.b_K(1)[2]
-    kc = circuits.composition_circuit(adapter, "K", (1, 2), via)
+    kc = _virtual.composition_circuit(adapter, "K", (1, 2), via)
     assert torch.allclose(kc.dense(), q @ k.T, atol=1e-4)
-    qc = circuits.composition_circuit(adapter, "Q", (1, 2), via)
+    qc = _virtual.composition_circuit(adapter, "Q", (1, 2), via)
     q_moved = s * (moved @ adapter.W_Q(1)[2] + adapter.b_Q(1)[2])
     assert torch.allclose(qc.dense(), q_moved @ (E @ adapter.W_K(1)[2] + adapter.b_K(1)[2]).T, atol=1e-4)
-    vc = circuits.composition_circuit(adapter, "V", (1, 2), via)
+    vc = _virtual.composition_circuit(adapter, "V", (1, 2), via)
     v2 = moved @ adapter.W_V(1)[2] + adapter.b_V(1)[2]
     assert torch.allclose(vc.dense(), v2 @ adapter.W_O(1)[2] @ adapter.W_U, atol=1e-4)
     tc = circuits.token_composition(adapter, "K", (1, 2), via)
@@ -373,7 +376,7 @@ def test_errors_name_what_was_asked_and_what_is_valid(call, message):
 def test_errors_on_rotary_models_and_large_dense_products():
     adapter = adapter_for("llama")
     with pytest.raises(TLDynamicsError, match="needs learned absolute position embeddings"):
-        circuits.positional_qk_circuit(adapter, 0, 0)
+        _build.positional_qk_circuit(adapter, 0, 0)
     with pytest.raises(TLDynamicsError, match=r"offsets \[64\] are not valid relative positions"):
         circuits.qk_circuit(adapter, 0, 0, offset=64)
     with pytest.raises(TLDynamicsError, match="refusing to form a 512 x 512 circuit"):

@@ -14,6 +14,7 @@ import pytest
 
 from tl_dynamics import TLDynamicsError, docs, report, testing, viz
 from tl_dynamics.viz import _cite
+from tl_dynamics.viz import _page
 
 ROOT = Path(__file__).resolve().parent.parent
 MATH = ROOT / "docs" / "math.md"
@@ -92,7 +93,7 @@ def test_a_page_links_every_citation_to_the_sections_it_carries():
     assert '<details class="tld-math" id="math-2-1"><summary>docs/math.md §2.1 The split' in html
     assert "open" not in re.search(r"<details[^>]*>", html).group(0)  # collapsed
     assert "file://" not in html and 'href="#tld-maths-cited"' in html  # in the contents
-    assert viz.Page("none", sections=[viz.Section("A", [viz.text("no cites")])]).to_html().count(
+    assert viz.Page("none", sections=[_page.Section("A", [viz.text("no cites")])]).to_html().count(
         'class="tld-math"') == 0
 
 

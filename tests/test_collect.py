@@ -16,7 +16,8 @@ import torch
 
 from tl_dynamics import contextual_mlp, odds_ratio, testing, trajectories
 from tl_dynamics.adapter import ModelAdapter
-from tl_dynamics.collect import Collector, count_ops, to_host, torch_threads
+from tl_dynamics.collect import Collector, to_host, torch_threads
+from tl_dynamics.collect._count import count_ops
 from tl_dynamics.errors import TLDynamicsError
 
 N_LAYERS = 12

@@ -13,6 +13,10 @@ from tl_dynamics import contextual_mlp as cm
 from tl_dynamics import testing, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.contextual_mlp import _core
+from tl_dynamics.contextual_mlp import _frame
+from tl_dynamics.contextual_mlp import _growth
+from tl_dynamics.contextual_mlp import _readout
 
 # fp32: the explicit MLP (b_i . x_T + c_i, softmax, sum of a_i) reorders the model's sums of
 # ~16-64 O(1) products; errors seen <= 8e-6 (GPT-Neo, unscaled scores), the bound is 1e-5.
@@ -79,7 +83,7 @@ def test_qk_norm_mlp_acts_on_the_models_normalised_query(arch, compat):
     assert mlp.input_space == "query" and mlp.neurons(3).b.shape == (4, adapter.d_head)
     for pos in (0, 3, mlp.n_pos - 1):
         n = mlp.neurons(pos)
-        naive_out, naive_h = cm.naive_mlp(mlp.queries(mlp.x[pos][None])[0], n.a, n.b, n.c, mlp.softcap)
+        naive_out, naive_h = _core.naive_mlp(mlp.queries(mlp.x[pos][None])[0], n.a, n.b, n.c, mlp.softcap)
         assert torch.allclose(mlp.evaluate(mlp.x[pos], pos).outputs[0], naive_out, atol=ROUTE_TOL)
     norm = mlp.query_norm
     for wrong in (None, dataclasses.replace(norm, offset=1.0 - norm.offset),
@@ -124,7 +128,7 @@ def test_naive_per_neuron_loop_agrees(arch):
         n = mlp.neurons(pos)
         xs = [mlp.x[pos], torch.randn(mlp.d_model, generator=gen) * mlp.x[pos].norm() / 8]
         for x in xs:
-            naive_out, naive_h = cm.naive_mlp(x, n.a, n.b, n.c, mlp.softcap)
+            naive_out, naive_h = _core.naive_mlp(x, n.a, n.b, n.c, mlp.softcap)
             fast = mlp.evaluate(x, pos)
             assert torch.allclose(fast.outputs[0], naive_out, atol=ROUTE_TOL)
             assert torch.allclose(fast.activations[0], naive_h, atol=ROUTE_TOL)
@@ -173,17 +177,17 @@ def test_a_wrong_rotary_frame_is_refused():
     adapter = adapter_for("llama")
     batch = adapter.tokenize(testing.PROMPTS[0])
     la = adapter.attention(batch, layers=[0], inputs=True)[0]
-    assert cm.build_frames(adapter, la, batch.key_valid)[0].style == "half"
+    assert _frame.build_frames(adapter, la, batch.key_valid)[0].style == "half"
     own = adapter.rotation(0)
     wrong = dataclasses.replace(own, inv_freq=own.inv_freq * 1.05)  # frequencies off by 5%
     with pytest.raises(TLDynamicsError, match="could not reproduce the scored rotary query"):
-        cm.build_frames(adapter, la, batch.key_valid, rotation=wrong)
+        _frame.build_frames(adapter, la, batch.key_valid, rotation=wrong)
     gpt2 = adapter_for("gpt2")
     la = gpt2.attention(batch.tokens, layers=[0], inputs=True)[0]
-    assert cm.build_frames(gpt2, la, batch.key_valid)[0].style == "none"
+    assert _frame.build_frames(gpt2, la, batch.key_valid)[0].style == "none"
     wrong = dataclasses.replace(la, q=la.q * 1.01)  # x W_Q + b_Q no longer the scored query
     with pytest.raises(TLDynamicsError, match=r"could not reproduce the scored query from the layer input"):
-        cm.build_frames(gpt2, wrong, batch.key_valid)
+        _frame.build_frames(gpt2, wrong, batch.key_valid)
 
 
 # ------------------------------------------------------------------ counterfactual queries
@@ -215,9 +219,9 @@ def test_token_and_vocabulary_queries():
     assert vocab.activations.shape == (adapter.W_E.shape[0], 8)
     assert torch.allclose(vocab.activations[ids], ev.activations, atol=ROUTE_TOL)
     assert ev.labels == tuple(adapter.model.tokenizer.decode([i]) for i in ids)
-    x = cm.token_inputs(mlp, adapter, torch.tensor(ids), 7)
+    x = _readout.token_inputs(mlp, adapter, torch.tensor(ids), 7)
     assert torch.allclose(x.norm(dim=-1), mlp.x[7].norm().expand(3))  # normalise="match"
-    raw = cm.token_inputs(mlp, adapter, torch.tensor(ids), 7, normalise="none")
+    raw = _readout.token_inputs(mlp, adapter, torch.tensor(ids), 7, normalise="none")
     assert torch.allclose(raw, adapter.W_E[ids] + adapter.W_pos[7])
     assert set(ev.to_dataframe().columns) >= {"input", "winner", "winner_token", "output_norm"}
 
@@ -232,11 +236,11 @@ def test_written_tokens_are_the_logit_lens_of_a_direction(arch):
     a = mlp.outgoing[:4]
     lens = adapter.logit_lens(a)
     zero = adapter.unembed(adapter.final_norm(torch.zeros(1, adapter.d_model)))
-    assert torch.allclose(cm.direction_logits(adapter, a) + zero, lens, atol=1e-4)
-    assert torch.allclose(cm.direction_logits(adapter, 3 * a), cm.direction_logits(adapter, a), atol=1e-4)
+    assert torch.allclose(_readout.direction_logits(adapter, a) + zero, lens, atol=1e-4)
+    assert torch.allclose(_readout.direction_logits(adapter, 3 * a), _readout.direction_logits(adapter, a), atol=1e-4)
     r = mlp.written_tokens(adapter, k=4)
     assert r.top_ids.shape == (mlp.n_pos, 4)
-    assert torch.equal(r.top_ids[2], cm.direction_logits(adapter, a[2:3])[0].topk(4).indices)
+    assert torch.equal(r.top_ids[2], _readout.direction_logits(adapter, a[2:3])[0].topk(4).indices)
     assert (r.top_values[:, :1] >= r.bottom_values).all()
     assert len(r.top_tokens(2)) == 4
 
@@ -265,7 +269,7 @@ def test_importance_and_winner():
 # ------------------------------------------------------------------ growth
 def test_growth_counts_neurons_and_splits_the_output():
     mlp = cm.compute(adapter_for("gpt2"), testing.PROMPTS[1], layers=1, heads=0)[1, 0]
-    g = cm.growth(mlp, prompt_length=5)
+    g = _growth.growth(mlp, prompt_length=5)
     assert g.positions[0] == 4 and g.n_new[0] == 0 and g.new_attention[0] == 0
     assert g.n_neurons.tolist() == [p + 1 for p in g.positions]
     assert g.n_new.tolist() == [p - 4 for p in g.positions]
@@ -282,7 +286,7 @@ def test_growth_counts_neurons_and_splits_the_output():
 
 def test_generate_growth_adds_one_neuron_per_token():
     adapter = adapter_for("gpt2")
-    g = cm.generate_growth(adapter, "def f", layer=1, head=2, max_new_tokens=3)
+    g = _growth.generate_growth(adapter, "def f", layer=1, head=2, max_new_tokens=3)
     assert g.n_new.tolist() == [0, 1, 2, 3]
     assert len(g.str_tokens) == g.prompt_length + 3
 
@@ -404,10 +408,10 @@ def test_bad_requests_give_clear_errors():
         (lambda: mlp.evaluate(torch.zeros(3, 5), 2), r"\[n, d_model\] with d_model=64, got \(3, 5\)"),
         (lambda: mlp.evaluate(torch.zeros(64), 2, chunk_size=0), r"chunk_size must be >= 1"),
         (lambda: mlp.evaluate_tokens(adapter, [10 ** 6], 2), r"token ids must be .* in 0\.\.\d+"),
-        (lambda: cm.token_inputs(mlp, adapter, torch.tensor([1]), 2, normalise="ln"),
+        (lambda: _readout.token_inputs(mlp, adapter, torch.tensor([1]), 2, normalise="ln"),
          r"normalise must be 'match' or 'none', got 'ln'"),
-        (lambda: cm.growth(mlp, 0), r"prompt_length must be an int in 1\.\.\d+"),
-        (lambda: cm.generate_growth(adapter, "x", 0, 0, max_new_tokens=10 ** 4),
+        (lambda: _growth.growth(mlp, 0), r"prompt_length must be an int in 1\.\.\d+"),
+        (lambda: _growth.generate_growth(adapter, "x", 0, 0, max_new_tokens=10 ** 4),
          r"max_new_tokens must be in 1\.\.\d+"),
         (lambda: mlp.written_tokens(adapter).top_tokens(10 ** 3), r"source 1000 is not a neuron"),
     ]
@@ -418,7 +422,7 @@ def test_bad_requests_give_clear_errors():
     with pytest.raises(TLDynamicsError, match="needs a decoder language model"):
         cm.compute(bert, "x = 1", layers=0, heads=0)[0, 0].written_tokens(bert)
     with pytest.raises(TLDynamicsError, match="needs a causal head"):
-        cm.growth(cm.compute(bert, "x = 1", layers=0, heads=0)[0, 0], 1)
+        _growth.growth(cm.compute(bert, "x = 1", layers=0, heads=0)[0, 0], 1)
 
 
 # ------------------------------------------------------------------ ground truth: induction

@@ -20,6 +20,11 @@ from tl_dynamics import (atlas, circuits, contextual_mlp, odds_ratio, particles,
                          trajectories)
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.collect import ExactSum
+from tl_dynamics.circuits import _build
+from tl_dynamics.contextual_mlp import _growth
+from tl_dynamics.contextual_mlp import _readout
+from tl_dynamics.odds_ratio import _collect
+from tl_dynamics.trajectories import _jacobian
 
 DEVICE = os.environ.get("TL_DYNAMICS_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(),
@@ -167,11 +172,11 @@ def test_contextual_mlp_compute_attach_and_readouts(pair):
         result = contextual_mlp.compute(ad, PROMPTS[1])
         mlp = result[1, 0]
         return {"result": result, "frame": result.to_dataframe(), "exact": mlp.exactness(),
-                "vocab": contextual_mlp.evaluate_vocab(mlp, ad, 3),
-                "tokens": contextual_mlp.evaluate_tokens(mlp, ad, [1, 2, 3], 3),
-                "read": contextual_mlp.read_tokens(mlp, ad, 3, k=5),
-                "written": contextual_mlp.written_tokens(mlp, ad, k=5),
-                "growth": contextual_mlp.growth(mlp, 3)}
+                "vocab": _readout.evaluate_vocab(mlp, ad, 3),
+                "tokens": _readout.evaluate_tokens(mlp, ad, [1, 2, 3], 3),
+                "read": _readout.read_tokens(mlp, ad, 3, k=5),
+                "written": _readout.written_tokens(mlp, ad, k=5),
+                "growth": _growth.growth(mlp, 3)}
     got, want = both(pair, computed)
     assert_same(got, want, "contextual_mlp.compute")
     assert float(got["exact"].output_error.max()) <= 1e-4
@@ -202,7 +207,7 @@ def test_trajectories_compute_and_attach(pair, lens):
 def test_trajectories_jacobian_and_probe(pair):
     assert_same(*both(pair, lambda ad: trajectories.block_jacobian(ad, PROMPTS[0], 0, k=3)),
                 "trajectories.block_jacobian")
-    assert_same(*both(pair, lambda ad: trajectories.dense_block_jacobian(ad, PROMPTS[0], 0)),
+    assert_same(*both(pair, lambda ad: _jacobian.dense_block_jacobian(ad, PROMPTS[0], 0)),
                 "trajectories.dense_block_jacobian")
     prompts = [f"x = {i} + {i % 3}" if i % 2 else f"print(os.path.join('a', '{i}'))"
                for i in range(8)]
@@ -232,7 +237,7 @@ def test_circuits_entry_points(pair):
         if rotary:
             out["offsets"] = circuits.offset_summary(ad, 1, 0, offsets=[0, 1, 2])
         else:
-            out["positional"] = circuits.positional_qk_circuit(ad, 1, 0).topk(k=3).to_dataframe()
+            out["positional"] = _build.positional_qk_circuit(ad, 1, 0).topk(k=3).to_dataframe()
         return out
     assert_same(*both(pair, computed), "circuits entry points")
 
@@ -240,7 +245,7 @@ def test_circuits_entry_points(pair):
 def test_more_entry_points(pair):
     def computed(ad):
         la = ad.attention(PROMPTS, layers=[1])[1]
-        return {"decompose_layer": odds_ratio.decompose_layer(la, [0, 1]).pattern,
+        return {"decompose_layer": _collect.decompose_layer(la, [0, 1]).pattern,
                 "stream": trajectories.stream(ad, PROMPTS * 2, batch_size=2, progress=False),
                 "from_head": particles.from_head(ad, 1, 0),
                 "generate_growth": contextual_mlp.generate_growth(ad, PROMPTS[0], 1, 0,

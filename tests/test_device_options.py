@@ -11,6 +11,7 @@ import torch
 
 from tl_dynamics import TLDynamicsError, cli, devices, load_model, models, testing
 from tl_dynamics.scale import _distributed
+from tl_dynamics.scale import _run
 
 NO_CUDA = f"torch sees no CUDA device here (torch {torch.__version__}"
 
@@ -166,7 +167,7 @@ def test_stats_runs_in_bfloat16_and_matches_the_library_on_the_cast_model(tmp_pa
     assert code == 0, err
     want = scale.run_stats(testing.tiny_model("gpt2").to(torch.bfloat16), corpus, batch_size=2,
                            progress=False, model_name="tiny-random:gpt2")
-    assert out.read_bytes() == scale.stats_bytes(want)
+    assert out.read_bytes() == _run.stats_bytes(want)
 
 
 @pytest.mark.parametrize("request_, world, local, count, want", [

@@ -15,6 +15,10 @@ from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.odds_ratio import _fast, _stats
 from tl_dynamics.errors import TLDynamicsError
 from helpers import adapter_for, HAS_HOOKED
+from tl_dynamics.odds_ratio import _collect
+from tl_dynamics.odds_ratio import _markov
+from tl_dynamics.odds_ratio import _result
+from tl_dynamics.odds_ratio import _simplex
 
 # The split subtracts squared norms: in fp32 its parts sum back to c<q,k> within ~1e-7 times
 # the size of the terms (c/2)(|q|^2 + |k|^2). Tolerances are 1e-5 relative to that magnitude
@@ -60,7 +64,7 @@ def test_parts_sum_to_the_models_own_scores_and_pattern(arch, compat, kind, side
     skip_padded_encoder(adapter, kind)
     layers = adapter.attention(prompt_for(kind), reference=True, padding_side=side)
     for la in layers.values():
-        dec = orr.decompose_layer(la, range(adapter.n_heads))
+        dec = _collect.decompose_layer(la, range(adapter.n_heads))
         parts = dec.parts
         total = parts.total()
         keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
@@ -283,7 +287,7 @@ def test_planted_heads_get_the_right_label_and_sink_mechanism(kind, expected):
     sums, sinks = _stats.layer_sums(q, k, 0.5, None, allowed, torch.ones(1, n, dtype=torch.bool))
     attr_prior = float(sums["cov_r_prior"] / sums["var_r"])
     attr_loglik = 1.0 - attr_prior
-    assert orr.label(attr_prior, attr_loglik) == expected
+    assert _result.label(attr_prior, attr_loglik) == expected
     if kind == "loud":
         assert int(sinks["sink_position"]) == 3 and int(sinks["sink_prior_rank"]) == 0
         assert float(sinks["sink_prior_adv"]) > float(sinks["sink_loglik_adv"])
@@ -291,7 +295,7 @@ def test_planted_heads_get_the_right_label_and_sink_mechanism(kind, expected):
         assert kl_prior < kl_loglik
     else:
         assert float(sums["kl_loglik"]) < float(sums["kl_prior"])
-    assert orr.label(0.5, 0.5) == "mixed"
+    assert _result.label(0.5, 0.5) == "mixed"
 
 
 def test_permuting_the_tokens_of_a_bidirectional_head_permutes_the_result():
@@ -309,8 +313,8 @@ def test_permuting_the_tokens_of_a_bidirectional_head_permutes_the_result():
     for key in s1:
         torch.testing.assert_close(s1[key], s2[key], rtol=1e-4, atol=1e-6)
     pattern = la.pattern([0])[0, 0]
-    pi = orr.stationary(pattern)
-    torch.testing.assert_close(orr.stationary(pattern[perm][:, perm]), pi[perm])
+    pi = _markov.stationary(pattern)
+    torch.testing.assert_close(_markov.stationary(pattern[perm][:, perm]), pi[perm])
 
 
 # ------------------------------------------------------------------ Markov chain
@@ -328,7 +332,7 @@ def test_markov_chain_statistics_satisfy_their_definitions():
     t = dec.absorption_steps
     torch.testing.assert_close(t[1:], 1 + S[1:, 1:] @ t[1:])  # t = 1 + T t on transient states
     torch.testing.assert_close(torch.sort(dec.eigenvalues.real).values, torch.sort(torch.diagonal(S)).values)
-    alpha, n = orr.DAMPING, S.shape[0]
+    alpha, n = _markov.DAMPING, S.shape[0]
     walk = alpha * S + (1 - alpha) / n
     torch.testing.assert_close(dec.damped_stationary @ walk, dec.damped_stationary)
     assert 1.0 <= dec.effective_rank <= n
@@ -378,7 +382,7 @@ def test_simplex_solver_matches_brute_force_and_satisfies_kkt():
         if case % 3 == 0 and n > 2:
             M[:, 2] = (M[:, 0] + M[:, 1]) / 2  # affinely dependent vertices
         y = rng.normal(size=d) * rng.choice([0.1, 1.0, 3.0])
-        sol = orr.simplex_lstsq(torch.tensor(M), torch.tensor(y))
+        sol = _simplex.simplex_lstsq(torch.tensor(M), torch.tensor(y))
         objective, point = brute_force(M, y)
         assert sol.kkt <= KKT_TOL
         assert abs(sol.objective - objective) <= 1e-9 * max(1.0, objective)
@@ -388,8 +392,8 @@ def test_simplex_solver_matches_brute_force_and_satisfies_kkt():
 
 def test_kkt_residual_flags_a_non_optimal_point():
     P = np.array([[1.0, 0.0], [0.0, 1.0]])
-    assert orr.kkt_residual(P, np.array([0.5, 0.5])) < 1e-12
-    assert orr.kkt_residual(P, np.array([1.0, 0.0])) > 0.5
+    assert _simplex.kkt_residual(P, np.array([0.5, 0.5])) < 1e-12
+    assert _simplex.kkt_residual(P, np.array([1.0, 0.0])) > 0.5
 
 
 def test_barycentric_view_on_a_model():
@@ -444,7 +448,7 @@ def test_report_section_shows_the_most_prior_and_likelihood_driven_heads():
     for key, line in zip(("attr_prior", "attr_loglik"), lines):
         top = df[key].idxmax()
         assert f"{df[key].max():.3f}" in line and top in line
-        if df[key].max() >= orr.LABEL_THRESHOLD:  # named only when it carries the label
+        if df[key].max() >= _result.LABEL_THRESHOLD:  # named only when it carries the label
             assert line.startswith(f"<p>{top}: the head most driven")
         else:
             assert line.startswith("<p>No head is") and "most driven" not in line
@@ -477,13 +481,13 @@ def test_bad_inputs_give_clear_errors():
     with pytest.raises(TLDynamicsError, match=r"unknown target 'logits'; valid: 'unembed', 'embed'"):
         orr.barycentric(adapter, "x = 1", 0, 0, target="logits")
     with pytest.raises(TLDynamicsError, match=r"simplex_lstsq needs M \[d, n\] with n >= 1 and y \[d\]"):
-        orr.simplex_lstsq(torch.zeros(3, 2), torch.zeros(4))
+        _simplex.simplex_lstsq(torch.zeros(3, 2), torch.zeros(4))
     with pytest.raises(TLDynamicsError, match="must be row-stochastic"):
-        orr.stationary(torch.ones(3, 3))
+        _markov.stationary(torch.ones(3, 3))
     with pytest.raises(TLDynamicsError, match=r"absorption_steps needs a causal"):
-        orr.absorption_steps(torch.full((2, 2), 0.5))
+        _markov.absorption_steps(torch.full((2, 2), 0.5))
     with pytest.raises(TLDynamicsError, match=r"damping alpha must be in \[0, 1\), got 1.5"):
-        orr.damped_stationary(torch.eye(2), alpha=1.5)
+        _markov.damped_stationary(torch.eye(2), alpha=1.5)
     with pytest.raises(TLDynamicsError, match="score scale c must be positive"):
         orr.split_scores(torch.zeros(1, 2, 1, 2), torch.zeros(1, 2, 1, 2), scale=0.0)
 
@@ -505,7 +509,7 @@ MINILM_PROMPTS = ["The cat sat on the mat because it was warm.",
 
 def test_real_encoder_split_is_exact_relative_to_score_size(minilm):
     for la in minilm.attention(MINILM_PROMPTS, reference=True).values():
-        dec = orr.decompose_layer(la, range(minilm.n_heads))
+        dec = _collect.decompose_layer(la, range(minilm.n_heads))
         magnitude = float((dec.parts.query_term[..., :, None] + dec.parts.key_prior[..., None, :]).max())
         keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
         assert masked_max(dec.parts.total() - la.raw_scores(), keep) <= REL_TOL * magnitude

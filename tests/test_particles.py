@@ -15,23 +15,11 @@ import torch
 
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.particles import (
-    ParticleRun,
-    RunParams,
-    cluster_count,
-    cluster_labels,
-    close_fraction,
-    from_head,
-    mean_cosine,
-    phase_diagram,
-    phase_figure,
-    random_init,
-    random_qkv,
-    report_html,
-    simulate,
-    suggest_dt,
-    velocity,
-)
+from tl_dynamics.particles import ParticleRun, from_head, phase_diagram, phase_figure, random_init, simulate
+from tl_dynamics.particles._result import RunParams
+from tl_dynamics.particles._observables import cluster_count, cluster_labels, close_fraction, mean_cosine
+from tl_dynamics.particles._dynamics import random_qkv, suggest_dt, velocity
+from tl_dynamics.particles import _beside
 
 # Particles are renormalised every step and the boost is exact on the sphere, so float64
 # rounding is the only drift: ~1e-16 per step, far below this bound.
@@ -433,17 +421,18 @@ def test_views_render_offline_and_escape_text():
     view = run.show()
     assert isinstance(view, viz.Component) and 'src="data:image/png;base64,' in view.html
     assert view.caption.startswith("(SA) Q=K=V=I, beta=4, n=6, d=2, 2 runs")
-    html = report_html(run, title="<script>x</script> & more")
-    assert html.startswith('<section class="tl-dynamics-particles"><h3>&lt;script&gt;x&lt;/script&gt; &amp; more</h3>')
+    html = view.section_html("<script>x</script> & more")
+    assert html.startswith('<section class="tl-dynamics-figure"><h3>&lt;script&gt;x&lt;/script&gt; &amp; more</h3>')
     assert 'src="data:image/png;base64,' in html and "<script>" not in html
     run3 = simulate(random_init(2, 6, 3, gen(23)), 4.0, t_max=2.0, record_every=0.5)
     assert "data:image/png" in run3.show().html
     no_states = simulate(random_init(2, 6, 8, gen(24)), 1.0, t_max=2.0, record_every=0.5, keep_states=False)
     assert "data:image/png" in no_states.show().html
     # the caption once as the figure's caption (and once as its image's alt text), not twice
-    assert report_html(view, title="t").count(viz.html_escape(view.caption)) == 2
-    with pytest.raises(TLDynamicsError, match=r"expected a ParticleRun, PhaseDiagram\(s\) or a viz component, got int"):
-        report_html(3)
+    assert view.section_html("t").count(viz.html_escape(view.caption)) == 2
+    with pytest.raises(TLDynamicsError, match=r"section_html: Component\(AttentionPattern.*"
+                                              r"is drawn by circuitsvis"):
+        viz.attention_pattern(["a", "b"], torch.ones(2, 2).tril() / 2).section_html()
 
 
 # --------------------------------------------------------------------------- errors
@@ -510,7 +499,7 @@ def test_suggest_dt_rule():
 def test_beside_model_seeds_from_the_prompts_tokens_and_the_heads_weights():
     from tl_dynamics import testing
     from tl_dynamics.adapter import ModelAdapter
-    from tl_dynamics.particles import beside_model
+    from tl_dynamics.particles._beside import beside_model
 
     adapter = ModelAdapter(testing.cached_model("gpt2"))
     result = beside_model(adapter, "def f(x): return x + 1", layer=1, head=2, t_max=2.0)
@@ -537,11 +526,11 @@ def test_compute_runs_every_selected_head_in_one_batch_like_single_runs():
     both = particles.compute(adapter, prompt, layers=[0, 1], heads=1, t_max=2.0)
     assert both.pairs == ((0, 1), (1, 1)) and both.run.n_runs == 2
     for r, (layer, head) in enumerate(both.pairs):
-        one = particles.beside_model(adapter, prompt, layer=layer, head=head, t_max=2.0)
+        one = _beside.beside_model(adapter, prompt, layer=layer, head=head, t_max=2.0)
         torch.testing.assert_close(both.run.states[:, r], one.run.states[:, 0], atol=1e-9, rtol=0)
         assert both.head_dynamics[r].beta == one.head_dynamics[0].beta
     # the model side is the trajectories analysis on the same tokens (one sphere kernel)
-    traj = trajectories.compute(adapter, prompt, eps=(particles.BESIDE_EPS,), lens=False)
+    traj = trajectories.compute(adapter, prompt, eps=(_beside.BESIDE_EPS,), lens=False)
     assert np.array_equal(both.model_clusters, traj.clusters[0, 0].numpy())
     # at t = 0 the particles are the tokens' states, so the flow's count is the model's count
     # at that layer's input

@@ -13,6 +13,8 @@ from helpers import adapter_for
 from tl_dynamics import circuits, odds_ratio, zoo
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.odds_ratio import _stats
+from tl_dynamics.circuits import _build
+from tl_dynamics.odds_ratio import _result
 
 PREV_HEADS = (0, 2, 3)
 # Share of query positions whose best allowed key must be the previous one (issue 13: 98%
@@ -85,7 +87,7 @@ def test_positional_topk_ranks_only_keys_the_query_can_see(induction):
     """Previous-token heads: the best allowed key is the previous position (>= 95%), while the
     unmasked circuit's best key is mostly a future position the model never attends to."""
     for head in PREV_HEADS:
-        circuit = circuits.positional_qk_circuit(induction, 0, head)
+        circuit = _build.positional_qk_circuit(induction, 0, head)
         top = circuit.topk(3)
         queries = top.rows[2:]
         assert float((top.indices[2:, 0] == queries - 1).float().mean()) >= PREV_SHARE
@@ -105,7 +107,7 @@ def test_positional_topk_keeps_the_sliding_window():
     adapter = adapter_for("gptneo")  # layer 1 is local, window testing.WINDOW
     spec = adapter.specs[1]
     assert spec.window is not None
-    top = circuits.positional_qk_circuit(adapter, 1, 0).topk(2)
+    top = _build.positional_qk_circuit(adapter, 1, 0).topk(2)
     rows = top.rows[:, None].expand_as(top.indices)
     kept = top.indices >= 0
     assert (top.indices[kept] > rows[kept] - spec.window).all()
@@ -115,7 +117,7 @@ def test_positional_topk_keeps_the_sliding_window():
 def test_positional_topk_of_a_bidirectional_model_is_not_masked():
     adapter = adapter_for("bert")
     assert not adapter.specs[0].causal
-    circuit = circuits.positional_qk_circuit(adapter, 0, 0)
+    circuit = _build.positional_qk_circuit(adapter, 0, 0)
     top = circuit.topk(3)
     assert (top.indices >= 0).all()
     torch.testing.assert_close(top.values, circuit.dense().topk(3, dim=-1).values)
@@ -192,7 +194,7 @@ def test_odds_ratio_headlines_need_the_label_threshold(induction):
 
     result = odds_ratio.compute(induction, random_symbols(4), keep_tensors=True)
     picks = {key: value for _, _, key, value in result.extreme_heads()}
-    assert picks["attr_prior"] < odds_ratio.LABEL_THRESHOLD <= picks["attr_loglik"]
+    assert picks["attr_prior"] < _result.LABEL_THRESHOLD <= picks["attr_loglik"]
     text = "\n".join(c._repr_html_() for c in result.show_extremes().components)
     assert "No head is prior-driven" in text and "the head most driven by the prior" not in text
     assert "the head most driven by the likelihood" in text

@@ -30,6 +30,9 @@ def test_registry_is_explicit_and_complete():
         assert issubclass(analysis, Analysis)
         assert analysis.report_section is pkg.report_section and analysis.compute is pkg.compute
         assert analysis.attach is getattr(pkg, "attach", None)
+        # the registry lives in report.py: no package face exports its entry class
+        assert analysis.__module__ == "tl_dynamics.report" and not any(
+            name.endswith("Analysis") for name in pkg.__all__)
 
 
 def section(name, fn):

@@ -17,6 +17,7 @@ sae_lens = pytest.importorskip("sae_lens")
 from tl_dynamics import atlas, circuits, testing, trajectories  # noqa: E402
 from tl_dynamics.adapter import ModelAdapter  # noqa: E402
 from tl_dynamics.errors import TLDynamicsError  # noqa: E402
+from tl_dynamics.atlas import _probes
 
 PROMPT = "def f(x): return x + 1"
 # float32 forward passes of a tiny model, compared entry by entry
@@ -124,7 +125,7 @@ def test_atlas_losses_are_the_spliced_models(model):
     here): its clean loss is the spliced model's own next-token loss on the same positions."""
     model.add_sae(sae_at("blocks.1.hook_resid_pre", model.cfg.d_model))
     res = atlas.compute(model, n_seq=2, seq_len=6)
-    probes = atlas.build_probes(ModelAdapter(model), n_seq=2, seq_len=6)
+    probes = _probes.build_probes(ModelAdapter(model), n_seq=2, seq_len=6)
     with torch.no_grad():
         per_token = model(probes.repeat.tokens, return_type="loss", loss_per_token=True)
     predicted = [p - 1 for p in probes.second_copy]  # loss_per_token[i] predicts token i + 1

@@ -22,6 +22,7 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.collect import ExactSum
 
 from helpers import requires_hooked
+from tl_dynamics.scale import _run
 
 NAME = "tiny-random:gpt2"
 CORPUS = [f"def f{i}(x):\n    return x * {i} + {i % 7}" if i % 3 else f"import os  # {i}"
@@ -118,7 +119,7 @@ def test_statistics_are_the_analyses_own(model, whole):
 def test_save_load_merge_round_trip(model, whole, tmp_path):
     data = whole.read_bytes()
     loaded = scale.load_stats(whole)
-    assert scale.stats_bytes(loaded) == data
+    assert _run.stats_bytes(loaded) == data
     assert scale.save_stats(loaded, tmp_path / "again.safetensors").read_bytes() == data
     header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
     fields = json.loads(header["tl_dynamics_stats"])
@@ -129,7 +130,7 @@ def test_save_load_merge_round_trip(model, whole, tmp_path):
     first = run(model, CORPUS[:8], tmp_path / "a.safetensors")
     second = run(model, CORPUS[8:], tmp_path / "b.safetensors")
     merged = scale.merge_stats(tmp_path / "b.safetensors", tmp_path / "a.safetensors")
-    assert scale.stats_bytes(merged) == data == scale.stats_bytes(first.merge(second))
+    assert _run.stats_bytes(merged) == data == _run.stats_bytes(first.merge(second))
 
 
 def test_mismatched_and_corrupt_files_are_refused(model, whole, tmp_path):
@@ -156,7 +157,7 @@ def test_empty_shard_and_bad_inputs(model, whole, tmp_path):
     empty = run(model, [], tmp_path / "empty.safetensors")
     assert empty.n_prompts == 0
     loaded = scale.load_stats(tmp_path / "empty.safetensors")
-    assert scale.stats_bytes(loaded.merge(scale.load_stats(whole))) == whole.read_bytes()
+    assert _run.stats_bytes(loaded.merge(scale.load_stats(whole))) == whole.read_bytes()
     assert "no prompts" in scale.stats_page(loaded).to_html()
     with pytest.raises(TLDynamicsError, match="analyses \\['heads'\\]: choose one or more of"):
         run(model, CORPUS, analyses=["heads"])
@@ -286,5 +287,5 @@ def test_hooked_transformer_host_streams_and_merges_exactly():
     halves = scale.merge_stats(
         scale.run_stats(hooked, CORPUS[8:12], batch_size=BATCH, progress=False),
         scale.run_stats(hooked, CORPUS[:8], batch_size=BATCH, progress=False))
-    assert scale.stats_bytes(halves) == scale.stats_bytes(whole)
+    assert _run.stats_bytes(halves) == _run.stats_bytes(whole)
     assert whole.trajectories == T.stream(hooked, CORPUS[:12], batch_size=BATCH, progress=False)

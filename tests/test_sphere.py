@@ -12,6 +12,7 @@ import torch
 
 from tl_dynamics import particles, sphere, trajectories
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.particles import _observables
 
 
 def gen(seed: int) -> torch.Generator:
@@ -71,7 +72,7 @@ def test_planted_clusters_are_found_exactly(d):
     assert int(sphere.count_clusters(labels)) == 8
     assert float(sphere.close_fraction(cos, 0.01)) == pytest.approx(8 * 15 / (48 * 47 / 2))
     # the particles package gives the same answer on the states themselves
-    assert particles.cluster_labels(x, 0.01).tolist() == expect
+    assert _observables.cluster_labels(x, 0.01).tolist() == expect
 
 
 def test_labels_match_union_find_on_random_graphs_with_chains_and_padding():

@@ -15,6 +15,10 @@ from tl_dynamics import sphere, testing, trajectories as T, viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.collect import ExactSum
+from tl_dynamics.trajectories import _cloud
+from tl_dynamics.trajectories import _jacobian
+from tl_dynamics.trajectories import _probe
+from tl_dynamics.trajectories import _collect
 
 HAS_HOOKED = testing.has_hooked_transformer()
 PROMPTS = ["def f(x): return x + 1", "import torch", "a = b", "for i in range(10):",
@@ -97,7 +101,7 @@ def naive(ad: ModelAdapter, batch, eps=sphere.TRAJECTORY_EPS_GRID, flattened=Fal
             u = np.nan_to_num((zb[p] / zb[p].norm(dim=-1, keepdim=True)).numpy())  # zero: isolated
             cos = np.clip(u @ u.T, -1, 1)
             iu = np.triu_indices(len(real), 1)
-            hists.append(np.histogram(cos[iu], bins=T.N_BINS, range=(-1, 1))[0])
+            hists.append(np.histogram(cos[iu], bins=_cloud.N_BINS, range=(-1, 1))[0])
             means.append(cos[iu].mean() if len(iu[0]) else math.nan)
             lab = [components(cos, e) for e in eps]
             labels.append(lab)
@@ -193,7 +197,7 @@ def test_stream_matches_naive_sums_and_merges_exactly():
     half = T.stream(ad, PROMPTS[:4], batch_size=4, progress=False).merge(
         T.stream(ad, PROMPTS[4:], batch_size=4, progress=False))
     assert half == full
-    assert T.merge([T.stream(ad, PROMPTS[:4], batch_size=4, progress=False),
+    assert _collect.merge([T.stream(ad, PROMPTS[:4], batch_size=4, progress=False),
                     T.stream(ad, PROMPTS[4:], batch_size=4, progress=False)]) == full
     assert full.n_prompts == len(PROMPTS)
     # against the naive recomputation, prompt by prompt
@@ -329,8 +333,8 @@ def test_encoder_has_no_next_token_statistics():
 def test_jacobian_power_iteration_matches_dense(arch):
     ad = adapter(arch)
     prompt = PROMPTS[0]
-    spec = T.block_jacobian(ad, prompt, layer=1, position=3, k=2, tol=JAC_TOL)
-    dense = T.dense_block_jacobian(ad, prompt, layer=1, position=3).double()
+    spec = _jacobian.block_jacobian(ad, prompt, layer=1, position=3, k=2, tol=JAC_TOL)
+    dense = _jacobian.dense_block_jacobian(ad, prompt, layer=1, position=3).double()
     assert spec.converged and spec.iterations < T._jacobian.DEFAULT_MAX_ITER
     torch.testing.assert_close(spec.singular_values.double(), torch.linalg.svdvals(dense)[:2],
                                rtol=JAC_RTOL, atol=0)
@@ -360,7 +364,7 @@ def test_class_probe_separates_classes():
     ad = adapter("gpt2")
     prompts = [f"x{i} = {i}" for i in range(8)] + [f"def f{i}(): pass" for i in range(8)]
     labels = ["assign"] * 8 + ["def"] * 8
-    probe = T.class_probe(ad, prompts, labels, test_fraction=0.25)
+    probe = _probe.class_probe(ad, prompts, labels, test_fraction=0.25)
     assert probe.accuracy.shape == (ad.n_layers + 1,)
     assert sum(probe.test) == 4
     assert float(probe.accuracy.max()) == 1.0  # the prompts differ in their first tokens
@@ -369,11 +373,11 @@ def test_class_probe_separates_classes():
     df = probe.to_dataframe()
     assert list(df.index) == list(probe.labels)
     with pytest.raises(TLDynamicsError, match="needs at least 2 classes"):
-        T.class_probe(ad, prompts[:3], ["a"] * 3)
+        _probe.class_probe(ad, prompts[:3], ["a"] * 3)
     with pytest.raises(TLDynamicsError, match="need at least 2 per class"):
-        T.class_probe(ad, prompts[:3], ["a", "a", "b"])
+        _probe.class_probe(ad, prompts[:3], ["a", "a", "b"])
     with pytest.raises(TLDynamicsError, match="3 prompts and 2 labels"):
-        T.class_probe(ad, prompts[:3], ["a", "b"])
+        _probe.class_probe(ad, prompts[:3], ["a", "b"])
 
 
 def test_clear_errors():
@@ -389,11 +393,11 @@ def test_clear_errors():
         T.stream(ad, "one prompt")
     with pytest.raises(TLDynamicsError, match=r"position 40 is out of range: prompt 0 has \d+ "
                                               r"real tokens"):
-        T.block_jacobian(ad, "x = 1", layer=0, position=40)
+        _jacobian.block_jacobian(ad, "x = 1", layer=0, position=40)
     with pytest.raises(TLDynamicsError, match="layer 5 is out of range"):
-        T.block_jacobian(ad, "x = 1", layer=5)
+        _jacobian.block_jacobian(ad, "x = 1", layer=5)
     with pytest.raises(TLDynamicsError, match=r"k must be an integer in 1..64"):
-        T.block_jacobian(ad, "x = 1", layer=0, k=0)
+        _jacobian.block_jacobian(ad, "x = 1", layer=0, k=0)
     with pytest.raises(TLDynamicsError, match="unknown statistic 'speed'"):
         T.stream(ad, PROMPTS[:1], progress=False).mean("speed")
     with pytest.raises(TLDynamicsError, match="prompt is empty"):
@@ -493,5 +497,5 @@ def test_cloud_blocks_equal_the_whole_matrix(n, d):
         s = np.linalg.svd(u[b][mask[b]].double().numpy(), compute_uv=False)
         p = s / s.sum()
         np.testing.assert_allclose(float(erank[b]), np.exp(-(p * np.log(p)).sum()), rtol=1e-6)
-        bins = ((cos[b][pairs[b]].double() + 1.0) * (T.N_BINS / 2.0)).floor().long()
-        assert torch.equal(hist[b], torch.bincount(bins.clamp(0, T.N_BINS - 1), minlength=T.N_BINS))
+        bins = ((cos[b][pairs[b]].double() + 1.0) * (_cloud.N_BINS / 2.0)).floor().long()
+        assert torch.equal(hist[b], torch.bincount(bins.clamp(0, _cloud.N_BINS - 1), minlength=_cloud.N_BINS))

@@ -160,15 +160,16 @@ def _models() -> int:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["heads"]:  # its own parser, in tl_dynamics.atlas
-        from tl_dynamics import atlas
+    if argv[:1] == ["heads"]:  # its own parser, in tl_dynamics.cli_heads
+        from tl_dynamics import cli_heads
 
-        return atlas.cli_main(argv[1:])
-    if argv[:1] == ["stats"] or (argv[:1] == ["report"] and any(  # dataset scale: tl_dynamics.scale
+        return cli_heads.cli_main(argv[1:])
+    if argv[:1] == ["stats"] or (argv[:1] == ["report"] and any(  # dataset scale: tl_dynamics.cli_stats
             a == "--stats" or a.startswith("--stats=") for a in argv)):
-        from tl_dynamics import scale
+        from tl_dynamics import cli_stats
 
-        return scale.cli_main(argv[1:]) if argv[0] == "stats" else scale.report_main(argv[1:])
+        main = cli_stats.cli_main if argv[0] == "stats" else cli_stats.report_main
+        return main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "models":
         return _models()

@@ -18,20 +18,68 @@ import torch
 
 from tl_dynamics import viz
 from tl_dynamics._heads import EXPLAINED, STATISTICS, HeadSummaries
+from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, trajectories
 from tl_dynamics.adapter import Batch, ModelAdapter
-from tl_dynamics.atlas import AtlasAnalysis
-from tl_dynamics.circuits import CircuitsAnalysis
 from tl_dynamics.collect import Analysis, torch_threads
-from tl_dynamics.contextual_mlp import ContextualMLPAnalysis
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.models import CODE_PROMPT as DEFAULT_PROMPT  # the one spelling (models.py)
-from tl_dynamics.odds_ratio import OddsRatioAnalysis
-from tl_dynamics.particles import ParticlesAnalysis
-from tl_dynamics.trajectories import TrajectoriesAnalysis
 
 log = logging.getLogger(__name__)
 
 SectionFn = Callable[[viz.Page, ModelAdapter, Batch], None]
+
+
+class AtlasAnalysis(Analysis):
+    """What each head does, with causal evidence (a whole-model measurement: no attach)."""
+
+    name = "atlas"
+    compute = staticmethod(atlas.compute)
+    report_section = staticmethod(atlas.report_section)
+
+
+class CircuitsAnalysis(Analysis):
+    """Factored QK/OV circuits, copying and composition scores (weights only: no attach)."""
+
+    name = "circuits"
+    compute = staticmethod(circuits.compute)
+    report_section = staticmethod(circuits.report_section)
+
+
+class OddsRatioAnalysis(Analysis):
+    """The odds-ratio split of every score."""
+
+    name = "odds_ratio"
+    compute = staticmethod(odds_ratio.compute)
+    attach = staticmethod(odds_ratio.attach)
+    report_section = staticmethod(odds_ratio.report_section)
+
+
+class ContextualMLPAnalysis(Analysis):
+    """Attention as a contextual MLP."""
+
+    name = "contextual_mlp"
+    compute = staticmethod(contextual_mlp.compute)
+    attach = staticmethod(contextual_mlp.attach)
+    report_section = staticmethod(contextual_mlp.report_section)
+
+
+class TrajectoriesAnalysis(Analysis):
+    """Depth-wise trajectories and their statistics."""
+
+    name = "trajectories"
+    compute = staticmethod(trajectories.compute)
+    attach = staticmethod(trajectories.attach)
+    report_section = staticmethod(trajectories.report_section)
+
+
+class ParticlesAnalysis(Analysis):
+    """The idealised particle system beside the model (simulated: no attach)."""
+
+    name = "particles"
+    compute = staticmethod(particles.compute)
+    report_section = staticmethod(particles.report_section)
+
+
 # The analyses, in page order: each a ``tl_dynamics.collect.Analysis`` subclass naming its
 # ``compute``, ``attach`` and ``report_section``. Nothing is looked up at run time.
 SECTIONS: tuple[type[Analysis], ...] = (

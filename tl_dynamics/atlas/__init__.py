@@ -5,9 +5,9 @@ ranked roles (previous-token, duplicate-token, induction, copying, copy-suppress
 negative copying, sink, positional/local, unclassified), each from the mechanism rather than
 one pattern (copy-suppression needs both the negative OV copying and the QK circuit that attends
 to the token the residual stream predicts; a sink must dominate the next-largest key), every score
-beside its value on a weight-shuffled copy of the model (a role needs a margin of ``MARGIN``
-over it), and the change in next-token loss when the head is mean-ablated, or its pattern
-replaced by the prior-only or the likelihood-only counterfactual of the odds-ratio split.
+beside its value on a weight-shuffled copy of the model (a role needs a margin over it: the
+result's ``margin``), and the change in next-token loss when the head is mean-ablated, or its
+pattern replaced by the prior-only or the likelihood-only counterfactual of the odds-ratio split.
 ``tl-dynamics heads --model M`` prints it; ``report_section`` adds it to the report page.
 
 Probes are built from token ids (repeated random sequences), so models without a tokenizer
@@ -16,15 +16,7 @@ work. The atlas cannot stream (it runs its own probes and interventions), so the
 TransformerLens's ``detect_head``.
 """
 
-from tl_dynamics.atlas._api import AtlasAnalysis, REPORT_CAUSAL_HEADS, compute, report_section
-from tl_dynamics.atlas._causal import KINDS, next_token_loss
-from tl_dynamics.atlas._cli import cli_main, cli_parser
-from tl_dynamics.atlas._measure import LOCAL_WINDOW
-from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes, repeated_tokens
+from tl_dynamics.atlas._api import compute, report_section
 from tl_dynamics.atlas._result import HeadAtlas
-from tl_dynamics.atlas._roles import MARGIN, ROLES, RULES, HeadRoles, classify
 
-__all__ = ["AtlasAnalysis", "HeadAtlas", "HeadRoles", "KINDS", "LOCAL_WINDOW", "MARGIN", "N_SEQ",
-           "Probes", "REPORT_CAUSAL_HEADS", "ROLES", "RULES", "SEED", "SEQ_LEN", "build_probes",
-           "classify", "cli_main", "cli_parser", "compute", "next_token_loss", "repeated_tokens",
-           "report_section"]
+__all__ = ["HeadAtlas", "compute", "report_section"]

@@ -16,7 +16,6 @@ from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes
 from tl_dynamics.atlas._result import HeadAtlas
 from tl_dynamics.atlas._roles import MARGIN, HeadRoles, classify, controls
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.collect import Analysis
 
 
 def _head_scores(scores: dict[str, np.ndarray], layer: int, head: int) -> dict[str, float]:
@@ -212,11 +211,3 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         "its cause from the odds-ratio "
         f"split, each score against a weight-shuffled copy of the model by a margin of "
         f"{result.margin}. {cost} Hover a cell for the evidence."))
-
-
-class AtlasAnalysis(Analysis):
-    """What each head does, with causal evidence (a whole-model measurement: no attach): the entry points ``tl_dynamics.report.SECTIONS`` lists."""
-
-    name = "atlas"
-    compute = staticmethod(compute)
-    report_section = staticmethod(report_section)

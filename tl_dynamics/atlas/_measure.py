@@ -72,7 +72,7 @@ def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
 
     The sink of a prompt is the key with the most attention summed over the rows that choose
     among at least two keys; its mass is that sum over the number of rows. It dominates when
-    that column is at least ``odds_ratio.SINK_DOMINANCE`` times the next-largest
+    that column is at least ``odds_ratio.HeadStats.SINK_DOMINANCE`` times the next-largest
     (``sink_dominant``: the share of prompts where it does; ``sink_first``: the share where a
     dominant sink is the first real token, ``odds_ratio``'s first-token rule). Its cause: the
     attention-weighted advantage of that key over the row mean, split into key prior and
@@ -88,7 +88,7 @@ def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
     not_first = positions[None, :] != first_real[:, None]  # [b, k]
     local = near[None] & not_first[:, None, :]  # [b, q, k]
     local_mass = ((pattern * local[:, None].float()).sum(-1) * rows[:, None].float()).sum(-1) / n_rows
-    dominant = sinks["sink_dominance"] >= odds_ratio.SINK_DOMINANCE  # [b, h]
+    dominant = sinks["sink_dominance"] >= odds_ratio.HeadStats.SINK_DOMINANCE  # [b, h]
     return {"sink_mass": sinks["sink_mass"].mean(0),
             "sink_first": ((sinks["sink_position"] == 0) & dominant).float().mean(0),
             "sink_dominant": dominant.float().mean(0),

@@ -9,7 +9,7 @@ score against its value on the weight-shuffled control, by a stated margin.
 | copying | OV copying ``sum Re(lambda) / sum abs(lambda)`` | not already induction |
 | copy-suppression | minus OV copying | the QK circuit with the unembedding on the query side ranks the predicted token's key first (``suppression_qk``) |
 | negative copying | minus OV copying | not already copy-suppression (the OV side alone) |
-| sink | mass on the most-attended key | it dominates (``odds_ratio.SINK_DOMINANCE``) in at least ``SINK_PROMPTS`` of the prompts; its cause from the odds-ratio split (prior- or likelihood-driven) |
+| sink | mass on the most-attended key | it dominates (``odds_ratio.HeadStats.SINK_DOMINANCE``) in at least ``SINK_PROMPTS`` of the prompts; its cause from the odds-ratio split (prior- or likelihood-driven) |
 | positional/local | attention within ``LOCAL_WINDOW`` positions | not already previous-token |
 
 A head can hold several roles; they are ranked by how far each score clears its control.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl_dynamics.odds_ratio import SINK_DOMINANCE
+from tl_dynamics.odds_ratio import HeadStats
 
 # A score counts when it is at least its control's value plus MARGIN. Every score is a share
 # of attention, a share of rows or tokens, or an eigenvalue ratio in [-1, 1], so one absolute
@@ -45,7 +45,7 @@ RULES: dict[str, tuple[str, tuple[str, ...]]] = {
 SUBSUMED = {"positional/local": "previous-token", "copying": "induction",
             "negative copying": "copy-suppression"}
 # Requirements read against a fixed floor, not the control: a sink must dominate (its column at
-# least odds_ratio.SINK_DOMINANCE times the next-largest) in at least this share of the prompts.
+# least HeadStats.SINK_DOMINANCE times the next-largest) in at least this share of the prompts.
 SINK_PROMPTS = 0.5
 FLOORS = {"sink_dominant": SINK_PROMPTS}
 # Scores allowed to be missing (NaN) without failing a role, and why (said in the evidence).
@@ -143,7 +143,7 @@ def _near_misses(s: dict[str, float], c: dict[str, float], roles: list[str], via
         if role == "sink":
             out.append(f"largest column {s['sink_mass']:.2f} (control {c['sink_mass']:.2f}) but "
                        f"not a sink: it dominates the next-largest column (ratio >= "
-                       f"{SINK_DOMINANCE:g}) in only {s['sink_dominant']:.0%} of prompts")
+                       f"{HeadStats.SINK_DOMINANCE:g}) in only {s['sink_dominant']:.0%} of prompts")
             continue
         missing = [k for k in needs if k not in OPTIONAL and not _meets(k, s, c)]
         if role == "induction" and not via:

@@ -1,12 +1,12 @@
 """QK and OV circuits of attention heads, kept factored: read-outs, copying and composition.
 
-- ``qk_circuit``, ``ov_circuit``, ``positional_qk_circuit``: one head's circuit as a
-  ``Circuit`` (a TransformerLens ``FactoredMatrix`` with provenance); ``Circuit.topk`` streams
-  full-vocabulary top-k read-outs; rotary layers take a relative ``offset``.
+- ``qk_circuit``, ``ov_circuit``: one head's circuit, a TransformerLens ``FactoredMatrix``
+  with provenance; its ``topk`` streams full-vocabulary top-k read-outs; rotary layers take a
+  relative ``offset``.
 - ``offset_summary``: a rotary head's QK circuit across offsets.
 - ``copying_scores``, ``qk_positivity_scores``: eigenvalue positivity of every head.
 - ``composition_scores``: Q/K/V composition of all head pairs against a random baseline.
-- ``composition_circuit``, ``token_composition``: token-level circuits through earlier heads.
+- ``token_composition``: token-level circuits through earlier heads.
 - ``prompt_circuit``: a head's QK and OV tables on one prompt's tokens.
 - ``compute(model, prompt=None, *, layers=None, heads=None)``, ``report_section``: the
   one-call overview (the analysis contract: ``layers`` and ``heads`` select heads in every
@@ -27,7 +27,7 @@ What the circuits include, and what they leave out (each result repeats it in ``
   ``W_K``, ``W_V``, so only its centring and per-row scaling are left out; on a raw bridge or a
   model built from a config the weight and bias are left out too.
 - Composition scores are weight-only Frobenius scores reported against a random baseline of the
-  same shapes. Where a pair is within ``CHANCE_Z`` baseline standard deviations, the score
+  same shapes. Where a pair is within 3 baseline standard deviations, the score
   cannot tell composition from chance, and ``summary()`` says so. It can miss a real circuit:
   on an induction model the K-composition of the previous-token heads into the induction head
   can sit at the random baseline (on the shipped ``induction-2l``, two of its three
@@ -35,19 +35,14 @@ What the circuits include, and what they leave out (each result repeats it in ``
   matching key for every token.
 """
 
-from tl_dynamics.circuits._build import ov_circuit, positional_qk_circuit, qk_circuit
-from tl_dynamics.circuits._circuit import Circuit, TokenTopK, positivity
-from tl_dynamics.circuits._composition import (BASELINE_SAMPLES, BASELINE_SEED, CHANCE_Z,
-                                               CompositionScores, composition_scores)
-from tl_dynamics.circuits._offsets import OffsetSummary, offset_summary
-from tl_dynamics.circuits._prompt import PromptCircuit, prompt_circuit
-from tl_dynamics.circuits._report import CircuitsAnalysis, CircuitsOverview, compute, report_section
-from tl_dynamics.circuits._spectrum import HeadScores, copying_scores, qk_positivity_scores
-from tl_dynamics.circuits._virtual import TokenComposition, composition_circuit, token_composition
+from tl_dynamics.circuits._build import ov_circuit, qk_circuit
+from tl_dynamics.circuits._composition import composition_scores
+from tl_dynamics.circuits._offsets import offset_summary
+from tl_dynamics.circuits._prompt import prompt_circuit
+from tl_dynamics.circuits._report import CircuitsOverview, compute, report_section
+from tl_dynamics.circuits._spectrum import copying_scores, qk_positivity_scores
+from tl_dynamics.circuits._virtual import token_composition
 
-__all__ = ["BASELINE_SAMPLES", "BASELINE_SEED", "CHANCE_Z", "Circuit", "CircuitsAnalysis",
-           "CircuitsOverview", "CompositionScores", "HeadScores", "OffsetSummary",
-           "PromptCircuit", "TokenComposition", "TokenTopK", "composition_circuit",
-           "composition_scores", "compute", "copying_scores", "offset_summary", "ov_circuit",
-           "positional_qk_circuit", "positivity", "prompt_circuit", "qk_circuit",
-           "qk_positivity_scores", "report_section", "token_composition"]
+__all__ = ["CircuitsOverview", "composition_scores", "compute", "copying_scores", "offset_summary",
+           "ov_circuit", "prompt_circuit", "qk_circuit", "qk_positivity_scores", "report_section",
+           "token_composition"]

@@ -16,7 +16,6 @@ from tl_dynamics.circuits._spectrum import HeadScores, copying_scores, qk_positi
 from tl_dynamics.circuits._views import Panel, heatmaps, score_maps, topk_table
 from tl_dynamics.circuits._virtual import token_composition
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.collect import Analysis
 
 
 @dataclass(frozen=True)
@@ -171,11 +170,3 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         "Weight-based circuits (Elhage et al. 2021), kept factored: no vocabulary x vocabulary "
         "matrix is formed. " + result.copying.notes[-1] + " " + result.composition.notes[-1]),
         math="docs/math.md §4")
-
-
-class CircuitsAnalysis(Analysis):
-    """Factored QK/OV circuits, copying and composition scores (weights only: no attach): the entry points ``tl_dynamics.report.SECTIONS`` lists."""
-
-    name = "circuits"
-    compute = staticmethod(compute)
-    report_section = staticmethod(report_section)

@@ -69,9 +69,9 @@ def composition_circuit(model: Any, path: str, later: tuple[int, int],
     ``"V"``: rows are the moved source token, columns output tokens (logits).
 
     Example:
-        >>> from tl_dynamics import circuits, zoo
+        >>> from tl_dynamics import zoo
         >>> m = zoo.load("induction-2l")                                            # doctest: +SKIP
-        >>> c = circuits.composition_circuit(m, "K", (1, 2), [(0, h) for h in range(4)])  # doctest: +SKIP
+        >>> c = composition_circuit(m, "K", (1, 2), [(0, h) for h in range(4)])  # doctest: +SKIP
         >>> c.own_best_fraction()                                                    # doctest: +SKIP
         1.0
     """

@@ -80,7 +80,7 @@ def growth(mlp: ContextualMLP, prompt_length: int) -> Growth:
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
         >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=0, heads=0)[0, 0]
-        >>> g = contextual_mlp.growth(mlp, prompt_length=3)
+        >>> g = growth(mlp, prompt_length=3)
         >>> g.n_new[:3].tolist()
         [0, 1, 2]
     """

@@ -7,8 +7,6 @@ from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.contextual_mlp._collect import compute
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.contextual_mlp._readout import written_tokens
-from tl_dynamics.contextual_mlp._collect import attach
-from tl_dynamics.collect import Analysis
 
 TITLE = "Attention as a contextual MLP"
 REPORT_MAX_POSITIONS = 64  # the section reads at most this many leading positions
@@ -63,12 +61,3 @@ def _top_activation(mlp: ContextualMLP) -> float:
 def _uniform_activation(mlp: ContextualMLP) -> float:
     """The same under uniform attention: the mean of ``1 / (number of sources)``."""
     return sum(1.0 / len(mlp.sources(p)) for p in mlp.positions) / max(1, len(mlp.positions))
-
-
-class ContextualMLPAnalysis(Analysis):
-    """Attention as a contextual MLP: the entry points ``tl_dynamics.report.SECTIONS`` lists."""
-
-    name = "contextual_mlp"
-    compute = staticmethod(compute)
-    attach = staticmethod(attach)
-    report_section = staticmethod(report_section)

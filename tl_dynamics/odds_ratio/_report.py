@@ -6,8 +6,6 @@ from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.odds_ratio._collect import compute
 from tl_dynamics.odds_ratio._result import LABEL_THRESHOLD
-from tl_dynamics.odds_ratio._collect import attach
-from tl_dynamics.collect import Analysis
 
 TITLE = "Attention as odds ratios: key prior vs distance likelihood"
 INTRO = ("Every attention score splits exactly into a query term (constant along the row), a key "
@@ -34,12 +32,3 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     result = compute(adapter, batch)
     page.add_section(TITLE, list(result.show_extremes(row=0).components), INTRO,
                      math="docs/math.md §2")
-
-
-class OddsRatioAnalysis(Analysis):
-    """The odds-ratio split of every score: the entry points ``tl_dynamics.report.SECTIONS`` lists."""
-
-    name = "odds_ratio"
-    compute = staticmethod(compute)
-    attach = staticmethod(attach)
-    report_section = staticmethod(report_section)

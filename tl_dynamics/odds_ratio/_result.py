@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 import pandas as pd
@@ -15,6 +15,7 @@ from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
 from tl_dynamics.odds_ratio._split import ScoreParts, row_kl
+from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SUM_KEYS
 from tl_dynamics.collect import ExactSum
 
 # A head is "prior-driven" when the key prior's additive share of the row-centred score
@@ -45,7 +46,7 @@ class HeadStats:
     """Per-head aggregates of the odds-ratio split over every prompt seen.
 
     ``sums[name]`` and ``sink_sums[name]`` are ``[len(layers), len(heads)]`` float64 arrays of
-    running sums (see ``_stats.SUM_KEYS``); the properties divide them out. Row statistics use
+    running sums (see ``HeadStats.SUM_KEYS``); the properties divide them out. Row statistics use
     valid query rows with at least two allowed keys, and so do the sink statistics
     (``sink_first_share`` also needs the sink to dominate: docs/math.md §2.3); the variance
     split is of the pre-cap
@@ -60,7 +61,15 @@ class HeadStats:
     ``exact`` holds the same sums exactly (``[layer, key, head]``, keys ``sum_keys`` then
     ``SINK_SUM_KEYS``), so ``merge`` is order-independent and bit-identical: merging the
     statistics of two halves of the batches equals one run over all of them.
+
+    Class attributes: ``HeadStats.SUM_KEYS`` and ``HeadStats.SINK_SUM_KEYS`` name the exact
+    sums (the statistics file stores them in this order); ``HeadStats.SINK_DOMINANCE`` is how
+    many times the next-largest column a prompt's sink must take to count as one.
     """
+
+    SUM_KEYS: ClassVar[tuple[str, ...]] = SUM_KEYS
+    SINK_SUM_KEYS: ClassVar[tuple[str, ...]] = SINK_SUM_KEYS
+    SINK_DOMINANCE: ClassVar[float] = SINK_DOMINANCE
 
     model: str
     layers: tuple[int, ...]

@@ -9,17 +9,13 @@ and ``report_section`` shows it. There is no ``attach``: the flow is simulated, 
 the user's forward passes. Clusters, cosines and merge events come from ``tl_dynamics.sphere``.
 """
 
-from tl_dynamics.particles._beside import BESIDE_EPS, BesideModel, beside_model, compute
-from tl_dynamics.particles._dynamics import identity_qkv, random_init, random_qkv, suggest_dt, velocity
-from tl_dynamics.particles._observables import close_fraction, cluster_count, cluster_labels, mean_cosine
-from tl_dynamics.particles._phase import PhaseDiagram, PhaseParams, phase_diagram, phase_figure
-from tl_dynamics.particles._report import ParticlesAnalysis, report_html, report_section
-from tl_dynamics.particles._result import ParticleRun, RunParams
-from tl_dynamics.particles._seeding import HeadDynamics, HeadSource, from_head
+from tl_dynamics.particles._beside import BesideModel, compute
+from tl_dynamics.particles._dynamics import random_init
+from tl_dynamics.particles._phase import phase_diagram, phase_figure
+from tl_dynamics.particles._report import report_section
+from tl_dynamics.particles._result import ParticleRun
+from tl_dynamics.particles._seeding import from_head
 from tl_dynamics.particles._simulation import simulate
 
-__all__ = ["BESIDE_EPS", "BesideModel", "HeadDynamics", "HeadSource", "ParticleRun",
-           "ParticlesAnalysis", "PhaseDiagram", "PhaseParams", "RunParams", "beside_model",
-           "close_fraction", "cluster_count", "cluster_labels", "compute", "from_head",
-           "identity_qkv", "mean_cosine", "phase_diagram", "phase_figure", "random_init",
-           "random_qkv", "report_html", "report_section", "simulate", "suggest_dt", "velocity"]
+__all__ = ["BesideModel", "ParticleRun", "compute", "from_head", "phase_diagram",
+           "phase_figure", "random_init", "report_section", "simulate"]

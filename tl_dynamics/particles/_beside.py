@@ -170,8 +170,8 @@ def beside_model(model: Any, prompt: Prompt | Batch, layer: int = 0, head: int =
     """``compute`` for one head: ``compute(model, prompt, layers=layer, heads=head, ...)``.
 
     Example:
-        >>> from tl_dynamics import testing, particles
-        >>> result = particles.beside_model(testing.tiny_model("gpt2"), "a b c d e f")  # doctest: +SKIP
+        >>> from tl_dynamics import testing
+        >>> result = beside_model(testing.tiny_model("gpt2"), "a b c d e f")  # doctest: +SKIP
         >>> result.show()                                                             # doctest: +SKIP
     """
     if not isinstance(layer, int) or not isinstance(head, int):

@@ -1,17 +1,10 @@
-"""The report page's particles section, and HTML fragments of particle figures."""
+"""The report page's particles section."""
 
 from __future__ import annotations
 
-import html
-from typing import Any
-
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
-from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.particles._beside import compute
-from tl_dynamics.particles._phase import PhaseDiagram, phase_figure
-from tl_dynamics.particles._result import ParticleRun
-from tl_dynamics.collect import Analysis
 
 REPORT_MAX_PARTICLES = 64  # the section simulates at most this many tokens: the prompt's first ones
 INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, V and beta"
@@ -47,41 +40,3 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
                else ", with exactly the states they have in the whole prompt."))
     page.add_section("Idealised particle dynamics", [result.show()], intro=INTRO + note,
                      math="docs/math.md §6")
-
-
-def report_html(obj: Any, title: str | None = None) -> str:
-    """An HTML fragment (``<section>`` with an inline PNG and caption; all text escaped).
-
-    ``obj``: a :class:`ParticleRun`, a :class:`PhaseDiagram`, a sequence of phase diagrams
-    (drawn side by side) or a ``viz`` component (e.g. any ``show()``).
-
-    >>> import torch
-    >>> from tl_dynamics.particles import random_init, simulate
-    >>> run = simulate(random_init(2, 6, 2, torch.Generator().manual_seed(0)), 4.0, t_max=2.0)
-    >>> html = report_html(run, title="beta = 4 & d = 2")
-    >>> html[:76]
-    '<section class="tl-dynamics-particles"><h3>beta = 4 &amp; d = 2</h3><figure>'
-    """
-    if isinstance(obj, viz.Component):
-        view = obj
-    elif isinstance(obj, ParticleRun):
-        view = obj.show()
-    elif isinstance(obj, PhaseDiagram):
-        view = phase_figure(obj)
-    elif isinstance(obj, (list, tuple)) and obj and all(isinstance(o, PhaseDiagram) for o in obj):
-        view = phase_figure(*obj)
-    else:
-        raise TLDynamicsError(f"report_html: expected a ParticleRun, PhaseDiagram(s) or a viz "
-                              f"component, got {type(obj).__name__}")
-    head = html.escape(title if title is not None else "Idealised particle dynamics")
-    cap = html.escape(view.caption)
-    return (f'<section class="tl-dynamics-particles"><h3>{head}</h3><figure>{view.html}'
-            f"<figcaption>{cap}</figcaption></figure></section>")
-
-
-class ParticlesAnalysis(Analysis):
-    """The idealised particle system beside the model (simulated: no attach): the entry points ``tl_dynamics.report.SECTIONS`` lists."""
-
-    name = "particles"
-    compute = staticmethod(compute)
-    report_section = staticmethod(report_section)

@@ -7,11 +7,10 @@ same model and settings; ``ray_stats`` runs the same reduction as a Ray Data sta
 ``stats_page`` renders a file as an offline HTML page (``tl-dynamics report --stats FILE``).
 """
 
-from tl_dynamics.scale._cli import cli_main, report_main
 from tl_dynamics.scale._format import DatasetStats, load_stats, merge_stats, save_stats
 from tl_dynamics.scale._page import stats_page
 from tl_dynamics.scale._ray import ray_stats
-from tl_dynamics.scale._run import iter_prompts, run_stats, stats_bytes
+from tl_dynamics.scale._run import run_stats
 
-__all__ = ["DatasetStats", "cli_main", "iter_prompts", "load_stats", "merge_stats", "ray_stats",
-           "report_main", "run_stats", "save_stats", "stats_bytes", "stats_page"]
+__all__ = ["DatasetStats", "load_stats", "merge_stats", "ray_stats", "run_stats", "save_stats",
+           "stats_page"]

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 import numpy as np
 from safetensors.numpy import load as st_load
@@ -22,6 +22,7 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.collect import ExactSum
 from tl_dynamics.scale import _validate
+from tl_dynamics.scale._corpus import ON_LONG
 from tl_dynamics.scale._validate import ANALYSES, SKIP_KEYS
 from tl_dynamics.trajectories import TrajectoryStats
 
@@ -49,8 +50,12 @@ class DatasetStats:
     analyses' layers/heads/eps/lens); two statistics merge only when model, analyses and
     settings agree. ``skipped`` counts the corpus lines the run's ``on_long`` policy left out
     or cut (``skipped_long``, ``truncated``, ``skipped_undecodable``; empty when none). Equality
-    is byte equality of the saved files.
+    is byte equality of the saved files. ``DatasetStats.ANALYSES`` names the analyses a run
+    can ask for and ``DatasetStats.ON_LONG`` the ``on_long`` policies.
     """
+
+    ANALYSES: ClassVar[tuple[str, ...]] = ANALYSES
+    ON_LONG: ClassVar[tuple[str, ...]] = ON_LONG
 
     model: str
     settings: dict[str, Any]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -66,8 +67,8 @@ def _model_name(model: Any, model_name: str | None,
 class ShardRunner:
     """Streams batches through one model with the chosen analyses on; ``result()`` is the
     ``DatasetStats`` of the batches seen. One forward pass per batch serves both analyses:
-    ``trajectories.stream`` runs it, and the odds-ratio collector, attached around it, reads
-    every layer of the same pass (``adapter.collecting``)."""
+    ``trajectories.stream`` runs it, and the odds-ratio collector (``odds_ratio.attach``, open
+    from ``__init__`` to ``close``) reads every layer of the same pass."""
 
     def __init__(self, model: Any, model_name: str, settings: dict[str, Any],
                  threads: int | None = 1):
@@ -79,9 +80,9 @@ class ShardRunner:
         self.n_prompts, self.hash = 0, 0
         self.skipped: dict[str, int] = {}
         o, self._t = settings.get("odds_ratio"), settings.get("trajectories")
-        self._odds = None if o is None else odds_ratio.OddsRatioCollector(
-            self.adapter, self.adapter.check_layers(o["layers"]),
-            self.adapter.check_heads(o["heads"]), keep_tensors=False, threads=threads)
+        self._attached = ExitStack()  # the odds-ratio collector stays attached until close()
+        self._odds = None if o is None else self._attached.enter_context(odds_ratio.attach(
+            self.adapter, layers=o["layers"], heads=o["heads"], threads=threads))
         self._traj = None if self._t is None else self._stream([])
 
     def _stream(self, batches: list[Any]) -> trajectories.TrajectoryStats:
@@ -90,7 +91,8 @@ class ShardRunner:
                                    lens=t["lens"], progress=False)
 
     def close(self) -> None:
-        """Nothing stays attached between batches (kept for symmetry with other runners)."""
+        """Detach the odds-ratio collector (attached from ``__init__`` around every batch)."""
+        self._attached.close()
 
     def add(self, texts: list[str], skipped: dict[str, int] | None = None) -> None:
         for key, n in (skipped or {}).items():
@@ -103,10 +105,8 @@ class ShardRunner:
             self._odds.forward(batch)  # type: ignore[union-attr]
         elif self._odds is None:
             self._traj = self._traj.merge(self._stream([batch]))
-        else:
-            with self.adapter.collecting(self._odds):  # one pass feeds both collectors
-                part = self._stream([batch])
-            self._traj = self._traj.merge(part)
+        else:  # one pass feeds both collectors (the odds-ratio one is attached throughout)
+            self._traj = self._traj.merge(self._stream([batch]))
         self.n_prompts += len(texts)
         self.hash = prompt_hash(texts, self.hash)
 
@@ -227,19 +227,19 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
             model = _distributed.to_device(model, dist, where.dtype)
         out_path = None if out is None else Path(out)
         checkpoint = None if out_path is None else dist.checkpoint_path(out_path)
-        runner = ShardRunner(model, name, settings, threads)
-        check = PromptCheck(on_long, runner.adapter.n_ctx, token_counter(runner.adapter))
-        base, start = None, 0
-        if resume and checkpoint is not None and checkpoint.is_file():
-            base, start = read_checkpoint(checkpoint, settings, name)
-            _check_resumed_prompts(base, prompts, batch_size, start, dist, checkpoint, on_long,
-                                   check)
-        items = (item for item in batches(prompts, batch_size, check)
-                 if item[0] >= start and item[0] % dist.world == dist.rank)
-        total = count_prompts(prompts) if progress and dist.rank == 0 else None
-        bar = new_bar(progress and dist.rank == 0, None if total is None else
-                      -(-total // dist.world), 0 if base is None else base.n_prompts)
-        try:
+        runner, bar = ShardRunner(model, name, settings, threads), None
+        try:  # the runner keeps a collector attached: closed whatever happens
+            check = PromptCheck(on_long, runner.adapter.n_ctx, token_counter(runner.adapter))
+            base, start = None, 0
+            if resume and checkpoint is not None and checkpoint.is_file():
+                base, start = read_checkpoint(checkpoint, settings, name)
+                _check_resumed_prompts(base, prompts, batch_size, start, dist, checkpoint,
+                                       on_long, check)
+            items = (item for item in batches(prompts, batch_size, check)
+                     if item[0] >= start and item[0] % dist.world == dist.rank)
+            total = count_prompts(prompts) if progress and dist.rank == 0 else None
+            bar = new_bar(progress and dist.rank == 0, None if total is None else
+                          -(-total // dist.world), 0 if base is None else base.n_prompts)
             part, complete = run_shard(runner, items, base=base, checkpoint=checkpoint,
                                        checkpoint_every=checkpoint_every,
                                        max_batches=max_batches, bar=bar)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.odds_ratio import SINK_SUM_KEYS, SUM_KEYS
+from tl_dynamics.odds_ratio import HeadStats
 
 ANALYSES = ("odds_ratio", "trajectories")
 SKIP_KEYS = ("skipped_long", "truncated", "skipped_undecodable")
@@ -159,8 +159,8 @@ def _check_odds(o: Any, n_prompts: int, what: str) -> None:
                 _float(v, what, f"odds_ratio.{key}", positive=True)
     if _int(o["n_prompts"], what, "odds_ratio.n_prompts") != n_prompts:
         raise fail(what, f"odds_ratio.n_prompts {o['n_prompts']} != n_prompts {n_prompts}")
-    if o["sum_keys"] != list(SUM_KEYS):
-        raise fail(what, f"odds_ratio.sum_keys {o['sum_keys']!r}: expected {list(SUM_KEYS)}")
+    if o["sum_keys"] != list(HeadStats.SUM_KEYS):
+        raise fail(what, f"odds_ratio.sum_keys {o['sum_keys']!r}: expected {list(HeadStats.SUM_KEYS)}")
 
 
 def _traj_shapes(meta: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -207,7 +207,7 @@ def check_tensors(header: dict[str, Any], tensors: dict[str, np.ndarray], what: 
     used: set[str] = set()
     if "odds_ratio" in header:
         o = header["odds_ratio"]
-        shape = (len(o["layers"]), len(SUM_KEYS) + len(SINK_SUM_KEYS), len(o["heads"]))
+        shape = (len(o["layers"]), len(HeadStats.SUM_KEYS) + len(HeadStats.SINK_SUM_KEYS), len(o["heads"]))
         _check_exact(tensors, "odds_ratio.sums", shape, what, used)
     if "trajectories" in header:
         t = header["trajectories"]

@@ -5,21 +5,17 @@ gives a ``Trajectory`` (per-token paths of one batch, with that batch's ``Trajec
 ``attach`` collects during your own forward passes: its ``result()`` is a ``Trajectory`` of
 every pass (what ``compute`` gives), its ``stats()`` their ``TrajectoryStats``; ``stream``
 gives ``TrajectoryStats`` only (exactly mergeable statistics over many prompts; per-token
-arrays do not stream); ``block_jacobian`` (local stability),
-``class_probe`` (class attractors) and ``report_section``. Unit vectors, cosines and clusters
-come from ``tl_dynamics.sphere``. Definitions: docs/math.md §5.
+arrays do not stream; ``TrajectoryStats.merge`` merges them exactly); ``block_jacobian`` (local
+stability), ``class_probe`` (class attractors) and ``report_section``. Unit vectors, cosines
+and clusters come from ``tl_dynamics.sphere``. Definitions: docs/math.md §5.
 """
 
-from tl_dynamics.trajectories._cloud import BIN_EDGES, N_BINS
-from tl_dynamics.trajectories._jacobian import JacobianSpectrum, block_jacobian, dense_block_jacobian
-from tl_dynamics.trajectories._points import Standardizer
-from tl_dynamics.trajectories._probe import ClassProbe, class_probe
-from tl_dynamics.trajectories._report import TrajectoriesAnalysis, report_section
+from tl_dynamics.trajectories._collect import attach, compute, stream
+from tl_dynamics.trajectories._jacobian import block_jacobian
+from tl_dynamics.trajectories._probe import class_probe
+from tl_dynamics.trajectories._report import report_section
 from tl_dynamics.trajectories._stats import TrajectoryStats
-from tl_dynamics.trajectories._collect import TrajectoryCollector, attach, compute, merge, stream
 from tl_dynamics.trajectories._trajectory import Trajectory
 
-__all__ = ["BIN_EDGES", "ClassProbe", "JacobianSpectrum", "N_BINS", "Standardizer",
-           "TrajectoriesAnalysis", "Trajectory", "TrajectoryCollector", "TrajectoryStats",
-           "attach", "block_jacobian", "class_probe", "compute", "dense_block_jacobian", "merge",
+__all__ = ["Trajectory", "TrajectoryStats", "attach", "block_jacobian", "class_probe", "compute",
            "report_section", "stream"]

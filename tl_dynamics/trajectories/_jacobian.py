@@ -188,8 +188,8 @@ def block_jacobian(model: Any, prompt: Prompt | Batch, layer: int, position: int
     docstring for the iterations and the stopping rules.
 
     Example:
-        >>> from tl_dynamics import testing, trajectories
-        >>> spec = trajectories.block_jacobian(testing.tiny_model("gpt2"), "x = 1", layer=0)  # doctest: +SKIP
+        >>> from tl_dynamics import testing
+        >>> spec = block_jacobian(testing.tiny_model("gpt2"), "x = 1", layer=0)  # doctest: +SKIP
         >>> spec.singular_values.shape                                                      # doctest: +SKIP
         torch.Size([4])
     """

@@ -116,8 +116,8 @@ def class_probe(model: Any, prompts: Sequence[str], labels: Sequence[Any],
     """Fit a ridge probe per trajectory point on labelled prompts; held-out accuracy per point.
 
     Example:
-        >>> from tl_dynamics import testing, trajectories
-        >>> probe = trajectories.class_probe(testing.tiny_model("gpt2"),
+        >>> from tl_dynamics import testing
+        >>> probe = class_probe(testing.tiny_model("gpt2"),
         ...     ["x = 1", "y = 2", "def f():", "def g():"], ["assign"] * 2 + ["def"] * 2)  # doctest: +SKIP
         >>> probe.accuracy.shape                                                            # doctest: +SKIP
         torch.Size([3])

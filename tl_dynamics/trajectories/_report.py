@@ -5,8 +5,6 @@ from __future__ import annotations
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.trajectories._collect import compute
-from tl_dynamics.trajectories._collect import attach
-from tl_dynamics.collect import Analysis
 
 INTRO = ("Each token's residual state before every block and after the last, as a particle on "
          "the sphere. First: per-token settling point of the next-token "
@@ -27,12 +25,3 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """
     page.add_section("Depth-wise trajectories", [compute(adapter, batch).show(0)], intro=INTRO,
                      math="docs/math.md §5")
-
-
-class TrajectoriesAnalysis(Analysis):
-    """Depth-wise trajectories and their statistics: the entry points ``tl_dynamics.report.SECTIONS`` lists."""
-
-    name = "trajectories"
-    compute = staticmethod(compute)
-    attach = staticmethod(attach)
-    report_section = staticmethod(report_section)

@@ -3,16 +3,14 @@
 The only part of tl_dynamics that imports circuitsvis (lazily, for its browser bundle).
 """
 
-from tl_dynamics.viz._builders import (attention_grid, attention_heads, attention_pattern,
-                                       colored_tokens, colored_tokens_multi, figure, heatmap,
-                                       table, text, text_neuron_activations, topk_tokens)
-from tl_dynamics.viz._component import (Component, Group, escape_tokens, group, html_escape,
-                                        notebook_bundle, visible_token)
-from tl_dynamics.viz._page import Page, Section
-from tl_dynamics.viz import _export  # noqa: F401  (registers view.save and Page.save_figures)
+from tl_dynamics.viz._builders import (attention_grid, attention_heads, attention_pattern, colored_tokens, colored_tokens_multi, figure, heatmap, table, text, text_neuron_activations, topk_tokens)
+from tl_dynamics.viz._component import (Component, Group, group, html_escape, notebook_bundle,
+                                        visible_token)
+from tl_dynamics.viz._page import Page
 from tl_dynamics.viz._plots import line_plot, small_multiples
+from tl_dynamics.viz import _export  # noqa: F401  (registers view.save and Page.save_figures)
 
-__all__ = ["Component", "Group", "Page", "Section", "attention_grid", "attention_heads",
-           "attention_pattern", "colored_tokens", "colored_tokens_multi", "escape_tokens", "figure",
-           "group", "heatmap", "html_escape", "line_plot", "notebook_bundle", "small_multiples",
-           "table", "text", "text_neuron_activations", "topk_tokens", "visible_token"]
+__all__ = ["Component", "Group", "Page", "attention_grid", "attention_heads", "attention_pattern",
+           "colored_tokens", "colored_tokens_multi", "figure", "group", "heatmap", "html_escape",
+           "line_plot", "notebook_bundle", "small_multiples", "table", "text",
+           "text_neuron_activations", "topk_tokens", "visible_token"]

@@ -117,6 +117,23 @@ class Component:
                 f'<script type="application/json" id="{element}-data">{props_json(spec)}</script>'
                 f"{caption}")
 
+    def section_html(self, title: str = "") -> str:
+        """An HTML fragment for another page: ``<section>`` with the view (an inline image or
+        table) and its caption as ``<figcaption>``, every text escaped. Views drawn by
+        circuitsvis need its script: save them (``save``) or add them to a ``Page`` instead.
+
+        Example:
+            >>> figure = Component(html="<p>1 &lt; 2</p>", caption="a & b", kind="text")
+            >>> figure.section_html("x < y")
+            '<section class="tl-dynamics-figure"><h3>x &lt; y</h3><figure><p>1 &lt; 2</p><figcaption>a &amp; b</figcaption></figure></section>'
+        """
+        if self.name is not None:
+            raise TLDynamicsError(f"section_html: {self!r} is drawn by circuitsvis, which an HTML "
+                                  "fragment cannot carry; use save('view.html') or a viz.Page")
+        head = f"<h3>{html_escape(title)}</h3>" if title else ""
+        return (f'<section class="tl-dynamics-figure">{head}<figure>{self.html}'
+                f"<figcaption>{html_escape(self.caption)}</figcaption></figure></section>")
+
     def _spec(self) -> tuple[dict[str, Any], int]:
         if self.name in CANVAS_KINDS:
             return canvas_spec(self.name, self.props)

@@ -1,4 +1,5 @@
-"""``tl-dynamics heads --model M``: the atlas as a console table, and an HTML page with ``--out``."""
+"""``tl-dynamics heads --model M`` (hooked into ``tl_dynamics.cli``): the atlas as a console
+table, and an HTML page with ``--out``."""
 
 from __future__ import annotations
 
@@ -40,9 +41,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         >>> cli_main(["--model", "induction-2l", "--no-causal"])  # doctest: +SKIP
     """
     args = cli_parser().parse_args(argv)
-    from tl_dynamics import models, viz
-    from tl_dynamics.atlas._api import compute
-    from tl_dynamics.atlas._probes import N_SEQ, SEQ_LEN
+    from tl_dynamics import atlas, models, viz
 
     start = time.perf_counter()
     try:
@@ -55,9 +54,8 @@ def cli_main(argv: list[str] | None = None) -> int:
                                   "the repeated random token probes")
         where = devices.placement(args.device, args.dtype, cli=True)
         loaded = models.resolve(args.model, where)
-        result = compute(loaded.model, args.prompt, n_seq=N_SEQ if n_seq is None else n_seq,
-                         seq_len=SEQ_LEN if seq_len is None else seq_len,
-                         causal=not args.no_causal)
+        sizes = {k: v for k, v in (("n_seq", n_seq), ("seq_len", seq_len)) if v is not None}
+        result = atlas.compute(loaded.model, args.prompt, causal=not args.no_causal, **sizes)
         path = None
         if out is not None:
             page = viz.Page(f"Head atlas: {loaded.label}")

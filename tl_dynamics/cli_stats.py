@@ -11,11 +11,7 @@ import time
 
 from tl_dynamics import _args, devices, files, sphere
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.scale._corpus import ON_LONG
-from tl_dynamics.scale._distributed import rank_device
-from tl_dynamics.scale._format import ANALYSES, load_stats
-from tl_dynamics.scale._page import stats_page
-from tl_dynamics.scale._run import run_stats
+from tl_dynamics.scale import DatasetStats, load_stats, run_stats, stats_page
 
 
 def _ints(text: str | None, what: str) -> list[int] | None:
@@ -46,8 +42,8 @@ def stats_parser() -> argparse.ArgumentParser:
                    help="corpus: a text file (one prompt per line) or JSON lines (.jsonl) with a "
                         "'text' field")
     p.add_argument("--out", required=True, help="statistics file to write (.safetensors)")
-    p.add_argument("--analyses", default=",".join(ANALYSES),
-                   help=f"comma-separated, from {', '.join(ANALYSES)} (default both)")
+    p.add_argument("--analyses", default=",".join(DatasetStats.ANALYSES),
+                   help=f"comma-separated, from {', '.join(DatasetStats.ANALYSES)} (default both)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--layers", default=None, help='layers, e.g. "0,3" (default all)')
     p.add_argument("--heads", default=None, help='head indices in every layer, e.g. "0 2"')
@@ -62,7 +58,7 @@ def stats_parser() -> argparse.ArgumentParser:
                    help="stop (checkpointed) after this many new batches; finish with --resume")
     p.add_argument("--threads", default="1",
                    help="torch threads per process: a positive integer up to the core count")
-    p.add_argument("--on-long", default="error", choices=ON_LONG,
+    p.add_argument("--on-long", default="error", choices=DatasetStats.ON_LONG,
                    help="a prompt longer than the model's context, or a line that is not UTF-8: "
                         "stop with its file and line (error, the default), leave it out (skip), "
                         "or keep the tokens that fit (truncate); both are counted in the file")
@@ -83,7 +79,8 @@ def cli_main(argv: list[str]) -> int:
         checkpoint_every = _args.positive_arg(args.checkpoint_every, "--checkpoint-every")
         if args.max_batches is not None and args.max_batches < 0:
             raise TLDynamicsError(f"--max-batches {args.max_batches}: give 0 or more")
-        rank_device(args.device, "--device")  # checked before the model loads
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:  # torchrun: run_stats checks it
+            devices.resolve_device(args.device, "--device")  # before the model loads
         devices.resolve_dtype(args.dtype, "--dtype")
         stats = run_stats(args.model, args.prompts, out,
                           analyses=[a.strip() for a in args.analyses.split(",") if a.strip()],
