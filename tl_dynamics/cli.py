@@ -209,7 +209,9 @@ def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
             figures: Path | None = None) -> tuple[Path, str, list[str]]:
     from tl_dynamics import models, report
 
-    progress = (lambda msg: print(msg, file=sys.stderr))
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr)
+
     progress(f"loading {name or models.DEFAULT_MODEL} ...")
     loaded = models.resolve(name, where)
     if prompt is None:

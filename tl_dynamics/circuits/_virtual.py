@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import torch
 from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import FactoredMatrix

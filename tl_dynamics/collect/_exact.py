@@ -99,7 +99,7 @@ class ExactSum:
 
     shape: tuple[int, ...]
     exponent: int
-    limbs: Int[np.ndarray, "limb *shape"]
+    limbs: Int[np.ndarray, " limb *shape"]
     special: np.ndarray | None = None
 
     @staticmethod

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import pandas as pd
-import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,8 @@ def _indices(value: Any, what: str, field: str, allow_none: bool = False) -> Non
         raise fail(what, f"{field} repeats an index: {items}")
 
 
-def _keys(d: Any, what: str, field: str, required: set[str], optional: set[str] = set()) -> dict:
+def _keys(d: Any, what: str, field: str, required: AbstractSet[str],
+          optional: AbstractSet[str] = frozenset()) -> dict:
     if not isinstance(d, dict):
         raise fail(what, f"{field} must be an object, got {type(d).__name__}")
     missing, extra = required - set(d), set(d) - required - optional
