@@ -29,7 +29,7 @@ def _architectures() -> str:
 def _parser() -> argparse.ArgumentParser:
     from tl_dynamics import compat
 
-    parser = argparse.ArgumentParser(prog="tl-dynamics", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="tl-dynamics", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--version", action="version",
                         version=f"tl-dynamics {__version__} (TransformerLens {compat.tl_version()})")
     sub = parser.add_subparsers(dest="command", required=True)
