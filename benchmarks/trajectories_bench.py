@@ -97,8 +97,9 @@ def kernel() -> None:
             return out
 
         labels = [sphere.cluster_labels(cos, e, mask) for e in sphere.TRAJECTORY_EPS_GRID]
-        t_lab = best(lambda: [sphere.cluster_labels(cos, e, mask) for e in sphere.TRAJECTORY_EPS_GRID])
-        t_ev = best(lambda: sphere.merge_events(labels[-2], labels[-1]))
+        t_lab = best(lambda cos=cos, mask=mask: [sphere.cluster_labels(cos, e, mask)
+                                                 for e in sphere.TRAJECTORY_EPS_GRID])
+        t_ev = best(lambda labels=labels: sphere.merge_events(labels[-2], labels[-1]))
         print(f"| {b} x {n} | {1e3 * t_lab:.2f} | {1e3 * t_ev:.3f} | "
               f"{sphere.count_clusters(labels[-1]).float().mean():.1f} |", flush=True)
 

@@ -217,7 +217,7 @@ def test_report_threads_follow_the_setting_and_the_machine_load(monkeypatch):
     monkeypatch.setattr(report.os, "cpu_count", lambda: 4)
     monkeypatch.setattr(report.torch, "get_num_threads", lambda: 4)
     for busy, threads in ((0.1, None), (0.5, None), (1.0, 3), (2.6, 1), (3.9, 1), (7.0, 1)):
-        monkeypatch.setattr(report, "busy_cores", lambda: busy)
+        monkeypatch.setattr(report, "busy_cores", lambda busy=busy: busy)
         assert report.report_threads("auto") == threads, busy
     monkeypatch.setattr(report.torch, "get_num_threads", lambda: 2)  # e.g. OMP_NUM_THREADS=2
     assert report.report_threads("auto") == 1  # busy 7.0: one

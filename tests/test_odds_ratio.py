@@ -402,7 +402,7 @@ def test_barycentric_view_on_a_model():
     assert float(view.kkt.max()) <= KKT_TOL
     la = adapter.attention(testing.PROMPTS[0], layers=[1])[1]
     O = la.source_outputs([0])[0, :, 0].double()
-    for r, i in enumerate(view.rows):
+    for r in range(len(view.rows)):
         diff = view.S[r] - view.A[r]
         gram = O @ O.T
         assert abs(float(diff @ gram @ diff) - float(view.gap[r])) <= 1e-6 * max(1.0, float(view.gap[r]))

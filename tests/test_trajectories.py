@@ -352,7 +352,7 @@ def test_jacobian_power_iteration_matches_dense(arch):
             act[0, 3] += sign * h * v
         store = []
         with ad.hooks([("resid_pre", 1, bump),
-                       ("resid_post", 1, lambda a: store.append(a[0, 3].clone()))]):
+                       ("resid_post", 1, lambda a, store=store: store.append(a[0, 3].clone()))]):
             ad.forward(batch)
         outs.append(store[0])
     fd = (outs[0] - outs[1]) / (2 * h)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import logging
+from typing import Literal, overload
 
 from tl_dynamics.errors import TLDynamicsError
 
@@ -14,6 +15,10 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
+@overload
+def threads_arg(text: str, allow_auto: Literal[False] = False) -> int: ...
+@overload
+def threads_arg(text: str, allow_auto: bool) -> int | str: ...
 def threads_arg(text: str, allow_auto: bool = False) -> int | str:
     """``--threads``: a positive integer (a warning above the machine's cores: more threads
     than cores only slows torch down), or ``auto`` where allowed."""
@@ -32,6 +37,10 @@ def threads_arg(text: str, allow_auto: bool = False) -> int | str:
     return n
 
 
+@overload
+def positive_arg(value: int, what: str) -> int: ...
+@overload
+def positive_arg(value: None, what: str) -> None: ...
 def positive_arg(value: int | None, what: str) -> int | None:
     """A count option that must be positive when given (no silent fallback to a default)."""
     if value is not None and value < 1:

@@ -29,7 +29,7 @@ def _architectures() -> str:
 def _parser() -> argparse.ArgumentParser:
     from tl_dynamics import compat
 
-    parser = argparse.ArgumentParser(prog="tl-dynamics", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="tl-dynamics", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--version", action="version",
                         version=f"tl-dynamics {__version__} (TransformerLens {compat.tl_version()})")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -210,7 +210,9 @@ def _report(name: str | None, prompt: Any, out: Path, layers: list[int] | None,
             figures: Path | None = None) -> tuple[Path, str, list[str]]:
     from tl_dynamics import models, report
 
-    progress = (lambda msg: print(msg, file=sys.stderr))
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr)
+
     progress(f"loading {name or models.DEFAULT_MODEL} ...")
     loaded = models.resolve(name, where)
     if prompt is None:

@@ -67,7 +67,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     frame = result.to_dataframe()
     print(f"Head atlas of {loaded.label} ({time.perf_counter() - start:.1f} s; a role needs its "
           f"score at least {result.margin} above the weight-shuffled control)")
-    print(frame[TABLE_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    # pandas documents a one-argument function for float_format; its types say str only
+    print(frame[TABLE_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))  # pyright: ignore[reportArgumentType]
     for note in result.notes:
         print(f"note: {note}")
     if path is not None:

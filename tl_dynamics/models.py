@@ -282,7 +282,8 @@ def _load_tl_native(folder: Path, config: Path, fields: dict[str, Any]) -> Any:
             cfg = HookedTransformerConfig(**{k: v for k, v in fields.items()
                                              if k in _accepted(HookedTransformerConfig)
                                              and k != "dtype"})  # built in float32, then cast
-            model = HookedTransformer(cfg, tokenizer=tokenizer)
+            # TransformerLens 3.x's class; pyright sees 4.x, where the name is the bridge
+            model = HookedTransformer(cfg, tokenizer=tokenizer)  # pyright: ignore[reportCallIssue]
             missing, unexpected = model.load_state_dict(state, strict=False)
         else:
             model, missing, unexpected = _boot_native(folder, fields, state, tokenizer)
@@ -326,8 +327,9 @@ def _load_hub(name: str, where: devices.Placement) -> Any:
         if compat.has_hooked_transformer():
             from transformer_lens import HookedTransformer
 
-            return HookedTransformer.from_pretrained(name, device=str(where.device),
-                                                     dtype=dtype).eval()
+            # TransformerLens 3.x's class; pyright sees 4.x, where the name is the bridge
+            return HookedTransformer.from_pretrained(  # pyright: ignore[reportAttributeAccessIssue]
+                name, device=str(where.device), dtype=dtype).eval()
         return compat.bridge_class().boot_transformers(name, device=str(where.device),
                                                        dtype=dtype).eval()
     except Exception as exc:  # offline, unknown name, ...: say what was tried

@@ -230,6 +230,8 @@ def busy_cores(sample_s: float = 0.25) -> float:
         return os.getloadavg()[0]
     time.sleep(sample_s)
     second = read()
+    if second is None:
+        return os.getloadavg()[0]
     total, idle = second[0] - first[0], second[1] - first[1]
     return (os.cpu_count() or 1) * (total - idle) / total if total > 0 else 0.0
 

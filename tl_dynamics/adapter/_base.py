@@ -178,10 +178,11 @@ class AdapterBase:
                 return latent_weight(self.model, layer, name, bias_shape, self.n_heads,
                                      self.info.architecture)
             w = _weights.attn_param(self.model, layer, name)
-            if w is None and bias_shape is None:
-                raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no {name}")
-            w = torch.zeros(bias_shape, device=model_device(self.model)) \
-                if w is None else w
+            if w is None:
+                if bias_shape is None:
+                    raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no "
+                                          f"{name}")
+                w = torch.zeros(bias_shape, device=model_device(self.model))
             return w if name == "b_O" else _weights.expand_heads(w, self.n_heads)
         return self._cached((name, layer), compute)
 
@@ -391,6 +392,7 @@ class AdapterBase:
         buffer = getattr(self.model.blocks[layer].attn, "alibi", None)
         if isinstance(buffer, Tensor) and buffer.shape[-1] >= n_pos:
             return buffer[:, -n_pos:, :n_pos].detach().float()
-        from transformer_lens.components import AbstractAttention
+        # TransformerLens 3.x (HookedTransformer), which pyright does not see: .venv has 4.x
+        from transformer_lens.components import AbstractAttention  # pyright: ignore[reportMissingImports]
 
         return AbstractAttention.create_alibi_bias(self.n_heads, n_pos, "cpu").float()

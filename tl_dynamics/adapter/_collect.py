@@ -74,6 +74,9 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         q, k = _rotary.apply(q, cos, sin, "half"), _rotary.apply(k, cos, sin, "half")
     elif spec.rotary == "interleaved":
         rotation, positions = adapter.rotation(layer), adapter.positions(key_valid)
+        if rotation is None:
+            raise TLDynamicsError(f"layer {layer} of {adapter.info.architecture} is rotary "
+                                  "(interleaved) but has no rotation")
         q, k = rotation.rotate(q, positions), rotation.rotate(k, positions)
     elif spec.rotary == "hooked":
         raise TLDynamicsError(f"layer {layer}: rotary model did not fire its rotated q/k hooks")

@@ -285,7 +285,12 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
     if hasattr(orig, "sliding_window"):
         window = orig.sliding_window
     elif hasattr(orig, "attention_type"):
-        window = hf_cfg.window_size if orig.attention_type == "local" else None
+        window = None
+        if orig.attention_type == "local":  # GPT-Neo: the window is in the model's config
+            if hf_cfg is None:
+                raise TLDynamicsError(f"layer {layer} of {info.architecture} uses local attention "
+                                      "but the model has no config giving its window")
+            window = hf_cfg.window_size
     else:
         window = getattr(hf_cfg, "sliding_window", None)
 

@@ -73,6 +73,8 @@ class QueryNorm:
         if x is None:
             raise TLDynamicsError("QueryNorm(scope='all') needs the layer inputs x: the other "
                                   "heads' projections enter the mean")
+        if self.W_Q is None or self.b_Q is None:
+            raise TLDynamicsError("QueryNorm(scope='all') was built without the layer's W_Q and b_Q")
         ys = torch.einsum("nm,hmd->nhd", x.to(y.dtype), self.W_Q.to(y.dtype)) + self.b_Q.to(y.dtype)
         return self.apply_heads(ys)[:, head]
 

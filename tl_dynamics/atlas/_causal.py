@@ -119,7 +119,8 @@ class CausalRunner:
         per_variant = rows * pos * int(self.adapter.W_U.shape[-1])
         return max(1, LOGIT_BUDGET // max(1, per_variant))
 
-    def layer_deltas(self, layer: int, heads: Sequence[int]) -> dict[str, np.ndarray]:
+    def layer_deltas(self, layer: int, heads: Sequence[int]
+                     ) -> dict[tuple[str, str], np.ndarray]:
         """``{(kind, target set): [len(heads)]}`` loss changes (patched minus clean)."""
         heads = list(heads)
         repl = self._replacements(self.captures[layer], heads)

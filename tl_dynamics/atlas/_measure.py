@@ -176,7 +176,8 @@ def measure(adapter: ModelAdapter, probes: Probes, keep: bool = False) -> Measur
         if keep:
             captures[la.layer] = la
 
-    for part, share in chunks(probes.repeat):
+    for part, part_share in chunks(probes.repeat):
+        share = part_share  # read by add()
         _capture(adapter, part, on_repeat)
     if not same:
         share = 1.0

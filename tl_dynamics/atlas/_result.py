@@ -97,9 +97,10 @@ class HeadAtlas:
     def show(self) -> viz.Group:
         """The layer x head grid coloured by role (evidence on hover), then the table."""
         frame = self.to_dataframe()
-        cells = {(int(r.layer), int(r.head)): {"roles": tuple(r.roles.split(", ")),
-                                               "evidence": r.evidence, "delta_loss": r.delta_loss}
-                 for r in frame.itertuples()}
+        cells = {(int(r["layer"]), int(r["head"])): {"roles": tuple(r["roles"].split(", ")),
+                                                     "evidence": r["evidence"],
+                                                     "delta_loss": r["delta_loss"]}
+                 for r in frame.to_dict("records")}
         grid = _views.grid_view(self.n_layers, self.n_heads, cells,
                                 f"What each head does: {self.model}", self.notes)
         shown = frame[["layer", "head", "role", "score", "baseline", "delta_loss",

@@ -29,7 +29,7 @@ def grid_view(n_layers: int, n_heads: int, cells: dict[tuple[int, int], dict], t
         tds = []
         for head in range(n_heads):
             cell = cells.get((layer, head), {"roles": ("not analysed",), "evidence": "", "delta_loss": None})
-            roles = list(cell["roles"])
+            roles = [str(r) for r in cell["roles"]]
             colour = COLOURS.get(roles[0], "#ffffff")
             label = "+".join(SHORT.get(r, r) for r in roles[:2])
             delta = cell["delta_loss"]

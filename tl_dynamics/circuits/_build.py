@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import FactoredMatrix

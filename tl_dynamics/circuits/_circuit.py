@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from jaxtyping import Complex, Float, Int
@@ -76,7 +76,8 @@ class Circuit:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.matrix.shape)
+        rows, cols = self.matrix.shape
+        return int(rows), int(cols)
 
     @property
     def eigenvalues(self) -> Complex[Tensor, " d_head"]:
@@ -164,7 +165,7 @@ class TokenTopK:
 
         frames = []
         sides = [("top", self.values, self.indices)]
-        if self.bottom_values is not None:
+        if self.bottom_values is not None and self.bottom_indices is not None:
             sides.append(("bottom", self.bottom_values, self.bottom_indices))
         row_labels = labels(self.rows_space, self.rows, self.vocab)
         for side, vals, idx in sides:
@@ -207,7 +208,7 @@ class TokenTopK:
         if self.source is not None:
             return self.source.entries([int(self.rows[r])], cols)[0].cpu()
         merged = {int(i): float(v) for i, v in zip(self.indices[r], self.values[r])}
-        if self.bottom_indices is not None:
+        if self.bottom_indices is not None and self.bottom_values is not None:
             merged.update({int(i): float(v) for i, v in zip(self.bottom_indices[r], self.bottom_values[r])})
         return torch.tensor([merged[int(c)] for c in cols])
 

@@ -34,7 +34,8 @@ class CircuitsOverview:
     prompt: dict[tuple[int, int], PromptCircuit] = field(default_factory=dict)
 
     def to_dataframe(self):
-        frame = self.copying.to_dataframe()[["layer", "head", "score"]].rename(columns={"score": "ov_copying"})
+        frame = self.copying.to_dataframe().rename(columns={"score": "ov_copying"})
+        frame = frame[["layer", "head", "ov_copying"]]
         frame["qk_positivity"] = self.qk_positivity.scores.reshape(-1).numpy()
         return frame
 
@@ -91,8 +92,8 @@ def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | Non
         raise TLDynamicsError(f"n_samples must be a positive integer (baseline samples), got {n_samples!r}")
     copying = copying_scores(adapter, layer_list)
     positivity = qk_positivity_scores(adapter, layer_list)
-    kwargs = {} if n_samples is None else {"n_samples": n_samples}
-    composition = composition_scores(adapter, **kwargs)
+    composition = (composition_scores(adapter) if n_samples is None
+                   else composition_scores(adapter, n_samples=n_samples))
     per_prompt = {} if batch is None else {
         (layer, head): prompt_circuit(adapter, batch, layer, head)
         for layer in layer_list for head in head_list}
@@ -134,7 +135,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     real = batch.real_tokens()  # first prompt, unpadded
     ids = torch.unique(real)
     readout = ov_circuit(adapter, last, head).topk(READOUT_K, ids[:READOUT_ROWS])
-    items: list[viz.Component] = [
+    items: list[viz.Component | viz.Group] = [
         viz.text(result.composition.summary().replace("\n", " ")),
         score_maps([result.copying.panel(), result.qk_positivity.panel()], SCORES_CAPTION,
                    cell_px=22),

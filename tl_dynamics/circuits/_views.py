@@ -97,7 +97,7 @@ def topk_table(frame, rows: int, caption: str) -> viz.Component:
     import pandas as pd
 
     lines = []
-    for row, part in frame.groupby("row", sort=False):
+    for _, part in frame.groupby("row", sort=False):
         if len(lines) == rows:
             break
         cells = {side: ", ".join(f"{viz.visible_token(c)} ({v:+.2g})" for c, v in

@@ -16,10 +16,11 @@ output) is their own.
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import torch
 from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import FactoredMatrix
@@ -53,10 +54,9 @@ def _earlier(adapter, earlier: Sequence[tuple[int, int]], later_layer: int) -> t
 
 def _through(adapter, earlier, rows: Tensor, into: Tensor, biases: bool) -> Tensor:
     """``sum_h1 (rows W_V1 + b_V1) W_O1 @ into`` for ``into`` ``[d_model, d_head2]``."""
-    total = 0
-    for layer, head in earlier:
-        total = total + values(adapter, layer, head, rows, biases) @ (adapter.W_O(layer)[head] @ into)
-    return total
+    terms = (values(adapter, layer, head, rows, biases) @ (adapter.W_O(layer)[head] @ into)
+             for layer, head in earlier)
+    return functools.reduce(operator.add, terms)  # earlier is never empty (_earlier)
 
 
 def composition_circuit(model: Any, path: str, later: tuple[int, int],

@@ -50,7 +50,7 @@ class Collector(ABC):
     reference: bool = False
     sinks: bool = False
 
-    def start_pass(self, batch: Any) -> None:
+    def start_pass(self, batch: Any) -> None:  # noqa: B027 (optional hook, empty by default)
         """A forward pass starts; ``batch`` (a ``tl_dynamics.adapter.Batch``) holds its tokens
         and padding mask (None when the model was called with something that is not token ids
         or text)."""
@@ -60,7 +60,7 @@ class Collector(ABC):
         """One layer of the pass (only layers in ``layers`` or with a point in ``points``):
         ``state`` is the ``tl_dynamics.adapter.LayerState`` every collector shares."""
 
-    def end_pass(self) -> None:
+    def end_pass(self) -> None:  # noqa: B027 (optional hook, empty by default)
         """The forward pass has returned (every layer was delivered)."""
 
 

@@ -22,6 +22,7 @@ summed), so equal sums have equal limbs, and serialised sums are byte-identical:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Sequence
 
 import numpy as np
@@ -99,7 +100,7 @@ class ExactSum:
 
     shape: tuple[int, ...]
     exponent: int
-    limbs: Int[np.ndarray, "limb *shape"]
+    limbs: Int[np.ndarray, " limb *shape"]
     special: np.ndarray | None = None
 
     @staticmethod
@@ -181,7 +182,7 @@ class ExactSum:
                                   f"{getattr(other, 'shape', type(other).__name__)}")
         return ExactSum.total([self, other])
 
-    def __getitem__(self, index: int | slice | tuple) -> "ExactSum":
+    def __getitem__(self, index: int | slice | EllipsisType | tuple) -> "ExactSum":
         """A sub-array (numpy indexing on the value axes), still exact and canonical."""
         idx = index if isinstance(index, tuple) else (index,)
         limbs = np.array(self.limbs[(slice(None),) + idx], dtype=np.int64)
@@ -199,7 +200,8 @@ class ExactSum:
         return (self.shape == other.shape and self.exponent == other.exponent
                 and np.array_equal(self.limbs, other.limbs)
                 and (self.special is None) == (other.special is None)
-                and (self.special is None or np.array_equal(self.special, other.special)))
+                and (self.special is None or other.special is None
+                     or np.array_equal(self.special, other.special)))
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -15,7 +15,6 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 from torch import Tensor

@@ -66,17 +66,22 @@ class RotaryFrame:
         """``"none"``, or the rotation's pair layout (``"half"``, ``"interleaved"``)."""
         return "none" if self.rotation is None else self.rotation.layout
 
+    def _positions(self) -> Int[Tensor, " pos"]:
+        if self.positions is None:
+            raise TLDynamicsError("RotaryFrame: a rotation needs the positions it rotated by")
+        return self.positions
+
     def rotate(self, x: Float[Tensor, "pos head d_head"]) -> Float[Tensor, "pos head d_head"]:
         """``x_p R_p`` for every position ``p`` (x's positions are the frame's first ones)."""
         if self.rotation is None:
             return x
-        return self.rotation.rotate(x, self.positions[: x.shape[0]].to(x.device))
+        return self.rotation.rotate(x, self._positions()[: x.shape[0]].to(x.device))
 
     def to_query_frame(self, keys: Float[Tensor, "src d_head"], position: int) -> Float[Tensor, "src d_head"]:
         """``k R_T^T`` for every row of ``keys``: scored keys seen from query position ``T``."""
         if self.rotation is None:
             return keys
-        at = self.positions[position].expand(keys.shape[0]).to(keys.device)
+        at = self._positions()[position].expand(keys.shape[0]).to(keys.device)
         return self.rotation.rotate(keys, at, transpose=True)
 
 

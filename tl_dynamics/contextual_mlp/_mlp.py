@@ -225,7 +225,10 @@ class ContextualMLP:
 
     def output(self, position: int) -> Float[Tensor, " d_model"]:
         """``g(x_T)``: the head's output at ``position`` (before ``b_O``)."""
-        return self.evaluate(self.x[self.check_position(position)], position).outputs[0]
+        outputs = self.evaluate(self.x[self.check_position(position)], position).outputs
+        if outputs is None:  # evaluate keeps the outputs unless told not to
+            raise RuntimeError("ContextualMLP.evaluate returned no outputs")
+        return outputs[0]
 
     def pattern(self) -> Float[Tensor, "pos pos"]:
         """Activations at the real inputs for every destination, as a ``[dest, src]`` pattern."""
@@ -249,12 +252,13 @@ class ContextualMLP:
 
     # ------------------------------------------------------------------ counterfactuals, read-outs
     def evaluate_tokens(self, adapter: "ModelAdapter", tokens, position: int,
-                        normalise: str = "match") -> Evaluation:
+                        normalise: _readout.Normalise = "match") -> Evaluation:
         """The MLP of ``position`` on the (normalised) embeddings of ``tokens``
         (see ``contextual_mlp.evaluate_tokens``)."""
         return _readout.evaluate_tokens(self, adapter, tokens, position, normalise)
 
-    def evaluate_vocab(self, adapter: "ModelAdapter", position: int, normalise: str = "match",
+    def evaluate_vocab(self, adapter: "ModelAdapter", position: int,
+                       normalise: _readout.Normalise = "match",
                        chunk_size: int = DEFAULT_CHUNK, keep_outputs: bool = False) -> Evaluation:
         """The MLP of ``position`` on every vocabulary token, in chunks."""
         return _readout.evaluate_vocab(self, adapter, position, normalise, chunk_size, keep_outputs)
@@ -265,7 +269,7 @@ class ContextualMLP:
         return _readout.written_tokens(self, adapter, position, k)
 
     def read_tokens(self, adapter: "ModelAdapter", position: int, k: int = 10,
-                    normalise: str = "match") -> "_readout.Readout":
+                    normalise: _readout.Normalise = "match") -> "_readout.Readout":
         """Tokens whose query input switches each neuron of ``position`` on (``b_i`` vs ``W_E``)."""
         return _readout.read_tokens(self, adapter, position, k, normalise)
 

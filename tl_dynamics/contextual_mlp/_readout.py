@@ -39,16 +39,25 @@ PROGRESS_MIN = 8  # show a progress bar from this many chunks on
 
 class ContextualMLP(Protocol):
     """What the read-outs use of a ``contextual_mlp.ContextualMLP`` (named by its shape here so
-    that the MLP, which offers these read-outs as methods, and this module import one way only)."""
+    that the MLP, which offers these read-outs as methods, and this module import one way only).
+    Read-only properties: the MLP is a frozen dataclass."""
 
-    layer: int
-    head: int
-    str_tokens: tuple[str, ...]
-    x: Float[Tensor, "pos d_model"]
-    outgoing: Float[Tensor, "pos d_model"]
-    allowed: Bool[Tensor, "pos pos"]
-    bias: Float[Tensor, "pos pos"] | None
-    scale: float
+    @property
+    def layer(self) -> int: ...
+    @property
+    def head(self) -> int: ...
+    @property
+    def str_tokens(self) -> tuple[str, ...]: ...
+    @property
+    def x(self) -> Float[Tensor, "pos d_model"]: ...
+    @property
+    def outgoing(self) -> Float[Tensor, "pos d_model"]: ...
+    @property
+    def allowed(self) -> Bool[Tensor, "pos pos"]: ...
+    @property
+    def bias(self) -> Float[Tensor, "pos pos"] | None: ...
+    @property
+    def scale(self) -> float: ...
 
     def check_position(self, position: int) -> int: ...
 

@@ -32,7 +32,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     real = batch.real_tokens()[:REPORT_MAX_POSITIONS]  # row 0, unpadded
     result = compute(adapter, adapter.tokenize(real[None]), layers=layer)
     mlp = result.decisive()
-    items: list[viz.Component] = list(result.show().components)
+    items: list[viz.Component | viz.Group] = list(result.show().components)
     if adapter.is_encoder:
         items.append(viz.text("What neurons write is not shown: it reads a_i through the "
                               "unembedding, and an encoder's masked-LM head is not a final "

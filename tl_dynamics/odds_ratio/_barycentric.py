@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float

@@ -140,7 +140,8 @@ class OddsRatioCollector(Collector):
         def make(only: list[int] | None = None) -> Decomposition:
             tokens = batch.tokens if batch is not None else None
             strs = [self.adapter.str_tokens(batch, row) for row in range(len(tokens))] \
-                if tokens is not None and self.adapter.tokenizer is not None else ()
+                if batch is not None and tokens is not None and self.adapter.tokenizer is not None \
+                else ()
             return decompose_layer(la, heads if only is None else only,
                                    self.adapter.info.architecture, tokens, strs, self.dtype)
         return make

@@ -9,9 +9,8 @@ vector of a damped walk ``alpha S + (1 - alpha) 1 u^T`` (``u`` uniform; ``DAMPIN
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
-import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
@@ -166,4 +165,4 @@ def compose(patterns: Sequence[Float[Tensor, "pos pos"]], residual: float | None
         if residual is not None:
             S = (1 - residual) * S + residual * torch.eye(S.shape[0], dtype=S.dtype)
         out = S if out is None else S @ out
-    return out
+    return cast(Tensor, out)  # patterns is not empty (checked above)

@@ -162,7 +162,7 @@ class HeadStats:
         sh = self.shares()
         out = np.empty(sh["attr_prior"].shape, dtype=object)
         for idx in np.ndindex(out.shape):
-            out[idx] = label(sh["attr_prior"][idx], sh["attr_loglik"][idx], threshold)
+            out[idx] = label(float(sh["attr_prior"][idx]), float(sh["attr_loglik"][idx]), threshold)
         return out
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -309,8 +309,9 @@ class OddsRatioResult:
     def _head(self, layer: int, head: int) -> Decomposition:
         """One head's decomposition: formed for that head alone when the pass is lazy."""
         first = self.decompositions[0] if self.decompositions else None
-        if first is not None and layer in first and hasattr(first, "heads_of"):
-            return first.heads_of(layer, [head])
+        heads_of = getattr(first, "heads_of", None)  # a lazy pass forms one head on demand
+        if first is not None and layer in first and heads_of is not None:
+            return heads_of(layer, [head])
         return self[layer]
 
     def to_dataframe(self) -> pd.DataFrame:

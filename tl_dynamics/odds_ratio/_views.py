@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import pandas as pd
-import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
@@ -26,8 +25,8 @@ PARTS = (("query_term", "query term (c/2)|q_i|^2"), ("key_prior", "key prior (c/
 def stats_view(df: pd.DataFrame, model: str, n_prompts: int, capped_layers: Sequence[int],
                threshold: float, max_rows: int = 60) -> viz.Component:
     """The per-head table (``HeadStats.to_dataframe()``), with the columns that carry information."""
-    columns = [c for c in STATS_COLUMNS if c in df.columns and not (c == "attr_bias" and
-                                                                      (df[c].abs() < 1e-12).all())]
+    columns = [c for c in STATS_COLUMNS if c in df.columns and not (
+        c == "attr_bias" and bool((df[c].abs() < 1e-12).all()))]
     capped = list(capped_layers)
     note = f" Layers {capped} soft-cap: the split is of the pre-cap score." if capped else ""
     return viz.table(df[columns], max_rows=max_rows, caption=(
@@ -64,7 +63,7 @@ def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: 
     labels = [f"{k}:{viz.visible_token(t)}" for k, t in enumerate(tokens[:n])]
     keep = allowed[:n, :n]
     capped = " (split of the pre-cap score)" if precap else ""
-    items: list[viz.Component] = []
+    items: list[viz.Component | viz.Group] = []
     for k, name in enumerate(names):
         maps = [viz.heatmap(patterns[what][k][:n, :n].masked_fill(~keep, float("nan")), labels,
                             labels, title=f"{name} {what}", row_title="query", col_title="key",
@@ -97,7 +96,8 @@ def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: 
 
 def result_view(stats: viz.Component, layers: Sequence[viz.Group], model: str) -> viz.Group:
     """The per-head table followed by each layer's decomposition."""
-    items = [stats] + [c for group in layers for c in group.components]
+    items: list[viz.Component | viz.Group] = [stats]
+    items += [c for group in layers for c in group.components]
     return viz.group(*items, caption=f"Odds-ratio decomposition of {model}")
 
 
@@ -107,7 +107,7 @@ def extremes_view(stats: viz.Component, picks: Sequence[tuple[str, str, float, v
     a line saying why the head was picked and its decomposition. A head is called the most
     prior- (likelihood-) driven only if its share reaches the label ``threshold``; otherwise the
     line says that no head is, and gives the largest share."""
-    items = [stats]
+    items: list[viz.Component | viz.Group] = [stats]
     for name, key, value, group in picks:
         what = "prior" if key == "attr_prior" else "likelihood"
         if value >= threshold:

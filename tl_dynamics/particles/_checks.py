@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -16,6 +16,8 @@ SPHERE_TOL = 1e-5
 
 DYNAMICS = ("SA", "USA")
 FLOAT_DTYPES = (torch.float64, torch.float32)
+
+T = TypeVar("T")
 
 
 class Problems:
@@ -34,6 +36,14 @@ class Problems:
         if self.items:
             lines = "\n".join(f"  - {m}" for m in self.items)
             raise TLDynamicsError(f"{self.what}: {len(self.items)} problems:\n{lines}")
+
+    def raise_or(self, value: T | None) -> T:
+        """``raise_if_any()``, then ``value``. A checker returns None only after adding a
+        problem, so a None that gets here is a bug in that checker, not a user mistake."""
+        self.raise_if_any()
+        if value is None:
+            raise RuntimeError(f"{self.what}: a check returned no value and no problem")
+        return value
 
 
 def shape_str(t: Any) -> str:

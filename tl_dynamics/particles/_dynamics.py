@@ -118,7 +118,7 @@ class Field:
         xb = x * self.beta
         if self.B is not None:
             s = (xb @ self.B) @ x.transpose(-1, -2)
-        elif self.Qt is not None:
+        elif self.Qt is not None and self.Kt is not None:
             s = (xb @ self.Qt) @ (x @ self.Kt).transpose(-1, -2)
         else:
             s = xb @ x.transpose(-1, -2)
@@ -174,12 +174,12 @@ def make_field(
     K = None if K is None else K.detach().to(dt)
     V = None if V is None else V.detach().to(dt)
     B = Qt = Kt = None
-    if not (_is_eye(Q) and _is_eye(K)):
+    if Q is not None and K is not None and not (_is_eye(Q) and _is_eye(K)):
         if Q.shape[-2] >= d:
             B = Q.transpose(-1, -2) @ K
         else:
             Qt, Kt = Q.transpose(-1, -2), K.transpose(-1, -2)
-    Vt = None if _is_eye(V) else V.transpose(-1, -2)
+    Vt = None if V is None or _is_eye(V) else V.transpose(-1, -2)
     if dynamics == "USA":
         qk = float(b.max()) * _opnorm(B, Qt, Kt)
         limit = USA_EXP_LIMIT[dt]
@@ -194,9 +194,12 @@ def make_field(
 
 
 def _opnorm(B: Tensor | None, Qt: Tensor | None, Kt: Tensor | None) -> float:
-    if B is None and Qt is None:
+    if B is not None:
+        m = B
+    elif Qt is not None and Kt is not None:
+        m = Qt @ Kt.transpose(-1, -2)
+    else:
         return 1.0
-    m = B if B is not None else Qt @ Kt.transpose(-1, -2)
     return float(torch.linalg.matrix_norm(m, ord=2).max())
 
 
@@ -217,8 +220,7 @@ def velocity(
     True
     """
     p = Problems("velocity")
-    field = make_field(p, x, beta, Q, K, V, dynamics, causal)
-    p.raise_if_any()
+    field = p.raise_or(make_field(p, x, beta, Q, K, V, dynamics, causal))
     g = field.drive(x)
     return g - (g * x).sum(-1, keepdim=True) * x
 
@@ -248,9 +250,11 @@ def suggest_dt(
     for name, m in (("Q", Q), ("K", K), ("V", V)):
         if m is not None and (not isinstance(m, torch.Tensor) or m.ndim not in (2, 3)):
             p.add(f"{name} must be None or a [m, d] / [runs, m, d] tensor, got {type(m).__name__}")
-    p.raise_if_any()
+    if (Q is None) != (K is None):
+        p.add("Q and K must be given together (or both None for the identity)")
+    b = p.raise_or(b)
     b = float(b.max()) if b.ndim else float(b)
-    qk = 1.0 if Q is None else float(torch.linalg.matrix_norm(Q.transpose(-1, -2).to(torch.float64) @ K.to(torch.float64), ord=2).max())
+    qk = 1.0 if Q is None or K is None else float(torch.linalg.matrix_norm(Q.transpose(-1, -2).to(torch.float64) @ K.to(torch.float64), ord=2).max())
     v = 1.0 if V is None else float(torch.linalg.matrix_norm(V.to(torch.float64), ord=2).max())
     rate = v * (1.0 + b * qk) if dynamics == "SA" else v * math.exp(min(b * qk, 700.0))
     return min(0.1, 0.25 / max(rate, 1e-12))

@@ -19,8 +19,9 @@ def _gram_checked(where: str, x: Tensor, eps: float) -> tuple[Tensor, float]:
     p = Problems(where)
     if not isinstance(x, torch.Tensor) or x.ndim < 2:
         p.add(f"x must be a tensor [..., n, d], got {getattr(x, 'shape', type(x).__name__)}")
-    (e,) = check_eps(p, eps) or (None,)
+    checked = check_eps(p, eps)
     p.raise_if_any()
+    (e,) = checked
     return sphere.gram(x), e
 
 

@@ -132,7 +132,7 @@ def phase_diagram(
     for name, v, low in (("n", n, 2), ("d", d, 2), ("runs", runs, 1)):
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             p.add(f"{name} must be an int >= {low}, got {v!r}")
-    p.raise_if_any()
+    b = p.raise_or(b)
     x0 = random_init(runs, n, d, generator, dtype)
     B = b.numel()
     run = simulate(

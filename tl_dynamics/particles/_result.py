@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -106,8 +107,9 @@ class ParticleRun:
         if eps is None:
             return self.eps[0]
         p = Problems(f"ParticleRun.{where}")
-        (e,) = check_eps(p, eps) or (None,)
+        checked = check_eps(p, eps)
         p.raise_if_any()
+        (e,) = checked
         if e not in self.eps and self.states is None:
             raise TLDynamicsError(
                 f"ParticleRun.{where}: eps={e:g} was not recorded and states were not kept; "
@@ -115,12 +117,18 @@ class ParticleRun:
             )
         return e
 
+    def _kept_states(self, where: str) -> Float[Tensor, "T runs n d"]:
+        if self.states is None:  # _eps refused this already; the check narrows the type
+            raise TLDynamicsError(f"ParticleRun.{where}: states were not kept (keep_states=True)")
+        return self.states
+
     def labels_at(self, eps: float | None = None) -> Int[Tensor, "T runs n"]:
         """Cluster labels ``[T, runs, n]`` at threshold ``eps`` (default: the first recorded)."""
         e = self._eps(eps, "labels_at")
         if e in self.eps:
             return self.labels[self.eps.index(e)].to(torch.int64)
-        out = [sphere.cluster_labels(sphere.gram(self.states[i : i + _CHUNK]), e)
+        states = self._kept_states("labels_at")
+        out = [sphere.cluster_labels(sphere.gram(states[i : i + _CHUNK]), e)
                for i in range(0, len(self.times), _CHUNK)]
         return torch.cat(out)
 
@@ -133,7 +141,8 @@ class ParticleRun:
         e = self._eps(eps, "close_fractions")
         if e in self.eps:
             return self.close_fraction[self.eps.index(e)]
-        out = [sphere.close_fraction(sphere.gram(self.states[i : i + _CHUNK]), e)
+        states = self._kept_states("close_fractions")
+        out = [sphere.close_fraction(sphere.gram(states[i : i + _CHUNK]), e)
                for i in range(0, len(self.times), _CHUNK)]
         return torch.cat(out)
 
@@ -211,9 +220,9 @@ class ParticleRun:
         if not aggregate:
             return df
         g = df.groupby("time", sort=True)
-        out = g[["mean_cosine", "close_fraction", "n_clusters"]].mean().reset_index()
-        out["n_clusters_min"] = g["n_clusters"].min().to_numpy()
-        out["n_clusters_max"] = g["n_clusters"].max().to_numpy()
+        out = cast(pd.DataFrame, g[["mean_cosine", "close_fraction", "n_clusters"]].mean()).reset_index()
+        out["n_clusters_min"] = np.asarray(g["n_clusters"].min())  # a Series: one per time
+        out["n_clusters_max"] = np.asarray(g["n_clusters"].max())
         out.attrs["eps"] = e
         return out
 

@@ -106,7 +106,7 @@ def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
     (0.5, (2, 4), (4, 4))
     """
     p = Problems("from_head")
-    r = None
+    r: float | None = None
     try:
         r = float(radius)
     except (TypeError, ValueError):
@@ -115,7 +115,7 @@ def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
         p.add(f"radius must be a finite number > 0, got {radius!r}")
     if dtype not in (torch.float64, torch.float32):
         p.add(f"dtype must be torch.float64 or torch.float32, got {dtype}")
-    p.raise_if_any()
+    r = p.raise_or(r)
     adapter = model if hasattr(model, "head_weights") else ModelAdapter.of(model)
     w = adapter.head_weights(layer, head)
 
@@ -127,14 +127,15 @@ def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
             p.add(f"head_weights().{name} must be a 2-D tensor, got {shape_str(m) if m is not None else 'nothing'}")
         else:
             mats[name] = m.detach().to(device="cpu", dtype=dtype)  # simulate runs on the CPU
-    scale = getattr(w, "scale", None)
+    raw: Any = getattr(w, "scale", None)
+    scale: float | None
     try:
-        scale = float(scale)
+        scale = float(raw)
     except (TypeError, ValueError):
         scale = None
     if scale is None or not math.isfinite(scale) or scale <= 0:
-        p.add(f"head_weights().scale must be a number > 0 (the score multiplier), got {getattr(w, 'scale', None)!r}")
-    p.raise_if_any()
+        p.add(f"head_weights().scale must be a number > 0 (the score multiplier), got {raw!r}")
+    scale = p.raise_or(scale)
     WQ, WK, WV, WO = mats["W_Q"], mats["W_K"], mats["W_V"], mats["W_O"]
     dm, dh = WQ.shape
     expect = {"W_Q": (dm, dh), "W_K": (dm, dh), "W_V": (dm, WV.shape[1]), "W_O": (WV.shape[1], dm)}

@@ -137,7 +137,8 @@ def simulate(
         p.add(f"max_steps must be an int >= 1, got {max_steps!r}")
     if not isinstance(keep_states, bool):
         p.add(f"keep_states must be True or False, got {keep_states!r}")
-    p.raise_if_any()
+    field = p.raise_or(field)
+    tt = p.raise_or(tt)
 
     runs, n, d = x0.shape
     T, E = len(tt), len(epss)

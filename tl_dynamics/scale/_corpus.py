@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._validate import SKIP_KEYS
@@ -34,7 +34,7 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def iter_records(prompts: Prompts) -> Iterator[tuple[str, str | None]]:
+def iter_records(prompts: Prompts | Iterable[str]) -> Iterator[tuple[str, str | None]]:
     """``(where, text)`` for every prompt: ``where`` is ``"FILE:LINE"`` or ``"prompt I"``;
     ``text`` is None for a line that is not valid UTF-8 (or holds a lone surrogate)."""
     if not isinstance(prompts, (str, os.PathLike)):
@@ -156,12 +156,18 @@ class PromptCheck:
 
     def take(self) -> dict[str, int]:
         """The counts since the last ``take`` (and reset them)."""
-        out, self.counts = self.counts, dict.fromkeys(SKIP_KEYS, 0)
+        out, self.counts = self.counts, {key: 0 for key in SKIP_KEYS}
         return out
 
 
-def batches(prompts: Prompts, batch_size: int, check: PromptCheck | None = None
-            ) -> Iterator[tuple[int, list[str]]] | Iterator[tuple[int, list[str], dict]]:
+@overload
+def batches(prompts: Prompts | Iterable[str], batch_size: int, check: None = None
+            ) -> Iterator[tuple[int, list[str]]]: ...
+@overload
+def batches(prompts: Prompts | Iterable[str], batch_size: int, check: PromptCheck
+            ) -> Iterator[tuple[int, list[str], dict[str, int]]]: ...
+def batches(prompts: Prompts | Iterable[str], batch_size: int, check: PromptCheck | None = None
+            ) -> Iterator[tuple[int, list[str]] | tuple[int, list[str], dict[str, int]]]:
     """``(index, prompts)`` for every batch of the corpus, in order; with ``check``,
     ``(index, prompts, counts)`` with what the policy left out or cut while filling the batch
     (trailing lines left out after the last full batch come as one batch without prompts)."""

@@ -92,8 +92,11 @@ class DatasetStats:
         return DatasetStats(
             self.model, self.settings, self.n_prompts + other.n_prompts,
             (self.prompts_hash + other.prompts_hash) % _HASH_MOD,
-            None if self.odds_ratio is None else self.odds_ratio.merge(other.odds_ratio),
-            None if self.trajectories is None else self.trajectories.merge(other.trajectories),
+            # the same analyses on both sides (checked above): both None or both there
+            None if self.odds_ratio is None or other.odds_ratio is None
+            else self.odds_ratio.merge(other.odds_ratio),
+            None if self.trajectories is None or other.trajectories is None
+            else self.trajectories.merge(other.trajectories),
             {k: self.skipped.get(k, 0) + other.skipped.get(k, 0) for k in SKIP_KEYS
              if self.skipped.get(k, 0) + other.skipped.get(k, 0)})
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 
 from tl_dynamics import viz
+from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.scale._format import DatasetStats
 
 
-def _head_maps(stats: DatasetStats) -> list[viz.Component]:
-    h = stats.odds_ratio
+def _head_maps(h: HeadStats) -> list[viz.Component]:
     rows = [f"L{layer}" for layer in h.layers]
     cols = [f"H{head}" for head in h.heads]
     n = max(h.n_prompts, 1)
@@ -65,7 +65,7 @@ def stats_page(stats: DatasetStats, title: str | None = None) -> viz.Page:
         return page
     if stats.odds_ratio is not None:
         page.add_section("Heads over the corpus: sinks and prior vs likelihood",
-                         _head_maps(stats) + [stats.odds_ratio.show()],
+                         _head_maps(stats.odds_ratio) + [stats.odds_ratio.show()],
                          intro="Each attention score splits into a query term, a key prior and a "
                                "distance log-likelihood; these maps pool every valid query row "
                                "of every prompt.", math="docs/math.md §2")

@@ -8,6 +8,7 @@ driver merges the partials exactly, so the bytes equal a one-process run's.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Callable, Iterator, Sequence
 
@@ -94,10 +95,9 @@ def ray_stats(model_loader: Callable[[], Any], dataset: Any, out: str | os.PathL
         compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1,
         fn_constructor_kwargs={"loader": model_loader, "name": model_name,
                                "settings": settings, "threads": threads})
-    merged = None
-    for row in sorted(partials.take_all(), key=lambda r: int(r["first"])):
-        part = from_bytes(bytes(row["partial"]), "a Ray worker's partial statistics")[0]
-        merged = part if merged is None else merged.merge(part)
+    parts = [from_bytes(bytes(row["partial"]), "a Ray worker's partial statistics")[0]
+             for row in sorted(partials.take_all(), key=lambda r: int(r["first"]))]
+    merged = functools.reduce(DatasetStats.merge, parts)  # rows is not empty: one part or more
     if out is not None:
         save_stats(merged, out)
     return merged

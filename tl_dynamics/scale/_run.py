@@ -87,6 +87,8 @@ class ShardRunner:
 
     def _stream(self, batches: list[Any]) -> trajectories.TrajectoryStats:
         t = self._t
+        if t is None:  # called only when the settings ask for trajectories
+            raise RuntimeError("ShardRunner: no trajectories in these settings")
         return trajectories.stream(self.adapter, batches, layers=t["layers"], eps=tuple(t["eps"]),
                                    lens=t["lens"], progress=False)
 
@@ -116,7 +118,8 @@ class ShardRunner:
                             self._traj, dict(self.skipped))
 
 
-def run_shard(runner: ShardRunner, items: Iterable[tuple[int, list[str]]], *,
+def run_shard(runner: ShardRunner,
+              items: Iterable[tuple[int, list[str]] | tuple[int, list[str], dict[str, int]]], *,
               base: DatasetStats | None = None, checkpoint: Path | None = None,
               checkpoint_every: int = 8, max_batches: int | None = None,
               bar: Any = None) -> tuple[DatasetStats, bool]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,8 @@ def _indices(value: Any, what: str, field: str, allow_none: bool = False) -> Non
         raise fail(what, f"{field} repeats an index: {items}")
 
 
-def _keys(d: Any, what: str, field: str, required: set[str], optional: set[str] = set()) -> dict:
+def _keys(d: Any, what: str, field: str, required: AbstractSet[str],
+          optional: AbstractSet[str] = frozenset()) -> dict:
     if not isinstance(d, dict):
         raise fail(what, f"{field} must be an object, got {type(d).__name__}")
     missing, extra = required - set(d), set(d) - required - optional
@@ -167,11 +169,11 @@ def _traj_shapes(meta: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The shape of every trajectory array the header's meta implies (points P, thresholds E,
     histogram bins B, model width D)."""
     p, e, b, d = len(meta["labels"]), len(meta["eps"]), meta["n_bins"], meta["d_model"]
-    sums = {name: (p,) for name in ("norm", "cos_final", "cos_embed", "dist_embed",
+    sums: dict[str, tuple[int, ...]] = {name: (p,) for name in ("norm", "cos_final", "cos_embed", "dist_embed",
                                      "cos_unembed", "dist_unembed", "log_rank", "cos_sum",
                                      "erank")}
     sums.update(step=(max(p - 1, 0),), rel_step=(max(p - 1, 0),), turning=(max(p - 2, 0),))
-    shapes = {f"sums.{k}": v for k, v in sums.items()}
+    shapes: dict[str, tuple[int, ...]] = {f"sums.{k}": v for k, v in sums.items()}
     shapes.update({f"ints.count_{k}": v for k, v in sums.items()})
     shapes.update({"sums.state_sum": (p, d), "sums.state_sumsq": (p, d),
                    "ints.n_tokens": (), "ints.n_prompts": (), "ints.n_lens_tokens": (),

@@ -152,7 +152,7 @@ def point_statistics(adapter: "ModelAdapter", cfg: Config, zs: list[Tensor],
     if targets is not None:
         res.update(_lens(adapter, z, targets))
     res.update(_particles(cfg, z, key_valid))
-    if "rank" in res:
+    if "rank" in res and targets is not None:  # the lens ran: it needs the targets
         res["settling"] = settling_point(res["rank"], targets)
     return res
 

@@ -10,7 +10,7 @@ held-out accuracy, the probe's class vectors, and how close each pooled state is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -85,13 +85,13 @@ def pooled_states(model: Any, prompts: Sequence[str], batch_size: int = 16, flat
         w = batch.key_valid[..., None].float()
         per: list[Tensor] = []
 
-        def make(p: int):
+        def make(w: Tensor, per: list[Tensor]) -> Callable[[Tensor], None]:
             def fn(z: Tensor) -> None:
                 wz = w.to(z.device)
                 per.append(((z.detach().float() * wz).sum(1) / wz.sum(1)).cpu())
             return fn
 
-        with adapter.hooks([(r, layer, make(p)) for p, (r, layer) in enumerate(roles)]):
+        with adapter.hooks([(r, layer, make(w, per)) for r, layer in roles]):
             adapter.forward(batch)
         out.append(torch.stack(per, dim=1))
     return torch.cat(out)

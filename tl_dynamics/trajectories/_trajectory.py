@@ -85,6 +85,8 @@ class Trajectory:
     def to_dataframe(self) -> pd.DataFrame:
         """One row per (prompt, point, real token) with every per-token statistic."""
         rows = []
+        lens = (self.rank, self.settling, self.cos_embed, self.dist_embed, self.cos_unembed,
+                self.dist_unembed)
         for b in range(self.tokens.shape[0]):
             for t in self.key_valid[b].nonzero().flatten().tolist():
                 for p in range(self.n_points):
@@ -94,12 +96,13 @@ class Trajectory:
                            "step": float(self.step[b, p - 1, t]) if p >= 1 else np.nan,
                            "rel_step": float(self.rel_step[b, p - 1, t]) if p >= 1 else np.nan,
                            "turning_deg": float(self.turning[b, p - 2, t]) if p >= 2 else np.nan}
-                    if self.rank is not None:
-                        row.update(rank=int(self.rank[b, p, t]), settling=int(self.settling[b, t]),
-                                   cos_embed=float(self.cos_embed[b, p, t]),
-                                   dist_embed=float(self.dist_embed[b, p, t]),
-                                   cos_unembed=float(self.cos_unembed[b, p, t]),
-                                   dist_unembed=float(self.dist_unembed[b, p, t]))
+                    rank, settling, cos_e, dist_e, cos_u, dist_u = lens  # all set with the lens
+                    if (rank is not None and settling is not None and cos_e is not None
+                            and dist_e is not None and cos_u is not None and dist_u is not None):
+                        row.update(rank=int(rank[b, p, t]), settling=int(settling[b, t]),
+                                   cos_embed=float(cos_e[b, p, t]), dist_embed=float(dist_e[b, p, t]),
+                                   cos_unembed=float(cos_u[b, p, t]),
+                                   dist_unembed=float(dist_u[b, p, t]))
                     rows.append(row)
         return pd.DataFrame(rows)
 

@@ -87,13 +87,16 @@ def text_neuron_activations(tokens: Sequence[str], activations: Any,
     """Per-token activations ``[tokens, first_dim, second_dim]`` (TextNeuronActivations)."""
     arr = _array(activations, 3, "activations")
     _check_tokens(tokens, arr.shape[0], "text_neuron_activations")
-    labels = (lambda xs: None if xs is None else [str(x) for x in xs])
+
+    def as_labels(xs: Sequence | None) -> list[str] | None:
+        return None if xs is None else [str(x) for x in xs]
+
     return Component("TextNeuronActivations", dict(
         tokens=escape_tokens(tokens), activations=arr,
         firstDimensionName=str(first_dimension_name),
         secondDimensionName=str(second_dimension_name),
-        firstDimensionLabels=labels(first_dimension_labels),
-        secondDimensionLabels=labels(second_dimension_labels)), caption=caption)
+        firstDimensionLabels=as_labels(first_dimension_labels),
+        secondDimensionLabels=as_labels(second_dimension_labels)), caption=caption)
 
 
 def topk_tokens(tokens: Sequence[Sequence[str]], activations: Sequence[Any], max_k: int = 7,
@@ -156,9 +159,12 @@ def heatmap(values: Any, row_labels: Sequence[str] | None = None,
             raise TLDynamicsError(f"heatmap: {len(labels)} {what} labels for {n} {what}s")
     if cmap not in (None, "blues", "viridis", "rdbu"):
         raise TLDynamicsError(f"heatmap: cmap {cmap!r}; valid: 'blues', 'viridis', 'rdbu'")
-    labels = (lambda xs: None if xs is None else [visible_token(x) for x in xs])
+
+    def as_labels(xs: Sequence | None) -> list[str] | None:
+        return None if xs is None else [visible_token(x) for x in xs]
+
     return Component("Heatmap", dict(
-        values=arr, rowLabels=labels(row_labels), colLabels=labels(col_labels), title=str(title),
+        values=arr, rowLabels=as_labels(row_labels), colLabels=as_labels(col_labels), title=str(title),
         rowTitle=str(row_title), colTitle=str(col_title), valueName=str(value_name),
         minValue=min_value, maxValue=max_value, cmap=cmap, mask=bool(mask_upper_tri),
         cell=int(cell_px)),

@@ -209,8 +209,9 @@ def standalone_html(components: list[Any], caption: str = "") -> str:
             + f'<script nonce="{nonce}">TLD.start();</script>')
 
 
-def group(*components: Component, caption: str = "", row: bool = False) -> "Group":
-    """Components shown together; ``row=True`` lays them side by side, wrapping as needed."""
+def group(*components: Component | Group, caption: str = "", row: bool = False) -> Group:
+    """Components (or groups) shown together; ``row=True`` lays them side by side, wrapping as
+    needed."""
     return Group(tuple(components), caption, row)
 
 
@@ -218,7 +219,7 @@ def group(*components: Component, caption: str = "", row: bool = False) -> "Grou
 class Group:
     """Several components shown together (e.g. a result's ``.show()``)."""
 
-    components: tuple[Component, ...]
+    components: tuple[Component | Group, ...]
     caption: str = ""
     row: bool = False
 

@@ -61,7 +61,7 @@ def to_svg(item: Item) -> str:
         raise TLDynamicsError(
             f"this view is a {kind_of(item)}: .svg is written for {', '.join(SVG_KINDS)} (and "
             "groups of them); save it as .html or .png")
-    parts = item.components if isinstance(item, Group) else (item,)
+    parts = _flat(item)  # a group's views, nested groups included
     blocks = [b for i, c in enumerate(parts) for b in _blocks(c, f"tld-legend-{i}")]
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
             + _svg.document(blocks, item.caption, label=item.caption or kind_of(item)) + "\n")

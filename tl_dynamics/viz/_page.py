@@ -9,7 +9,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import Sequence, Union
 
 from tl_dynamics import docs, files
 from tl_dynamics.viz import _cite, _component
@@ -92,7 +92,7 @@ class Page:
     failed_sections: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-    def add_section(self, title: str, items: list[Item], intro: str = "",
+    def add_section(self, title: str, items: Sequence[Item], intro: str = "",
                     math: str = "") -> Section:
         section = Section(title, list(items), intro, math)
         self.sections.append(section)

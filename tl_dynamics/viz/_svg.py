@@ -193,6 +193,7 @@ def heads_blocks(name: str, props: dict[str, Any], key: str) -> list[Block]:
     head's thumbnail in a layer x head grid and the selected head in full (``AttentionGrid``)."""
     tokens = props.get("tokens")
     mask = bool(props.get("maskUpperTri"))
+    full: dict[Any, Any]  # head -> pattern; the grid's keys are strings (JSON), the others ints
     if name == "AttentionGrid":
         thumbs, full = as_array(props["thumbs"]), props["full"]
         names, columns = props["attentionHeadNames"], int(props.get("columns") or len(thumbs))

@@ -131,7 +131,8 @@ def _hooked(cfg: dict[str, Any], tokenizer: Any) -> Any:
 
     with warnings.catch_warnings():  # 3.x warns that HookedTransformer goes away in 4.0
         warnings.simplefilter("ignore", DeprecationWarning)
-        return HookedTransformer(HookedTransformerConfig(**cfg), tokenizer=tokenizer)
+        # TransformerLens 3.x's class; pyright sees 4.x, where the name is the bridge
+        return HookedTransformer(HookedTransformerConfig(**cfg), tokenizer=tokenizer)  # pyright: ignore[reportCallIssue]
 
 
 def _bridge(cfg: dict[str, Any], tokenizer: Any) -> Any:
@@ -139,7 +140,9 @@ def _bridge(cfg: dict[str, Any], tokenizer: Any) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
     bridge_cfg = TransformerBridgeConfig(architecture="TransformerLensNative", init_weights=False, **cfg)
-    return TransformerBridge.boot_native(bridge_cfg, tokenizer=tokenizer, model_name=cfg.get("model_name", "native"))
+    # TransformerLens attaches boot_native with setattr, which its types do not show
+    return TransformerBridge.boot_native(  # pyright: ignore[reportAttributeAccessIssue]
+        bridge_cfg, tokenizer=tokenizer, model_name=cfg.get("model_name", "native"))
 
 
 def _to_bridge_keys(state_dict: dict, cfg: Any) -> dict:

@@ -17,7 +17,7 @@ import os
 import time
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -31,12 +31,12 @@ log = logging.getLogger("tl_dynamics.zoo.train")
 SEED = 0
 CALIBRATION_STEPS = 30
 
-INDUCTION_CFG = dict(
+INDUCTION_CFG: dict[str, Any] = dict(
     d_model=64, d_head=16, n_layers=2, n_ctx=128, n_heads=4, d_mlp=None, d_vocab=_data.INDUCTION_VOCAB,
     act_fn=None, attn_only=True, normalization_type="LN", positional_embedding_type="standard",
     eps=1e-5, model_name="induction-2l", default_prepend_bos=True,
 )  # fmt: skip
-CODE_CFG = dict(
+CODE_CFG: dict[str, Any] = dict(
     d_model=128, d_head=32, n_layers=2, n_ctx=256, n_heads=4, d_mlp=512, d_vocab=4096,
     act_fn="gelu_new", attn_only=False, normalization_type="LN", positional_embedding_type="standard",
     eps=1e-5, model_name="code-2l", default_prepend_bos=True,
@@ -156,7 +156,7 @@ def train_code(folder: Path) -> dict[str, Any]:
     train_ids = _data.encode_corpus(tokenizer, train_texts)
     val_ids = _data.encode_corpus(tokenizer, val_texts)
     log.info("tokens: %d train, %d validation", len(train_ids), len(val_ids))
-    n_ctx, bos = cfg["n_ctx"], tokenizer.bos_token_id
+    n_ctx, bos = cfg["n_ctx"], cast(int, tokenizer.bos_token_id)  # the trained tokenizer has one
     gen = torch.Generator().manual_seed(SEED + 1)
     val_gen = torch.Generator().manual_seed(SEED + 2)
     val_tokens = _data.windows(val_ids, 64, n_ctx, bos, val_gen)
@@ -211,7 +211,7 @@ def write_reference(folder: Path, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tl_dynamics.zoo.train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tl_dynamics.zoo.train", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("name", choices=sorted(RECIPES))
     parser.add_argument("--out", type=Path, help="folder to write (default: the package's own)")
     parser.add_argument("--steps", type=int, help="override the recipe's step count (for trials)")
