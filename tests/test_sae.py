@@ -17,7 +17,7 @@ sae_lens = pytest.importorskip("sae_lens")
 from tl_dynamics import atlas, circuits, testing, trajectories  # noqa: E402
 from tl_dynamics.adapter import ModelAdapter  # noqa: E402
 from tl_dynamics.errors import TLDynamicsError  # noqa: E402
-from tl_dynamics.atlas import _probes
+from tl_dynamics.atlas import _probes  # noqa: E402
 
 PROMPT = "def f(x): return x + 1"
 # float32 forward passes of a tiny model, compared entry by entry

@@ -4,9 +4,12 @@
 Face or TransformerLens checkpoint folder, or a hub name (see ``tl_dynamics.models``).
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tl_dynamics.errors import TLDynamicsError
+
+if TYPE_CHECKING:  # imported on first use at run time (``__getattr__`` below)
+    from tl_dynamics.models import load_model
 
 __version__ = "0.1.0"
 __all__ = ["TLDynamicsError", "__version__", "load_model"]

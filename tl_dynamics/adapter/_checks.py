@@ -105,7 +105,7 @@ def check_attention(specs: Sequence[Any], layers: list[int], architecture: str) 
     if not attention:
         kinds = sorted({spec.kind for spec in specs})
         raise TLDynamicsError(f"{architecture} has no attention layers (its layers are {kinds}: "
-                              f"{'; '.join(KIND_WHAT.get(k, k) for k in kinds)}), so attention "
+                              f"{'; '.join(str(KIND_WHAT.get(k, k)) for k in kinds)}), so attention "
                               "analyses do not apply; residual-stream analyses (trajectories) do")
     for layer in layers:
         kind = specs[layer].kind

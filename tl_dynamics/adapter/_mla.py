@@ -72,7 +72,8 @@ def latent_weight(model: Any, layer: int, name: str, bias_shape: tuple[int, ...]
         o_proj = model.blocks[layer].attn.o.original_component
         if o_proj.bias is not None:
             return o_proj.bias.detach().float()
-        return torch.zeros(bias_shape, device=o_proj.weight.device)
+        shape = bias_shape if bias_shape is not None else tuple(o_proj.weight.shape[:1])
+        return torch.zeros(shape, device=o_proj.weight.device)
     raise TLDynamicsError(
         f"layer {layer} of {architecture} has multi-head latent attention: its queries and keys "
         "come from low-rank factors with a rotary part shared across heads, so there is no "

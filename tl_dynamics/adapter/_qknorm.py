@@ -80,7 +80,7 @@ class QueryNorm:
 
 
 def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_head: int,
-                    W_Q: Tensor, b_Q: Tensor) -> QueryNorm:
+                    W_Q: Tensor | None, b_Q: Tensor | None) -> QueryNorm:
     """The ``QueryNorm`` of one attention module (a HookedTransformer ``attn`` or a bridge's
     ``attn``, whose Hugging Face module and norm wrapper are looked through). ``gemma_gain``:
     the norm multiplies by ``1 + w`` (Gemma's Hugging Face RMSNorm). ``where`` names the layer
