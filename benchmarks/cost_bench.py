@@ -241,7 +241,7 @@ def op_rows(root: Path, device: str) -> None:
                 fn = attached(*ms) if ms else partial(model, tokens)
                 with torch.no_grad():
                     fn()  # warm
-                    with count_ops() as c:
+                    with count_ops(launch_bound=True) as c:
                         fn()
                 if name == "forward":
                     base = c.ops

@@ -1,8 +1,9 @@
 """One collector pass (issue 21): every attached analysis shares one hook set and one
 ``LayerState`` per layer, computes in a few launches per pass whatever the number of heads and
 tokens, and reads the device a handful of times per forward. Counted, never timed: ops and syncs
-with ``tl_dynamics.collect.count_ops`` on a 12-layer GPT-2 shape (narrow, so it runs in seconds;
-the counts do not depend on the width)."""
+with ``count_ops`` on a 12-layer GPT-2 shape (narrow, so it runs in seconds; the counts do not
+depend on the width), on the GPU's plan (``launch_bound=True``: the launches a GPU would make; on
+the CPU itself the same code works in cache-sized pieces, with the same numbers)."""
 
 from __future__ import annotations
 
@@ -57,9 +58,9 @@ def per_layer(adapter: ModelAdapter, tokens: torch.Tensor, which: tuple[str, ...
     ``result()``, host syncs of the whole run)."""
     with torch.no_grad():
         attached(adapter, tokens, which)()  # warm: rotations read, caches filled
-        with count_ops() as plain:
+        with count_ops(launch_bound=True) as plain:
             adapter.model(tokens)
-        with count_ops() as both:
+        with count_ops(launch_bound=True) as both:
             attached(adapter, tokens, which)()
     return plain.ops / N_LAYERS, (both.ops - plain.ops) / N_LAYERS, both.syncs
 
@@ -88,11 +89,11 @@ def test_collecting_reads_nothing_from_the_device_until_a_result_is_asked_for():
     with torch.no_grad(), odds_ratio.attach(adapter) as odds, \
             contextual_mlp.attach(adapter) as mlp:
         adapter.model(tokens)  # warm
-        with count_ops() as c:
+        with count_ops(launch_bound=True) as c:
             adapter.model(tokens)
             adapter.model(tokens)
     assert c.syncs == 0, c.by_sync
-    with count_ops() as c:  # one read for every pass's sums
+    with count_ops(launch_bound=True) as c:  # one read for every pass's sums
         odds.result()
     assert c.syncs == 1, c.by_sync
     assert mlp.n_passes == 3
@@ -175,3 +176,23 @@ def test_threads_and_host_reads():
         out = to_host(values)
     assert c.syncs == 3  # one read per dtype, not per tensor
     assert all(torch.equal(out[k], values[k]) for k in values)
+
+
+def test_the_cpu_and_gpu_plans_give_the_same_numbers():
+    """Cache-sized chunks and point groups (the CPU's plan) and budget-sized ones (a GPU's) are
+    the same computation: every statistic agrees."""
+    from tl_dynamics.collect._policy import planned_as
+
+    adapter = gpt2_shape(4)
+    tokens = torch.randint(1, 500, (2, 128), generator=torch.Generator().manual_seed(3))
+    runs = {}
+    for plan in (False, True):
+        with planned_as(launch_bound=plan), torch.no_grad():
+            runs[plan] = (odds_ratio.compute(adapter, tokens, keep_tensors=False).stats,
+                          trajectories.compute(adapter, tokens, lens=False))
+    (odds_cpu, traj_cpu), (odds_gpu, traj_gpu) = runs[False], runs[True]
+    for key in odds_cpu.sums:
+        np.testing.assert_allclose(odds_cpu.sums[key], odds_gpu.sums[key], rtol=1e-4, atol=1e-5)
+    for name in ("clusters", "merges", "splits", "cos_hist"):  # integer statistics: equal
+        assert torch.equal(getattr(traj_cpu, name), getattr(traj_gpu, name)), name
+    torch.testing.assert_close(traj_cpu.erank, traj_gpu.erank, rtol=1e-6, atol=1e-6)

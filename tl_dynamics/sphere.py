@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = ["CLUSTER_EPS", "MergeEvents", "NORM_FLOOR", "TRAJECTORY_EPS_GRID", "close_fraction",
@@ -167,10 +168,12 @@ def cluster_labels_grid(cos: Float[Tensor, "*batch n n"], eps: Sequence[float],
     # the width (int16 below 32,768 points; benchmarks/trajectories_bench.py --kernel)
     width = torch.int16 if n < (1 << 15) - 1 else torch.int32
     labels = torch.arange(n, dtype=width, device=cos.device).expand(adj.shape[0], n)
+    # reading "did anything change?" waits for a GPU: there, every CHECK_EVERY rounds
+    every = CHECK_EVERY if Collector.launch_bound(cos.device) else 1
     for r in range(n + 1):
         new = torch.where(adj, labels[:, None, :], n).amin(-1)
         new = torch.gather(new, 1, new.long())
-        if (r + 1) % CHECK_EVERY == 0 or r == n:
+        if (r + 1) % every == 0 or r == n:
             if torch.equal(new, labels):
                 break
         labels = new

@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Sequence
 
+from tl_dynamics.collect._policy import launch_bound
+
 
 class Collector(ABC):
     """What the adapter calls during the forward passes run while it is attached.
@@ -43,6 +45,11 @@ class Collector(ABC):
         >>> c.seen
         [0, 1]
     """
+
+    # Whether work on a device is planned in few large launches (a GPU) or in cache-sized
+    # pieces (the CPU): ``tl_dynamics/collect/_policy.py``. A static method, so that collectors
+    # and the kernels they call (``sphere``, the analyses' statistics) share one rule.
+    launch_bound = staticmethod(launch_bound)
 
     layers: Sequence[int] = ()
     points: Sequence[tuple[str, int]] = ()

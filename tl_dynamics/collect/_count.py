@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -20,6 +20,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from tl_dynamics.collect._policy import planned_as
 
 # Reads of a tensor's values on the host (a wait for the device when it lives there).
 READS = frozenset({"item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__",
@@ -97,8 +99,10 @@ class _Syncs(TorchFunctionMode):
 
 
 @contextmanager
-def count_ops() -> Iterator[OpCount]:
-    """Count torch ops and host syncs run inside the block (any device).
+def count_ops(launch_bound: bool | None = None) -> Iterator[OpCount]:
+    """Count torch ops and host syncs run inside the block (any device). ``launch_bound=True``
+    runs the block with the GPU's plan (``_policy``: budget-sized chunks, rare reads) on any
+    device, so the launches a GPU would make are counted on the CPU.
 
     Example:
         >>> import torch
@@ -112,5 +116,6 @@ def count_ops() -> Iterator[OpCount]:
     """
     count = OpCount()
     host = _HostSet()
-    with _Syncs(count, host), _Ops(count, host):
+    plan = planned_as(launch_bound) if launch_bound is not None else nullcontext()
+    with plan, _Syncs(count, host), _Ops(count, host):
         yield count

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tl_dynamics.collect import Collector
+
 # Score-sized temporaries of one chunk, in units of one layer's full [batch, head, q, k] scores
 # (what the forward itself forms): chunks are sized by this memory budget, so a pass's layers
 # concatenated take (layers / SCORE_BUDGET_LAYERS) chunks whatever the heads and tokens.
@@ -31,6 +33,9 @@ SCORE_BUDGET_LAYERS = 2
 # ... and never more than this many bytes per score-sized temporary (long contexts: at 4,096
 # tokens one GPT-2-small layer's scores are 805 MB), so memory stays a fraction of the forward's.
 MAX_CHUNK_BYTES = 256 << 20
+# On the CPU (not launch-bound: ``tl_dynamics.collect.Collector.launch_bound``) a chunk's scores
+# are this many elements, about 2 MB of float32, so its passes run in cache.
+CPU_CHUNK_ELEMENTS = 1 << 19
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,12 +113,15 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
 
     mean_r = sum_r / n_safe
     shifted_prior = prior - p_min
-    # chunks: one per SCORE_BUDGET_LAYERS layers (the same count whatever the heads and tokens),
-    # more only where a chunk would pass MAX_CHUNK_BYTES
-    n_layers = max(1, n_heads // (layer_heads or n_heads))
-    n_chunks = max(-(-n_layers // SCORE_BUDGET_LAYERS),
-                   -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES))
-    step = -(-n_pos // min(n_pos, n_chunks))
+    if Collector.launch_bound(q.device):
+        # chunks: one per SCORE_BUDGET_LAYERS layers (the same count whatever the heads and
+        # tokens), more only where a chunk would pass MAX_CHUNK_BYTES
+        n_layers = max(1, n_heads // (layer_heads or n_heads))
+        n_chunks = max(-(-n_layers // SCORE_BUDGET_LAYERS),
+                       -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES))
+        step = -(-n_pos // min(n_pos, n_chunks))
+    else:  # the CPU: chunks that stay in cache (a launch costs next to nothing there)
+        step = max(8, CPU_CHUNK_ELEMENTS // max(1, n_batch * n_heads * n_pos))
     # [batch * head, pos, d] with the scale folded into q once: each chunk's scores are one bmm
     qs = (qh * scale).reshape(n_batch * n_heads, n_pos, d)
     kt = kh.reshape(n_batch * n_heads, n_pos, d).transpose(1, 2)

@@ -20,6 +20,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_dynamics import sphere
+from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories import _cloud
 
@@ -110,6 +111,8 @@ def _cos(a: Tensor, b: Tensor) -> Tensor:
 # Memory for one group of points' particle statistics (cosines, eps-adjacency, labels; about
 # 30 bytes per token pair and point): points are processed in groups within it.
 POINT_BUDGET_BYTES = 512 << 20
+# ... on the CPU (not launch-bound), groups small enough to stay near the cache
+CPU_POINT_BUDGET_BYTES = 16 << 20
 # Logit-lens logits of one group of points ([points, batch, pos, vocab] float32).
 LENS_BUDGET_BYTES = 256 << 20
 
@@ -191,7 +194,8 @@ def _particles(cfg: Config, z: Tensor, key_valid: Tensor) -> dict[str, Tensor]:
     pairs = sphere.pair_mask(mask)
     n_pairs = pairs.sum((1, 2))
     std = cfg.standardize
-    group = max(1, POINT_BUDGET_BYTES // max(1, 30 * b * n * n))
+    budget = POINT_BUDGET_BYTES if Collector.launch_bound(z.device) else CPU_POINT_BUDGET_BYTES
+    group = max(1, budget // max(1, 30 * b * n * n))
     out: dict[str, list[Tensor]] = {}
     last: Tensor | None = None  # the labels of the group before's last point
     for p0 in range(0, n_points, group):
