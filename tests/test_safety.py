@@ -540,3 +540,14 @@ def test_a_crafted_contextual_mlp_description_names_only_known_classes(tmp_path)
     for tree, message in cases:
         with pytest.raises(TLDynamicsError, match=message):
             cm.ContextualMLP.load(craft(tree))
+
+
+def test_a_missing_output_folder_is_refused_and_nothing_is_created(tmp_path, capsys):
+    """A typo in a folder name is an error before any work, naming the first missing folder,
+    and no folder is created (issue 24: refuse a missing directory)."""
+    out = tmp_path / "reprots" / "sub" / "page.html"
+    with pytest.raises(TLDynamicsError, match=r"the folder .*reprots does not exist"):
+        files.check_output(out, example="page.html")
+    code = cli.main(["report", "--model", "tiny-random:gpt2", "--prompt", "a = 1", "--out", str(out)])
+    assert code != 0 and "reprots does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "reprots").exists()

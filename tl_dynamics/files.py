@@ -73,8 +73,14 @@ def check_output(out: str | os.PathLike, *, what: str = "--out", example: str = 
     if path.exists() and not os.access(path, os.W_OK):
         raise TLDynamicsError(f"{what} {text!r}: the file exists and is not writable")
     parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
+    if not parent.exists():  # a typo in a folder name must not grow a tree of new folders
+        missing = parent
+        while not missing.parent.exists():
+            missing = missing.parent
+        if missing.parent.is_dir():
+            raise TLDynamicsError(f"{what} {text!r}: the folder {missing} does not exist; create "
+                                  "it first or choose an existing folder")
+        parent = missing.parent
     if not parent.is_dir():
         raise TLDynamicsError(f"{what} {text!r}: {parent} is a file, so nothing can be written "
                               "under it")
