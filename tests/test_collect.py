@@ -196,3 +196,20 @@ def test_the_cpu_and_gpu_plans_give_the_same_numbers():
     for name in ("clusters", "merges", "splits", "cos_hist"):  # integer statistics: equal
         assert torch.equal(getattr(traj_cpu, name), getattr(traj_gpu, name)), name
     torch.testing.assert_close(traj_cpu.erank, traj_gpu.erank, rtol=1e-6, atol=1e-6)
+
+
+def test_nothing_keeps_a_model_alive_after_collecting():
+    """The per-model hub holds its adapter only while collectors are attached: a model the user
+    drops is freed (the hubs are a weak mapping keyed by the model)."""
+    import gc
+    import weakref
+
+    model = testing.tiny_model("gpt2")
+    adapter = ModelAdapter(model)
+    with odds_ratio.attach(adapter) as collector:
+        adapter.forward(adapter.tokenize("a b c"))
+    assert collector.result().stats.n_prompts == 1
+    gone = weakref.ref(model)
+    del model, adapter, collector
+    gc.collect()
+    assert gone() is None

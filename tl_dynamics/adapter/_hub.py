@@ -56,8 +56,10 @@ class _Pass:
 class Hub:
     """The collectors attached to one model, and the hooks that feed them."""
 
-    def __init__(self, adapter: Any):  # a ModelAdapter (_model.py imports this module)
-        self.adapter = adapter
+    def __init__(self) -> None:
+        # the ModelAdapter of the attached collectors, held only while some are attached: the
+        # hubs are kept per model in a weak mapping, so nothing here may keep the model alive
+        self.adapter: Any = None
         self.collectors: list[Collector] = []
         self.pending: Batch | None = None  # the Batch ModelAdapter.forward is running
         self._pass: _Pass | None = None
@@ -80,18 +82,23 @@ class Hub:
             ad.rotation(layer)
 
     @contextmanager
-    def attached(self, collector: Collector) -> Iterator[None]:
+    def attached(self, collector: Collector, adapter: Any) -> Iterator[None]:
         if any(c is collector for c in self.collectors):  # attached already (a nested block)
             yield
             return
-        self.check(collector)
-        self.collectors.append(collector)
+        if not self.collectors:
+            self.adapter = adapter
         try:
+            self.check(collector)
+            self.collectors.append(collector)
             self._register()
             yield
         finally:
-            self.collectors.remove(collector)
-            self._register()
+            if any(c is collector for c in self.collectors):
+                self.collectors.remove(collector)
+                self._register()
+            if not self.collectors:
+                self.adapter = None
 
     def _register(self) -> None:
         if self._hooks is not None:
@@ -200,5 +207,5 @@ def hub_of(adapter: Any) -> Hub:
     """The one hub of ``adapter``'s model (adapters of the same model share it)."""
     hub = _HUBS.get(adapter.model)
     if hub is None:
-        hub = _HUBS[adapter.model] = Hub(adapter)
+        hub = _HUBS[adapter.model] = Hub()
     return hub

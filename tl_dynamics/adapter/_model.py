@@ -153,7 +153,7 @@ class ModelAdapter(AdapterBase):
         self._check_padding(hub.pending)
         with ExitStack() as stack:
             for collector in collectors:
-                stack.enter_context(hub.attached(collector))
+                stack.enter_context(hub.attached(collector, self))
             yield
 
     @contextmanager

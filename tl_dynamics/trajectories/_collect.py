@@ -11,6 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Sequence
 
+import torch
 from torch import Tensor
 
 from tl_dynamics import sphere
@@ -63,8 +64,6 @@ class TrajectoryCollector(Collector):
             raise TLDynamicsError(f"the forward pass runs tokens of shape {n} but the batch "
                                   f"given has {tuple(batch.tokens.shape)}")
         if batch is None:
-            import torch
-
             key_valid, targets = torch.ones(n, dtype=torch.bool, device=zs[0].device), None
         else:
             key_valid = batch.key_valid.to(zs[0].device)
