@@ -136,13 +136,11 @@ class ContextualMLPCollector(Collector):
         key_valid = batch.key_valid if batch is not None else la.allowed.any(dim=1)
         return build_frames(self.adapter, la, key_valid, rows=rows)
 
-    def _build(self, la: LayerAttention, batch: Batch | None, rows: list[int],
-               heads: list[int] | None = None, frames: list[RotaryFrame] | None = None
+    def _build(self, la: LayerAttention, batch: Batch | None, rows: list[int]
                ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
-        """The MLPs of ``heads`` (default: the selected ones) on ``rows`` of one captured layer;
-        ``frames`` are the layer's verified frames when known already."""
-        heads = self.heads if heads is None else heads
-        frames = self._frames(la, batch, rows) if frames is None else frames
+        """The MLPs of the selected heads on ``rows`` of one captured layer."""
+        heads = self.heads
+        frames = self._frames(la, batch, rows)
         tokens = None if batch is None else batch.tokens
         out: dict[int, dict[tuple[int, int], ContextualMLP]] = {}
         for row in rows:
@@ -189,17 +187,21 @@ class ContextualMLPCollector(Collector):
 
     def _lazy(self, layers: list[tuple[LayerAttention, Batch | None]], row: int) -> ContextualMLPs:
         by_layer = {la.layer: (la, batch) for la, batch in layers}
-        frames: dict[int, list[RotaryFrame]] = {}  # each layer's frame, verified once
-
-        def form(layer: int, head: int) -> ContextualMLP:
-            la, batch = by_layer[layer]
-            if layer not in frames:
-                frames[layer] = self._frames(la, batch, [row])
-            return self._build(la, batch, [row], [head], frames[layer])[row][(layer, head)]
-
         la, batch = layers[0]
         names = tuple(self.adapter.str_tokens(batch, row)) if batch is not None \
             else tuple(str(i) for i in range(la.q.shape[1]))
+        # per layer, what its heads share, prepared once: the verified frame and the row's
+        # copies of x, masks and tokens (one copy for every head, not one per head)
+        prepared: dict[int, tuple[RotaryFrame, dict[str, torch.Tensor | None]]] = {}
+
+        def form(layer: int, head: int) -> ContextualMLP:
+            la, batch = by_layer[layer]
+            tokens = None if batch is None else batch.tokens
+            if layer not in prepared:
+                prepared[layer] = (self._frames(la, batch, [row])[row],
+                                   _row_tensors(la, row, tokens))
+            frame, shared = prepared[layer]
+            return _from_layer(self.adapter, la, head, row, frame, tokens, names, None, shared)
         keys = [(layer, head) for layer in by_layer for head in self.heads]
         return ContextualMLPs(architecture=self.adapter.info.architecture, row=row,
                               str_tokens=names, mlps=LazyMLPs(keys, form))
