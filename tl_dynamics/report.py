@@ -29,55 +29,32 @@ log = logging.getLogger(__name__)
 SectionFn = Callable[[viz.Page, ModelAdapter, Batch], None]
 
 
-class AtlasAnalysis(Analysis):
-    """What each head does, with causal evidence (a whole-model measurement: no attach)."""
-
-    name = "atlas"
-    compute = staticmethod(atlas.compute)
-    report_section = staticmethod(atlas.report_section)
-
-
-class CircuitsAnalysis(Analysis):
-    """Factored QK/OV circuits, copying and composition scores (weights only: no attach)."""
-
-    name = "circuits"
-    compute = staticmethod(circuits.compute)
-    report_section = staticmethod(circuits.report_section)
+def _registered(package: Any, class_name: str, what: str) -> type[Analysis]:
+    """The registry entry of an analysis package: its ``compute``, ``attach`` (None where it
+    cannot stream) and ``report_section``, as an ``Analysis`` subclass defined here."""
+    entries = {"__doc__": what, "__module__": __name__, "name": package.__name__.split(".")[-1],
+               "compute": staticmethod(package.compute),
+               "report_section": staticmethod(package.report_section)}
+    if hasattr(package, "attach"):
+        entries["attach"] = staticmethod(package.attach)
+    return type(class_name, (Analysis,), entries)
 
 
-class OddsRatioAnalysis(Analysis):
-    """The odds-ratio split of every score."""
-
-    name = "odds_ratio"
-    compute = staticmethod(odds_ratio.compute)
-    attach = staticmethod(odds_ratio.attach)
-    report_section = staticmethod(odds_ratio.report_section)
-
-
-class ContextualMLPAnalysis(Analysis):
-    """Attention as a contextual MLP."""
-
-    name = "contextual_mlp"
-    compute = staticmethod(contextual_mlp.compute)
-    attach = staticmethod(contextual_mlp.attach)
-    report_section = staticmethod(contextual_mlp.report_section)
-
-
-class TrajectoriesAnalysis(Analysis):
-    """Depth-wise trajectories and their statistics."""
-
-    name = "trajectories"
-    compute = staticmethod(trajectories.compute)
-    attach = staticmethod(trajectories.attach)
-    report_section = staticmethod(trajectories.report_section)
-
-
-class ParticlesAnalysis(Analysis):
-    """The idealised particle system beside the model (simulated: no attach)."""
-
-    name = "particles"
-    compute = staticmethod(particles.compute)
-    report_section = staticmethod(particles.report_section)
+AtlasAnalysis = _registered(
+    atlas, "AtlasAnalysis", "What each head does, with causal evidence (a whole-model "
+    "measurement: no attach).")
+CircuitsAnalysis = _registered(
+    circuits, "CircuitsAnalysis", "Factored QK/OV circuits, copying and composition scores "
+    "(weights only: no attach).")
+OddsRatioAnalysis = _registered(odds_ratio, "OddsRatioAnalysis",
+                                "The odds-ratio split of every score.")
+ContextualMLPAnalysis = _registered(contextual_mlp, "ContextualMLPAnalysis",
+                                    "Attention as a contextual MLP.")
+TrajectoriesAnalysis = _registered(trajectories, "TrajectoriesAnalysis",
+                                   "Depth-wise trajectories and their statistics.")
+ParticlesAnalysis = _registered(
+    particles, "ParticlesAnalysis", "The idealised particle system beside the model "
+    "(simulated: no attach).")
 
 
 # The analyses, in page order: each a ``tl_dynamics.collect.Analysis`` subclass naming its
