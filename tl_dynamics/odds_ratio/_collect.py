@@ -182,8 +182,9 @@ def sink_facts(la: LayerAttention) -> dict[str, torch.Tensor]:
         >>> odds_ratio.sink_facts(la)["sink_mass"].shape
         torch.Size([1, 4])
     """
+    masks = MaskFacts.of(la.allowed, la.query_valid, la.spec.causal, la.spec.window)
     return _stats.layer_sums(la.q, la.k, la.scale, la.bias(), la.allowed, la.query_valid,
-                             la.softcap)[1]
+                             la.softcap, masks=masks)[1]
 
 
 @contextmanager
