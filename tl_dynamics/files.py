@@ -116,3 +116,12 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """``write_bytes`` of ``text`` in UTF-8."""
     return write_bytes(path, text.encode("utf-8"))
+
+
+def is_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an existing regular file; False (not an error) for a path the system
+    cannot even look at (a symlink loop, a name too long)."""
+    try:
+        return Path(path).is_file()
+    except OSError:
+        return False

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
+from tl_dynamics import files
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._validate import SKIP_KEYS
 
@@ -48,11 +49,7 @@ def iter_records(prompts: Prompts | Iterable[str]) -> Iterator[tuple[str, str | 
             yield f"prompt {i}", text if _encodable(text) else None
         return
     path = Path(prompts)
-    try:
-        is_file = path.is_file()
-    except OSError:
-        is_file = False
-    if not is_file:
+    if not files.is_file(path):
         raise TLDynamicsError(f"prompts file {str(path)!r} does not exist (give a text file, one "
                               "prompt per line, or JSON lines with a 'text' field)")
     jsonl = _is_jsonl(path)

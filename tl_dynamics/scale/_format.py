@@ -285,11 +285,7 @@ def load_stats(path: str | os.PathLike, allow_partial: bool = False) -> DatasetS
     if not isinstance(path, (str, os.PathLike)):
         raise TLDynamicsError(f"load_stats takes a file path, got {type(path).__name__}")
     path = Path(path)
-    try:
-        is_file = path.is_file()
-    except OSError:
-        is_file = False
-    if not is_file:
+    if not files.is_file(path):
         raise TLDynamicsError(f"statistics file {str(path)!r} does not exist")
     return from_bytes(path.read_bytes(), f"statistics file {str(path)!r}", allow_partial)[0]
 
