@@ -179,3 +179,70 @@ def test_layers_without_sinks_have_no_learned_sink_column():
     assert (res.to_dataframe()["learned_sink_mass"] == 0.0).all()
     assert res[0].parts.sink is None and res[0].learned_sink is None
     assert "learned_sink_mass" not in res.stats.show().section_html()
+
+
+# ------------------------------------------------------------------ the contextual MLP
+def hf_head_sums(twin, batch) -> dict[int, torch.Tensor]:
+    """Each layer's attention output (o_proj's result) in the Hugging Face twin itself."""
+    mask = batch.key_valid.long()
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    outs: dict[int, torch.Tensor] = {}
+    handles = [layer.self_attn.o_proj.register_forward_hook(
+        lambda _m, _i, out, i=i: outs.__setitem__(i, out.detach().float()))
+        for i, layer in enumerate(twin.model.layers)]
+    try:
+        with torch.no_grad():
+            twin(batch.tokens, attention_mask=mask, position_ids=positions)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outs
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_sink_is_a_neuron_with_zero_outgoing_weight(gpt_oss, side):
+    """§3.7: with the learned-sink neuron the MLP gives the model's own head output (hook z W_O,
+    and summed over heads the Hugging Face model's attention output) and pattern row; the sink
+    neuron's activation is the mass the rows miss, its weights are (0, 0, sink_h)."""
+    from tl_dynamics import contextual_mlp
+
+    adapter = ModelAdapter(gpt_oss)
+    twin = testing.hf_twin(gpt_oss)
+    batch = adapter.tokenize(testing.PROMPTS, side)
+    hf = hf_head_sums(twin, batch)
+    layers = adapter.attention(batch, reference=True, sinks=True)
+    for result in contextual_mlp.compute_rows(gpt_oss, batch):
+        row = result.row
+        for layer in result.layers:
+            la = layers[layer]
+            hf_sinks = twin.model.layers[layer].self_attn.sinks.detach().float()
+            total = la.b_O.clone().expand(la.q.shape[1], -1).clone()
+            for head in result.heads:
+                mlp = result[layer, head]
+                exact = mlp.exactness()
+                assert exact.max_output_error <= EXACT_TOL and exact.max_pattern_error <= EXACT_TOL
+                assert mlp.sink_logit == float(hf_sinks[head])
+                missing = 1.0 - la.reference["pattern"][row, head].sum(-1)  # [pos]
+                sink = mlp.learned_sink()
+                valid = la.query_valid[row]
+                assert float((sink - missing).abs()[valid].max()) <= EXACT_TOL
+                assert float(sink[valid].max()) > 0.05
+                for pos in mlp.positions:
+                    total[pos] += mlp.output(pos)
+                pos = mlp.positions[-1]
+                table = mlp.neurons(pos).to_dataframe()
+                last = table.iloc[-1]
+                assert (last.source, last.token, last.a_norm, last.b_norm) == (-1, "learned sink",
+                                                                               0.0, 0.0)
+                assert last.c == pytest.approx(float(hf_sinks[head]))
+                assert last.activation == pytest.approx(mlp.sink_activation(pos), abs=1e-6)
+                # counterfactual inputs: the sink neuron takes its share and writes nothing
+                x = torch.randn(5, mlp.d_model, generator=torch.Generator().manual_seed(head))
+                ev = mlp.evaluate(x, pos)
+                assert ev.sink is not None and ev.outputs is not None
+                sums = ev.activations.double().sum(-1) + ev.sink.double()
+                assert torch.allclose(sums, torch.ones_like(sums), atol=1e-6)
+                want = ev.activations @ mlp.outgoing[mlp.sources(pos)]
+                assert torch.allclose(ev.outputs, want, atol=1e-5)
+            valid = la.query_valid[row]
+            assert float((total - hf[layer][row]).abs()[valid].max()) <= EXACT_TOL
