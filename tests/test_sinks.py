@@ -246,3 +246,71 @@ def test_the_sink_is_a_neuron_with_zero_outgoing_weight(gpt_oss, side):
                 assert torch.allclose(ev.outputs, want, atol=1e-5)
             valid = la.query_valid[row]
             assert float((total - hf[layer][row]).abs()[valid].max()) <= EXACT_TOL
+
+
+# ------------------------------------------------------------------ atlas and report
+def test_the_atlas_names_learned_sinks_with_their_mass(gpt_oss):
+    """Each head's learned_sink score is the mass its sink absorbs on the natural probe (the
+    model's own pattern: 1 - row sum, mean over the rows that choose); it is named "learned
+    sink" at the floor, and every head of such a layer says its mass in the evidence. A model
+    without sinks has none (NaN, never named)."""
+    from tl_dynamics import atlas
+    from tl_dynamics.atlas import _roles
+
+    res = atlas.compute(gpt_oss, testing.PROMPTS[0], causal=False)
+    adapter = ModelAdapter(gpt_oss)
+    for layer, la in adapter.attention(testing.PROMPTS[0], reference=True, sinks=True).items():
+        rows = la.query_valid & la.allowed.any(-1)  # [b, i]
+        absorbed = 1.0 - la.reference["pattern"].sum(-1)  # [b, h, i]
+        want = ((absorbed * rows[:, None]).sum(-1) / rows.sum(-1)[:, None]).mean(0)
+        assert np.allclose(res.scores["learned_sink"][layer], want.numpy(), atol=1e-5)
+    named = res.heads_with("learned sink")
+    assert named == sorted((a, b) for a in range(res.n_layers) for b in range(res.n_heads)
+                           if res.scores["learned_sink"][a, b] >= _roles.LEARNED_SINK_FLOOR)
+    assert named and len(named) < res.n_layers * res.n_heads  # the floor separates heads here
+    frame = res.to_dataframe()
+    assert frame.evidence.str.contains("learned sink: absorbs").all()
+    assert "lsink" in res.show().components[0].html
+    plain = atlas.compute(testing.tiny_model("gpt2"), testing.PROMPTS[0], causal=False)
+    assert np.isnan(plain.scores["learned_sink"]).all() and not plain.heads_with("learned sink")
+    assert "learned sink" not in plain.show().components[0].html
+
+
+def test_gpt_oss_report_shows_every_section_and_names_its_learned_sinks(gpt_oss):
+    from tl_dynamics import report
+
+    page = report.build_report(gpt_oss, testing.PROMPTS[0])
+    html = page.to_html()
+    assert page.failed_sections == [] and "Not shown for this model" not in html
+    attention = html.rsplit("Attention patterns", 1)[1].split("<section", 1)[0]  # not the TOC
+    assert "learned sink" in attention and "each row of the pattern sums to 1 minus" in attention
+    assert "learned_sink_mass" in html  # the odds-ratio table's column
+    assert re.search(r"learned sink per head: one more neuron", html)  # the contextual MLP
+    assert "lsink" in html  # the atlas grid
+
+
+def test_barycentric_rows_gain_the_origin_and_markov_chains_refuse_by_name(gpt_oss):
+    """§2.5 with a learned sink: the head's output is a convex combination of the o_j and the
+    virtual key's output 0, so the simplex gains that vertex; a pattern whose rows lose mass to
+    the sink is no Markov chain on positions, and markov/composed say so."""
+    from tl_dynamics.errors import TLDynamicsError
+
+    view = odds_ratio.barycentric(gpt_oss, testing.PROMPTS[0], 1, 2)
+    adapter = ModelAdapter(gpt_oss)
+    la = adapter.attention(testing.PROMPTS[0], layers=[1], reference=True, sinks=True)[1]
+    assert view.S_sink is not None and view.A_sink is not None
+    rows = list(view.rows)
+    missing = 1.0 - la.reference["pattern"][0, 2, rows].sum(-1).double()
+    assert torch.allclose(view.S_sink, missing, atol=1e-5)
+    assert torch.allclose(view.A.sum(-1) + view.A_sink, torch.ones(len(rows), dtype=torch.float64),
+                          atol=1e-9)
+    assert float(view.kkt.max()) <= 1e-6 and bool((view.fit_error <= view.head_error + 1e-9).all())
+    O = la.source_outputs([2])[0, :, 0].double()
+    gap = ((view.S.double() - view.A.double()) @ O).pow(2).sum(-1)
+    assert torch.allclose(view.gap.double(), gap, rtol=1e-5, atol=1e-9)
+    for call, name in ((lambda: odds_ratio.markov(gpt_oss, testing.PROMPTS[0], 0, 0), "markov"),
+                       (lambda: odds_ratio.composed(gpt_oss, testing.PROMPTS[0]), "composed")):
+        with pytest.raises(TLDynamicsError, match=re.escape(
+                f"odds_ratio.{name} (a Markov chain on positions needs rows that sum to 1): "
+                "layer 0 has learned attention sinks")):
+            call()
