@@ -14,7 +14,7 @@ from torch import Tensor
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
-from tl_dynamics.odds_ratio._split import ScoreParts, log_softmax_with_sink, row_kl
+from tl_dynamics.odds_ratio._split import ScoreParts, row_kl, sink_log_patterns
 from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SUM_KEYS
 from tl_dynamics.collect import ExactSum
 
@@ -244,25 +244,14 @@ class Decomposition:
         without one; zero on rows with no allowed key), from the parts (docs/math.md §2.6)."""
         if self.parts.sink is None:
             return None
-        return self._extended()[0][..., -1].exp() * self.allowed.any(-1)[:, None]
-
-    def _extended(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Log real, prior-only and likelihood-only patterns over the real keys and the virtual
-        key (last column), from the parts themselves (no ``1 - sum`` cancellation)."""
-        p, sink = self.parts, self.parts.sink
-        if sink is None:
-            raise TLDynamicsError(f"layer {self.layer} has no learned sink")
-        total = p.total()
-        real = total if self.softcap is None else self.softcap * torch.tanh(total / self.softcap)
-        return (log_softmax_with_sink(real, self.allowed, sink),
-                log_softmax_with_sink(p.prior_logits(), self.allowed, sink),
-                log_softmax_with_sink(p.likelihood_logits(), self.allowed, torch.zeros_like(sink)))
+        log_real = sink_log_patterns(self.parts, self.allowed, self.softcap)[0]
+        return log_real[..., -1].exp() * self.allowed.any(-1)[:, None]
 
     def kl(self) -> dict[str, Float[Tensor, "batch head q"]]:
         """Per row ``KL(real || prior-only)`` and ``KL(real || likelihood-only)`` (with a learned
         sink, over the real keys and the virtual one: docs/math.md §2.6)."""
         if self.parts.sink is not None:
-            log_real, log_prior, log_lik = self._extended()
+            log_real, log_prior, log_lik = sink_log_patterns(self.parts, self.allowed, self.softcap)
             return {"prior": row_kl(log_real, log_prior), "loglik": row_kl(log_real, log_lik)}
 
         def log(p: Tensor) -> Tensor:

@@ -150,6 +150,21 @@ def log_softmax_with_sink(logits: Float[Tensor, "batch head q k"],
     return torch.log_softmax(torch.cat([masked, column], dim=-1), dim=-1)
 
 
+def sink_log_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"],
+                      softcap: float | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Log real, prior-only and likelihood-only patterns over the real keys and the virtual
+    key of a learned sink (last column), from the parts themselves (no ``1 - sum``
+    cancellation; docs/math.md §2.6). The real one is soft-capped where the layer is."""
+    sink = parts.sink
+    if sink is None:
+        raise TLDynamicsError("these score parts have no learned sink (ScoreParts.sink is None)")
+    total = parts.total()
+    real = total if softcap is None else softcap * torch.tanh(total / softcap)
+    return (log_softmax_with_sink(real, allowed, sink),
+            log_softmax_with_sink(parts.prior_logits(), allowed, sink),
+            log_softmax_with_sink(parts.likelihood_logits(), allowed, torch.zeros_like(sink)))
+
+
 def row_kl(log_p: Float[Tensor, "... k"], log_q: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
     """``KL(p || q) = sum_j p_j (log p_j - log q_j)`` per row, with ``0 log 0 = 0``."""
     p = log_p.exp()
