@@ -300,7 +300,7 @@ class Decomposition:
             {"real": sub(self.pattern), "prior-only": sub(self.prior_pattern),
              "likelihood-only": sub(self.likelihood_pattern)},
             {k: sub(v) for k, v in parts.items()}, p.key_prior[row][idx][:, real].T.float(),
-            p.sigma2, self.precap)
+            p.sigma2, self.precap, learned_sink=p.sink is not None)
 
 
 @dataclass(frozen=True)

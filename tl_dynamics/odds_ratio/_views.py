@@ -59,7 +59,7 @@ def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: 
                        allowed: Bool[Tensor, "q k"], patterns: dict[str, Float[Tensor, "head q k"]],
                        parts: dict[str, Float[Tensor, "head q k"]],
                        key_prior: Float[Tensor, "k head"], sigma2: float,
-                       precap: bool) -> viz.Group:
+                       precap: bool, learned_sink: bool = False) -> viz.Group:
     """One layer's split on one prompt's real positions, per head: a row of maps with its real
     pattern and the two counterfactuals (``patterns`` keyed by ``PATTERNS``), a row with the
     score parts (``parts`` keyed by ``PARTS``' names, zero where not allowed), then the key
@@ -69,6 +69,9 @@ def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: 
     labels = [f"{k}:{viz.visible_token(t)}" for k, t in enumerate(tokens[:n])]
     keep = allowed[:n, :n]
     capped = " (split of the pre-cap score)" if precap else ""
+    if learned_sink:
+        capped += ("; the learned sink is a virtual key in all three (prior-only: its prior; "
+                   "likelihood-only: logit 0), so rows sum to less than 1 (docs/math.md §2.6)")
     items: list[viz.Component | viz.Group] = []
     for k, name in enumerate(names):
         maps = [viz.heatmap(patterns[what][k][:n, :n].masked_fill(~keep, float("nan")), labels,
