@@ -91,13 +91,17 @@ def test_sink_is_a_virtual_key_whose_parts_reproduce_the_model(gpt_oss, side):
 
 def direct_statistics(dec, la) -> dict[str, np.ndarray]:
     """Per-head sums over the rows that choose (a valid row with one real key chooses between it
-    and the sink), in float64 from the parts: entropy and KLs over the extended support, the
-    learned sink's mass, and the attribution share of the prior over the real keys."""
+    and the sink), in float64 from the parts: entropy and KLs over the extended support (the
+    real pattern soft-capped where the layer is; prior-only logits P_j + p_ij), the learned
+    sink's mass, and the row-centred Var(r) and Cov(r, P) over the real keys (pre-cap r)."""
     parts = dec.parts
-    scores = parts.total().double()
-    p = extended(scores, la.allowed, parts.sink)
-    prior = extended(parts.key_prior.double()[..., None, :].expand_as(scores), la.allowed,
-                     parts.sink)
+    scores = parts.total().double()  # pre-cap, bias included
+    real = scores if la.softcap is None else la.softcap * torch.tanh(scores / la.softcap)
+    p = extended(real, la.allowed, parts.sink)
+    prior_logits = parts.key_prior.double()[..., None, :].expand_as(scores)
+    if parts.bias is not None:
+        prior_logits = prior_logits + parts.bias.double()
+    prior = extended(prior_logits, la.allowed, parts.sink)
     lik = extended(scores - parts.key_prior.double()[..., None, :], la.allowed,
                    torch.zeros_like(parts.sink))
     rows = (la.query_valid & la.allowed.any(-1))[:, None].double()  # [b, 1, i]
@@ -150,6 +154,38 @@ def test_streamed_statistics_with_sinks_equal_a_direct_computation(gpt_oss):
     two = column.topk(2, -1).values
     dominance = two[..., 0] / torch.maximum(two[..., 1], learned)
     assert torch.allclose(facts["sink_dominance"].double(), dominance, rtol=1e-5)
+
+
+@pytest.mark.skipif(not testing.has_hooked_transformer(),
+                    reason="HookedTransformer (use_attention_sinks) is TransformerLens 3.x only")
+@pytest.mark.parametrize("variant", ["gpt2-like", "softcap", "alibi", "local"])
+def test_hooked_sinks_with_cap_bias_and_window_split_and_build_exactly(variant):
+    """The same identities on HookedTransformer's learned sinks, with a soft-cap (the sink joins
+    after the cap), an ALiBi bias (a prior-only logit P_j + p_ij) and a window: the parts with
+    the virtual key give hook_pattern, the streamed statistics their float64 definitions, and
+    every head's contextual MLP its own z W_O and pattern row."""
+    from tl_dynamics import contextual_mlp
+
+    model = testing.tiny_hooked(variant, use_attention_sinks=True)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sinks.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(1))
+    adapter = ModelAdapter(model)
+    res = odds_ratio.compute(model, list(testing.PROMPTS), padding_side="left")
+    layers = adapter.attention(list(testing.PROMPTS), reference=True, padding_side="left",
+                               sinks=True)
+    for a, (layer, la) in enumerate(layers.items()):
+        dec = res[layer]
+        total = dec.parts.total_with_sink()
+        real = total[..., :-1] if la.softcap is None else la.capped(total[..., :-1])
+        p = extended(real, la.allowed, dec.parts.sink)
+        rows = la.query_valid[:, None, :, None]
+        assert masked_max(p[..., :-1].float() - la.reference["pattern"], rows) <= EXACT_TOL
+        for key, value in direct_statistics(dec, la).items():
+            assert np.allclose(res.stats.sums[key][a], value, rtol=STATS_TOL, atol=STATS_TOL), key
+    for mlp in contextual_mlp.compute(model, testing.PROMPTS[1]):
+        exact = mlp.exactness()
+        assert exact.max_output_error <= EXACT_TOL and exact.max_pattern_error <= EXACT_TOL
 
 
 def test_a_sink_that_is_never_taken_leaves_the_statistics_as_without_one():
