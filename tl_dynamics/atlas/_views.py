@@ -10,13 +10,14 @@ COLOURS = {
     "previous-token": "#4e79a7", "duplicate-token": "#76b7b2", "induction": "#e15759",
     "copying": "#f28e2b", "copy-suppression": "#b07aa1",
     "negative copying": "#d4a6c8", "sink": "#9c755f",
-    "positional/local": "#59a14f", "unclassified": "#d9d9d9", "not analysed": "#ffffff",
+    "positional/local": "#59a14f", "learned sink": "#bab0ac", "unclassified": "#d9d9d9",
+    "not analysed": "#ffffff",
 }
 SHORT = {
     "previous-token": "prev", "duplicate-token": "dup", "induction": "ind", "copying": "copy",
     "copy-suppression": "supp",
     "negative copying": "neg", "sink": "sink", "positional/local": "local",
-    "unclassified": "-", "not analysed": "",
+    "learned sink": "lsink", "unclassified": "-", "not analysed": "",
 }
 
 
@@ -41,8 +42,10 @@ def grid_view(n_layers: int, n_heads: int, cells: dict[tuple[int, int], dict], t
                        f'text-align:center;padding:4px 6px;min-width:44px">'
                        f"{viz.html_escape(label)}{delta_text}</td>")
         rows.append(f"<tr><th>L{layer}</th>{''.join(tds)}</tr>")
+    present = {r for cell in cells.values() for r in cell["roles"]}
     legend = " ".join(f'<span style="background:{c};padding:1px 6px;margin-right:4px">'
-                      f"{viz.html_escape(r)}</span>" for r, c in COLOURS.items() if r != "not analysed")
+                      f"{viz.html_escape(r)}</span>" for r, c in COLOURS.items()
+                      if r != "not analysed" and (r != "learned sink" or r in present))
     extra = "".join(f"<li>{viz.html_escape(n)}</li>" for n in notes)
     html = (f'<div class="tld-scroll"><table class="tld-table tld-atlas"><thead><tr><th></th>{head_row}'
             f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"

@@ -51,6 +51,12 @@ class ContextualMLP:
     Everything else (outgoing weights, activations, exactness, counterfactuals on residual
     inputs) is unchanged.
 
+    On layers with learned attention sinks (GPT-OSS) ``sink_logit`` is the head's sink: one
+    more neuron with pre-activation ``sink_logit``, no incoming weight and outgoing weight
+    zero, whose activation is the mass the sink absorbs (``sink_activation``, ``learned_sink``;
+    docs/math.md §3.7). The source neurons' activations are the model's pattern row, summing to
+    less than one; the output is unchanged by the sink neuron, which writes nothing.
+
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
         >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
@@ -81,6 +87,7 @@ class ContextualMLP:
     reference_pattern: Float[Tensor, "pos pos"] | None = None
     reference_output: Float[Tensor, "pos d_model"] | None = None
     query_norm: QueryNorm | None = None
+    sink_logit: float | None = None
 
     def __repr__(self) -> str:
         return (f"ContextualMLP({self.architecture}, layer={self.layer}, head={self.head}, "
@@ -155,7 +162,7 @@ class ContextualMLP:
             b = self.scale * keys
             c = torch.zeros(len(src), dtype=WORK_DTYPE, device=keys.device) if bias is None else bias
         inputs = self._inputs(self.x[pos].to(WORK_DTYPE)[None])[0]
-        acts = _core.hidden((b @ inputs + c)[None], self.softcap)[0]
+        acts = _core.hidden((b @ inputs + c)[None], self.softcap, self.sink_logit)[0]
         return src, b, c, acts
 
     # ------------------------------------------------------------------ weights
@@ -167,7 +174,9 @@ class ContextualMLP:
         return Neurons(layer=self.layer, head=self.head, position=pos, sources=src,
                        source_tokens=tuple(self.str_tokens[i] for i in src.tolist()),
                        a=self.outgoing[src], b=b.float(), c=c.float(), activations=acts.float(),
-                       softcap=self.softcap)
+                       softcap=self.softcap, sink_logit=self.sink_logit,
+                       sink_activation=None if self.sink_logit is None
+                       else float(1.0 - acts.sum()))
 
     def incoming_all(self) -> tuple[Float[Tensor, "pos pos d_in"], Float[Tensor, "pos pos"]]:
         """All incoming weights and biases ``[dest, src, d_in]``, ``[dest, src]`` (zero where not
@@ -203,10 +212,16 @@ class ContextualMLP:
         src = self.sources(pos)
         keys, bias = self._keys(pos), self._bias(pos, src)
         a = self.outgoing[src].to(WORK_DTYPE)
-        acts, outs = [], []
+        acts, outs, sinks = [], [], []
         for start in range(0, xs.shape[0], chunk_size):
             q = self.queries(xs[start:start + chunk_size].to(WORK_DTYPE))
-            h = _core.hidden(_core.preactivations(q, keys, self.scale, bias), self.softcap)
+            pre = _core.preactivations(q, keys, self.scale, bias)
+            if self.sink_logit is None:
+                h = _core.hidden(pre, self.softcap)
+            else:  # the learned-sink neuron, last: activation kept, outgoing weight zero
+                full = _core.with_sink(pre, self.softcap, self.sink_logit)
+                h = full[:, :-1]
+                sinks.append(full[:, -1].float())
             acts.append(h.float())
             if keep_outputs:
                 outs.append(_core.output(h, a).float())
@@ -216,12 +231,28 @@ class ContextualMLP:
             source_tokens=tuple(self.str_tokens[i] for i in src.tolist()),
             activations=h, outputs=torch.cat(outs) if keep_outputs else None,
             winners=src[h.argmax(-1)], labels=tuple(labels) if labels is not None else
-            tuple(f"x{i}" for i in range(h.shape[0])))
+            tuple(f"x{i}" for i in range(h.shape[0])),
+            sink=torch.cat(sinks) if sinks else None)
 
     def activations(self, position: int) -> Float[Tensor, " src"]:
         """Hidden activations at the real query input (the pattern row over ``sources``)."""
         return self.evaluate(self.x[self.check_position(position)], position,
                              keep_outputs=False).activations[0]
+
+    def sink_activation(self, position: int) -> float:
+        """The learned-sink neuron's activation at the real query input of ``position``: the
+        mass the head's learned sink absorbs there (0.0 on layers without one)."""
+        ev = self.evaluate(self.x[self.check_position(position)], position, keep_outputs=False)
+        return 0.0 if ev.sink is None else float(ev.sink[0])
+
+    def learned_sink(self) -> Float[Tensor, " pos"]:
+        """``sink_activation`` at every real destination (zero on padding and on layers
+        without a learned sink)."""
+        out = torch.zeros(self.n_pos, device=self.x.device)
+        if self.sink_logit is not None:
+            for pos in self.positions:
+                out[pos] = self.sink_activation(pos)
+        return out
 
     def output(self, position: int) -> Float[Tensor, " d_model"]:
         """``g(x_T)``: the head's output at ``position`` (before ``b_O``)."""
@@ -313,7 +344,8 @@ class ContextualMLP:
         (``text_neuron_activations``); with it: that destination's neurons and their importance."""
         name = f"L{self.layer}H{self.head}"
         if position is None:
-            return _views.mlp_view(name, list(self.str_tokens), self.pattern())
+            return _views.mlp_view(name, list(self.str_tokens), self.pattern(),
+                                   None if self.sink_logit is None else self.learned_sink())
         pos = self.check_position(position)
         neurons = self.neurons(pos)
         importance = torch.zeros(self.n_pos, device=self.x.device)
