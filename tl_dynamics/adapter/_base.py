@@ -240,7 +240,7 @@ class AdapterBase:
 
     def latent(self, layer: int) -> LatentFactors | None:
         """The factors of a multi-head latent attention layer (None elsewhere): exact q/k/v, the
-        RMS scales W_Q/W_K/W_V leave out, the scores' rotary split (docs/math.md §9)."""
+        RMS scales W_Q/W_K/W_V leave out, the scores' rotary split (docs/math.md §1.7)."""
         check_attention(self.specs, [self.check_layer(layer)], self.info.architecture)
         return None if not self.specs[layer].latent else self._cached(
             ("latent", layer), lambda: read_latent(self.model, layer, self.info.architecture))

@@ -1,5 +1,5 @@
 """Multi-head latent attention (DeepSeek-V2/V3, GLM-4-MoE-Lite, Youtu): q, k and v as scored,
-and the layer's low-rank factors (docs/math.md §9).
+and the layer's low-rank factors (docs/math.md §1.7).
 
 In latent attention the query and key of head ``h`` are each the concatenation of a non-rotary
 part, decompressed from a low-rank latent, and a rotary part:
