@@ -48,8 +48,15 @@ __all__ = ["LATENT_BRIDGES", "LatentFactors", "latent_qkv", "latent_rotation", "
 # Bridges whose q/k/v hooks fire on [batch, head, pos, d] after rotary (see module doc).
 LATENT_BRIDGES = {"MLAAttentionBridge"}
 # Relative error within which a norm module must match g * u / rho(u), and the rotation the
-# model's rotated queries (float32 rounding: ~1e-7; a wrong convention: order 1).
+# model's rotated queries (float32 rounding: ~1e-7; a wrong convention: order 1); a model in
+# half precision: _HALF_ULPS units of its precision (as the rotary check, _rotation.py).
 _RTOL = 1e-4
+_HALF_ULPS = 8
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    """``_RTOL``, or ``_HALF_ULPS`` units of ``dtype``'s precision where that is coarser."""
+    return max(_RTOL, _HALF_ULPS * torch.finfo(dtype).eps) if dtype.is_floating_point else _RTOL
 
 
 @dataclass(frozen=True)
@@ -190,7 +197,7 @@ def _norm(module: Any, width: int, where: str, name: str) -> tuple[Tensor, float
     with torch.no_grad():
         want = inner(u.to(weight.dtype)).float()
     err = float((u / _rms(u, float(eps))[:, None] * gain - want).abs().max() / want.abs().max())
-    if err > _RTOL:
+    if err > _tolerance(weight.dtype):
         raise TLDynamicsError(f"{where}: its latent norm {name} ({type(inner).__name__}) is not "
                               f"an RMS norm with gain w (relative error {err:.3g})")
     return gain, float(eps)
@@ -273,7 +280,7 @@ def latent_rotation(layer: int, model: Any, got: dict[str, Tensor],
                 err = float((rotation.rotate(q, positions) - scored).abs().max()
                             / scored.abs().max().clamp_min(1e-30))
                 errors[f"{layout} x{magnitude:.4g}"] = err
-                if err <= _RTOL:
+                if err <= _tolerance(got["rot_q"].dtype):
                     return Rotation(layer, layout, d_rope, inv_freq, magnitude, start=d_nope)
     raise TLDynamicsError(f"{where}: the model's rotated latent queries are not reproduced by a "
                           f"rotation of its rotary frequencies (relative errors {errors})")

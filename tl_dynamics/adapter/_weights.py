@@ -18,7 +18,10 @@ from torch import Tensor
 @dataclass(frozen=True)
 class HeadWeights:
     """One head's weights. Scores are ``scale * <x W_Q + b_Q, y W_K + b_K>`` before any rotary
-    embedding, position bias or soft-cap (see the layer's ``LayerSpec``)."""
+    embedding, position bias or soft-cap (see the layer's ``LayerSpec``). On multi-head latent
+    attention layers ``W_Q``/``W_K``/``W_V`` are the low-rank factors' products with the latent
+    norms' gains folded in, and the model divides the query by ``rho_q(x)`` and the non-rotary
+    key and the value by ``rho_kv(y)`` (``ModelAdapter.latent``; docs/math.md §1.7)."""
 
     layer: int
     head: int
