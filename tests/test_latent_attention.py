@@ -236,7 +236,7 @@ def test_latent_copying_positivity_and_composition_equal_dense_products_of_the_t
     assert any("value width" in note for note in comp.notes)  # the baseline's width is stated
 
 
-def test_latent_contextual_mlp_is_exact_and_reads_the_decoupled_keys():
+def test_latent_contextual_mlp_is_exact_and_reads_the_decoupled_keys(tmp_path):
     """On a left-padded batch the MLP reproduces every head's output and pattern; its inputs are
     the model's queries (x W_Q + b_Q) / rho_q(x), and b_i = c k_i' with k_i' the decoupled key
     seen from the query: the non-rotary key of head h, and R_T^T R_i of the rotary key that the
@@ -268,6 +268,9 @@ def test_latent_contextual_mlp_is_exact_and_reads_the_decoupled_keys():
     with torch.no_grad():
         q = mlp.queries(mlp.x[T][None].double()).float()[0]
     assert torch.allclose(q, factors.queries(mlp.x[T])[2], atol=EXACT_TOL)
+    back = contextual_mlp.ContextualMLP.load(mlp.save(tmp_path / "latent.safetensors"))
+    assert back.query_norm.scope == "latent" and back.frame.rotation.start == d
+    assert torch.equal(back.pattern(), mlp.pattern())  # the latent query map survives a file
 
 
 def test_particles_seeded_from_a_latent_head_run():
