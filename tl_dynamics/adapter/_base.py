@@ -15,7 +15,7 @@ from tl_dynamics.adapter._checks import (check_attention, check_index, check_ind
                                          check_materialised)
 from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
-from tl_dynamics.adapter._mla import latent_weight
+from tl_dynamics.adapter._mla import LatentFactors, latent_weight, read_latent
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
@@ -176,9 +176,9 @@ class AdapterBase:
         check_attention(self.specs, [layer], self.info.architecture)
 
         def compute() -> Tensor:
-            if self.specs[layer].latent:  # low-rank q/k/v factors: only W_O is one matrix
+            if self.specs[layer].latent:  # low-rank q/k/v factors, gains folded in
                 return latent_weight(self.model, layer, name, bias_shape, self.n_heads,
-                                     self.info.architecture)
+                                     lambda: self.latent(layer))
             w = _weights.attn_param(self.model, layer, name)
             if w is None:
                 if bias_shape is None:
@@ -227,6 +227,9 @@ class AdapterBase:
             ('head', None)
         """
         self.check_layer(layer)
+        factors = self.latent(layer)  # latent attention: (x W_Q + b_Q) / rho_q(x) (_mla)
+        if factors is not None:
+            return factors.query_norm()
         if not self.specs[layer].qk_norm:
             return None
 
@@ -236,6 +239,13 @@ class AdapterBase:
                 gemma_gain=self.info.host == "bridge" and self.info.family == "gemma3",
                 n_heads=self.n_heads, d_head=self.d_head, W_Q=self.W_Q(layer), b_Q=self.b_Q(layer))
         return self._cached(("query_norm", layer), compute)
+
+    def latent(self, layer: int) -> LatentFactors | None:
+        """The factors of a multi-head latent attention layer (None elsewhere): exact q/k/v, the
+        RMS scales W_Q/W_K/W_V leave out, the scores' rotary split (docs/math.md §1.7)."""
+        check_attention(self.specs, [self.check_layer(layer)], self.info.architecture)
+        return None if not self.specs[layer].latent else self._cached(
+            ("latent", layer), lambda: read_latent(self.model, layer, self.info.architecture))
 
     def head_weights(self, layer: int, head: int) -> _weights.HeadWeights:
         """All of one head's weights and its score scale."""
@@ -341,7 +351,7 @@ class AdapterBase:
         model's own query norm on qk-norm layers (``query_norm``)."""
         q = torch.einsum("...m,hmd->...hd", x.float(), self.W_Q(layer)) + self.b_Q(layer)
         norm = self.query_norm(layer)
-        return q if norm is None else norm.apply_heads(q)
+        return q if norm is None else norm.apply_heads(q, x.float())
 
     def _probe(self, layer: int, roles: Sequence[str]) -> dict[str, Tensor]:
         """The activations of ``roles`` that ``layer`` fires on ``PROBE_POSITIONS`` random tokens
@@ -352,7 +362,7 @@ class AdapterBase:
             got: dict[int, dict[str, Tensor]] = {}
             named = []
             for where in range(self.n_layers):
-                if self.specs[where].rotary == "none":
+                if self.specs[where].rotary == "none" and not self.specs[where].latent:
                     continue
                 for role in roles:
                     name = self.hook_name(role, where)
@@ -387,14 +397,5 @@ class AdapterBase:
         return x
 
     def hooked_alibi(self, layer: int, n_pos: int) -> Tensor:
-        """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``, as its last
-        forward pass added it. HookedTransformer caches the bias at the longest context seen
-        and slices its *last* rows, so after a longer prompt each row carries a constant shift
-        (softmax-invariant); reading its buffer reproduces its scores exactly either way."""
-        buffer = getattr(self.model.blocks[layer].attn, "alibi", None)
-        if isinstance(buffer, Tensor) and buffer.shape[-1] >= n_pos:
-            return buffer[:, -n_pos:, :n_pos].detach().float()
-        # TransformerLens 3.x (HookedTransformer), which pyright does not see: .venv has 4.x
-        from transformer_lens.components import AbstractAttention  # pyright: ignore[reportMissingImports]
-
-        return AbstractAttention.create_alibi_bias(self.n_heads, n_pos, "cpu").float()
+        """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` (``_weights.hooked_alibi``)."""
+        return _weights.hooked_alibi(self.model, layer, self.n_heads, n_pos)

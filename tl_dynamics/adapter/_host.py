@@ -114,7 +114,8 @@ class LayerSpec:
             fields are placeholders that no recipe reads.
         latent: multi-head latent attention (DeepSeek-V2/V3; ``_mla``): the q/k hooks hold the
             rotated, concatenated non-rotary and rotary parts, so ``rotary`` is ``"none"`` (no
-            rotation left to apply) and the q/k width differs from the value width.
+            rotation left to apply; ``ModelAdapter.rotation`` gives the one the model applied, to
+            the last coordinates) and the q/k width differs from the value width.
         prenorm: the q/k hooks hold the projections before the layer's q/k norm (Llama 4, whose
             bridge delegates to Hugging Face): the adapter applies the norm (``query_norm``) to
             both before rotary. Llama 4 normalises after rotary; a weightless RMS norm commutes

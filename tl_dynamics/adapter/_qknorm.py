@@ -18,7 +18,7 @@ from torch import Tensor
 
 from tl_dynamics.errors import TLDynamicsError
 
-Scope = Literal["head", "all"]
+Scope = Literal["head", "all", "latent"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ class QueryNorm:
     ``[d_head]``. ``scope == "all"``: it runs over all heads' ``n_heads * d_head`` entries
     (``weight`` is ``[n_heads * d_head]``), so a head's normalised query depends on every head's
     projection: ``W_Q``/``b_Q`` (``[n_heads, d_model, d_head]``/``[n_heads, d_head]``) are kept.
+    ``scope == "latent"`` (multi-head latent attention): ``y / sqrt(mean(u^2) + eps)`` with
+    ``u = x down + down_bias`` the query latent of the layer input ``x`` (its gain is folded into
+    ``W_Q``), so the query is ``(x W_Q + b_Q) / rho_q(x)`` and ``weight`` is unused.
 
     Example:
         >>> norm = QueryNorm("head", torch.zeros(2), eps=0.0, offset=1.0)
@@ -44,9 +47,15 @@ class QueryNorm:
     b_Q: Float[Tensor, "head d_head"] | None = None
     center: bool = False  # a LayerNorm (mean subtracted first) rather than an RMSNorm
     bias: Float[Tensor, "..."] | None = None  # the LayerNorm's shift, shaped like ``weight``
+    down: Float[Tensor, "d_model r"] | None = None  # scope "latent": the query down-projection
+    down_bias: Float[Tensor, " r"] | None = None
 
-    def apply_heads(self, y: Float[Tensor, "... head d_head"]) -> Float[Tensor, "... head d_head"]:
-        """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads)."""
+    def apply_heads(self, y: Float[Tensor, "... head d_head"],
+                    x: Float[Tensor, "... d_model"] | None = None) -> Float[Tensor, "... head d_head"]:
+        """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads;
+        the layer inputs ``x`` are needed with ``scope == "latent"``)."""
+        if self.scope == "latent":
+            return y / self._latent_rms(x, y)[..., None, None]
         dims = (-1,) if self.scope == "head" else (-2, -1)
         if self.center:
             y = y - y.mean(dims, keepdim=True)
@@ -70,6 +79,8 @@ class QueryNorm:
             return own.apply_heads(y[:, None])[:, 0]
         if self.scope == "head":
             return self.apply_heads(y[:, None])[:, 0]
+        if self.scope == "latent":
+            return y / self._latent_rms(x, y)[..., None]
         if x is None:
             raise TLDynamicsError("QueryNorm(scope='all') needs the layer inputs x: the other "
                                   "heads' projections enter the mean")
@@ -77,6 +88,14 @@ class QueryNorm:
             raise TLDynamicsError("QueryNorm(scope='all') was built without the layer's W_Q and b_Q")
         ys = torch.einsum("nm,hmd->nhd", x.to(y.dtype), self.W_Q.to(y.dtype)) + self.b_Q.to(y.dtype)
         return self.apply_heads(ys)[:, head]
+
+
+    def _latent_rms(self, x: Tensor | None, y: Tensor) -> Tensor:
+        if x is None or self.down is None or self.down_bias is None:
+            raise TLDynamicsError("QueryNorm(scope='latent') needs the layer inputs x and its "
+                                  "down-projection: the query's scale is the RMS of x's latent")
+        u = x.to(y.dtype) @ self.down.to(y) + self.down_bias.to(y)
+        return torch.sqrt(u.pow(2).mean(-1) + self.eps)
 
 
 def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_head: int,

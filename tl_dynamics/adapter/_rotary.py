@@ -89,6 +89,8 @@ class Rotation:
         table: the model's own ``(cos, sin)`` tables ``[n, rotary_dim]`` for positions
             ``0..n-1`` where it keeps them (HookedTransformer, TransformerLens native), used
             as they are so that rotations match the model bit for bit; None elsewhere.
+        start: the first rotated coordinate (0: the leading ``rotary_dim``; multi-head latent
+            attention rotates the last ``rotary_dim`` of its ``[nope ; rope]`` q and k).
 
     Tables are computed the way the hosts compute them: float32 angles ``p * inv_freq``.
 
@@ -106,6 +108,7 @@ class Rotation:
     inv_freq: Float[Tensor, " pairs"]
     magnitude: float = 1.0
     table: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+    start: int = 0
 
     def cos_sin(self, positions: Int[Tensor, "..."]) -> tuple[Float[Tensor, "... rot"], Float[Tensor, "... rot"]]:
         """float32 ``cos``/``sin`` tables at ``positions`` (any shape; negative positions give
@@ -133,10 +136,17 @@ class Rotation:
         positions = torch.as_tensor(positions, device=x.device)
         cos, sin = self.cos_sin(positions)
         shape = (*positions.shape, *([1] * (x.ndim - 1 - positions.ndim)), self.rotary_dim)
+        if self.start:
+            turned = apply(x[..., self.start:], cos.reshape(shape), sin.reshape(shape),
+                           self.layout, transpose)
+            return torch.cat((x[..., :self.start], turned), dim=-1)
         return apply(x, cos.reshape(shape), sin.reshape(shape), self.layout, transpose)
 
     def matrix(self, offset: int, d_head: int) -> Float[Tensor, "d_head d_head"]:
         """``R_offset`` with ``score = c q R_offset k^T`` for unrotated ``q`` (query at ``i``)
-        and ``k`` (key at ``i - offset``), the magnitude's square included."""
+        and ``k`` (key at ``i - offset``), the magnitude's square included on the rotated
+        coordinates (the others pass through unscaled)."""
         eye = torch.eye(d_head, dtype=torch.float32)
-        return self.rotate(eye[None], torch.tensor([offset]))[0] * self.magnitude
+        gain = torch.ones(d_head)
+        gain[self.start:self.start + self.rotary_dim] = self.magnitude
+        return self.rotate(eye[None], torch.tensor([offset]))[0] * gain[:, None]

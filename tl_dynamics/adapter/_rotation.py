@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from tl_dynamics.adapter._host import LayerSpec
+from tl_dynamics.adapter._mla import latent_rotation
 from tl_dynamics.adapter._rotary import Layout, Rotation
 from tl_dynamics.errors import TLDynamicsError
 
@@ -55,6 +56,8 @@ def read_rotation(spec: LayerSpec, model: Any, probe: Probe, queries: Queries,
     activations for the roles it fires (``x`` as the attention input W_Q reads); ``queries``
     maps that input to the unrotated query. ``where`` names the layer in errors.
     """
+    if spec.latent:  # rotary on the last coordinates, hooked already rotated (_mla)
+        return latent_rotation(spec.layer, model, probe(PROBE_ROLES), queries, where)
     if spec.rotary == "none":
         return None
     got = probe(PROBE_ROLES)

@@ -18,7 +18,10 @@ from torch import Tensor
 @dataclass(frozen=True)
 class HeadWeights:
     """One head's weights. Scores are ``scale * <x W_Q + b_Q, y W_K + b_K>`` before any rotary
-    embedding, position bias or soft-cap (see the layer's ``LayerSpec``)."""
+    embedding, position bias or soft-cap (see the layer's ``LayerSpec``). On multi-head latent
+    attention layers ``W_Q``/``W_K``/``W_V`` are the low-rank factors' products with the latent
+    norms' gains folded in, and the model divides the query by ``rho_q(x)`` and the non-rotary
+    key and the value by ``rho_kv(y)`` (``ModelAdapter.latent``; docs/math.md §1.7)."""
 
     layer: int
     head: int
@@ -73,3 +76,17 @@ def weights_version(params: list[Tensor]) -> int:
         True
     """
     return sum(param._version for param in params)
+
+
+def hooked_alibi(model: Any, layer: int, n_heads: int, n_pos: int) -> Tensor:
+    """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``, as its last
+    forward pass added it. HookedTransformer caches the bias at the longest context seen
+    and slices its *last* rows, so after a longer prompt each row carries a constant shift
+    (softmax-invariant); reading its buffer reproduces its scores exactly either way."""
+    buffer = getattr(model.blocks[layer].attn, "alibi", None)
+    if isinstance(buffer, Tensor) and buffer.shape[-1] >= n_pos:
+        return buffer[:, -n_pos:, :n_pos].detach().float()
+    # TransformerLens 3.x (HookedTransformer), which pyright does not see: .venv has 4.x
+    from transformer_lens.components import AbstractAttention  # pyright: ignore[reportMissingImports]
+
+    return AbstractAttention.create_alibi_bias(n_heads, n_pos, "cpu").float()

@@ -22,6 +22,10 @@ What the circuits include, and what they leave out (each result repeats it in ``
   unless ``biases=False``; grouped K/V heads are mapped to their query heads. Soft-caps and
   ALiBi biases are not part of the bilinear circuit; q/k normalisation (``qk_norm``: Gemma 3,
   OLMo 2) makes the QK circuit differ from the model's scores, and the result says so.
+- Multi-head latent attention (DeepSeek-V2/V3): ``W_Q``, ``W_K``, ``W_V`` are the low-rank
+  factors' products with the latent norms' gains folded in; the norms' per-token scales are left
+  out (the score at unit latent RMS), and ``qk_circuit(..., part=...)`` splits the score into its
+  per-head non-rotary part and its rotary part, whose key every head shares (docs/math.md §1.7).
 - LayerNorm is not applied to the embedding rows. In compatibility mode (and with
   ``HookedTransformer.from_pretrained``'s ``fold_ln``) its weights are folded into ``W_Q``,
   ``W_K``, ``W_V``, so only its centring and per-row scaling are left out; on a raw bridge or a

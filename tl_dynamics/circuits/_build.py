@@ -78,7 +78,41 @@ def rotation(adapter: ModelAdapter, layer: int, offset: int | None) -> tuple[Ten
                                   "positions enter through W_pos or a position bias)")
         return None, None
     offset = offsets_checked(0 if offset is None else offset, adapter.n_ctx)[0]
-    return rmap.matrix(offset, adapter.d_head).to(adapter.W_Q(layer).device), offset
+    W_Q = adapter.W_Q(layer)  # its width: d_head, or nope + rope on latent attention
+    return rmap.matrix(offset, W_Q.shape[-1]).to(W_Q.device), offset
+
+
+PARTS = ("non-rotary", "rotary")
+
+
+def latent_part(adapter: ModelAdapter, layer: int, part: str | None) -> slice:
+    """The q/k coordinates of ``part`` of a latent-attention layer's scores (all for None)."""
+    if part is None:
+        return slice(None)
+    factors = adapter.latent(layer)
+    if factors is None or part not in PARTS:
+        why = (f"valid: None, {', '.join(map(repr, PARTS))}" if factors is not None else
+               f"layer {layer} of {adapter.info.architecture} has no multi-head latent "
+               "attention; part applies only there (valid here: None)")
+        raise TLDynamicsError(f"part={part!r} is not valid: {why}")
+    return slice(0, factors.d_nope) if part == "non-rotary" else slice(factors.d_nope, None)
+
+
+def latent_notes(adapter: ModelAdapter, layers: list[int], side: str = "QK") -> list[str]:
+    """What the circuits of latent-attention layers (among ``layers``) fold in and leave out."""
+    factors = [f for f in (adapter.latent(layer) for layer in layers) if f is not None]
+    if not factors:
+        return []
+    if side == "OV":
+        return ["Multi-head latent attention: W_V is the low-rank product through the key/value "
+                "latent with its RMS norm's gain folded in; the norm's per-token scale "
+                "1/rho_kv(y) on the values is left out (docs/math.md §1.7)."]
+    return [f"Multi-head latent attention: W_Q and W_K are the low-rank products with the latent "
+            "RMS norms' gains folded in; their per-token scales are left out (the model divides "
+            "the query by rho_q(x) and the non-rotary key by rho_kv(y), the rotary key by "
+            f"nothing), so this is the score at unit latent RMS. The last {factors[0].d_rope} q/k "
+            f"coordinates are rotary, the key's the same for every head; qk_circuit(..., "
+            "part='non-rotary' or 'rotary') gives each part alone (docs/math.md §1.7)."]
 
 
 def queries(adapter: ModelAdapter, layer: int, heads: Any, rows: Tensor, biases: bool,
@@ -128,23 +162,25 @@ def qk_notes(adapter: ModelAdapter, layer: int, biases: bool, offset: int | None
     if adapter.n_kv_heads != adapter.n_heads:
         notes.append(f"Grouped K/V heads: each of the {adapter.n_kv_heads} key heads serves "
                      f"{adapter.n_heads // adapter.n_kv_heads} query heads.")
-    return notes
+    return notes + latent_notes(adapter, [layer])
 
 
-def ov_notes(adapter: ModelAdapter, biases: bool) -> list[str]:
+def ov_notes(adapter: ModelAdapter, biases: bool, layer: int | None = None) -> list[str]:
     return [f"Direct effect on the logits through W_U; b_V {'included' if biases else 'left out'}; "
             "b_O (shared by the layer's heads), b_U and the final LayerNorm left out.",
-            norm_note(adapter)]
+            norm_note(adapter)] + latent_notes(adapter, [] if layer is None else [layer], "OV")
 
 
 def qk_circuit(model: Any, layer: int, head: int, offset: int | None = None,
-               inputs: Inputs = "tokens", biases: bool = True) -> Circuit:
+               inputs: Inputs = "tokens", biases: bool = True, part: str | None = None) -> Circuit:
     """The QK circuit of one head, kept factored: ``c (X W_Q + b_Q) R_offset (Y W_K + b_K)^T``.
 
     ``inputs="tokens"`` gives the full circuit over the vocabulary (``X = Y = W_E``; rows are
     query tokens, columns key tokens), ``"positions"`` the positional circuit over learned
     positions, a ``[n, d_model]`` tensor or a ``(query_inputs, key_inputs)`` pair any other
-    inputs. On rotary layers ``offset`` is the query position minus the key position.
+    inputs. On rotary layers ``offset`` is the query position minus the key position. On
+    multi-head latent attention layers ``part="non-rotary"`` or ``"rotary"`` keeps that part of
+    the q/k coordinates only (the two sum to the whole; docs/math.md §1.7).
 
     Example:
         >>> from tl_dynamics import testing, circuits
@@ -155,12 +191,14 @@ def qk_circuit(model: Any, layer: int, head: int, offset: int | None = None,
     adapter = ModelAdapter.of(model)
     layer, head = checked_head(adapter, layer, head)
     xq, q_space, xk, k_space = input_pair(adapter, inputs)
+    cols = latent_part(adapter, layer, part)
     rot, offset = rotation(adapter, layer, offset)
-    A = queries(adapter, layer, head, xq, biases, rot)
-    B = keys(adapter, layer, head, xk, biases).T
+    A = queries(adapter, layer, head, xq, biases, rot)[:, cols]  # R_offset keeps the parts apart
+    B = keys(adapter, layer, head, xk, biases)[:, cols].T
     kind = "positional QK" if q_space == k_space == "position" else "QK"
+    kind += "" if part is None else f" ({part} part)"
     notes, rule = qk_notes(adapter, layer, biases, offset), None
-    if kind == "positional QK":
+    if kind.startswith("positional QK"):
         spec = adapter.specs[layer]
         rule = KeyRule(causal=spec.causal, window=spec.window)
         if rule.masks:
@@ -199,7 +237,7 @@ def ov_circuit(model: Any, layer: int, head: int, inputs: str | Tensor = "tokens
     A = values(adapter, layer, head, rows, biases)
     B = adapter.W_O(layer)[head] @ adapter.W_U
     return Circuit(kind="OV", layer=layer, head=head, matrix=FactoredMatrix(A, B), rows=space,
-                   cols="output token", offset=None, notes=tuple(ov_notes(adapter, biases)),
+                   cols="output token", offset=None, notes=tuple(ov_notes(adapter, biases, layer)),
                    architecture=adapter.info.architecture, vocab=vocabulary(adapter))
 
 

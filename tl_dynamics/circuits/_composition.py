@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.circuits._build import latent_notes
 from tl_dynamics.circuits._views import Panel, head_labels, heatmaps, symmetric_limits
 from tl_dynamics.errors import TLDynamicsError
 
@@ -222,17 +223,26 @@ def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int 
         left_g = grams(left)
         for i2 in tqdm(range(1, len(att)), desc="composition", disable=not progress, leave=False):
             weights = [W[name][i2] for name in ("W_Q", "W_K", "W_V", "W_O")]
-            right = torch.cat([right_factors(kind, *weights) for kind in kinds])
+            sides = [right_factors(kind, *weights) for kind in kinds]
+            rank = max(side.shape[1] for side in sides)  # latent attention: q/k wider than v
+            right = torch.cat([torch.nn.functional.pad(side, (0, 0, 0, rank - side.shape[1]))
+                               for side in sides])  # zero rows leave X^T X unchanged
             block = pair_scores(left[: i2 * H], right, left_g[: i2 * H])  # [i2*H, kinds*H]
             per = block.reshape(i2, H, len(kinds), H).permute(2, 0, 1, 3).cpu()  # [kinds, i2, H, H]
             for i1 in range(i2):
                 scores[:, att[i1], :, att[i2], :] = per[:, i1]
             del right, block
-    base = random_baseline(adapter.d_model, adapter.d_head, n_samples, seed)
+    width = adapter.W_V(att[0]).shape[-1] if att else adapter.d_head  # the heads' value width
+    base = random_baseline(adapter.d_model, width, n_samples, seed)
     notes = ("Weights only: biases, LayerNorm and rotary rotations are left out.",
              f"Random baseline: {n_samples} draws (seed {seed}) of standard normal factors of the "
              f"same shapes; for pairs within {z:g} baseline standard deviations of it the score cannot tell composition from chance.",
              "A Frobenius score near the baseline does not rule composition out: it weighs every "
-             "direction equally; check token-level circuits (token_composition).")
+             "direction equally; check token-level circuits (token_composition).",
+             *latent_notes(adapter, att))
+    if att and adapter.W_Q(att[0]).shape[-1] != width:
+        notes += (f"The baseline's factors are {width} wide (the value width); the query/key "
+                  f"factors of these latent-attention heads are {adapter.W_Q(att[0]).shape[-1]} "
+                  "wide (a random pair's mean score depends on d_model only).",)
     return CompositionScores(kinds, scores, float(base.mean()), float(base.std()), n_samples, seed,
                              float(z), notes, adapter.info.architecture)

@@ -92,7 +92,7 @@ def offset_summary(model: Any, layer: int, head: int,
     n = E.shape[0]
     stats: dict[str, list[float]] = {s: [] for s in STATS}
     for delta in offsets:
-        R = rmap.matrix(delta, adapter.d_head).to(q.device)
+        R = rmap.matrix(delta, q.shape[-1]).to(q.device)
         stats["mean"].append(float(mean_q @ R @ mean_k))
         stats["same_token"].append(float((R * cross).sum() / n))
         stats["frobenius"].append(float(torch.trace(R.T @ gram_q @ R @ gram_k).clamp_min(0).sqrt()))

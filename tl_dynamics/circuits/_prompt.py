@@ -115,7 +115,7 @@ def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bo
         if not spec.causal:  # bidirectional: two-sided window
             allowed &= pos[None, :] < pos[:, None] + spec.window
     ov = values(adapter, layer, head, rows, biases) @ (adapter.W_O(layer)[head] @ adapter.W_U[:, ids])
-    notes = qk_notes(adapter, layer, biases, None) + ov_notes(adapter, biases)[:1]
+    notes = qk_notes(adapter, layer, biases, None) + ov_notes(adapter, biases, layer)[:1]
     if positions and (rmap is not None or adapter.W_pos is not None):
         notes.append("Positions included: " + ("rotary offsets i - j." if rmap is not None
                                                else "learned position embeddings added to W_E."))

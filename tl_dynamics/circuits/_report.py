@@ -9,7 +9,7 @@ import torch
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
-from tl_dynamics.circuits._build import ov_circuit
+from tl_dynamics.circuits._build import latent_notes, ov_circuit
 from tl_dynamics.circuits._composition import CompositionScores, composition_scores
 from tl_dynamics.circuits._prompt import PromptCircuit, prompt_circuit
 from tl_dynamics.circuits._spectrum import HeadScores, copying_scores, qk_positivity_scores
@@ -169,5 +169,6 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
                          "and lowers most, with the logit change.")]
     page.add_section("QK and OV circuits", items, intro=(
         "Weight-based circuits (Elhage et al. 2021), kept factored: no vocabulary x vocabulary "
-        "matrix is formed. " + result.copying.notes[-1] + " " + result.composition.notes[-1]),
+        "matrix is formed. " + " ".join([result.copying.notes[1], result.composition.notes[2],
+                                         *latent_notes(adapter, att)])),
         math="docs/math.md §4")

@@ -18,7 +18,7 @@ from transformer_lens import FactoredMatrix
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter
-from tl_dynamics.circuits._build import norm_note, rotation
+from tl_dynamics.circuits._build import latent_notes, norm_note, rotation
 from tl_dynamics.circuits._circuit import positivity
 from tl_dynamics.circuits._composition import CHANCE_Z
 from tl_dynamics.circuits._views import Panel, heatmaps
@@ -174,9 +174,10 @@ def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
         eig.append(FactoredMatrix(A, B).eigenvalues)
     eig = torch.stack(eig).cpu()
     notes = (f"b_V {'included' if biases else 'left out'}; b_O, b_U and the final LayerNorm left out.",
-             norm_note(adapter))
+             norm_note(adapter), *latent_notes(adapter, layers, "OV"))
+    width = adapter.W_V(layers[0]).shape[-1]  # d_head (the value width on latent attention)
     return HeadScores("OV copying", tuple(layers), positivity(eig), eig, None, notes,
-                      adapter.info.architecture, chance_level(UE, adapter.d_head) if chance else None)
+                      adapter.info.architecture, chance_level(UE, width) if chance else None)
 
 
 def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
@@ -204,8 +205,9 @@ def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
         notes.append(f"Rotary layers at offset {used} (query minus key position).")
     if any(adapter.specs[l].qk_norm for l in layers):
         notes.append("q/k normalisation (qk_norm) is left out of the bilinear circuit.")
+    notes += latent_notes(adapter, layers)
+    width = adapter.W_Q(layers[0]).shape[-1]  # d_head (nope + rope on latent attention)
     return HeadScores("QK positivity", tuple(layers), positivity(eig), eig, used, tuple(notes),
-                      adapter.info.architecture,
-                      chance_level(gram, adapter.d_head) if chance else None)
+                      adapter.info.architecture, chance_level(gram, width) if chance else None)
 
 

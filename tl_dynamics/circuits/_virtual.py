@@ -28,8 +28,8 @@ from transformer_lens import FactoredMatrix
 from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits import _topk
-from tl_dynamics.circuits._build import (checked_head, keys, norm_note, qk_notes, queries,
-                                         rotation, values)
+from tl_dynamics.circuits._build import (checked_head, keys, latent_notes, norm_note, qk_notes,
+                                         queries, rotation, values)
 from tl_dynamics.circuits._circuit import Circuit
 from tl_dynamics.circuits._labels import labels, vocabulary
 from tl_dynamics.errors import TLDynamicsError
@@ -89,7 +89,8 @@ def composition_circuit(model: Any, path: str, later: tuple[int, int],
             A = A + adapter.b_V(layer)[head]
         B = adapter.W_O(layer)[head] @ adapter.W_U
         notes = [f"b_V of every head {'included' if biases else 'left out'}; b_O, b_U and the "
-                 "final LayerNorm left out.", norm_note(adapter)]
+                 "final LayerNorm left out.", norm_note(adapter),
+                 *latent_notes(adapter, [layer, *(l for l, _ in via)], "OV")]
         return Circuit("V-composition OV", layer, head, FactoredMatrix(A, B), "token",
                        "output token", None, tuple(notes), adapter.info.architecture, via,
                        vocabulary(adapter))

@@ -62,7 +62,7 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
     row = _check_row(row, n_batch)
     check_inputs(adapter, la)
     if frame is None:
-        if la.spec.rotary != "none":
+        if la.spec.rotary != "none" or la.spec.latent:
             raise TLDynamicsError(f"layer {la.layer} is rotary: pass its verified frame "
                                   "(contextual_mlp.build_frames) or use compute()")
         frame = RotaryFrame()
@@ -73,7 +73,7 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
     if "pattern" in la.reference:
         ref_pattern = la.reference["pattern"][row, head]
     if "z" in la.reference:
-        z = la.reference["z"].reshape(n_batch, n_pos, adapter.n_heads, adapter.d_head)
+        z = la.reference["z"].reshape(n_batch, n_pos, adapter.n_heads, la.v.shape[-1])
         ref_output = z[row, :, head] @ la.W_O[head]
     names = tuple(str_tokens) if str_tokens is not None else tuple(str(i) for i in range(n_pos))
     shared = _row_tensors(la, row, tokens) if shared is None else shared

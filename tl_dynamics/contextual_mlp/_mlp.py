@@ -49,7 +49,10 @@ class ContextualMLP:
     input layer is that fixed map: ``input_space == "query"``, the incoming weights
     ``b_i = c k_i'`` are ``[n_src, d_head]`` and act on ``queries(x)``, and ``c_i = p_iT``.
     Everything else (outgoing weights, activations, exactness, counterfactuals on residual
-    inputs) is unchanged.
+    inputs) is unchanged. Multi-head latent attention (DeepSeek-V2/V3) is the same case with
+    ``N(y) = y / rho_q(x)``, the RMS of the query latent (``QueryNorm`` scope ``"latent"``): its
+    ``b_i = c k_i'`` are the decoupled keys, ``[k_i^nope ; R_T^T R_i k_i^rope]`` with the rotary
+    part shared by every head (docs/math.md §1.7).
 
     On layers with learned attention sinks (GPT-OSS) ``sink_logit`` is the head's sink: one
     more neuron with pre-activation ``sink_logit``, no incoming weight and outgoing weight

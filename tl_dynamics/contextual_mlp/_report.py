@@ -43,6 +43,11 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     incoming = ("incoming weights b_i = c W_Q k_i" if mlp.input_space == "residual" else
                 "incoming weights b_i = c k_i acting on the model's normalised query N(x W_Q + b_Q) "
                 "(this architecture normalises q after its projection)")
+    if mlp.query_norm is not None and mlp.query_norm.scope == "latent":
+        incoming = ("incoming weights b_i = c k_i, the decoupled key seen from the query (its "
+                    "non-rotary part per head, its rotary part shared by every head), acting on "
+                    "the model's query (x W_Q + b_Q) / rho_q(x) (multi-head latent attention: "
+                    "the query latent's RMS divides it; docs/math.md §1.7)")
     intro = (f"At each destination a head is a one-hidden-layer MLP whose neurons are the source "
              f"tokens: outgoing weights a_i = v_i W_O, {incoming}, biases c_i, softmax "
              f"activation (docs/math.md §3.1). Shown: layer {layer}, head {mlp.head} (the head "

@@ -33,6 +33,8 @@ from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.particles._checks import Problems, shape_str
 
 DROPPED = "biases, input normalisation, positions, other heads, MLPs"
+# multi-head latent attention: W_Q, W_K, W_V are the factors' products, gains folded in
+LATENT_DROPPED = ", the latent RMS norms' per-token scales (docs/math.md §1.7)"
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,10 @@ def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
     p.raise_if_any()
     specs = getattr(adapter, "specs", None)
     sunk = bool(specs) and bool(getattr(specs[layer], "sinks", False))
+    latent = bool(specs) and bool(getattr(specs[layer], "latent", False))
     source = HeadSource(layer=layer, head=head, model=_model_name(model), scale=scale, radius=r,
-                        dropped=DROPPED + (", the learned attention sink" if sunk else ""))
+                        dropped=DROPPED + (", the learned attention sink" if sunk else "")
+                        + (LATENT_DROPPED if latent else ""))
     return HeadDynamics(Q=WQ.T.contiguous(), K=WK.T.contiguous(), V=(WV @ WO).T.contiguous(), beta=scale * r * r, source=source)
 
 
