@@ -113,8 +113,7 @@ class AdapterBase:
         return self.hook_names([(role, layer)])[0]
 
     def hook_names(self, wanted: Sequence[tuple[str, int]]) -> list[str | None]:
-        """``hook_name`` of each ``(role, layer)``, reading the model's hook table once (a
-        bridge builds it anew, aliases included, at every read)."""
+        """``hook_name`` of each ``(role, layer)``, reading the model's hook table once."""
         self._check_spliced()
         hooks, names = self.model.hook_dict, []
         for role, layer in wanted:
