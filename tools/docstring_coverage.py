@@ -74,10 +74,10 @@ def lacks(obj: Any) -> list[str]:
     return missing
 
 
-def survey() -> dict[str, dict[str, list[str]]]:
+def survey(faces: tuple[str, ...] = FACES) -> dict[str, dict[str, list[str]]]:
     """``{face: {qualified name: what it lacks}}`` over every public name and method."""
     out: dict[str, dict[str, list[str]]] = {}
-    for face in FACES:
+    for face in faces:
         module = importlib.import_module(f"tl_dynamics.{face}")
         found: dict[str, list[str]] = {}
         for name in _public(module):
@@ -96,6 +96,12 @@ def survey() -> dict[str, dict[str, list[str]]]:
                     found[f"{name}.{attr}"] = lacks(member)
         out[face] = found
     return out
+
+
+def missing(faces: tuple[str, ...] = FACES) -> dict[str, list[str]]:
+    """``{"face.name": what it lacks}`` for every name that lacks something (constants aside)."""
+    return {f"{face}.{name}": what for face, found in survey(faces).items()
+            for name, what in found.items() if what and what != ["constant"]}
 
 
 def main(argv: list[str] | None = None) -> int:
