@@ -17,6 +17,7 @@ import argparse
 import importlib
 import inspect
 import sys
+import typing
 from typing import Any
 
 FACES = ("adapter", "viz", "circuits", "odds_ratio", "contextual_mlp", "trajectories", "particles",
@@ -82,7 +83,8 @@ def survey(faces: tuple[str, ...] = FACES) -> dict[str, dict[str, list[str]]]:
         found: dict[str, list[str]] = {}
         for name in _public(module):
             obj = getattr(module, name)
-            if not (inspect.isclass(obj) or inspect.isfunction(obj) or callable(obj)):
+            alias = typing.get_origin(obj) is not None  # Union[...] etc.: no docstring of its own
+            if alias or not (inspect.isclass(obj) or inspect.isfunction(obj) or callable(obj)):
                 found[name] = ["constant"]
                 continue
             found[name] = lacks(obj)

@@ -25,10 +25,21 @@ Scope = Literal["head", "all"]
 class QueryNorm:
     """RMS normalisation of the projected query: ``y / sqrt(mean(y^2) + eps) * (offset + weight)``.
 
-    ``scope == "head"``: the mean runs over each head's ``d_head`` entries and ``weight`` is
-    ``[d_head]``. ``scope == "all"``: it runs over all heads' ``n_heads * d_head`` entries
-    (``weight`` is ``[n_heads * d_head]``), so a head's normalised query depends on every head's
-    projection: ``W_Q``/``b_Q`` (``[n_heads, d_model, d_head]``/``[n_heads, d_head]``) are kept.
+    ``scope == "head"``: the mean runs over each head's ``d_head`` entries. ``scope == "all"``: it
+    runs over all heads' ``n_heads * d_head`` entries, so a head's normalised query depends on
+    every head's projection: ``W_Q``/``b_Q`` are kept. ``ModelAdapter.query_norm`` reads it from a
+    qk-norm architecture (Gemma 3, OLMo 2).
+
+    Args:
+        scope: ``"head"`` or ``"all"``.
+        weight: The gain, ``[d_head]`` (``[head, d_head]`` for one norm per head) or
+            ``[n_heads * d_head]``.
+        eps: The epsilon inside the square root.
+        offset: Added to ``weight`` (1 for Gemma's ``1 + w`` gains).
+        W_Q: All heads' query weights, ``[head, d_model, d_head]`` (scope ``"all"``).
+        b_Q: All heads' query biases, ``[head, d_head]`` (scope ``"all"``).
+        center: Subtract the mean first (a LayerNorm rather than an RMSNorm).
+        bias: The LayerNorm's shift, shaped like ``weight``.
 
     Example:
         >>> norm = QueryNorm("head", torch.zeros(2), eps=0.0, offset=1.0)
@@ -46,7 +57,20 @@ class QueryNorm:
     bias: Float[Tensor, "..."] | None = None  # the LayerNorm's shift, shaped like ``weight``
 
     def apply_heads(self, y: Float[Tensor, "... head d_head"]) -> Float[Tensor, "... head d_head"]:
-        """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads)."""
+        """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads).
+
+        Args:
+            y: Projected queries, ``[..., head, d_head]``.
+
+        Returns:
+            The normalised queries, ``[..., head, d_head]``.
+
+        Example:
+            >>> norm = QueryNorm("head", torch.zeros(2), eps=0.0, offset=1.0)
+            >>> norm.apply_heads(torch.tensor([[[3.0, 4.0], [1.0, 1.0]]]))
+            tensor([[[0.8485, 1.1314],
+                     [1.0000, 1.0000]]])
+        """
         dims = (-1,) if self.scope == "head" else (-2, -1)
         if self.center:
             y = y - y.mean(dims, keepdim=True)
@@ -61,8 +85,21 @@ class QueryNorm:
               x: Float[Tensor, "n d_model"] | None = None) -> Float[Tensor, "n d_head"]:
         """Normalise head ``head``'s projected queries ``y = x W_Q[head] + b_Q[head]``.
 
-        With ``scope == "all"`` the layer inputs ``x`` are needed too (the other heads'
-        projections enter the mean). Computed in ``y``'s dtype.
+        Computed in ``y``'s dtype.
+
+        Args:
+            y: The head's projected queries, ``[n, d_head]``.
+            head: The head.
+            x: The layer inputs, ``[n, d_model]``; needed with ``scope == "all"`` (the other heads'
+                projections enter the mean).
+
+        Returns:
+            The normalised queries, ``[n, d_head]``.
+
+        Example:
+            >>> norm = QueryNorm("head", torch.ones(2), eps=0.0)
+            >>> norm.apply(torch.tensor([[2.0, 2.0]]), head=0)
+            tensor([[1., 1.]])
         """
         if self.scope == "head" and self.weight.ndim == 2:  # one norm per head (StableLM)
             own = dataclasses.replace(self, weight=self.weight[head],
