@@ -90,7 +90,9 @@ class Page:
         >>> from tl_dynamics import viz
         >>> page = viz.Page("demo")
         >>> section = page.add_section("Tokens", [viz.colored_tokens(["<BOS>", "a"], [0.0, 1.0])])
-        >>> page.write("/tmp/demo.html")                       # doctest: +SKIP
+        >>> import tempfile, pathlib
+        >>> page.write(pathlib.Path(tempfile.mkdtemp()) / "demo.html").name
+        'demo.html'
     """
 
     title: str
