@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tl_dynamics.errors import TLDynamicsError
 
+if TYPE_CHECKING:
+    from tl_dynamics.adapter import ModelAdapter, Prompt
+
 PROMPTS = ("def f(x): return x + 1", "import os\nprint(os.path.join('a', 'b'))  # longer line")
 
 
-def reconstruction_errors(adapter, prompt=PROMPTS, padding_side: str = "right") -> dict[str, float]:
-    """Largest differences between the adapter's recomputation and the model's own cached activations.
+def reconstruction_errors(adapter: ModelAdapter, prompt: Prompt = PROMPTS,
+                          padding_side: str = "right") -> dict[str, float]:
+    """Largest differences between the adapter's recomputation and the model's cached activations.
 
     Over valid query rows: ``scores`` (where the scores hook holds logits; NaN otherwise),
     ``pattern``, ``z``, ``out`` (head outputs summed plus ``b_O`` against the attention output;
@@ -67,7 +72,7 @@ def _masked_max(diff: torch.Tensor, keep: torch.Tensor) -> float:
     return (diff.abs() * keep).max().item()
 
 
-def hf_twin(model):
+def hf_twin(model: Any) -> Any:
     """The Hugging Face model a raw-mode bridge wraps, rebuilt with eager attention.
 
     The very same weights; the bridge's own ``original_model`` returns no attention weights.
@@ -105,7 +110,8 @@ def _strip(name: str) -> str:
     return name.replace("._original_component", "").replace("_original_component.", "")
 
 
-def hf_truth_errors(adapter, twin, prompt=PROMPTS, padding_side: str = "right") -> dict[str, float]:
+def hf_truth_errors(adapter: ModelAdapter, twin: Any, prompt: Prompt = PROMPTS,
+                    padding_side: str = "right") -> dict[str, float]:
     """Largest differences between the adapter's recomputation and the Hugging Face twin's own.
 
     Over valid query rows: the recomputed ``pattern`` and summed head outputs (``out``, the output

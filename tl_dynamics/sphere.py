@@ -261,7 +261,7 @@ class MergeEvents(NamedTuple):
     clusters before``; ``merges - splits`` is the fall in the cluster count. Made by
     ``merge_events``.
 
-    Args:
+    Attributes:
         merges: Merge events, ``[*batch]``.
         splits: Split events, ``[*batch]``.
 

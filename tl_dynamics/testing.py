@@ -212,7 +212,7 @@ def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -
     return folder
 
 
-def tiny_bridge(arch: str, compat: bool = False, root: str | os.PathLike | None = None):
+def tiny_bridge(arch: str, compat: bool = False, root: str | os.PathLike | None = None) -> Any:
     """Boot a tiny random ``arch`` model with ``TransformerBridge.boot_transformers``.
 
     Args:
@@ -236,7 +236,7 @@ def tiny_bridge(arch: str, compat: bool = False, root: str | os.PathLike | None 
     return model.eval()
 
 
-def tiny_hooked(variant: str = "gpt2-like", **overrides: Any):
+def tiny_hooked(variant: str = "gpt2-like", **overrides: Any) -> Any:
     """Build a tiny random ``HookedTransformer`` (TransformerLens 3.x only; 4.x is refused).
 
     Args:
@@ -264,7 +264,7 @@ def tiny_hooked(variant: str = "gpt2-like", **overrides: Any):
     return model.eval()
 
 
-def tiny_native(variant: str = "native", seed: int = 0):
+def tiny_native(variant: str = "native", seed: int = 0) -> Any:
     """A tiny random ``TransformerBridge.boot_native`` model (TransformerLens 4.x; 3.x is refused).
 
     Args:
@@ -302,7 +302,7 @@ def tiny_native(variant: str = "native", seed: int = 0):
     return model.eval()
 
 
-def tiny_model(arch: str = "gpt2", compat: bool = False):
+def tiny_model(arch: str = "gpt2", compat: bool = False) -> Any:
     """A tiny random model: a bridge arch (``HF_ARCHS``), a native variant, or a hooked variant.
 
     Args:
@@ -326,7 +326,7 @@ def tiny_model(arch: str = "gpt2", compat: bool = False):
 
 
 @functools.lru_cache(maxsize=None)
-def cached_model(arch: str, compat: bool = False):
+def cached_model(arch: str, compat: bool = False) -> Any:
     """``tiny_model`` built once per process (tests and examples share it; do not mutate it).
 
     Args:
