@@ -13,7 +13,8 @@ from typing import Sequence, Union
 
 from tl_dynamics import docs, files
 from tl_dynamics.viz import _cite, _component
-from tl_dynamics.viz._component import Component, Group, bundle_js, html_escape
+from tl_dynamics.viz._component import Component, bundle_js, html_escape
+from tl_dynamics.viz._group import Group
 from tl_dynamics.viz._runtime import RUNTIME_JS
 
 Item = Union[Component, Group]
