@@ -18,6 +18,7 @@ import importlib
 import inspect
 import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 FACES = ("adapter", "viz", "circuits", "odds_ratio", "contextual_mlp", "trajectories", "particles",
@@ -133,4 +134,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's tl_dynamics
     sys.exit(main())
