@@ -2,6 +2,7 @@
 scripts (GitHub, an untrusted notebook in JupyterLab).
 
     .venv/bin/python scripts/notebook_outputs.py [notebooks/x.ipynb ...] [--budget-mb 3]
+    .venv-tl3/bin/python scripts/notebook_outputs.py notebooks/sae.ipynb   # needs sae-lens
 
 Each notebook is executed offline (nbclient, as ``tests/test_notebooks.py`` does); then every
 output that holds tl_dynamics views is opened in headless Debian chromium (playwright, no
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import importlib.util
 import os
 import re
 import shutil
@@ -113,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
     over = []
     for path in paths:
+        meta = nbformat.read(path, as_version=4).metadata.get("tl_dynamics", {})
+        missing = [m for m in meta.get("requires", []) if importlib.util.find_spec(m) is None]
+        if missing:  # e.g. sae.ipynb in .venv: sae-lens needs TransformerLens 3.x (.venv-tl3)
+            print(f"{path}: skipped, needs {', '.join(missing)} ({meta.get('why', '')})")
+            continue
         notebook = execute(path)
         n = freeze(notebook)
         nbformat.write(notebook, path)

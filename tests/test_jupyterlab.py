@@ -21,6 +21,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from helpers import notebook_params
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -136,7 +137,7 @@ def browser():
         instance.close()
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", notebook_params(NOTEBOOKS))
 def test_notebook_views_draw_in_jupyterlab(lab, browser, path):
     url, token, folder = lab
     shutil.copy(path, folder / path.name)

@@ -177,8 +177,8 @@ def top_heads_sentence(tops: dict[str, tuple[tuple[int, int], float]]) -> str:
     where that weight is at least ``NAMED_SHARE`` (otherwise it says no head does it).
 
     Example:
-        >>> top_heads_sentence({"previous_token": ((0, 2), 0.91), "induction": ((1, 0), 0.04)})
-        'At least half of a head's attention: previous token L0H2 (0.91). No head reaches half for: induction (largest L1H0, 0.04).'
+        >>> print(top_heads_sentence({"previous_token": ((0, 2), 0.91), "induction": ((1, 0), 0.04)}))
+        At least half of a head's attention: previous token L0H2 (0.91). No head reaches half for: induction (largest L1H0, 0.04).
     """
     named = [f"{name.replace('_', ' ')} L{k[0]}H{k[1]} ({v:.2f})" for name, (k, v) in tops.items()
              if v >= NAMED_SHARE]

@@ -42,7 +42,13 @@ NORM_FLOOR = 1e-12
 
 
 def unit(z: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch d"]:
-    """``z / |z|`` along the last axis; zero vectors stay zero.
+    """The unit vectors ``z / |z|`` along the last axis; zero vectors stay zero.
+
+    Args:
+        z: Vectors, ``[*batch, d]``.
+
+    Returns:
+        The unit vectors, ``[*batch, d]``.
 
     Example:
         >>> unit(torch.tensor([[3.0, 4.0], [0.0, 0.0]])).tolist()
@@ -52,7 +58,13 @@ def unit(z: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch d"]:
 
 
 def gram(x: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
-    """``<x_i, x_j>`` for every pair (for unit vectors: the cosines, unclamped).
+    """The inner products ``<x_i, x_j>`` of every pair (for unit vectors: the cosines, unclamped).
+
+    Args:
+        x: Points, ``[*batch, n, d]``.
+
+    Returns:
+        The Gram matrices, ``[*batch, n, n]``.
 
     Example:
         >>> gram(torch.eye(2)[None]).tolist()
@@ -62,7 +74,13 @@ def gram(x: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
 
 
 def cosines(u: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
-    """Pairwise cosines of unit vectors ``u``: ``gram(u)`` clamped to ``[-1, 1]`` (rounding).
+    """Pairwise cosines of unit vectors: ``gram(u)`` clamped to ``[-1, 1]`` (rounding).
+
+    Args:
+        u: Unit vectors, ``[*batch, n, d]``.
+
+    Returns:
+        The cosines, ``[*batch, n, n]``.
 
     Example:
         >>> cosines(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])).tolist()
@@ -72,7 +90,13 @@ def cosines(u: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
 
 
 def pair_mask(mask: Bool[Tensor, "*batch n"]) -> Bool[Tensor, "*batch n n"]:
-    """Unordered pairs ``i < j`` of valid points (``mask``: which points are real).
+    """The unordered pairs ``i < j`` of valid points.
+
+    Args:
+        mask: Which points are real, ``[*batch, n]``.
+
+    Returns:
+        True on pairs ``i < j`` of real points, ``[*batch, n, n]``.
 
     Example:
         >>> pair_mask(torch.tensor([True, True, False])).sum().item()
@@ -95,6 +119,12 @@ def _pairs_mean(m: Tensor) -> Float[Tensor, "*batch"]:
 def mean_cosine(cos: Float[Tensor, "*batch n n"]) -> Float[Tensor, "*batch"]:
     """Mean cosine over the pairs ``i < j`` (float64; 1 for a single point).
 
+    Args:
+        cos: Pairwise cosines, ``[*batch, n, n]``.
+
+    Returns:
+        The means, ``[*batch]``.
+
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
         >>> round(mean_cosine(gram(x)).item(), 4)
@@ -105,6 +135,13 @@ def mean_cosine(cos: Float[Tensor, "*batch n n"]) -> Float[Tensor, "*batch"]:
 
 def close_fraction(cos: Float[Tensor, "*batch n n"], eps: float) -> Float[Tensor, "*batch"]:
     """Fraction of the pairs ``i < j`` that are eps-close (float64; 1 for a single point).
+
+    Args:
+        cos: Pairwise cosines, ``[*batch, n, n]``.
+        eps: Closeness threshold: a pair is close when ``cos > 1 - eps``.
+
+    Returns:
+        The fractions, ``[*batch]``.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
@@ -118,11 +155,18 @@ def cluster_labels(cos: Float[Tensor, "*batch n n"], eps: float,
                    mask: Bool[Tensor, "*batch n"] | None = None) -> Int[Tensor, "*batch n"]:
     """Connected components of the eps-close graph ``cos > 1 - eps``, batched.
 
-    Each point gets the smallest index in its component (int64); with ``mask``, only valid
-    points link and invalid ones (padding) get -1. Min-label propagation with pointer
-    jumping: each round takes the smallest label among a point's neighbours, then that
-    label's own label, so labels only fall and stop, within ``diameter + 1`` rounds (a few
-    for clustered points), exactly at the component minimum.
+    Each point gets the smallest index in its component (int64); with ``mask``, only valid points
+    link and invalid ones (padding) get -1. Min-label propagation with pointer jumping: each round
+    takes the smallest label among a point's neighbours, then that label's own label, so labels
+    only fall and stop, within ``diameter + 1`` rounds, exactly at the component minimum.
+
+    Args:
+        cos: Pairwise cosines, ``[*batch, n, n]``.
+        eps: Closeness threshold, in ``(0, 2]``.
+        mask: Which points are real, ``[*batch, n]`` (None: all).
+
+    Returns:
+        The canonical labels, ``[*batch, n]``.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
@@ -142,9 +186,18 @@ CHECK_EVERY = 4
 def cluster_labels_grid(cos: Float[Tensor, "*batch n n"], eps: Sequence[float],
                         mask: Bool[Tensor, "*batch n"] | None = None
                         ) -> Int[Tensor, "eps *batch n"]:
-    """``cluster_labels`` at several thresholds at once: ``[len(eps), *batch, n]``, every
-    threshold and batch element propagated together (the same launches for four thresholds
-    as for one), with one read from the device every ``CHECK_EVERY`` rounds.
+    """``cluster_labels`` at several thresholds at once.
+
+    Every threshold and batch element is propagated together (the same launches for four
+    thresholds as for one), with one read from the device every ``CHECK_EVERY`` rounds.
+
+    Args:
+        cos: Pairwise cosines, ``[*batch, n, n]``.
+        eps: Closeness thresholds, each in ``(0, 2]``.
+        mask: Which points are real, ``[*batch, n]`` (None: all).
+
+    Returns:
+        The canonical labels per threshold, ``[len(eps), *batch, n]``.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
@@ -182,8 +235,15 @@ def cluster_labels_grid(cos: Float[Tensor, "*batch n n"], eps: Sequence[float],
 
 
 def count_clusters(labels: Int[Tensor, "*batch n"]) -> Int[Tensor, "*batch"]:
-    """Number of clusters in canonical labels: points that are their cluster's smallest index
-    (padding, labelled -1, never counts).
+    """Number of clusters in canonical labels: the points that are their cluster's smallest index.
+
+    Padding, labelled -1, never counts.
+
+    Args:
+        labels: Canonical labels, ``[*batch, n]``.
+
+    Returns:
+        The counts, ``[*batch]``.
 
     Example:
         >>> count_clusters(torch.tensor([[0, 0, 2, -1]])).tolist()
@@ -196,9 +256,19 @@ def count_clusters(labels: Int[Tensor, "*batch n"]) -> Int[Tensor, "*batch"]:
 class MergeEvents(NamedTuple):
     """Events between two clusterings of the same points: ``merges`` and ``splits`` (int64).
 
-    With ``D`` the number of distinct (before, after) label pairs, ``merges = D - clusters
-    after`` (a cluster after that gathers ``k`` clusters before counts ``k - 1``) and
-    ``splits = D - clusters before``; ``merges - splits`` is the fall in the cluster count.
+    With ``D`` the number of distinct (before, after) label pairs, ``merges = D - clusters after``
+    (a cluster after that gathers ``k`` clusters before counts ``k - 1``) and ``splits = D -
+    clusters before``; ``merges - splits`` is the fall in the cluster count. Made by
+    ``merge_events``.
+
+    Attributes:
+        merges: Merge events, ``[*batch]``.
+        splits: Split events, ``[*batch]``.
+
+    Example:
+        >>> ev = merge_events(torch.tensor([0, 0, 2]), torch.tensor([0, 1, 1]))
+        >>> ev
+        MergeEvents(merges=tensor(1), splits=tensor(1))
     """
 
     merges: Int[Tensor, "*batch"]
@@ -207,6 +277,13 @@ class MergeEvents(NamedTuple):
 
 def merge_events(before: Int[Tensor, "*batch n"], after: Int[Tensor, "*batch n"]) -> MergeEvents:
     """Merge and split events from canonical labels ``before`` to ``after`` (-1: not a point).
+
+    Args:
+        before: Canonical labels, ``[*batch, n]``.
+        after: Canonical labels of the same points, ``[*batch, n]``.
+
+    Returns:
+        ``MergeEvents`` with ``merges`` and ``splits``, each ``[*batch]``.
 
     Example:
         >>> ev = merge_events(torch.tensor([0, 1, 2, 3]), torch.tensor([0, 0, 2, 2]))

@@ -6,17 +6,15 @@ and booted through ``TransformerBridge.boot_transformers`` from a local folder, 
 
 Example:
     >>> from tl_dynamics import testing
-    >>> model = testing.tiny_model("llama")          # doctest: +SKIP
-    >>> model.cfg.n_layers                           # doctest: +SKIP
+    >>> model = testing.tiny_model("llama")
+    >>> model.cfg.n_layers
     2
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -25,7 +23,14 @@ from typing import Any
 import torch
 
 from tl_dynamics.compat import bridge_class, has_hooked_transformer, tl_version
+from tl_dynamics._truth import PROMPTS, hf_truth_errors, hf_twin, reconstruction_errors
 from tl_dynamics.errors import TLDynamicsError
+
+__all__ = ["D_HEAD", "D_MODEL", "HF_ARCHS", "HF_FLAG_VARIANTS", "HOOKED_VARIANTS", "INIT_STD",
+           "NATIVE_VARIANTS", "N_CTX", "N_HEADS", "N_LAYERS", "PROMPTS", "QUERY_PRE_ATTN_SCALAR",
+           "SOFTCAP", "TOKENIZER_FILE", "WINDOW", "cached_model", "hf_folder", "hf_truth_errors",
+           "hf_twin", "reconstruction_errors", "tiny_bridge", "tiny_hooked", "tiny_model",
+           "tiny_native", "tokenizer"]
 
 D_MODEL, N_HEADS, D_HEAD, N_LAYERS, N_CTX = 64, 4, 16, 2, 64
 INIT_STD = 0.2
@@ -174,7 +179,21 @@ def _quiet_transformers() -> None:
 
 
 def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -> Path:
-    """Save a tiny random Hugging Face model of ``arch`` (a key of ``HF_ARCHS``) to a folder."""
+    """Save a tiny random Hugging Face model of ``arch`` (and the test tokenizer) to a folder.
+
+    Args:
+        arch: A key of ``HF_ARCHS`` or ``HF_FLAG_VARIANTS``.
+        root: The parent folder (default: a new temporary folder).
+        seed: Seeds the random weights.
+
+    Returns:
+        The model's folder, ``root / arch``.
+
+    Example:
+        >>> folder = hf_folder("gpt2")
+        >>> sorted(p.name for p in folder.iterdir() if p.suffix == ".json")[:2]
+        ['config.json', 'generation_config.json']
+    """
     archs = {**HF_ARCHS, **HF_FLAG_VARIANTS}
     if arch not in archs:
         raise TLDynamicsError(f"unknown tiny architecture {arch!r}; valid: {sorted(archs)}")
@@ -193,8 +212,22 @@ def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -
     return folder
 
 
-def tiny_bridge(arch: str, compat: bool = False, root: str | os.PathLike | None = None):
-    """Boot a tiny random ``arch`` model with ``TransformerBridge.boot_transformers``."""
+def tiny_bridge(arch: str, compat: bool = False, root: str | os.PathLike | None = None) -> Any:
+    """Boot a tiny random ``arch`` model with ``TransformerBridge.boot_transformers``.
+
+    Args:
+        arch: A key of ``HF_ARCHS`` or ``HF_FLAG_VARIANTS``.
+        compat: Enable the bridge's compatibility mode (folded, centred weights).
+        root: The parent folder of the saved Hugging Face model (default: a temporary one).
+
+    Returns:
+        A ``TransformerBridge`` in eval mode.
+
+    Example:
+        >>> model = tiny_bridge("gpt2")
+        >>> type(model).__name__, model.cfg.n_layers, model.cfg.d_model
+        ('TransformerBridge', 2, 64)
+    """
     bridge_cls = bridge_class()
     _quiet_transformers()
     model = bridge_cls.boot_transformers(str(hf_folder(arch, root)), device="cpu")
@@ -203,8 +236,21 @@ def tiny_bridge(arch: str, compat: bool = False, root: str | os.PathLike | None 
     return model.eval()
 
 
-def tiny_hooked(variant: str = "gpt2-like", **overrides: Any):
-    """Build a tiny random ``HookedTransformer`` (TransformerLens 3.x only)."""
+def tiny_hooked(variant: str = "gpt2-like", **overrides: Any) -> Any:
+    """Build a tiny random ``HookedTransformer`` (TransformerLens 3.x only; 4.x is refused).
+
+    Args:
+        variant: A key of ``HOOKED_VARIANTS``.
+        **overrides: ``HookedTransformerConfig`` fields that replace the variant's.
+
+    Returns:
+        A ``HookedTransformer`` in eval mode.
+
+    Example:
+        >>> from tl_dynamics.compat import has_hooked_transformer
+        >>> if has_hooked_transformer():  # TransformerLens 3.x
+        ...     assert tiny_hooked("gpt2-like", n_layers=1).cfg.n_layers == 1
+    """
     if variant not in HOOKED_VARIANTS:
         raise TLDynamicsError(f"unknown HookedTransformer variant {variant!r}; "
                               f"valid: {sorted(HOOKED_VARIANTS)}")
@@ -218,8 +264,24 @@ def tiny_hooked(variant: str = "gpt2-like", **overrides: Any):
     return model.eval()
 
 
-def tiny_native(variant: str = "native", seed: int = 0):
-    """A tiny random ``TransformerBridge.boot_native`` model (TransformerLens 4.x)."""
+def tiny_native(variant: str = "native", seed: int = 0) -> Any:
+    """A tiny random ``TransformerBridge.boot_native`` model (TransformerLens 4.x; 3.x is refused).
+
+    Args:
+        variant: A key of ``NATIVE_VARIANTS``.
+        seed: Seeds the random weights.
+
+    Returns:
+        A ``TransformerBridge`` in eval mode.
+
+    Example:
+        >>> try:
+        ...     model = tiny_native()
+        ... except TLDynamicsError:  # TransformerLens 3.x has no boot_native
+        ...     model = None
+        >>> model is None or model.cfg.n_layers == N_LAYERS
+        True
+    """
     if variant not in NATIVE_VARIANTS:
         raise TLDynamicsError(f"unknown native variant {variant!r}; valid: {sorted(NATIVE_VARIANTS)}")
     try:
@@ -240,8 +302,22 @@ def tiny_native(variant: str = "native", seed: int = 0):
     return model.eval()
 
 
-def tiny_model(arch: str = "gpt2", compat: bool = False):
-    """A tiny random model: a bridge arch (``HF_ARCHS``), a native variant, or a hooked variant."""
+def tiny_model(arch: str = "gpt2", compat: bool = False) -> Any:
+    """A tiny random model: a bridge arch (``HF_ARCHS``), a native variant, or a hooked variant.
+
+    Args:
+        arch: A key of ``HF_ARCHS``, ``HF_FLAG_VARIANTS``, ``NATIVE_VARIANTS`` or
+            ``HOOKED_VARIANTS``.
+        compat: For a bridge: enable its compatibility mode.
+
+    Returns:
+        The model, in eval mode.
+
+    Example:
+        >>> model = tiny_model("llama")
+        >>> model.cfg.n_layers, model.cfg.n_heads
+        (2, 4)
+    """
     if arch in HF_ARCHS or arch in HF_FLAG_VARIANTS:
         return tiny_bridge(arch, compat=compat)
     if arch in NATIVE_VARIANTS:
@@ -250,119 +326,18 @@ def tiny_model(arch: str = "gpt2", compat: bool = False):
 
 
 @functools.lru_cache(maxsize=None)
-def cached_model(arch: str, compat: bool = False):
-    """``tiny_model`` built once per process (tests share it; do not mutate it)."""
-    return tiny_model(arch, compat=compat)
+def cached_model(arch: str, compat: bool = False) -> Any:
+    """``tiny_model`` built once per process (tests and examples share it; do not mutate it).
 
+    Args:
+        arch: As in ``tiny_model``.
+        compat: As in ``tiny_model``.
 
-PROMPTS = ("def f(x): return x + 1", "import os\nprint(os.path.join('a', 'b'))  # longer line")
-
-
-def reconstruction_errors(adapter, prompt=PROMPTS, padding_side: str = "right") -> dict[str, float]:
-    """Largest absolute differences between the adapter's recomputation and the model's own
-    cached activations, over valid query rows: ``scores`` (where the scores hook holds logits;
-    NaN otherwise), ``pattern``, ``z``, ``out`` (head outputs summed plus ``b_O`` against the
-    attention output; NaN where the model hooks that output only after a post-norm),
-    ``scores_hook_is_pattern`` (1.0 where the cache's scores equal its pattern).
-    """
-    worst = {"scores": float("nan"), "pattern": 0.0, "z": 0.0, "out": float("nan"),
-             "scores_hook_is_pattern": 0.0}
-    for la in adapter.attention(prompt, reference=True, padding_side=padding_side,
-                                   sinks=True).values():
-        ref, rows = la.reference, la.query_valid
-        pattern = la.pattern()
-        worst["pattern"] = max(worst["pattern"], _masked_max(pattern - ref["pattern"], rows[:, None, :, None]))
-        if la.spec.scores_hook == "logits":
-            keep = la.allowed[:, None] & rows[:, None, :, None]
-            err = (la.scores() - ref["scores"]).abs().masked_fill(~keep, 0.0).max().item()
-            worst["scores"] = _nan_max(worst["scores"], err)
-        elif torch.equal(ref["scores"], ref["pattern"]):
-            worst["scores_hook_is_pattern"] = 1.0
-        z = la.z(pattern=pattern)
-        worst["z"] = max(worst["z"], _masked_max(z - ref["z"], rows[:, :, None, None]))
-        if "out" in ref:  # absent where the attention output is only hooked after a post-norm
-            out = la.head_outputs(z=z).sum(2) + la.b_O
-            worst["out"] = _nan_max(worst["out"], _masked_max(out - ref["out"], rows[:, :, None]))
-    return worst
-
-
-def _nan_max(worst: float, err: float) -> float:
-    """``max`` where NaN means "nothing compared yet"."""
-    return err if math.isnan(worst) else max(worst, err)
-
-
-def _masked_max(diff: torch.Tensor, keep: torch.Tensor) -> float:
-    return (diff.abs() * keep).max().item()
-
-
-def hf_twin(model):
-    """The Hugging Face model a raw-mode bridge wraps, rebuilt with eager attention and the very
-    same weights (the bridge's own ``original_model`` returns no attention weights).
+    Returns:
+        The same model object for the same arguments.
 
     Example:
-        >>> bridge = cached_model("gpt2")                           # doctest: +SKIP
-        >>> hf_twin(bridge).config._attn_implementation            # doctest: +SKIP
-        'eager'
+        >>> cached_model("gpt2") is cached_model("gpt2")
+        True
     """
-    if bool(getattr(model, "compatibility_mode", False)):
-        raise TLDynamicsError("hf_twin needs a raw-mode bridge: compatibility mode folds and "
-                              "centres the weights the Hugging Face model would need")
-    orig = model.original_model
-    config = copy.deepcopy(orig.config)
-    config._attn_implementation = "eager"  # some models (Falcon) keep sdpa after set_attn_implementation
-    twin = type(orig)(config).eval()
-    wanted = twin.state_dict()
-    weights = {k: v for k, v in ((_strip(k), v) for k, v in orig.state_dict().items()) if k in wanted}
-    if set(wanted) - set(weights):
-        raise TLDynamicsError(f"hf_twin: weights not found in the bridge: {sorted(set(wanted) - set(weights))}")
-    twin.load_state_dict(weights)
-    twin.set_attn_implementation("eager")
-    if twin.config._attn_implementation != "eager":
-        raise TLDynamicsError(f"hf_twin: {type(orig).__name__} would not switch to eager attention")
-    return twin
-
-
-def _strip(name: str) -> str:
-    return name.replace("._original_component", "").replace("_original_component.", "")
-
-
-def hf_truth_errors(adapter, twin, prompt=PROMPTS, padding_side: str = "right") -> dict[str, float]:
-    """Largest differences, over valid query rows, between the adapter's recomputed ``pattern``
-    and summed head outputs (``out``, the output projection's result) and the Hugging Face
-    ``twin``'s own (``output_attentions=True``; position ids derived from the mask as the
-    bridge derives them). ``out`` is NaN on compatibility-mode bridges (their weights are
-    centred, so their head sum differs from Hugging Face's by design)."""
-    batch = adapter.tokenize(prompt, padding_side)
-    mask = batch.key_valid.long()
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-    twin_modules = dict(twin.named_modules())
-    names = {id(mod): _strip(name) for name, mod in  # the path the twin has, of the bridge's aliases
-             adapter.model.original_model.named_modules(remove_duplicate=False)
-             if _strip(name) in twin_modules}
-    outs: dict[int, torch.Tensor] = {}
-    handles = []
-    for layer in adapter.attention_layers:  # hybrids: the softmax-attention layers only
-        o_proj = adapter.model.blocks[layer].attn.o.original_component
-        target = twin_modules[names[id(o_proj)]]
-        handles.append(target.register_forward_hook(
-            lambda _m, _i, out, layer=layer: outs.__setitem__(layer, out.detach().float())))
-    try:
-        with torch.no_grad():
-            hf = twin(batch.tokens, attention_mask=mask, position_ids=positions, output_attentions=True)
-    finally:
-        for handle in handles:
-            handle.remove()
-    compat = bool(getattr(adapter.model, "compatibility_mode", False))
-    worst = {"pattern": 0.0, "out": float("nan") if compat else 0.0}
-    # hybrids: Hugging Face returns the weights of its attention layers only, in order
-    attentions = [a for a in hf.attentions if a is not None]
-    if len(attentions) == adapter.n_layers:
-        attentions = [attentions[layer] for layer in adapter.attention_layers]
-    for index, (layer, la) in enumerate(adapter.attention(batch, sinks=True).items()):
-        rows = la.query_valid
-        worst["pattern"] = max(worst["pattern"], _masked_max(
-            la.pattern() - attentions[index].float(), rows[:, None, :, None]))
-        if not compat:
-            out = la.head_outputs().sum(2) + la.b_O
-            worst["out"] = max(worst["out"], _masked_max(out - outs[layer], rows[:, :, None]))
-    return worst
+    return tiny_model(arch, compat=compat)

@@ -17,6 +17,8 @@ import argparse
 import importlib
 import inspect
 import sys
+import typing
+from pathlib import Path
 from typing import Any
 
 FACES = ("adapter", "viz", "circuits", "odds_ratio", "contextual_mlp", "trajectories", "particles",
@@ -74,15 +76,16 @@ def lacks(obj: Any) -> list[str]:
     return missing
 
 
-def survey() -> dict[str, dict[str, list[str]]]:
+def survey(faces: tuple[str, ...] = FACES) -> dict[str, dict[str, list[str]]]:
     """``{face: {qualified name: what it lacks}}`` over every public name and method."""
     out: dict[str, dict[str, list[str]]] = {}
-    for face in FACES:
+    for face in faces:
         module = importlib.import_module(f"tl_dynamics.{face}")
         found: dict[str, list[str]] = {}
         for name in _public(module):
             obj = getattr(module, name)
-            if not (inspect.isclass(obj) or inspect.isfunction(obj) or callable(obj)):
+            alias = typing.get_origin(obj) is not None  # Union[...] etc.: no docstring of its own
+            if alias or not (inspect.isclass(obj) or inspect.isfunction(obj) or callable(obj)):
                 found[name] = ["constant"]
                 continue
             found[name] = lacks(obj)
@@ -96,6 +99,12 @@ def survey() -> dict[str, dict[str, list[str]]]:
                     found[f"{name}.{attr}"] = lacks(member)
         out[face] = found
     return out
+
+
+def missing(faces: tuple[str, ...] = FACES) -> dict[str, list[str]]:
+    """``{"face.name": what it lacks}`` for every name that lacks something (constants aside)."""
+    return {f"{face}.{name}": what for face, found in survey(faces).items()
+            for name, what in found.items() if what and what != ["constant"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,4 +134,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's tl_dynamics
     sys.exit(main())

@@ -19,8 +19,13 @@ PADDING_SIDES = ("left", "right")
 class Batch:
     """Tokens and which of them are real (not padding).
 
-    ``key_valid`` is built from the tokenizer's padding, never from the pad id (which is often
-    the BOS id).
+    ``key_valid`` is built from the tokenizer's padding, never from the pad id (which is often the
+    BOS id). ``ModelAdapter.tokenize`` makes one from a text, a list of texts or a token tensor.
+
+    Args:
+        tokens: The token ids, ``[batch, pos]``.
+        key_valid: True on real tokens, False on padding, ``[batch, pos]``.
+        padding_side: ``"left"`` or ``"right"``: where the padding of shorter rows went.
 
     Example:
         >>> b = Batch(torch.tensor([[5, 6, 0]]), torch.tensor([[True, True, False]]), "right")
@@ -34,10 +39,28 @@ class Batch:
 
     @property
     def padded(self) -> bool:
+        """Whether some row has padding (some ``key_valid`` entry is False).
+
+        Example:
+            >>> Batch(torch.tensor([[5, 6]]), torch.ones(1, 2, dtype=torch.bool), "right").padded
+            False
+        """
         return not bool(self.key_valid.all())
 
     def real_tokens(self, row: int = 0) -> Int[Tensor, " pos"]:
-        """The token ids of one row with its padding removed."""
+        """The token ids of one row with its padding removed.
+
+        Args:
+            row: The row of the batch.
+
+        Returns:
+            The real token ids, ``[n_real]``.
+
+        Example:
+            >>> b = Batch(torch.tensor([[5, 6, 0]]), torch.tensor([[True, True, False]]), "right")
+            >>> b.real_tokens(0).tolist()
+            [5, 6]
+        """
         return self.tokens[row][self.key_valid[row]]
 
 

@@ -32,10 +32,30 @@ POINT_ROLES = ("resid_pre", "resid_mid", "resid_post")
 class LayerState:
     """What every attached collector reads of one layer of one forward pass.
 
-    ``attention`` is the layer's ``LayerAttention`` (None when no collector asked for this
-    layer's attention); ``points`` the residual states asked for at this layer (role ->
-    ``[batch, pos, d_model]``); ``batch`` the pass's tokens and padding; ``shared`` a memo that
-    lives for the pass, where collectors keep what every layer of the pass shares (mask facts).
+    Args:
+        layer: The layer's index.
+        batch: The pass's tokens and padding (None when the model was called with something that
+            is not token ids or text).
+        attention: The layer's ``LayerAttention`` (None when no collector asked for this
+            layer's attention).
+        points: The residual states asked for at this layer, role -> ``[batch, pos, d_model]``.
+        shared: A memo that lives for the pass, where collectors keep what every layer of the pass
+            shares (mask facts).
+
+    Example:
+        >>> from tl_dynamics import testing
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> from tl_dynamics.collect import Collector
+        >>> class Keep(Collector):
+        ...     layers, states = (1,), []
+        ...     def on_layer(self, state):
+        ...         self.states.append(state)
+        >>> adapter, keep = ModelAdapter(testing.cached_model("gpt2")), Keep()
+        >>> with adapter.collecting(keep):
+        ...     _ = adapter.forward(adapter.tokenize("a b"))
+        >>> state = keep.states[0]
+        >>> state.layer, state.attention.n_heads, state.batch.tokens.shape
+        (1, 4, torch.Size([1, 3]))
     """
 
     layer: int

@@ -33,6 +33,19 @@ class QueryNorm:
     ``u = x down + down_bias`` the query latent of the layer input ``x`` (its gain is folded into
     ``W_Q``), so the query is ``(x W_Q + b_Q) / rho_q(x)`` and ``weight`` is unused.
 
+    Args:
+        scope: ``"head"``, ``"all"`` or ``"latent"``.
+        weight: The gain, ``[d_head]`` (``[head, d_head]`` for one norm per head) or
+            ``[n_heads * d_head]``.
+        eps: The epsilon inside the square root.
+        offset: Added to ``weight`` (1 for Gemma's ``1 + w`` gains).
+        W_Q: All heads' query weights, ``[head, d_model, d_head]`` (scope ``"all"``).
+        b_Q: All heads' query biases, ``[head, d_head]`` (scope ``"all"``).
+        center: Subtract the mean first (a LayerNorm rather than an RMSNorm).
+        bias: The LayerNorm's shift, shaped like ``weight``.
+        down: The query down-projection ``[d_model, r]`` (scope ``"latent"``).
+        down_bias: Its bias, ``[r]``.
+
     Example:
         >>> norm = QueryNorm("head", torch.zeros(2), eps=0.0, offset=1.0)
         >>> [round(v, 4) for v in norm.apply(torch.tensor([[3.0, 4.0]]), head=0)[0].tolist()]  # y / rms(y)
@@ -52,8 +65,23 @@ class QueryNorm:
 
     def apply_heads(self, y: Float[Tensor, "... head d_head"],
                     x: Float[Tensor, "... d_model"] | None = None) -> Float[Tensor, "... head d_head"]:
-        """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads;
-        the layer inputs ``x`` are needed with ``scope == "latent"``)."""
+        """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads).
+
+        The layer inputs ``x`` are needed with ``scope == "latent"``.
+
+        Args:
+            y: Projected queries, ``[..., head, d_head]``.
+            x: The layer inputs, ``[..., d_model]`` (scope ``"latent"`` only).
+
+        Returns:
+            The normalised queries, ``[..., head, d_head]``.
+
+        Example:
+            >>> norm = QueryNorm("head", torch.zeros(2), eps=0.0, offset=1.0)
+            >>> norm.apply_heads(torch.tensor([[[3.0, 4.0], [1.0, 1.0]]]))
+            tensor([[[0.8485, 1.1314],
+                     [1.0000, 1.0000]]])
+        """
         if self.scope == "latent":
             return y / self._latent_rms(x, y)[..., None, None]
         dims = (-1,) if self.scope == "head" else (-2, -1)
@@ -70,8 +98,21 @@ class QueryNorm:
               x: Float[Tensor, "n d_model"] | None = None) -> Float[Tensor, "n d_head"]:
         """Normalise head ``head``'s projected queries ``y = x W_Q[head] + b_Q[head]``.
 
-        With ``scope == "all"`` the layer inputs ``x`` are needed too (the other heads'
-        projections enter the mean). Computed in ``y``'s dtype.
+        Computed in ``y``'s dtype.
+
+        Args:
+            y: The head's projected queries, ``[n, d_head]``.
+            head: The head.
+            x: The layer inputs, ``[n, d_model]``; needed with ``scope == "all"`` (the other heads'
+                projections enter the mean).
+
+        Returns:
+            The normalised queries, ``[n, d_head]``.
+
+        Example:
+            >>> norm = QueryNorm("head", torch.ones(2), eps=0.0)
+            >>> norm.apply(torch.tensor([[2.0, 2.0]]), head=0)
+            tensor([[1., 1.]])
         """
         if self.scope == "head" and self.weight.ndim == 2:  # one norm per head (StableLM)
             own = dataclasses.replace(self, weight=self.weight[head],

@@ -111,8 +111,22 @@ class Rotation:
     start: int = 0
 
     def cos_sin(self, positions: Int[Tensor, "..."]) -> tuple[Float[Tensor, "... rot"], Float[Tensor, "... rot"]]:
-        """float32 ``cos``/``sin`` tables at ``positions`` (any shape; negative positions give
-        the transposed rotation), magnitude included, in the layout's order."""
+        """The float32 ``cos``/``sin`` tables at ``positions``, magnitude included, in the layout's order.
+
+        Negative positions give the transposed rotation.
+
+        Args:
+            positions: Positions, any shape ``[...]``.
+
+        Returns:
+            ``(cos, sin)``, each ``[..., rotary_dim]``.
+
+        Example:
+            >>> r = Rotation(0, "half", 2, torch.tensor([1.0], dtype=torch.float64))
+            >>> cos, sin = r.cos_sin(torch.tensor([0, 1]))
+            >>> cos.shape, round(sin[1, 0].item(), 4)
+            (torch.Size([2, 2]), 0.8415)
+        """
         positions = torch.as_tensor(positions)
         if self.table is not None and positions.numel() and \
                 int(positions.abs().max()) < self.table[0].shape[0]:
@@ -127,11 +141,25 @@ class Rotation:
 
     def rotate(self, x: Float[Tensor, "... d_head"], positions: Int[Tensor, "..."],
                transpose: bool = False) -> Float[Tensor, "... d_head"]:
-        """``x R_p`` (``transpose``: ``x R_p^T``), computed in ``x``'s dtype.
+        """Rotate ``x`` by each position's rotation: ``x R_p`` (``transpose``: ``x R_p^T``).
 
-        ``positions`` has the shape of ``x``'s leading dimensions (e.g. ``[batch, pos]`` for
-        ``x`` ``[batch, pos, head, d_head]``, or ``[pos]`` for ``[pos, d_head]``); dimensions
-        of ``x`` after them (heads) share the position.
+        Computed in ``x``'s dtype. ``positions`` has the shape of ``x``'s leading dimensions (e.g.
+        ``[batch, pos]`` for ``x`` ``[batch, pos, head, d_head]``, or ``[pos]`` for ``[pos,
+        d_head]``); dimensions of ``x`` after them (heads) share the position.
+
+        Args:
+            x: Vectors, ``[..., d_head]``.
+            positions: Their positions, ``x``'s leading dimensions.
+            transpose: Apply ``R_p^T`` (the inverse rotation).
+
+        Returns:
+            The rotated vectors, ``[..., d_head]``.
+
+        Example:
+            >>> r = Rotation(0, "half", 2, torch.tensor([1.0], dtype=torch.float64))
+            >>> x = torch.tensor([[1.0, 0.0]])
+            >>> torch.allclose(r.rotate(r.rotate(x, torch.tensor([3])), torch.tensor([3]), True), x)
+            True
         """
         positions = torch.as_tensor(positions, device=x.device)
         cos, sin = self.cos_sin(positions)
@@ -143,9 +171,26 @@ class Rotation:
         return apply(x, cos.reshape(shape), sin.reshape(shape), self.layout, transpose)
 
     def matrix(self, offset: int, d_head: int) -> Float[Tensor, "d_head d_head"]:
-        """``R_offset`` with ``score = c q R_offset k^T`` for unrotated ``q`` (query at ``i``)
-        and ``k`` (key at ``i - offset``), the magnitude's square included on the rotated
-        coordinates (the others pass through unscaled)."""
+        """The matrix ``R_offset`` with ``score = c q R_offset k^T`` for unrotated ``q`` and ``k``.
+
+        The query sits at ``i`` and the key at ``i - offset``; the magnitude's square is included
+        on the rotated coordinates (the others, from ``start`` on outside the rotary block, pass
+        through unscaled).
+
+        Args:
+            offset: Query position minus key position.
+            d_head: The head dimension (coordinates past ``rotary_dim`` pass through).
+
+        Returns:
+            The matrix, ``[d_head, d_head]``.
+
+        Example:
+            >>> r = Rotation(0, "half", 2, torch.tensor([1.0], dtype=torch.float64))
+            >>> r.matrix(0, 3)
+            tensor([[1., 0., 0.],
+                    [0., 1., 0.],
+                    [0., 0., 1.]])
+        """
         eye = torch.eye(d_head, dtype=torch.float32)
         gain = torch.ones(d_head)
         gain[self.start:self.start + self.rotary_dim] = self.magnitude

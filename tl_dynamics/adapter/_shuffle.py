@@ -16,16 +16,22 @@ from tl_dynamics.errors import TLDynamicsError
 
 
 def shuffled_weights(adapter: "ModelAdapter", seed: int = 0) -> "ModelAdapter":
-    """A new adapter over a copy of ``adapter``'s model whose parameters each have their
-    entries permuted at random (seeded by ``seed``).
+    """A new adapter over a copy of the model whose parameters each have their entries permuted.
 
-    Tied parameters stay tied (each tensor is shuffled once). The original is not touched.
-    Normalise a model first with ``ModelAdapter.of``.
+    The permutation is random, seeded by ``seed``. Tied parameters stay tied (each tensor is
+    shuffled once). The original is not touched. Normalise a model first with ``ModelAdapter.of``.
+
+    Args:
+        adapter: A ``ModelAdapter``.
+        seed: Seeds the permutations.
+
+    Returns:
+        A ``ModelAdapter`` over the shuffled copy.
 
     Example:
         >>> from tl_dynamics import testing
         >>> from tl_dynamics.adapter import ModelAdapter, shuffled_weights
-        >>> ad = ModelAdapter(testing.tiny_model("gpt2"))
+        >>> ad = ModelAdapter(testing.cached_model("gpt2"))
         >>> sh = shuffled_weights(ad, seed=1)
         >>> same_values = sh.W_E.flatten().sort().values.equal(ad.W_E.flatten().sort().values)
         >>> same_values, sh.W_E.equal(ad.W_E)

@@ -28,11 +28,19 @@ def masked_softmax(logits: Float[Tensor, "batch head q k"],
                    sink: Float[Tensor, " head"] | None = None) -> Float[Tensor, "batch head q k"]:
     """Softmax over allowed keys; zero elsewhere and on rows with no allowed key (pad queries).
 
-    The same arithmetic as the model's own softmax (``torch.softmax`` over the row with
-    disallowed entries at ``-inf``), so recomputed patterns match the host to float rounding.
-    With learned per-head ``sink`` logits (GPT-OSS) the sink joins every row's denominator,
-    ``p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h))``, and is then dropped: rows sum to
-    less than 1.
+    The same arithmetic as the model's own softmax (``torch.softmax`` over the row with disallowed
+    entries at ``-inf``), so recomputed patterns match the host to float rounding. With learned
+    per-head ``sink`` logits (GPT-OSS) the sink joins every row's denominator,
+    ``p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h))``, and is then dropped: rows sum to less
+    than 1.
+
+    Args:
+        logits: Scores, ``[batch, head, q, k]``.
+        allowed: Which keys each query may attend to, ``[batch, q, k]``.
+        sink: Learned sink logits, ``[head]``, or None.
+
+    Returns:
+        The weights, ``[batch, head, q, k]``.
 
     Example:
         >>> import torch

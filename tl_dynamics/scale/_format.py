@@ -43,15 +43,30 @@ def prompt_hash(prompts: Iterable[str], start: int = 0) -> int:
 
 @dataclass(frozen=True, eq=False)
 class DatasetStats:
-    """The dataset-level statistics of one corpus: odds-ratio head statistics and trajectory
-    statistics (either may be None when not asked for), with what was computed how.
+    """The dataset-level statistics of one corpus, with what was computed how.
 
-    ``settings`` are the run's inputs that change the numbers (batch size, padding side, the
-    analyses' layers/heads/eps/lens); two statistics merge only when model, analyses and
-    settings agree. ``skipped`` counts the corpus lines the run's ``on_long`` policy left out
-    or cut (``skipped_long``, ``truncated``, ``skipped_undecodable``; empty when none). Equality
-    is byte equality of the saved files. ``DatasetStats.ANALYSES`` names the analyses a run
-    can ask for and ``DatasetStats.ON_LONG`` the ``on_long`` policies.
+    Odds-ratio head statistics and trajectory statistics (either may be None when not asked for).
+    Two statistics merge only when model, analyses and settings agree. Equality is byte equality of
+    the saved files. ``DatasetStats.ANALYSES`` names the analyses a run can ask for and
+    ``DatasetStats.ON_LONG`` the ``on_long`` policies.
+
+    Args:
+        model: The model's name, as recorded in the file.
+        settings: The run's inputs that change the numbers (batch size, padding side, the
+            analyses' layers/heads/eps/lens).
+        n_prompts: How many prompts were used.
+        prompts_hash: An order-independent hash of the prompts.
+        odds_ratio: The odds-ratio head statistics (``odds_ratio.HeadStats``), or None.
+        trajectories: The trajectory statistics (``trajectories.TrajectoryStats``), or None.
+        skipped: The corpus lines the run's ``on_long`` policy left out or cut
+            (``skipped_long``, ``truncated``, ``skipped_undecodable``; empty when none).
+
+    Example:
+        >>> from tl_dynamics import scale, testing
+        >>> model = testing.cached_model("gpt2")
+        >>> stats = scale.run_stats(model, ["a = 1", "b = 2"], progress=False, model_name="tiny")
+        >>> stats
+        DatasetStats(tiny, analyses=['odds_ratio', 'trajectories'], prompts=2)
     """
 
     ANALYSES: ClassVar[tuple[str, ...]] = ANALYSES
@@ -67,6 +82,15 @@ class DatasetStats:
 
     @property
     def analyses(self) -> tuple[str, ...]:
+        """The analyses these statistics hold, in ``DatasetStats.ANALYSES`` order.
+
+        Example:
+            >>> from tl_dynamics import scale, testing
+            >>> model = testing.cached_model("gpt2")
+            >>> scale.run_stats(model, ["a = 1"], analyses=["trajectories"], progress=False,
+            ...                 model_name="tiny").analyses
+            ('trajectories',)
+        """
         return tuple(a for a in ANALYSES if getattr(self, a) is not None)
 
     def __repr__(self) -> str:
@@ -79,7 +103,22 @@ class DatasetStats:
     __hash__ = None  # type: ignore[assignment]
 
     def merge(self, other: "DatasetStats") -> "DatasetStats":
-        """Both corpora's statistics, exactly (order-independent, bit-identical)."""
+        """Both corpora's statistics, exactly (order-independent, bit-identical).
+
+        Args:
+            other: Statistics of the same model, analyses and settings.
+
+        Returns:
+            The merged ``DatasetStats``.
+
+        Example:
+            >>> from tl_dynamics import scale, testing
+            >>> model = testing.cached_model("gpt2")
+            >>> a = scale.run_stats(model, ["a = 1"], progress=False, model_name="tiny")
+            >>> b = scale.run_stats(model, ["b = 2"], progress=False, model_name="tiny")
+            >>> a.merge(b) == b.merge(a), a.merge(b).n_prompts
+            (True, 2)
+        """
         if not isinstance(other, DatasetStats):
             raise TLDynamicsError(f"can only merge DatasetStats, got {type(other).__name__}")
         mine = {"model": self.model, "analyses": self.analyses, "settings": self.settings}
@@ -183,12 +222,27 @@ def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> b
 
 def save_stats(stats: DatasetStats, path: str | os.PathLike,
                checkpoint: dict[str, Any] | None = None) -> Path:
-    """Write ``stats`` to ``path`` (atomically: a temporary file renamed into place).
+    """Write statistics to a file (atomically: a temporary file renamed into place).
+
+    The format is docs/stats-format.md: a ``.safetensors`` file whose bytes depend only on the
+    statistics.
+
+    Args:
+        stats: The ``DatasetStats``.
+        path: The file to write.
+        checkpoint: Where an unfinished run stands (written by ``run_stats`` into its
+            ``.partial`` checkpoints); None for a finished file.
+
+    Returns:
+        The path written.
 
     Example:
-        >>> from tl_dynamics import scale                                   # doctest: +SKIP
-        >>> stats = scale.run_stats("tiny-random:gpt2", ["a = 1", "b = 2"])  # doctest: +SKIP
-        >>> scale.load_stats(scale.save_stats(stats, "s.safetensors")) == stats  # doctest: +SKIP
+        >>> import tempfile, pathlib
+        >>> from tl_dynamics import scale, testing
+        >>> model = testing.cached_model("gpt2")
+        >>> stats = scale.run_stats(model, ["a = 1", "b = 2"], progress=False, model_name="tiny")
+        >>> path = scale.save_stats(stats, pathlib.Path(tempfile.mkdtemp()) / "s.safetensors")
+        >>> scale.load_stats(path) == stats
         True
     """
     return files.write_bytes(Path(path), to_bytes(stats, checkpoint))
@@ -280,8 +334,26 @@ def _parse(header: dict[str, Any], tensors: dict[str, np.ndarray], what: str) ->
 
 
 def load_stats(path: str | os.PathLike, allow_partial: bool = False) -> DatasetStats:
-    """Read a statistics file back, bit-exactly; refuses corrupt, crafted or foreign files
-    clearly, and an unfinished run's checkpoint (``.partial``) unless ``allow_partial``."""
+    """Read a statistics file back, bit-exactly.
+
+    Corrupt, crafted or foreign files are refused clearly, and an unfinished run's checkpoint
+    (``.partial``) unless ``allow_partial``.
+
+    Args:
+        path: The ``.safetensors`` file.
+        allow_partial: Accept a checkpoint of an unfinished run.
+
+    Returns:
+        The ``DatasetStats``.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> from tl_dynamics import scale, testing
+        >>> stats = scale.run_stats(testing.cached_model("gpt2"), ["a = 1"], progress=False)
+        >>> path = scale.save_stats(stats, pathlib.Path(tempfile.mkdtemp()) / "s.safetensors")
+        >>> scale.load_stats(path).n_prompts
+        1
+    """
     if not isinstance(path, (str, os.PathLike)):
         raise TLDynamicsError(f"load_stats takes a file path, got {type(path).__name__}")
     path = Path(path)
@@ -291,7 +363,25 @@ def load_stats(path: str | os.PathLike, allow_partial: bool = False) -> DatasetS
 
 
 def merge_stats(*items: DatasetStats | str | os.PathLike) -> DatasetStats:
-    """Merge statistics (objects or file paths) of the same model and settings, exactly."""
+    """Merge statistics (objects or file paths) of the same model and settings, exactly.
+
+    Args:
+        *items: ``DatasetStats`` objects or paths of statistics files (at least one); the same
+            prompts twice are refused.
+
+    Returns:
+        The merged ``DatasetStats`` (the same bytes in any order).
+
+    Example:
+        >>> from tl_dynamics import scale, testing
+        >>> model = testing.cached_model("gpt2")
+        >>> texts = ["a = 1", "b = 2", "c = 3"]
+        >>> parts = [scale.run_stats(model, [text], batch_size=1, progress=False, model_name="tiny")
+        ...          for text in texts]
+        >>> whole = scale.run_stats(model, texts, batch_size=1, progress=False, model_name="tiny")
+        >>> scale.merge_stats(*parts) == whole
+        True
+    """
     if not items:
         raise TLDynamicsError("merge_stats needs at least one statistics file or object")
     loaded = [s if isinstance(s, DatasetStats) else load_stats(s) for s in items]

@@ -37,14 +37,25 @@ def _head_maps(h: HeadStats) -> list[viz.Component]:
 
 
 def stats_page(stats: DatasetStats, title: str | None = None) -> viz.Page:
-    """The page of a statistics file: per-head sink rates and prior/likelihood attribution as
-    layer x head heat maps with the per-head table (odds_ratio), and pairwise-cosine
-    histograms and cluster counts by depth (trajectories).
+    """The page of a statistics file (``tl-dynamics report --stats FILE``).
+
+    Per-head sink rates and prior/likelihood attribution as layer x head heat maps with the
+    per-head table (odds_ratio), and pairwise-cosine histograms and cluster counts by depth
+    (trajectories).
+
+    Args:
+        stats: The ``DatasetStats``.
+        title: The page's title (default: names the model).
+
+    Returns:
+        A ``viz.Page`` (``.write(path)`` writes it).
 
     Example:
-        >>> from tl_dynamics import scale                                    # doctest: +SKIP
-        >>> page = scale.stats_page(scale.load_stats("stats.safetensors"))   # doctest: +SKIP
-        >>> page.write("stats.html")                                         # doctest: +SKIP
+        >>> from tl_dynamics import scale, testing
+        >>> stats = scale.run_stats(testing.cached_model("gpt2"), ["a = 1"], progress=False,
+        ...                         model_name="tiny-gpt2")
+        >>> [section.title for section in scale.stats_page(stats).sections]
+        ['Heads over the corpus: sinks and prior vs likelihood', 'Tokens through depth: cosines and clusters']
     """
     page = viz.Page(title or f"tl-dynamics dataset statistics: {stats.model}")
     page.meta += [("model", stats.model), ("prompts", str(stats.n_prompts)),

@@ -63,20 +63,44 @@ def ray_stats(model_loader: Callable[[], Any], dataset: Any, out: str | os.PathL
               padding_side: str = "right", threads: int | None = 1) -> DatasetStats:
     """``run_stats`` on Ray Data: ``num_workers`` actors, each with its own model.
 
-    ``model_loader`` is a picklable callable returning the model (e.g.
-    ``functools.partial(tl_dynamics.load_model, "code-2l")``); ``dataset`` a Ray Dataset with a
-    ``text`` column, a corpus file or a list of strings; ``model_name`` is recorded in the file
-    (use the name a ``run_stats`` run used to get the same bytes). Settings are as in
-    ``run_stats``. Ray must be initialised by the caller (``ray.init(...)``).
+    Ray must be initialised by the caller (``ray.init(...)``). The bytes equal those of a
+    ``run_stats`` run with the same model name and settings.
+
+    Args:
+        model_loader: A picklable callable returning the model (e.g.
+            ``functools.partial(tl_dynamics.load_model, "code-2l")``).
+        dataset: A Ray Dataset with a ``text`` column, a corpus file or a list of strings.
+        out: The statistics file to write (None: only return the statistics).
+        model_name: The name recorded in the file (use the name a ``run_stats`` run used to get
+            the same bytes).
+        num_workers: Ray actors, each with its own model.
+        batches_per_task: Batches per Ray task (default: about four tasks per worker).
+        analyses: As in ``run_stats``.
+        batch_size: As in ``run_stats``.
+        layers: As in ``run_stats``.
+        heads: As in ``run_stats``.
+        eps: As in ``run_stats``.
+        lens: As in ``run_stats``.
+        padding_side: As in ``run_stats``.
+        threads: As in ``run_stats``, per worker.
+
+    Returns:
+        The merged ``DatasetStats``.
 
     Example:
-        >>> import functools, ray                                            # doctest: +SKIP
-        >>> from tl_dynamics import load_model, scale                        # doctest: +SKIP
+        An empty corpus needs no worker; a real one starts a Ray cluster (tens of seconds, so
+        those lines are skipped here):
+
+        >>> import functools
+        >>> from tl_dynamics import scale, testing
+        >>> loader = functools.partial(testing.cached_model, "gpt2")
+        >>> scale.ray_stats(loader, [], model_name="tiny-gpt2").n_prompts
+        0
+        >>> import ray                                                       # doctest: +SKIP
         >>> ray.init(num_cpus=2)                                             # doctest: +SKIP
-        >>> stats = scale.ray_stats(functools.partial(load_model, "code-2l"),
-        ...                         ["a = 1"] * 40, model_name="code-2l")    # doctest: +SKIP
-        >>> stats.n_prompts                                                  # doctest: +SKIP
-        40
+        >>> stats = scale.ray_stats(loader, ["a = 1"] * 40, model_name="tiny-gpt2")  # doctest: +SKIP
+        >>> stats == scale.run_stats(loader(), ["a = 1"] * 40, model_name="tiny-gpt2")  # doctest: +SKIP
+        True
     """
     try:
         import ray.data

@@ -181,28 +181,46 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
               dtype: Any = None) -> DatasetStats:
     """Dataset-level statistics of a corpus, written to ``out`` (a ``.safetensors`` file).
 
-    ``model`` is a model name (as ``tl-dynamics report --model``) or a model/adapter;
-    ``prompts`` a corpus file or a list of strings. Under ``torchrun`` (``WORLD_SIZE`` > 1)
-    each rank streams its shard of the batches and rank 0 merges and writes; the bytes equal
-    a one-process run. With ``out`` set, partial statistics are checkpointed to
-    ``out + ".partial"`` every ``checkpoint_every`` batches; ``resume=True`` continues from
-    there and ends with the same bytes as an uninterrupted run. ``max_batches`` stops after
-    that many new batches (checkpointed, ``out`` not written): long runs can be cut into jobs.
-    ``threads`` sets torch's threads for the run (bits can depend on it; keep it the same).
-    ``on_long`` says what to do with a prompt longer than the model's context or a line that is
-    not UTF-8: ``"error"`` (name its file and line), ``"skip"`` or ``"truncate"`` (counted in
-    the file). ``out`` is checked before any work: not a directory, not the corpus, and no
-    checkpoint of an earlier run next to it unless ``resume``.
-    ``device`` and ``dtype`` (``tl_dynamics.devices``) place a model given by name (``device``
-    None: ``auto``) and move or cast a given model (None: it stays as it is, except that under
-    torchrun each rank moves it to its own device); under torchrun ``auto``/``cuda`` mean
-    ``cuda:LOCAL_RANK`` with NCCL, ``cuda:N`` one shared GPU with gloo (``_distributed.plan``).
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) each rank streams its shard of the batches and rank 0
+    merges and writes; the bytes equal a one-process run. With ``out`` set, partial statistics are
+    checkpointed to ``out + ".partial"``; ``resume=True`` continues from there and ends with the
+    same bytes as an uninterrupted run. ``out`` is checked before any work: not a directory, not
+    the corpus, and no checkpoint of an earlier run next to it unless ``resume``.
+
+    Args:
+        model: A model name (as ``tl-dynamics report --model``), a model or an adapter.
+        prompts: A corpus file (one prompt per line) or a list of strings.
+        out: The statistics file to write (None: only return the statistics).
+        analyses: Which of ``DatasetStats.ANALYSES`` to compute.
+        batch_size: Prompts per forward pass.
+        layers: Layers of the analyses (None: all).
+        heads: Heads of the odds-ratio statistics (None: all).
+        eps: The trajectories' cluster thresholds.
+        lens: Also read the trajectories through the logit lens.
+        padding_side: Where shorter prompts of a batch are padded.
+        resume: Continue from ``out``'s checkpoint.
+        checkpoint_every: Batches between checkpoints.
+        max_batches: Stop after that many new batches (checkpointed, ``out`` not written): long
+            runs can be cut into jobs.
+        progress: Show a progress bar.
+        threads: torch's threads for the run (bits can depend on it; keep it the same).
+        model_name: The name recorded in the file (default: the model's own name).
+        on_long: A prompt longer than the model's context, or a line that is not UTF-8:
+            ``"error"`` (name its file and line), ``"skip"`` or ``"truncate"`` (counted in the
+            file).
+        device: Where to place a model given by name (None: ``auto``) or move a given model
+            (``tl_dynamics.devices``); under torchrun ``auto``/``cuda`` mean ``cuda:LOCAL_RANK``.
+        dtype: Cast the model (None: as it is).
+
+    Returns:
+        The ``DatasetStats`` (the partial statistics when ``max_batches`` stopped the run).
 
     Example:
-        >>> from tl_dynamics import scale                                     # doctest: +SKIP
-        >>> stats = scale.run_stats("tiny-random:gpt2", ["a = 1"], progress=False)  # doctest: +SKIP
-        >>> stats.n_prompts                                                   # doctest: +SKIP
-        1
+        >>> from tl_dynamics import scale, testing
+        >>> stats = scale.run_stats(testing.cached_model("gpt2"), ["a = 1", "def f(): pass"],
+        ...                         progress=False, model_name="tiny-gpt2")
+        >>> stats.n_prompts, stats.analyses
+        (2, ('odds_ratio', 'trajectories'))
     """
     from tl_dynamics import devices
     from tl_dynamics.scale import _distributed

@@ -11,14 +11,12 @@ break the page, and read as written). Every token label shows whitespace (``visi
 
 from __future__ import annotations
 
-import base64
-import io
 from typing import Any, Sequence
 
 import numpy as np
 
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.viz._component import Component, escape_tokens, html_escape, visible_token
+from tl_dynamics.viz._component import Component, escape_tokens, visible_token
 
 
 def _array(values: Any, ndim: int, what: str) -> np.ndarray:
@@ -38,7 +36,26 @@ def _check_tokens(tokens: Sequence[str], n: int, what: str) -> None:
 def attention_heads(attention: Any, tokens: Sequence[str], head_names: Sequence[str] | None = None,
                     max_value: float | None = None, min_value: float | None = None,
                     mask_upper_tri: bool | None = None, caption: str = "") -> Component:
-    """Grid of attention patterns ``[head, dest, src]`` with a zoomed view (AttentionHeads)."""
+    """Grid of attention patterns, one per head, with a zoomed view (circuitsvis AttentionHeads).
+
+    Args:
+        attention: The patterns, ``[head, dest, src]`` (a tensor or array).
+        tokens: One label per position (``src``), shown as written (``visible_token``).
+        head_names: One name per head (default: circuitsvis's "Head 0", ...).
+        max_value: Upper end of the colour scale (default: circuitsvis's).
+        min_value: Lower end of the colour scale.
+        mask_upper_tri: Grey out the future keys (default: circuitsvis's choice).
+        caption: Text under the view.
+
+    Returns:
+        A ``Component`` named ``"AttentionHeads"``.
+
+    Example:
+        >>> import torch
+        >>> view = attention_heads(torch.ones(2, 3, 3) / 3, ["a", "b", "c"], ["L0H0", "L0H1"])
+        >>> view.name, view.props["attentionHeadNames"]
+        ('AttentionHeads', ['L0H0', 'L0H1'])
+    """
     arr = _array(attention, 3, "attention")
     _check_tokens(tokens, arr.shape[-1], "attention_heads")
     names = None if head_names is None else [str(n) for n in head_names]
@@ -51,7 +68,22 @@ def attention_heads(attention: Any, tokens: Sequence[str], head_names: Sequence[
 
 def attention_pattern(tokens: Sequence[str], attention: Any, caption: str = "",
                       **options: Any) -> Component:
-    """One ``[dest, src]`` pattern (AttentionPattern)."""
+    """One head's attention pattern (circuitsvis AttentionPattern).
+
+    Args:
+        tokens: One label per position.
+        attention: The pattern, ``[dest, src]``.
+        caption: Text under the view.
+        **options: Further AttentionPattern props in snake case (``max_value`` -> ``maxValue``).
+
+    Returns:
+        A ``Component`` named ``"AttentionPattern"``.
+
+    Example:
+        >>> view = attention_pattern(["a", "b"], [[1.0, 0.0], [0.5, 0.5]], max_value=1.0)
+        >>> view.name, view.props["maxValue"]
+        ('AttentionPattern', 1.0)
+    """
     arr = _array(attention, 2, "attention")
     _check_tokens(tokens, arr.shape[-1], "attention_pattern")
     return Component("AttentionPattern", dict(tokens=[visible_token(t) for t in tokens], attention=arr,
@@ -60,7 +92,23 @@ def attention_pattern(tokens: Sequence[str], attention: Any, caption: str = "",
 
 def colored_tokens(tokens: Sequence[str], values: Any, min_value: float | None = None,
                    max_value: float | None = None, caption: str = "", **options: Any) -> Component:
-    """Tokens coloured by one value each (ColoredTokens)."""
+    """Tokens coloured by one value each (circuitsvis ColoredTokens); token strings are escaped.
+
+    Args:
+        tokens: The token strings, ``[pos]``.
+        values: One value per token, ``[pos]``.
+        min_value: Value of the scale's lower end (default: the smallest value).
+        max_value: Value of the scale's upper end (default: the largest value).
+        caption: Text under the view.
+        **options: Further ColoredTokens props in snake case.
+
+    Returns:
+        A ``Component`` named ``"ColoredTokens"``.
+
+    Example:
+        >>> colored_tokens(["<b>", " x"], [0.0, 1.0]).props["tokens"]
+        ['&lt;b&gt;', ' x']
+    """
     arr = _array(values, 1, "values")
     _check_tokens(tokens, arr.shape[0], "colored_tokens")
     return Component("ColoredTokens", dict(tokens=escape_tokens(tokens), values=arr,
@@ -70,7 +118,21 @@ def colored_tokens(tokens: Sequence[str], values: Any, min_value: float | None =
 
 def colored_tokens_multi(tokens: Sequence[str], values: Any, labels: Sequence[str] | None = None,
                          caption: str = "") -> Component:
-    """Tokens with several values each ``[tokens, K]``, selectable (ColoredTokensMulti)."""
+    """Tokens with several values each, one selectable at a time (circuitsvis ColoredTokensMulti).
+
+    Args:
+        tokens: The token strings, ``[pos]``.
+        values: The values, ``[pos, K]``.
+        labels: One name per value column (``K`` of them).
+        caption: Text under the view.
+
+    Returns:
+        A ``Component`` named ``"ColoredTokensMulti"``.
+
+    Example:
+        >>> colored_tokens_multi(["a", "b"], [[0, 1], [1, 0]], labels=["x", "y"]).props["labels"]
+        ['x', 'y']
+    """
     arr = _array(values, 2, "values")
     _check_tokens(tokens, arr.shape[0], "colored_tokens_multi")
     return Component("ColoredTokensMulti", dict(
@@ -84,7 +146,25 @@ def text_neuron_activations(tokens: Sequence[str], activations: Any,
                             first_dimension_labels: Sequence[str] | None = None,
                             second_dimension_labels: Sequence[str] | None = None,
                             caption: str = "") -> Component:
-    """Per-token activations ``[tokens, first_dim, second_dim]`` (TextNeuronActivations)."""
+    """Per-token activations over two dimensions, e.g. layer x neuron (TextNeuronActivations).
+
+    Args:
+        tokens: The token strings, ``[pos]``.
+        activations: The activations, ``[pos, first_dim, second_dim]``.
+        first_dimension_name: Name of the first dimension.
+        second_dimension_name: Name of the second dimension.
+        first_dimension_labels: One label per entry of the first dimension.
+        second_dimension_labels: One label per entry of the second dimension.
+        caption: Text under the view.
+
+    Returns:
+        A ``Component`` named ``"TextNeuronActivations"``.
+
+    Example:
+        >>> import numpy as np
+        >>> text_neuron_activations(["a", "b"], np.zeros((2, 1, 3))).name
+        'TextNeuronActivations'
+    """
     arr = _array(activations, 3, "activations")
     _check_tokens(tokens, arr.shape[0], "text_neuron_activations")
 
@@ -102,7 +182,26 @@ def text_neuron_activations(tokens: Sequence[str], activations: Any,
 def topk_tokens(tokens: Sequence[Sequence[str]], activations: Sequence[Any], max_k: int = 7,
                 first_dimension_name: str = "Layer", third_dimension_name: str = "Neuron",
                 sample_labels: Sequence[str] | None = None, caption: str = "") -> Component:
-    """Top-k and bottom-k tokens per neuron; ``activations[s]`` is ``[layers, tokens, neurons]``."""
+    """The top-k and bottom-k tokens of each neuron, per sample (circuitsvis TopkTokens).
+
+    Args:
+        tokens: One list of token strings per sample.
+        activations: One array per sample, ``[layers, pos, neurons]``.
+        max_k: How many tokens to show at each end (at most the sample's length).
+        first_dimension_name: Name of the first dimension.
+        third_dimension_name: Name of the third dimension.
+        sample_labels: One label per sample.
+        caption: Text under the view.
+
+    Returns:
+        A ``Component`` named ``"TopkTokens"``.
+
+    Example:
+        >>> import numpy as np
+        >>> view = topk_tokens([["a", "b", "c"]], [np.arange(6.0).reshape(1, 3, 2)], max_k=2)
+        >>> view.props["topkIdxs"][0][0].tolist()
+        [[2, 2], [1, 1]]
+    """
     if len(tokens) != len(activations):
         raise TLDynamicsError(f"{len(tokens)} token lists for {len(activations)} samples")
     top_v, top_i, bot_v, bot_i = [], [], [], []
@@ -124,113 +223,6 @@ def topk_tokens(tokens: Sequence[Sequence[str]], activations: Sequence[Any], max
         thirdDimensionName=str(third_dimension_name),
         sampleLabels=None if sample_labels is None else [str(s) for s in sample_labels]),
         caption=caption)
-
-
-def figure(fig: Any, caption: str = "", close: bool = True) -> Component:
-    """A matplotlib figure as an inline PNG (no network, no script)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    if close:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return Component(html=f'<img class="tld-figure" alt="{html_escape(caption or "figure")}" '
-                          f'src="data:image/png;base64,{data}">', caption=caption, kind="figure")
-
-
-def heatmap(values: Any, row_labels: Sequence[str] | None = None,
-            col_labels: Sequence[str] | None = None, title: str = "", row_title: str = "row",
-            col_title: str = "column", value_name: str = "value", min_value: float | None = None,
-            max_value: float | None = None, cmap: str | None = None,
-            mask_upper_tri: bool = False, cell_px: int = 16, caption: str = "") -> Component:
-    """A ``[rows, cols]`` map drawn on a canvas with a colour legend and hover read-out (e.g. a
-    statistic over layer x head). Signed values get a diverging map centred on 0; ``cmap`` may
-    be ``"blues"``, ``"viridis"`` or ``"rdbu"``. NaN cells are grey ("not defined"). Cells are
-    ``cell_px`` pixels wide at most (smaller when the map would not fit).
-
-    Example:
-        >>> heatmap([[0.1, 0.9], [0.5, float("nan")]], ["L0", "L1"], ["H0", "H1"]).name
-        'Heatmap'
-    """
-    arr = _array(values, 2, "values")
-    for labels, n, what in ((row_labels, arr.shape[0], "row"), (col_labels, arr.shape[1], "column")):
-        if labels is not None and len(labels) != n:
-            raise TLDynamicsError(f"heatmap: {len(labels)} {what} labels for {n} {what}s")
-    if cmap not in (None, "blues", "viridis", "rdbu"):
-        raise TLDynamicsError(f"heatmap: cmap {cmap!r}; valid: 'blues', 'viridis', 'rdbu'")
-
-    def as_labels(xs: Sequence | None) -> list[str] | None:
-        return None if xs is None else [visible_token(x) for x in xs]
-
-    return Component("Heatmap", dict(
-        values=arr, rowLabels=as_labels(row_labels), colLabels=as_labels(col_labels), title=str(title),
-        rowTitle=str(row_title), colTitle=str(col_title), valueName=str(value_name),
-        minValue=min_value, maxValue=max_value, cmap=cmap, mask=bool(mask_upper_tri),
-        cell=int(cell_px)),
-        caption=caption)
-
-
-def attention_grid(thumbs: Any, full: dict[int, Any], tokens: Sequence[str],
-                   head_names: Sequence[str], columns: int, row_names: Sequence[str] | None = None,
-                   selected: int = 0, mask_upper_tri: bool = False, caption: str = "") -> Component:
-    """Many heads at once: a thumbnail ``thumbs[i]`` per head (already downsampled) in a grid of
-    ``columns`` per row, and the full ``[pos, pos]`` pattern for the heads in ``full`` (index into
-    ``thumbs``), shown large when clicked. Built by the report for all heads of a model.
-
-    Example:
-        >>> import numpy as np
-        >>> grid = attention_grid(np.ones((2, 3, 3)) / 3, {0: np.ones((3, 3)) / 3}, ["a", "b", "c"],
-        ...                       ["L0H0", "L0H1"], columns=2)
-        >>> grid.name, sorted(grid.props["full"])
-        ('AttentionGrid', [0])
-    """
-    arr = _array(thumbs, 3, "thumbs")
-    if len(head_names) != arr.shape[0]:
-        raise TLDynamicsError(f"{len(head_names)} head names for {arr.shape[0]} heads")
-    kept = {}
-    for index, pattern in full.items():
-        if not 0 <= int(index) < arr.shape[0]:
-            raise TLDynamicsError(f"full pattern for head index {index}; valid: 0..{arr.shape[0] - 1}")
-        kept[int(index)] = _array(pattern, 2, "full pattern")
-        _check_tokens(tokens, kept[int(index)].shape[-1], "attention_grid")
-    return Component("AttentionGrid", dict(
-        thumbs=arr, full=kept, tokens=[visible_token(t) for t in tokens],
-        attentionHeadNames=[str(n) for n in head_names], columns=int(columns),
-        rowNames=None if row_names is None else [str(r) for r in row_names],
-        selected=int(selected), maskUpperTri=bool(mask_upper_tri)), caption=caption)
-
-
-def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{:.4g}") -> Component:
-    """A pandas DataFrame as an HTML table that scrolls inside its own box when wide; every cell
-    is escaped, whitespace-only strings are made visible, an unnamed integer index is dropped."""
-    shown = df.head(max_rows)
-    # An unnamed integer index is row numbering, not data: it is left out.
-    keep_index = shown.index.name is not None or shown.index.dtype.kind not in "iu"
-    columns = ([shown.index.name or ""] if keep_index else []) + list(shown.columns)
-    head = "".join(f"<th>{html_escape(c)}</th>" for c in columns)
-    rows = []
-    for index, row in shown.iterrows():
-        cells = ([index] if keep_index else []) + list(row.values)
-        rows.append("<tr>" + "".join(f"<td>{html_escape(_fmt(v, float_format))}</td>" for v in cells)
-                    + "</tr>")
-    more = f'<p class="caption">{len(df) - max_rows} more rows not shown</p>' if len(df) > max_rows else ""
-    return Component(html=f'<div class="tld-scroll"><table class="tld-table"><thead><tr>{head}'
-                          f'</tr></thead><tbody>{"".join(rows)}</tbody></table></div>{more}',
-                     caption=caption, kind="table")
-
-
-def text(body: str, caption: str = "") -> Component:
-    """A paragraph of plain (escaped) text."""
-    return Component(html=f"<p>{html_escape(body)}</p>", caption=caption, kind="text")
-
-
-def _fmt(value: Any, float_format: str) -> str:
-    if isinstance(value, (float, np.floating)):
-        return float_format.format(value)
-    if isinstance(value, str):
-        return visible_token(value)
-    return str(value)
 
 
 def _camel(options: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,18 @@ WRITERS: dict[str, Callable[..., Any]] = {}
 
 
 def html_escape(text: Any) -> str:
-    """Escape untrusted text (token strings, prompts, names) for HTML."""
+    """Escape untrusted text (token strings, prompts, names) for HTML.
+
+    Args:
+        text: Anything; it is converted with ``str`` first.
+
+    Returns:
+        The text with ``&``, ``<``, ``>`` and both quotes escaped.
+
+    Example:
+        >>> html_escape('<b title="x">')
+        '&lt;b title=&quot;x&quot;&gt;'
+    """
     return html.escape(str(text), quote=True)
 
 
@@ -35,8 +46,16 @@ _WHITESPACE = str.maketrans({"\n": "\u23ce", "\r": "\u240d", "\t": "\u21e5"})
 
 
 def visible_token(token: Any) -> str:
-    """A token as a label a reader can see: newline as a return symbol, tab as an arrow, a token
-    of spaces as middle dots, the empty token as an empty-set sign; other text unchanged.
+    """A token as a label a reader can see.
+
+    Newline becomes a return symbol, tab an arrow, a token of spaces middle dots, the empty token an
+    empty-set sign; other text is unchanged.
+
+    Args:
+        token: A token string (anything is converted with ``str``).
+
+    Returns:
+        The label.
 
     Example:
         >>> [visible_token(t) for t in ["\\n", "    ", " the", "", "a\\tb"]]
@@ -89,10 +108,23 @@ def bundle_js() -> str:
 
 @dataclass(frozen=True, repr=False)
 class Component:
-    """One view. ``name`` is a circuitsvis component (``props`` its data) or None for ``html``.
+    """One view: a circuitsvis component with its props, or a trusted HTML fragment.
 
-    In a notebook it displays itself offline (bundle inlined); ``Page`` embeds many components
-    with the bundle loaded once.
+    In a notebook it displays itself offline (the bundle inlined); ``Page`` embeds many components
+    with the bundle loaded once. The builders (``heatmap``, ``colored_tokens``, ...) make them.
+
+    Args:
+        name: The circuitsvis (or canvas) component's name, or None for an ``html`` view.
+        props: The component's data.
+        html: The fragment of an ``html`` view (trusted: builders escape what they put there).
+        caption: Text under the view.
+        kind: For an ``html`` view: ``"line_plot"``, ``"small_multiples"``, ``"figure"``,
+            ``"table"`` or ``"text"``.
+
+    Example:
+        >>> from tl_dynamics import viz
+        >>> viz.colored_tokens(["a", "b"], [0.0, 1.0], caption="demo")
+        Component(ColoredTokens, 'demo')
     """
 
     name: str | None = None
@@ -106,8 +138,21 @@ class Component:
         return f"Component({kind}{', ' + repr(self.caption) if self.caption else ''})"
 
     def fragment(self, nonce: str) -> str:
-        """HTML for a page that has loaded the bundle and the runtime: an empty placeholder and
-        its data (a JSON block, never executed); the runtime draws it when it scrolls into view."""
+        """HTML of the view for a page that has loaded the bundle and the runtime.
+
+        An empty placeholder and its data (a JSON block, never executed); the runtime draws it when it
+        scrolls into view.
+
+        Args:
+            nonce: The page's script nonce (unused by the view itself, kept for ``Group``).
+
+        Returns:
+            The HTML fragment.
+
+        Example:
+            >>> Component(html="<p>x</p>", caption="c", kind="text").fragment("n")
+            '<div class="tld-html"><p>x</p></div><p class="caption">c</p>'
+        """
         caption = f'<p class="caption">{html_escape(self.caption)}</p>' if self.caption else ""
         if self.name is None:
             return f'<div class="tld-html">{self.html}</div>{caption}'
@@ -118,9 +163,16 @@ class Component:
                 f"{caption}")
 
     def section_html(self, title: str = "") -> str:
-        """An HTML fragment for another page: ``<section>`` with the view (an inline image or
-        table) and its caption as ``<figcaption>``, every text escaped. Views drawn by
-        circuitsvis need its script: save them (``save``) or add them to a ``Page`` instead.
+        """An HTML fragment for another page: a ``<section>`` with the view and its caption.
+
+        The view (an inline image or table) and its caption as ``<figcaption>``, every text escaped.
+        Views drawn by circuitsvis need its script: save them (``save``) or add them to a ``Page``.
+
+        Args:
+            title: A heading for the section (escaped); none when empty.
+
+        Returns:
+            The HTML fragment.
 
         Example:
             >>> figure = Component(html="<p>1 &lt; 2</p>", caption="a & b", kind="text")
@@ -140,22 +192,59 @@ class Component:
         return cv_spec(str(self.name), self.props)
 
     def fragment_spec(self) -> dict[str, Any]:
-        """What the page's runtime receives for this view (arrays packed; see ``_specs``)."""
+        """What the page's runtime receives for this view (arrays packed; see ``_specs``).
+
+        Returns:
+            The JSON-ready spec: the component's name and its packed props.
+
+        Example:
+            >>> from tl_dynamics import viz
+            >>> sorted(viz.heatmap([[0.0, 1.0]]).fragment_spec())[:2]
+            ['cell', 'cmap']
+        """
         return self._spec()[0]
 
     def _repr_html_(self) -> str:
         return standalone_html([self])
 
     def needs_bundle(self) -> bool:
-        """Whether circuitsvis draws it (the page then inlines the bundle)."""
+        """Whether circuitsvis draws the view (a page then inlines its bundle).
+
+        Returns:
+            False for the views the page's runtime draws (heat maps, html), True otherwise.
+
+        Example:
+            >>> from tl_dynamics import viz
+            >>> viz.colored_tokens(["a"], [1.0]).needs_bundle(), viz.heatmap([[1.0]]).needs_bundle()
+            (True, False)
+        """
         return self.name is not None and self.name not in CANVAS_KINDS
 
     def show(self) -> "Component":
+        """The view itself, for a notebook cell to display (``display(view.show())`` or the last line).
+
+        Returns:
+            This component.
+
+        Example:
+            >>> from tl_dynamics import viz
+            >>> view = viz.text("hello")
+            >>> view.show() is view
+            True
+        """
         return self
 
     def save(self, path: Any) -> Path:
-        """Write the view to ``path``: ``.html`` (a standalone offline page), ``.svg`` (heat maps,
-        attention maps, line plots) or ``.png`` (headless Chromium; see ``viz._export``).
+        """Write the view to a file whose suffix says the format.
+
+        ``.html`` is a standalone offline page, ``.svg`` is for heat maps, attention maps and line
+        plots, ``.png`` is rendered with headless Chromium (see ``viz._export``).
+
+        Args:
+            path: The file to write (its folder must exist).
+
+        Returns:
+            The path written.
 
         Example:
             >>> import tempfile, pathlib
@@ -175,10 +264,17 @@ _BUNDLE = {"mode": "once", "sent": False}
 
 
 def notebook_bundle(mode: str) -> str:
-    """How notebook outputs carry the circuitsvis script: ``"once"`` (default: with the first
-    view of the kernel session; later views use it) or ``"every"`` (inlined in each output, for
-    a front end that isolates outputs, or a notebook whose first output was cleared). Returns
-    the previous mode.
+    """How notebook outputs carry the circuitsvis script.
+
+    ``"once"`` (the default) sends it with the first view of the kernel session, and later views use
+    it; ``"every"`` inlines it in each output, for a front end that isolates outputs, or a notebook
+    whose first output was cleared.
+
+    Args:
+        mode: ``"once"`` or ``"every"``.
+
+    Returns:
+        The previous mode.
 
     Example:
         >>> notebook_bundle("every"), notebook_bundle("once")
@@ -207,42 +303,3 @@ def standalone_html(components: list[Any], caption: str = "") -> str:
     return (bundle + f'<script nonce="{nonce}">{RUNTIME_JS}</script>' + head
             + "".join(c.fragment(nonce) for c in components)
             + f'<script nonce="{nonce}">TLD.start();</script>')
-
-
-def group(*components: Component | Group, caption: str = "", row: bool = False) -> Group:
-    """Components (or groups) shown together; ``row=True`` lays them side by side, wrapping as
-    needed."""
-    return Group(tuple(components), caption, row)
-
-
-@dataclass(frozen=True, repr=False)
-class Group:
-    """Several components shown together (e.g. a result's ``.show()``)."""
-
-    components: tuple[Component | Group, ...]
-    caption: str = ""
-    row: bool = False
-
-    def fragment(self, nonce: str) -> str:
-        head = f'<p class="caption">{html_escape(self.caption)}</p>' if self.caption else ""
-        if self.row:
-            cells = "".join(f'<div class="tld-cell">{c.fragment(nonce)}</div>' for c in self.components)
-            return f'{head}<div class="tld-row">{cells}</div>'
-        return head + "".join(c.fragment(nonce) for c in self.components)
-
-    def needs_bundle(self) -> bool:
-        return any(c.needs_bundle() for c in self.components)
-
-    def __repr__(self) -> str:
-        return f"Group({', '.join(map(repr, self.components))})"
-
-    def _repr_html_(self) -> str:
-        return standalone_html(list(self.components), self.caption)
-
-    def show(self) -> "Group":
-        return self
-
-    def save(self, path: Any) -> Path:
-        """Write the views together to ``path`` (as ``Component.save``; ``.svg`` when every
-        view has one)."""
-        return WRITERS["save"](self, path)

@@ -18,7 +18,8 @@ from typing import Any, Iterator, Sequence, Union
 
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.viz import _component, _svg
-from tl_dynamics.viz._component import Component, Group
+from tl_dynamics.viz._component import Component
+from tl_dynamics.viz._group import Group
 from tl_dynamics.viz._page import Page
 
 FORMATS = (".html", ".svg", ".png")

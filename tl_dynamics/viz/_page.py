@@ -13,7 +13,8 @@ from typing import Sequence, Union
 
 from tl_dynamics import docs, files
 from tl_dynamics.viz import _cite, _component
-from tl_dynamics.viz._component import Component, Group, bundle_js, html_escape
+from tl_dynamics.viz._component import Component, bundle_js, html_escape
+from tl_dynamics.viz._group import Group
 from tl_dynamics.viz._runtime import RUNTIME_JS
 
 Item = Union[Component, Group]
@@ -77,13 +78,22 @@ class Section:
 
 @dataclass
 class Page:
-    """Collects sections of components and writes one offline HTML file.
+    """Collects sections of views and writes one offline HTML file.
+
+    Args:
+        title: The page's title.
+        meta: ``(key, value)`` lines listed under the title.
+        sections: The sections (``add_section`` appends one).
+        failed_sections: Titles of sections that could not be built (the report lists them).
+        warnings: Warnings shown at the top of the page.
 
     Example:
         >>> from tl_dynamics import viz
         >>> page = viz.Page("demo")
-        >>> page.add_section("Tokens", [viz.colored_tokens(["<BOS>", "a"], [0.0, 1.0])])
-        >>> page.write("/tmp/demo.html")                       # doctest: +SKIP
+        >>> section = page.add_section("Tokens", [viz.colored_tokens(["<BOS>", "a"], [0.0, 1.0])])
+        >>> import tempfile, pathlib
+        >>> page.write(pathlib.Path(tempfile.mkdtemp()) / "demo.html").name
+        'demo.html'
     """
 
     title: str
@@ -94,13 +104,44 @@ class Page:
 
     def add_section(self, title: str, items: Sequence[Item], intro: str = "",
                     math: str = "") -> Section:
+        """Append a section of views.
+
+        Args:
+            title: The section's heading (and its entry in the table of contents).
+            items: The views (components or groups).
+            intro: A plain-words paragraph under the heading.
+            math: A maths citation, e.g. ``"docs/math.md §3"`` (linked to the page's appendix).
+
+        Returns:
+            The ``Section`` added.
+
+        Example:
+            >>> from tl_dynamics import viz
+            >>> page = viz.Page("demo")
+            >>> page.add_section("Words", [viz.text("hello")], intro="A greeting.").title
+            'Words'
+        """
         section = Section(title, list(items), intro, math)
         self.sections.append(section)
         return section
 
     def to_html(self) -> str:
-        """The page. Every "§N" it shows links to that section of docs/math.md, which the page
-        carries collapsed at its end (with the sections those cite; see ``_cite``)."""
+        """The page as one HTML document.
+
+        Every "§N" it shows links to that section of docs/math.md, which the page carries collapsed at
+        its end (with the sections those cite; see ``_cite``).
+
+        Returns:
+            The HTML text (no network request: scripts inlined, a Content-Security-Policy).
+
+        Example:
+            >>> from tl_dynamics import viz
+            >>> page = viz.Page("demo")
+            >>> _ = page.add_section("Words", [viz.text("see docs/math.md §2")])
+            >>> html = page.to_html()
+            >>> html.startswith("<!DOCTYPE html>"), 'id="tld-maths-cited"' in html
+            (True, True)
+        """
         nonce = secrets.token_hex(16)
         csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
                "img-src data:; font-src data:")
@@ -141,11 +182,43 @@ class Page:
 
     def save_figures(self, folder: Union[str, os.PathLike],
                      formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
-        """Every figure of the page into ``folder``, named ``NN-section_MM-kind-label.png``
-        (and ``.svg`` for heat maps, attention maps and line plots); returns the files written.
-        Text views are left out; PNGs need a headless Chromium (``viz._export``)."""
+        """Write every figure of the page into a folder.
+
+        Files are named ``NN-section_MM-kind-label.png`` (and ``.svg`` for heat maps, attention maps and
+        line plots). Text views are left out; PNGs need a headless Chromium (``viz._export``).
+
+        Args:
+            folder: The folder to write (made if missing).
+            formats: Which of ``"png"`` and ``"svg"`` to write.
+
+        Returns:
+            The files written.
+
+        Example:
+            >>> import tempfile
+            >>> from tl_dynamics import viz
+            >>> page = viz.Page("demo")
+            >>> _ = page.add_section("Map", [viz.heatmap([[0.0, 1.0]], title="m")])
+            >>> [p.name for p in page.save_figures(tempfile.mkdtemp(), formats=("svg",))]
+            ['01-map_01-heatmap-m.svg']
+        """
         return _component.WRITERS["figures"](self.sections, folder, formats)
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
+        """Write the page to an HTML file (atomically: a temporary file renamed into place).
+
+        Args:
+            path: The file to write.
+
+        Returns:
+            The path written.
+
+        Example:
+            >>> import tempfile, pathlib
+            >>> from tl_dynamics import viz
+            >>> out = viz.Page("demo").write(pathlib.Path(tempfile.mkdtemp()) / "page.html")
+            >>> out.read_text().count("<h1>demo</h1>")
+            1
+        """
         # atomic: a temporary file in the same folder, renamed into place
         return files.write_text(Path(path), self.to_html())

@@ -147,15 +147,31 @@ def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "
               height: int = 260, x_values: Any = None,
               y_range: tuple[float, float] | None = None, x_title: str = "",
               dashed: Sequence[str] = (), ordered: bool = False) -> Component:
-    """Several named series over the same x axis in one panel, with a legend. The x axis is
-    categorical (``x_labels`` evenly spaced) unless ``x_values`` (increasing numbers, one per
-    label) place the points; ``y_range`` fixes the y axis; series named in ``dashed`` are drawn
-    dashed, without dots (reference lines). ``ordered`` colours the series along a sequential
-    scale (e.g. depth: dark first, yellow last) instead of distinct colours.
+    """Several named series over the same x axis in one panel, with a legend (inline SVG).
+
+    The x axis is categorical (``x_labels`` evenly spaced) unless ``x_values`` place the points.
+
+    Args:
+        x_labels: One label per x position, ``[n]``.
+        series: Named series, each ``[n]`` (NaN leaves a gap).
+        title: Title above the panel.
+        y_title: Name of the y axis.
+        caption: Text under the plot.
+        width: Width in pixels (the legend included).
+        height: Height in pixels.
+        x_values: Increasing numbers, one per label, ``[n]``, that place the points.
+        y_range: ``(low, high)`` of the y axis (default: from the data).
+        x_title: Name of the x axis.
+        dashed: Names of series drawn dashed, without dots (reference lines).
+        ordered: Colour the series along a sequential scale (e.g. depth: dark first, yellow last)
+            instead of distinct colours.
+
+    Returns:
+        A ``Component`` of kind ``"line_plot"`` (its ``html`` is the SVG).
 
     Example:
-        >>> line_plot(["a", "b", "c"], {"up": [0, 1, 2], "down": [2, 1, float("nan")]}).name is None
-        True
+        >>> line_plot(["a", "b", "c"], {"up": [0, 1, 2], "down": [2, 1, float("nan")]}).kind
+        'line_plot'
     """
     labels = [str(x) for x in x_labels]
     if not labels or not series:
@@ -184,8 +200,20 @@ def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "
 def small_multiples(x_labels: Sequence[str], panels: Mapping[str, Any], columns: int = 4,
                     caption: str = "", panel_width: int = 270, panel_height: int = 150
                     ) -> Component:
-    """One small line plot per named series (its own y range, written at its left), all over
-    the same x labels, ``columns`` to a row.
+    """One small line plot per named series, all over the same x labels, ``columns`` to a row.
+
+    Each panel has its own y range, written at its left.
+
+    Args:
+        x_labels: One label per x position, ``[n]``.
+        panels: Named series, each ``[n]``.
+        columns: Panels per row.
+        caption: Text under the plots.
+        panel_width: Width of one panel in pixels.
+        panel_height: Height of one panel in pixels.
+
+    Returns:
+        A ``Component`` of kind ``"small_multiples"`` (its ``html`` is the SVG).
 
     Example:
         >>> small_multiples(["p0", "p1"], {"norm": [1.0, 2.0], "rank": [3.0, 2.5]}).html[:4]

@@ -65,15 +65,27 @@ def gpt2_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict
 def export_gpt2(name: str, folder: str | Path) -> Path:
     """Write shipped model ``name`` as a Hugging Face GPT-2 folder (config, weights, tokenizer).
 
-    Raises ``TLDynamicsError`` when the model is not GPT-2-shaped (attention-only, other norm,
-    positions or activation, ``d_head * n_heads != d_model``) or has a nonzero ``b_U``.
+    The folder boots with ``TransformerBridge.boot_transformers`` or loads with
+    ``transformers.GPT2LMHeadModel.from_pretrained``. Raises ``TLDynamicsError`` when the model is
+    not GPT-2-shaped (attention-only, other norm, positions or activation, ``d_head * n_heads !=
+    d_model``) or has a nonzero ``b_U``.
+
+    Args:
+        name: A shipped model's name (``"code-2l"`` is GPT-2-shaped).
+        folder: The folder to write (made if missing).
+
+    Returns:
+        The folder written.
 
     Example:
-        >>> import tempfile
-        >>> from transformer_lens.model_bridge import TransformerBridge
+        >>> import tempfile, torch, transformers
         >>> from tl_dynamics import zoo
         >>> path = zoo.export_gpt2("code-2l", tempfile.mkdtemp())
-        >>> bridge = TransformerBridge.boot_transformers(str(path), device="cpu")  # doctest: +SKIP
+        >>> hf = transformers.GPT2LMHeadModel.from_pretrained(str(path)).eval()
+        >>> model = zoo.load("code-2l")
+        >>> tokens = model.to_tokens("def f(x):")
+        >>> torch.allclose(hf(tokens).logits, model(tokens), atol=1e-4)
+        True
     """
     from safetensors.torch import save_file
     from transformers import GPT2Config

@@ -43,11 +43,15 @@ _CONFIG_FIELDS = (
 def names() -> dict[str, str]:
     """The models ``load`` knows, each with a one-line description.
 
-    >>> from tl_dynamics import zoo
-    >>> sorted(zoo.names())
-    ['code-2l', 'induction-2l', 'minilm']
-    >>> zoo.names()["induction-2l"].startswith("attention-only")
-    True
+    Returns:
+        ``{name: description}``.
+
+    Example:
+        >>> from tl_dynamics import zoo
+        >>> sorted(zoo.names())
+        ['code-2l', 'induction-2l', 'minilm']
+        >>> zoo.names()["induction-2l"].startswith("attention-only")
+        True
     """
     return {**_SHIPPED, **_EXTRAS}
 
@@ -75,18 +79,25 @@ def model_folder(name: str) -> Path:
 def load(name: str, host: Optional[Host] = None) -> Any:
     """A ready TransformerLens model with its tokenizer, from files inside the package.
 
-    ``host`` picks the model class: ``"hooked"`` gives a ``HookedTransformer`` (TransformerLens
-    3.x only), ``"bridge"`` a ``TransformerBridge``. By default it is ``HookedTransformer`` on
-    3.x and ``TransformerBridge`` on 4.x; ``minilm`` is always a bridge. Nothing is downloaded.
+    Nothing is downloaded (``minilm`` needs its optional pip package). Raises ``TLDynamicsError``
+    for an unknown name, a host the installed TransformerLens does not have, and a missing or
+    corrupted file (the message names the file).
 
-    Raises ``TLDynamicsError`` for an unknown name, a host the installed TransformerLens does
-    not have, and a missing or corrupted file (the message names the file).
+    Args:
+        name: A key of ``names()``.
+        host: ``"hooked"`` for a ``HookedTransformer`` (TransformerLens 3.x only), ``"bridge"``
+            for a ``TransformerBridge``; None: ``HookedTransformer`` on 3.x and
+            ``TransformerBridge`` on 4.x (``minilm`` is always a bridge).
 
-    >>> from tl_dynamics import zoo
-    >>> model = zoo.load("induction-2l")
-    >>> tokens = model.to_tokens("ABCDEFGH ABCDEFGH")
-    >>> model(tokens)[0, -2].argmax().item() == tokens[0, -1].item()
-    True
+    Returns:
+        The model, in eval mode.
+
+    Example:
+        >>> from tl_dynamics import zoo
+        >>> model = zoo.load("induction-2l")
+        >>> tokens = model.to_tokens("ABCDEFGH ABCDEFGH")
+        >>> model(tokens)[0, -2].argmax().item() == tokens[0, -1].item()
+        True
     """
     folder = model_folder(name)
     major = tl_major_version()

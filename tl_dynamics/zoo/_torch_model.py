@@ -119,7 +119,8 @@ class TorchTransformer(nn.Module):
     def __init__(self, cfg: dict[str, Any]):
         super().__init__()
         if cfg.get("positional_embedding_type", "standard") != "standard":
-            raise TLDynamicsError("TorchTransformer supports positional_embedding_type='standard' only")
+            raise TLDynamicsError(f"positional_embedding_type={cfg['positional_embedding_type']!r} "
+                                  "is not supported by the zoo's training model; use 'standard'")
         if cfg["normalization_type"] not in ("LN", None):
             raise TLDynamicsError(
                 f"normalization_type={cfg['normalization_type']!r} is not supported; use 'LN' or None"
