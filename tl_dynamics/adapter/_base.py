@@ -150,7 +150,7 @@ class AdapterBase:
             if name is None:
                 raise TLDynamicsError(f"this {self.info.architecture} model has no {role!r} hook "
                                       f"in layer {layer}")
-        return [(name, fn) for name, (_, _, fn) in zip(names, entries)]
+        return [(str(name), fn) for name, (_, _, fn) in zip(names, entries)]
 
     # ----------------------------------------------------------------- weights
     def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:

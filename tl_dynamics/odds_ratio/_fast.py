@@ -101,9 +101,9 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
         masks = MaskFacts.of(allowed, query_valid)
     group = max(1, CPU_CHUNK_ELEMENTS // (CPU_CHUNK_ROWS * n_batch * n_pos))
     if n_heads > group and not Collector.launch_bound(q.device):  # the CPU: heads in groups
-        parts = [row_facts(q[:, :, h0:h0 + group], k[:, :, h0:h0 + group], scale, allowed,
-                           query_valid, masks) for h0 in range(0, n_heads, group)]
-        return {name: torch.cat([part[name] for part in parts], 1) for name in parts[0]}
+        groups = [row_facts(q[:, :, h0:h0 + group], k[:, :, h0:h0 + group], scale, allowed,
+                            query_valid, masks) for h0 in range(0, n_heads, group)]
+        return {name: torch.cat([g[name] for g in groups], 1) for name in groups[0]}
     qh = q.permute(0, 2, 1, 3).contiguous()  # [b, h, i, d]: each chunk's product reads it
     kh = k.permute(0, 2, 1, 3).contiguous()  # in place (a strided view was copied per chunk)
     prior = (scale / 2.0) * kh.pow(2).sum(-1)  # [b, h, j]
