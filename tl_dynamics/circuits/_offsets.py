@@ -80,8 +80,8 @@ def offset_summary(model: Any, layer: int, head: int,
     rmap = adapter.rotation(layer)
     if rmap is None:
         raise TLDynamicsError(f"offset_summary needs a rotary layer; layer {layer} of "
-                              f"{adapter.info.architecture} has none (use positional_qk_circuit "
-                              "for learned positions)")
+                              f"{adapter.info.architecture} has none (for learned positions use "
+                              "qk_circuit(model, layer, head, inputs='positions'))")
     offsets = offsets_checked(offsets if isinstance(offsets, int) else list(offsets), adapter.n_ctx)
     E = adapter.W_E
     q = queries(adapter, layer, head, E, biases)  # [vocab, d_head], scale included

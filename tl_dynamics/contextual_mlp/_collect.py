@@ -57,7 +57,7 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
                 shared: dict[str, torch.Tensor | None] | None = None) -> ContextualMLP:
     """``from_layer`` with the head's outgoing weights ``v_j W_O`` given (None: computed) and
     the row's shared copies (``_row_tensors``; None: taken here)."""
-    la.require_no_sinks("contextual_mlp.from_layer")
+    la.require_no_sinks("contextual_mlp")
     head = adapter.check_head(head, la.layer)
     n_batch, n_pos = la.q.shape[:2]
     row = _check_row(row, n_batch)
@@ -65,7 +65,7 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
     if frame is None:
         if la.spec.rotary != "none":
             raise TLDynamicsError(f"layer {la.layer} is rotary: pass its verified frame "
-                                  "(contextual_mlp.build_frames) or use compute()")
+                                  "or use contextual_mlp.compute or attach, which verify it")
         frame = RotaryFrame()
     bias = la.bias([head])
     if bias is not None:

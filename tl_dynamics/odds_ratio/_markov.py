@@ -74,8 +74,9 @@ def absorption_steps(S: Float[Tensor, "pos pos"]) -> Float[Tensor, " pos"]:
     positions ``1..n-1`` (``inf`` where another position is absorbing, ``S_ii = 1``)."""
     S = _check(S)
     if not is_lower_triangular(S):
-        raise TLDynamicsError("absorption_steps needs a causal (lower-triangular) pattern; "
-                              "use stationary() for a bidirectional head")
+        raise TLDynamicsError("absorption steps need a causal (lower-triangular) pattern; "
+                              "a bidirectional head has a stationary distribution instead "
+                              "(odds_ratio.markov gives it)")
     n = S.shape[0]
     steps = torch.zeros(n, dtype=S.dtype)
     T = S[1:, 1:]
@@ -153,7 +154,7 @@ def compose(patterns: Sequence[Float[Tensor, "pos pos"]], residual: float | None
         [[1.0, 0.0], [0.75, 0.25]]
     """
     if not patterns:
-        raise TLDynamicsError("compose needs at least one pattern")
+        raise TLDynamicsError("odds_ratio.composed needs at least one layer's pattern")
     if residual is not None and not 0.0 <= residual <= 1.0:
         raise TLDynamicsError(f"residual weight must be in [0, 1], got {residual}")
     out = None

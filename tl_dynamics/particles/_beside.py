@@ -175,6 +175,6 @@ def beside_model(model: Any, prompt: Prompt | Batch, layer: int = 0, head: int =
         >>> result.show()                                                             # doctest: +SKIP
     """
     if not isinstance(layer, int) or not isinstance(head, int):
-        raise TLDynamicsError(f"beside_model takes one layer and one head (integers), got "
+        raise TLDynamicsError(f"particles: the beside-model view takes one layer and one head (integers), got "
                               f"layer={layer!r}, head={head!r}; for several use particles.compute")
     return compute(model, prompt, layers=layer, heads=head, eps=eps, t_max=t_max, radius=radius)

@@ -85,7 +85,7 @@ def phase_figure(*diagrams: PhaseDiagram) -> viz.Component:
     True
     """
     if not diagrams or not all(isinstance(d, PhaseDiagram) for d in diagrams):
-        raise TLDynamicsError(f"phase_figure: give one or more PhaseDiagram, got "
+        raise TLDynamicsError(f"phase_figure: give one or more results of particles.phase_diagram, got "
                               f"{[type(d).__name__ for d in diagrams]}")
     panels, caps = [], []
     for pd_ in diagrams:
