@@ -65,6 +65,24 @@ class HeadStats:
     Class attributes: ``HeadStats.SUM_KEYS`` and ``HeadStats.SINK_SUM_KEYS`` name the exact
     sums (the statistics file stores them in this order); ``HeadStats.SINK_DOMINANCE`` is how
     many times the next-largest column a prompt's sink must take to count as one.
+
+    Attributes:
+        model: the model's name (its architecture).
+        layers: the analysed layers.
+        heads: the analysed heads (in every analysed layer).
+        scale: each layer's score scale ``c`` (``[len(layers)]``).
+        softcap: each layer's soft-cap, or None.
+        n_prompts: prompts seen.
+        sums: ``{name: [len(layers), len(heads)]}`` running row sums (float64).
+        sink_sums: ``{name: [len(layers), len(heads)]}`` running sink sums (float64).
+        exact: the same sums exactly, ``[len(layers), n_sums, len(heads)]``.
+        sum_keys: the names of the row sums in ``exact``.
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> stats = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1", keep_tensors=False).stats
+        >>> stats.layers, stats.heads, stats.n_prompts
+        ((0, 1), (0, 1, 2, 3), 1)
     """
 
     SUM_KEYS: ClassVar[tuple[str, ...]] = SUM_KEYS
@@ -86,7 +104,31 @@ class HeadStats:
     def from_exact(model: str, layers: tuple[int, ...], heads: tuple[int, ...],
                    scale: tuple[float, ...], softcap: tuple[float | None, ...], n_prompts: int,
                    exact: ExactSum, sum_keys: tuple[str, ...]) -> "HeadStats":
-        """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + SINK_SUM_KEYS``)."""
+        """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + SINK_SUM_KEYS``).
+
+        How saved statistics are rebuilt (``scale.load_stats``) and how ``merge`` forms its result.
+
+        Args:
+            model: the model's name.
+            layers: the analysed layers.
+            heads: the analysed heads.
+            scale: each layer's score scale ``c``.
+            softcap: each layer's soft-cap, or None.
+            n_prompts: prompts the sums cover.
+            exact: ``ExactSum`` of shape ``[len(layers), len(sum_keys) + 5, len(heads)]``.
+            sum_keys: names of the row sums (``HeadStats.SUM_KEYS``).
+
+        Returns:
+            A ``HeadStats`` whose float sums are the exact sums' values.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> s = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1", keep_tensors=False).stats
+            >>> t = odds_ratio.HeadStats.from_exact(s.model, s.layers, s.heads, s.scale, s.softcap,
+            ...                                     s.n_prompts, s.exact, s.sum_keys)
+            >>> bool((t.sums["var_r"] == s.sums["var_r"]).all())
+            True
+        """
         keys = tuple(sum_keys) + SINK_SUM_KEYS
         if exact.shape != (len(layers), len(keys), len(heads)):
             raise TLDynamicsError(f"exact sums of shape {exact.shape} do not fit {len(layers)} "
@@ -100,13 +142,20 @@ class HeadStats:
     def merge(self, other: "HeadStats") -> "HeadStats":
         """Both runs' statistics together, exactly (any order gives the same bits).
 
+        Args:
+            other: statistics of the same model, layers, heads and settings.
+
+        Returns:
+            A ``HeadStats`` over the prompts of both.
+
         Example:
-            >>> from tl_dynamics import odds_ratio, testing                      # doctest: +SKIP
-            >>> m = testing.tiny_model("gpt2")                                   # doctest: +SKIP
-            >>> a = odds_ratio.compute(m, "a = 1", keep_tensors=False).stats     # doctest: +SKIP
-            >>> b = odds_ratio.compute(m, "b = 2", keep_tensors=False).stats     # doctest: +SKIP
-            >>> a.merge(b).n_prompts                                             # doctest: +SKIP
-            2
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> m = testing.tiny_model("gpt2")
+            >>> a = odds_ratio.compute(m, "a = 1", keep_tensors=False).stats
+            >>> b = odds_ratio.compute(m, "b = 2", keep_tensors=False).stats
+            >>> ab = a.merge(b)
+            >>> ab.n_prompts, bool((ab.sums["var_r"] == b.merge(a).sums["var_r"]).all())
+            (2, True)
         """
         if not isinstance(other, HeadStats):
             raise TLDynamicsError(f"can only merge HeadStats, got {type(other).__name__}")
@@ -135,12 +184,34 @@ class HeadStats:
 
     @property
     def sigma2(self) -> np.ndarray:
-        """Effective temperature ``1/c`` per layer."""
+        """Effective temperature ``1/c`` per layer (``[len(layers)]``).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> stats = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1").stats
+            >>> stats.sigma2.tolist()  # c = 1/sqrt(d_head) = 1/4
+            [4.0, 4.0]
+        """
         return np.array([1.0 / c for c in self.scale])
 
     def shares(self) -> dict[str, np.ndarray]:
-        """Variance shares ``[layer, head]`` (pooled over rows: sums of row covariances over
-        the sum of row variances)."""
+        """Variance shares of the split, per head.
+
+        Pooled over rows: sums of row covariances over the sum of row variances. ``attr_prior``,
+        ``attr_loglik``, ``attr_bias`` add to one; so do ``var_prior``, ``var_loglik``,
+        ``var_bias``, ``cov_prior_loglik`` and ``cov_bias``.
+
+        Returns:
+            ``{name: [len(layers), len(heads)] array}`` (NaN where no row had two keys).
+
+        Example:
+            >>> import numpy as np
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> sh = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.shares()
+            >>> total = sh["attr_prior"] + sh["attr_loglik"] + sh["attr_bias"]
+            >>> total.shape, bool(np.allclose(total, 1.0))
+            ((2, 4), True)
+        """
         s = self.sums
         var_r = s["var_r"]
         cov_r_loglik = var_r - s["cov_r_prior"] - s["cov_r_bias"]
@@ -155,10 +226,38 @@ class HeadStats:
         return {k: self._ratio(v, var_r) for k, v in raw.items()}
 
     def means(self) -> dict[str, np.ndarray]:
+        """Mean per-row KL divergences and entropy of every head.
+
+        Returns:
+            ``{"kl_prior", "kl_loglik", "entropy": [len(layers), len(heads)] array}``: mean over rows of
+            ``KL(real || prior-only)``, ``KL(real || likelihood-only)`` and the pattern's entropy
+            (nats).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> mn = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.means()
+            >>> sorted(mn), bool((mn["kl_prior"] >= 0).all())
+            (['entropy', 'kl_loglik', 'kl_prior'], True)
+        """
         rows = self.sums["rows"]
         return {k: self._ratio(self.sums[k], rows) for k in ("kl_prior", "kl_loglik", "entropy")}
 
     def labels(self, threshold: float = LABEL_THRESHOLD) -> np.ndarray:
+        """Each head's label from its additive shares.
+
+        Args:
+            threshold: the share a term needs for its label (default 2/3).
+
+        Returns:
+            ``[len(layers), len(heads)]`` object array of ``"prior-driven"``,
+            ``"likelihood-driven"`` or ``"mixed"``.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> labs = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.labels()
+            >>> labs.shape, set(labs.flat) <= {"prior-driven", "likelihood-driven", "mixed"}
+            ((2, 4), True)
+        """
         sh = self.shares()
         out = np.empty(sh["attr_prior"].shape, dtype=object)
         for idx in np.ndindex(out.shape):
@@ -166,7 +265,19 @@ class HeadStats:
         return out
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per head: shares, KLs, entropy, label and sink summary."""
+        """One row per head: shares, KLs, entropy, label and sink summary.
+
+        Returns:
+            A pandas DataFrame indexed by head name (``"L1H0"``), with ``layer``, ``head_index``,
+            ``sigma2``, ``softcap``, ``rows``, the ``shares()``, the ``means()``, ``label`` and the
+            per-prompt sink means (``sink_mass``, ``sink_first_share``, ...).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> frame = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1").stats.to_dataframe()
+            >>> frame.index[:2].tolist(), frame.shape[0]
+            (['L0H0', 'L0H1'], 8)
+        """
         sh, mn, lab = self.shares(), self.means(), self.labels()
         n = max(self.n_prompts, 1)
         sk = self.sink_sums
@@ -188,7 +299,20 @@ class HeadStats:
         return pd.DataFrame.from_records(records).set_index("head")
 
     def show(self, max_rows: int = 60) -> viz.Component:
-        """A table of the per-head statistics (``tl_dynamics.viz`` component)."""
+        """A table of the per-head statistics (``tl_dynamics.viz`` component).
+
+        Args:
+            max_rows: heads shown at most.
+
+        Returns:
+            A ``viz.Component`` (a table with a caption on the labels and soft-capped layers).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> view = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1").stats.show()
+            >>> "L1H3" in view.html
+            True
+        """
         capped = [layer for layer, cap in zip(self.layers, self.softcap) if cap is not None]
         return _views.stats_view(self.to_dataframe(), self.model, self.n_prompts, capped,
                                  LABEL_THRESHOLD, max_rows)
@@ -286,8 +410,23 @@ class Decomposition:
 
 @dataclass(frozen=True)
 class OddsRatioResult:
-    """What ``compute`` and ``attach`` return: per-head statistics, and per-prompt
-    decompositions (``{layer: Decomposition}`` per forward pass) when they were asked for."""
+    """What ``compute`` and ``attach`` return: per-head statistics and per-prompt decompositions.
+
+    The decompositions (``{layer: Decomposition}`` per forward pass) are kept when they were asked
+    for (``keep_tensors``); ``result[layer]`` is the first pass's.
+
+    Attributes:
+        stats: the per-head ``HeadStats``.
+        decompositions: per kept pass, ``{layer: Decomposition}`` (query term, key prior,
+            log-likelihood and bias ``[batch, head, q, k]``, real and counterfactual patterns).
+        sinks: per kept pass, ``{layer: {fact: [batch, head] tensor}}`` (``sink_facts``).
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1", layers=0)
+        >>> res[0].parts.key_prior.shape  # [batch, head, key]
+        torch.Size([1, 4, 4])
+    """
 
     stats: HeadStats
     decompositions: tuple[Mapping[int, Decomposition], ...] = ()
@@ -315,14 +454,37 @@ class OddsRatioResult:
         return self[layer]
 
     def to_dataframe(self) -> pd.DataFrame:
+        """The per-head table of ``stats`` (``HeadStats.to_dataframe``).
+
+        Returns:
+            A pandas DataFrame, one row per head.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1", layers=1).to_dataframe().shape[0]
+            4
+        """
         return self.stats.to_dataframe()
 
     def sink_table(self) -> pd.DataFrame:
-        """Per kept prompt and head: the source position taking most attention (counted in
-        real tokens), its token, mean attention mass (over rows with at least two allowed
-        keys), its dominance (its column over the next-largest; a near-tie below
-        ``SINK_DOMINANCE`` = 2 is not a sink), and whether it wins by prior or by likelihood
-        (its attention-weighted score advantage over the row mean, split; docs/math.md §2.3)."""
+        """Per kept prompt and head: where the sink is, how strong, and why it wins.
+
+        The source position taking most attention (counted in real tokens), its token, mean
+        attention mass (over rows with at least two allowed keys), its dominance (its column over the
+        next-largest; a near-tie below ``SINK_DOMINANCE`` = 2 is not a sink), and whether it wins by
+        prior or by likelihood (its attention-weighted score advantage over the row mean, split;
+        docs/math.md §2.3).
+
+        Returns:
+            A pandas DataFrame with columns ``pass, prompt, head, layer, position, token, mass,
+            prior_adv, loglik_adv, bias_adv, prior_rank, dominance, wins_by``.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), ["a b c a b c", "x = 1"], layers=1)
+            >>> res.sink_table().shape  # 2 prompts x 4 heads
+            (8, 13)
+        """
         records = []
         for p, (sinks, decs) in enumerate(zip(self.sinks, self.decompositions)):
             for layer, facts in sinks.items():
@@ -345,10 +507,21 @@ class OddsRatioResult:
         return pd.DataFrame.from_records(records)
 
     def extreme_heads(self) -> list[tuple[int, int, str, float]]:
-        """The heads with the largest ``attr_prior`` and the largest ``attr_loglik``, as
-        ``(layer, head, share name, share)``: the largest share, whatever its value. Whether the
-        head is prior- or likelihood-driven is its label (``LABEL_THRESHOLD``);
-        ``show_extremes`` says so in words."""
+        """The heads with the largest ``attr_prior`` and the largest ``attr_loglik``.
+
+        The largest share, whatever its value. Whether the head is prior- or likelihood-driven is
+        its label (``LABEL_THRESHOLD``); ``show_extremes`` says so in words.
+
+        Returns:
+            Two tuples ``(layer, head, share name, share)``, for ``"attr_prior"`` then
+            ``"attr_loglik"``.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> picks = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").extreme_heads()
+            >>> [name for _, _, name, _ in picks]
+            ['attr_prior', 'attr_loglik']
+        """
         shares = self.stats.shares()
         picks = []
         for key in ("attr_prior", "attr_loglik"):
@@ -358,15 +531,44 @@ class OddsRatioResult:
         return picks
 
     def show(self, heads: int | list[int] | None = None, row: int = 0) -> viz.Group:
-        """The per-head table, then (when tensors were kept) every decomposed layer's split of
-        prompt ``row`` for ``heads`` (all decomposed heads by default)."""
+        """The per-head table, then every decomposed layer's split of one prompt.
+
+        Args:
+            heads: a head, a list of heads, or None (all decomposed heads).
+            row: which prompt of the first kept pass to draw.
+
+        Returns:
+            A ``viz.Group``: the table, then (when tensors were kept) per layer the real pattern
+            beside the prior-only and likelihood-only patterns and the score parts.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> view = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1", layers=1).show(heads=0)
+            >>> type(view).__name__
+            'Group'
+        """
         layers = [self.decompositions[0][layer].show(heads, row)
                   for layer in sorted(self.decompositions[0])] if self.decompositions else []
         return _views.result_view(self.stats.show(), layers, self.stats.model)
 
     def show_extremes(self, row: int = 0) -> viz.Group:
-        """The per-head table and the split of the most prior-driven and the most
-        likelihood-driven head (``extreme_heads``) on prompt ``row`` (needs kept tensors)."""
+        """The per-head table and the split of the two extreme heads on one prompt.
+
+        The most prior-driven and the most likelihood-driven head (``extreme_heads``); needs kept
+        tensors.
+
+        Args:
+            row: which prompt of the first kept pass to draw.
+
+        Returns:
+            A ``viz.Group``: the table, then each extreme head's split with what its share means.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> view = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1").show_extremes()
+            >>> type(view).__name__
+            'Group'
+        """
         picks = [(head_name(layer, head), key, value, self._head(layer, head).show([head], row))
                  for layer, head, key, value in self.extreme_heads()]
         return _views.extremes_view(self.stats.show(), picks, self.stats.model, LABEL_THRESHOLD)
