@@ -82,6 +82,17 @@ class TrajectoryStats:
     ``meta`` records what was computed (architecture, point labels, eps, options); runs merge
     only when it matches. Means are over real tokens (per-token statistics), over prompts
     (cluster counts, events, effective rank) or over token pairs (cosines).
+
+    Attributes:
+        meta: what was computed (architecture, labels, eps, options, lens note).
+        ints: exact integer counts (histograms, ranks, clusters, events) by name.
+        sums: exact float sums (``ExactSum``) by name.
+
+    Example:
+        >>> from tl_dynamics import testing, trajectories
+        >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+        >>> stats.n_prompts, stats.n_tokens, stats.labels
+        (1, 8, ('resid_pre0', 'resid_pre1', 'resid_post1'))
     """
 
     meta: dict[str, Any]
@@ -90,7 +101,23 @@ class TrajectoryStats:
 
     # ------------------------------------------------------------------ merging
     def merge(self, other: "TrajectoryStats") -> "TrajectoryStats":
-        """The statistics of both runs together, exactly (integer and exact-sum addition)."""
+        """The statistics of both runs together, exactly (integer and exact-sum addition).
+
+        Args:
+            other: statistics computed with the same settings (an empty run is the identity).
+
+        Returns:
+            The merged ``TrajectoryStats``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> m = testing.tiny_model("gpt2")
+            >>> a = trajectories.stream(m, ["a = 1", "b = 2"], batch_size=2, progress=False)
+            >>> b = trajectories.stream(m, ["c = 3", "d = 4"], batch_size=2, progress=False)
+            >>> a.merge(b) == trajectories.stream(m, ["a = 1", "b = 2", "c = 3", "d = 4"],
+            ...                                   batch_size=2, progress=False)  # bit for bit
+            True
+        """
         if not isinstance(other, TrajectoryStats):
             raise TLDynamicsError(f"can only merge TrajectoryStats, got {type(other).__name__}")
         if not self.ints or not other.ints:  # an empty run (no forward pass) is the identity
@@ -120,22 +147,62 @@ class TrajectoryStats:
     # ------------------------------------------------------------------ meta
     @property
     def labels(self) -> tuple[str, ...]:
+        """The trajectory points' names, e.g. ``("resid_pre0", ..., "resid_post1")``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.labels
+            ('resid_pre0', 'resid_pre1', 'resid_post1')
+        """
         return tuple(self.meta["labels"])
 
     @property
     def eps(self) -> tuple[float, ...]:
+        """The cluster thresholds computed (link tokens with ``cos > 1 - eps``).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.eps
+            (0.01, 0.05, 0.1, 0.25)
+        """
         return tuple(self.meta["eps"])
 
     @property
     def n_prompts(self) -> int:
+        """Number of prompts seen.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.n_prompts
+            1
+        """
         return int(self.ints.get("n_prompts", 0))
 
     @property
     def n_tokens(self) -> int:
+        """Number of real (non-padding) tokens seen.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.n_tokens
+            8
+        """
         return int(self.ints.get("n_tokens", 0))
 
     @property
     def has_lens(self) -> bool:
+        """Whether the next-token (logit-lens) statistics were computed.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.has_lens
+            True
+        """
         return "rank_sum" in self.ints
 
     def __repr__(self) -> str:
@@ -147,9 +214,22 @@ class TrajectoryStats:
         return self.sums[name].value() / np.maximum(count, 1)
 
     def mean(self, name: str) -> np.ndarray:
-        """Mean over real tokens of a per-token statistic, per point (``norm``, ``step``,
-        ``rel_step``, ``turning``, ``cos_final``) or per next-token statistic (``cos_embed``,
-        ``dist_embed``, ``cos_unembed``, ``dist_unembed``, ``log_rank``)."""
+        """Mean over real tokens of a per-token statistic, per point.
+
+        Args:
+            name: a per-token statistic (``norm``, ``step``, ``rel_step``, ``turning``,
+                ``cos_final``) or a next-token one (``cos_embed``, ``dist_embed``,
+                ``cos_unembed``, ``dist_unembed``, ``log_rank``).
+
+        Returns:
+            ``[point]`` means (``[point - 1]`` for steps, ``[point - 2]`` for turning).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.mean("norm").shape, stats.mean("step").shape
+            ((3,), (2,))
+        """
         if name in _TOKEN_FLOATS:
             return self._mean(name, self.ints[f"count_{name}"])
         if name in _LENS_FLOATS:
@@ -167,31 +247,96 @@ class TrajectoryStats:
                                   f"not have: {self.meta.get('lens_note') or 'lens off'}")
 
     def mean_rank(self) -> np.ndarray:
-        """Mean logit-lens rank of the true next token per point (0 = always top-1)."""
+        """Mean logit-lens rank of the true next token per point (0 = always top-1).
+
+        Returns:
+            ``[point]`` mean ranks (needs the lens).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.mean_rank().shape
+            (3,)
+        """
         self._need_lens("mean_rank")
         return self.ints["rank_sum"] / max(int(self.ints["n_lens_tokens"]), 1)
 
     def top1_rate(self) -> np.ndarray:
+        """Share of tokens whose true next token is the logit lens's top-1, per point.
+
+        Returns:
+            ``[point]`` rates in ``[0, 1]`` (needs the lens).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.top1_rate().shape
+            (3,)
+        """
         self._need_lens("top1_rate")
         return self.ints["top1"] / max(int(self.ints["n_lens_tokens"]), 1)
 
     def settling_histogram(self) -> np.ndarray:
-        """Counts of tokens by settling point; the last bin counts tokens that never settle."""
+        """Counts of tokens by settling point; the last bin counts tokens that never settle.
+
+        Returns:
+            ``[point + 1]`` int64 counts (needs the lens).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> int(stats.settling_histogram().sum()) == stats.n_tokens - 1  # the last has no next
+            True
+        """
         self._need_lens("settling_histogram")
         return self.ints["settling"].copy()
 
     def cos_histogram(self, density: bool = True) -> np.ndarray:
-        """Pairwise-cosine histogram per point ``[point, N_BINS]`` on ``BIN_EDGES``."""
+        """Pairwise-cosine histogram per point on the fixed bins ``BIN_EDGES`` (40 bins on [-1, 1]).
+
+        Args:
+            density: normalise each point's counts to a density (else raw counts).
+
+        Returns:
+            ``[point, N_BINS]`` array.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.cos_histogram().shape
+            (3, 40)
+        """
         h = self.ints["cos_hist"]
         if not density:
             return h.copy()
         return h / np.maximum(h.sum(1, keepdims=True), 1) / (2.0 / N_BINS)
 
     def mean_pairwise_cos(self) -> np.ndarray:
+        """Mean cosine over token pairs of a prompt, per point.
+
+        Returns:
+            ``[point]`` mean cosines.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.mean_pairwise_cos().shape
+            (3,)
+        """
         return self.sums["cos_sum"].value() / np.maximum(self.ints["n_pairs"], 1)
 
     def effective_rank(self) -> np.ndarray:
-        """Mean effective rank of the prompts' token clouds, per point."""
+        """Mean effective rank of the prompts' token clouds, per point.
+
+        Returns:
+            ``[point]`` mean effective ranks.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.effective_rank().shape
+            (3,)
+        """
         return self.sums["erank"].value() / max(self.n_prompts, 1)
 
     def _eps_index(self, eps: float) -> int:
@@ -204,19 +349,57 @@ class TrajectoryStats:
     def cluster_counts(self, eps: float) -> np.ndarray:
         """Mean number of clusters per prompt at each point, threshold ``cos > 1 - eps``.
 
-        Shaped ``[point]`` (index ``p`` is depth ``p`` when not flattened), ready to set beside
-        a particle simulation's cluster counts over time.
+        Index ``p`` is depth ``p`` when not flattened, ready to set beside a particle
+        simulation's cluster counts over time.
+
+        Args:
+            eps: one of the computed thresholds (``eps``).
+
+        Returns:
+            ``[point]`` mean cluster counts.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.cluster_counts(0.01).shape
+            (3,)
         """
         return self.ints["clusters"][self._eps_index(eps)] / max(self.n_prompts, 1)
 
     def mean_merges(self, eps: float) -> np.ndarray:
-        """Mean merge events per prompt between consecutive points ``[point - 1]`` (each
-        cluster that gathers ``k`` clusters of the point before counts ``k - 1``;
-        ``tl_dynamics.sphere.merge_events``)."""
+        """Mean merge events per prompt between consecutive points.
+
+        Each cluster that gathers ``k`` clusters of the point before counts ``k - 1``
+        (``tl_dynamics.sphere.merge_events``).
+
+        Args:
+            eps: one of the computed thresholds (``eps``).
+
+        Returns:
+            ``[point - 1]`` mean merge counts.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.mean_merges(0.01).shape
+            (2,)
+        """
         return self.ints["merges"][self._eps_index(eps)] / max(self.n_prompts, 1)
 
     def standardizer(self) -> Standardizer:
-        """Dataset per-dimension mean and std per point, for a second, standardised pass."""
+        """Dataset per-dimension mean and std per point, for a second, standardised pass.
+
+        Pass it as ``standardize=`` to ``compute``, ``attach`` or ``stream``.
+
+        Returns:
+            A ``Standardizer`` with ``mean`` and ``std`` ``[point, d_model]``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.standardizer().mean.shape
+            torch.Size([3, 64])
+        """
         n = max(self.n_tokens, 1)
         mean = self.sums["state_sum"].value() / n
         var = np.maximum(self.sums["state_sumsq"].value() / n - mean ** 2, 0.0)
@@ -225,7 +408,18 @@ class TrajectoryStats:
 
     # ------------------------------------------------------------------ views
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per trajectory point with every mean statistic."""
+        """One row per trajectory point with every mean statistic.
+
+        Returns:
+            A pandas DataFrame indexed by point: mean norm, steps, turning, cosines, effective rank,
+            cluster counts and merges per ``eps``, and the lens statistics when present.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.to_dataframe().shape
+            (3, 23)
+        """
         labels = list(self.labels)
         n = len(labels)
 
@@ -253,7 +447,17 @@ class TrajectoryStats:
         return pd.DataFrame(data).set_index("point")
 
     def show(self) -> viz.Group:
-        """Per-point plots (pairwise-cosine histograms, cluster counts) and the table of means."""
+        """Per-point plots (pairwise-cosine histograms, cluster counts) and the table of means.
+
+        Returns:
+            A ``viz.Group``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> type(stats.show()).__name__
+            'Group'
+        """
         return stats_views(
             labels=self.labels, bin_edges=BIN_EDGES.numpy(), density=self.cos_histogram(),
             clusters={eps: self.cluster_counts(eps) for eps in self.eps},
