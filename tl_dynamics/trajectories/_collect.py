@@ -21,7 +21,8 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._meta import lens_applies, lens_note, stats_meta
 from tl_dynamics.trajectories._points import (Config, StandardizeArg, check_config, next_tokens,
                                               point_roles, point_statistics)
-from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
+from tl_dynamics.trajectories._reduce import reduce_batch
+from tl_dynamics.trajectories._stats import TrajectoryStats
 from tl_dynamics.trajectories._trajectory import Trajectory, build, join
 
 

@@ -1,9 +1,5 @@
-"""``TrajectoryStats``: dataset-level statistics that add up exactly across batches and runs.
-
-Integer quantities (histogram counts, ranks, cluster counts, events) are int64 counts; real
-quantities are ``ExactSum`` totals of per-batch float64 sums. Merging two runs adds both, so
-``a.merge(b)`` equals the single run over the same batches bit for bit.
-"""
+"""``TrajectoryStats``: dataset-level statistics that add up exactly across batches and runs
+(int64 counts and ``ExactSum`` totals: ``a.merge(b)`` equals one run over both, bit for bit)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch import Tensor
 
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
@@ -22,57 +17,9 @@ from tl_dynamics.collect import ExactSum
 from tl_dynamics.trajectories._points import Standardizer
 from tl_dynamics.trajectories._views import stats_views
 
-# per-token float statistics: name -> (raw key, point offset)
+# per-token float statistics, and the next-token (lens) ones
 _TOKEN_FLOATS = ("norm", "step", "rel_step", "turning", "cos_final")
 _LENS_FLOATS = ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")
-
-
-def _valid_sum(x: Tensor, valid: Tensor) -> tuple[Tensor, np.ndarray]:
-    """Sum (float64) and count over batch and position of ``x [batch, point, pos]`` at valid
-    tokens where it is defined (not NaN)."""
-    v = valid[:, None, :].expand_as(x) & ~torch.isnan(x)
-    return torch.where(v, x.double(), 0.0).sum((0, 2)), v.sum((0, 2)).numpy().astype(np.int64)
-
-
-def _add_float(ints: dict, sums: dict, name: str, x: Tensor, valid: Tensor) -> None:
-    total, count = _valid_sum(x, valid)
-    sums[name] = ExactSum.of(total)
-    ints[f"count_{name}"] = count
-
-
-def reduce_batch(raw: dict[str, Tensor], key_valid: Tensor, meta: dict[str, Any]
-                 ) -> "TrajectoryStats":
-    """The statistics of one batch (one pass's ``point_statistics``, on the CPU)."""
-    ints: dict[str, np.ndarray] = {}
-    sums: dict[str, ExactSum] = {}
-    n_tok = int(key_valid.sum())
-    ints["n_tokens"] = np.array(n_tok, dtype=np.int64)
-    ints["n_prompts"] = np.array(key_valid.shape[0], dtype=np.int64)
-    for name in _TOKEN_FLOATS:
-        if name in raw:
-            _add_float(ints, sums, name, raw[name], key_valid)
-    sums["state_sum"] = ExactSum.of(raw["state_sum"])
-    sums["state_sumsq"] = ExactSum.of(raw["state_sumsq"])
-    if "rank" in raw:
-        rank = raw["rank"]
-        has = rank >= 0  # [batch, point, pos]
-        ints["n_lens_tokens"] = np.array(int(has[:, 0].sum()), dtype=np.int64)
-        ints["rank_sum"] = torch.where(has, rank, 0).sum((0, 2)).numpy().astype(np.int64)
-        ints["top1"] = (rank == 0).sum((0, 2)).numpy().astype(np.int64)
-        sums["log_rank"] = ExactSum.of(torch.where(has, torch.log1p(rank.double()), 0.0).sum((0, 2)))
-        lens_valid = has[:, 0]
-        for name in _LENS_FLOATS:
-            _add_float(ints, sums, name, raw[name], lens_valid)
-        settle = raw["settling"][lens_valid]
-        n_points = rank.shape[1]
-        ints["settling"] = torch.bincount(settle, minlength=n_points + 1).numpy().astype(np.int64)
-    ints["cos_hist"] = raw["cos_hist"].sum(0).numpy().astype(np.int64)
-    ints["n_pairs"] = raw["n_pairs"].sum(0).numpy().astype(np.int64)
-    sums["cos_sum"] = ExactSum.of(raw["cos_sum"].sum(0))
-    sums["erank"] = ExactSum.of(raw["erank"].double().sum(0))
-    for name in ("clusters", "merges", "splits"):
-        ints[name] = raw[name].sum(0).numpy().astype(np.int64)
-    return TrajectoryStats(meta=dict(meta), ints=ints, sums=sums)
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,7 +46,6 @@ class TrajectoryStats:
     ints: dict[str, np.ndarray] = field(default_factory=dict)
     sums: dict[str, ExactSum] = field(default_factory=dict)
 
-    # ------------------------------------------------------------------ merging
     def merge(self, other: "TrajectoryStats") -> "TrajectoryStats":
         """The statistics of both runs together, exactly (integer and exact-sum addition).
 
@@ -144,7 +90,6 @@ class TrajectoryStats:
 
     __hash__ = None  # type: ignore[assignment]
 
-    # ------------------------------------------------------------------ meta
     @property
     def labels(self) -> tuple[str, ...]:
         """The trajectory points' names, e.g. ``("resid_pre0", ..., "resid_post1")``.
@@ -209,7 +154,6 @@ class TrajectoryStats:
         return (f"TrajectoryStats({self.meta['architecture']}, prompts={self.n_prompts}, "
                 f"tokens={self.n_tokens}, points={len(self.labels)}, lens={self.has_lens})")
 
-    # ------------------------------------------------------------------ means
     def _mean(self, name: str, count: int | np.ndarray) -> np.ndarray:
         return self.sums[name].value() / np.maximum(count, 1)
 
@@ -217,9 +161,8 @@ class TrajectoryStats:
         """Mean over real tokens of a per-token statistic, per point.
 
         Args:
-            name: a per-token statistic (``norm``, ``step``, ``rel_step``, ``turning``,
-                ``cos_final``) or a next-token one (``cos_embed``, ``dist_embed``,
-                ``cos_unembed``, ``dist_unembed``, ``log_rank``).
+            name: ``norm``, ``step``, ``rel_step``, ``turning``, ``cos_final``, or with the lens
+                ``cos_embed``, ``dist_embed``, ``cos_unembed``, ``dist_unembed``, ``log_rank``.
 
         Returns:
             ``[point]`` means (``[point - 1]`` for steps, ``[point - 2]`` for turning).
@@ -349,14 +292,11 @@ class TrajectoryStats:
     def cluster_counts(self, eps: float) -> np.ndarray:
         """Mean number of clusters per prompt at each point, threshold ``cos > 1 - eps``.
 
-        Index ``p`` is depth ``p`` when not flattened, ready to set beside a particle
-        simulation's cluster counts over time.
-
         Args:
             eps: one of the computed thresholds (``eps``).
 
         Returns:
-            ``[point]`` mean cluster counts.
+            ``[point]`` mean cluster counts (index ``p`` is depth ``p`` when not flattened).
 
         Example:
             >>> from tl_dynamics import testing, trajectories
@@ -367,16 +307,13 @@ class TrajectoryStats:
         return self.ints["clusters"][self._eps_index(eps)] / max(self.n_prompts, 1)
 
     def mean_merges(self, eps: float) -> np.ndarray:
-        """Mean merge events per prompt between consecutive points.
-
-        Each cluster that gathers ``k`` clusters of the point before counts ``k - 1``
-        (``tl_dynamics.sphere.merge_events``).
+        """Mean merge events per prompt between consecutive points (``sphere.merge_events``).
 
         Args:
             eps: one of the computed thresholds (``eps``).
 
         Returns:
-            ``[point - 1]`` mean merge counts.
+            ``[point - 1]`` means (a cluster gathering ``k`` of the point before counts ``k - 1``).
 
         Example:
             >>> from tl_dynamics import testing, trajectories
@@ -389,10 +326,8 @@ class TrajectoryStats:
     def standardizer(self) -> Standardizer:
         """Dataset per-dimension mean and std per point, for a second, standardised pass.
 
-        Pass it as ``standardize=`` to ``compute``, ``attach`` or ``stream``.
-
         Returns:
-            A ``Standardizer`` with ``mean`` and ``std`` ``[point, d_model]``.
+            A ``Standardizer`` (``mean``, ``std``: ``[point, d_model]``) for ``standardize=``.
 
         Example:
             >>> from tl_dynamics import testing, trajectories
@@ -406,13 +341,11 @@ class TrajectoryStats:
         return Standardizer(torch.tensor(mean, dtype=torch.float32),
                             torch.tensor(np.sqrt(var), dtype=torch.float32))
 
-    # ------------------------------------------------------------------ views
     def to_dataframe(self) -> pd.DataFrame:
         """One row per trajectory point with every mean statistic.
 
         Returns:
-            A pandas DataFrame indexed by point: mean norm, steps, turning, cosines, effective rank,
-            cluster counts and merges per ``eps``, and the lens statistics when present.
+            A pandas DataFrame indexed by point (means; clusters and merges per ``eps``; lens).
 
         Example:
             >>> from tl_dynamics import testing, trajectories

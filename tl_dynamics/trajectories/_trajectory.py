@@ -17,7 +17,8 @@ from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._points import Config, point_labels, point_roles
-from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
+from tl_dynamics.trajectories._reduce import reduce_batch
+from tl_dynamics.trajectories._stats import TrajectoryStats
 from tl_dynamics.trajectories._views import token_views
 from tl_dynamics.trajectories._meta import lens_note, stats_meta
 
