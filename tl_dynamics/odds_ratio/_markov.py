@@ -74,9 +74,8 @@ def absorption_steps(S: Float[Tensor, "pos pos"]) -> Float[Tensor, " pos"]:
     positions ``1..n-1`` (``inf`` where another position is absorbing, ``S_ii = 1``)."""
     S = _check(S)
     if not is_lower_triangular(S):
-        raise TLDynamicsError("absorption steps need a causal (lower-triangular) pattern; "
-                              "a bidirectional head has a stationary distribution instead "
-                              "(odds_ratio.markov gives it)")
+        raise TLDynamicsError("absorption_steps needs a causal (lower-triangular) pattern; "
+                              "use stationary() for a bidirectional head")
     n = S.shape[0]
     steps = torch.zeros(n, dtype=S.dtype)
     T = S[1:, 1:]

@@ -18,8 +18,7 @@ from tl_dynamics.particles._checks import Problems, check_eps
 from tl_dynamics.particles._seeding import HeadSource
 from tl_dynamics.particles._views import run_figure
 
-#: Record times in memory at once when observables are recomputed from kept states.
-_CHUNK = 64
+_CHUNK = 64  # record times in memory at once when observables are recomputed from states
 
 
 @dataclass(frozen=True)
@@ -218,13 +217,11 @@ class ParticleRun:
     def time_to_clustering(self, eps: float | None = None) -> Float[Tensor, " runs"]:
         """First record time at which *all* pairs are eps-close, per run (``inf`` if never).
 
-        Resolution is the record spacing: the true time lies in ``(previous record, returned]``.
-
         Args:
             eps: the threshold (default: the first recorded).
 
         Returns:
-            ``[runs]`` times (float64).
+            ``[runs]`` times (float64); the true time lies in ``(previous record, returned]``.
 
         Example:
             >>> import torch
@@ -244,12 +241,10 @@ class ParticleRun:
             eps: the threshold (default: the first recorded).
 
         Returns:
-            A pandas DataFrame with columns ``run``, ``time`` (first record showing the new count),
-            ``before``, ``after``, ``merged`` (``before - after``; > 1 when several merges fall
-            between two records, < 0 for a split, which happens only when a pair sits at the
-            threshold), and the events behind it, ``merges`` and ``splits``
-            (``tl_dynamics.sphere.merge_events`` between the two records' labels;
-            ``merged = merges - splits``).
+            A pandas DataFrame: ``run``, ``time`` (first record with the new count), ``before``,
+            ``after``, ``merged = before - after`` (> 1: several merges between two records;
+            < 0: a split, only when a pair sits at the threshold), and the ``merges`` and
+            ``splits`` behind it (``sphere.merge_events``; ``merged = merges - splits``).
 
         Example:
             >>> import torch
@@ -284,9 +279,8 @@ class ParticleRun:
             eps: the threshold (default: the first recorded).
 
         Returns:
-            A pandas DataFrame with columns ``run``, ``n_clusters``, ``start``, ``end``,
-            ``length`` and ``open`` (True when the plateau lasts to the last record, so its length
-            is a lower bound). ``start``/``end`` are the first/last record with that count.
+            A pandas DataFrame: ``run``, ``n_clusters``, ``start``/``end`` (first/last record with
+            that count), ``length`` and ``open`` (lasts to the last record: a lower bound).
 
         Example:
             >>> import torch
@@ -377,8 +371,7 @@ class ParticleRun:
     def show(self, eps: float | None = None, run: int = 0) -> viz.Component:
         """Draw one run's trajectories beside the cluster counts of every run.
 
-        The trajectories of ``run`` (d = 2: on the circle, d = 3: on the sphere, when states were
-        kept; otherwise the mean cosine over time).
+        d = 2: on the circle, d = 3: on the sphere (with kept states); else the mean cosine.
 
         Args:
             eps: the threshold (default: the first recorded).
