@@ -2,39 +2,30 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics import viz
 from tl_dynamics.adapter import QueryNorm
-from tl_dynamics.contextual_mlp import _core, _files, _readout, _views
+from tl_dynamics.contextual_mlp import _core, _files
 from tl_dynamics.contextual_mlp._frame import RotaryFrame
+from tl_dynamics.contextual_mlp._mlp_readouts import DEFAULT_CHUNK, MLPReadouts
+from tl_dynamics.contextual_mlp._mlp_readouts import SAVE_FORMAT as SAVE_FORMAT
+from tl_dynamics.contextual_mlp._mlp_shape import MLPShape
 from tl_dynamics.contextual_mlp._results import Evaluation, Exactness, Neurons
 from tl_dynamics.errors import TLDynamicsError
 
-if TYPE_CHECKING:
-    from tl_dynamics.adapter import ModelAdapter
-
-# /3: safetensors tensors + a JSON description (no pickle); /2 and /1 (torch.save pickles) are
-# refused without being unpickled.
-SAVE_FORMAT = "tl_dynamics.contextual_mlp/3"
 # The MLP is evaluated in float64 from the float32 activations: its error against the model is
 # then the model's own float32 rounding alone (on a d_model=256 GPT-2 shape at 512 tokens: max
 # 6.8e-6 against 1.1e-5 when evaluated in float32). Results are returned in float32.
 WORK_DTYPE = torch.float64
-DEFAULT_CHUNK = 4096  # query inputs evaluated at once: chunk x (n_src + d_head + d_model) floats
 
 
 @_files.register
 @dataclass(frozen=True)
-class ContextualMLP:
+class ContextualMLP(MLPShape, MLPReadouts):
     """Head ``head`` of layer ``layer`` on one prompt row, as a contextual MLP per destination.
 
     Stored (memory ``O(pos * (d_model + d_head) + pos^2)`` floats): the query inputs ``x``, the
@@ -52,25 +43,16 @@ class ContextualMLP:
     inputs) is unchanged.
 
     Attributes:
-        layer: the head's layer.
-        head: the head's index.
-        row: the prompt row of the batch.
-        architecture: the model's architecture name.
-        tokens: token ids ``[pos]`` (None without them).
-        str_tokens: the prompt's token strings.
+        layer, head, row: the head and the prompt row; architecture: the model's name.
+        tokens, str_tokens: the row's token ids ``[pos]`` (or None) and strings.
         x: query inputs ``[pos, d_model]`` (the layer input after its normalisation).
-        keys: scored keys ``[pos, d_head]`` (rotated, on rotary layers).
-        outgoing: outgoing weights ``a_i = v_i W_O``, ``[pos, d_model]``.
-        W_Q: the head's ``[d_model, d_head]`` query weights.
-        b_Q: the head's ``[d_head]`` query bias.
-        scale: the score scale ``c``.
-        softcap: the layer's score soft-cap, or None.
-        allowed: ``[pos, pos]`` which sources each destination may attend to.
-        query_valid: ``[pos]`` real (non-padding) destinations.
-        bias: position bias ``[pos, pos]`` (ALiBi), or None.
-        frame: the rotary frame that rotates keys into each query's frame.
-        reference_pattern: the model's own pattern ``[pos, pos]`` (with ``reference=True``).
-        reference_output: the model's own head output ``[pos, d_model]`` (idem).
+        keys: scored keys ``[pos, d_head]``; outgoing: ``a_i = v_i W_O``, ``[pos, d_model]``.
+        W_Q, b_Q: the head's ``[d_model, d_head]`` and ``[d_head]`` query weights.
+        scale, softcap: the score scale ``c`` and the layer's soft-cap (or None).
+        allowed, query_valid: ``[pos, pos]`` allowed sources, ``[pos]`` real destinations.
+        bias: position bias ``[pos, pos]`` (ALiBi) or None; frame: the rotary frame.
+        reference_pattern, reference_output: the model's own ``[pos, pos]`` pattern and
+            ``[pos, d_model]`` head output (``reference=True``).
         query_norm: the model's query normalisation on qk-norm layers, or None.
 
     Example:
@@ -109,44 +91,6 @@ class ContextualMLP:
                 f"row={self.row}, positions={self.n_pos}, d_model={self.d_model})")
 
     # ------------------------------------------------------------------ structure
-    @property
-    def n_pos(self) -> int:
-        """Number of positions of the prompt row (padding included).
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.n_pos, len(mlp.str_tokens)  # <|endoftext|> a = b + c
-            (7, 7)
-        """
-        return self.x.shape[0]
-
-    @property
-    def d_model(self) -> int:
-        """Width of the residual stream (the MLP's input and output size).
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.d_model
-            64
-        """
-        return self.x.shape[1]
-
-    @property
-    def input_space(self) -> str:
-        """What the incoming weights ``b_i`` act on: ``"residual"`` or ``"query"``.
-
-        ``"residual"``: the layer input ``x`` (``[d_model]``); on qk-norm architectures
-        ``"query"``: ``queries(x)`` (``[d_head]``).
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.input_space
-            'residual'
-        """
-        return "residual" if self.query_norm is None else "query"
 
     def queries(self, x: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_head"]:
         """The head's query before rotary for layer inputs ``x``: ``x W_Q + b_Q``.
@@ -171,63 +115,6 @@ class ContextualMLP:
     def _inputs(self, x: Tensor) -> Tensor:
         """What ``b_i`` is dotted with: ``x`` itself, or ``queries(x)`` on qk-norm layers."""
         return x if self.query_norm is None else self.queries(x)
-
-    @property
-    def positions(self) -> list[int]:
-        """Destinations with a real query (padding rows excluded).
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.positions
-            [0, 1, 2, 3, 4, 5, 6]
-        """
-        return [int(p) for p in torch.nonzero(self.query_valid).flatten()]
-
-    def check_position(self, position: int) -> int:
-        """``position`` as a valid destination index (negative counts from the end).
-
-        Args:
-            position: a destination index, negative from the end.
-
-        Returns:
-            The index in ``0..n_pos - 1``; a padding or out-of-range position raises
-            ``TLDynamicsError``.
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.check_position(-1)
-            6
-        """
-        if isinstance(position, bool) or not isinstance(position, int):
-            raise TLDynamicsError(f"position must be an int, got {position!r}")
-        pos = position + self.n_pos if position < 0 else position
-        if not 0 <= pos < self.n_pos:
-            raise TLDynamicsError(f"position {position} is out of range: this prompt has "
-                                  f"{self.n_pos} positions (valid: 0..{self.n_pos - 1} or "
-                                  f"-{self.n_pos}..-1)")
-        if not bool(self.query_valid[pos]):
-            raise TLDynamicsError(f"position {position} is padding (its query attends nowhere); "
-                                  f"valid destinations: {self.positions}")
-        return pos
-
-    def sources(self, position: int) -> Int[Tensor, " src"]:
-        """The hidden neurons at ``position``: the source positions its query may attend to.
-
-        Args:
-            position: a destination (negative counts from the end).
-
-        Returns:
-            Source positions ``[src]``.
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.sources(2).tolist()  # causal: positions 0..2
-            [0, 1, 2]
-        """
-        return torch.nonzero(self.allowed[self.check_position(position)]).flatten()
 
     def query_frame_keys(self, position: int) -> Float[Tensor, "src d_head"]:
         """The allowed keys rotated back into the query's frame at ``position``.
@@ -267,6 +154,7 @@ class ContextualMLP:
         return src, b, c, acts
 
     # ------------------------------------------------------------------ weights
+
     def neurons(self, position: int) -> Neurons:
         """The weights ``a_i``, ``b_i``, ``c_i`` of every neuron at ``position``.
 
@@ -320,6 +208,7 @@ class ContextualMLP:
         return b_all, c_all
 
     # ------------------------------------------------------------------ evaluation
+
     def evaluate(self, x: Float[Tensor, "... d_model"], position: int,
                  chunk_size: int = DEFAULT_CHUNK, keep_outputs: bool = True,
                  labels: list[str] | None = None) -> Evaluation:
@@ -471,110 +360,8 @@ class ContextualMLP:
         """
         return int(self.sources(position)[self.activations(position).argmax()])
 
-    # ------------------------------------------------------------------ counterfactuals, read-outs
-    def evaluate_tokens(self, adapter: "ModelAdapter", tokens, position: int,
-                        normalise: _readout.Normalise = "match") -> Evaluation:
-        """The MLP of ``position`` on the (normalised) embeddings of ``tokens``.
-
-        Each token's query input is its embedding (plus the destination's learned position), scaled to
-        the norm of the real input with ``normalise="match"``.
-
-        Args:
-            adapter: the model's ``ModelAdapter``.
-            tokens: token ids ``[n]``.
-            position: the destination whose context is used.
-            normalise: ``"match"`` (the real input's norm) or ``"none"``.
-
-        Returns:
-            ``Evaluation`` with activations ``[n, src]`` and outputs ``[n, d_model]``.
-
-        Example:
-            >>> from tl_dynamics.adapter import ModelAdapter
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.evaluate_tokens(ModelAdapter.of(testing.tiny_model("gpt2")), [5, 6], 3).activations.shape
-            torch.Size([2, 4])
-        """
-        return _readout.evaluate_tokens(self, adapter, tokens, position, normalise)
-
-    def evaluate_vocab(self, adapter: "ModelAdapter", position: int,
-                       normalise: _readout.Normalise = "match",
-                       chunk_size: int = DEFAULT_CHUNK, keep_outputs: bool = False) -> Evaluation:
-        """The MLP of ``position`` on every vocabulary token, in chunks.
-
-        Memory: ``vocab * n_src`` activations (plus ``vocab * d_model`` with ``keep_outputs``).
-        Labels are token ids as strings.
-
-        Args:
-            adapter: the model's ``ModelAdapter``.
-            position: the destination whose context is used.
-            normalise: ``"match"`` (the real input's norm) or ``"none"``.
-            chunk_size: tokens evaluated at once.
-            keep_outputs: keep the outputs ``[d_vocab, d_model]``.
-
-        Returns:
-            ``Evaluation`` with activations ``[d_vocab, src]``.
-
-        Example:
-            >>> from tl_dynamics.adapter import ModelAdapter
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.evaluate_vocab(ModelAdapter.of(testing.tiny_model("gpt2")), 3).activations.shape
-            torch.Size([512, 4])
-        """
-        return _readout.evaluate_vocab(self, adapter, position, normalise, chunk_size, keep_outputs)
-
-    def written_tokens(self, adapter: "ModelAdapter", position: int | None = None,
-                       k: int = 10) -> "_readout.Readout":
-        """Tokens each neuron's ``a_i`` writes, read through the unembedding.
-
-        Every key position is a neuron (``a_i`` does not depend on the destination) unless
-        ``position`` restricts to that destination's neurons.
-
-        Args:
-            adapter: the model's ``ModelAdapter``.
-            position: a destination, or None (every source).
-            k: tokens per side (top and bottom).
-
-        Returns:
-            ``Readout`` (``kind="writes"``): top and bottom ``k`` tokens per source.
-
-        Example:
-            >>> from tl_dynamics.adapter import ModelAdapter
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> out = mlp.written_tokens(ModelAdapter.of(testing.tiny_model("gpt2")), 3, k=3)
-            >>> out.kind, out.sources.tolist()
-            ('writes', [0, 1, 2, 3])
-        """
-        return _readout.written_tokens(self, adapter, position, k)
-
-    def read_tokens(self, adapter: "ModelAdapter", position: int, k: int = 10,
-                    normalise: _readout.Normalise = "match") -> "_readout.Readout":
-        """Tokens whose query input switches each neuron of ``position`` on (``b_i`` vs ``W_E``).
-
-        The pre-activation ``b_i . x(tok) + c_i`` over the whole vocabulary, in chunks.
-
-        Args:
-            adapter: the model's ``ModelAdapter``.
-            position: a destination.
-            k: tokens per side (top and bottom).
-            normalise: ``"match"`` (the real input's norm) or ``"none"``.
-
-        Returns:
-            ``Readout`` (``kind="reads"``): top and bottom ``k`` tokens per neuron.
-
-        Example:
-            >>> from tl_dynamics.adapter import ModelAdapter
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> out = mlp.read_tokens(ModelAdapter.of(testing.tiny_model("gpt2")), 3, k=3)
-            >>> out.kind, out.position
-            ('reads', 3)
-        """
-        return _readout.read_tokens(self, adapter, position, k, normalise)
-
     # ------------------------------------------------------------------ checks and views
+
     def exactness(self) -> Exactness:
         """Compare the explicit MLP with the model's own head output and pattern row.
 
@@ -605,96 +392,3 @@ class ContextualMLP:
             pat_err[n] = (row - self.reference_pattern[pos]).abs().max()
         return Exactness(layer=self.layer, head=self.head, architecture=self.architecture,
                          positions=tuple(positions), output_error=out_err, pattern_error=pat_err)
-
-    def to_dataframe(self, positions: list[int] | None = None) -> pd.DataFrame:
-        """One row per (destination, neuron): activation, importance, ``|a_i|``, ``|b_i|``, ``c_i``.
-
-        Args:
-            positions: destinations to include (None: all real ones).
-
-        Returns:
-            A pandas DataFrame with columns ``layer, head, position, source, token, activation,
-            importance, a_norm, b_norm, c``.
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.to_dataframe([3]).shape  # 4 neurons at destination 3
-            (4, 10)
-        """
-        frames = [self.neurons(p).to_dataframe() for p in (positions or self.positions)]
-        return pd.concat(frames, ignore_index=True)
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write this MLP (tensors and provenance) to ``path``, atomically.
-
-        Safetensors tensors plus a JSON description (no pickle, so loading runs no code).
-
-        Args:
-            path: the file to write (e.g. ``"mlp.safetensors"``).
-
-        Returns:
-            The written path.
-
-        Example:
-            >>> import tempfile, pathlib, torch
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> with tempfile.TemporaryDirectory() as tmp:
-            ...     back = contextual_mlp.ContextualMLP.load(mlp.save(pathlib.Path(tmp) / "m.safetensors"))
-            >>> torch.equal(back.x, mlp.x), back.str_tokens == mlp.str_tokens
-            (True, True)
-        """
-        return _files.save(self, path, SAVE_FORMAT)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "ContextualMLP":
-        """Read an MLP written by ``save``.
-
-        Refuses pickles (the old ``torch.save`` format, /2 and before) without unpickling them.
-
-        Args:
-            path: a file written by ``ContextualMLP.save``.
-
-        Returns:
-            The ``ContextualMLP``, every tensor bit for bit.
-
-        Example:
-            >>> import tempfile, pathlib
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> with tempfile.TemporaryDirectory() as tmp:
-            ...     path = mlp.save(pathlib.Path(tmp) / "m.safetensors")
-            ...     back = contextual_mlp.ContextualMLP.load(path)
-            >>> (back.layer, back.head, back.n_pos)
-            (1, 0, 7)
-        """
-        return _files.load(path, SAVE_FORMAT)
-
-    def show(self, position: int | None = None) -> viz.Group:
-        """Draw the MLP: neurons are source tokens.
-
-        Without ``position``: every destination's hidden activations
-        (``text_neuron_activations``); with it: that destination's neurons and their importance.
-
-        Args:
-            position: a destination, or None (all).
-
-        Returns:
-            A ``viz.Group``.
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> type(mlp.show()).__name__, type(mlp.show(3)).__name__
-            ('Group', 'Group')
-        """
-        name = f"L{self.layer}H{self.head}"
-        if position is None:
-            return _views.mlp_view(name, list(self.str_tokens), self.pattern())
-        pos = self.check_position(position)
-        neurons = self.neurons(pos)
-        importance = torch.zeros(self.n_pos, device=self.x.device)
-        importance[neurons.sources] = neurons.importance
-        return _views.destination_view(name, list(self.str_tokens), pos, importance,
-                                       neurons.to_dataframe())
