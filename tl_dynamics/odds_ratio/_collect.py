@@ -31,7 +31,7 @@ def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
         >>> dec.parts.total().shape
         torch.Size([1, 2, 3, 3])
     """
-    la.require_no_sinks("odds_ratio")
+    la.require_no_sinks("odds_ratio.decompose_layer")
     heads = list(heads)
     parts = split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads), dtype)
     prior_p, lik_p = counterfactual_patterns(parts, la.allowed)
