@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Sequence, TypeVar, cast
 
 import pandas as pd
 import torch
@@ -47,7 +47,7 @@ class MLPReadouts:
         return cast(Any, self)
 
 
-    def evaluate_tokens(self, adapter: "ModelAdapter", tokens, position: int,
+    def evaluate_tokens(self, adapter: "ModelAdapter", tokens: Sequence[int] | Tensor, position: int,
                         normalise: _readout.Normalise = "match") -> Evaluation:
         """The MLP of ``position`` on the (normalised) embeddings of ``tokens``.
 
