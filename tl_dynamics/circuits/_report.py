@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -16,9 +16,6 @@ from tl_dynamics.circuits._spectrum import HeadScores, copying_scores, qk_positi
 from tl_dynamics.circuits._views import Panel, heatmaps, score_maps, topk_table
 from tl_dynamics.circuits._virtual import token_composition
 from tl_dynamics.errors import TLDynamicsError
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -50,11 +47,11 @@ class CircuitsOverview:
     composition: CompositionScores
     prompt: dict[tuple[int, int], PromptCircuit] = field(default_factory=dict)
 
-    def to_dataframe(self) -> pd.DataFrame:
+    def to_dataframe(self):
         """One row per scored head: ``layer, head, ov_copying, qk_positivity``.
 
         Returns:
-            A pandas DataFrame with ``n_layers x n_heads`` rows of the selected layers.
+            frame (pandas.DataFrame): ``n_layers x n_heads`` rows of the selected layers.
 
         Example:
             >>> from tl_dynamics import circuits, testing
