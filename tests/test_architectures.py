@@ -222,9 +222,12 @@ def test_refused_variant_says_why(variant, reason):
     assert name in str(info.value)
 
 
-def test_gpt_oss_sinks_join_the_softmax_and_analyses_refuse_them():
+def test_gpt_oss_sinks_join_the_softmax_and_every_analysis_models_them():
+    """The sink is in the pattern (capture refuses it only where a caller did not ask); the
+    odds-ratio split and the contextual MLP model it (tests/test_sinks.py checks them exactly)."""
     from tl_dynamics import contextual_mlp, odds_ratio
     from tl_dynamics.adapter import masked_softmax
+    from tl_dynamics.contextual_mlp._frame import build_frames
 
     model = boot_tiny("GptOssForCausalLM")
     adapter = ModelAdapter(model)
@@ -238,17 +241,17 @@ def test_gpt_oss_sinks_join_the_softmax_and_analyses_refuse_them():
     assert (plain - la.reference["pattern"]).abs().max() > 1e-2
     assert torch.equal(la.pattern([2, 0]), pattern[:, [2, 0]])  # a head subset keeps its sinks
     prompt = testing.PROMPTS[0]
-    refusals = [
-        (lambda: adapter.attention(prompt), "ModelAdapter.attention(..., sinks=True)"),
-        (lambda: odds_ratio.compute(model, prompt), "have learned attention sinks"),
-        (lambda: contextual_mlp.compute(model, prompt), "have learned attention sinks"),
-        (lambda: decompose_layer(la, [0]), "odds_ratio.decompose_layer: layer 0 has "
-                                                      "learned attention sinks"),
-        (lambda: from_layer(adapter, la, 0), "contextual_mlp.from_layer: layer 0"),
-    ]
-    for call, message in refusals:
-        with pytest.raises(TLDynamicsError, match=re.escape(message)):
-            call()
+    with pytest.raises(TLDynamicsError, match=re.escape("ModelAdapter.attention(..., sinks=True)")):
+        adapter.attention(prompt)  # a raw capture that did not say it handles sinks
+    assert torch.equal(decompose_layer(la, [2, 0]).parts.sink, la.sink_logit[[2, 0]])
+    assert odds_ratio.compute(model, prompt).to_dataframe()["learned_sink_mass"].min() > 0
+    mlps = contextual_mlp.compute(model, prompt)
+    assert all(m.exactness().max_output_error <= EXACT_TOL for m in mlps)
+    captured = adapter.attention(prompt, reference=True, inputs=True, sinks=True)[0]
+    mlp = from_layer(adapter, captured, 1, frame=build_frames(adapter, captured,
+                                                             captured.allowed.any(1))[0])
+    assert mlp.sink_logit == float(captured.sink_logit[1])
+    assert mlp.exactness().max_pattern_error <= EXACT_TOL
 
 
 def test_latent_attention_scores_split_into_a_per_head_part_and_a_shared_rotary_key():
@@ -315,7 +318,8 @@ def test_openai_gpt_is_exact_on_single_prompts_and_refuses_padded_batches():
 @pytest.mark.parametrize("name, kind", [("JambaForCausalLM", "&#x27;state_space&#x27;"),
                                         ("MambaForCausalLM", "&#x27;state_space&#x27;"),
                                         ("DeepseekV3ForCausalLM", "multi-head latent attention"),
-                                        ("Llama4ForCausalLM", None), ("NanoChatForCausalLM", None)])
+                                        ("Llama4ForCausalLM", None), ("NanoChatForCausalLM", None),
+                                        ("GptOssForCausalLM", None)])
 def test_report_on_new_architectures_shows_or_names_the_layer_type(name, kind):
     """Every section shows, or says why not naming the layer type (kind None: every section
     shows); trajectories always show."""

@@ -178,11 +178,16 @@ def test_threads_and_host_reads():
     assert all(torch.equal(out[k], values[k]) for k in values)
 
 
-def test_the_cpu_and_gpu_plans_give_the_same_numbers():
+def test_the_cpu_and_gpu_plans_give_the_same_numbers(monkeypatch):
     """Cache-sized chunks and point groups (the CPU's plan) and budget-sized ones (a GPU's) are
     the same computation: every statistic agrees."""
     from tl_dynamics.collect._policy import planned_as
+    from tl_dynamics.odds_ratio import _fast
 
+    # the CPU's odds-ratio chunks at this size: groups of 3 heads (the last one shorter), 16
+    # query rows each
+    monkeypatch.setattr(_fast, "CPU_CHUNK_ELEMENTS", 3 * 2 * 128 * 16)
+    monkeypatch.setattr(_fast, "CPU_CHUNK_ROWS", 16)
     adapter = gpt2_shape(4)
     tokens = torch.randint(1, 500, (2, 128), generator=torch.Generator().manual_seed(3))
     runs = {}

@@ -1,7 +1,8 @@
 """Per-head attention summaries for the report's first section, streamed one layer at a time.
 
 Five statistics per head (row 0 of the batch, real tokens only), each a mean over destination
-positions ``i`` of the pattern ``A`` (rows sum to 1):
+positions ``i`` of the pattern ``A`` (rows sum to 1; on layers with learned sinks, to 1 minus
+what the sink absorbs, which the report maps on its own):
 
 - ``previous_token``: ``A[i, i-1]`` (over ``i >= 1``);
 - ``first_token``: ``A[i, 0]``, the weight on the first position (an attention sink);

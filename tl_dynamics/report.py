@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from tl_dynamics import viz
@@ -80,6 +81,11 @@ ATTENTION_INTRO = (
     "and keys (scale, rotary, grouped heads, masks and soft-caps as the model scores).")
 
 
+LEARNED_SINK_CAPTION = (
+    "mean weight the head's learned sink absorbs (a per-head logit in every softmax "
+    "denominator: each row of the pattern sums to 1 minus this; docs/math.md §1.4)")
+
+
 def _head_list(heads: Sequence[tuple[int, int]] | None, adapter: ModelAdapter) -> set[tuple[int, int]]:
     out = set()
     for layer, head in heads or ():
@@ -110,6 +116,7 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
     ids = batch.tokens[0][valid]
     summary = HeadSummaries(adapter.n_heads, len(tokens), forced)
     causal = [True]
+    sunk: dict[int, Any] = {}  # layer -> [head] mean mass its learned sinks absorb (GPT-OSS)
 
     every = bool(valid.all())
 
@@ -118,9 +125,12 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
         if not every:  # padding: keep the real tokens only
             pattern, allowed = pattern[:, valid][:, :, valid], allowed[valid][:, valid]
         causal[0] = causal[0] and bool(la.spec.causal)
+        if la.sink_logit is not None:  # rows sum to 1 - (what the learned sink absorbs)
+            sunk[la.layer] = (1.0 - pattern.sum(-1)).mean(-1).numpy()
         summary.add_layer(la.layer, pattern, allowed, ids)
 
-    with torch.no_grad(), adapter.capture(on_layer, layers=chosen, batch=batch):
+    # learned sinks are part of the model's pattern: shown as it is, their mass as one more map
+    with torch.no_grad(), adapter.capture(on_layer, layers=chosen, batch=batch, sinks=True):
         adapter.forward(batch)
     rows = [f"L{layer}" for layer in summary.layers]
     cols = [f"H{h}" for h in range(adapter.n_heads)]
@@ -133,6 +143,12 @@ def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
                                 col_title="head", min_value=0.0, max_value=1.0, cmap="viridis",
                                 value_name="normalised entropy" if name == "entropy" else "weight",
                                 cell_px=28, caption=EXPLAINED[name]))
+    if sunk:
+        values = np.array([sunk.get(layer, np.full(adapter.n_heads, np.nan))
+                           for layer in summary.layers])
+        maps.append(viz.heatmap(values, rows, cols, title="learned sink", row_title="layer",
+                                col_title="head", min_value=0.0, max_value=1.0, cmap="viridis",
+                                value_name="weight", cell_px=28, caption=LEARNED_SINK_CAPTION))
     full = summary.full_patterns()
     index = {key: i for i, key in enumerate((layer, h) for layer in summary.layers
                                               for h in range(adapter.n_heads))}

@@ -159,9 +159,9 @@ def cluster_labels_grid(cos: Float[Tensor, "*batch n n"], eps: Sequence[float],
     flat = cos.reshape(-1, n, n)
     thresholds = torch.tensor([1.0 - e for e in eps], dtype=cos.dtype, device=cos.device)
     adj = flat[None] > thresholds[:, None, None, None]  # [eps, batch, n, n]
-    if mask is not None:
+    if mask is not None:  # the pairs of real points, formed once for every threshold
         m = mask.reshape(-1, n)
-        adj = adj & m[None, :, :, None] & m[None, :, None, :]
+        adj &= (m[:, :, None] & m[:, None, :])[None]
     adj = adj.reshape(-1, n, n)
     adj.diagonal(dim1=-2, dim2=-1).fill_(True)  # every point links to itself (no [n, n] eye)
     # narrow ints while propagating: the [batch, n, n] minimum is the cost, and it scales with

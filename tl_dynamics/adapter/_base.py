@@ -1,7 +1,5 @@
-"""``AdapterBase``: what a model is and holds, read once: layer specs, weights, rotations.
-
-``ModelAdapter`` (``_model.py``) adds prompts, forward passes and hooks on top of it.
-"""
+"""``AdapterBase``: what a model is and holds, read once: layer specs, weights, rotations
+(``ModelAdapter``, ``_model.py``, adds prompts, forward passes and hooks on top of it)."""
 
 from __future__ import annotations
 
@@ -65,9 +63,8 @@ class AdapterBase:
 
     @property
     def info(self) -> HostInfo:
-        """What the model is. Re-read, with every cached weight dropped, when the bridge's
-        compatibility mode was switched on after the adapter was made
-        (``enable_compatibility_mode`` folds and centres the weights in place)."""
+        """What the model is; re-read, cached weights dropped, when the bridge's compatibility
+        mode (``enable_compatibility_mode`` folds and centres weights in place) was switched on."""
         compat = bool(getattr(self.model, "compatibility_mode", False))
         if self._info.host == "bridge" and compat != self._info.compat:
             self._info = host_info(self.model)
@@ -113,25 +110,32 @@ class AdapterBase:
     # ----------------------------------------------------------------- hooks
     def hook_name(self, role: str, layer: int) -> str | None:
         """The model's hook point for ``role`` in ``layer``, or None where it has none."""
-        template = _HOST_HOOKS[self.info.host].get(role) or _BLOCK_HOOKS.get(role)
-        if template is None:
-            raise TLDynamicsError(f"unknown hook role {role!r}; valid: "
-                                  f"{sorted(set(_BLOCK_HOOKS) | set(_HOST_HOOKS['bridge']))}")
-        name = f"blocks.{layer}.{template}"
+        return self.hook_names([(role, layer)])[0]
+
+    def hook_names(self, wanted: Sequence[tuple[str, int]]) -> list[str | None]:
+        """``hook_name`` of each ``(role, layer)``, reading the model's hook table once (a
+        bridge builds it anew, aliases included, at every read)."""
         self._check_spliced()
-        if role == "out" and self.post_norm is not None:
-            return None  # hook_attn_out is after a post-norm: no hook holds the head-output sum
-        unnormalised = self.post_norm == "post" or name not in self.model.hook_dict
-        if role == "x" and self.info.host == "hooked" and unnormalised:
-            name = f"blocks.{layer}.hook_resid_pre"  # no input normalisation: W_Q reads the stream
-        if role == "x" and self.specs[layer].latent:  # latent attention: no q projection bridge
-            name = f"blocks.{layer}.attn.hook_in"
-        name = _sae.spliced_output(self.model, name) or name  # an SAE in the stream: what flows on
-        return name if name in self.model.hook_dict else None
+        hooks, names = self.model.hook_dict, []
+        for role, layer in wanted:
+            template = _HOST_HOOKS[self.info.host].get(role) or _BLOCK_HOOKS.get(role)
+            if template is None:
+                raise TLDynamicsError(f"unknown hook role {role!r}; valid: "
+                                      f"{sorted(set(_BLOCK_HOOKS) | set(_HOST_HOOKS['bridge']))}")
+            name = f"blocks.{layer}.{template}"
+            unnormalised = self.post_norm == "post" or name not in hooks
+            if role == "x" and self.info.host == "hooked" and unnormalised:
+                name = f"blocks.{layer}.hook_resid_pre"  # no input norm: W_Q reads the stream
+            if role == "x" and self.specs[layer].latent:  # latent attention: no q projection
+                name = f"blocks.{layer}.attn.hook_in"
+            name = _sae.spliced_output(hooks, name) or name  # an SAE in the stream: what flows on
+            post_normed = role == "out" and self.post_norm is not None  # no head-output sum hook
+            names.append(None if post_normed or name not in hooks else name)
+        return names
 
     def _check_spliced(self) -> None:
         """Refuse an SAE spliced inside attention since the adapter was made (SAELens rebuilds
-        ``hook_dict`` when it splices, so the walk runs again only when that changed)."""
+        ``hook_dict`` when it splices: the walk runs again only then)."""
         if self.info.host != "hooked":
             return
         seen = (id(self.model.hook_dict), len(self.model.hook_dict))
@@ -142,14 +146,12 @@ class AdapterBase:
     def named_hooks(self, entries: Sequence[tuple[str, int, Any]]) -> list[tuple[str, Any]]:
         """``(role, layer, fn)`` entries as ``(hook name, fn)``; every role must exist, checked
         before any hook is attached."""
-        named = []
-        for role, layer, fn in entries:
-            name = self.hook_name(role, self.check_layer(layer))
+        names = self.hook_names([(role, self.check_layer(layer)) for role, layer, _ in entries])
+        for (role, layer, _), name in zip(entries, names):
             if name is None:
                 raise TLDynamicsError(f"this {self.info.architecture} model has no {role!r} hook "
                                       f"in layer {layer}")
-            named.append((name, fn))
-        return named
+        return [(name, fn) for name, (_, _, fn) in zip(names, entries)]
 
     # ----------------------------------------------------------------- weights
     def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:

@@ -120,14 +120,14 @@ def refuse_sinks(specs: Sequence[LayerSpec], layers: Sequence[int], architecture
         >>> refuse_sinks([NS(layer=0, sinks=True)], [0], "GptOssForCausalLM")
         Traceback (most recent call last):
         ...
-        tl_dynamics.errors.TLDynamicsError: unsupported GptOssForCausalLM for this analysis: layers [0] have learned attention sinks (a per-head logit joins every softmax denominator, p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h)), so rows sum to less than 1), which the analyses built on LayerAttention (odds-ratio split, contextual MLP, sink statistics, atlas, reports) do not model; ModelAdapter.attention(..., sinks=True) gives the exact pattern, z and outputs
+        tl_dynamics.errors.TLDynamicsError: unsupported GptOssForCausalLM for this analysis: layers [0] have learned attention sinks (a per-head logit joins every softmax denominator, p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h)), so rows sum to less than 1), which this caller does not model (the odds-ratio split, the contextual MLP, the atlas and the report do: docs/math.md §2.6, §3.7); ModelAdapter.attention(..., sinks=True) gives the exact pattern, z and outputs
     """
     sunk = [layer for layer in layers if specs[layer].sinks]
     if sunk:
         raise TLDynamicsError(
             f"unsupported {architecture} for this analysis: layers {sunk} have learned attention "
             "sinks (a per-head logit joins every softmax denominator, p_ij = exp(s_ij) / "
-            "(sum_j exp(s_ij) + exp(sink_h)), so rows sum to less than 1), which the analyses "
-            "built on LayerAttention (odds-ratio split, contextual MLP, sink statistics, atlas, "
-            "reports) do not model; ModelAdapter.attention(..., sinks=True) gives the exact "
-            "pattern, z and outputs")
+            "(sum_j exp(s_ij) + exp(sink_h)), so rows sum to less than 1), which this caller "
+            "does not model (the odds-ratio split, the contextual MLP, the atlas and the report "
+            "do: docs/math.md §2.6, §3.7); ModelAdapter.attention(..., sinks=True) gives the "
+            "exact pattern, z and outputs")

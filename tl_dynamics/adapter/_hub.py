@@ -76,7 +76,8 @@ class Hub:
             if role not in POINT_ROLES:
                 raise TLDynamicsError(f"unknown residual point {role!r}; valid: {list(POINT_ROLES)}")
             ad.check_layer(layer)
-            if ad.hook_name(role, layer) is None:
+        for (role, layer), name in zip(collector.points, ad.hook_names(list(collector.points))):
+            if name is None:
                 raise TLDynamicsError(f"{ad.info.architecture} has no {role!r} point at layer {layer}")
         for layer in layers:  # read before hooking: reading may run a probe forward pass
             ad.rotation(layer)
@@ -107,7 +108,7 @@ class Hub:
         self._pass = None
         if not self.collectors:
             return
-        ad, hooks = self.adapter, []
+        ad, wanted = self.adapter, []
         layers = sorted({la for c in self.collectors for la in c.layers}
                         | {layer for c in self.collectors for _, layer in c.points})
         for layer in layers:
@@ -118,10 +119,9 @@ class Hub:
                     roles += list(REFERENCE_ROLES)
                 if any(c.inputs and layer in c.layers for c in self.collectors):
                     roles.append("x")
-            for role in dict.fromkeys(roles):
-                name = ad.hook_name(role, layer)
-                if name is not None:
-                    hooks.append((name, self._store(role, layer)))
+            wanted += [(role, layer) for role in dict.fromkeys(roles)]
+        hooks = [(name, self._store(role, layer))
+                 for (role, layer), name in zip(wanted, ad.hook_names(wanted)) if name is not None]
         stack = ExitStack()
         stack.enter_context(_capture.registered(ad.model, ad.info.architecture, hooks,
                                                 self._end, on_forward_start=self._start))

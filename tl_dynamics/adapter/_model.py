@@ -168,8 +168,8 @@ class ModelAdapter(AdapterBase):
         ``batch``, when given, is checked for padding support only. ``reference=True`` also
         keeps the model's own scores/pattern/z/output for checking. Layers with learned
         attention sinks (GPT-OSS) are refused unless ``sinks=True``: their rows sum to less
-        than 1, which the analyses built on ``LayerAttention`` do not model; with
-        ``sinks=True`` the pattern, ``z`` and outputs are exact (``sink_logit``).
+        than 1, which a caller that did not say it handles them would read as a full softmax;
+        with ``sinks=True`` the pattern, ``z`` and outputs are exact (``sink_logit``).
         """
         self._check_padding(batch)
         collector = _Calls(on_layer, self.check_attention_layers(layers), reference, inputs, sinks)

@@ -83,7 +83,8 @@ def refuse_attention(model: Any, host: str, architecture: str) -> None:
                 f"the spliced stream")
 
 
-def spliced_output(model: Any, name: str) -> str | None:
-    """The hook that carries what flows on from a spliced ``name`` (None: not spliced)."""
+def spliced_output(hook_dict: Any, name: str) -> str | None:
+    """The hook that carries what flows on from a spliced ``name`` (None: not spliced), in the
+    model's ``hook_dict``."""
     out = f"{name}.{SPLICED_OUTPUT}"
-    return out if out in model.hook_dict else None
+    return out if out in hook_dict else None

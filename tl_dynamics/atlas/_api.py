@@ -14,7 +14,7 @@ from tl_dynamics.atlas import _measure
 from tl_dynamics.atlas._causal import KINDS, causal_deltas
 from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes
 from tl_dynamics.atlas._result import HeadAtlas
-from tl_dynamics.atlas._roles import MARGIN, HeadRoles, classify, controls
+from tl_dynamics.atlas._roles import LEARNED_SINK_FLOOR, MARGIN, HeadRoles, classify, controls
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -240,5 +240,6 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         "through earlier previous-token heads, OV copying, and for a head that writes against "
         "what it reads the QK circuit that seeks the predicted token), the sink's dominance and "
         "its cause from the odds-ratio "
-        f"split, each score against a weight-shuffled copy of the model by a margin of "
+        "split (and, where the model has them, the mass each head's learned sink absorbs, named "
+        f"\"learned sink\" from {LEARNED_SINK_FLOOR:.2f}), each score against a weight-shuffled copy of the model by a margin of "
         f"{result.margin}. {cost} Hover a cell for the evidence."))

@@ -75,7 +75,9 @@ class CausalRunner:
         valid = self.batch.key_valid.to(la.v.device).float()[:, :, None, None]
         z = la.z(heads)
         out = {"mean": (z * valid).sum(1) / valid.sum(1).clamp(min=1.0)}  # [b, head, d_head]
-        parts = odds_ratio.split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads))
+        sink = None if la.sink_logit is None else la.sink_logit[heads]  # a virtual key (§2.6)
+        parts = odds_ratio.split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale,
+                                        la.bias(heads), sink=sink)
         out["prior"], out["likelihood"] = odds_ratio.counterfactual_patterns(parts, la.allowed)
         return out
 

@@ -32,6 +32,7 @@ PROBE_CHUNK = 32
 
 PATTERN_KEYS = ("prev_pattern", "dup_pattern", "ind_pattern")
 NATURAL_KEYS = ("sink_mass", "sink_first", "sink_dominant", "sink_prior_adv", "sink_loglik_adv",
+                "learned_sink",
                 "local_mass")
 
 
@@ -67,8 +68,8 @@ def pattern_scores(la: LayerAttention, probes: Probes) -> dict[str, Tensor]:
 
 
 def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
-    """Sink mass, dominance and position, its cause (odds-ratio split), and local mass
-    ``[head]`` each.
+    """Sink mass, dominance and position, its cause (odds-ratio split), the mass a learned
+    sink absorbs (``learned_sink``; NaN on layers without one) and local mass ``[head]`` each.
 
     The sink of a prompt is the key with the most attention summed over the rows that choose
     among at least two keys; its mass is that sum over the number of rows. It dominates when
@@ -94,11 +95,14 @@ def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
             "sink_dominant": dominant.float().mean(0),
             "sink_prior_adv": sinks["sink_prior_adv"].mean(0),
             "sink_loglik_adv": sinks["sink_loglik_adv"].mean(0),
+            "learned_sink": sinks["learned_sink_mass"].mean(0) if la.sink_logit is not None
+            else torch.full_like(local_mass.mean(0), float("nan")),
             "local_mass": local_mass.mean(0)}
 
 
 def _capture(adapter: ModelAdapter, batch: Batch, on_layer) -> None:
-    with adapter.capture(on_layer, batch=batch):
+    # learned sinks (GPT-OSS) are modelled: the odds-ratio split's virtual key (docs/math.md §2.6)
+    with adapter.capture(on_layer, batch=batch, sinks=True):
         adapter.forward(batch)
 
 

@@ -16,7 +16,7 @@ from tl_dynamics.errors import TLDynamicsError
 # Raw scores copied into the table (beside the role's own score and control).
 SCORE_COLUMNS = ("prev_pattern", "prev_circuit", "dup_pattern", "qk_positivity", "ind_pattern",
                  "ind_kcomp", "ov_copying", "suppression_qk", "sink_mass", "sink_first",
-                 "sink_dominant", "sink_prior_adv", "sink_loglik_adv", "local_mass")
+                 "sink_dominant", "sink_prior_adv", "sink_loglik_adv", "learned_sink", "local_mass")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,12 @@ score against its value on the weight-shuffled control, by a stated margin.
 | negative copying | minus OV copying | not already copy-suppression (the OV side alone) |
 | sink | mass on the most-attended key | it dominates (``odds_ratio.HeadStats.SINK_DOMINANCE``) in at least ``SINK_PROMPTS`` of the prompts; its cause from the odds-ratio split (prior- or likelihood-driven) |
 | positional/local | attention within ``LOCAL_WINDOW`` positions | not already previous-token |
+| learned sink | mass the head's learned attention sink absorbs (GPT-OSS) | at least ``LEARNED_SINK_FLOOR``; ranked last |
+
+A learned sink (a per-head logit in every softmax denominator, docs/math.md §2.6) is read
+against a fixed floor, not the control: the weight-shuffled control permutes the sink logits
+among the heads, so its best head is the model's own best. It is listed after the mechanism
+roles (it writes nothing), and alone instead of "unclassified".
 
 A head can hold several roles; they are ranked by how far each score clears its control.
 """
@@ -28,7 +34,10 @@ from tl_dynamics.odds_ratio import HeadStats
 # margin of 0.1 serves them all.
 MARGIN = 0.1
 ROLES = ("previous-token", "duplicate-token", "induction", "copying", "copy-suppression",
-         "negative copying", "sink", "positional/local", "unclassified")
+         "negative copying", "sink", "positional/local", "learned sink", "unclassified")
+# A head's learned sink is named when it absorbs at least this share of its attention on the
+# natural probes (the mean over rows; the same absolute margin as every other score).
+LEARNED_SINK_FLOOR = MARGIN
 # role -> (primary score, mechanism scores that must clear their controls too)
 RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "previous-token": ("prev_pattern", ("prev_circuit",)),
@@ -177,17 +186,25 @@ def classify(s: dict[str, float], c: dict[str, float],
             continue
         found.append((s[primary] - c[primary], role))
     found.sort(key=lambda item: -item[0])
-    roles = [role for _, role in found] or ["unclassified"]
-    parts = [_sentence(role, s, c, via) for role in roles if role != "unclassified"]
+    learned = float(s.get("learned_sink", float("nan")))  # NaN: the layer has no learned sink
+    named = bool(np.isfinite(learned)) and learned >= LEARNED_SINK_FLOOR
+    roles = [role for _, role in found] + (["learned sink"] if named else [])
+    roles = roles or ["unclassified"]
+    parts = [_sentence(role, s, c, via) for role in roles
+             if role not in ("unclassified", "learned sink")]
     parts += _near_misses(s, c, roles, via)
+    if np.isfinite(learned):
+        parts.append(f"learned sink: absorbs {learned:.2f} of attention"
+                     + ("" if named else f" (below the {LEARNED_SINK_FLOOR:.2f} floor)"))
     if roles == ["unclassified"] and not parts:
         parts = ["no score clears its control by the margin"]
-    primary = [RULES[r][0] if r in RULES else None for r in roles]
+    primary = [RULES[r][0] if r in RULES else "learned_sink" if r == "learned sink" else None
+               for r in roles]
     sink = "sink" in roles
     return HeadRoles(
         roles=tuple(roles),
         scores=tuple(float(s[k]) if k else float("nan") for k in primary),
-        baselines=tuple(float(c[k]) if k else float("nan") for k in primary),
+        baselines=tuple(float(c.get(k, float("nan"))) if k else float("nan") for k in primary),
         evidence="; ".join(parts) + ".",
         sink_position=("first-token" if s["sink_first"] >= SINK_PROMPTS else "other") if sink else "",
         sink_cause=(("likelihood-driven" if s["sink_loglik_adv"] >= s["sink_prior_adv"]

@@ -12,13 +12,14 @@ COLOURS = {
     "previous-token": "#4e79a7", "duplicate-token": "#76b7b2", "induction": "#e15759",
     "copying": "#f28e2b", "copy-suppression": "#b07aa1",
     "negative copying": "#d4a6c8", "sink": "#9c755f",
-    "positional/local": "#59a14f", "unclassified": "#d9d9d9", "not analysed": "#ffffff",
+    "positional/local": "#59a14f", "learned sink": "#bab0ac", "unclassified": "#d9d9d9",
+    "not analysed": "#ffffff",
 }
 SHORT = {
     "previous-token": "prev", "duplicate-token": "dup", "induction": "ind", "copying": "copy",
     "copy-suppression": "supp",
     "negative copying": "neg", "sink": "sink", "positional/local": "local",
-    "unclassified": "-", "not analysed": "",
+    "learned sink": "lsink", "unclassified": "-", "not analysed": "",
 }
 
 
@@ -46,7 +47,8 @@ def grid_view(n_layers: int, n_heads: int, cells: dict[tuple[int, int], dict], t
     grid = viz.table(pd.DataFrame(labels, index=index, columns=columns), caption=title,
                      max_rows=n_layers, colours=pd.DataFrame(colours, index=index, columns=columns),
                      titles=pd.DataFrame(titles, index=index, columns=columns))
-    roles = [r for r in COLOURS if r != "not analysed"]
+    present = {r for cell in cells.values() for r in cell["roles"]}
+    roles = [r for r in COLOURS if r != "not analysed" and (r != "learned sink" or r in present)]
     legend = viz.table(pd.DataFrame([[SHORT[r] for r in roles]], columns=roles),
                        colours=pd.DataFrame([[COLOURS[r] for r in roles]], columns=roles))
     return [grid, legend] + [viz.text(note) for note in notes]

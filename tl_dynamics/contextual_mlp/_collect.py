@@ -57,7 +57,6 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
                 shared: dict[str, torch.Tensor | None] | None = None) -> ContextualMLP:
     """``from_layer`` with the head's outgoing weights ``v_j W_O`` given (None: computed) and
     the row's shared copies (``_row_tensors``; None: taken here)."""
-    la.require_no_sinks("contextual_mlp.from_layer")
     head = adapter.check_head(head, la.layer)
     n_batch, n_pos = la.q.shape[:2]
     row = _check_row(row, n_batch)
@@ -86,7 +85,8 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
         scale=la.scale, softcap=la.softcap, allowed=shared["allowed"],
         query_valid=shared["query_valid"], bias=None if bias is None else bias.clone(),
         frame=frame, reference_pattern=ref_pattern, reference_output=ref_output,
-        query_norm=adapter.query_norm(la.layer))
+        query_norm=adapter.query_norm(la.layer),
+        sink_logit=None if la.sink_logit is None else float(la.sink_logit[head]))
 
 
 class ContextualMLPCollector(Collector):
@@ -105,6 +105,7 @@ class ContextualMLPCollector(Collector):
     """
 
     inputs = True
+    sinks = True  # a learned sink is one more neuron (docs/math.md §3.7)
 
     def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
                  rows: list[int] | None = None, reference: bool = False):
@@ -123,7 +124,6 @@ class ContextualMLPCollector(Collector):
         la = state.attention
         if la is None or la.layer not in self.layers:
             return
-        la.require_no_sinks("contextual_mlp")
         if self.rows is not None:
             for r in self.rows:
                 _check_row(r, la.q.shape[0])

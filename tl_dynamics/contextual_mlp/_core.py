@@ -7,7 +7,9 @@ neurons = allowed source positions ``i``:
 - ``b_i = c W_Q k_i'`` (incoming, ``[d_model]``) with ``k_i' = R_T^T k_i`` the scored key in the
   query's (unrotated) frame,
 - ``c_i = c <b_Q, k_i'> + p_iT`` (bias; ``p`` the ALiBi position bias),
-- ``act(u) = exp(cap tanh(u / cap))`` (``exp(u)`` without soft-cap), normalised over the neurons.
+- ``act(u) = exp(cap tanh(u / cap))`` (``exp(u)`` without soft-cap), normalised over the neurons,
+- with a learned sink (GPT-OSS), one more neuron: pre-activation ``sink_h``, no incoming
+  weight, outgoing weight zero; its activation is the mass the sink absorbs (``with_sink``).
 
 ``b_i . x + c_i = c <x W_Q + b_Q, k_i'> + p_iT``, so the pre-activations of many query inputs are
 computed through the ``d_head``-dimensional query without ever forming ``b`` (``[n_src, d_model]``);
@@ -50,9 +52,28 @@ def activate(pre: Float[Tensor, "n src"], softcap: float | None) -> Float[Tensor
     return pre if softcap is None else softcap * torch.tanh(pre / softcap)
 
 
-def hidden(pre: Float[Tensor, "n src"], softcap: float | None) -> Float[Tensor, "n src"]:
-    """Normalised hidden activations ``act(u_i) / sum_j act(u_j)`` (a softmax of the capped u)."""
-    return torch.softmax(activate(pre, softcap), dim=-1)
+def hidden(pre: Float[Tensor, "n src"], softcap: float | None,
+           sink: float | None = None) -> Float[Tensor, "n src"]:
+    """Normalised hidden activations ``act(u_i) / sum_j act(u_j)`` (a softmax of the capped u).
+    With a learned ``sink`` logit the sink neuron joins the normalisation (``with_sink``)."""
+    if sink is None:
+        return torch.softmax(activate(pre, softcap), dim=-1)
+    return with_sink(pre, softcap, sink)[..., :-1]
+
+
+def with_sink(pre: Float[Tensor, "n src"], softcap: float | None,
+              sink: float) -> Float[Tensor, "n src_plus_1"]:
+    """The activations of the source neurons and, last, of the learned-sink neuron: its
+    pre-activation is the sink logit itself (no incoming weight, not soft-capped, as the model
+    adds it after the cap) and its outgoing weight is zero (docs/math.md §3.7).
+
+    Example:
+        >>> with_sink(torch.zeros(1, 3), None, 0.0).tolist()
+        [[0.25, 0.25, 0.25, 0.25]]
+    """
+    act = activate(pre, softcap)
+    column = torch.full((*act.shape[:-1], 1), float(sink), dtype=act.dtype, device=act.device)
+    return torch.softmax(torch.cat([act, column], dim=-1), dim=-1)
 
 
 def output(activations: Float[Tensor, "n src"], outgoing: Float[Tensor, "src d_model"]

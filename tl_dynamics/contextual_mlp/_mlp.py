@@ -42,6 +42,12 @@ class ContextualMLP(MLPShape, MLPReadouts):
     Everything else (outgoing weights, activations, exactness, counterfactuals on residual
     inputs) is unchanged.
 
+    On layers with learned attention sinks (GPT-OSS) ``sink_logit`` is the head's sink: one
+    more neuron with pre-activation ``sink_logit``, no incoming weight and outgoing weight
+    zero, whose activation is the mass the sink absorbs (``sink_activation``, ``learned_sink``;
+    docs/math.md §3.7). The source neurons' activations are the model's pattern row, summing to
+    less than one; the output is unchanged by the sink neuron, which writes nothing.
+
     Attributes:
         layer, head, row: the head and the prompt row; architecture: the model's name.
         tokens, str_tokens: the row's token ids ``[pos]`` (or None) and strings.
@@ -54,6 +60,7 @@ class ContextualMLP(MLPShape, MLPReadouts):
         reference_pattern, reference_output: the model's own ``[pos, pos]`` pattern and
             ``[pos, d_model]`` head output (``reference=True``).
         query_norm: the model's query normalisation on qk-norm layers, or None.
+        sink_logit: the head's learned sink logit (GPT-OSS), or None.
 
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
@@ -85,6 +92,7 @@ class ContextualMLP(MLPShape, MLPReadouts):
     reference_pattern: Float[Tensor, "pos pos"] | None = None
     reference_output: Float[Tensor, "pos d_model"] | None = None
     query_norm: QueryNorm | None = None
+    sink_logit: float | None = None
 
     def __repr__(self) -> str:
         return (f"ContextualMLP({self.architecture}, layer={self.layer}, head={self.head}, "
@@ -150,7 +158,7 @@ class ContextualMLP(MLPShape, MLPReadouts):
             b = self.scale * keys
             c = torch.zeros(len(src), dtype=WORK_DTYPE, device=keys.device) if bias is None else bias
         inputs = self._inputs(self.x[pos].to(WORK_DTYPE)[None])[0]
-        acts = _core.hidden((b @ inputs + c)[None], self.softcap)[0]
+        acts = _core.hidden((b @ inputs + c)[None], self.softcap, self.sink_logit)[0]
         return src, b, c, acts
 
     # ------------------------------------------------------------------ weights
@@ -180,7 +188,9 @@ class ContextualMLP(MLPShape, MLPReadouts):
         return Neurons(layer=self.layer, head=self.head, position=pos, sources=src,
                        source_tokens=tuple(self.str_tokens[i] for i in src.tolist()),
                        a=self.outgoing[src], b=b.float(), c=c.float(), activations=acts.float(),
-                       softcap=self.softcap)
+                       softcap=self.softcap, sink_logit=self.sink_logit,
+                       sink_activation=None if self.sink_logit is None
+                       else float(1.0 - acts.sum()))
 
     def incoming_all(self) -> tuple[Float[Tensor, "pos pos d_in"], Float[Tensor, "pos pos"]]:
         """All incoming weights and biases, for every destination at once.
@@ -247,10 +257,16 @@ class ContextualMLP(MLPShape, MLPReadouts):
         src = self.sources(pos)
         keys, bias = self._keys(pos), self._bias(pos, src)
         a = self.outgoing[src].to(WORK_DTYPE)
-        acts, outs = [], []
+        acts, outs, sinks = [], [], []
         for start in range(0, xs.shape[0], chunk_size):
             q = self.queries(xs[start:start + chunk_size].to(WORK_DTYPE))
-            h = _core.hidden(_core.preactivations(q, keys, self.scale, bias), self.softcap)
+            pre = _core.preactivations(q, keys, self.scale, bias)
+            if self.sink_logit is None:
+                h = _core.hidden(pre, self.softcap)
+            else:  # the learned-sink neuron, last: activation kept, outgoing weight zero
+                full = _core.with_sink(pre, self.softcap, self.sink_logit)
+                h = full[:, :-1]
+                sinks.append(full[:, -1].float())
             acts.append(h.float())
             if keep_outputs:
                 outs.append(_core.output(h, a).float())
@@ -260,7 +276,8 @@ class ContextualMLP(MLPShape, MLPReadouts):
             source_tokens=tuple(self.str_tokens[i] for i in src.tolist()),
             activations=h, outputs=torch.cat(outs) if keep_outputs else None,
             winners=src[h.argmax(-1)], labels=tuple(labels) if labels is not None else
-            tuple(f"x{i}" for i in range(h.shape[0])))
+            tuple(f"x{i}" for i in range(h.shape[0])),
+            sink=torch.cat(sinks) if sinks else None)
 
     def activations(self, position: int) -> Float[Tensor, " src"]:
         """Hidden activations at the real query input (the pattern row over ``sources``).
@@ -317,48 +334,6 @@ class ContextualMLP(MLPShape, MLPReadouts):
         for pos in self.positions:
             out[pos, self.sources(pos)] = self.activations(pos)
         return out
-
-    def importance(self, position: int) -> Float[Tensor, " src"]:
-        """How much of the head's output each source can carry: ``activation_i * |a_i|``.
-
-        At the real query input of ``position`` (docs/math.md §3.5). Use it, not ``winner``, to say
-        which source drives what the head writes (a sink can take the attention and write almost
-        nothing).
-
-        Args:
-            position: a destination (negative counts from the end).
-
-        Returns:
-            Importance ``[src]`` (non-negative).
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> imp = mlp.importance(3)
-            >>> imp.shape, bool((imp >= 0).all())
-            (torch.Size([4]), True)
-        """
-        return _core.importance(self.activations(position), self.outgoing[self.sources(position)])
-
-    def winner(self, position: int) -> int:
-        """The source position of the most active neuron at the real query input.
-
-        Where the head looks (the pattern row's argmax). For which source drives the output, use
-        ``importance`` (docs/math.md §3.5).
-
-        Args:
-            position: a destination (negative counts from the end).
-
-        Returns:
-            The winning source position.
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.winner(3) == int(mlp.pattern()[3].argmax())
-            True
-        """
-        return int(self.sources(position)[self.activations(position).argmax()])
 
     # ------------------------------------------------------------------ checks and views
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Sequence, TypeVar, cast
 
 import pandas as pd
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_dynamics import viz
-from tl_dynamics.contextual_mlp import _files, _readout, _views
+from tl_dynamics.contextual_mlp import _core, _files, _readout, _views
 from tl_dynamics.contextual_mlp._results import Evaluation, Neurons
 
 if TYPE_CHECKING:
@@ -40,12 +40,102 @@ class MLPReadouts:
 
         def check_position(self, position: int) -> int: ...
         def neurons(self, position: int) -> Neurons: ...
+        sink_logit: float | None
+        outgoing: Float[Tensor, "pos d_model"]
+
+        def sources(self, position: int) -> Int[Tensor, " src"]: ...
+        def activations(self, position: int) -> Float[Tensor, " src"]: ...
+        def evaluate(self, x: Tensor, position: int, chunk_size: int = ...,
+                     keep_outputs: bool = ..., labels: list[str] | None = ...) -> Evaluation: ...
+
         def pattern(self) -> Float[Tensor, "pos pos"]: ...
 
     def _mlp(self) -> Any:
         """This MLP as the read-outs and files see it (``_readout.ContextualMLP``)."""
         return cast(Any, self)
 
+
+    def importance(self, position: int) -> Float[Tensor, " src"]:
+        """How much of the head's output each source can carry: ``activation_i * |a_i|``.
+
+        At the real query input of ``position`` (docs/math.md §3.5). Use it, not ``winner``, to say
+        which source drives what the head writes (a sink can take the attention and write almost
+        nothing).
+
+        Args:
+            position: a destination (negative counts from the end).
+
+        Returns:
+            Importance ``[src]`` (non-negative).
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
+            >>> imp = mlp.importance(3)
+            >>> imp.shape, bool((imp >= 0).all())
+            (torch.Size([4]), True)
+        """
+        return _core.importance(self.activations(position), self.outgoing[self.sources(position)])
+
+    def winner(self, position: int) -> int:
+        """The source position of the most active neuron at the real query input.
+
+        Where the head looks (the pattern row's argmax). For which source drives the output, use
+        ``importance`` (docs/math.md §3.5).
+
+        Args:
+            position: a destination (negative counts from the end).
+
+        Returns:
+            The winning source position.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
+            >>> mlp.winner(3) == int(mlp.pattern()[3].argmax())
+            True
+        """
+        return int(self.sources(position)[self.activations(position).argmax()])
+
+    def sink_activation(self, position: int) -> float:
+        """The learned-sink neuron's activation at the real query input of ``position``.
+
+        The mass the head's learned sink absorbs there (docs/math.md §3.7); 0.0 on layers without one.
+
+        Args:
+            position: a destination (negative counts from the end).
+
+        Returns:
+            The activation, in ``[0, 1]``.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
+            >>> mlp.sink_activation(3)  # GPT-2 has no learned sink
+            0.0
+        """
+        ev = self.evaluate(self.x[self.check_position(position)], position, keep_outputs=False)
+        return 0.0 if ev.sink is None else float(ev.sink[0])
+
+    def learned_sink(self) -> Float[Tensor, " pos"]:
+        """``sink_activation`` at every real destination.
+
+        Zero on padding and on layers without a learned sink.
+
+        Returns:
+            ``[pos]`` activations of the learned-sink neuron.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
+            >>> mlp.learned_sink().tolist()  # GPT-2 has no learned sink
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        """
+        out = torch.zeros(self.n_pos, device=self.x.device)
+        if self.sink_logit is not None:
+            for pos in self.positions:
+                out[pos] = self.sink_activation(pos)
+        return out
 
     def evaluate_tokens(self, adapter: "ModelAdapter", tokens: Sequence[int] | Tensor, position: int,
                         normalise: _readout.Normalise = "match") -> Evaluation:
@@ -234,7 +324,8 @@ class MLPReadouts:
         """
         name = f"L{self.layer}H{self.head}"
         if position is None:
-            return _views.mlp_view(name, list(self.str_tokens), self.pattern())
+            return _views.mlp_view(name, list(self.str_tokens), self.pattern(),
+                                   None if self.sink_logit is None else self.learned_sink())
         pos = self.check_position(position)
         neurons = self.neurons(pos)
         importance = torch.zeros(self.n_pos, device=self.x.device)

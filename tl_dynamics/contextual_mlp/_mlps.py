@@ -162,13 +162,14 @@ class ContextualMLPs:
         """One line per layer, head and destination, with the winning neuron.
 
         Neurons, the winning neuron (its source position, token, activation and importance
-        ``activation * |a_i|``; docs/math.md §3.5), and, where the references were kept, the errors
+        ``activation * |a_i|``; docs/math.md §3.5), the learned-sink neuron's activation where the
+        layer has one (``sink_activation``), and, where the references were kept, the errors
         against the model's own head output and pattern.
 
         Returns:
             A pandas DataFrame with columns ``layer, head, position, token, n_neurons, winner,
             winner_token, winner_activation, winner_importance, top_importance`` (then
-            ``output_error, pattern_error``).
+            ``sink_activation``, ``output_error, pattern_error``).
 
         Example:
             >>> from tl_dynamics import contextual_mlp, testing
@@ -190,6 +191,8 @@ class ContextualMLPs:
                 "winner_activation": pattern[rows, winners].tolist(),
                 "winner_importance": importance[rows, winners].tolist(),
                 "top_importance": importance[rows].max(-1).values.tolist()})
+            if m.sink_logit is not None:  # the learned-sink neuron (docs/math.md §3.7)
+                frame["sink_activation"] = m.learned_sink()[rows].tolist()
             if m.reference_output is not None and m.reference_pattern is not None:
                 exact = m.exactness()
                 frame["output_error"] = exact.output_error.tolist()

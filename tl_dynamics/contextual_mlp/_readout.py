@@ -120,7 +120,8 @@ def evaluate_vocab(mlp: ContextualMLP, adapter: ModelAdapter, position: int,
         source_tokens=first.source_tokens, activations=torch.cat([p.activations for p in parts]),
         outputs=torch.cat([p.outputs for p in parts]) if keep_outputs else None,
         winners=torch.cat([p.winners for p in parts]),
-        labels=tuple(str(i) for i in range(vocab)))
+        labels=tuple(str(i) for i in range(vocab)),
+        sink=None if first.sink is None else torch.cat([p.sink for p in parts if p.sink is not None]))
 
 
 @dataclass(frozen=True)

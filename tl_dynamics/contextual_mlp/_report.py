@@ -6,6 +6,7 @@ from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.contextual_mlp._collect import compute
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
+from tl_dynamics.contextual_mlp._mlps import ContextualMLPs
 from tl_dynamics.contextual_mlp._readout import written_tokens
 
 TITLE = "Attention as a contextual MLP"
@@ -55,7 +56,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
              f"{_top_activation(mlp):.2f} of the attention on average, where uniform attention "
              f"would give {_uniform_activation(mlp):.2f}), first row of the batch. The winner of "
              "a destination is where the head looks; the importance h_i |a_i| is what drives "
-             "its output (docs/math.md §3.5).")
+             "its output (docs/math.md §3.5)." + _sink_sentence(result))
     page.add_section(TITLE, items, intro=intro, math="docs/math.md §3")
 
 
@@ -65,5 +66,20 @@ def _top_activation(mlp: ContextualMLP) -> float:
 
 
 def _uniform_activation(mlp: ContextualMLP) -> float:
-    """The same under uniform attention: the mean of ``1 / (number of sources)``."""
-    return sum(1.0 / len(mlp.sources(p)) for p in mlp.positions) / max(1, len(mlp.positions))
+    """The same under uniform attention: the mean of ``1 / (number of neurons)`` (the sources,
+    and the learned sink where the layer has one)."""
+    extra = 0 if mlp.sink_logit is None else 1
+    return sum(1.0 / (len(mlp.sources(p)) + extra) for p in mlp.positions) / max(1, len(mlp.positions))
+
+
+def _sink_sentence(result: ContextualMLPs) -> str:
+    """Where the layer has learned sinks: the sink neuron and its mean activation per head."""
+    sunk = [m for m in result if m.sink_logit is not None]
+    if not sunk:
+        return ""
+    masses = ", ".join(f"H{m.head} {float(m.learned_sink()[m.query_valid].mean()):.2f}"
+                       for m in sunk)
+    return (" This layer has a learned sink per head: one more neuron (\"learned sink\") with "
+            "pre-activation the sink logit, no incoming weight and outgoing weight zero, whose "
+            f"activation is the attention it absorbs (mean over destinations: {masses}; "
+            "docs/math.md §3.7).")

@@ -11,6 +11,10 @@ from torch import Tensor
 from tl_dynamics import viz
 
 
+# The name of the learned-sink neuron in tables and views (GPT-OSS; docs/math.md §3.7).
+LEARNED_SINK = "learned sink"
+
+
 @dataclass(frozen=True)
 class Neurons:
     """The contextual MLP of one head at one destination ``position``.
@@ -18,7 +22,10 @@ class Neurons:
     ``a`` (outgoing) is ``[n_src, d_model]``, ``b`` (incoming) ``[n_src, d_model]`` (``[n_src,
     d_head]`` on qk-norm layers, where it acts on the normalised query), ``c`` (biases) ``[n_src]``;
     ``activations`` are the normalised hidden activations at the real query input (the pattern
-    row over ``sources``).
+    row over ``sources``). On a layer with learned sinks, ``sink_logit`` and ``sink_activation``
+    describe one more neuron, the learned sink: pre-activation ``c = sink_logit``, no incoming
+    weight, outgoing weight zero, activation the mass it absorbs (docs/math.md §3.7); the
+    table lists it last, as source -1.
     """
 
     layer: int
@@ -31,6 +38,8 @@ class Neurons:
     c: Float[Tensor, " src"]
     activations: Float[Tensor, " src"]
     softcap: float | None = None
+    sink_logit: float | None = None
+    sink_activation: float | None = None
 
     @property
     def importance(self) -> Float[Tensor, " src"]:
@@ -43,12 +52,18 @@ class Neurons:
         return int(self.sources[self.activations.argmax()])
 
     def to_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame({
+        df = pd.DataFrame({
             "layer": self.layer, "head": self.head, "position": self.position,
             "source": self.sources.tolist(), "token": list(self.source_tokens),
             "activation": self.activations.tolist(), "importance": self.importance.tolist(),
             "a_norm": self.a.norm(dim=-1).tolist(), "b_norm": self.b.norm(dim=-1).tolist(),
             "c": self.c.tolist()})
+        if self.sink_logit is None:
+            return df
+        sink = {"layer": self.layer, "head": self.head, "position": self.position, "source": -1,
+                "token": LEARNED_SINK, "activation": self.sink_activation, "importance": 0.0,
+                "a_norm": 0.0, "b_norm": 0.0, "c": self.sink_logit}
+        return pd.concat([df, pd.DataFrame([sink])], ignore_index=True)
 
     def show(self) -> viz.Component:
         """The neurons' table (an escaped HTML table)."""
@@ -61,7 +76,8 @@ class Evaluation:
     """A head's contextual MLP at ``position`` evaluated on ``n`` query inputs.
 
     ``activations[n, src]`` over the neurons ``sources``; ``winners[n]`` the source position of
-    the most active neuron per input; ``outputs[n, d_model]`` (None unless kept).
+    the most active neuron per input; ``outputs[n, d_model]`` (None unless kept); ``sink[n]``
+    the learned-sink neuron's activation on layers with learned sinks (None elsewhere).
     """
 
     layer: int
@@ -73,6 +89,7 @@ class Evaluation:
     outputs: Float[Tensor, "n d_model"] | None
     winners: Int[Tensor, " n"]
     labels: tuple[str, ...]
+    sink: Float[Tensor, " n"] | None = None
 
     def winner_tokens(self) -> list[str]:
         lookup = dict(zip(self.sources.tolist(), self.source_tokens))
@@ -85,6 +102,8 @@ class Evaluation:
             "winner_activation": self.activations.max(-1).values.tolist()})
         if self.outputs is not None:
             df["output_norm"] = self.outputs.norm(dim=-1).tolist()
+        if self.sink is not None:
+            df["sink_activation"] = self.sink.tolist()
         df.insert(0, "position", self.position)
         return df
 

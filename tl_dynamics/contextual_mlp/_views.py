@@ -5,16 +5,24 @@ call these; nothing here imports a result, so there is no import circle."""
 from __future__ import annotations
 
 import pandas as pd
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from tl_dynamics import viz
+from tl_dynamics.contextual_mlp._results import LEARNED_SINK
 
 
-def mlp_view(name: str, tokens: list[str], pattern: Float[Tensor, "dest src"]) -> viz.Group:
+def mlp_view(name: str, tokens: list[str], pattern: Float[Tensor, "dest src"],
+             sink: Float[Tensor, " dest"] | None = None) -> viz.Group:
     """Every destination's hidden activations (``text_neuron_activations``) and the destinations
-    where each neuron fires most (``topk_tokens``) of one head ``name`` on one prompt."""
+    where each neuron fires most (``topk_tokens``) of one head ``name`` on one prompt; ``sink``,
+    where the layer has learned sinks, is the learned-sink neuron's activation (one more
+    neuron, last)."""
     labels = [f"{i}: {tok}" for i, tok in enumerate(tokens)]
+    if sink is not None:
+        pattern = torch.cat([pattern, sink[:, None].to(pattern)], dim=-1)
+        labels.append(LEARNED_SINK)
     per_token = viz.text_neuron_activations(
         tokens, pattern[:, None, :], first_dimension_name="Head",
         second_dimension_name="Neuron (source token)", first_dimension_labels=[name],

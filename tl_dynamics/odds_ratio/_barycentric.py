@@ -29,7 +29,9 @@ Target = Union[Literal["unembed", "embed"], Tensor]
 class BarycentricView:
     """Per query row ``i`` (real positions that have a target): the head's coordinates
     ``S[i]``, the best simplex coordinates ``A[i]``, the gap ``(S-A)^T G (S-A)``, the fit error
-    ``|O^T A - y|^2``, the head's own error ``|O^T S - y|^2`` and the solver's KKT residual."""
+    ``|O^T A - y|^2``, the head's own error ``|O^T S - y|^2`` and the solver's KKT residual.
+    On a layer with learned sinks the simplex has one more vertex, the virtual key's output 0
+    (docs/math.md §2.6): ``S_sink`` and ``A_sink`` are its coordinates (None elsewhere)."""
 
     layer: int
     head: int
@@ -42,6 +44,8 @@ class BarycentricView:
     fit_error: Float[Tensor, " row"]
     head_error: Float[Tensor, " row"]
     kkt: Float[Tensor, " row"]
+    S_sink: Float[Tensor, " row"] | None = None
+    A_sink: Float[Tensor, " row"] | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
         return pd.DataFrame({"position": list(self.rows),
@@ -107,7 +111,8 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
     if not 0 <= row < batch.tokens.shape[0]:
         raise TLDynamicsError(f"row {row!r} is out of range: the batch has {batch.tokens.shape[0]} "
                               f"prompts (valid: 0..{batch.tokens.shape[0] - 1})")
-    la = adapter.attention(batch, layers=[layer])[layer]
+    la = adapter.attention(batch, layers=[layer], sinks=True)[layer]
+    sunk = la.sink_logit is not None  # the learned sink: one more vertex, at the origin
     pattern = la.pattern([head])[row, 0].double().cpu()  # the simplex solver works on the CPU
     outputs = la.source_outputs([head])[row, :, 0].double().cpu()  # [pos, d_model]
     tokens = batch.tokens[row]
@@ -115,15 +120,20 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
     positions = torch.nonzero(valid).flatten().tolist()
     targets, label = _targets(adapter, target, tokens, positions)
     S_rows, A_rows, gaps, fits, errs, kkts, rows = [], [], [], [], [], [], []
+    S_sink, A_sink = [], []
     for i in positions:
         y = targets.get(i)
         if y is None or not bool(la.query_valid[row, i]):
             continue
         keys = torch.nonzero(la.allowed[row, i]).flatten().cpu()
         O = outputs[keys]  # [n, d_model]
-        sol = simplex_lstsq(O.T, y)
+        sol = simplex_lstsq((torch.cat([O, O.new_zeros(1, O.shape[1])]) if sunk else O).T, y)
+        coords = torch.from_numpy(sol.coords)
         a = torch.zeros_like(pattern[i])
-        a[keys] = torch.from_numpy(sol.coords)
+        a[keys] = coords[:len(keys)]
+        if sunk:
+            A_sink.append(float(coords[-1]))
+            S_sink.append(float(1.0 - pattern[i, keys].sum()))
         diff = (pattern[i, keys] - a[keys]) @ O
         S_rows.append(pattern[i])
         A_rows.append(a)
@@ -140,7 +150,9 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
                            tokens=tuple(adapter.str_tokens(batch, row)), rows=tuple(rows),
                            S=torch.stack(S_rows), A=torch.stack(A_rows), gap=torch.tensor(gaps),
                            fit_error=torch.tensor(fits), head_error=torch.tensor(errs),
-                           kkt=torch.tensor(kkts))
+                           kkt=torch.tensor(kkts),
+                           S_sink=torch.tensor(S_sink, dtype=torch.float64) if sunk else None,
+                           A_sink=torch.tensor(A_sink, dtype=torch.float64) if sunk else None)
 
 
 def _targets(adapter: Any, target: Target, tokens: Tensor, positions: list[int]

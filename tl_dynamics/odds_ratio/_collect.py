@@ -31,9 +31,9 @@ def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
         >>> dec.parts.total().shape
         torch.Size([1, 2, 3, 3])
     """
-    la.require_no_sinks("odds_ratio.decompose_layer")
     heads = list(heads)
-    parts = split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads), dtype)
+    parts = split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads), dtype,
+                         sink=None if la.sink_logit is None else la.sink_logit[heads])
     prior_p, lik_p = counterfactual_patterns(parts, la.allowed)
     if tokens is None:
         tokens = torch.zeros(la.q.shape[:2], dtype=torch.long, device=la.q.device)
@@ -56,8 +56,12 @@ class OddsRatioCollector(Collector):
     ends, the layers that share a scale and mask are split together, their heads side by side,
     in a few launches whatever the number of heads, and their sums stay on the device until
     ``result()``. Only ``[layer, head]`` sums are kept unless ``keep_tensors`` (then every
-    pass's ``Decomposition`` per layer and per-prompt sink facts are kept too).
+    pass's ``Decomposition`` per layer and per-prompt sink facts are kept too). Layers with
+    learned attention sinks (GPT-OSS) are split with the sink as a virtual key (docs/math.md
+    §2.6), one layer at a time.
     """
+
+    sinks = True  # learned sinks are modelled (a virtual key): the adapter need not refuse them
 
     def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
                  keep_tensors: bool = False, dtype: torch.dtype = torch.float32,
@@ -81,7 +85,6 @@ class OddsRatioCollector(Collector):
         la = state.attention
         if la is None or la.layer not in self.layers:
             return
-        la.require_no_sinks("odds_ratio")
         key = ("odds_ratio.masks", id(la.allowed))
         if key not in state.shared:  # once per pass and mask kind, for every layer
             state.shared[key] = MaskFacts.of(la.allowed, la.query_valid, la.spec.causal,
@@ -105,7 +108,7 @@ class OddsRatioCollector(Collector):
         groups: dict[tuple, list[LayerAttention]] = {}
         facts: dict[tuple, MaskFacts] = {}
         for la, masks in layers:  # split together: same scale and masks, no bias or soft-cap
-            fast = la.position_bias is None and la.softcap is None
+            fast = la.position_bias is None and la.softcap is None and la.sink_logit is None
             key = (la.scale, id(masks)) if fast else ("one", la.layer)
             groups.setdefault(key, []).append(la)
             facts[key] = masks
@@ -117,7 +120,8 @@ class OddsRatioCollector(Collector):
                 else first.k[:, :, pick]
             sums, sinks = _stats.layer_sums(q, k, first.scale, first.bias(h), first.allowed,
                                             first.query_valid, first.softcap, masks=masks,
-                                            layer_heads=n_h)
+                                            layer_heads=n_h, sink=None if first.sink_logit is None
+                                            else first.sink_logit[pick])
             by_prior = sinks["sink_prior_adv"] > sinks["sink_loglik_adv"]
             sink_values = {"sink_mass": sinks["sink_mass"], "sink_first": _stats.first_sinks(sinks),
                            "sink_by_prior": by_prior, "sink_prior_adv": sinks["sink_prior_adv"],
@@ -172,8 +176,10 @@ class OddsRatioCollector(Collector):
 def sink_facts(la: LayerAttention) -> dict[str, torch.Tensor]:
     """The sink of every prompt and head of one captured layer, ``[batch, head]`` each.
 
-    Its mass, position (in real tokens; 0 = the first), dominance over the next-largest column,
-    key-prior rank, and its advantage over the row mean split into key prior, distance
+    Its mass, position (in real tokens; 0 = the first), dominance over the next-largest column
+    (a learned sink's included), key-prior rank, the mass a learned sink absorbs
+    (``learned_sink_mass``, zero without one), and its advantage over the row mean split into
+    key prior, distance
     log-likelihood and bias (docs/math.md §2.3), as ``attach`` collects them.
 
     Args:
@@ -182,7 +188,7 @@ def sink_facts(la: LayerAttention) -> dict[str, torch.Tensor]:
     Returns:
         ``{name: [batch, head] tensor}`` with ``sink_mass``, ``sink_position``,
         ``sink_dominance``, ``sink_prior_rank``, ``sink_prior_adv``, ``sink_loglik_adv``,
-        ``sink_bias_adv`` and the rest of the per-prompt sink facts.
+        ``sink_bias_adv``, ``learned_sink_mass`` and the rest of the per-prompt sink facts.
 
     Example:
         >>> from tl_dynamics import odds_ratio, testing
@@ -193,7 +199,7 @@ def sink_facts(la: LayerAttention) -> dict[str, torch.Tensor]:
     """
     masks = MaskFacts.of(la.allowed, la.query_valid, la.spec.causal, la.spec.window)
     return _stats.layer_sums(la.q, la.k, la.scale, la.bias(), la.allowed, la.query_valid,
-                             la.softcap, masks=masks)[1]
+                             la.softcap, masks=masks, sink=la.sink_logit)[1]
 
 
 @contextmanager

@@ -225,18 +225,22 @@ class HeadStats:
         """Mean per-row KL divergences and entropy of every head.
 
         Returns:
-            ``{"kl_prior", "kl_loglik", "entropy": [len(layers), len(heads)] array}``: mean over rows of
-            ``KL(real || prior-only)``, ``KL(real || likelihood-only)`` and the pattern's entropy
-            (nats).
+            ``{name: [len(layers), len(heads)] array}``: mean over rows of ``kl_prior``
+            (``KL(real || prior-only)``), ``kl_loglik`` (``KL(real || likelihood-only)``),
+            ``entropy`` (nats) and ``learned_sink_mass`` (the mass a learned sink absorbs; zero
+            on layers without one).
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
             >>> mn = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.means()
             >>> sorted(mn), bool((mn["kl_prior"] >= 0).all())
-            (['entropy', 'kl_loglik', 'kl_prior'], True)
+            (['entropy', 'kl_loglik', 'kl_prior', 'learned_sink_mass'], True)
         """
         rows = self.sums["rows"]
-        return {k: self._ratio(self.sums[k], rows) for k in ("kl_prior", "kl_loglik", "entropy")}
+        out = {k: self._ratio(self.sums[k], rows) for k in ("kl_prior", "kl_loglik", "entropy")}
+        out["learned_sink_mass"] = self._ratio(self.sums.get("learned_sink", np.zeros_like(rows)),
+                                               rows)
+        return out
 
     def labels(self, threshold: float = LABEL_THRESHOLD) -> np.ndarray:
         """Each head's label from its additive shares.

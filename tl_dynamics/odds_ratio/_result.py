@@ -19,7 +19,7 @@ from tl_dynamics.odds_ratio._headstats import LABEL_THRESHOLD, HeadStats, head_n
 # Re-exported: the collector and the tests read them here.
 from tl_dynamics.odds_ratio._headstats import SINK_SUM_KEYS as SINK_SUM_KEYS
 from tl_dynamics.odds_ratio._headstats import label as label
-from tl_dynamics.odds_ratio._split import ScoreParts, row_kl
+from tl_dynamics.odds_ratio._split import ScoreParts, row_kl, sink_log_patterns
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,22 @@ class Decomposition:
                                   f"decomposed heads: {list(self.heads)}")
         return self.heads.index(head)
 
+    @property
+    def learned_sink(self) -> Float[Tensor, "batch head q"] | None:
+        """The mass the learned sink absorbs per row, ``1 - sum_j pattern_ij`` (None on layers
+        without one; zero on rows with no allowed key), from the parts (docs/math.md §2.6)."""
+        if self.parts.sink is None:
+            return None
+        log_real = sink_log_patterns(self.parts, self.allowed, self.softcap)[0]
+        return log_real[..., -1].exp() * self.allowed.any(-1)[:, None]
+
     def kl(self) -> dict[str, Float[Tensor, "batch head q"]]:
-        """Per row ``KL(real || prior-only)`` and ``KL(real || likelihood-only)``."""
+        """Per row ``KL(real || prior-only)`` and ``KL(real || likelihood-only)`` (with a learned
+        sink, over the real keys and the virtual one: docs/math.md §2.6)."""
+        if self.parts.sink is not None:
+            log_real, log_prior, log_lik = sink_log_patterns(self.parts, self.allowed, self.softcap)
+            return {"prior": row_kl(log_real, log_prior), "loglik": row_kl(log_real, log_lik)}
+
         def log(p: Tensor) -> Tensor:
             return torch.where(self.allowed[:, None], p.clamp(min=1e-45).log(), float("-inf"))
         log_real = log(self.pattern)
@@ -109,7 +123,7 @@ class Decomposition:
             {"real": sub(self.pattern), "prior-only": sub(self.prior_pattern),
              "likelihood-only": sub(self.likelihood_pattern)},
             {k: sub(v) for k, v in parts.items()}, p.key_prior[row][idx][:, real].T.float(),
-            p.sigma2, self.precap)
+            p.sigma2, self.precap, learned_sink=p.sink is not None)
 
 
 @dataclass(frozen=True)
@@ -175,19 +189,20 @@ class OddsRatioResult:
 
         The source position taking most attention (counted in real tokens), its token, mean
         attention mass (over rows with at least two allowed keys), its dominance (its column over the
-        next-largest; a near-tie below ``SINK_DOMINANCE`` = 2 is not a sink), and whether it wins by
+        next-largest; a near-tie below ``SINK_DOMINANCE`` = 2 is not a sink), whether it wins by
         prior or by likelihood (its attention-weighted score advantage over the row mean, split;
-        docs/math.md §2.3).
+        docs/math.md §2.3), and the mass a learned sink absorbs (``learned_sink_mass``, zero
+        without one, §2.6).
 
         Returns:
             A pandas DataFrame with columns ``pass, prompt, head, layer, position, token, mass,
-            prior_adv, loglik_adv, bias_adv, prior_rank, dominance, wins_by``.
+            prior_adv, loglik_adv, bias_adv, prior_rank, dominance, learned_sink_mass, wins_by``.
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
             >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), ["a b c a b c", "x = 1"], layers=1)
             >>> res.sink_table().shape  # 2 prompts x 4 heads
-            (8, 13)
+            (8, 14)
         """
         records = []
         for p, (sinks, decs) in enumerate(zip(self.sinks, self.decompositions)):
@@ -207,6 +222,7 @@ class OddsRatioResult:
                             "loglik_adv": loglik_adv, "bias_adv": float(facts["sink_bias_adv"][b, h]),
                             "prior_rank": int(facts["sink_prior_rank"][b, h]),
                             "dominance": float(facts["sink_dominance"][b, h]),
+                            "learned_sink_mass": float(facts["learned_sink_mass"][b, h]),
                             "wins_by": "prior" if prior_adv > loglik_adv else "likelihood"})
         return pd.DataFrame.from_records(records)
 

@@ -25,6 +25,9 @@ class ScoreParts:
 
     ``query_term[b, h, i]``, ``key_prior[b, h, j]``, ``loglik[b, h, i, j]`` and ``bias``
     (``[b, h, i, j]`` or None when the model has no position bias). ``scale`` is ``c``.
+    ``sink[h]``, on layers with learned attention sinks (GPT-OSS), is the prior of the virtual
+    key that stands for the sink: its whole score, with no query term, no likelihood and no
+    bias (docs/math.md §2.6); None elsewhere.
     """
 
     query_term: Float[Tensor, "batch head q"]
@@ -32,6 +35,7 @@ class ScoreParts:
     loglik: Float[Tensor, "batch head q k"]
     bias: Float[Tensor, "batch head q k"] | None
     scale: float
+    sink: Float[Tensor, " head"] | None = None
 
     @property
     def sigma2(self) -> float:
@@ -43,19 +47,32 @@ class ScoreParts:
         out = self.query_term[..., :, None] + self.key_prior[..., None, :] + self.loglik
         return out if self.bias is None else out + self.bias
 
+    def total_with_sink(self) -> Float[Tensor, "batch head q k_plus_1"]:
+        """``total()`` with the virtual key's score ``sink_h`` as one more column (the model's
+        softmax input, sink included); ``total()`` itself where the layer has no sink."""
+        out = self.total()
+        if self.sink is None:
+            return out
+        column = self.sink.to(out)[None, :, None, None].expand(*out.shape[:-1], 1)
+        return torch.cat([out, column], dim=-1)
+
     def prior_logits(self) -> Float[Tensor, "batch head q k"]:
         """``key_prior_j + p_ij``: the logits of the prior-only counterfactual."""
         out = self.key_prior[..., None, :].expand_as(self.loglik)
         return out if self.bias is None else out + self.bias
 
     def likelihood_logits(self) -> Float[Tensor, "batch head q k"]:
-        """``loglik_ij + p_ij``: the logits of the likelihood-only counterfactual."""
-        return self.loglik if self.bias is None else self.loglik + self.bias
+        """``loglik_ij + p_ij``: the logits of the likelihood-only counterfactual. With a
+        learned sink the query term stays in (``query_term_i + loglik_ij + p_ij``, the
+        log-likelihood ratio against the null): the virtual key has none, so it does not cancel."""
+        out = self.loglik if self.sink is None else self.loglik + self.query_term[..., :, None]
+        return out if self.bias is None else out + self.bias
 
 
 def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
                  scale: float, bias: Float[Tensor, "batch head pos pos"] | None = None,
-                 dtype: torch.dtype = torch.float32) -> ScoreParts:
+                 dtype: torch.dtype = torch.float32,
+                 sink: Float[Tensor, " head"] | None = None) -> ScoreParts:
     """Split ``c <q_i, k_j> + p_ij`` into query term, key prior, distance log-likelihood, bias.
 
     ``c <q, k> = (c/2)|q|^2 + (c/2)|k|^2 - (c/2)|q - k|^2``: the query term is constant along a
@@ -63,7 +80,8 @@ def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "ba
     (docs/math.md §2). The log-likelihood is computed from the distances themselves (not from
     the expanded inner product), so the identity ``total() == c<q,k> + p`` is a real check; in
     float32 it holds to about ``1e-7`` times ``(c/2)(|q|^2 + |k|^2)`` (pass
-    ``dtype=torch.float64`` for large models).
+    ``dtype=torch.float64`` for large models). ``sink`` (per-head learned sink logits, GPT-OSS)
+    becomes the prior of a virtual key (``ScoreParts.sink``).
 
     Args:
         q: queries ``[batch, pos, head, d_head]`` (after any rotation).
@@ -71,10 +89,12 @@ def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "ba
         scale: the score scale ``c`` (positive).
         bias: an additive score bias ``[batch, head, pos, pos]`` (ALiBi, ...), or None.
         dtype: dtype of the split.
+        sink: per-head learned sink logits ``[head]``, or None.
 
     Returns:
         ``ScoreParts``: ``query_term`` ``[batch, head, q]``, ``key_prior`` ``[batch, head, k]``,
-        ``loglik`` ``[batch, head, q, k]``, ``bias`` and ``sigma2 = 1/c``; ``total()`` adds them.
+        ``loglik`` ``[batch, head, q, k]``, ``bias``, ``sink`` and ``sigma2 = 1/c``; ``total()``
+        adds the parts.
 
     Example:
         >>> import torch
@@ -101,7 +121,8 @@ def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "ba
     key_prior = half * kh.pow(2).sum(-1)
     loglik = -half * _squared_distances(qh, kh)
     bias = None if bias is None else bias.to(dtype).expand_as(loglik)
-    return ScoreParts(query_term, key_prior, loglik, bias, float(scale))
+    return ScoreParts(query_term, key_prior, loglik, bias, float(scale),
+                      None if sink is None else sink.to(dtype))
 
 
 # Largest [batch, head, q-chunk, k, d_head] difference tensor formed at once.
@@ -121,15 +142,18 @@ def counterfactual_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"
     """Prior-only ``softmax(key_prior + p)`` and likelihood-only ``softmax(loglik + p)``.
 
     Both are taken over the allowed keys and are not soft-capped (the cap acts on the whole
-    score, query term included, so it has no meaning for one part alone).
+    score, query term included, so it has no meaning for one part alone). With a learned sink
+    (``parts.sink``) the virtual key joins both denominators, with its prior ``sink_h`` in the
+    prior-only pattern and logit 0 (no likelihood) in the likelihood-only one, and is then
+    dropped like the model's own: rows sum to less than 1 (docs/math.md §2.6).
 
     Args:
         parts: the split of one layer's scores (``split_scores``).
         allowed: ``[batch, q, k]`` which keys each query may attend to.
 
     Returns:
-        ``(prior_pattern, likelihood_pattern)``, each ``[batch, head, q, k]`` with rows summing to
-        one over the allowed keys.
+        ``(prior_pattern, likelihood_pattern)``, each ``[batch, head, q, k]``, rows summing to
+        one over the allowed keys (less than one with a learned sink).
 
     Example:
         >>> from tl_dynamics import odds_ratio, testing
@@ -140,8 +164,43 @@ def counterfactual_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"
         >>> prior.shape, bool((prior.sum(-1) - 1).abs().max() < 1e-5)
         (torch.Size([1, 4, 4, 4]), True)
     """
-    return (masked_softmax(parts.prior_logits(), allowed),
-            masked_softmax(parts.likelihood_logits(), allowed))
+    if parts.sink is None:
+        return (masked_softmax(parts.prior_logits(), allowed),
+                masked_softmax(parts.likelihood_logits(), allowed))
+    return (masked_softmax(parts.prior_logits(), allowed, parts.sink),
+            masked_softmax(parts.likelihood_logits(), allowed, torch.zeros_like(parts.sink)))
+
+
+def log_softmax_with_sink(logits: Float[Tensor, "batch head q k"],
+                          allowed: Bool[Tensor, "batch q k"], sink: Float[Tensor, " head"]
+                          ) -> Float[Tensor, "batch head q k_plus_1"]:
+    """Log-softmax over the allowed keys and a virtual key of logit ``sink_h`` (the last
+    column); ``-inf`` off the mask. Rows with no allowed key put everything on the virtual key.
+
+    Example:
+        >>> import torch
+        >>> allowed = torch.tensor([[[True, False]]])
+        >>> log_softmax_with_sink(torch.zeros(1, 1, 1, 2), allowed, torch.zeros(1)).exp()
+        tensor([[[[0.5000, 0.0000, 0.5000]]]])
+    """
+    column = sink.to(logits)[None, :, None, None].expand(*logits.shape[:-1], 1)
+    masked = logits.masked_fill(~allowed[:, None], float("-inf"))
+    return torch.log_softmax(torch.cat([masked, column], dim=-1), dim=-1)
+
+
+def sink_log_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"],
+                      softcap: float | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Log real, prior-only and likelihood-only patterns over the real keys and the virtual
+    key of a learned sink (last column), from the parts themselves (no ``1 - sum``
+    cancellation; docs/math.md §2.6). The real one is soft-capped where the layer is."""
+    sink = parts.sink
+    if sink is None:
+        raise TLDynamicsError("these score parts have no learned sink (ScoreParts.sink is None)")
+    total = parts.total()
+    real = total if softcap is None else softcap * torch.tanh(total / softcap)
+    return (log_softmax_with_sink(real, allowed, sink),
+            log_softmax_with_sink(parts.prior_logits(), allowed, sink),
+            log_softmax_with_sink(parts.likelihood_logits(), allowed, torch.zeros_like(sink)))
 
 
 def row_kl(log_p: Float[Tensor, "... k"], log_q: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:

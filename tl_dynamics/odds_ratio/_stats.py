@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from tl_dynamics.odds_ratio._fast import MaskFacts
 
 # Sums kept per head (names of the streaming accumulators).
+# ``learned_sink``: the mass a layer's learned attention sink absorbs (GPT-OSS; zero elsewhere).
 SUM_KEYS = ("rows", "var_r", "var_prior", "var_bias", "cov_r_prior", "cov_r_bias",
-            "cov_prior_bias", "kl_prior", "kl_loglik", "entropy")
+            "cov_prior_bias", "kl_prior", "kl_loglik", "entropy", "learned_sink")
 SINK_KEYS = ("sink_mass", "sink_position", "sink_prior_adv", "sink_loglik_adv",
-             "sink_bias_adv", "sink_prior_rank", "sink_dominance")
+             "sink_bias_adv", "sink_prior_rank", "sink_dominance", "learned_sink_mass")
 # A prompt's sink counts as a sink (``sink_first_share``) only when its column takes at least
 # this many times the attention of the next-largest column: a previous-token head gives every
 # key about one row's worth, so its largest column is a near-tie, not a sink (docs/math.md §2.3).
@@ -53,7 +54,8 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
                scale: float, bias: Float[Tensor, "batch head pos pos"] | None,
                allowed: Bool[Tensor, "batch pos pos"], query_valid: Bool[Tensor, "batch pos"],
                softcap: float | None = None, fast: bool = True,
-               masks: "MaskFacts | None" = None, layer_heads: int | None = None
+               masks: "MaskFacts | None" = None, layer_heads: int | None = None,
+               sink: Float[Tensor, " head"] | None = None
                ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Per-head sums over this batch's valid rows, and per-prompt sink facts.
 
@@ -71,6 +73,12 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
     (tested). ``masks`` (``_fast.MaskFacts``) are the pass's mask facts, reused where
     ``allowed`` and ``query_valid`` are the same tensors; ``layer_heads`` is one layer's head
     count when the heads axis holds several layers' heads side by side.
+
+    ``sink`` holds the per-head learned sink logits of a layer that has them (GPT-OSS): the
+    sink is a virtual key with prior ``sink_h`` and no likelihood (docs/math.md §2.6). Its mass
+    then enters the entropy and both divergences (over the real keys and the virtual one), the
+    sink's dominance, ``learned_sink`` and ``learned_sink_mass``, and a row with one real key
+    still chooses (between it and the sink). Such layers take the direct path.
     """
     from tl_dynamics.odds_ratio import _fast
 
@@ -78,16 +86,19 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
     if masks is None or not masks.matches(allowed, query_valid):
         masks = _fast.MaskFacts.of(allowed, query_valid)
     facts = None
-    if fast and bias is None and softcap is None:
+    if fast and bias is None and softcap is None and sink is None:
         facts = _fast.row_facts(q, k, scale, allowed, query_valid, masks, layer_heads)
     if facts is None:
-        facts = _direct_row_facts(q, k, scale, bias, allowed, query_valid, softcap)
+        facts = _direct_row_facts(q, k, scale, bias, allowed, query_valid, softcap, sink)
     return _finish(facts, allowed, query_valid, masks.n_allowed)
 
 
 def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, allowed: Tensor,
-                      query_valid: Tensor, softcap: float | None) -> dict[str, Tensor]:
-    """Row statistics from the full ``[batch, head, q, k]`` scores (any bias, any soft-cap)."""
+                      query_valid: Tensor, softcap: float | None,
+                      sink: Tensor | None = None) -> dict[str, Tensor]:
+    """Row statistics from the full ``[batch, head, q, k]`` scores (any bias, any soft-cap, any
+    learned sink: a virtual key ``∅`` with logit ``sink_h``, prior ``sink_h``, likelihood-only
+    logit 0, joining every partition; docs/math.md §2.6)."""
     half = scale / 2.0
     r = torch.einsum("bihd,bjhd->bhij", q, k) * scale
     if bias is not None:
@@ -119,6 +130,9 @@ def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, a
     # --- KL(real || counterfactual) = sum S log S - sum S x + lse(x)
     s = r if softcap is None else softcap * torch.tanh(r / softcap)
     lse_s = _masked_lse(s, mask)
+    if sink is not None:  # the virtual key joins the partition (after any soft-cap)
+        sink_logit = sink.float()[None, :, None].expand_as(lse_s)  # [b, h, i]
+        lse_s = torch.logaddexp(lse_s, sink_logit)
     log_s = (s - lse_s[..., None]).masked_fill(~mask, float("-inf"))
     pattern = log_s.exp()
     s_dot = torch.einsum("bhij,bhij->bhi", pattern, s.masked_fill(~mask, 0.0))
@@ -126,8 +140,20 @@ def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, a
     pattern_prior = torch.einsum("bhij,bhj->bhi", pattern, prior)
     r_dot = s_dot if softcap is None else torch.einsum("bhij,bhij->bhi", pattern, r_masked)
     lse_lik = _masked_lse(r - prior[:, :, None, :], mask)
+    if sink is not None:  # the virtual key: S_i0 log S_i0 in the entropy, likelihood logit 0
+        absorbed = (sink_logit - lse_s).exp()  # S_i0, the mass the sink absorbs
+        sink_term = torch.where(absorbed > 0, absorbed * sink_logit, 0.0)  # 0 log 0 = 0
+        neg_entropy = neg_entropy + sink_term
+        lse_lik = torch.logaddexp(lse_lik, torch.zeros_like(lse_lik))
+        out["learned_sink"] = absorbed
     out["kl_loglik"] = neg_entropy - (r_dot - pattern_prior) + lse_lik
-    if bias is None:
+    if sink is not None:  # prior-only: the virtual key keeps its prior sink_h
+        logits = prior[:, :, None, :] if bias is None else prior[:, :, None, :] + bias
+        prior_dot = torch.einsum("bhij,bhij->bhi", pattern, logits.expand_as(r).masked_fill(
+            ~mask, 0.0)) + sink_term
+        lse_prior = torch.logaddexp(_masked_lse(logits.expand_as(r), mask), sink_logit)
+        out["kl_prior"] = neg_entropy - prior_dot + lse_prior
+    elif bias is None:
         out["kl_prior"] = neg_entropy - pattern_prior + _key_lse(prior, allowed_f, mask)
     else:
         logits = prior[:, :, None, :] + bias
@@ -139,6 +165,8 @@ def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, a
     # --- the sink: the column with the most attention, and each row's view of it
     valid = (query_valid & (allowed.sum(-1) >= 2))[:, None, :, None].float()  # >= 2 keys (§2.3)
     column = (pattern * valid).sum(2)
+    if sink is not None:  # the virtual key's column, which a real sink must also dominate
+        out["sink_column"] = (out["learned_sink"] * valid[..., 0]).sum(-1)
     top = column.argmax(-1)  # [b, h]
     idx = top[:, :, None, None].expand(-1, -1, r.shape[2], 1)
     out.update(column=column, top=top, r_top=r.gather(-1, idx).squeeze(-1),
@@ -151,7 +179,9 @@ def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, a
 
 def _finish(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor,
             n_allowed: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    rows = (query_valid & (n_allowed >= 2))[:, None, :].double()  # [b, 1, i]
+    # rows that choose among at least two options: real keys, and the learned sink if any
+    options = n_allowed + 1 if "learned_sink" in facts else n_allowed
+    rows = (query_valid & (options >= 2))[:, None, :].double()  # [b, 1, i]
     n_heads = facts["var_r"].shape[1]
 
     def total(name: str) -> Tensor:  # rows without keys hold inf/nan: drop them, not weight them
@@ -167,8 +197,13 @@ def _finish(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor,
     facts["kl_loglik"] = facts["kl_loglik"].clamp(min=0)
     facts["entropy"] = -facts["neg_entropy"]
     sums.update(rows=rows.expand(-1, n_heads, -1).sum(dim=(0, 2)), kl_prior=total("kl_prior"),
-                kl_loglik=total("kl_loglik"), entropy=total("entropy"))
-    return sums, _sinks(facts, allowed, query_valid, n_allowed)
+                kl_loglik=total("kl_loglik"), entropy=total("entropy"),
+                learned_sink=total("learned_sink"))
+    sinks = _sinks(facts, allowed, query_valid, n_allowed)
+    learned = facts.get("learned_sink")  # per prompt: its mean over the rows above
+    sinks["learned_sink_mass"] = torch.zeros_like(sinks["sink_mass"]) if learned is None else (
+        (learned.double() * rows).nan_to_num().sum(-1) / rows.sum(-1).clamp(min=1.0)).float()
+    return sums, sinks
 
 
 def first_sinks(sinks: dict[str, Tensor]) -> Bool[Tensor, "batch head"]:
@@ -208,7 +243,12 @@ def _sinks(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor,
         return torch.where(weight > 0, weight * x, torch.zeros(())).sum(-1)
 
     column = facts["column"]
-    if column.shape[-1] > 1:  # the sink's column over the next largest (inf: it takes all)
+    learned = facts.get("sink_column")  # a learned sink's column is one more to dominate
+    if learned is not None:
+        two = column.topk(min(2, column.shape[-1]), dim=-1).values
+        second = two[..., 1] if two.shape[-1] > 1 else torch.zeros_like(two[..., 0])
+        dominance = two[..., 0] / torch.maximum(second, learned)
+    elif column.shape[-1] > 1:  # the sink's column over the next largest (inf: it takes all)
         two = column.topk(2, dim=-1).values
         dominance = two[..., 0] / two[..., 1]
     else:

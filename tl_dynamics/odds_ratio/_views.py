@@ -14,7 +14,7 @@ from tl_dynamics import viz
 
 STATS_COLUMNS = ["label", "attr_prior", "attr_loglik", "attr_bias", "var_prior", "var_loglik",
                  "cov_prior_loglik", "kl_prior", "kl_loglik", "entropy", "sink_mass",
-                 "sink_first_share", "sink_by_prior_share", "sigma2"]
+                 "sink_first_share", "sink_by_prior_share", "learned_sink_mass", "sigma2"]
 # The three counterfactual patterns, in the order they are shown.
 PATTERNS = ("real", "prior-only", "likelihood-only")
 # The score parts, their captions' formulas, in the order they are shown.
@@ -26,7 +26,9 @@ def stats_view(df: pd.DataFrame, model: str, n_prompts: int, capped_layers: Sequ
                threshold: float, max_rows: int = 60) -> viz.Component:
     """The per-head table (``HeadStats.to_dataframe()``), with the columns that carry information."""
     columns = [c for c in STATS_COLUMNS if c in df.columns and not (
-        c == "attr_bias" and bool((df[c].abs() < 1e-12).all()))]
+        c == "attr_bias" and bool((df[c].abs() < 1e-12).all())) and not (
+        c == "learned_sink_mass" and bool((df[c].fillna(0.0) == 0.0).all()))]
+    learned = "learned_sink_mass" in columns
     capped = list(capped_layers)
     note = f" Layers {capped} soft-cap: the split is of the pre-cap score." if capped else ""
     return viz.table(df[columns], max_rows=max_rows, caption=(
@@ -43,7 +45,11 @@ def stats_view(df: pd.DataFrame, model: str, n_prompts: int, capped_layers: Sequ
         f"sink_first_share the fraction of prompts whose sink is their first token and takes at "
         f"least twice the next key's attention; sink_by_prior_share the fraction of prompts "
         f"whose sink wins by a loud key (prior) rather than by sitting close to the queries "
-        f"(likelihood). sigma2 = 1/c: the temperature (docs/math.md §2.3)." + note))
+        f"(likelihood). sigma2 = 1/c: the temperature (docs/math.md §2.3)." + note
+        + (" learned_sink_mass: the attention a query gives the layer's learned sink on "
+           "average, a virtual key with its own prior and no likelihood; it joins the "
+           "entropy and both KLs and a real sink must dominate it too (docs/math.md §2.6)."
+           if learned else "")))
 
 
 MAX_SHOWN_POSITIONS = 128  # the maps show at most this many leading positions (readable cells)
@@ -53,7 +59,7 @@ def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: 
                        allowed: Bool[Tensor, "q k"], patterns: dict[str, Float[Tensor, "head q k"]],
                        parts: dict[str, Float[Tensor, "head q k"]],
                        key_prior: Float[Tensor, "k head"], sigma2: float,
-                       precap: bool) -> viz.Group:
+                       precap: bool, learned_sink: bool = False) -> viz.Group:
     """One layer's split on one prompt's real positions, per head: a row of maps with its real
     pattern and the two counterfactuals (``patterns`` keyed by ``PATTERNS``), a row with the
     score parts (``parts`` keyed by ``PARTS``' names, zero where not allowed), then the key
@@ -63,6 +69,9 @@ def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: 
     labels = [f"{k}:{viz.visible_token(t)}" for k, t in enumerate(tokens[:n])]
     keep = allowed[:n, :n]
     capped = " (split of the pre-cap score)" if precap else ""
+    if learned_sink:
+        capped += ("; the learned sink is a virtual key in all three (prior-only: its prior; "
+                   "likelihood-only: logit 0), so rows sum to less than 1 (docs/math.md §2.6)")
     items: list[viz.Component | viz.Group] = []
     for k, name in enumerate(names):
         maps = [viz.heatmap(patterns[what][k][:n, :n].masked_fill(~keep, float("nan")), labels,

@@ -12,6 +12,10 @@ from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio._markov import DAMPING, ChainSummary, chain_summary, compose
 
+# Why a layer with learned sinks has no chain on its positions (docs/math.md §2.4): the mass its
+# sink absorbs leaves the positions, so the pattern is not row-stochastic.
+NOT_A_CHAIN = "{} (a Markov chain on positions needs rows that sum to 1)"
+
 
 def _batch_row(adapter: Any, prompt: Prompt | Batch, row: int) -> tuple[Batch, list[int]]:
     batch = adapter.tokenize(prompt)
@@ -56,7 +60,8 @@ def markov(model: Any, prompt: Prompt | Batch, layer: int, head: int, row: int =
     adapter.check_layer(layer)
     adapter.check_head(head, layer)
     batch, real = _batch_row(adapter, prompt, row)
-    la = adapter.attention(batch, layers=[layer])[layer]
+    la = adapter.attention(batch, layers=[layer], sinks=True)[layer]
+    la.require_no_sinks(NOT_A_CHAIN.format("odds_ratio.markov"))
     S = la.pattern([head])[row, 0][real][:, real]
     tokens = adapter.str_tokens(batch, row)
     return chain_summary(S, layer, head, [tokens[i] for i in real], alpha)
@@ -99,9 +104,10 @@ def composed(model: Any, prompt: Prompt | Batch, layers: Sequence[int] | None = 
     patterns: dict[int, Tensor] = {}
 
     def keep(la: Any) -> None:
+        la.require_no_sinks(NOT_A_CHAIN.format("odds_ratio.composed"))
         full = la.pattern([heads[la.layer]] if la.layer in heads else None)[row]
         patterns[la.layer] = full.mean(0)[real][:, real]
 
-    with adapter.capture(keep, layers, batch=batch):
+    with adapter.capture(keep, layers, batch=batch, sinks=True):
         adapter.forward(batch)
     return compose([patterns[layer] for layer in sorted(layers)], residual)

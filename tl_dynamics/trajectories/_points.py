@@ -130,9 +130,10 @@ def point_statistics(adapter: "ModelAdapter", cfg: Config, zs: list[Tensor],
                               f"{tuple(key_valid.shape)}: pass the batch that is being run")
     n_points = z.shape[0]
     res: dict[str, Tensor] = {}
-    zd, w = z.double(), key_valid.double()
-    res["state_sum"] = torch.einsum("bn,pbnd->pd", w, zd)
-    res["state_sumsq"] = torch.einsum("bn,pbnd->pd", w, zd * zd)
+    # float64 sums over real tokens (float32 squares are exact in float64), in place
+    zd = z.double().mul_(key_valid.double()[None, :, :, None])
+    res["state_sum"] = zd.sum((1, 2))
+    res["state_sumsq"] = zd.square_().sum((1, 2))
     del zd
     norm = z.norm(dim=-1)  # [P, b, n]
     res["norm"] = norm.transpose(0, 1)
@@ -151,10 +152,9 @@ def point_statistics(adapter: "ModelAdapter", cfg: Config, zs: list[Tensor],
     cos_final = (unit * unit[-1]).sum(-1)
     defined = (norm > sphere.NORM_FLOOR) & (norm[-1:] > sphere.NORM_FLOOR)
     res["cos_final"] = torch.where(defined, cos_final, math.nan).transpose(0, 1)
-    del unit
     if targets is not None:
         res.update(_lens(adapter, z, targets))
-    res.update(_particles(cfg, z, key_valid))
+    res.update(_particles(cfg, z, key_valid, unit if cfg.standardize in (None, False) else None))
     if "rank" in res and targets is not None:  # the lens ran: it needs the targets
         res["settling"] = settling_point(res["rank"], targets)
     return res
@@ -183,10 +183,11 @@ def _lens(adapter: "ModelAdapter", z: Tensor, targets: Tensor) -> dict[str, Tens
     return {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
 
 
-def _particles(cfg: Config, z: Tensor, key_valid: Tensor) -> dict[str, Tensor]:
+def _particles(cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor | None = None
+               ) -> dict[str, Tensor]:
     """The token cloud's statistics at every point: cosine histograms and sums, effective rank,
     eps-clusters and the merge events between consecutive points (groups of points within
-    ``POINT_BUDGET_BYTES``)."""
+    ``POINT_BUDGET_BYTES``). ``unit``: ``sphere.unit(z)`` when known (no standardisation)."""
     n_points, b, n, _ = z.shape
     mask = key_valid
     if cfg.skip_first:
@@ -206,11 +207,13 @@ def _particles(cfg: Config, z: Tensor, key_valid: Tensor) -> dict[str, Tensor]:
         elif isinstance(std, Standardizer):
             zg = torch.stack([std.apply(p0 + i, x, mask) for i, x in enumerate(zg)])
         flat_mask = mask.expand(g, -1, -1).reshape(g * b, n)
-        u = sphere.unit(zg).reshape(g * b, n, -1) * flat_mask[..., None]
+        ug = sphere.unit(zg) if unit is None else unit[p0:p0 + group]
+        u = ug.reshape(g * b, n, -1) * flat_mask[..., None]
         cos = sphere.cosines(u)
         flat_pairs = pairs.expand(g, -1, -1, -1).reshape(g * b, n, n)
         out.setdefault("cos_hist", []).append(_cloud.cos_histogram(cos, flat_pairs).reshape(g, b, -1))
-        out.setdefault("cos_sum", []).append((cos.double() * flat_pairs).sum((1, 2)).reshape(g, b))
+        out.setdefault("cos_sum", []).append(  # float64 sum of float32 cosines (0 off pairs)
+            (cos * flat_pairs).sum((1, 2), dtype=torch.float64).reshape(g, b))
         out.setdefault("erank", []).append(_cloud.effective_rank(u, flat_mask).reshape(g, b))
         labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask).reshape(len(cfg.eps), g, b, n)
         del cos, u
