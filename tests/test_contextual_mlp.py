@@ -356,6 +356,28 @@ def test_save_and_load_round_trip(tmp_path):
         cm.ContextualMLP.load(tmp_path / "text.bin")
 
 
+def test_a_saved_mlp_whose_header_length_starts_with_the_pickle_byte_loads(tmp_path):
+    """A safetensors file begins with its header length (8 bytes, little-endian): when its low
+    byte is 0x80, the first byte of a pickle, the file is still ours and loads."""
+    from safetensors import safe_open
+    from safetensors.torch import save as st_save
+
+    mlp = cm.compute(adapter_for("gpt2"), "a = b", layers=1, heads=0)[1, 0]
+    path = mlp.save(tmp_path / "mlp.safetensors")
+    with safe_open(str(path), framework="pt") as handle:
+        meta = handle.metadata()
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}
+    (key, text), = meta.items()
+    for pad in range(256):  # JSON allows trailing spaces: pad until the low byte is 0x80
+        data = st_save(tensors, metadata={key: text + " " * pad})
+        if data[0] == 0x80:
+            break
+    assert data[0] == 0x80
+    (tmp_path / "pickle_byte.safetensors").write_bytes(data)
+    back = cm.ContextualMLP.load(tmp_path / "pickle_byte.safetensors")
+    assert torch.equal(back.x, mlp.x) and back.str_tokens == mlp.str_tokens
+
+
 def test_qk_norm_mlp_round_trips(tmp_path):
     mlp = cm.compute(adapter_for("gemma3"), testing.PROMPTS[0], layers=1, heads=0)[1, 0]
     assert mlp.query_norm is not None

@@ -385,7 +385,7 @@ def test_clear_errors():
     with pytest.raises(TLDynamicsError, match=r"eps must be a non-empty sequence of cluster "
                                               r"thresholds in \(0, 2\]"):
         T.compute(ad, "x", eps=(0.0,))
-    with pytest.raises(TLDynamicsError, match="standardize must be None, 'prompt' or a Standardizer"):
+    with pytest.raises(TLDynamicsError, match=r"standardize must be None, 'prompt' or TrajectoryStats\.standardizer\(\)'s result"):
         T.compute(ad, "x", standardize="rogue")
     with pytest.raises(TLDynamicsError, match="batch_size must be a positive integer, got 0"):
         T.stream(ad, PROMPTS, batch_size=0)

@@ -124,12 +124,27 @@ def compute(model: Any, prompts: Prompt | Batch | None = None, *,
     model where it should run, ``load_model(name, device="cuda", dtype="bfloat16")``, or move it
     with ``model.to(...)`` first. ``tl-dynamics heads --device/--dtype`` does the former.
 
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompts: natural probes (text, texts, ``[batch, pos]`` token ids or a ``Batch``), or
+            None for the repeated random sequences.
+        layers: a layer index, a list of them, or None (all layers).
+        heads: a head index, a list of them, or None (all heads), in every selected layer.
+        n_seq: number of repeated random probe sequences.
+        seq_len: length of the repeated sequence ``R`` (a probe is ``[prefix] R R``).
+        seed: seed of the probes and of the weight-shuffled control.
+        causal: run the interventions (mean ablation, prior/likelihood patching).
+
+    Returns:
+        A ``HeadAtlas``.
+
     Example:
         >>> from tl_dynamics import atlas, zoo
-        >>> res = atlas.compute(zoo.load("induction-2l"))                     # doctest: +SKIP
-        >>> res.heads_with("induction")                                       # doctest: +SKIP
+        >>> res = atlas.compute(zoo.load("induction-2l"))
+        >>> res.heads_with("induction")
         [(1, 0), (1, 1), (1, 2), (1, 3)]
-        >>> res.to_dataframe()[["layer", "head", "role", "delta_loss"]].head(2)  # doctest: +SKIP
+        >>> bool(res.to_dataframe()["delta_loss"].iloc[0] > 0)   # ablating L0H0 costs loss
+        True
     """
     adapter = ModelAdapter.of(model)
     chosen_layers, chosen_heads = adapter.check_attention_layers(layers), adapter.check_heads(heads)
@@ -189,8 +204,24 @@ REPORT_NATURAL_TOKENS = 128
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """"What each head does": the atlas with the report's first prompt (its first
-    ``REPORT_NATURAL_TOKENS`` real tokens) as the natural probe."""
+    """Add "What each head does" to ``page``: the atlas with the report's first prompt as probe.
+
+    The natural probe is the prompt's first 128 real tokens; the causal
+    columns are run only on models with at most 64 heads.
+
+    Args:
+        page: the ``viz.Page`` to add the section to.
+        adapter: the model's ``ModelAdapter``.
+        batch: the report's tokenized prompts (``Batch``, ``[batch, pos]``); row 0 is used.
+
+    Example:
+        >>> from tl_dynamics import atlas, testing, viz
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> ad, page = ModelAdapter(testing.tiny_model("gpt2")), viz.Page("report")
+        >>> atlas.report_section(page, ad, ad.tokenize("x = 1"))
+        >>> page.sections[0].title
+        'What each head does'
+    """
     n_heads = adapter.n_layers * adapter.n_heads
     causal = n_heads <= REPORT_CAUSAL_HEADS
     real = batch.real_tokens()

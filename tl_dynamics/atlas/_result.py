@@ -21,13 +21,36 @@ SCORE_COLUMNS = ("prev_pattern", "prev_circuit", "dup_pattern", "qk_positivity",
 
 @dataclass(frozen=True)
 class HeadAtlas:
-    """The atlas of the asked heads.
+    """The atlas of the asked heads: ranked roles with evidence, controls and causal costs.
 
     ``roles[(layer, head)]`` holds each head's ranked roles with score, control and evidence;
     ``scores`` and ``control_scores`` every raw score ``[n_layers, n_heads]`` of the model and of
     its weight-shuffled control; ``controls`` the control value each score must clear by
-    ``margin``; ``delta_loss[kind]`` (``"mean"``, ``"prior"``, ``"likelihood"``) the change in
-    next-token loss on the natural probes under each intervention (NaN when not run).
+    ``margin``; ``delta_loss[kind]`` (``"mean"``, ``"prior"``, ``"likelihood"``,
+    ``"mean_unrepeated"``) the change in next-token loss on the natural probes under each
+    intervention (NaN when not run). Built by ``atlas.compute``.
+
+    Attributes:
+        model: the model's name (its architecture).
+        n_layers: layers of the model.
+        n_heads: heads per layer.
+        layers: the analysed layers.
+        heads: the analysed heads of each analysed layer.
+        roles: ``{(layer, head): HeadRoles}`` for every analysed head.
+        scores: ``{name: [n_layers, n_heads] array}`` raw scores of the model.
+        control_scores: the same scores on the weight-shuffled control.
+        controls: ``{name: float}`` the control value each score must clear.
+        delta_loss: ``{kind: [n_layers, n_heads] array}`` change in loss (nats).
+        clean_loss: next-token loss of the unmodified model on the natural probes (nats).
+        probes: the probe token ids and metadata.
+        notes: caveats shown with the view.
+        margin: how far a score must clear its control for a role.
+
+    Example:
+        >>> from tl_dynamics import atlas, zoo
+        >>> res = atlas.compute(zoo.load("induction-2l"), causal=False)
+        >>> res.n_layers, res.n_heads, res.scores["ov_copying"].shape
+        (2, 4, (2, 4))
     """
 
     model: str
@@ -59,14 +82,56 @@ class HeadAtlas:
         return self.roles[(layer, head)]
 
     def roles_of(self, layer: int, head: int) -> tuple[str, ...]:
-        """The ranked roles of one head (``("unclassified",)`` when none applies)."""
+        """The ranked roles of one head (``("unclassified",)`` when none applies).
+
+        Args:
+            layer: the head's layer (an analysed one).
+            head: the head's index (an analysed one).
+
+        Returns:
+            The role names, strongest first.
+
+        Example:
+            >>> from tl_dynamics import atlas, zoo
+            >>> atlas.compute(zoo.load("induction-2l"), layers=1, causal=False).roles_of(1, 0)
+            ('induction', 'sink')
+        """
         return self._check(layer, head).roles
 
     def evidence(self, layer: int, head: int) -> str:
+        """The evidence for one head's roles, as a sentence per role (scores beside controls).
+
+        Args:
+            layer: the head's layer (an analysed one).
+            head: the head's index (an analysed one).
+
+        Returns:
+            One string, e.g. ``"induction: 0.63 (control 0.04) on the token after ..."``.
+
+        Example:
+            >>> from tl_dynamics import atlas, zoo
+            >>> res = atlas.compute(zoo.load("induction-2l"), layers=1, causal=False)
+            >>> res.evidence(1, 0).split(":")[0]
+            'induction'
+        """
         return self._check(layer, head).evidence
 
     def heads_with(self, role: str) -> list[tuple[int, int]]:
-        """Every analysed head holding ``role`` (at any rank), as ``(layer, head)``."""
+        """Every analysed head holding ``role`` (at any rank), as ``(layer, head)``.
+
+        Args:
+            role: a role name (``"previous-token"``, ``"duplicate-token"``, ``"induction"``,
+                ``"copying"``, ``"copy-suppression"``, ``"negative copying"``, ``"sink"``,
+                ``"positional/local"`` or ``"unclassified"``).
+
+        Returns:
+            The sorted ``(layer, head)`` pairs.
+
+        Example:
+            >>> from tl_dynamics import atlas, zoo
+            >>> atlas.compute(zoo.load("induction-2l"), causal=False).heads_with("induction")
+            [(1, 0), (1, 1), (1, 2), (1, 3)]
+        """
         from tl_dynamics.atlas._roles import ROLES
 
         if role not in ROLES:
@@ -74,11 +139,23 @@ class HeadAtlas:
         return sorted(key for key, entry in self.roles.items() if role in entry.roles)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per head: ``layer, head, role`` (the top-ranked), ``score, baseline`` (its
-        score and control), ``evidence``, ``delta_loss`` (mean ablation), then
-        ``delta_loss_prior``, ``delta_loss_likelihood`` (pattern patched to the prior-only /
-        likelihood-only counterfactual), ``delta_loss_unrepeated``, ``roles`` (all, ranked), ``sink_position``,
-        ``sink_cause`` and the raw scores."""
+        """One row per analysed head: its top role, score, control, evidence and causal costs.
+
+        Columns: ``layer, head, role`` (the top-ranked), ``score, baseline`` (its score and control),
+        ``evidence``, ``delta_loss`` (mean ablation), then ``delta_loss_prior``,
+        ``delta_loss_likelihood`` (pattern patched to the prior-only / likelihood-only
+        counterfactual), ``delta_loss_unrepeated``, ``roles`` (all, ranked), ``sink_position``,
+        ``sink_cause`` and the raw scores.
+
+        Returns:
+            A pandas DataFrame with one row per head, sorted by ``(layer, head)``.
+
+        Example:
+            >>> from tl_dynamics import atlas, zoo
+            >>> frame = atlas.compute(zoo.load("induction-2l"), causal=False).to_dataframe()
+            >>> frame[["layer", "head", "role"]].head(2).values.tolist()
+            [[0, 0, 'previous-token'], [0, 1, 'positional/local']]
+        """
         records = []
         for (layer, head), entry in sorted(self.roles.items()):
             rec: dict[str, Any] = {
@@ -95,7 +172,17 @@ class HeadAtlas:
         return pd.DataFrame.from_records(records)
 
     def show(self) -> viz.Group:
-        """The layer x head grid coloured by role (evidence on hover), then the table."""
+        """The layer x head grid coloured by role (evidence on hover), its legend, then the table.
+
+        Returns:
+            A ``viz.Group``: the grid, the role legend, the notes and the per-head table.
+
+        Example:
+            >>> from tl_dynamics import atlas, zoo
+            >>> view = atlas.compute(zoo.load("induction-2l"), causal=False).show()
+            >>> "L1H0: induction" in view.components[0].html
+            True
+        """
         frame = self.to_dataframe()
         cells = {(int(r["layer"]), int(r["head"])): {"roles": tuple(r["roles"].split(", ")),
                                                      "evidence": r["evidence"],

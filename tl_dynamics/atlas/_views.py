@@ -1,8 +1,10 @@
-"""The atlas as a layer x head grid coloured by role, the evidence on hover (plain HTML)."""
+"""The atlas as a layer x head grid coloured by role, the evidence on hover (``viz`` tables)."""
 
 from __future__ import annotations
 
 from typing import Sequence
+
+import pandas as pd
 
 from tl_dynamics import viz
 
@@ -22,37 +24,36 @@ SHORT = {
 
 
 def grid_view(n_layers: int, n_heads: int, cells: dict[tuple[int, int], dict], title: str,
-              notes: Sequence[str] = ()) -> viz.Component:
-    """``cells[(layer, head)]`` holds ``roles`` (ranked), ``evidence`` and ``delta_loss``."""
-    head_row = "".join(f"<th>H{h}</th>" for h in range(n_heads))
-    rows = []
+              notes: Sequence[str] = ()) -> list[viz.Component]:
+    """The role grid, its legend and the notes, as ``viz`` tables and text (viz escapes).
+
+    ``cells[(layer, head)]`` holds ``roles`` (ranked), ``evidence`` and ``delta_loss``; heads
+    missing from ``cells`` are "not analysed".
+    """
+    index = pd.Index([f"L{layer}" for layer in range(n_layers)], name="layer")
+    columns = [f"H{head}" for head in range(n_heads)]
+    labels, colours, titles = ([[""] * n_heads for _ in range(n_layers)] for _ in range(3))
     for layer in range(n_layers):
-        tds = []
         for head in range(n_heads):
             cell = cells.get((layer, head), {"roles": ("not analysed",), "evidence": "", "delta_loss": None})
             roles = [str(r) for r in cell["roles"]]
-            colour = COLOURS.get(roles[0], "#ffffff")
-            label = "+".join(SHORT.get(r, r) for r in roles[:2])
             delta = cell["delta_loss"]
-            delta_text = "" if delta is None or delta != delta else f"<br><small>{delta:+.2f}</small>"
-            hover = f"L{layer}H{head}: {', '.join(roles)}. {cell['evidence']}"
-            if delta is not None and delta == delta:
-                hover += f" Mean-ablation delta loss {delta:+.3f} nats."
-            tds.append(f'<td title="{viz.html_escape(hover)}" style="background:{colour};'
-                       f'text-align:center;padding:4px 6px;min-width:44px">'
-                       f"{viz.html_escape(label)}{delta_text}</td>")
-        rows.append(f"<tr><th>L{layer}</th>{''.join(tds)}</tr>")
+            known = delta is not None and delta == delta
+            labels[layer][head] = ("+".join(SHORT.get(r, r) for r in roles[:2])
+                                   + (f" {delta:+.2f}" if known else ""))
+            colours[layer][head] = COLOURS.get(roles[0], "#ffffff")
+            titles[layer][head] = (f"L{layer}H{head}: {', '.join(roles)}. {cell['evidence']}"
+                                   + (f" Mean-ablation delta loss {delta:+.3f} nats." if known else ""))
+    grid = viz.table(pd.DataFrame(labels, index=index, columns=columns), caption=title,
+                     max_rows=n_layers, colours=pd.DataFrame(colours, index=index, columns=columns),
+                     titles=pd.DataFrame(titles, index=index, columns=columns))
     present = {r for cell in cells.values() for r in cell["roles"]}
-    legend = " ".join(f'<span style="background:{c};padding:1px 6px;margin-right:4px">'
-                      f"{viz.html_escape(r)}</span>" for r, c in COLOURS.items()
-                      if r != "not analysed" and (r != "learned sink" or r in present))
-    extra = "".join(f"<li>{viz.html_escape(n)}</li>" for n in notes)
-    html = (f'<div class="tld-scroll"><table class="tld-table tld-atlas"><thead><tr><th></th>{head_row}'
-            f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-            f"<p><small>{legend}</small></p>" + (f"<ul><small>{extra}</small></ul>" if extra else ""))
-    return viz.Component(html=html, caption=title)
+    roles = [r for r in COLOURS if r != "not analysed" and (r != "learned sink" or r in present)]
+    legend = viz.table(pd.DataFrame([[SHORT[r] for r in roles]], columns=roles),
+                       colours=pd.DataFrame([[COLOURS[r] for r in roles]], columns=roles))
+    return [grid, legend] + [viz.text(note) for note in notes]
 
 
-def atlas_view(grid: viz.Component, frame, caption: str) -> viz.Group:
-    """The grid, then the per-head table (``frame``: a pandas DataFrame)."""
-    return viz.group(grid, viz.table(frame, max_rows=200), caption=caption)
+def atlas_view(grid: Sequence[viz.Component], frame, caption: str) -> viz.Group:
+    """The grid views, then the per-head table (``frame``: a pandas DataFrame)."""
+    return viz.group(*grid, viz.table(frame, max_rows=200), caption=caption)

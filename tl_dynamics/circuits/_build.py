@@ -177,16 +177,31 @@ def qk_circuit(model: Any, layer: int, head: int, offset: int | None = None,
 
     ``inputs="tokens"`` gives the full circuit over the vocabulary (``X = Y = W_E``; rows are
     query tokens, columns key tokens), ``"positions"`` the positional circuit over learned
-    positions, a ``[n, d_model]`` tensor or a ``(query_inputs, key_inputs)`` pair any other
-    inputs. On rotary layers ``offset`` is the query position minus the key position. On
-    multi-head latent attention layers ``part="non-rotary"`` or ``"rotary"`` keeps that part of
-    the q/k coordinates only (the two sum to the whole; docs/math.md §1.7).
+    positions (its read-outs rank only the keys each query position may attend to), a
+    ``[n, d_model]`` tensor or a ``(query_inputs, key_inputs)`` pair any other inputs. On rotary
+    layers ``offset`` is the query position minus the key position. On multi-head latent
+    attention layers ``part="non-rotary"`` or ``"rotary"`` keeps that part of the q/k coordinates
+    only (the two sum to the whole; docs/math.md §1.7).
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        layer: the head's layer.
+        head: the head's index.
+        offset: rotary layers only: query position minus key position (None: 0).
+        inputs: ``"tokens"``, ``"positions"``, a ``[n, d_model]`` tensor, or a
+            ``(query_inputs [n_q, d_model], key_inputs [n_k, d_model])`` pair.
+        biases: include ``b_Q`` and ``b_K``.
+        part: latent-attention layers only: ``"non-rotary"``, ``"rotary"`` or None (both).
+
+    Returns:
+        A ``Circuit`` (a factored ``[rows, cols]`` matrix, e.g. ``[d_vocab, d_vocab]``, with its
+        provenance and ``notes``).
 
     Example:
         >>> from tl_dynamics import testing, circuits
-        >>> c = circuits.qk_circuit(testing.tiny_model("gpt2"), layer=1, head=0)  # doctest: +SKIP
-        >>> c.topk(3).indices.shape                                               # doctest: +SKIP
-        torch.Size([512, 3])
+        >>> c = circuits.qk_circuit(testing.tiny_model("gpt2"), layer=1, head=0)
+        >>> c.shape, c.topk(3).indices.shape
+        ((512, 512), torch.Size([512, 3]))
     """
     adapter = ModelAdapter.of(model)
     layer, head = checked_head(adapter, layer, head)
@@ -225,11 +240,21 @@ def ov_circuit(model: Any, layer: int, head: int, inputs: str | Tensor = "tokens
     Rows are source tokens (``inputs="tokens"``) or the given ``[n, d_model]`` inputs; columns
     are output tokens.
 
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        layer: the head's layer.
+        head: the head's index.
+        inputs: ``"tokens"`` (``W_E``) or a ``[n, d_model]`` tensor of source inputs.
+        biases: include ``b_V``.
+
+    Returns:
+        A ``Circuit``: a factored ``[d_vocab or n, d_vocab]`` matrix with provenance and notes.
+
     Example:
         >>> from tl_dynamics import testing, circuits
-        >>> c = circuits.ov_circuit(testing.tiny_model("gpt2"), layer=1, head=0)  # doctest: +SKIP
-        >>> -1 <= c.positivity() <= 1                                             # doctest: +SKIP
-        True
+        >>> c = circuits.ov_circuit(testing.tiny_model("gpt2"), layer=1, head=0)
+        >>> c.shape, -1 <= c.positivity() <= 1
+        ((512, 512), True)
     """
     adapter = ModelAdapter.of(model)
     layer, head = checked_head(adapter, layer, head)

@@ -201,10 +201,29 @@ def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int 
                        progress: bool = False) -> CompositionScores:
     """Q-, K- and V-composition scores of all head pairs across layers, vectorised.
 
+    Frobenius composition scores (Elhage et al. 2021) of every earlier head into every later
+    head, beside a random baseline of heads of the same shapes; ``summary()`` says which pairs
+    clear it by ``z`` standard deviations.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        kinds: which of ``"Q"``, ``"K"``, ``"V"`` to score.
+        n_samples: random-baseline samples.
+        seed: seed of the random baseline.
+        z: standard deviations above the baseline mean that count as composition.
+        progress: show a progress bar.
+
+    Returns:
+        ``CompositionScores``: ``scores`` ``[kind, n_layers, n_heads, n_layers, n_heads]`` (NaN
+        where the pair is not earlier-to-later), the baseline mean and standard deviation.
+
     Example:
         >>> from tl_dynamics import circuits, zoo
-        >>> comp = circuits.composition_scores(zoo.load("induction-2l"))  # doctest: +SKIP
-        >>> print(comp.summary())                                        # doctest: +SKIP
+        >>> comp = circuits.composition_scores(zoo.load("induction-2l"), n_samples=20)
+        >>> comp.scores.shape
+        torch.Size([3, 2, 4, 2, 4])
+        >>> print(comp.summary().splitlines()[2])  # doctest: +ELLIPSIS
+        K-composition: 16 head pairs, highest ...
     """
     adapter = ModelAdapter.of(model)
     kinds = tuple(kinds)

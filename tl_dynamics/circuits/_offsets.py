@@ -69,10 +69,25 @@ def offset_summary(model: Any, layer: int, head: int,
                    biases: bool = True) -> OffsetSummary:
     """Summarise a rotary head's full QK circuit at each relative offset.
 
+    For each offset ``delta`` the mean entry, the mean same-token entry, the Frobenius norm and
+    the eigenvalue positivity of ``M_delta = c (E W_Q + b_Q) R_delta (E W_K + b_K)^T``, from
+    ``d_head``-sized factors.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter`` (the layer must be rotary).
+        layer: the head's layer.
+        head: the head's index.
+        offsets: an offset or offsets (query position minus key position, ``|delta| < n_ctx``).
+        biases: include ``b_Q`` and ``b_K``.
+
+    Returns:
+        ``OffsetSummary``: ``mean``, ``same_token``, ``frobenius`` and ``positivity``, each
+        ``[len(offsets)]``.
+
     Example:
         >>> from tl_dynamics import circuits, testing
-        >>> s = circuits.offset_summary(testing.tiny_model("llama"), 0, 1, range(8))  # doctest: +SKIP
-        >>> s.to_dataframe().shape                                                 # doctest: +SKIP
+        >>> s = circuits.offset_summary(testing.tiny_model("llama"), 0, 1, range(8))
+        >>> s.to_dataframe().shape
         (8, 5)
     """
     adapter = ModelAdapter.of(model)
@@ -80,8 +95,8 @@ def offset_summary(model: Any, layer: int, head: int,
     rmap = adapter.rotation(layer)
     if rmap is None:
         raise TLDynamicsError(f"offset_summary needs a rotary layer; layer {layer} of "
-                              f"{adapter.info.architecture} has none (use positional_qk_circuit "
-                              "for learned positions)")
+                              f"{adapter.info.architecture} has none (for learned positions use "
+                              "qk_circuit(model, layer, head, inputs='positions'))")
     offsets = offsets_checked(offsets if isinstance(offsets, int) else list(offsets), adapter.n_ctx)
     E = adapter.W_E
     q = queries(adapter, layer, head, E, biases)  # [vocab, d_head], scale included

@@ -83,11 +83,23 @@ def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bo
     query ``i`` and key ``j`` are rotated by their positions on rotary layers (so entry
     ``[i, j]`` is the circuit at offset ``i - j``); without, tokens alone.
 
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: one prompt (text, ``[1, pos]`` token ids or a one-row ``Batch``).
+        layer: the head's layer.
+        head: the head's index.
+        positions: include learned positions / rotary offsets.
+        biases: include ``b_Q``, ``b_K`` and ``b_V``.
+
+    Returns:
+        ``PromptCircuit``: ``qk`` and ``ov`` ``[pos, pos]``, ``allowed`` ``[pos, pos]`` (the mask)
+        and the prompt's ``tokens``.
+
     Example:
         >>> from tl_dynamics import circuits, testing
-        >>> pc = circuits.prompt_circuit(testing.tiny_model("llama"), "a = b", 1, 0)  # doctest: +SKIP
-        >>> pc.qk.shape == pc.ov.shape                                             # doctest: +SKIP
-        True
+        >>> pc = circuits.prompt_circuit(testing.tiny_model("llama"), "a = b", 1, 0)
+        >>> pc.qk.shape, pc.ov.shape, len(pc.tokens)
+        (torch.Size([4, 4]), torch.Size([4, 4]), 4)
     """
     adapter = ModelAdapter.of(model)
     layer, head = checked_head(adapter, layer, head)

@@ -20,12 +20,26 @@ from tl_dynamics.errors import TLDynamicsError
 
 @dataclass(frozen=True)
 class CircuitsOverview:
-    """Copying and QK positivity of every head of the selected layers, all-pairs composition
-    scores, and, when a prompt was given, the per-prompt circuits of the selected heads
-    (``prompt[(layer, head)]``).
+    """The one-call circuits overview: head scores, composition, and per-prompt circuits.
 
-    ``show()`` draws the head scores and, for each layer, the per-prompt circuit of its
-    strongest copying head among those computed; ``to_dataframe()`` has one row per scored head.
+    Copying and QK positivity of every head of the selected layers, all-pairs composition
+    scores, and, when a prompt was given, the per-prompt circuits of the selected heads
+    (``prompt[(layer, head)]``). ``show()`` draws the head scores and, for each layer, the
+    per-prompt circuit of its strongest copying head among those computed; ``to_dataframe()`` has
+    one row per scored head. Built by ``circuits.compute``.
+
+    Attributes:
+        copying: OV copying scores ``[n_layers, n_heads]`` (``copying_scores``).
+        qk_positivity: QK positivity scores ``[n_layers, n_heads]`` (``qk_positivity_scores``).
+        composition: Q/K/V composition of all head pairs (``composition_scores``).
+        prompt: ``{(layer, head): PromptCircuit}`` (empty without a prompt).
+
+    Example:
+        >>> from tl_dynamics import circuits, testing
+        >>> overview = circuits.compute(testing.tiny_model("gpt2"), "a = b", layers=1, heads=0,
+        ...                             n_samples=10)
+        >>> sorted(overview.prompt)
+        [(1, 0)]
     """
 
     copying: HeadScores
@@ -34,14 +48,37 @@ class CircuitsOverview:
     prompt: dict[tuple[int, int], PromptCircuit] = field(default_factory=dict)
 
     def to_dataframe(self):
+        """One row per scored head: ``layer, head, ov_copying, qk_positivity``.
+
+        Returns:
+            frame (pandas.DataFrame): ``n_layers x n_heads`` rows of the selected layers.
+
+        Example:
+            >>> from tl_dynamics import circuits, testing
+            >>> frame = circuits.compute(testing.tiny_model("gpt2"), n_samples=10).to_dataframe()
+            >>> frame.shape, frame.columns.tolist()
+            ((8, 4), ['layer', 'head', 'ov_copying', 'qk_positivity'])
+        """
         frame = self.copying.to_dataframe().rename(columns={"score": "ov_copying"})
         frame = frame[["layer", "head", "ov_copying"]]
         frame["qk_positivity"] = self.qk_positivity.scores.reshape(-1).numpy()
         return frame
 
     def shown_prompt_heads(self) -> list[tuple[int, int]]:
-        """The per-prompt circuits ``show()`` draws: the strongest copying head of each layer
-        among those computed."""
+        """The heads whose per-prompt circuits ``show()`` draws.
+
+        The strongest copying head of each layer among those with a per-prompt circuit.
+
+        Returns:
+            ``(layer, head)`` pairs, one per layer, in layer order.
+
+        Example:
+            >>> from tl_dynamics import circuits, testing
+            >>> overview = circuits.compute(testing.tiny_model("gpt2"), "a = b", layers=1,
+            ...                             heads=[0, 2], n_samples=10)
+            >>> overview.shown_prompt_heads()
+            [(1, 0)]
+        """
         best: dict[int, tuple[int, int]] = {}
         for layer, head in self.prompt:
             if layer not in best or self.copying.score(layer, head) > self.copying.score(*best[layer]):
@@ -49,6 +86,18 @@ class CircuitsOverview:
         return [best[layer] for layer in sorted(best)]
 
     def show(self) -> viz.Group:
+        """Draw the head-score maps and the shown heads' per-prompt circuits.
+
+        Returns:
+            A ``viz.Group``: the score heat maps, then one per-prompt circuit view per shown head.
+
+        Example:
+            >>> from tl_dynamics import circuits, testing
+            >>> overview = circuits.compute(testing.tiny_model("gpt2"), "a = b", layers=1, heads=0,
+            ...                             n_samples=10)
+            >>> len(overview.show().components)
+            2
+        """
         items = [head_scores_view(self.copying, self.qk_positivity, self.composition)]
         items += [self.prompt[key].show() for key in self.shown_prompt_heads()]
         return viz.group(*items, caption="QK/OV circuits")
@@ -67,10 +116,22 @@ def head_scores_view(copying: HeadScores, positivity: HeadScores,
 
 def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | None = None,
             heads: int | Sequence[int] | None = None, n_samples: int | None = None) -> CircuitsOverview:
-    """Copying and QK positivity scores of every head in ``layers``, composition scores of all
+    """One-call circuits overview: head scores, composition, and per-prompt circuits.
+
+    Copying and QK positivity scores of every head in ``layers``, composition scores of all
     head pairs, and, when ``prompt`` (one prompt) is given, the per-prompt circuits of ``heads``
     in every layer of ``layers`` (the analysis convention: ``layers=[0, 2], heads=1`` is L0H1
     and L2H1; None means all). Weights only: ``prompt`` supplies tokens, no forward pass runs.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: one prompt (text, ``[1, pos]`` token ids or a one-row ``Batch``), or None.
+        layers: a layer index, a list of them, or None (all attention layers).
+        heads: a head index, a list of them, or None (all heads).
+        n_samples: random-baseline samples of the composition scores (None: the default).
+
+    Returns:
+        A ``CircuitsOverview``.
 
     Example:
         >>> from tl_dynamics import circuits, testing
@@ -114,11 +175,18 @@ COMPOSITION_CAPTION = ("Composition score of every earlier head (row) into every
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Add the circuits section: the weight-based head scores and composition against its random
-    baseline (``compute`` without a prompt), the token-level K-circuit of the last layer's
-    strongest copying head through the layer before it, that head's per-prompt QK and OV circuits
-    on the first prompt's first ``REPORT_MAX_POSITIONS`` tokens, and its OV read-out for the
-    prompt's tokens, named a copying head only if it clears chance.
+    """Add the "QK and OV circuits" section to ``page``.
+
+    The weight-based head scores and composition against its random baseline (``compute``
+    without a prompt), the token-level K-circuit of the last layer's strongest copying head
+    through the layer before it, that head's per-prompt QK and OV circuits on the first prompt's
+    first 64 tokens, and its OV read-out for the prompt's tokens, named a copying head only if it
+    clears chance.
+
+    Args:
+        page: the ``viz.Page`` to add the section to.
+        adapter: the model's ``ModelAdapter``.
+        batch: the report's tokenized prompts (``Batch``, ``[batch, pos]``); row 0 is used.
 
     Example:
         >>> from tl_dynamics import circuits, testing, viz

@@ -64,7 +64,7 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
     if frame is None:
         if la.spec.rotary != "none" or la.spec.latent:
             raise TLDynamicsError(f"layer {la.layer} is rotary: pass its verified frame "
-                                  "(contextual_mlp.build_frames) or use compute()")
+                                  "or use contextual_mlp.compute or attach, which verify it")
         frame = RotaryFrame()
     bias = la.bias([head])
     if bias is not None:
@@ -227,6 +227,15 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
     ``attention_mask`` your model call was given, or ``ModelAdapter.forward``'s batch). Hooks
     are removed on exit, even on errors.
 
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        layers: a layer index, a list of them, or None (all attention layers).
+        heads: a head index, a list of them, or None (all heads), in every selected layer.
+        reference: keep the model's own head outputs and patterns (for ``exactness``).
+
+    Returns:
+        A context manager yielding the collector.
+
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
         >>> from tl_dynamics.adapter import ModelAdapter
@@ -265,6 +274,18 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
     ``result[layer, head]`` is one head's ``ContextualMLP``; with ``reference`` the model's own
     head outputs and patterns are kept so each can check its exactness.
 
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: text, a list of texts, ``[batch, pos]`` token ids or a ``Batch``.
+        layers: a layer index, a list of them, or None (all attention layers).
+        heads: a head index, a list of them, or None (all heads), in every selected layer.
+        row: which prompt of the batch.
+        reference: keep the model's own head outputs and patterns.
+        padding_side: where a list of texts is padded.
+
+    Returns:
+        A ``ContextualMLPs``.
+
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
         >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=0, heads=1)[0, 1]
@@ -277,8 +298,18 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
 def compute_rows(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
                  heads: int | Sequence[int] | None = None, reference: bool = True,
                  padding_side: str = "right") -> list[ContextualMLPs]:
-    """Like ``compute`` for every row of a batch at once (one forward pass): one
-    ``ContextualMLPs`` per row.
+    """Like ``compute`` for every row of a batch at once (one forward pass).
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: a list of texts, ``[batch, pos]`` token ids or a ``Batch``.
+        layers: a layer index, a list of them, or None (all attention layers).
+        heads: a head index, a list of them, or None (all heads).
+        reference: keep the model's own head outputs and patterns.
+        padding_side: where a list of texts is padded.
+
+    Returns:
+        One ``ContextualMLPs`` per row.
 
     Example:
         >>> from tl_dynamics import contextual_mlp, testing

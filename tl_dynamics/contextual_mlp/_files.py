@@ -102,17 +102,17 @@ def load(path: str | os.PathLike, save_format: str) -> Any:
         raise TLDynamicsError(f"{what} does not exist")
     with path.open("rb") as handle:
         head = handle.read(4)
-    if head.startswith(_PICKLE_MAGIC):
-        raise TLDynamicsError(f"{what} is not a saved ContextualMLP (expected format "
-                              f"{save_format!r}): it is a pickle (torch.save), an old or foreign "
-                              "format that is never unpickled because unpickling runs code; "
-                              "compute the MLP again and save it")
-    try:
+    try:  # safetensors first: its header length can start with the pickle byte 0x80
         with safe_open(str(path), framework="pt") as handle:
             meta = handle.metadata() or {}
             tensors = {k: handle.get_tensor(k) for k in handle.keys()}
         blob = json.loads(meta[KEY])
     except Exception:  # not safetensors, or no description: not ours
+        if head.startswith(_PICKLE_MAGIC):
+            raise TLDynamicsError(f"{what} is not a saved ContextualMLP (expected format "
+                                  f"{save_format!r}): it is a pickle (torch.save), an old or "
+                                  "foreign format that is never unpickled because unpickling "
+                                  "runs code; compute the MLP again and save it") from None
         raise TLDynamicsError(f"{what} is not a saved ContextualMLP (expected format "
                               f"{save_format!r})") from None
     if not isinstance(blob, dict) or blob.get("format") != save_format:

@@ -117,7 +117,31 @@ def growth(mlp: ContextualMLP, prompt_length: int) -> Growth:
 
 def generate_growth(model: Any, prompt: Prompt, layer: int, head: int,
                     max_new_tokens: int = 16) -> Growth:
-    """Generate greedily from ``prompt`` (one row), then measure the MLP's growth per step."""
+    """Generate greedily from ``prompt`` (one row), then measure the MLP's growth per step.
+
+    Each generated token adds a neuron (a source) to the head's contextual MLP at every later
+    destination; the result says how many, and how much attention, importance and output the new
+    ones take.
+
+    Args:
+        model: a TransformerLens decoder or a ``ModelAdapter``.
+        prompt: one prompt (text, ``[1, pos]`` token ids or a one-row ``Batch``).
+        layer: the head's layer.
+        head: the head's index.
+        max_new_tokens: tokens to generate (the context must hold them).
+
+    Returns:
+        ``Growth``: per destination from the prompt's last token on, ``n_neurons``, ``n_new``,
+        ``new_attention``, ``new_importance_share``, ``new_output_share`` and ``winners``
+        (each ``[positions]``).
+
+    Example:
+        >>> from tl_dynamics import contextual_mlp, testing
+        >>> g = contextual_mlp.generate_growth(testing.tiny_model("gpt2"), "a = b", 1, 0,
+        ...                                    max_new_tokens=3)
+        >>> g.prompt_length, g.n_new.tolist()  # one new neuron per generated token
+        (4, [0, 1, 2, 3])
+    """
     adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)
     adapter.check_head(head, layer)

@@ -49,6 +49,12 @@ class ContextualMLPs:
     head and destination; ``show()`` the most decisive head (``decisive()``) and, where the model's
     own activations were kept (``reference=True``), every head's exactness.
 
+    Attributes:
+        architecture: the model's architecture name.
+        row: the prompt row of the batch.
+        str_tokens: the row's token strings.
+        mlps: ``{(layer, head): ContextualMLP}`` (built on first look-up).
+
     Example:
         >>> from tl_dynamics import contextual_mlp, testing
         >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
@@ -67,18 +73,58 @@ class ContextualMLPs:
 
     @property
     def layers(self) -> list[int]:
+        """The layers held, sorted.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
+            >>> res.layers
+            [1]
+        """
         return sorted({layer for layer, _ in self.mlps})
 
     @property
     def heads(self) -> list[int]:
+        """The heads held (in any layer), sorted.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
+            >>> res.heads
+            [0, 2]
+        """
         return sorted({head for _, head in self.mlps})
 
     def keys(self) -> list[tuple[int, int]]:
-        """The ``(layer, head)`` pairs held, sorted."""
+        """The ``(layer, head)`` pairs held, sorted.
+
+        Returns:
+            A list of ``(layer, head)`` pairs.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
+            >>> res.keys()
+            [(1, 0), (1, 2)]
+        """
         return sorted(self.mlps)
 
     def mlp(self, layer: int, head: int) -> ContextualMLP:
-        """The ``ContextualMLP`` of head ``head`` in layer ``layer``."""
+        """The ``ContextualMLP`` of head ``head`` in layer ``layer``.
+
+        Args:
+            layer: a layer held.
+            head: a head held in that layer.
+
+        Returns:
+            The head's ``ContextualMLP``; a pair not held raises ``TLDynamicsError``.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
+            >>> res.mlp(1, 2) is res[1, 2]
+            True
+        """
         if (layer, head) not in self.mlps:
             raise TLDynamicsError(f"no contextual MLP for layer {layer!r}, head {head!r}: computed "
                                   f"(layer, head) pairs: {self.keys()}")
@@ -97,17 +143,40 @@ class ContextualMLPs:
         return len(self.mlps)
 
     def decisive(self) -> ContextualMLP:
-        """The head whose neurons win most clearly: highest mean top activation over destinations."""
+        """The head whose neurons win most clearly: highest mean top activation over destinations.
+
+        Returns:
+            That head's ``ContextualMLP``.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
+            >>> (res.decisive().layer, res.decisive().head) in res.keys()
+            True
+        """
         def score(m: ContextualMLP) -> float:
             return float(m.pattern().max(dim=-1).values[m.query_valid].mean())
         return max(self, key=score)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One line per layer, head and destination: neurons, the winning neuron (its source
-        position, token, activation and importance ``activation * |a_i|``; docs/math.md §3.5),
-        the learned-sink neuron's activation where the layer has one (``sink_activation``), and,
-        where the references were kept, the errors against the model's own head output
-        and pattern."""
+        """One line per layer, head and destination, with the winning neuron.
+
+        Neurons, the winning neuron (its source position, token, activation and importance
+        ``activation * |a_i|``; docs/math.md §3.5), the learned-sink neuron's activation where the
+        layer has one (``sink_activation``), and, where the references were kept, the errors
+        against the model's own head output and pattern.
+
+        Returns:
+            A pandas DataFrame with columns ``layer, head, position, token, n_neurons, winner,
+            winner_token, winner_activation, winner_importance, top_importance`` (then
+            ``sink_activation``, ``output_error, pattern_error``).
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
+            >>> res.to_dataframe().shape  # 2 heads x 7 destinations
+            (14, 12)
+        """
         frames = []
         for m in self:
             pattern = m.pattern()  # [dest, src], zero off the allowed sources
@@ -132,15 +201,38 @@ class ContextualMLPs:
         return pd.concat(frames, ignore_index=True)
 
     def exactness(self) -> pd.DataFrame:
-        """Per head, the largest error over destinations of the explicit MLP against the model's
-        own head output and pattern (needs ``reference=True``)."""
+        """Per head, the largest error of the explicit MLP against the model's own output and pattern.
+
+        Needs ``reference=True`` (``compute``'s default).
+
+        Returns:
+            A pandas DataFrame with columns ``layer, head, output_error, pattern_error``.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
+            >>> bool((res.exactness()["output_error"] < 1e-5).all())
+            True
+        """
         return pd.DataFrame([dict(layer=m.layer, head=m.head,
                                   output_error=m.exactness().max_output_error,
                                   pattern_error=m.exactness().max_pattern_error) for m in self])
 
     def show(self) -> viz.Group:
-        """The most decisive head (``decisive()``): every destination's hidden activations and
-        the neurons of the last destination; then every head's exactness where references exist."""
+        """Draw the most decisive head, then every head's exactness where references exist.
+
+        The decisive head's hidden activations at every destination and the neurons of its last
+        destination.
+
+        Returns:
+            A ``viz.Group``.
+
+        Example:
+            >>> from tl_dynamics import contextual_mlp, testing
+            >>> res = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=[0, 2])
+            >>> type(res.show()).__name__
+            'Group'
+        """
         mlp = self.decisive()
         referenced = all(m.reference_output is not None and m.reference_pattern is not None
                          for m in self)

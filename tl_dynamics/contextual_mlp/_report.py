@@ -15,11 +15,17 @@ WRITTEN_K = 5  # tokens shown per neuron of what it writes
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Add the contextual-MLP section: the last layer's heads on the first prompt (unpadded, at
-    most ``REPORT_MAX_POSITIONS`` tokens), the most decisive head shown, every head's exactness.
+    """Add the contextual-MLP section to ``page``: the last layer's heads on the first prompt.
 
-    Where the MLP cannot be built exactly (the weights would be wrong) ``compute`` raises a
-    ``TLDynamicsError`` saying why, and the report page shows that instead of the section.
+    The prompt is unpadded and cut to at most ``REPORT_MAX_POSITIONS`` tokens; the most decisive
+    head is shown, with every head's exactness. Where the MLP cannot be built exactly (the
+    weights would be wrong) ``compute`` raises a ``TLDynamicsError`` saying why, and the report page
+    shows that instead of the section.
+
+    Args:
+        page: the ``viz.Page`` to add the section to.
+        adapter: the model's ``ModelAdapter``.
+        batch: the report's tokenized prompts (``Batch``, ``[batch, pos]``); row 0 is used.
 
     Example:
         >>> from tl_dynamics import contextual_mlp, testing, viz

@@ -78,14 +78,29 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
                 target: Target = "unembed", row: int = 0) -> BarycentricView:
     """Barycentric coordinates of one head's rows against a target vector per query.
 
-    ``target``: ``"unembed"`` (``W_U[:, t_{i+1}]``), ``"embed"`` (``W_E[t_{i+1}]``), a vector
-    ``[d_model]`` used for every query, or ``[pos, d_model]`` (one per query). With next-token
-    targets the last position has none and is skipped.
+    For each query the simplex weights over its allowed sources whose mix of the head's
+    per-source outputs comes closest to the target, beside the head's own pattern (its actual
+    mix). ``target``: ``"unembed"`` (``W_U[:, t_{i+1}]``), ``"embed"`` (``W_E[t_{i+1}]``), a
+    vector ``[d_model]`` used for every query, or ``[pos, d_model]`` (one per query). With
+    next-token targets the last position has none and is skipped.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: text, a list of texts, ``[batch, pos]`` token ids or a ``Batch``.
+        layer: the head's layer.
+        head: the head's index.
+        target: ``"unembed"``, ``"embed"``, or a ``[d_model]`` / ``[pos, d_model]`` tensor.
+        row: which prompt of the batch.
+
+    Returns:
+        ``BarycentricView``: per analysed query the pattern ``S`` and the best coordinates ``A``
+        (``[rows, pos]``), their ``gap``, ``fit_error``, ``head_error`` and the optimality check
+        ``kkt`` (``[rows]``).
 
     Example:
-        >>> from tl_dynamics import odds_ratio, testing                         # doctest: +SKIP
-        >>> view = odds_ratio.barycentric(testing.tiny_model("gpt2"), "x = 1 + 2", 1, 0)  # doctest: +SKIP
-        >>> float(view.kkt.max()) < 1e-6                                        # doctest: +SKIP
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> view = odds_ratio.barycentric(testing.tiny_model("gpt2"), "x = 1 + 2", 1, 0)
+        >>> float(view.kkt.max()) < 1e-6  # the coordinates are optimal
         True
     """
 

@@ -24,12 +24,12 @@ def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
     """The exact split of one captured layer (from ``ModelAdapter.capture``/``attention``).
 
     Example:
-        >>> from tl_dynamics import testing                                   # doctest: +SKIP
-        >>> from tl_dynamics.adapter import ModelAdapter                      # doctest: +SKIP
-        >>> la = ModelAdapter(testing.tiny_model("gpt2")).attention("a b")[0]  # doctest: +SKIP
-        >>> dec = decompose_layer(la, heads=[0, 1])                           # doctest: +SKIP
-        >>> dec.parts.total().shape                                           # doctest: +SKIP
-        torch.Size([1, 2, 2, 2])
+        >>> from tl_dynamics import testing
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> la = ModelAdapter(testing.tiny_model("gpt2")).attention("a b")[0]
+        >>> dec = decompose_layer(la, heads=[0, 1])
+        >>> dec.parts.total().shape
+        torch.Size([1, 2, 3, 3])
     """
     heads = list(heads)
     parts = split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads), dtype,
@@ -174,11 +174,21 @@ class OddsRatioCollector(Collector):
 
 
 def sink_facts(la: LayerAttention) -> dict[str, torch.Tensor]:
-    """The sink of every prompt and head of one captured layer, ``[batch, head]`` each: its
-    mass, position (in real tokens; 0 = the first), dominance over the next-largest column
+    """The sink of every prompt and head of one captured layer, ``[batch, head]`` each.
+
+    Its mass, position (in real tokens; 0 = the first), dominance over the next-largest column
     (a learned sink's included), key-prior rank, the mass a learned sink absorbs
-    (``learned_sink_mass``, zero without one), and its advantage over the row mean split into key prior, distance
+    (``learned_sink_mass``, zero without one), and its advantage over the row mean split into
+    key prior, distance
     log-likelihood and bias (docs/math.md §2.3), as ``attach`` collects them.
+
+    Args:
+        la: one layer's captured attention (``ModelAdapter.attention(...)[layer]``).
+
+    Returns:
+        ``{name: [batch, head] tensor}`` with ``sink_mass``, ``sink_position``,
+        ``sink_dominance``, ``sink_prior_rank``, ``sink_prior_adv``, ``sink_loglik_adv``,
+        ``sink_bias_adv``, ``learned_sink_mass`` and the rest of the per-prompt sink facts.
 
     Example:
         >>> from tl_dynamics import odds_ratio, testing
@@ -205,16 +215,27 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
     Statistics stream: only per-head sums are kept unless ``keep_tensors=True``. The padding
     mask is the pass's own: pass ``attention_mask=`` to your model call, or use
     ``collector.forward(prompts, padding_side=...)``.
-    ``threads`` is the number of intra-op threads for the statistics (None: torch's setting).
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        layers: a layer index, a list of them, or None (all attention layers).
+        heads: a head index, a list of them, or None (all heads), in every selected layer.
+        keep_tensors: also keep every pass's per-prompt decompositions.
+        dtype: dtype of the split (``torch.float64`` for large models).
+        threads: intra-op threads for the statistics (None: torch's setting).
+
+    Returns:
+        A context manager yielding the collector; call its ``result()`` after the block.
 
     Example:
-        >>> from tl_dynamics import odds_ratio, testing                 # doctest: +SKIP
-        >>> model = testing.tiny_model("gpt2")                          # doctest: +SKIP
-        >>> with odds_ratio.attach(model, layers=[1]) as collector:     # doctest: +SKIP
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> model = testing.tiny_model("gpt2")
+        >>> with odds_ratio.attach(model, layers=[1]) as collector:
         ...     _ = model(model.to_tokens("def f(x): return x"))
         ...     _ = model(model.to_tokens("a = b + c"))
-        >>> collector.result().to_dataframe()["label"].tolist()        # doctest: +SKIP
-        ['likelihood-driven', 'mixed', 'likelihood-driven', 'likelihood-driven']
+        >>> res = collector.result()
+        >>> res.stats.n_prompts, res.to_dataframe().index.tolist()
+        (2, ['L1H0', 'L1H1', 'L1H2', 'L1H3'])
     """
     adapter = ModelAdapter.of(model)
     collector = OddsRatioCollector(adapter, adapter.check_attention_layers(layers), adapter.check_heads(heads),
@@ -231,14 +252,27 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
     ``prompt`` is a string, a list of strings (padded on ``padding_side``), a token tensor or
     an adapter ``Batch``. ``layers`` is a layer index, a list of them or None (all layers);
     ``heads`` a head index, a list of them or None (all heads), taken in every selected layer
-    (the convention of every analysis, ``docs/developing.md``). Returns per-head statistics and,
-    with ``keep_tensors``, the per-layer ``Decomposition`` (``result[layer]``).
+    (the convention of every analysis, ``docs/developing.md``).
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: text, a list of texts, ``[batch, pos]`` token ids or a ``Batch``.
+        layers: a layer index, a list of them, or None (all attention layers).
+        heads: a head index, a list of them, or None (all heads).
+        keep_tensors: keep the per-layer ``Decomposition`` (``result[layer]``).
+        padding_side: where a list of texts is padded (``"right"`` or ``"left"``).
+        dtype: dtype of the split (``torch.float64`` for large models).
+
+    Returns:
+        An ``OddsRatioResult``: per-head statistics and, with ``keep_tensors``, the per-layer
+        decompositions (query term ``[batch, head, q]``, key prior ``[batch, head, k]``,
+        log-likelihood ``[batch, head, q, k]``).
 
     Example:
-        >>> from tl_dynamics import odds_ratio, testing                  # doctest: +SKIP
-        >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1", layers=0)  # doctest: +SKIP
-        >>> res[0].parts.key_prior.shape                                 # doctest: +SKIP
-        torch.Size([1, 4, 3])
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1", layers=0)
+        >>> res[0].parts.key_prior.shape, res[0].parts.loglik.shape
+        (torch.Size([1, 4, 4]), torch.Size([1, 4, 4, 4]))
     """
     adapter = ModelAdapter.of(model)
     collector = OddsRatioCollector(adapter, adapter.check_attention_layers(layers), adapter.check_heads(heads),

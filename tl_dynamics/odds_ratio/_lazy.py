@@ -22,9 +22,9 @@ class LazyDecompositions(Mapping[int, Decomposition]):
     """``{layer: Decomposition}`` of one forward pass; each value is built on first look-up.
 
     Example:
-        >>> from tl_dynamics import odds_ratio, testing                          # doctest: +SKIP
-        >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1")        # doctest: +SKIP
-        >>> sorted(res.decompositions[0]), res[1].parts.loglik.shape             # doctest: +SKIP
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1")
+        >>> sorted(res.decompositions[0]), res[1].parts.loglik.shape
         ([0, 1], torch.Size([1, 4, 4, 4]))
     """
 

@@ -153,7 +153,7 @@ def compose(patterns: Sequence[Float[Tensor, "pos pos"]], residual: float | None
         [[1.0, 0.0], [0.75, 0.25]]
     """
     if not patterns:
-        raise TLDynamicsError("compose needs at least one pattern")
+        raise TLDynamicsError("odds_ratio.composed needs at least one layer's pattern")
     if residual is not None and not 0.0 <= residual <= 1.0:
         raise TLDynamicsError(f"residual weight must be in [0, 1], got {residual}")
     out = None

@@ -17,9 +17,16 @@ INTRO = ("Every attention score splits exactly into a query term (constant along
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Add the odds-ratio section: the per-head table of every head, and the decomposition of
-    the heads with the largest prior and likelihood shares on the first prompt (named prior- or
-    likelihood-driven only when their share reaches ``LABEL_THRESHOLD``).
+    """Add the odds-ratio section to ``page``: the per-head table and the two extreme heads.
+
+    The per-head table of every head, and the decomposition of the heads with the largest
+    prior and likelihood shares on the first prompt (named prior- or likelihood-driven only when
+    their share reaches ``LABEL_THRESHOLD``).
+
+    Args:
+        page: the ``viz.Page`` to add the section to.
+        adapter: the model's ``ModelAdapter``.
+        batch: the report's tokenized prompts (``Batch``, ``[batch, pos]``).
 
     Example:
         >>> from tl_dynamics import odds_ratio, testing, viz

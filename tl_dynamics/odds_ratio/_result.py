@@ -1,9 +1,10 @@
-"""Result objects: per-head statistics (streamed) and per-prompt decompositions (on request)."""
+"""Result objects: per-prompt decompositions (on request) and ``OddsRatioResult``; the per-head
+statistics are ``_headstats.HeadStats`` (re-exported here)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -14,189 +15,11 @@ from torch import Tensor
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
+from tl_dynamics.odds_ratio._headstats import LABEL_THRESHOLD, HeadStats, head_name
+# Re-exported: the collector and the tests read them here.
+from tl_dynamics.odds_ratio._headstats import SINK_SUM_KEYS as SINK_SUM_KEYS
+from tl_dynamics.odds_ratio._headstats import label as label
 from tl_dynamics.odds_ratio._split import ScoreParts, row_kl, sink_log_patterns
-from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SUM_KEYS
-from tl_dynamics.collect import ExactSum
-
-# A head is "prior-driven" when the key prior's additive share of the row-centred score
-# variance, Cov(prior, r) / Var(r), is at least LABEL_THRESHOLD, "likelihood-driven" when the
-# log-likelihood's share is, and "mixed" otherwise. The shares (prior, loglik, bias) add up to
-# one, so 2/3 means the term explains at least twice as much as the others together.
-LABEL_THRESHOLD = 2.0 / 3.0
-
-# Per-head running sums kept exactly (``HeadStats.exact``, axis 1): the row sums, then the sinks.
-SINK_SUM_KEYS = ("sink_mass", "sink_first", "sink_by_prior", "sink_prior_adv", "sink_loglik_adv")
-
-
-def head_name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
-
-
-def label(attr_prior: float, attr_loglik: float, threshold: float = LABEL_THRESHOLD) -> str:
-    """``prior-driven``, ``likelihood-driven`` or ``mixed`` from the additive shares."""
-    if attr_prior >= threshold:
-        return "prior-driven"
-    if attr_loglik >= threshold:
-        return "likelihood-driven"
-    return "mixed"
-
-
-@dataclass(frozen=True)
-class HeadStats:
-    """Per-head aggregates of the odds-ratio split over every prompt seen.
-
-    ``sums[name]`` and ``sink_sums[name]`` are ``[len(layers), len(heads)]`` float64 arrays of
-    running sums (see ``HeadStats.SUM_KEYS``); the properties divide them out. Row statistics use
-    valid query rows with at least two allowed keys, and so do the sink statistics
-    (``sink_first_share`` also needs the sink to dominate: docs/math.md §2.3); the variance
-    split is of the pre-cap
-    score ``r = c<q,k> + p`` (``softcapped`` says which layers then soft-cap).
-
-    Two decompositions of the row-centred variance ``Var(r)`` are given, because the key
-    prior and the log-likelihood are strongly anti-correlated along a row:
-    ``var_*`` + ``cov_prior_loglik`` + ``cov_bias`` (the covariance terms shown) add to one;
-    the additive attribution ``attr_* = Cov(term, r) / Var(r)`` also adds to one, term by
-    term, and is what ``label`` uses.
-
-    ``exact`` holds the same sums exactly (``[layer, key, head]``, keys ``sum_keys`` then
-    ``SINK_SUM_KEYS``), so ``merge`` is order-independent and bit-identical: merging the
-    statistics of two halves of the batches equals one run over all of them.
-
-    Class attributes: ``HeadStats.SUM_KEYS`` and ``HeadStats.SINK_SUM_KEYS`` name the exact
-    sums (the statistics file stores them in this order); ``HeadStats.SINK_DOMINANCE`` is how
-    many times the next-largest column a prompt's sink must take to count as one.
-    """
-
-    SUM_KEYS: ClassVar[tuple[str, ...]] = SUM_KEYS
-    SINK_SUM_KEYS: ClassVar[tuple[str, ...]] = SINK_SUM_KEYS
-    SINK_DOMINANCE: ClassVar[float] = SINK_DOMINANCE
-
-    model: str
-    layers: tuple[int, ...]
-    heads: tuple[int, ...]
-    scale: tuple[float, ...]
-    softcap: tuple[float | None, ...]
-    n_prompts: int
-    sums: dict[str, np.ndarray] = field(repr=False)
-    sink_sums: dict[str, np.ndarray] = field(repr=False)
-    exact: ExactSum | None = field(default=None, repr=False, compare=False)
-    sum_keys: tuple[str, ...] = field(default=(), repr=False)
-
-    @staticmethod
-    def from_exact(model: str, layers: tuple[int, ...], heads: tuple[int, ...],
-                   scale: tuple[float, ...], softcap: tuple[float | None, ...], n_prompts: int,
-                   exact: ExactSum, sum_keys: tuple[str, ...]) -> "HeadStats":
-        """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + SINK_SUM_KEYS``)."""
-        keys = tuple(sum_keys) + SINK_SUM_KEYS
-        if exact.shape != (len(layers), len(keys), len(heads)):
-            raise TLDynamicsError(f"exact sums of shape {exact.shape} do not fit {len(layers)} "
-                                  f"layers, {len(keys)} sums and {len(heads)} heads")
-        values = exact.value()
-        sums = {k: values[:, i] for i, k in enumerate(sum_keys)}
-        sink = {k: values[:, len(sum_keys) + i] for i, k in enumerate(SINK_SUM_KEYS)}
-        return HeadStats(model, tuple(layers), tuple(heads), tuple(scale), tuple(softcap),
-                         int(n_prompts), sums, sink, exact, tuple(sum_keys))
-
-    def merge(self, other: "HeadStats") -> "HeadStats":
-        """Both runs' statistics together, exactly (any order gives the same bits).
-
-        Example:
-            >>> from tl_dynamics import odds_ratio, testing                      # doctest: +SKIP
-            >>> m = testing.tiny_model("gpt2")                                   # doctest: +SKIP
-            >>> a = odds_ratio.compute(m, "a = 1", keep_tensors=False).stats     # doctest: +SKIP
-            >>> b = odds_ratio.compute(m, "b = 2", keep_tensors=False).stats     # doctest: +SKIP
-            >>> a.merge(b).n_prompts                                             # doctest: +SKIP
-            2
-        """
-        if not isinstance(other, HeadStats):
-            raise TLDynamicsError(f"can only merge HeadStats, got {type(other).__name__}")
-        if self.exact is None or other.exact is None:
-            raise TLDynamicsError("cannot merge HeadStats without exact sums (build them with "
-                                  "odds_ratio.compute/attach or HeadStats.from_exact)")
-        mine = (self.model, self.layers, self.heads, self.scale, self.softcap, self.sum_keys)
-        theirs = (other.model, other.layers, other.heads, other.scale, other.softcap,
-                  other.sum_keys)
-        if mine != theirs:
-            names = ("model", "layers", "heads", "scale", "softcap", "sum_keys")
-            diff = [n for n, a, b in zip(names, mine, theirs) if a != b]
-            raise TLDynamicsError(f"cannot merge odds-ratio statistics computed differently: they "
-                                  f"differ in {diff}")
-        return HeadStats.from_exact(self.model, self.layers, self.heads, self.scale,
-                                    self.softcap, self.n_prompts + other.n_prompts,
-                                    self.exact + other.exact, self.sum_keys)
-
-    def __repr__(self) -> str:
-        return (f"HeadStats({self.model}, layers={list(self.layers)}, heads={list(self.heads)}, "
-                f"prompts={self.n_prompts})")
-
-    def _ratio(self, num: np.ndarray, den: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-
-    @property
-    def sigma2(self) -> np.ndarray:
-        """Effective temperature ``1/c`` per layer."""
-        return np.array([1.0 / c for c in self.scale])
-
-    def shares(self) -> dict[str, np.ndarray]:
-        """Variance shares ``[layer, head]`` (pooled over rows: sums of row covariances over
-        the sum of row variances)."""
-        s = self.sums
-        var_r = s["var_r"]
-        cov_r_loglik = var_r - s["cov_r_prior"] - s["cov_r_bias"]
-        var_loglik = (var_r + s["var_prior"] + s["var_bias"] - 2 * s["cov_r_prior"]
-                      - 2 * s["cov_r_bias"] + 2 * s["cov_prior_bias"])
-        cov_prior_loglik = s["cov_r_prior"] - s["var_prior"] - s["cov_prior_bias"]
-        cov_bias_loglik = s["cov_r_bias"] - s["cov_prior_bias"] - s["var_bias"]
-        raw = {"attr_prior": s["cov_r_prior"], "attr_loglik": cov_r_loglik, "attr_bias": s["cov_r_bias"],
-               "var_prior": s["var_prior"], "var_loglik": var_loglik, "var_bias": s["var_bias"],
-               "cov_prior_loglik": 2 * cov_prior_loglik,
-               "cov_bias": 2 * (s["cov_prior_bias"] + cov_bias_loglik)}
-        return {k: self._ratio(v, var_r) for k, v in raw.items()}
-
-    def means(self) -> dict[str, np.ndarray]:
-        """Per-row means ``[layer, head]``: the two divergences, the entropy and the mass a
-        learned sink absorbs (``learned_sink_mass``; zero on layers without one)."""
-        rows = self.sums["rows"]
-        out = {k: self._ratio(self.sums[k], rows) for k in ("kl_prior", "kl_loglik", "entropy")}
-        out["learned_sink_mass"] = self._ratio(self.sums.get("learned_sink", np.zeros_like(rows)),
-                                               rows)
-        return out
-
-    def labels(self, threshold: float = LABEL_THRESHOLD) -> np.ndarray:
-        sh = self.shares()
-        out = np.empty(sh["attr_prior"].shape, dtype=object)
-        for idx in np.ndindex(out.shape):
-            out[idx] = label(float(sh["attr_prior"][idx]), float(sh["attr_loglik"][idx]), threshold)
-        return out
-
-    def to_dataframe(self) -> pd.DataFrame:
-        """One row per head: shares, KLs, entropy, label and sink summary."""
-        sh, mn, lab = self.shares(), self.means(), self.labels()
-        n = max(self.n_prompts, 1)
-        sk = self.sink_sums
-        records = []
-        for a, layer in enumerate(self.layers):
-            for b, head in enumerate(self.heads):
-                rec: dict[str, Any] = {"head": head_name(layer, head), "layer": layer, "head_index": head,
-                                       "sigma2": 1.0 / self.scale[a],
-                                       "softcap": self.softcap[a], "rows": int(self.sums["rows"][a, b])}
-                rec.update({k: float(v[a, b]) for k, v in sh.items()})
-                rec.update({k: float(v[a, b]) for k, v in mn.items()})
-                rec["label"] = lab[a, b]
-                rec["sink_mass"] = float(sk["sink_mass"][a, b] / n)
-                rec["sink_first_share"] = float(sk["sink_first"][a, b] / n)
-                rec["sink_by_prior_share"] = float(sk["sink_by_prior"][a, b] / n)
-                rec["sink_prior_adv"] = float(sk["sink_prior_adv"][a, b] / n)
-                rec["sink_loglik_adv"] = float(sk["sink_loglik_adv"][a, b] / n)
-                records.append(rec)
-        return pd.DataFrame.from_records(records).set_index("head")
-
-    def show(self, max_rows: int = 60) -> viz.Component:
-        """A table of the per-head statistics (``tl_dynamics.viz`` component)."""
-        capped = [layer for layer, cap in zip(self.layers, self.softcap) if cap is not None]
-        return _views.stats_view(self.to_dataframe(), self.model, self.n_prompts, capped,
-                                 LABEL_THRESHOLD, max_rows)
 
 
 @dataclass(frozen=True)
@@ -305,8 +128,23 @@ class Decomposition:
 
 @dataclass(frozen=True)
 class OddsRatioResult:
-    """What ``compute`` and ``attach`` return: per-head statistics, and per-prompt
-    decompositions (``{layer: Decomposition}`` per forward pass) when they were asked for."""
+    """What ``compute`` and ``attach`` return: per-head statistics and per-prompt decompositions.
+
+    The decompositions (``{layer: Decomposition}`` per forward pass) are kept when they were asked
+    for (``keep_tensors``); ``result[layer]`` is the first pass's.
+
+    Attributes:
+        stats: the per-head ``HeadStats``.
+        decompositions: per kept pass, ``{layer: Decomposition}`` (query term, key prior,
+            log-likelihood and bias ``[batch, head, q, k]``, real and counterfactual patterns).
+        sinks: per kept pass, ``{layer: {fact: [batch, head] tensor}}`` (``sink_facts``).
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1", layers=0)
+        >>> res[0].parts.key_prior.shape  # [batch, head, key]
+        torch.Size([1, 4, 4])
+    """
 
     stats: HeadStats
     decompositions: tuple[Mapping[int, Decomposition], ...] = ()
@@ -334,15 +172,38 @@ class OddsRatioResult:
         return self[layer]
 
     def to_dataframe(self) -> pd.DataFrame:
+        """The per-head table of ``stats`` (``HeadStats.to_dataframe``).
+
+        Returns:
+            A pandas DataFrame, one row per head.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1", layers=1).to_dataframe().shape[0]
+            4
+        """
         return self.stats.to_dataframe()
 
     def sink_table(self) -> pd.DataFrame:
-        """Per kept prompt and head: the source position taking most attention (counted in
-        real tokens), its token, mean attention mass (over rows with at least two allowed
-        keys), its dominance (its column over the next-largest; a near-tie below
-        ``SINK_DOMINANCE`` = 2 is not a sink), and whether it wins by prior or by likelihood
-        (its attention-weighted score advantage over the row mean, split; docs/math.md §2.3),
-        and the mass a learned sink absorbs (``learned_sink_mass``, zero without one, §2.6)."""
+        """Per kept prompt and head: where the sink is, how strong, and why it wins.
+
+        The source position taking most attention (counted in real tokens), its token, mean
+        attention mass (over rows with at least two allowed keys), its dominance (its column over the
+        next-largest; a near-tie below ``SINK_DOMINANCE`` = 2 is not a sink), whether it wins by
+        prior or by likelihood (its attention-weighted score advantage over the row mean, split;
+        docs/math.md §2.3), and the mass a learned sink absorbs (``learned_sink_mass``, zero
+        without one, §2.6).
+
+        Returns:
+            A pandas DataFrame with columns ``pass, prompt, head, layer, position, token, mass,
+            prior_adv, loglik_adv, bias_adv, prior_rank, dominance, learned_sink_mass, wins_by``.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), ["a b c a b c", "x = 1"], layers=1)
+            >>> res.sink_table().shape  # 2 prompts x 4 heads
+            (8, 14)
+        """
         records = []
         for p, (sinks, decs) in enumerate(zip(self.sinks, self.decompositions)):
             for layer, facts in sinks.items():
@@ -366,10 +227,21 @@ class OddsRatioResult:
         return pd.DataFrame.from_records(records)
 
     def extreme_heads(self) -> list[tuple[int, int, str, float]]:
-        """The heads with the largest ``attr_prior`` and the largest ``attr_loglik``, as
-        ``(layer, head, share name, share)``: the largest share, whatever its value. Whether the
-        head is prior- or likelihood-driven is its label (``LABEL_THRESHOLD``);
-        ``show_extremes`` says so in words."""
+        """The heads with the largest ``attr_prior`` and the largest ``attr_loglik``.
+
+        The largest share, whatever its value. Whether the head is prior- or likelihood-driven is
+        its label (``LABEL_THRESHOLD``); ``show_extremes`` says so in words.
+
+        Returns:
+            Two tuples ``(layer, head, share name, share)``, for ``"attr_prior"`` then
+            ``"attr_loglik"``.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> picks = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").extreme_heads()
+            >>> [name for _, _, name, _ in picks]
+            ['attr_prior', 'attr_loglik']
+        """
         shares = self.stats.shares()
         picks = []
         for key in ("attr_prior", "attr_loglik"):
@@ -379,15 +251,44 @@ class OddsRatioResult:
         return picks
 
     def show(self, heads: int | list[int] | None = None, row: int = 0) -> viz.Group:
-        """The per-head table, then (when tensors were kept) every decomposed layer's split of
-        prompt ``row`` for ``heads`` (all decomposed heads by default)."""
+        """The per-head table, then every decomposed layer's split of one prompt.
+
+        Args:
+            heads: a head, a list of heads, or None (all decomposed heads).
+            row: which prompt of the first kept pass to draw.
+
+        Returns:
+            A ``viz.Group``: the table, then (when tensors were kept) per layer the real pattern
+            beside the prior-only and likelihood-only patterns and the score parts.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> view = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1", layers=1).show(heads=0)
+            >>> type(view).__name__
+            'Group'
+        """
         layers = [self.decompositions[0][layer].show(heads, row)
                   for layer in sorted(self.decompositions[0])] if self.decompositions else []
         return _views.result_view(self.stats.show(), layers, self.stats.model)
 
     def show_extremes(self, row: int = 0) -> viz.Group:
-        """The per-head table and the split of the most prior-driven and the most
-        likelihood-driven head (``extreme_heads``) on prompt ``row`` (needs kept tensors)."""
+        """The per-head table and the split of the two extreme heads on one prompt.
+
+        The most prior-driven and the most likelihood-driven head (``extreme_heads``); needs kept
+        tensors.
+
+        Args:
+            row: which prompt of the first kept pass to draw.
+
+        Returns:
+            A ``viz.Group``: the table, then each extreme head's split with what its share means.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> view = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1").show_extremes()
+            >>> type(view).__name__
+            'Group'
+        """
         picks = [(head_name(layer, head), key, value, self._head(layer, head).show([head], row))
                  for layer, head, key, value in self.extreme_heads()]
         return _views.extremes_view(self.stats.show(), picks, self.stats.model, LABEL_THRESHOLD)

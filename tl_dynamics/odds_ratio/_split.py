@@ -75,11 +75,26 @@ def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "ba
                  sink: Float[Tensor, " head"] | None = None) -> ScoreParts:
     """Split ``c <q_i, k_j> + p_ij`` into query term, key prior, distance log-likelihood, bias.
 
-    The log-likelihood is computed from the distances themselves (not from the expanded
-    inner product), so the identity ``total() == c<q,k> + p`` is a real check; in float32
-    it holds to about ``1e-7`` times ``(c/2)(|q|^2 + |k|^2)`` (pass ``dtype=torch.float64``
-    for large models). ``sink`` (per-head learned sink logits, GPT-OSS) becomes the prior of
-    a virtual key (``ScoreParts.sink``).
+    ``c <q, k> = (c/2)|q|^2 + (c/2)|k|^2 - (c/2)|q - k|^2``: the query term is constant along a
+    row, the key prior depends on the key alone, the log-likelihood on the distance
+    (docs/math.md §2). The log-likelihood is computed from the distances themselves (not from
+    the expanded inner product), so the identity ``total() == c<q,k> + p`` is a real check; in
+    float32 it holds to about ``1e-7`` times ``(c/2)(|q|^2 + |k|^2)`` (pass
+    ``dtype=torch.float64`` for large models). ``sink`` (per-head learned sink logits, GPT-OSS)
+    becomes the prior of a virtual key (``ScoreParts.sink``).
+
+    Args:
+        q: queries ``[batch, pos, head, d_head]`` (after any rotation).
+        k: keys ``[batch, pos, head, d_head]``.
+        scale: the score scale ``c`` (positive).
+        bias: an additive score bias ``[batch, head, pos, pos]`` (ALiBi, ...), or None.
+        dtype: dtype of the split.
+        sink: per-head learned sink logits ``[head]``, or None.
+
+    Returns:
+        ``ScoreParts``: ``query_term`` ``[batch, head, q]``, ``key_prior`` ``[batch, head, k]``,
+        ``loglik`` ``[batch, head, q, k]``, ``bias``, ``sink`` and ``sigma2 = 1/c``; ``total()``
+        adds the parts.
 
     Example:
         >>> import torch
@@ -87,6 +102,12 @@ def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "ba
         >>> parts = split_scores(q, q, scale=0.5)
         >>> parts.key_prior.tolist(), parts.loglik[0, 0].tolist()
         ([[[0.25, 0.0]]], [[-0.0, -0.25], [-0.25, -0.0]])
+        >>> from tl_dynamics import testing
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> la = ModelAdapter(testing.tiny_model("gpt2")).attention("a b c")[1]
+        >>> parts = split_scores(la.q, la.k, la.scale)
+        >>> torch.allclose(parts.total(), la.scores(), atol=1e-5)  # the model's scores
+        True
     """
     if q.ndim != 4 or k.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
         raise TLDynamicsError(f"q and k must be [batch, pos, head, d_head] with the same batch, "
@@ -125,6 +146,23 @@ def counterfactual_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"
     (``parts.sink``) the virtual key joins both denominators, with its prior ``sink_h`` in the
     prior-only pattern and logit 0 (no likelihood) in the likelihood-only one, and is then
     dropped like the model's own: rows sum to less than 1 (docs/math.md §2.6).
+
+    Args:
+        parts: the split of one layer's scores (``split_scores``).
+        allowed: ``[batch, q, k]`` which keys each query may attend to.
+
+    Returns:
+        ``(prior_pattern, likelihood_pattern)``, each ``[batch, head, q, k]``, rows summing to
+        one over the allowed keys (less than one with a learned sink).
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> la = ModelAdapter(testing.tiny_model("gpt2")).attention("a b c")[1]
+        >>> prior, lik = odds_ratio.counterfactual_patterns(
+        ...     odds_ratio.split_scores(la.q, la.k, la.scale), la.allowed)
+        >>> prior.shape, bool((prior.sum(-1) - 1).abs().max() < 1e-5)
+        (torch.Size([1, 4, 4, 4]), True)
     """
     if parts.sink is None:
         return (masked_softmax(parts.prior_logits(), allowed),

@@ -29,11 +29,31 @@ def markov(model: Any, prompt: Prompt | Batch, layer: int, head: int, row: int =
            alpha: float = DAMPING) -> ChainSummary:
     """One head's pattern on one prompt as a Markov chain on its real positions.
 
+    Causal heads absorb at the first position (``absorption_steps``: expected steps to reach it);
+    bidirectional heads have a stationary distribution. Eigenvalues, singular values, effective
+    rank and row entropy describe the walk either way.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: text, a list of texts, ``[batch, pos]`` token ids or a ``Batch``.
+        layer: the head's layer.
+        head: the head's index.
+        row: which prompt of the batch.
+        alpha: damping of the damped stationary distribution (PageRank style).
+
+    Returns:
+        ``ChainSummary``: ``stationary`` and ``damped_stationary`` ``[pos]``,
+        ``absorption_steps`` ``[pos]`` (causal only, else None), ``eigenvalues``,
+        ``singular_values`` and the tokens.
+
     Example:
-        >>> from tl_dynamics import odds_ratio, testing                      # doctest: +SKIP
-        >>> chain = odds_ratio.markov(testing.tiny_model("bert"), "a b c", 0, 1)  # doctest: +SKIP
-        >>> float(chain.stationary.sum())                                    # doctest: +SKIP
-        1.0
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> chain = odds_ratio.markov(testing.tiny_model("bert"), "a b c", 0, 1)
+        >>> round(float(chain.stationary.sum()), 6), chain.causal
+        (1.0, False)
+        >>> causal = odds_ratio.markov(testing.tiny_model("gpt2"), "a b c", 0, 1)
+        >>> causal.stationary.tolist(), float(causal.absorption_steps[0])
+        ([1.0, 0.0, 0.0, 0.0], 0.0)
     """
 
     adapter = ModelAdapter.of(model)
@@ -55,6 +75,23 @@ def composed(model: Any, prompt: Prompt | Batch, layers: Sequence[int] | None = 
     Each layer contributes one head (``heads[layer]``) or, by default, the mean over its heads
     (as attention rollout does). ``residual=0.5`` gives attention rollout (Abnar & Zuidema
     2020); ``None`` the plain product.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: text, a list of texts, ``[batch, pos]`` token ids or a ``Batch``.
+        layers: the attention layers to compose (None: all).
+        heads: ``{layer: head}`` for layers that contribute one head (others: the head mean).
+        residual: weight of the identity mixed into each layer's pattern, in ``[0, 1]``, or None.
+        row: which prompt of the batch.
+
+    Returns:
+        The composed row-stochastic pattern ``[pos, pos]`` over the prompt's real positions.
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> rollout = odds_ratio.composed(testing.tiny_model("gpt2"), "a b c", residual=0.5)
+        >>> rollout.shape, [round(x, 6) for x in rollout.sum(-1).tolist()]
+        (torch.Size([4, 4]), [1.0, 1.0, 1.0, 1.0])
     """
 
     adapter = ModelAdapter.of(model)

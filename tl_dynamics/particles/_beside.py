@@ -25,14 +25,29 @@ BESIDE_EPS = 0.05
 
 @dataclass(frozen=True)
 class BesideModel:
-    """Simulations seeded from heads, one run per ``(layer, head)``, beside the model's own
-    clustering of the same tokens.
+    """Head-seeded simulations, one run per ``(layer, head)``, beside the model's own clustering.
 
     ``model_clusters[p]`` is the number of clusters (``cos > 1 - eps``) among the prompt's
     tokens at depth point ``p`` (``point_labels``), from ``tl_dynamics.trajectories``. Run
     ``r`` of ``run`` integrates (SA) in ``d_model`` dimensions with ``Q, K, V, beta`` from head
     ``pairs[r]`` (``head_dynamics[r]``), starting from the same tokens' normalised states at the
-    input of that head's layer.
+    input of that head's layer. Built by ``particles.compute``.
+
+    Attributes:
+        pairs: the ``(layer, head)`` of each run.
+        eps: the closeness threshold.
+        tokens: the prompt's tokens placed as particles.
+        point_labels: the model's depth points (``resid_pre0``, ...).
+        model_clusters: ``[point]`` the model's cluster counts through depth.
+        head_dynamics: each run's ``Q, K, V, beta`` and provenance.
+        run: the ``ParticleRun`` of every head (``runs = len(pairs)``).
+        zero_tokens: tokens left out because their state is the zero vector.
+
+    Example:
+        >>> from tl_dynamics import particles, testing
+        >>> side = particles.compute(testing.tiny_model("gpt2"), "a b c d e f", layers=0, heads=0)
+        >>> side.pairs, side.model_clusters.tolist(), side.run.n  # 7 tokens, each its own cluster
+        (((0, 0),), [7, 7, 7], 7)
     """
 
     pairs: tuple[tuple[int, int], ...]
@@ -46,11 +61,30 @@ class BesideModel:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """``L{layer}H{head}`` of each run."""
+        """``L{layer}H{head}`` of each run.
+
+        Example:
+            >>> from tl_dynamics import particles, testing
+            >>> side = particles.compute(testing.tiny_model("gpt2"), "a b c d e f", layers=0, heads=0)
+            >>> side.names
+            ('L0H0',)
+        """
         return tuple(f"L{layer}H{head}" for layer, head in self.pairs)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Long form: the model's clusters per depth point, then each run's per record time."""
+        """Long form: the model's clusters per depth point, then each run's per record time.
+
+        Returns:
+            A pandas DataFrame with columns ``source`` (``"model"`` or ``"simulation"``),
+            ``head``, ``axis``, ``position`` and ``clusters``.
+
+        Example:
+            >>> from tl_dynamics import particles, testing
+            >>> side = particles.compute(testing.tiny_model("gpt2"), "a b c d e f", layers=0, heads=0)
+            >>> frame = side.to_dataframe()
+            >>> frame["source"].value_counts().to_dict()
+            {'simulation': 101, 'model': 3}
+        """
         model = pd.DataFrame({"source": "model", "head": "", "axis": "depth point",
                               "position": list(self.point_labels),
                               "clusters": self.model_clusters.astype(float)})
@@ -62,7 +96,17 @@ class BesideModel:
         return pd.concat([model, *sims], ignore_index=True)
 
     def caption(self) -> str:
-        """What the figure shows, in words, with the numbers that say what happened."""
+        """What the figure shows, in words, with the numbers that say what happened.
+
+        Returns:
+            The caption text.
+
+        Example:
+            >>> from tl_dynamics import particles, testing
+            >>> side = particles.compute(testing.tiny_model("gpt2"), "a b c d e f", layers=0, heads=0)
+            >>> side.caption().startswith("Clusters among the prompt's 7 tokens")
+            True
+        """
         n = len(self.tokens)
         counts = self.run.cluster_counts(self.eps)
         start, end = int(counts[0].max()), int(counts[-1].min())
@@ -83,8 +127,20 @@ class BesideModel:
                                    if self.zero_tokens else ""))
 
     def show(self) -> viz.Group:
-        """The model's clusters through depth beside the flow's over time, and the flow's mean
-        pairwise cosine (inline SVG plots)."""
+        """The model's clusters through depth beside the flow's over time, and its mean cosine.
+
+        Inline SVG plots: the model's cluster counts per depth point, each run's cluster counts over
+        time, and the flow's mean pairwise cosine.
+
+        Returns:
+            A ``viz.Group``.
+
+        Example:
+            >>> from tl_dynamics import particles, testing
+            >>> side = particles.compute(testing.tiny_model("gpt2"), "a b c d e f", layers=0, heads=0)
+            >>> type(side.show()).__name__
+            'Group'
+        """
         counts = self.run.cluster_counts(self.eps).numpy().astype(float)
         return beside_figure(self.point_labels, self.model_clusters, len(self.tokens),
                              self.run.times.numpy(), counts, self.run.mean_cosine.numpy(),
@@ -106,18 +162,33 @@ def _states(adapter: ModelAdapter, batch: Batch, layers: list[int]) -> dict[int,
 def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
             heads: int | Sequence[int] | None = None, eps: float = BESIDE_EPS,
             t_max: float = 20.0, radius: float | None = None) -> BesideModel:
-    """Seed the particle system from heads and the prompt's tokens (its first prompt), and set
-    it beside the model's own cluster counts through depth.
+    """Seed the particle system from heads and the prompt's tokens, beside the model's clustering.
 
+    The first prompt's tokens, at the input of each head's layer, are the initial particles; the
+    model's own cluster counts of the same tokens through depth are set beside the flow.
     ``layers`` and ``heads`` select as in every analysis (index, list, or None for all; the
     heads in every selected layer): one run per ``(layer, head)``, all in one batched
     simulation. ``radius`` scales ``beta = c * radius**2`` (default ``sqrt(d_model)``: the norm
     of a LayerNorm output, so that beta is the model's own score scale on its real inputs).
 
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: text, a list of texts (the first is used), token ids or a ``Batch``.
+        layers: a layer index, a list of them, or None (all layers).
+        heads: a head index, a list of them, or None (all heads), in every selected layer.
+        eps: the closeness threshold (``cos > 1 - eps``).
+        t_max: simulated time.
+        radius: the radius that sets ``beta`` (None: ``sqrt(d_model)``).
+
+    Returns:
+        A ``BesideModel``.
+
     Example:
         >>> from tl_dynamics import testing, particles
-        >>> side = particles.compute(testing.tiny_model("gpt2"), "a b c d e f", layers=0, heads=0)  # doctest: +SKIP
-        >>> side.show()                                                                          # doctest: +SKIP
+        >>> side = particles.compute(testing.tiny_model("gpt2"), "a b c d e f", layers=0,
+        ...                          heads=[0, 1], t_max=5.0)
+        >>> side.names, side.run.n_runs, side.run.d
+        (('L0H0', 'L0H1'), 2, 64)
     """
     adapter = ModelAdapter.of(model)
     chosen_layers, chosen_heads = adapter.check_layers(layers), adapter.check_heads(heads)
@@ -171,10 +242,11 @@ def beside_model(model: Any, prompt: Prompt | Batch, layer: int = 0, head: int =
 
     Example:
         >>> from tl_dynamics import testing
-        >>> result = beside_model(testing.tiny_model("gpt2"), "a b c d e f")  # doctest: +SKIP
-        >>> result.show()                                                             # doctest: +SKIP
+        >>> result = beside_model(testing.tiny_model("gpt2"), "a b c d e f", t_max=5.0)
+        >>> result.names
+        ('L0H0',)
     """
     if not isinstance(layer, int) or not isinstance(head, int):
-        raise TLDynamicsError(f"beside_model takes one layer and one head (integers), got "
+        raise TLDynamicsError(f"particles: the beside-model view takes one layer and one head (integers), got "
                               f"layer={layer!r}, head={head!r}; for several use particles.compute")
     return compute(model, prompt, layers=layer, heads=head, eps=eps, t_max=t_max, radius=radius)

@@ -32,9 +32,20 @@ def random_init(
 ) -> Float[Tensor, "runs n d"]:
     """``[runs, n, d]`` points drawn independently and uniformly on ``S^{d-1}``.
 
-    >>> x0 = random_init(4, 32, 2, torch.Generator().manual_seed(0))
-    >>> tuple(x0.shape), bool(torch.allclose(x0.norm(dim=-1), torch.ones(4, 32, dtype=torch.float64)))
-    ((4, 32, 2), True)
+    Args:
+        runs: independent systems.
+        n: particles per system.
+        d: dimension (``>= 2``).
+        generator: a seeded ``torch.Generator`` (None: torch's global one).
+        dtype: the points' dtype.
+
+    Returns:
+        ``[runs, n, d]`` unit vectors.
+
+    Example:
+        >>> x0 = random_init(4, 32, 2, torch.Generator().manual_seed(0))
+        >>> tuple(x0.shape), bool(torch.allclose(x0.norm(dim=-1), torch.ones(4, 32, dtype=torch.float64)))
+        ((4, 32, 2), True)
     """
     p = Problems("random_init")
     for name, v, low in (("runs", runs, 1), ("n", n, 1), ("d", d, 2)):

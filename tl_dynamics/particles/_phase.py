@@ -80,12 +80,19 @@ class PhaseDiagram:
 def phase_figure(*diagrams: PhaseDiagram) -> viz.Component:
     """Heat maps of the eps-close pair fraction over (t, beta), side by side.
 
-    >>> sa = phase_diagram([0.0, 4.0], [0.0, 2.0], n=8, runs=2, generator=torch.Generator().manual_seed(0))
-    >>> "data:image/png" in phase_figure(sa).html
-    True
+    Args:
+        *diagrams: one or more results of ``phase_diagram`` (e.g. (SA) and (USA)).
+
+    Returns:
+        A ``viz.Component`` (a figure, one panel per diagram).
+
+    Example:
+        >>> sa = phase_diagram([0.0, 4.0], [0.0, 2.0], n=8, runs=2, generator=torch.Generator().manual_seed(0))
+        >>> "data:image/png" in phase_figure(sa).html
+        True
     """
     if not diagrams or not all(isinstance(d, PhaseDiagram) for d in diagrams):
-        raise TLDynamicsError(f"phase_figure: give one or more PhaseDiagram, got "
+        raise TLDynamicsError(f"phase_figure: give one or more results of particles.phase_diagram, got "
                               f"{[type(d).__name__ for d in diagrams]}")
     panels, caps = [], []
     for pd_ in diagrams:
@@ -116,9 +123,25 @@ def phase_diagram(
     (USA) needs about ``e^beta`` steps per unit time (see ``tl_dynamics.particles._integrators``), so keep
     its betas moderate: from beta = 4 to beta = 6 its cost grows about e^2-fold.
 
-    >>> pd_ = phase_diagram([1.0, 4.0], [0.0, 5.0], n=8, runs=4, generator=torch.Generator().manual_seed(0))
-    >>> tuple(pd_.fraction.shape), bool(pd_.fraction[:, 1].ge(pd_.fraction[:, 0]).all())
-    ((2, 2), True)
+    Args:
+        betas: inverse temperatures (finite, ``>= 0``).
+        times: record times.
+        n: particles per run.
+        d: dimension.
+        runs: random initial conditions per beta.
+        dynamics: ``"SA"`` or ``"USA"``.
+        eps: the closeness threshold (``<x_i, x_j> > 1 - eps``).
+        generator: a seeded ``torch.Generator`` for the initial conditions.
+        tol: the adaptive integrator's local error tolerance.
+        dtype: the simulation's dtype.
+
+    Returns:
+        ``PhaseDiagram``: ``fraction`` and ``sem`` ``[len(betas), len(times)]``.
+
+    Example:
+        >>> pd_ = phase_diagram([1.0, 4.0], [0.0, 5.0], n=8, runs=4, generator=torch.Generator().manual_seed(0))
+        >>> tuple(pd_.fraction.shape), bool(pd_.fraction[:, 1].ge(pd_.fraction[:, 0]).all())
+        ((2, 2), True)
     """
     p = Problems("phase_diagram")
     check_dynamics(p, dynamics)

@@ -16,18 +16,25 @@ INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, 
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Add the particles section: the flow seeded from head 0 of the first attention layer (layer
-    0 except on hybrids) beside the model's clustering (``compute(adapter, batch, layers=first,
-    heads=0, t_max=10)``) on the first prompt's
-    first ``REPORT_MAX_PARTICLES`` real tokens (on a causal model their states are exactly
-    those of the whole prompt).
+    """Add the particles section to ``page``: the flow from one head beside the model's clustering.
+
+    The flow seeded from head 0 of the first attention layer (layer 0 except on hybrids) beside
+    the model's clustering (``compute(adapter, batch, layers=first, heads=0, t_max=10)``) on the
+    first prompt's first ``REPORT_MAX_PARTICLES`` real tokens (on a causal model their states are
+    exactly those of the whole prompt).
+
+    Args:
+        page: the ``viz.Page`` to add the section to.
+        adapter: the model's ``ModelAdapter``.
+        batch: the report's tokenized prompts (``Batch``, ``[batch, pos]``); row 0 is used.
 
     Example:
         >>> from tl_dynamics import particles, testing, viz
         >>> from tl_dynamics.adapter import ModelAdapter
-        >>> ad = ModelAdapter(testing.tiny_model("gpt2"))                  # doctest: +SKIP
-        >>> page = viz.Page("report")                                     # doctest: +SKIP
-        >>> particles.report_section(page, ad, ad.tokenize("a b c d"))    # doctest: +SKIP
+        >>> ad, page = ModelAdapter(testing.tiny_model("gpt2")), viz.Page("report")
+        >>> particles.report_section(page, ad, ad.tokenize("a b c d"))
+        >>> page.sections[0].title
+        'Idealised particle dynamics'
     """
     real = batch.real_tokens()
     shown = real[:REPORT_MAX_PARTICLES]  # causal models: these states are the full prompt's

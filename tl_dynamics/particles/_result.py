@@ -18,8 +18,7 @@ from tl_dynamics.particles._checks import Problems, check_eps
 from tl_dynamics.particles._seeding import HeadSource
 from tl_dynamics.particles._views import run_figure
 
-#: Record times in memory at once when observables are recomputed from kept states.
-_CHUNK = 64
+_CHUNK = 64  # record times in memory at once when observables are recomputed from states
 
 
 @dataclass(frozen=True)
@@ -84,14 +83,41 @@ class ParticleRun:
     # ------------------------------------------------------------------ shape
     @property
     def n_runs(self) -> int:
+        """Number of independent particle systems simulated together.
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> run.n_runs
+            3
+        """
         return int(self.mean_cosine.shape[1])
 
     @property
     def n(self) -> int:
+        """Number of particles per run.
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> run.n
+            8
+        """
         return int(self.labels.shape[-1])
 
     @property
     def d(self) -> int:
+        """Dimension of the space the particles live in (on ``S^{d-1}``).
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> run.d
+            2
+        """
         return self.params.d
 
     def __repr__(self) -> str:
@@ -123,7 +149,21 @@ class ParticleRun:
         return self.states
 
     def labels_at(self, eps: float | None = None) -> Int[Tensor, "T runs n"]:
-        """Cluster labels ``[T, runs, n]`` at threshold ``eps`` (default: the first recorded)."""
+        """Cluster labels ``[T, runs, n]`` at threshold ``eps`` (default: the first recorded).
+
+        Args:
+            eps: a threshold recorded during the simulation, or any when states were kept.
+
+        Returns:
+            ``[T, runs, n]`` int64 labels (the smallest particle index of each cluster).
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> run.labels_at()[-1].tolist()[0]  # one cluster at t = 20
+            [0, 0, 0, 0, 0, 0, 0, 0]
+        """
         e = self._eps(eps, "labels_at")
         if e in self.eps:
             return self.labels[self.eps.index(e)].to(torch.int64)
@@ -133,11 +173,39 @@ class ParticleRun:
         return torch.cat(out)
 
     def cluster_counts(self, eps: float | None = None) -> Int[Tensor, "T runs"]:
-        """Number of eps-clusters, ``[T, runs]``."""
+        """Number of eps-clusters, ``[T, runs]``.
+
+        Args:
+            eps: the threshold (default: the first recorded).
+
+        Returns:
+            ``[T, runs]`` int64 counts.
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> run.cluster_counts()[-1].tolist()      # one cluster per run at t = 20
+            [1, 1, 1]
+        """
         return sphere.count_clusters(self.labels_at(eps))
 
     def close_fractions(self, eps: float | None = None) -> Float[Tensor, "T runs"]:
-        """Fraction of eps-close pairs, ``[T, runs]``."""
+        """Fraction of eps-close pairs, ``[T, runs]``.
+
+        Args:
+            eps: the threshold (default: the first recorded).
+
+        Returns:
+            ``[T, runs]`` fractions in ``[0, 1]``.
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> run.close_fractions()[-1].tolist()
+            [1.0, 1.0, 1.0]
+        """
         e = self._eps(eps, "close_fractions")
         if e in self.eps:
             return self.close_fraction[self.eps.index(e)]
@@ -147,9 +215,20 @@ class ParticleRun:
         return torch.cat(out)
 
     def time_to_clustering(self, eps: float | None = None) -> Float[Tensor, " runs"]:
-        """First record time at which *all* pairs are eps-close, per run (``inf`` if never): ``[runs]``.
+        """First record time at which *all* pairs are eps-close, per run (``inf`` if never).
 
-        Resolution is the record spacing: the true time lies in ``(previous record, returned]``.
+        Args:
+            eps: the threshold (default: the first recorded).
+
+        Returns:
+            ``[runs]`` times (float64); the true time lies in ``(previous record, returned]``.
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> [round(t, 1) for t in run.time_to_clustering().tolist()]
+            [5.6, 7.2, 5.8]
         """
         done = self.close_fractions(eps) >= 1.0
         first = torch.where(done.any(0), done.to(torch.int64).argmax(0), torch.full((self.n_runs,), -1))
@@ -158,11 +237,22 @@ class ParticleRun:
     def merge_events(self, eps: float | None = None) -> pd.DataFrame:
         """Records at which a run's cluster count changes.
 
-        Columns: ``run``, ``time`` (first record showing the new count), ``before``,
-        ``after``, ``merged`` (``before - after``; > 1 when several merges fall between
-        two records, < 0 for a split, which happens only when a pair sits at the threshold),
-        and the events behind it, ``merges`` and ``splits`` (``tl_dynamics.sphere.merge_events``
-        between the two records' labels; ``merged = merges - splits``).
+        Args:
+            eps: the threshold (default: the first recorded).
+
+        Returns:
+            A pandas DataFrame: ``run``, ``time`` (first record with the new count), ``before``,
+            ``after``, ``merged = before - after`` (> 1: several merges between two records;
+            < 0: a split, only when a pair sits at the threshold), and the ``merges`` and
+            ``splits`` behind it (``sphere.merge_events``; ``merged = merges - splits``).
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> events = run.merge_events()
+            >>> bool((events["merged"] == events["merges"] - events["splits"]).all())
+            True
         """
         labels = self.labels_at(eps)
         counts = sphere.count_clusters(labels)
@@ -185,9 +275,20 @@ class ParticleRun:
     def plateaus(self, eps: float | None = None) -> pd.DataFrame:
         """Maximal time intervals with a constant cluster count, per run.
 
-        Columns: ``run``, ``n_clusters``, ``start``, ``end``, ``length`` and ``open``
-        (True when the plateau lasts to the last record, so its length is a lower bound).
-        ``start``/``end`` are the first/last record with that count.
+        Args:
+            eps: the threshold (default: the first recorded).
+
+        Returns:
+            A pandas DataFrame: ``run``, ``n_clusters``, ``start``/``end`` (first/last record with
+            that count), ``length`` and ``open`` (lasts to the last record: a lower bound).
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> last = run.plateaus().groupby("run").tail(1)
+            >>> last["n_clusters"].tolist(), last["open"].tolist()
+            ([1, 1, 1], [True, True, True])
         """
         counts = self.cluster_counts(eps).numpy()
         times = self.times.numpy()
@@ -202,8 +303,21 @@ class ParticleRun:
     def to_dataframe(self, eps: float | None = None, aggregate: bool = False) -> pd.DataFrame:
         """Per-(time, run) observables; ``aggregate=True`` averages over runs per time.
 
-        Columns: ``time``, ``run``, ``mean_cosine``, ``close_fraction``, ``n_clusters``
-        (aggregated: ``time``, the three means and ``n_clusters_min/max``).
+        Args:
+            eps: the threshold (default: the first recorded).
+            aggregate: average over runs per record time.
+
+        Returns:
+            A pandas DataFrame with columns ``time``, ``run``, ``mean_cosine``,
+            ``close_fraction``, ``n_clusters`` (aggregated: ``time``, the three means and
+            ``n_clusters_min/max``).
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> run.to_dataframe().shape, run.to_dataframe(aggregate=True).shape  # 101 records
+            ((303, 5), (101, 6))
         """
         e = self._eps(eps, "to_dataframe")
         T, R = self.mean_cosine.shape
@@ -228,7 +342,21 @@ class ParticleRun:
 
     # ------------------------------------------------------------------ views
     def caption(self, eps: float | None = None) -> str:
-        """One line: dynamics, where ``Q, K, V`` came from, sizes, and the cluster counts."""
+        """One line: dynamics, where ``Q, K, V`` came from, sizes, and the cluster counts.
+
+        Args:
+            eps: the threshold (default: the first recorded).
+
+        Returns:
+            The caption text.
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> run.caption()
+            '(SA) Q=K=V=I, beta=1, n=8, d=2, 3 runs, t in [0, 20]; eps=0.01 clusters (median over runs): 6 -> 1'
+        """
         e = self._eps(eps, "caption")
         p = self.params
         qkv = "Q=K=V=I" if p.qkv == "identity" else "custom Q, K, V"
@@ -241,8 +369,24 @@ class ParticleRun:
                 f"eps={e:g} clusters (median over runs): {c0:g} -> {c1:g}")
 
     def show(self, eps: float | None = None, run: int = 0) -> viz.Component:
-        """The trajectories of ``run`` (d = 2: on the circle, d = 3: on the sphere, when states
-        were kept; otherwise the mean cosine over time) beside the cluster counts of every run."""
+        """Draw one run's trajectories beside the cluster counts of every run.
+
+        d = 2: on the circle, d = 3: on the sphere (with kept states); else the mean cosine.
+
+        Args:
+            eps: the threshold (default: the first recorded).
+            run: which run's trajectories to draw.
+
+        Returns:
+            A ``viz.Component`` (a figure).
+
+        Example:
+            >>> import torch
+            >>> from tl_dynamics.particles import random_init, simulate
+            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
+            >>> type(run.show()).__name__
+            'Component'
+        """
         e = self._eps(eps, "show")
         if not 0 <= run < self.n_runs:
             raise TLDynamicsError(f"ParticleRun.show: run must be in [0, {self.n_runs}), got {run}")

@@ -95,17 +95,33 @@ class HeadDynamics:
 
 def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
               dtype: torch.dtype = torch.float64) -> HeadDynamics:
-    """Read ``W_Q, W_K, W_V, W_O`` and the score scale of ``(layer, head)`` and map them to ``Q, K, V, beta``.
+    """Read one head's ``W_Q, W_K, W_V, W_O`` and score scale and map them to ``Q, K, V, beta``.
 
     ``model`` is anything :class:`tl_dynamics.adapter.ModelAdapter` accepts, or an object
     that already has ``head_weights(layer, head)`` (an adapter). See the module docstring
     for the mapping and what it leaves out.
 
-    >>> from types import SimpleNamespace as NS
-    >>> W = NS(W_Q=torch.eye(4, 2), W_K=torch.eye(4, 2), W_V=torch.eye(4, 2), W_O=torch.eye(2, 4), scale=0.5)
-    >>> hd = from_head(NS(head_weights=lambda layer, head: W), 0, 0)
-    >>> hd.beta, tuple(hd.Q.shape), tuple(hd.V.shape)
-    (0.5, (2, 4), (4, 4))
+    Args:
+        model: a TransformerLens model, a ``ModelAdapter``, or an object with ``head_weights``.
+        layer: the head's layer.
+        head: the head's index.
+        radius: the norm of the particles' real inputs: ``beta = scale * radius**2``.
+        dtype: ``torch.float64`` or ``torch.float32``.
+
+    Returns:
+        ``HeadDynamics``: ``Q, K`` ``[d_head, d_model]``, ``V`` ``[d_model, d_model]``
+        (``(W_V W_O)^T``), ``beta`` and provenance; ``simulate(x0, **hd.kwargs())``.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> W = NS(W_Q=torch.eye(4, 2), W_K=torch.eye(4, 2), W_V=torch.eye(4, 2), W_O=torch.eye(2, 4), scale=0.5)
+        >>> hd = from_head(NS(head_weights=lambda layer, head: W), 0, 0)
+        >>> hd.beta, tuple(hd.Q.shape), tuple(hd.V.shape)
+        (0.5, (2, 4), (4, 4))
+        >>> from tl_dynamics import testing
+        >>> hd = from_head(testing.tiny_model("gpt2"), 1, 0)  # c = 1/4, radius 1
+        >>> hd.beta, tuple(hd.Q.shape), tuple(hd.V.shape)
+        (0.25, (16, 64), (64, 64))
     """
     p = Problems("from_head")
     r: float | None = None

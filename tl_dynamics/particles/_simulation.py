@@ -83,6 +83,7 @@ def simulate(
     """Integrate (SA) or (USA) from ``x0: [runs, n, d]`` (unit vectors) and record observables.
 
     Args:
+        x0: ``[runs, n, d]`` initial positions (unit vectors, e.g. ``random_init``).
         beta: inverse temperature, a number or a ``[runs]`` tensor (one per run).
         Q: ``[m, d]`` (or ``[runs, m, d]``); scores are ``beta <Q x_i, K x_j>``. ``None``: identity.
         K: ``[m, d]`` (or ``[runs, m, d]``), as ``Q``. ``None``: identity.
@@ -104,6 +105,11 @@ def simulate(
         max_steps: cap on the number of (batched) steps; exceeding it raises.
         source: provenance stored in ``params.source`` (e.g. from :func:`from_head`).
 
+    Returns:
+        ``ParticleRun``: the record ``times`` ``[T]``, ``states`` ``[T, runs, n, d]`` (with
+        ``keep_states``), and the observables at ``eps`` (mean cosine ``[T, runs]``, eps-close
+        fractions and cluster labels).
+
     Performance: small batches (``runs * n * n * d < 2**22``) run with one intra-op thread
     (the caller's ``torch.get_num_threads()`` is restored on return), since extra threads
     only add synchronisation on tensors this small.
@@ -116,11 +122,12 @@ def simulate(
     with ``tol=1e-6`` trajectories agree with a 64x finer fixed-step reference to about
     1e-6 over ``t <= 10`` (measured in the tests).
 
-    >>> from tl_dynamics.particles import random_init
-    >>> x0 = random_init(8, 8, 8, torch.Generator().manual_seed(0))   # d >= n
-    >>> run = simulate(x0, beta=1.0, t_max=20.0, record_every=1.0, keep_states=False)
-    >>> bool((run.cluster_counts()[-1] == 1).all())                      # one cluster
-    True
+    Example:
+        >>> from tl_dynamics.particles import random_init
+        >>> x0 = random_init(8, 8, 8, torch.Generator().manual_seed(0))   # d >= n
+        >>> run = simulate(x0, beta=1.0, t_max=20.0, record_every=1.0, keep_states=False)
+        >>> bool((run.cluster_counts()[-1] == 1).all())                      # one cluster
+        True
     """
     p = Problems("simulate")
     field = make_field(p, x0, beta, Q, K, V, dynamics, causal)

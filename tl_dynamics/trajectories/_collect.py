@@ -21,7 +21,8 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._meta import lens_applies, lens_note, stats_meta
 from tl_dynamics.trajectories._points import (Config, StandardizeArg, check_config, next_tokens,
                                               point_roles, point_statistics)
-from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
+from tl_dynamics.trajectories._reduce import reduce_batch
+from tl_dynamics.trajectories._stats import TrajectoryStats
 from tl_dynamics.trajectories._trajectory import Trajectory, build, join
 
 
@@ -139,6 +140,19 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
     in ``compute``. Each pass's tokens and padding are its own: call the model with token ids
     (and ``attention_mask=`` for padded batches) or use ``ModelAdapter.forward``.
 
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        layers: a layer index, a list of them, or None (all layers).
+        eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
+        flattened: interleave the mid-block points.
+        lens: compute the next-token (logit-lens) statistics (decoders only).
+        standardize: None, ``"prompt"`` or ``TrajectoryStats.standardizer()``'s result.
+        skip_first: leave each prompt's first real token out of the particle statistics.
+
+    Returns:
+        A context manager yielding the collector (``result()``: a ``Trajectory``; ``stats()``: a
+        ``TrajectoryStats``).
+
     Example:
         >>> from tl_dynamics import testing, trajectories
         >>> model = testing.tiny_model("gpt2")
@@ -146,6 +160,8 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
         ...     _ = model(model.to_tokens("x = 1"))
         >>> collector.stats().cluster_counts(0.1).shape
         (3,)
+        >>> type(collector.result()).__name__, collector.result().n_points
+        ('Trajectory', 3)
     """
     adapter = ModelAdapter.of(model)
     collector = TrajectoryCollector(adapter, _config(adapter, layers, eps, flattened, lens,
@@ -184,6 +200,23 @@ def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16, *,
     Peak memory is one batch's activations plus fixed-size accumulators. Two runs over a
     split of the same batches merge exactly: ``stream(m, a).merge(stream(m, b))`` equals
     ``stream(m, a + b)`` when ``len(a)`` is a multiple of ``batch_size``.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompts: an iterable of texts or ``Batch`` objects (a ``Batch`` runs as it is).
+        batch_size: texts per padded batch.
+        layers: a layer index, a list of them, or None (all layers).
+        eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
+        flattened: interleave the mid-block points.
+        lens: compute the next-token (logit-lens) statistics (decoders only).
+        standardize: None, ``"prompt"`` or ``TrajectoryStats.standardizer()``'s result.
+        skip_first: leave each prompt's first real token out of the particle statistics.
+        padding_side: where texts are padded.
+        progress: show a progress bar.
+        total: number of prompts for the progress bar (default ``len(prompts)`` when known).
+
+    Returns:
+        A ``TrajectoryStats`` (empty, the merge identity, when ``prompts`` is empty).
 
     Example:
         >>> from tl_dynamics import testing, trajectories
@@ -244,9 +277,11 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points (not available on parallel-block models).
         lens: compute the next-token (logit-lens) statistics (decoders only).
-        standardize: None, ``"prompt"`` (per-prompt per-dimension z-scores) or a
-            ``Standardizer``, applied before the particle statistics only.
+        standardize: None, ``"prompt"`` (per-prompt per-dimension z-scores) or
+            ``TrajectoryStats.standardizer()``'s result, applied before the particle statistics
+            only.
         skip_first: leave each prompt's first real token out of the particle statistics.
+        padding_side: where a list of texts is padded.
 
     Returns:
         A ``Trajectory``: per-token arrays ``[batch, point, pos]`` and per-prompt particle

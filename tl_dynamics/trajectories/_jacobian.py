@@ -184,14 +184,30 @@ def block_jacobian(model: Any, prompt: Prompt | Batch, layer: int, position: int
                    row: int = 0, seed: int = 0) -> JacobianSpectrum:
     """Top-``k`` singular values and spectral radius of ``d z_t^(l+1) / d z_t^(l)``.
 
-    ``position`` counts real tokens of prompt ``row`` (negative from the end). See the module
-    docstring for the iterations and the stopping rules.
+    The Jacobian of one block at one token (its own position; the context fixed), from
+    Jacobian products only: subspace iteration on ``J^T J`` for the singular values, Arnoldi for the
+    spectral radius. See the module docstring for the iterations and the stopping rules.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: text, a list of texts, ``[batch, pos]`` token ids or a ``Batch``.
+        layer: the block.
+        position: the token, counted in real tokens of prompt ``row`` (negative from the end).
+        k: singular values wanted (``1..d_model``).
+        tol: relative tolerance of the stopping rules.
+        max_iter: iterations at most.
+        row: which prompt of the batch.
+        seed: seed of the start vectors.
+
+    Returns:
+        ``JacobianSpectrum``: ``singular_values`` ``[k]``, ``spectral_radius``, the Ritz values,
+        iteration counts and whether it ``converged``.
 
     Example:
         >>> from tl_dynamics import testing
-        >>> spec = block_jacobian(testing.tiny_model("gpt2"), "x = 1", layer=0)  # doctest: +SKIP
-        >>> spec.singular_values.shape                                                      # doctest: +SKIP
-        torch.Size([4])
+        >>> spec = block_jacobian(testing.tiny_model("gpt2"), "x = 1", layer=0)
+        >>> spec.singular_values.shape, spec.converged
+        (torch.Size([4]), True)
     """
     adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)

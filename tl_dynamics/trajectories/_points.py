@@ -62,7 +62,7 @@ def check_config(adapter: "ModelAdapter", cfg: Config) -> None:
                               f"(tokens i, j link when cos > 1 - eps), got {cfg.eps!r}")
     if cfg.standardize not in (None, False, True, "prompt") and not isinstance(cfg.standardize,
                                                                               Standardizer):
-        raise TLDynamicsError(f"standardize must be None, 'prompt' or a Standardizer, got "
+        raise TLDynamicsError(f"standardize must be None, 'prompt' or TrajectoryStats.standardizer()'s result, got "
                               f"{cfg.standardize!r}")
     if cfg.layers is not None and not cfg.layers:
         raise TLDynamicsError(f"layers must name at least one layer (valid: 0..{adapter.n_layers - 1}) "

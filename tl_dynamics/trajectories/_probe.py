@@ -115,12 +115,30 @@ def class_probe(model: Any, prompts: Sequence[str], labels: Sequence[Any],
                 batch_size: int = 16, flattened: bool = False) -> ClassProbe:
     """Fit a ridge probe per trajectory point on labelled prompts; held-out accuracy per point.
 
+    Each prompt's states are pooled over its tokens at every point and standardised; a ridge
+    regression on one-hot labels is fitted on a split and scored on the held-out prompts.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompts: the prompts (a list of texts).
+        labels: one label per prompt (at least 2 classes, 2 prompts each).
+        ridge: ridge penalty.
+        test_fraction: share of each class held out.
+        seed: seed of the split.
+        batch_size: prompts per forward pass.
+        flattened: interleave the mid-block points.
+
+    Returns:
+        ``ClassProbe``: ``accuracy`` and ``train_accuracy`` ``[point]``, ``class_vectors`` and
+        ``centroids`` ``[point, class, d_model]``, ``attraction`` ``[prompt, point]``.
+
     Example:
         >>> from tl_dynamics import testing
         >>> probe = class_probe(testing.tiny_model("gpt2"),
-        ...     ["x = 1", "y = 2", "def f():", "def g():"], ["assign"] * 2 + ["def"] * 2)  # doctest: +SKIP
-        >>> probe.accuracy.shape                                                            # doctest: +SKIP
-        torch.Size([3])
+        ...     ["x = 1", "y = 2", "z = 3", "def f():", "def g():", "def h():"],
+        ...     ["assign"] * 3 + ["def"] * 3)
+        >>> probe.accuracy.shape, probe.classes
+        (torch.Size([3]), ('assign', 'def'))
     """
     if isinstance(prompts, str) or len(prompts) != len(labels):
         raise TLDynamicsError(f"class_probe needs a list of prompts and one label each, got "

@@ -16,12 +16,18 @@ INTRO = ("Each token's residual state before every block and after the last, as 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """Add the trajectories section (per-token views and particle statistics) to ``page``.
 
+    Args:
+        page: the ``viz.Page`` to add the section to.
+        adapter: the model's ``ModelAdapter``.
+        batch: the report's tokenized prompts (``Batch``, ``[batch, pos]``); row 0 is shown.
+
     Example:
         >>> from tl_dynamics import testing, trajectories, viz
         >>> from tl_dynamics.adapter import ModelAdapter
-        >>> ad = ModelAdapter(testing.tiny_model("gpt2"))                 # doctest: +SKIP
-        >>> page = viz.Page("report")                                    # doctest: +SKIP
-        >>> trajectories.report_section(page, ad, ad.tokenize("x = 1"))   # doctest: +SKIP
+        >>> ad, page = ModelAdapter(testing.tiny_model("gpt2")), viz.Page("report")
+        >>> trajectories.report_section(page, ad, ad.tokenize("x = 1"))
+        >>> page.sections[0].title
+        'Depth-wise trajectories'
     """
     page.add_section("Depth-wise trajectories", [compute(adapter, batch).show(0)], intro=INTRO,
                      math="docs/math.md §5")

@@ -1,9 +1,5 @@
-"""``TrajectoryStats``: dataset-level statistics that add up exactly across batches and runs.
-
-Integer quantities (histogram counts, ranks, cluster counts, events) are int64 counts; real
-quantities are ``ExactSum`` totals of per-batch float64 sums. Merging two runs adds both, so
-``a.merge(b)`` equals the single run over the same batches bit for bit.
-"""
+"""``TrajectoryStats``: dataset-level statistics that add up exactly across batches and runs
+(int64 counts and ``ExactSum`` totals: ``a.merge(b)`` equals one run over both, bit for bit)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch import Tensor
 
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
@@ -22,57 +17,9 @@ from tl_dynamics.collect import ExactSum
 from tl_dynamics.trajectories._points import Standardizer
 from tl_dynamics.trajectories._views import stats_views
 
-# per-token float statistics: name -> (raw key, point offset)
+# per-token float statistics, and the next-token (lens) ones
 _TOKEN_FLOATS = ("norm", "step", "rel_step", "turning", "cos_final")
 _LENS_FLOATS = ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")
-
-
-def _valid_sum(x: Tensor, valid: Tensor) -> tuple[Tensor, np.ndarray]:
-    """Sum (float64) and count over batch and position of ``x [batch, point, pos]`` at valid
-    tokens where it is defined (not NaN)."""
-    v = valid[:, None, :].expand_as(x) & ~torch.isnan(x)
-    return torch.where(v, x.double(), 0.0).sum((0, 2)), v.sum((0, 2)).numpy().astype(np.int64)
-
-
-def _add_float(ints: dict, sums: dict, name: str, x: Tensor, valid: Tensor) -> None:
-    total, count = _valid_sum(x, valid)
-    sums[name] = ExactSum.of(total)
-    ints[f"count_{name}"] = count
-
-
-def reduce_batch(raw: dict[str, Tensor], key_valid: Tensor, meta: dict[str, Any]
-                 ) -> "TrajectoryStats":
-    """The statistics of one batch (one pass's ``point_statistics``, on the CPU)."""
-    ints: dict[str, np.ndarray] = {}
-    sums: dict[str, ExactSum] = {}
-    n_tok = int(key_valid.sum())
-    ints["n_tokens"] = np.array(n_tok, dtype=np.int64)
-    ints["n_prompts"] = np.array(key_valid.shape[0], dtype=np.int64)
-    for name in _TOKEN_FLOATS:
-        if name in raw:
-            _add_float(ints, sums, name, raw[name], key_valid)
-    sums["state_sum"] = ExactSum.of(raw["state_sum"])
-    sums["state_sumsq"] = ExactSum.of(raw["state_sumsq"])
-    if "rank" in raw:
-        rank = raw["rank"]
-        has = rank >= 0  # [batch, point, pos]
-        ints["n_lens_tokens"] = np.array(int(has[:, 0].sum()), dtype=np.int64)
-        ints["rank_sum"] = torch.where(has, rank, 0).sum((0, 2)).numpy().astype(np.int64)
-        ints["top1"] = (rank == 0).sum((0, 2)).numpy().astype(np.int64)
-        sums["log_rank"] = ExactSum.of(torch.where(has, torch.log1p(rank.double()), 0.0).sum((0, 2)))
-        lens_valid = has[:, 0]
-        for name in _LENS_FLOATS:
-            _add_float(ints, sums, name, raw[name], lens_valid)
-        settle = raw["settling"][lens_valid]
-        n_points = rank.shape[1]
-        ints["settling"] = torch.bincount(settle, minlength=n_points + 1).numpy().astype(np.int64)
-    ints["cos_hist"] = raw["cos_hist"].sum(0).numpy().astype(np.int64)
-    ints["n_pairs"] = raw["n_pairs"].sum(0).numpy().astype(np.int64)
-    sums["cos_sum"] = ExactSum.of(raw["cos_sum"].sum(0))
-    sums["erank"] = ExactSum.of(raw["erank"].double().sum(0))
-    for name in ("clusters", "merges", "splits"):
-        ints[name] = raw[name].sum(0).numpy().astype(np.int64)
-    return TrajectoryStats(meta=dict(meta), ints=ints, sums=sums)
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,15 +29,41 @@ class TrajectoryStats:
     ``meta`` records what was computed (architecture, point labels, eps, options); runs merge
     only when it matches. Means are over real tokens (per-token statistics), over prompts
     (cluster counts, events, effective rank) or over token pairs (cosines).
+
+    Attributes:
+        meta: what was computed (architecture, labels, eps, options, lens note).
+        ints: exact integer counts (histograms, ranks, clusters, events) by name.
+        sums: exact float sums (``ExactSum``) by name.
+
+    Example:
+        >>> from tl_dynamics import testing, trajectories
+        >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+        >>> stats.n_prompts, stats.n_tokens, stats.labels
+        (1, 8, ('resid_pre0', 'resid_pre1', 'resid_post1'))
     """
 
     meta: dict[str, Any]
     ints: dict[str, np.ndarray] = field(default_factory=dict)
     sums: dict[str, ExactSum] = field(default_factory=dict)
 
-    # ------------------------------------------------------------------ merging
     def merge(self, other: "TrajectoryStats") -> "TrajectoryStats":
-        """The statistics of both runs together, exactly (integer and exact-sum addition)."""
+        """The statistics of both runs together, exactly (integer and exact-sum addition).
+
+        Args:
+            other: statistics computed with the same settings (an empty run is the identity).
+
+        Returns:
+            The merged ``TrajectoryStats``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> m = testing.tiny_model("gpt2")
+            >>> a = trajectories.stream(m, ["a = 1", "b = 2"], batch_size=2, progress=False)
+            >>> b = trajectories.stream(m, ["c = 3", "d = 4"], batch_size=2, progress=False)
+            >>> a.merge(b) == trajectories.stream(m, ["a = 1", "b = 2", "c = 3", "d = 4"],
+            ...                                   batch_size=2, progress=False)  # bit for bit
+            True
+        """
         if not isinstance(other, TrajectoryStats):
             raise TLDynamicsError(f"can only merge TrajectoryStats, got {type(other).__name__}")
         if not self.ints or not other.ints:  # an empty run (no forward pass) is the identity
@@ -117,39 +90,89 @@ class TrajectoryStats:
 
     __hash__ = None  # type: ignore[assignment]
 
-    # ------------------------------------------------------------------ meta
     @property
     def labels(self) -> tuple[str, ...]:
+        """The trajectory points' names, e.g. ``("resid_pre0", ..., "resid_post1")``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.labels
+            ('resid_pre0', 'resid_pre1', 'resid_post1')
+        """
         return tuple(self.meta["labels"])
 
     @property
     def eps(self) -> tuple[float, ...]:
+        """The cluster thresholds computed (link tokens with ``cos > 1 - eps``).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.eps
+            (0.01, 0.05, 0.1, 0.25)
+        """
         return tuple(self.meta["eps"])
 
     @property
     def n_prompts(self) -> int:
+        """Number of prompts seen.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.n_prompts
+            1
+        """
         return int(self.ints.get("n_prompts", 0))
 
     @property
     def n_tokens(self) -> int:
+        """Number of real (non-padding) tokens seen.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.n_tokens
+            8
+        """
         return int(self.ints.get("n_tokens", 0))
 
     @property
     def has_lens(self) -> bool:
+        """Whether the next-token (logit-lens) statistics were computed.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.has_lens
+            True
+        """
         return "rank_sum" in self.ints
 
     def __repr__(self) -> str:
         return (f"TrajectoryStats({self.meta['architecture']}, prompts={self.n_prompts}, "
                 f"tokens={self.n_tokens}, points={len(self.labels)}, lens={self.has_lens})")
 
-    # ------------------------------------------------------------------ means
     def _mean(self, name: str, count: int | np.ndarray) -> np.ndarray:
         return self.sums[name].value() / np.maximum(count, 1)
 
     def mean(self, name: str) -> np.ndarray:
-        """Mean over real tokens of a per-token statistic, per point (``norm``, ``step``,
-        ``rel_step``, ``turning``, ``cos_final``) or per next-token statistic (``cos_embed``,
-        ``dist_embed``, ``cos_unembed``, ``dist_unembed``, ``log_rank``)."""
+        """Mean over real tokens of a per-token statistic, per point.
+
+        Args:
+            name: ``norm``, ``step``, ``rel_step``, ``turning``, ``cos_final``, or with the lens
+                ``cos_embed``, ``dist_embed``, ``cos_unembed``, ``dist_unembed``, ``log_rank``.
+
+        Returns:
+            ``[point]`` means (``[point - 1]`` for steps, ``[point - 2]`` for turning).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.mean("norm").shape, stats.mean("step").shape
+            ((3,), (2,))
+        """
         if name in _TOKEN_FLOATS:
             return self._mean(name, self.ints[f"count_{name}"])
         if name in _LENS_FLOATS:
@@ -167,31 +190,96 @@ class TrajectoryStats:
                                   f"not have: {self.meta.get('lens_note') or 'lens off'}")
 
     def mean_rank(self) -> np.ndarray:
-        """Mean logit-lens rank of the true next token per point (0 = always top-1)."""
+        """Mean logit-lens rank of the true next token per point (0 = always top-1).
+
+        Returns:
+            ``[point]`` mean ranks (needs the lens).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.mean_rank().shape
+            (3,)
+        """
         self._need_lens("mean_rank")
         return self.ints["rank_sum"] / max(int(self.ints["n_lens_tokens"]), 1)
 
     def top1_rate(self) -> np.ndarray:
+        """Share of tokens whose true next token is the logit lens's top-1, per point.
+
+        Returns:
+            ``[point]`` rates in ``[0, 1]`` (needs the lens).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.top1_rate().shape
+            (3,)
+        """
         self._need_lens("top1_rate")
         return self.ints["top1"] / max(int(self.ints["n_lens_tokens"]), 1)
 
     def settling_histogram(self) -> np.ndarray:
-        """Counts of tokens by settling point; the last bin counts tokens that never settle."""
+        """Counts of tokens by settling point; the last bin counts tokens that never settle.
+
+        Returns:
+            ``[point + 1]`` int64 counts (needs the lens).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> int(stats.settling_histogram().sum()) == stats.n_tokens - 1  # the last has no next
+            True
+        """
         self._need_lens("settling_histogram")
         return self.ints["settling"].copy()
 
     def cos_histogram(self, density: bool = True) -> np.ndarray:
-        """Pairwise-cosine histogram per point ``[point, N_BINS]`` on ``BIN_EDGES``."""
+        """Pairwise-cosine histogram per point on the fixed bins ``BIN_EDGES`` (40 bins on [-1, 1]).
+
+        Args:
+            density: normalise each point's counts to a density (else raw counts).
+
+        Returns:
+            ``[point, N_BINS]`` array.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.cos_histogram().shape
+            (3, 40)
+        """
         h = self.ints["cos_hist"]
         if not density:
             return h.copy()
         return h / np.maximum(h.sum(1, keepdims=True), 1) / (2.0 / N_BINS)
 
     def mean_pairwise_cos(self) -> np.ndarray:
+        """Mean cosine over token pairs of a prompt, per point.
+
+        Returns:
+            ``[point]`` mean cosines.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.mean_pairwise_cos().shape
+            (3,)
+        """
         return self.sums["cos_sum"].value() / np.maximum(self.ints["n_pairs"], 1)
 
     def effective_rank(self) -> np.ndarray:
-        """Mean effective rank of the prompts' token clouds, per point."""
+        """Mean effective rank of the prompts' token clouds, per point.
+
+        Returns:
+            ``[point]`` mean effective ranks.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.effective_rank().shape
+            (3,)
+        """
         return self.sums["erank"].value() / max(self.n_prompts, 1)
 
     def _eps_index(self, eps: float) -> int:
@@ -204,28 +292,67 @@ class TrajectoryStats:
     def cluster_counts(self, eps: float) -> np.ndarray:
         """Mean number of clusters per prompt at each point, threshold ``cos > 1 - eps``.
 
-        Shaped ``[point]`` (index ``p`` is depth ``p`` when not flattened), ready to set beside
-        a particle simulation's cluster counts over time.
+        Args:
+            eps: one of the computed thresholds (``eps``).
+
+        Returns:
+            ``[point]`` mean cluster counts (index ``p`` is depth ``p`` when not flattened).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.cluster_counts(0.01).shape
+            (3,)
         """
         return self.ints["clusters"][self._eps_index(eps)] / max(self.n_prompts, 1)
 
     def mean_merges(self, eps: float) -> np.ndarray:
-        """Mean merge events per prompt between consecutive points ``[point - 1]`` (each
-        cluster that gathers ``k`` clusters of the point before counts ``k - 1``;
-        ``tl_dynamics.sphere.merge_events``)."""
+        """Mean merge events per prompt between consecutive points (``sphere.merge_events``).
+
+        Args:
+            eps: one of the computed thresholds (``eps``).
+
+        Returns:
+            ``[point - 1]`` means (a cluster gathering ``k`` of the point before counts ``k - 1``).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.mean_merges(0.01).shape
+            (2,)
+        """
         return self.ints["merges"][self._eps_index(eps)] / max(self.n_prompts, 1)
 
     def standardizer(self) -> Standardizer:
-        """Dataset per-dimension mean and std per point, for a second, standardised pass."""
+        """Dataset per-dimension mean and std per point, for a second, standardised pass.
+
+        Returns:
+            A ``Standardizer`` (``mean``, ``std``: ``[point, d_model]``) for ``standardize=``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.standardizer().mean.shape
+            torch.Size([3, 64])
+        """
         n = max(self.n_tokens, 1)
         mean = self.sums["state_sum"].value() / n
         var = np.maximum(self.sums["state_sumsq"].value() / n - mean ** 2, 0.0)
         return Standardizer(torch.tensor(mean, dtype=torch.float32),
                             torch.tensor(np.sqrt(var), dtype=torch.float32))
 
-    # ------------------------------------------------------------------ views
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per trajectory point with every mean statistic."""
+        """One row per trajectory point with every mean statistic.
+
+        Returns:
+            A pandas DataFrame indexed by point (means; clusters and merges per ``eps``; lens).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats.to_dataframe().shape
+            (3, 23)
+        """
         labels = list(self.labels)
         n = len(labels)
 
@@ -253,7 +380,17 @@ class TrajectoryStats:
         return pd.DataFrame(data).set_index("point")
 
     def show(self) -> viz.Group:
-        """Per-point plots (pairwise-cosine histograms, cluster counts) and the table of means."""
+        """Per-point plots (pairwise-cosine histograms, cluster counts) and the table of means.
+
+        Returns:
+            A ``viz.Group``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> type(stats.show()).__name__
+            'Group'
+        """
         return stats_views(
             labels=self.labels, bin_edges=BIN_EDGES.numpy(), density=self.cos_histogram(),
             clusters={eps: self.cluster_counts(eps) for eps in self.eps},

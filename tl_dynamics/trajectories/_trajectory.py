@@ -17,17 +17,18 @@ from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._points import Config, point_labels, point_roles
-from tl_dynamics.trajectories._stats import TrajectoryStats, reduce_batch
+from tl_dynamics.trajectories._reduce import reduce_batch
+from tl_dynamics.trajectories._stats import TrajectoryStats
 from tl_dynamics.trajectories._views import token_views
 from tl_dynamics.trajectories._meta import lens_note, stats_meta
 
 
 @dataclass(frozen=True)
 class Trajectory:
-    """Each token's path through depth for a batch of prompts (``compute``), or for every
-    forward pass run inside ``attach``, stacked.
+    """Each token's path through depth, for a batch of prompts or every pass inside ``attach``.
 
-    Points are the residual stream before each block and after the last (``labels``, e.g.
+    What ``compute`` returns (and ``attach``'s ``result()``, passes stacked). Points are the
+    residual stream before each block and after the last (``labels``, e.g.
     ``resid_pre0 .. resid_post1``), with the mid-block points interleaved when ``flattened``.
     Per-token arrays are ``[batch, point(, -1 or -2), pos]`` with NaN (floats) or -1 (ints) at
     padding; per-prompt particle statistics use only ``particle_mask`` tokens.
@@ -45,6 +46,12 @@ class Trajectory:
             merges/splits: ``[batch, eps, point - 1]`` events between consecutive points.
         erank: effective rank of the prompt's unit-vector cloud.
         stats: this batch's ``TrajectoryStats``, exactly what ``stream`` gives on it.
+
+    Example:
+        >>> from tl_dynamics import testing, trajectories
+        >>> traj = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x")
+        >>> traj.labels, traj.norm.shape  # [batch, point, pos]
+        (('resid_pre0', 'resid_pre1', 'resid_post1'), torch.Size([1, 3, 8]))
     """
 
     architecture: str
@@ -76,6 +83,14 @@ class Trajectory:
 
     @property
     def n_points(self) -> int:
+        """Number of trajectory points (``len(labels)``).
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> traj = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x")
+            >>> traj.n_points
+            3
+        """
         return len(self.labels)
 
     def __repr__(self) -> str:
@@ -83,7 +98,19 @@ class Trajectory:
                 f"pos={self.tokens.shape[1]}, points={self.n_points}, lens={not self.lens_note})")
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per (prompt, point, real token) with every per-token statistic."""
+        """One row per (prompt, point, real token) with every per-token statistic.
+
+        Returns:
+            A pandas DataFrame with ``prompt, pos, token, point, norm, cos_final, step, rel_step,
+            turning_deg`` and, with the lens, ``rank, settling, cos_embed, dist_embed, cos_unembed,
+            dist_unembed``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> traj = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x")
+            >>> traj.to_dataframe().shape  # 8 tokens x 3 points
+            (24, 15)
+        """
         rows = []
         lens = (self.rank, self.settling, self.cos_embed, self.dist_embed, self.cos_unembed,
                 self.dist_unembed)
@@ -107,8 +134,23 @@ class Trajectory:
         return pd.DataFrame(rows)
 
     def show(self, row: int = 0) -> viz.Group:
-        """Per-token views of prompt ``row`` (settling point, step sizes, cosine to the final
-        state), then the batch's particle statistics (``stats.show()``)."""
+        """Per-token views of one prompt, then the batch's particle statistics.
+
+        Settling point, step sizes and cosine to the final state of prompt ``row``, then
+        ``stats.show()``.
+
+        Args:
+            row: which prompt of the batch.
+
+        Returns:
+            A ``viz.Group``.
+
+        Example:
+            >>> from tl_dynamics import testing, trajectories
+            >>> traj = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x")
+            >>> type(traj.show()).__name__
+            'Group'
+        """
         if not 0 <= row < self.tokens.shape[0]:
             raise TLDynamicsError(f"row {row} is out of range: the batch has "
                                   f"{self.tokens.shape[0]} prompts")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -141,25 +142,31 @@ def attention_grid(thumbs: Any, full: dict[int, Any], tokens: Sequence[str],
         selected=int(selected), maskUpperTri=bool(mask_upper_tri)), caption=caption)
 
 
-def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{:.4g}") -> Component:
+def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{:.4g}", *,
+          colours: Any = None, titles: Any = None) -> Component:
     """A pandas DataFrame as an HTML table that scrolls inside its own box when wide.
 
     Every cell is escaped, whitespace-only strings are made visible, an unnamed integer index is
     dropped.
 
     Args:
-        df: The ``pandas.DataFrame``.
-        caption: Text under the table.
-        max_rows: Rows shown (a note says how many more there are).
-        float_format: Format of float cells.
+        df: the ``[rows, columns]`` pandas DataFrame to show.
+        caption: text shown above the table.
+        max_rows: rows shown at most (a note says how many more there are).
+        float_format: format of float cells.
+        colours: optional DataFrame shaped like ``df``: each data cell's background as
+            ``"#rrggbb"`` (anything else is refused), or None/empty for none.
+        titles: optional DataFrame shaped like ``df``: each data cell's hover text (escaped).
 
     Returns:
         A ``Component`` of kind ``"table"``.
 
     Example:
         >>> import pandas as pd
-        >>> view = table(pd.DataFrame({"head": ["L0H1"], "score": [0.123456]}))
-        >>> "<td>L0H1</td><td>0.1235</td>" in view.html
+        >>> f = pd.DataFrame({"H0": ["ind"]}, index=pd.Index(["L0"], name="layer"))
+        >>> c = table(f, colours=pd.DataFrame({"H0": ["#e15759"]}, index=f.index),
+        ...           titles=pd.DataFrame({"H0": ["L0H0 <induction>"]}, index=f.index))
+        >>> 'title="L0H0 &lt;induction&gt;" style="background:#e15759"' in c.html
         True
     """
     shown = df.head(max_rows)
@@ -167,15 +174,45 @@ def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{
     keep_index = shown.index.name is not None or shown.index.dtype.kind not in "iu"
     columns = ([shown.index.name or ""] if keep_index else []) + list(shown.columns)
     head = "".join(f"<th>{html_escape(c)}</th>" for c in columns)
+    styles = _cell_attributes(shown, colours, titles)
     rows = []
-    for index, row in shown.iterrows():
-        cells = ([index] if keep_index else []) + list(row.values)
-        rows.append("<tr>" + "".join(f"<td>{html_escape(_fmt(v, float_format))}</td>" for v in cells)
-                    + "</tr>")
+    for i, (index, row) in enumerate(shown.iterrows()):
+        lead = f"<td>{html_escape(_fmt(index, float_format))}</td>" if keep_index else ""
+        rows.append("<tr>" + lead + "".join(
+            f"<td{styles[i][j]}>{html_escape(_fmt(v, float_format))}</td>"
+            for j, v in enumerate(row.values)) + "</tr>")
     more = f'<p class="caption">{len(df) - max_rows} more rows not shown</p>' if len(df) > max_rows else ""
     return Component(html=f'<div class="tld-scroll"><table class="tld-table"><thead><tr>{head}'
                           f'</tr></thead><tbody>{"".join(rows)}</tbody></table></div>{more}',
                      caption=caption, kind="table")
+
+
+_COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
+
+
+def _cell_attributes(shown: Any, colours: Any, titles: Any) -> list[list[str]]:
+    """Each shown data cell's ``title``/``style`` attributes (escaped, colours checked)."""
+    n_rows, n_cols = shown.shape
+    out = [[""] * n_cols for _ in range(n_rows)]
+    for what, frame in (("colours", colours), ("titles", titles)):
+        if frame is None:
+            continue
+        if tuple(frame.shape[1:]) != (n_cols,) or len(frame) < n_rows:
+            raise TLDynamicsError(f"table: {what} has shape {tuple(frame.shape)}; valid: the "
+                                  f"table's shape {tuple(shown.shape)}")
+        for i in range(n_rows):
+            for j in range(n_cols):
+                value = frame.iat[i, j]
+                if value is None or value == "" or value != value:
+                    continue
+                if what == "titles":
+                    out[i][j] = f' title="{html_escape(value)}"' + out[i][j]
+                elif _COLOUR.fullmatch(str(value)):
+                    out[i][j] += f' style="background:{value}"'
+                else:
+                    raise TLDynamicsError(f"table: colour {value!r} at row {i}, column {j}; "
+                                          "valid: '#rrggbb'")
+    return out
 
 
 def text(body: str, caption: str = "") -> Component:

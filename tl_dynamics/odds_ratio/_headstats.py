@@ -1,0 +1,318 @@
+"""``HeadStats``: per-head aggregates of the odds-ratio split (streamed), its labels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from tl_dynamics import viz
+from tl_dynamics.collect import ExactSum
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.odds_ratio import _views
+from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SUM_KEYS
+
+# A head is "prior-driven" when the key prior's additive share of the row-centred score
+# variance, Cov(prior, r) / Var(r), is at least LABEL_THRESHOLD, "likelihood-driven" when the
+# log-likelihood's share is, and "mixed" otherwise. The shares (prior, loglik, bias) add up to
+# one, so 2/3 means the term explains at least twice as much as the others together.
+LABEL_THRESHOLD = 2.0 / 3.0
+
+# Per-head running sums kept exactly (``HeadStats.exact``, axis 1): the row sums, then the sinks.
+SINK_SUM_KEYS = ("sink_mass", "sink_first", "sink_by_prior", "sink_prior_adv", "sink_loglik_adv")
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def label(attr_prior: float, attr_loglik: float, threshold: float = LABEL_THRESHOLD) -> str:
+    """``prior-driven``, ``likelihood-driven`` or ``mixed`` from the additive shares."""
+    if attr_prior >= threshold:
+        return "prior-driven"
+    if attr_loglik >= threshold:
+        return "likelihood-driven"
+    return "mixed"
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    """Per-head aggregates of the odds-ratio split over every prompt seen.
+
+    ``sums[name]`` and ``sink_sums[name]`` are ``[len(layers), len(heads)]`` float64 arrays of
+    running sums (see ``HeadStats.SUM_KEYS``); the properties divide them out. Row statistics use
+    valid query rows with at least two allowed keys, and so do the sink statistics
+    (``sink_first_share`` also needs the sink to dominate: docs/math.md §2.3); the variance
+    split is of the pre-cap
+    score ``r = c<q,k> + p`` (``softcapped`` says which layers then soft-cap).
+
+    Two decompositions of the row-centred variance ``Var(r)`` are given, because the key
+    prior and the log-likelihood are strongly anti-correlated along a row:
+    ``var_*`` + ``cov_prior_loglik`` + ``cov_bias`` (the covariance terms shown) add to one;
+    the additive attribution ``attr_* = Cov(term, r) / Var(r)`` also adds to one, term by
+    term, and is what ``label`` uses.
+
+    ``exact`` holds the same sums exactly (``[layer, key, head]``, keys ``sum_keys`` then
+    ``SINK_SUM_KEYS``), so ``merge`` is order-independent and bit-identical: merging the
+    statistics of two halves of the batches equals one run over all of them.
+
+    Class attributes: ``HeadStats.SUM_KEYS`` and ``HeadStats.SINK_SUM_KEYS`` name the exact
+    sums (the statistics file stores them in this order); ``HeadStats.SINK_DOMINANCE`` is how
+    many times the next-largest column a prompt's sink must take to count as one.
+
+    Attributes:
+        model: the model's name (its architecture).
+        layers: the analysed layers.
+        heads: the analysed heads (in every analysed layer).
+        scale: each layer's score scale ``c`` (``[len(layers)]``).
+        softcap: each layer's soft-cap, or None.
+        n_prompts: prompts seen.
+        sums: ``{name: [len(layers), len(heads)]}`` running row sums (float64).
+        sink_sums: ``{name: [len(layers), len(heads)]}`` running sink sums (float64).
+        exact: the same sums exactly, ``[len(layers), n_sums, len(heads)]``.
+        sum_keys: the names of the row sums in ``exact``.
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> stats = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1", keep_tensors=False).stats
+        >>> stats.layers, stats.heads, stats.n_prompts
+        ((0, 1), (0, 1, 2, 3), 1)
+    """
+
+    SUM_KEYS: ClassVar[tuple[str, ...]] = SUM_KEYS
+    SINK_SUM_KEYS: ClassVar[tuple[str, ...]] = SINK_SUM_KEYS
+    SINK_DOMINANCE: ClassVar[float] = SINK_DOMINANCE
+
+    model: str
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    scale: tuple[float, ...]
+    softcap: tuple[float | None, ...]
+    n_prompts: int
+    sums: dict[str, np.ndarray] = field(repr=False)
+    sink_sums: dict[str, np.ndarray] = field(repr=False)
+    exact: ExactSum | None = field(default=None, repr=False, compare=False)
+    sum_keys: tuple[str, ...] = field(default=(), repr=False)
+
+    @staticmethod
+    def from_exact(model: str, layers: tuple[int, ...], heads: tuple[int, ...],
+                   scale: tuple[float, ...], softcap: tuple[float | None, ...], n_prompts: int,
+                   exact: ExactSum, sum_keys: tuple[str, ...]) -> "HeadStats":
+        """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + SINK_SUM_KEYS``).
+
+        How saved statistics are rebuilt (``scale.load_stats``) and how ``merge`` forms its result.
+
+        Args:
+            model: the model's name.
+            layers: the analysed layers.
+            heads: the analysed heads.
+            scale: each layer's score scale ``c``.
+            softcap: each layer's soft-cap, or None.
+            n_prompts: prompts the sums cover.
+            exact: ``ExactSum`` of shape ``[len(layers), len(sum_keys) + 5, len(heads)]``.
+            sum_keys: names of the row sums (``HeadStats.SUM_KEYS``).
+
+        Returns:
+            A ``HeadStats`` whose float sums are the exact sums' values.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> s = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1", keep_tensors=False).stats
+            >>> t = odds_ratio.HeadStats.from_exact(s.model, s.layers, s.heads, s.scale, s.softcap,
+            ...                                     s.n_prompts, s.exact, s.sum_keys)
+            >>> bool((t.sums["var_r"] == s.sums["var_r"]).all())
+            True
+        """
+        keys = tuple(sum_keys) + SINK_SUM_KEYS
+        if exact.shape != (len(layers), len(keys), len(heads)):
+            raise TLDynamicsError(f"exact sums of shape {exact.shape} do not fit {len(layers)} "
+                                  f"layers, {len(keys)} sums and {len(heads)} heads")
+        values = exact.value()
+        sums = {k: values[:, i] for i, k in enumerate(sum_keys)}
+        sink = {k: values[:, len(sum_keys) + i] for i, k in enumerate(SINK_SUM_KEYS)}
+        return HeadStats(model, tuple(layers), tuple(heads), tuple(scale), tuple(softcap),
+                         int(n_prompts), sums, sink, exact, tuple(sum_keys))
+
+    def merge(self, other: "HeadStats") -> "HeadStats":
+        """Both runs' statistics together, exactly (any order gives the same bits).
+
+        Args:
+            other: statistics of the same model, layers, heads and settings.
+
+        Returns:
+            A ``HeadStats`` over the prompts of both.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> m = testing.tiny_model("gpt2")
+            >>> a = odds_ratio.compute(m, "a = 1", keep_tensors=False).stats
+            >>> b = odds_ratio.compute(m, "b = 2", keep_tensors=False).stats
+            >>> ab = a.merge(b)
+            >>> ab.n_prompts, bool((ab.sums["var_r"] == b.merge(a).sums["var_r"]).all())
+            (2, True)
+        """
+        if not isinstance(other, HeadStats):
+            raise TLDynamicsError(f"can only merge HeadStats, got {type(other).__name__}")
+        if self.exact is None or other.exact is None:
+            raise TLDynamicsError("cannot merge HeadStats without exact sums (build them with "
+                                  "odds_ratio.compute/attach or HeadStats.from_exact)")
+        mine = (self.model, self.layers, self.heads, self.scale, self.softcap, self.sum_keys)
+        theirs = (other.model, other.layers, other.heads, other.scale, other.softcap,
+                  other.sum_keys)
+        if mine != theirs:
+            names = ("model", "layers", "heads", "scale", "softcap", "sum_keys")
+            diff = [n for n, a, b in zip(names, mine, theirs) if a != b]
+            raise TLDynamicsError(f"cannot merge odds-ratio statistics computed differently: they "
+                                  f"differ in {diff}")
+        return HeadStats.from_exact(self.model, self.layers, self.heads, self.scale,
+                                    self.softcap, self.n_prompts + other.n_prompts,
+                                    self.exact + other.exact, self.sum_keys)
+
+    def __repr__(self) -> str:
+        return (f"HeadStats({self.model}, layers={list(self.layers)}, heads={list(self.heads)}, "
+                f"prompts={self.n_prompts})")
+
+    def _ratio(self, num: np.ndarray, den: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+    @property
+    def sigma2(self) -> np.ndarray:
+        """Effective temperature ``1/c`` per layer (``[len(layers)]``).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> stats = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1").stats
+            >>> stats.sigma2.tolist()  # c = 1/sqrt(d_head) = 1/4
+            [4.0, 4.0]
+        """
+        return np.array([1.0 / c for c in self.scale])
+
+    def shares(self) -> dict[str, np.ndarray]:
+        """Variance shares of the split, per head.
+
+        Pooled over rows: sums of row covariances over the sum of row variances. ``attr_prior``,
+        ``attr_loglik``, ``attr_bias`` add to one; so do ``var_prior``, ``var_loglik``,
+        ``var_bias``, ``cov_prior_loglik`` and ``cov_bias``.
+
+        Returns:
+            ``{name: [len(layers), len(heads)] array}`` (NaN where no row had two keys).
+
+        Example:
+            >>> import numpy as np
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> sh = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.shares()
+            >>> total = sh["attr_prior"] + sh["attr_loglik"] + sh["attr_bias"]
+            >>> total.shape, bool(np.allclose(total, 1.0))
+            ((2, 4), True)
+        """
+        s = self.sums
+        var_r = s["var_r"]
+        cov_r_loglik = var_r - s["cov_r_prior"] - s["cov_r_bias"]
+        var_loglik = (var_r + s["var_prior"] + s["var_bias"] - 2 * s["cov_r_prior"]
+                      - 2 * s["cov_r_bias"] + 2 * s["cov_prior_bias"])
+        cov_prior_loglik = s["cov_r_prior"] - s["var_prior"] - s["cov_prior_bias"]
+        cov_bias_loglik = s["cov_r_bias"] - s["cov_prior_bias"] - s["var_bias"]
+        raw = {"attr_prior": s["cov_r_prior"], "attr_loglik": cov_r_loglik, "attr_bias": s["cov_r_bias"],
+               "var_prior": s["var_prior"], "var_loglik": var_loglik, "var_bias": s["var_bias"],
+               "cov_prior_loglik": 2 * cov_prior_loglik,
+               "cov_bias": 2 * (s["cov_prior_bias"] + cov_bias_loglik)}
+        return {k: self._ratio(v, var_r) for k, v in raw.items()}
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Mean per-row KL divergences and entropy of every head.
+
+        Returns:
+            ``{name: [len(layers), len(heads)] array}``: mean over rows of ``kl_prior``
+            (``KL(real || prior-only)``), ``kl_loglik`` (``KL(real || likelihood-only)``),
+            ``entropy`` (nats) and ``learned_sink_mass`` (the mass a learned sink absorbs; zero
+            on layers without one).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> mn = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.means()
+            >>> sorted(mn), bool((mn["kl_prior"] >= 0).all())
+            (['entropy', 'kl_loglik', 'kl_prior', 'learned_sink_mass'], True)
+        """
+        rows = self.sums["rows"]
+        out = {k: self._ratio(self.sums[k], rows) for k in ("kl_prior", "kl_loglik", "entropy")}
+        out["learned_sink_mass"] = self._ratio(self.sums.get("learned_sink", np.zeros_like(rows)),
+                                               rows)
+        return out
+
+    def labels(self, threshold: float = LABEL_THRESHOLD) -> np.ndarray:
+        """Each head's label from its additive shares.
+
+        Args:
+            threshold: the share a term needs for its label (default 2/3).
+
+        Returns:
+            ``[len(layers), len(heads)]`` object array of ``"prior-driven"``,
+            ``"likelihood-driven"`` or ``"mixed"``.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> labs = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.labels()
+            >>> labs.shape, set(labs.flat) <= {"prior-driven", "likelihood-driven", "mixed"}
+            ((2, 4), True)
+        """
+        sh = self.shares()
+        out = np.empty(sh["attr_prior"].shape, dtype=object)
+        for idx in np.ndindex(out.shape):
+            out[idx] = label(float(sh["attr_prior"][idx]), float(sh["attr_loglik"][idx]), threshold)
+        return out
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per head: shares, KLs, entropy, label and sink summary.
+
+        Returns:
+            A pandas DataFrame indexed by head name (``"L1H0"``), with ``layer``, ``head_index``,
+            ``sigma2``, ``softcap``, ``rows``, the ``shares()``, the ``means()``, ``label`` and the
+            per-prompt sink means (``sink_mass``, ``sink_first_share``, ...).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> frame = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1").stats.to_dataframe()
+            >>> frame.index[:2].tolist(), frame.shape[0]
+            (['L0H0', 'L0H1'], 8)
+        """
+        sh, mn, lab = self.shares(), self.means(), self.labels()
+        n = max(self.n_prompts, 1)
+        sk = self.sink_sums
+        records = []
+        for a, layer in enumerate(self.layers):
+            for b, head in enumerate(self.heads):
+                rec: dict[str, Any] = {"head": head_name(layer, head), "layer": layer, "head_index": head,
+                                       "sigma2": 1.0 / self.scale[a],
+                                       "softcap": self.softcap[a], "rows": int(self.sums["rows"][a, b])}
+                rec.update({k: float(v[a, b]) for k, v in sh.items()})
+                rec.update({k: float(v[a, b]) for k, v in mn.items()})
+                rec["label"] = lab[a, b]
+                rec["sink_mass"] = float(sk["sink_mass"][a, b] / n)
+                rec["sink_first_share"] = float(sk["sink_first"][a, b] / n)
+                rec["sink_by_prior_share"] = float(sk["sink_by_prior"][a, b] / n)
+                rec["sink_prior_adv"] = float(sk["sink_prior_adv"][a, b] / n)
+                rec["sink_loglik_adv"] = float(sk["sink_loglik_adv"][a, b] / n)
+                records.append(rec)
+        return pd.DataFrame.from_records(records).set_index("head")
+
+    def show(self, max_rows: int = 60) -> viz.Component:
+        """A table of the per-head statistics (``tl_dynamics.viz`` component).
+
+        Args:
+            max_rows: heads shown at most.
+
+        Returns:
+            A ``viz.Component`` (a table with a caption on the labels and soft-capped layers).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> view = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1").stats.show()
+            >>> "L1H3" in view.html
+            True
+        """
+        capped = [layer for layer, cap in zip(self.layers, self.softcap) if cap is not None]
+        return _views.stats_view(self.to_dataframe(), self.model, self.n_prompts, capped,
+                                 LABEL_THRESHOLD, max_rows)
