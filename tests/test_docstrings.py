@@ -22,6 +22,7 @@ import tl_dynamics
 ROOT = Path(__file__).resolve().parents[1]
 COMPLETE_FACES = (
     "adapter", "viz", "sphere", "testing", "zoo", "scale",
+    "circuits", "odds_ratio", "contextual_mlp", "trajectories", "particles", "atlas",
 )
 # module -> the optional dependency it imports at module level (skipped with this reason if absent)
 OPTIONAL = {"tl_dynamics.scale._ray": "ray"}

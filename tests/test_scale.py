@@ -289,3 +289,18 @@ def test_hooked_transformer_host_streams_and_merges_exactly():
         scale.run_stats(hooked, CORPUS[:8], batch_size=BATCH, progress=False))
     assert _run.stats_bytes(halves) == _run.stats_bytes(whole)
     assert whole.trajectories == T.stream(hooked, CORPUS[:12], batch_size=BATCH, progress=False)
+
+
+def test_a_file_from_before_the_learned_sink_sum_says_so(whole):
+    """Files written before ``HeadStats.SUM_KEYS`` gained ``learned_sink`` are refused with the
+    reason and what to do, not only the key lists."""
+    from tl_dynamics.scale import _validate
+
+    data = whole.read_bytes()
+    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    fields = json.loads(meta["tl_dynamics_stats"])
+    _validate.check_header(fields, "x")  # today's keys pass
+    fields["odds_ratio"]["sum_keys"].remove("learned_sink")
+    with pytest.raises(TLDynamicsError, match="written before tl_dynamics kept the learned-sink "
+                                              "sum: recompute it with `tl-dynamics stats`"):
+        _validate.check_header(fields, "x")

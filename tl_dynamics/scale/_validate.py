@@ -162,7 +162,11 @@ def _check_odds(o: Any, n_prompts: int, what: str) -> None:
     if _int(o["n_prompts"], what, "odds_ratio.n_prompts") != n_prompts:
         raise fail(what, f"odds_ratio.n_prompts {o['n_prompts']} != n_prompts {n_prompts}")
     if o["sum_keys"] != list(HeadStats.SUM_KEYS):
-        raise fail(what, f"odds_ratio.sum_keys {o['sum_keys']!r}: expected {list(HeadStats.SUM_KEYS)}")
+        older = [k for k in HeadStats.SUM_KEYS if k != "learned_sink"]
+        why = ("; it was written before tl_dynamics kept the learned-sink sum: recompute it with "
+               "`tl-dynamics stats`") if o["sum_keys"] == older else ""
+        raise fail(what, f"odds_ratio.sum_keys {o['sum_keys']!r}: expected "
+                         f"{list(HeadStats.SUM_KEYS)}{why}")
 
 
 def _traj_shapes(meta: dict[str, Any]) -> dict[str, tuple[int, ...]]:
