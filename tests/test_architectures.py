@@ -54,7 +54,9 @@ MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLite
                   "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
                   "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
                   "Llama4ForCausalLM", "llama4-nope-layer", "ModernBertDecoderForCausalLM",
-                  "OlmoHybridForCausalLM", "NanoChatForCausalLM"}
+                  "OlmoHybridForCausalLM", "NanoChatForCausalLM",
+                  # gated attention (adapter/_gate.py): z times sigmoid of q_proj's second half
+                  "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -89,6 +91,7 @@ _EXTRA = {
     "Lfm2ForCausalLM": dict(layer_types=["conv", "full_attention"]),
     "Qwen3NextForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
     "Qwen3_5ForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
+    "Qwen3_5MoeForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
     "NemotronHForCausalLM": dict(hybrid_override_pattern="M*", num_hidden_layers=2),
     "RecurrentGemmaForCausalLM": dict(block_types=["recurrent", "attention"]),
     "ModernBertDecoderForCausalLM": dict(local_attention=8),  # layer 1: sliding window 4
@@ -360,3 +363,39 @@ def test_delegated_rotary_is_read_from_the_module_and_verified_with_its_directio
     assert (nanochat.inv_freq < 0).all() and nanochat.layout == "half"
     full, sliding = modern.rotation(0), modern.rotation(1)
     assert (full.inv_freq > 0).all() and not torch.equal(full.inv_freq, sliding.inv_freq)
+
+
+@pytest.mark.parametrize("name", ["Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"])
+def test_gated_attention_z_includes_the_gate_and_value_path_analyses_refuse_it(name):
+    """Qwen3-Next / Qwen3.5: z = (pattern @ v) * sigmoid(g), g from q_proj's second half per head
+    (docs/math.md, gated attention); the pattern is the plain softmax. The gate is read from the
+    host's hook and checked against q_proj's own weights; what reads the value path as a fixed
+    matrix (W_V, per-source outputs, the contextual MLP) refuses by name; the odds-ratio split
+    (scores only) runs."""
+    from tl_dynamics import contextual_mlp, odds_ratio
+
+    model = boot_tiny(name)
+    adapter = ModelAdapter(model)
+    la = adapter.attention(testing.PROMPTS, reference=True, inputs=True, padding_side="left")[1]
+    assert la.spec.gate == "sigmoid" and la.gate is not None
+    rows = la.query_valid
+    assert (la.z() - la.reference["z"])[rows].abs().max() <= EXACT_TOL
+    ungated = torch.einsum("bhij,bjhd->bihd", la.pattern(), la.v)
+    assert (ungated - la.reference["z"])[rows].abs().max() > 1e-2  # the gate matters
+    # the gate from q_proj's weights: per head, rows [h * 2d + d, (h + 1) * 2d) of its output
+    weight = model.blocks[1].attn.original_component.q_proj.weight.detach().float()
+    d = adapter.d_head
+    both = (la.reference["x"] @ weight.T).reshape(*la.q.shape[:2], adapter.n_heads, 2 * d)
+    assert (torch.sigmoid(both[..., d:]) - la.gate)[rows].abs().max() <= EXACT_TOL
+    assert torch.allclose(adapter.W_Q(1), weight.reshape(adapter.n_heads, 2 * d, -1)[:, :d]
+                          .transpose(1, 2))  # W_Q is the query half
+    message = f"layer 1 of {name} has gated attention (a sigmoid output gate"
+    for call in (lambda: adapter.W_V(1), lambda: contextual_mlp.compute(model, testing.PROMPTS[0])):
+        with pytest.raises(TLDynamicsError, match=re.escape(message)):
+            call()
+    with pytest.raises(TLDynamicsError, match=re.escape("LayerAttention.source_outputs: layer 1")):
+        la.source_outputs()
+    with pytest.raises(TLDynamicsError, match=re.escape("contextual_mlp.from_layer: layer 1")):
+        from_layer(adapter, la, 0)
+    result = odds_ratio.compute(model, testing.PROMPTS[0])
+    assert result is not None

@@ -16,6 +16,7 @@ from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import (check_attention, check_index, check_indices,
                                          check_materialised)
 from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
+from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._mla import latent_weight
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
@@ -30,12 +31,10 @@ _BLOCK_HOOKS = {
     "rot_q": "attn.hook_rot_q", "rot_k": "attn.hook_rot_k",
     "cos": "attn.hook_cos", "sin": "attn.hook_sin",
     "scores": "attn.hook_attn_scores", "pattern": "attn.hook_pattern", "z": "attn.hook_z",
-    "resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
-}
-_HOST_HOOKS = {
-    "bridge": {"out": "attn.o.hook_out", "x": "attn.q.hook_in"},
-    "hooked": {"out": "hook_attn_out", "x": "ln1.hook_normalized"},
-}
+    "gate": "attn.hook_q_gate", "resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
+    "resid_post": "hook_resid_post"}  # gate: gated attention's gate logits (_gate)
+_HOST_HOOKS = {"bridge": {"out": "attn.o.hook_out", "x": "attn.q.hook_in"},
+               "hooked": {"out": "hook_attn_out", "x": "ln1.hook_normalized"}}
 
 
 class AdapterBase:
@@ -172,6 +171,9 @@ class AdapterBase:
     def _attn_weight(self, layer: int, name: str, bias_shape: tuple[int, ...] | None = None) -> Tensor:
         """A weight (required) or a bias (zeros where the model has none), GQA expanded."""
         check_attention(self.specs, [layer], self.info.architecture)
+
+        if name in ("W_V", "b_V") and self.specs[layer].gate is not None:
+            raise gate_refusal(self.specs[layer], self.info.architecture, name)
 
         def compute() -> Tensor:
             if self.specs[layer].latent:  # low-rank q/k/v factors: only W_O is one matrix

@@ -13,6 +13,7 @@ from torch import Tensor
 from tl_dynamics.adapter import _rotary
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
+from tl_dynamics.adapter._gate import layer_gate
 from tl_dynamics.adapter._host import LayerSpec, alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._scored import scored_qkv
@@ -107,9 +108,10 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         attn = adapter.model.blocks[layer].attn
         owner = getattr(attn, "original_component", None) or attn
         sink = owner.sinks.detach().float().to(q.device)
+    gate = layer_gate(spec, st, adapter.n_heads, adapter.info.architecture)
     return LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
                           query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference,
-                          sink_logit=sink)
+                          sink_logit=sink, gate=gate)
 
 
 def refuse_sinks(specs: Sequence[LayerSpec], layers: Sequence[int], architecture: str) -> None:

@@ -47,7 +47,6 @@ _HF_CONFIG_RULES: list[_Rule] = [
 _HF_MODULE_RULES: list[_Rule] = []
 # TransformerLens bridge cfg switches that change the attention computation after the hooks.
 _BRIDGE_CFG_RULES: list[_Rule] = [
-    ("gated_q_proj", bool, "a sigmoid output gate from the query projection multiplies z"),
     ("qk_norm_after_rope", bool, "q/k are normalised after the rotated-q/k hooks fire"),
 ]
 # HookedTransformer cfg flags.

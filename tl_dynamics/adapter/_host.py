@@ -25,6 +25,7 @@ import torch
 
 from tl_dynamics.adapter._flags import (REFUSED_ATTENTION, check_bridge_flags, check_hooked_flags,
                                         check_host_version)
+from tl_dynamics.adapter._gate import output_gate
 from tl_dynamics.adapter._kinds import ATTENTION, layer_kind
 from tl_dynamics.adapter._mla import LATENT_BRIDGES
 from tl_dynamics.compat import Host, detect_host, tl_major_version, tl_version
@@ -68,6 +69,9 @@ VERIFIED_HF_ATTENTION = {
     "ModernBertDecoderAttention": "modernbert_decoder",
     "OlmoHybridAttention": "olmo_hybrid",  # pre-norm hooks (OLMo 2 norms over all heads)
     "NanoChatAttention": "nanochat",  # pre-norm hooks; weightless norm after a reversed rotary
+    # gated attention (_gate): z multiplied by sigmoid of q_proj's second half (hook_q_gate)
+    "Qwen3NextAttention": "qwen3_next", "Qwen3_5Attention": "qwen3_5",
+    "Qwen3_5MoeAttention": "qwen3_5_moe",
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -119,6 +123,8 @@ class LayerSpec:
             bridge delegates to Hugging Face): the adapter applies the norm (``query_norm``) to
             both before rotary. Llama 4 normalises after rotary; a weightless RMS norm commutes
             with a rotation (it preserves the sum of squares), so the order does not matter.
+        gate: the output gate multiplying ``z`` (``_gate``; ``"sigmoid"`` on Qwen3-Next and
+            Qwen3.5), or None.
     """
 
     layer: int
@@ -136,6 +142,7 @@ class LayerSpec:
     kind: str = ATTENTION
     latent: bool = False
     prenorm: bool = False
+    gate: str | None = None
 
     @property
     def is_attention(self) -> bool:
@@ -327,7 +334,7 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
                     for name in ("q_norm", "q_layernorm", "qk_norm")),
         sinks=getattr(orig, "sinks", None) is not None, latent=latent,
         prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
-        or family in ("olmo_hybrid", "nanochat"))
+        or family in ("olmo_hybrid", "nanochat"), gate=output_gate(model))
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

@@ -20,11 +20,12 @@ from torch import Tensor
 from tl_dynamics.adapter import _capture
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble, refuse_sinks
+from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 
-ATTENTION_ROLES = ("q", "k", "v", "rot_q", "rot_k", "cos", "sin")
+ATTENTION_ROLES = ("q", "k", "v", "rot_q", "rot_k", "cos", "sin", "gate")
 POINT_ROLES = ("resid_pre", "resid_mid", "resid_post")
 
 
@@ -72,6 +73,9 @@ class Hub:
         layers = ad.check_attention_layers(list(collector.layers)) if collector.layers else []
         if not collector.sinks:
             refuse_sinks(ad.specs, layers, ad.info.architecture)
+        gated = [layer for layer in layers if ad.specs[layer].gate is not None]
+        if gated and not getattr(collector, "gates", False):  # it does not model an output gate
+            raise gate_refusal(ad.specs[gated[0]], ad.info.architecture, type(collector).__name__)
         for role, layer in collector.points:
             if role not in POINT_ROLES:
                 raise TLDynamicsError(f"unknown residual point {role!r}; valid: {list(POINT_ROLES)}")

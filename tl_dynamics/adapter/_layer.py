@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._host import LayerSpec
 from tl_dynamics.adapter._softmax import masked_log_softmax, masked_softmax
 from tl_dynamics.errors import TLDynamicsError
@@ -29,6 +30,8 @@ class LayerAttention:
     ``query_valid[b, i]`` is False on padding query rows, whose pattern is meaningless.
     ``sink_logit[h]`` is head ``h``'s learned sink logit where the layer has sinks
     (``spec.sinks``; GPT-OSS), joining every softmax denominator; None elsewhere.
+    ``gate`` is the output gate's multiplier (``sigmoid(g)``, ``spec.gate``; Qwen3-Next, Qwen3.5)
+    on gated layers, which ``z`` includes: ``z_i = (sum_j p_ij v_j) * gate_i``; None elsewhere.
     ``reference`` holds the model's own cached activations when they were asked for
     (keys ``"scores"``, ``"pattern"``, ``"z"``, ``"out"``); ``spec.scores_hook`` says
     whether ``"scores"`` holds logits or, on delegating bridges, the pattern itself.
@@ -53,6 +56,7 @@ class LayerAttention:
     b_O: Float[Tensor, " d_model"]
     reference: dict[str, Tensor] = field(default_factory=dict)
     sink_logit: Float[Tensor, " head"] | None = None
+    gate: Float[Tensor, "batch pos head d_head"] | None = None
     # what every collector reads of this layer, computed once (all heads): scores, pattern,
     # log-pattern; new for each instance (``dataclasses.replace`` makes a fresh one)
     _memo: dict[str, Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -88,6 +92,12 @@ class LayerAttention:
                 f"{analysis}: layer {self.layer} has learned attention sinks (a per-head logit "
                 "joins every softmax denominator, p_ij = exp(s_ij) / (sum_j exp(s_ij) + "
                 "exp(sink_h)), so rows sum to less than 1), which it does not model")
+
+    def require_ungated(self, analysis: str) -> None:
+        """Refuse, naming ``analysis``, when this layer's ``z`` is multiplied by an output gate
+        (``spec.gate``), which ``analysis`` does not model."""
+        if self.gate is not None:
+            raise gate_refusal(self.spec, "this model", analysis)
 
     def _heads(self, heads: Sequence[int] | None) -> slice | list[int]:
         return slice(None) if heads is None else list(heads)
@@ -140,10 +150,12 @@ class LayerAttention:
 
     def z(self, heads: Sequence[int] | None = None,
           pattern: Tensor | None = None) -> Float[Tensor, "batch pos head d_head"]:
-        """``pattern @ v`` per head: equals the model's ``hook_z`` on valid rows."""
+        """``pattern @ v`` per head, times the output gate on gated layers (``gate``): equals
+        the model's ``hook_z`` on valid rows."""
         h = self._heads(heads)
         pattern = self.pattern(heads) if pattern is None else pattern
-        return torch.einsum("bhij,bjhd->bihd", pattern, self.v[:, :, h])
+        z = torch.einsum("bhij,bjhd->bihd", pattern, self.v[:, :, h])
+        return z if self.gate is None else z * self.gate[:, :, h]
 
     def head_outputs(self, heads: Sequence[int] | None = None,
                      z: Tensor | None = None) -> Float[Tensor, "batch pos head d_model"]:
@@ -154,6 +166,8 @@ class LayerAttention:
         return torch.einsum("bihd,hdm->bihm", z, self.W_O[h])
 
     def source_outputs(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch pos head d_model"]:
-        """Per-source head outputs ``o_j = v_j @ W_O`` (the contextual MLP's outgoing weights)."""
+        """Per-source head outputs ``o_j = v_j @ W_O`` (the contextual MLP's outgoing weights);
+        refused on gated layers, where what source ``j`` adds depends on the query's gate."""
+        self.require_ungated("LayerAttention.source_outputs")
         h = self._heads(heads)
         return torch.einsum("bjhd,hdm->bjhm", self.v[:, :, h], self.W_O[h])

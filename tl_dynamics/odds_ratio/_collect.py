@@ -59,6 +59,8 @@ class OddsRatioCollector(Collector):
     pass's ``Decomposition`` per layer and per-prompt sink facts are kept too).
     """
 
+    gates = True  # reads q and k only: an output gate on z (gated attention) does not enter
+
     def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
                  keep_tensors: bool = False, dtype: torch.dtype = torch.float32,
                  threads: int | None = STAT_THREADS):
