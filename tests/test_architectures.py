@@ -197,7 +197,8 @@ VARIANTS = {
 }
 # Rows refused with the reason (test_refused_variant_says_why), by their registry name.
 REFUSED_ROWS = {"laguna": ("LagunaForCausalLM", {}), "bitnet": ("BitNetForCausalLM", {}),
-                "gemma4": ("Gemma4ForCausalLM", {})}
+                "gemma4": ("Gemma4ForCausalLM", {}), "hunyuan": ("HunYuanDenseV1ForCausalLM", {}),
+                "afmoe": ("AfmoeForCausalLM", {}), "jetmoe": ("JetMoeForCausalLM", {})}
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
 HOST_NOT_HF = {
@@ -216,6 +217,9 @@ def test_variant_is_exact_or_refused_by_name(variant):
     ("laguna", "LagunaAttention: a softplus output gate per head multiplies z"),
     ("bitnet", "BitNetAttention: an RMSNorm over all heads (attn_sub_norm) sits between z"),
     ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
+    ("hunyuan", "HunYuanDenseV1Attention: q and k are RMS-normalised after rotary"),
+    ("afmoe", "AfmoeAttention: a sigmoid output gate (gate_proj) multiplies z"),
+    ("jetmoe", "JetMoeAttention: a mixture of attention heads"),
 ])
 def test_refused_variant_says_why(variant, reason):
     name, overrides = {**VARIANTS, **REFUSED_ROWS}[variant]

@@ -29,6 +29,10 @@ REFUSED_ATTENTION = {
     "AfmoeAttention": "a sigmoid output gate (gate_proj) multiplies z before the output projection",
     "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
                       "experts",
+    "HunYuanDenseV1Attention": "q and k are RMS-normalised after rotary with a per-dimension "
+                               "gain (qk_norm_after_rope), so the scored query is not a rotation "
+                               "of a normalised linear map of the layer input, as the recipe's "
+                               "rotary and W_Q identities assume",
     "BitNetAttention": "an RMSNorm over all heads (attn_sub_norm) sits between z and the output "
                        "projection, so the head outputs do not add up to the attention output",
 }
