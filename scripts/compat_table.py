@@ -78,7 +78,8 @@ def registry_rows() -> None:
             layers = f"{', '.join(map(str, adapter.attention_layers))} of {adapter.n_layers}"
             print(f"| {row} | {layers} | {cell:.1e} | {hf} |")
         except Exception as exc:  # a refusal (or a failure) is a visible row
-            print(f"| {row} | – | refused: {str(exc)[:160]} | – |")
+            text = str(exc)
+            print(f"| {row} | – | refused: {text[:160]}{'…' if len(text) > 160 else ''} | – |")
         sys.stdout.flush()
 
 
