@@ -56,7 +56,9 @@ MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLite
                   "Llama4ForCausalLM", "llama4-nope-layer", "ModernBertDecoderForCausalLM",
                   "OlmoHybridForCausalLM", "NanoChatForCausalLM",
                   # gated attention (adapter/_gate.py): z times sigmoid of q_proj's second half
-                  "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
+                  "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                  # q/k normalised after rotary (adapter/_postrope.py)
+                  "HunYuanDenseV1ForCausalLM"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -197,7 +199,7 @@ VARIANTS = {
 }
 # Rows refused with the reason (test_refused_variant_says_why), by their registry name.
 REFUSED_ROWS = {"laguna": ("LagunaForCausalLM", {}), "bitnet": ("BitNetForCausalLM", {}),
-                "gemma4": ("Gemma4ForCausalLM", {}), "hunyuan": ("HunYuanDenseV1ForCausalLM", {}),
+                "gemma4": ("Gemma4ForCausalLM", {}),
                 "afmoe": ("AfmoeForCausalLM", {}), "jetmoe": ("JetMoeForCausalLM", {})}
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
@@ -217,7 +219,6 @@ def test_variant_is_exact_or_refused_by_name(variant):
     ("laguna", "LagunaAttention: a softplus output gate per head multiplies z"),
     ("bitnet", "BitNetAttention: an RMSNorm over all heads (attn_sub_norm) sits between z"),
     ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
-    ("hunyuan", "HunYuanDenseV1Attention: q and k are RMS-normalised after rotary"),
     ("afmoe", "AfmoeAttention: a sigmoid output gate (gate_proj) multiplies z"),
     ("jetmoe", "JetMoeAttention: a mixture of attention heads"),
 ])
@@ -403,3 +404,30 @@ def test_gated_attention_z_includes_the_gate_and_value_path_analyses_refuse_it(n
         from_layer(adapter, la, 0)
     result = odds_ratio.compute(model, testing.PROMPTS[0])
     assert result is not None
+
+
+def test_hunyuan_scores_q_and_k_normalised_after_rotary_and_query_frames_refuse():
+    """HunYuan rotates q and k, then RMS-normalises each head with a per-dimension gain: the
+    scored q/k come from the norm's hooks (not the rotated projections, which differ), and the
+    query frame that assumes 'normalise, then rotate' refuses by name (docs/math.md §1.6)."""
+    from tl_dynamics import contextual_mlp
+
+    model = boot_tiny("HunYuanDenseV1ForCausalLM")
+    adapter = ModelAdapter(model)
+    assert [spec.postrope for spec in adapter.specs] == [True, True]
+    la = adapter.attention(testing.PROMPTS, reference=True, inputs=True, padding_side="left")[0]
+    keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
+    assert ((la.scores() - la.reference["scores"]).abs() * keep).max() <= EXACT_TOL
+    rotated = adapter.rotation(0).rotate(adapter.unrotated_queries(0, la.reference["x"]),
+                                         adapter.positions(la.allowed.any(1)))
+    assert (rotated - la.q).abs().max() > 1e-2  # the norm after rotary matters
+    norm = model.blocks[0].attn.original_component.query_layernorm
+    rms = rotated.pow(2).mean(-1, keepdim=True).add(norm.variance_epsilon).rsqrt()
+    weight = norm.weight.detach().float()  # N(R q) = (R q) / rms(q) * w
+    assert ((rotated * rms * weight - la.q)[la.query_valid]).abs().max() <= EXACT_TOL
+    message = ("layer 0 of HunYuanDenseV1ForCausalLM normalises q and k after rotary with a "
+               "per-dimension gain (qk_norm_after_rope)")
+    for call in (lambda: adapter.query_norm(0),
+                 lambda: contextual_mlp.compute(model, testing.PROMPTS[0])):
+        with pytest.raises(TLDynamicsError, match=re.escape(message)):
+            call()

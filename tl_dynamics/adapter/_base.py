@@ -19,6 +19,7 @@ from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differen
 from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._mla import latent_weight
+from tl_dynamics.adapter._postrope import POSTROPE_HOOKS, postrope_refusal
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
@@ -32,7 +33,7 @@ _BLOCK_HOOKS = {
     "cos": "attn.hook_cos", "sin": "attn.hook_sin",
     "scores": "attn.hook_attn_scores", "pattern": "attn.hook_pattern", "z": "attn.hook_z",
     "gate": "attn.hook_q_gate", "resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
-    "resid_post": "hook_resid_post"}  # gate: gated attention's gate logits (_gate)
+    "resid_post": "hook_resid_post", **POSTROPE_HOOKS}  # gate: gate logits (_gate); _postrope
 _HOST_HOOKS = {"bridge": {"out": "attn.o.hook_out", "x": "attn.q.hook_in"},
                "hooked": {"out": "hook_attn_out", "x": "ln1.hook_normalized"}}
 
@@ -47,7 +48,6 @@ class AdapterBase:
         _sae.refuse_attention(model, self._info.host, self._info.architecture)  # SAELens
         self.specs = layer_specs(model, self._info)
         warn_host_differences(model, self._info.host, self._info.family, self._info.architecture)
-        # HookedTransformer blocks that normalise the attention output (see hooked_post_norm)
         self.post_norm: str | None = hooked_post_norm(model) if self.info.host == "hooked" else None
         cfg = model.cfg
         self.n_layers: int = int(cfg.n_layers)
@@ -172,9 +172,8 @@ class AdapterBase:
         """A weight (required) or a bias (zeros where the model has none), GQA expanded."""
         check_attention(self.specs, [layer], self.info.architecture)
 
-        if name in ("W_V", "b_V") and self.specs[layer].gate is not None:
+        if name in ("W_V", "b_V") and self.specs[layer].gate is not None:  # gated: no fixed OV
             raise gate_refusal(self.specs[layer], self.info.architecture, name)
-
         def compute() -> Tensor:
             if self.specs[layer].latent:  # low-rank q/k/v factors: only W_O is one matrix
                 return latent_weight(self.model, layer, name, bias_shape, self.n_heads,
@@ -226,9 +225,10 @@ class AdapterBase:
             >>> ad.query_norm(0).scope, ModelAdapter(testing.tiny_model("llama")).query_norm(0)
             ('head', None)
         """
-        self.check_layer(layer)
-        if not self.specs[layer].qk_norm:
+        if not self.specs[self.check_layer(layer)].qk_norm:
             return None
+        if self.specs[layer].postrope:  # normalised after rotary (_postrope)
+            raise postrope_refusal(layer, self.info.architecture)
 
         def compute() -> QueryNorm:
             return read_query_norm(
@@ -340,7 +340,7 @@ class AdapterBase:
         them, e.g. ``LayerAttention.reference["x"]``): ``x W_Q + b_Q``, normalised by the
         model's own query norm on qk-norm layers (``query_norm``)."""
         q = torch.einsum("...m,hmd->...hd", x.float(), self.W_Q(layer)) + self.b_Q(layer)
-        norm = self.query_norm(layer)
+        norm = None if self.specs[layer].postrope else self.query_norm(layer)  # after rotary
         return q if norm is None else norm.apply_heads(q)
 
     def _probe(self, layer: int, roles: Sequence[str]) -> dict[str, Tensor]:

@@ -16,6 +16,7 @@ from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._gate import layer_gate
 from tl_dynamics.adapter._host import LayerSpec, alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
+from tl_dynamics.adapter._postrope import postrope_qk
 from tl_dynamics.adapter._scored import scored_qkv
 from tl_dynamics.errors import TLDynamicsError
 
@@ -81,6 +82,8 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         q, k = rotation.rotate(q, positions), rotation.rotate(k, positions)
     elif spec.rotary == "hooked":
         raise TLDynamicsError(f"layer {layer}: rotary model did not fire its rotated q/k hooks")
+    if spec.postrope:  # HunYuan: normalised after rotary, read from the norm's hooks
+        q, k = postrope_qk(spec, st, adapter.info.architecture)
     k, v = adapter.expand_kv(k), adapter.expand_kv(v)
 
     allowed, query_valid, key_pos = masks(adapter, spec, key_valid, n_pos, shared)

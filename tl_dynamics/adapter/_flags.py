@@ -29,10 +29,6 @@ REFUSED_ATTENTION = {
     "AfmoeAttention": "a sigmoid output gate (gate_proj) multiplies z before the output projection",
     "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
                       "experts",
-    "HunYuanDenseV1Attention": "q and k are RMS-normalised after rotary with a per-dimension "
-                               "gain (qk_norm_after_rope), so the scored query is not a rotation "
-                               "of a normalised linear map of the layer input, as the recipe's "
-                               "rotary and W_Q identities assume",
     "BitNetAttention": "an RMSNorm over all heads (attn_sub_norm) sits between z and the output "
                        "projection, so the head outputs do not add up to the attention output",
 }
@@ -51,7 +47,6 @@ _HF_CONFIG_RULES: list[_Rule] = [
 _HF_MODULE_RULES: list[_Rule] = []
 # TransformerLens bridge cfg switches that change the attention computation after the hooks.
 _BRIDGE_CFG_RULES: list[_Rule] = [
-    ("qk_norm_after_rope", bool, "q/k are normalised after the rotated-q/k hooks fire"),
 ]
 # HookedTransformer cfg flags.
 _HOOKED_RULES: list[_Rule] = [

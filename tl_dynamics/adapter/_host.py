@@ -72,6 +72,7 @@ VERIFIED_HF_ATTENTION = {
     # gated attention (_gate): z multiplied by sigmoid of q_proj's second half (hook_q_gate)
     "Qwen3NextAttention": "qwen3_next", "Qwen3_5Attention": "qwen3_5",
     "Qwen3_5MoeAttention": "qwen3_5_moe",
+    "HunYuanDenseV1Attention": "hunyuan_v1_dense",  # q/k normalised after rotary (_postrope)
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -125,6 +126,8 @@ class LayerSpec:
             with a rotation (it preserves the sum of squares), so the order does not matter.
         gate: the output gate multiplying ``z`` (``_gate``; ``"sigmoid"`` on Qwen3-Next and
             Qwen3.5), or None.
+        postrope: q and k are normalised after rotary (HunYuan; ``_postrope``): the scored q/k
+            are read from the norm's hooks, and ``query_norm`` refuses the layer.
     """
 
     layer: int
@@ -143,6 +146,7 @@ class LayerSpec:
     latent: bool = False
     prenorm: bool = False
     gate: str | None = None
+    postrope: bool = False
 
     @property
     def is_attention(self) -> bool:
@@ -331,10 +335,11 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         alibi=alibi,
         scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
         qk_norm=any(getattr(orig, name, None) is not None
-                    for name in ("q_norm", "q_layernorm", "qk_norm")),
+                    for name in ("q_norm", "q_layernorm", "qk_norm", "query_layernorm")),
         sinks=getattr(orig, "sinks", None) is not None, latent=latent,
         prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
-        or family in ("olmo_hybrid", "nanochat"), gate=output_gate(model))
+        or family in ("olmo_hybrid", "nanochat"), gate=output_gate(model),
+        postrope=bool(getattr(model.cfg, "qk_norm_after_rope", False)))
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

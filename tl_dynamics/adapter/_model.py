@@ -193,7 +193,7 @@ class _Calls(Collector):
     """``capture``'s collector: hands each layer's ``LayerAttention`` to a function (whose ``z``
     and head outputs include a gated layer's output gate)."""
 
-    gates = True
+    gates, query_frames = True, False  # hands the layer on: forms no query frame itself
 
     def __init__(self, fn: Callable[[LayerAttention], None], layers: list[int], reference: bool,
                  inputs: bool, sinks: bool):
