@@ -57,12 +57,13 @@ MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLite
                   "OlmoHybridForCausalLM", "NanoChatForCausalLM",
                   # gated attention (adapter/_gate.py): z times sigmoid of q_proj's second half
                   "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                  # q/k normalised after rotary (adapter/_postrope.py)
-                  "HunYuanDenseV1ForCausalLM"}
+                  # output gates from their own projections (adapter/_gate.py)
+                  "AfmoeForCausalLM", "LagunaForCausalLM", "laguna-gate-per-entry"}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
-    MUST_BE_EXACT |= {"CohereForCausalLM", "Cohere2ForCausalLM", "cohere-qk-norm"}
+    MUST_BE_EXACT |= {"CohereForCausalLM", "Cohere2ForCausalLM", "cohere-qk-norm",
+                      "HunYuanDenseV1ForCausalLM"}  # q/k normalised after rotary (_postrope)
 
 # One tiny config for every family: each key is passed only where the config class takes it.
 _TINY = dict(
@@ -97,6 +98,9 @@ _EXTRA = {
     "NemotronHForCausalLM": dict(hybrid_override_pattern="M*", num_hidden_layers=2),
     "RecurrentGemmaForCausalLM": dict(block_types=["recurrent", "attention"]),
     "ModernBertDecoderForCausalLM": dict(local_attention=8),  # layer 1: sliding window 4
+    # gates from their own projections; one sliding (rotary) and one full layer (NoPE on AFMoE)
+    "AfmoeForCausalLM": dict(layer_types=["sliding_attention", "full_attention"]),
+    "LagunaForCausalLM": dict(layer_types=["sliding_attention", "full_attention"]),
 }
 
 
@@ -196,11 +200,11 @@ VARIANTS = {
     "cohere-qk-norm": ("CohereForCausalLM", dict(use_qk_norm=True)),
     "mpt-clip-qkv": ("MptForCausalLM", dict(attn_config=dict(clip_qkv=0.5))),
     "llama4-nope-layer": ("Llama4ForCausalLM", dict(no_rope_layers=[1, 0])),
+    "laguna-gate-per-entry": ("LagunaForCausalLM", dict(gating=False)),
 }
 # Rows refused with the reason (test_refused_variant_says_why), by their registry name.
-REFUSED_ROWS = {"laguna": ("LagunaForCausalLM", {}), "bitnet": ("BitNetForCausalLM", {}),
-                "gemma4": ("Gemma4ForCausalLM", {}),
-                "afmoe": ("AfmoeForCausalLM", {}), "jetmoe": ("JetMoeForCausalLM", {})}
+REFUSED_ROWS = {"bitnet": ("BitNetForCausalLM", {}), "gemma4": ("Gemma4ForCausalLM", {}),
+                "jetmoe": ("JetMoeForCausalLM", {})}
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
 HOST_NOT_HF = {
@@ -216,10 +220,8 @@ def test_variant_is_exact_or_refused_by_name(variant):
 
 @pytest.mark.parametrize("variant, reason", [
     ("mpt-clip-qkv", "clip_qkv=0.5 (q, k and v are clamped after their projections"),
-    ("laguna", "LagunaAttention: a softplus output gate per head multiplies z"),
     ("bitnet", "BitNetAttention: an RMSNorm over all heads (attn_sub_norm) sits between z"),
     ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
-    ("afmoe", "AfmoeAttention: a sigmoid output gate (gate_proj) multiplies z"),
     ("jetmoe", "JetMoeAttention: a mixture of attention heads"),
 ])
 def test_refused_variant_says_why(variant, reason):
@@ -350,6 +352,14 @@ def test_llama4_rotary_layers_normalise_q_and_k_and_nope_layers_do_not_rotate():
     assert adapter.rotation(1) is None and adapter.n_ctx == 64  # min(n_ctx, chunk 8192)
 
 
+@pytest.mark.skipif(compat.tl_major_version() >= 4, reason="TransformerLens 4.x runs it exactly")
+def test_hunyuan_on_transformer_lens_3_is_refused_saying_what_the_host_does():
+    with pytest.raises(TLDynamicsError, match=re.escape(
+            "unsupported HunYuanDenseV1ForCausalLM on TransformerLens 3.x: its bridge fires "
+            "hook_rot_q after HunYuan's q/k norm")):
+        ModelAdapter(boot_tiny("HunYuanDenseV1ForCausalLM"))
+
+
 @pytest.mark.skipif(compat.tl_major_version() >= 4, reason="TransformerLens 4.x runs Cohere exactly")
 @pytest.mark.parametrize("name", ["CohereForCausalLM", "Cohere2ForCausalLM"])
 def test_cohere_on_transformer_lens_3_is_refused_saying_what_the_host_does(name):
@@ -370,42 +380,59 @@ def test_delegated_rotary_is_read_from_the_module_and_verified_with_its_directio
     assert (full.inv_freq > 0).all() and not torch.equal(full.inv_freq, sliding.inv_freq)
 
 
-@pytest.mark.parametrize("name", ["Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"])
+GATED = {"Qwen3NextForCausalLM": "a sigmoid output gate computed from the query projection",
+         "Qwen3_5ForCausalLM": "a sigmoid output gate computed from the query projection",
+         "AfmoeForCausalLM": "a sigmoid output gate from its own projection (gate_proj)",
+         "LagunaForCausalLM": "a softplus output gate from its own projection (g_proj)"}
+
+
+@pytest.mark.parametrize("name", sorted(GATED))
 def test_gated_attention_z_includes_the_gate_and_value_path_analyses_refuse_it(name):
-    """Qwen3-Next / Qwen3.5: z = (pattern @ v) * sigmoid(g), g from q_proj's second half per head
-    (docs/math.md, gated attention); the pattern is the plain softmax. The gate is read from the
-    host's hook and checked against q_proj's own weights; what reads the value path as a fixed
-    matrix (W_V, per-source outputs, the contextual MLP) refuses by name; the odds-ratio split
-    (scores only) runs."""
+    """Gated attention: z = (pattern @ v) * gate, the gate sigmoid(g) with g from q_proj's second
+    half per head (Qwen3-Next / Qwen3.5), sigmoid(x W_gate) (AFMoE) or softplus(x W_g) per head
+    (Laguna) (docs/math.md §1.9); the pattern is the plain softmax. The gate is checked against
+    the module's own projection weights; what reads the value path as a fixed matrix (W_V,
+    per-source outputs, the contextual MLP) refuses by name; the odds-ratio split (scores only)
+    runs."""
+    import torch.nn.functional as F
+
     from tl_dynamics import contextual_mlp, odds_ratio
 
     model = boot_tiny(name)
     adapter = ModelAdapter(model)
-    la = adapter.attention(testing.PROMPTS, reference=True, inputs=True, padding_side="left")[1]
-    assert la.spec.gate == "sigmoid" and la.gate is not None
+    layer = adapter.attention_layers[-1]
+    la = adapter.attention(testing.PROMPTS, reference=True, inputs=True, padding_side="left")[layer]
+    assert la.spec.gate is not None and la.gate is not None
     rows = la.query_valid
     assert (la.z() - la.reference["z"])[rows].abs().max() <= EXACT_TOL
     ungated = torch.einsum("bhij,bjhd->bihd", la.pattern(), la.v)
     assert (ungated - la.reference["z"])[rows].abs().max() > 1e-2  # the gate matters
-    # the gate from q_proj's weights: per head, rows [h * 2d + d, (h + 1) * 2d) of its output
-    weight = model.blocks[1].attn.original_component.q_proj.weight.detach().float()
-    d = adapter.d_head
-    both = (la.reference["x"] @ weight.T).reshape(*la.q.shape[:2], adapter.n_heads, 2 * d)
-    assert (torch.sigmoid(both[..., d:]) - la.gate)[rows].abs().max() <= EXACT_TOL
-    assert torch.allclose(adapter.W_Q(1), weight.reshape(adapter.n_heads, 2 * d, -1)[:, :d]
-                          .transpose(1, 2))  # W_Q is the query half
-    message = f"layer 1 of {name} has gated attention (a sigmoid output gate"
-    for call in (lambda: adapter.W_V(1), lambda: contextual_mlp.compute(model, testing.PROMPTS[0])):
+    orig, x, d = model.blocks[layer].attn.original_component, la.reference["x"], adapter.d_head
+    if name.startswith("Qwen3"):  # per head, rows [h * 2d + d, (h + 1) * 2d) of q_proj
+        weight = orig.q_proj.weight.detach().float()
+        both = (x @ weight.T).reshape(*la.q.shape[:2], adapter.n_heads, 2 * d)
+        expected = torch.sigmoid(both[..., d:])
+        assert torch.allclose(adapter.W_Q(layer), weight.reshape(adapter.n_heads, 2 * d, -1)[:, :d]
+                              .transpose(1, 2))  # W_Q is the query half
+    elif name.startswith("Afmoe"):
+        expected = torch.sigmoid(x @ orig.gate_proj.weight.detach().float().T).reshape(la.v.shape)
+    else:  # Laguna: one softplus gate per head
+        expected = F.softplus(x @ orig.g_proj.weight.detach().float().T)[..., None]
+    assert (expected - la.gate)[rows].abs().max() <= EXACT_TOL
+    message = f"layer {layer} of {name} has gated attention ({GATED[name]}"
+    for call in (lambda: adapter.W_V(layer),
+                 lambda: contextual_mlp.compute(model, testing.PROMPTS[0], layers=layer)):
         with pytest.raises(TLDynamicsError, match=re.escape(message)):
             call()
-    with pytest.raises(TLDynamicsError, match=re.escape("LayerAttention.source_outputs: layer 1")):
+    with pytest.raises(TLDynamicsError, match=re.escape(f"LayerAttention.source_outputs: layer {layer}")):
         la.source_outputs()
-    with pytest.raises(TLDynamicsError, match=re.escape("contextual_mlp.from_layer: layer 1")):
+    with pytest.raises(TLDynamicsError, match=re.escape(f"contextual_mlp.from_layer: layer {layer}")):
         from_layer(adapter, la, 0)
     result = odds_ratio.compute(model, testing.PROMPTS[0])
     assert result is not None
 
 
+@pytest.mark.skipif(compat.tl_major_version() < 4, reason="refused on TransformerLens 3.x (below)")
 def test_hunyuan_scores_q_and_k_normalised_after_rotary_and_query_frames_refuse():
     """HunYuan rotates q and k, then RMS-normalises each head with a per-dimension gain: the
     scored q/k come from the norm's hooks (not the rotated projections, which differ), and the

@@ -111,7 +111,7 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         attn = adapter.model.blocks[layer].attn
         owner = getattr(attn, "original_component", None) or attn
         sink = owner.sinks.detach().float().to(q.device)
-    gate = layer_gate(spec, st, adapter.n_heads, adapter.info.architecture)
+    gate = layer_gate(adapter, spec, st)
     return LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
                           query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference,
                           sink_logit=sink, gate=gate)

@@ -25,8 +25,6 @@ REFUSED_ATTENTION = {
     "Gemma4TextAttention": "q, k and v are each RMS-normalised, head widths and rotary differ "
                            "between sliding and full layers, and later layers can reuse an earlier "
                            "layer's keys and values",
-    "LagunaAttention": "a softplus output gate per head multiplies z before the output projection",
-    "AfmoeAttention": "a sigmoid output gate (gate_proj) multiplies z before the output projection",
     "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
                       "experts",
     "BitNetAttention": "an RMSNorm over all heads (attn_sub_norm) sits between z and the output "
@@ -177,6 +175,12 @@ def check_host_version(family: str, architecture: str, major: int) -> None:
         ...
         tl_dynamics.errors.TLDynamicsError: unsupported CohereForCausalLM on TransformerLens 3.x: its bridge rotates Cohere's queries and keys with neither layout of its own cos/sin tables, and its attention pattern differs from the Hugging Face model's (by 0.97 on a tiny random model); TransformerLens 4.x computes it exactly and the adapter reproduces it there
     """
+    if family == "hunyuan_v1_dense" and major < 4:
+        raise TLDynamicsError(
+            f"unsupported {architecture} on TransformerLens 3.x: its bridge fires hook_rot_q after "
+            "HunYuan's q/k norm, which comes after rotary, so its rotated queries cannot verify the "
+            "layer's rotation (TransformerLens 4.x fires them before the norm, and the adapter is "
+            "exact there)")
     if family in ("cohere", "cohere2") and major < 4:
         raise TLDynamicsError(
             f"unsupported {architecture} on TransformerLens 3.x: its bridge rotates Cohere's "

@@ -2,17 +2,21 @@
 
 Qwen3-Next and Qwen3.5 (``gated_q_proj``) project each head's query and a gate of the same
 width together (``q_proj`` gives ``[q_h ; g_h]`` per head), and the head's attended value is
-multiplied by ``sigmoid(g_h)`` element-wise (docs/math.md, "Gated attention"):
+multiplied by ``sigmoid(g_h)`` element-wise (docs/math.md §1.9):
 
-    z_ih = (sum_j p_ijh v_jh) * sigmoid(g_ih)
+    z_ih = (sum_j p_ijh v_jh) * gate_ih
+
+TransformerLens fires the gate's logits on ``hook_q_gate`` (``[batch, pos, head * d_head]``),
+after the softmax and before the sigmoid, and ``hook_z`` on the gated ``z``. AFMoE gates with
+``sigmoid(x W_gate)`` from its own ``gate_proj``, Laguna with ``softplus(x W_g)`` from its
+``g_proj`` (one gate per head, or per entry); their bridges run the Hugging Face module and hook
+no gate, so the adapter forms it from the attention input ``x`` and the module's own weight.
 
 The pattern is untouched, so scores, pattern and every split of them are exact as before; ``z``
-and the head outputs include the gate (``LayerAttention.z``). TransformerLens fires the gate's
-logits on ``hook_q_gate`` (``[batch, pos, head * d_head]``), after the softmax and before the
-sigmoid, and ``hook_z`` on the gated ``z``. What treats the head's output as ``pattern @ v`` times
-a fixed matrix (the OV circuit ``W_V W_O``, per-source outputs ``v_j W_O``, the contextual MLP's
-outgoing weights) does not hold on such a layer: the gate depends on the query, so those refuse
-by name (``gate_refusal``).
+and the head outputs include the gate (``LayerAttention.z``). What treats the head's output as
+``pattern @ v`` times a fixed matrix (the OV circuit ``W_V W_O``, per-source outputs ``v_j W_O``,
+the contextual MLP's outgoing weights) does not hold on such a layer: the gate depends on the
+query, so those refuse by name (``gate_refusal``).
 """
 
 from __future__ import annotations
@@ -24,34 +28,64 @@ from torch import Tensor
 
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["GATE_WHAT", "gate_refusal", "layer_gate", "output_gate"]
+__all__ = ["GATE_WHAT", "gate_refusal", "gate_roles", "layer_gate", "output_gate"]
 
-GATE_WHAT = {"sigmoid": "a sigmoid output gate computed from the query projection (q_proj's "
-                        "second half per head) multiplies z element-wise, "
-                        "z_i = (sum_j p_ij v_j) * sigmoid(g_i)"}
+GATE_WHAT = {
+    "sigmoid": "a sigmoid output gate computed from the query projection (q_proj's second half "
+               "per head) multiplies z element-wise, z_i = (sum_j p_ij v_j) * sigmoid(g_i)",
+    "gate_proj": "a sigmoid output gate from its own projection (gate_proj) multiplies z "
+                 "element-wise, z_i = (sum_j p_ij v_j) * sigmoid(x_i W_gate)",
+    "g_proj": "a softplus output gate from its own projection (g_proj) multiplies z, "
+              "z_i = (sum_j p_ij v_j) * softplus(x_i W_g), one gate per head or per entry",
+}
+# the Hugging Face attention module's gate projection, by gate kind (module gates only)
+_MODULE_GATES = {"gate_proj": "gate_proj", "g_proj": "g_proj"}
 
 
-def output_gate(model: Any) -> str | None:
-    """The kind of output gate the bridge applies to ``z`` on this model's attention layers.
+def output_gate(model: Any, orig: Any = None) -> str | None:
+    """The kind of output gate on ``z`` of an attention layer (``orig``: its Hugging Face module),
+    a key of ``GATE_WHAT``, or None.
 
     Example:
         >>> from types import SimpleNamespace as NS
         >>> output_gate(NS(cfg=NS(gated_q_proj=True))), output_gate(NS(cfg=NS()))
         ('sigmoid', None)
     """
-    return "sigmoid" if bool(getattr(model.cfg, "gated_q_proj", False)) else None
+    if bool(getattr(model.cfg, "gated_q_proj", False)):
+        return "sigmoid"
+    name = type(orig).__name__
+    if name == "AfmoeAttention":
+        return "gate_proj"
+    if name == "LagunaAttention":
+        return "g_proj"
+    return None
 
 
-def layer_gate(spec: Any, st: dict[str, Tensor], n_heads: int, architecture: str) -> Tensor | None:
-    """The gate multiplier ``sigmoid(g)`` ``[batch, pos, head, d_head]`` of a gated layer from its
-    stashed hooks (None on an ungated layer)."""
-    if getattr(spec, "gate", None) is None:
+def layer_gate(adapter: Any, spec: Any, st: dict[str, Tensor]) -> Tensor | None:
+    """The gate multiplier ``[batch, pos, head, d_head or 1]`` of a gated layer from its stashed
+    hooks: the hooked logits (``sigmoid``), or the attention input ``x`` through the module's
+    own gate projection (``gate_proj``, ``g_proj``); None on an ungated layer."""
+    kind = getattr(spec, "gate", None)
+    if kind is None:
         return None
-    if "gate" not in st:
-        raise TLDynamicsError(f"layer {spec.layer} of {architecture} has gated attention but the "
-                              "forward pass did not fire its gate hook")
-    logits = st["gate"].float()
-    return torch.sigmoid(logits.reshape(*logits.shape[:2], n_heads, -1))
+    role = "x" if kind in _MODULE_GATES else "gate"
+    if role not in st:
+        raise TLDynamicsError(f"layer {spec.layer} of {adapter.info.architecture} has gated "
+                              f"attention but the forward pass did not fire its {role!r} hook")
+    if kind == "sigmoid":
+        logits = st["gate"].float()
+    else:
+        orig = adapter.model.blocks[spec.layer].attn.original_component
+        weight = getattr(orig, _MODULE_GATES[kind]).weight.detach().float()
+        logits = st["x"].float() @ weight.T
+    logits = logits.reshape(*logits.shape[:2], adapter.n_heads, -1)
+    return torch.nn.functional.softplus(logits) if kind == "g_proj" else torch.sigmoid(logits)
+
+
+def gate_roles(spec: Any) -> list[str]:
+    """The hook roles a gated layer needs to form its gate (none on an ungated layer)."""
+    kind = getattr(spec, "gate", None)
+    return [] if kind is None else ["x" if kind in _MODULE_GATES else "gate"]
 
 
 def gate_refusal(spec: Any, architecture: str, what: str) -> TLDynamicsError:

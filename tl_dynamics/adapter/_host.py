@@ -73,6 +73,8 @@ VERIFIED_HF_ATTENTION = {
     "Qwen3NextAttention": "qwen3_next", "Qwen3_5Attention": "qwen3_5",
     "Qwen3_5MoeAttention": "qwen3_5_moe",
     "HunYuanDenseV1Attention": "hunyuan_v1_dense",  # q/k normalised after rotary (_postrope)
+    # delegating bridges, pre-norm q/k hooks, gates from their own projections (_gate)
+    "AfmoeAttention": "afmoe", "LagunaAttention": "laguna",
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -124,8 +126,8 @@ class LayerSpec:
             bridge delegates to Hugging Face): the adapter applies the norm (``query_norm``) to
             both before rotary. Llama 4 normalises after rotary; a weightless RMS norm commutes
             with a rotation (it preserves the sum of squares), so the order does not matter.
-        gate: the output gate multiplying ``z`` (``_gate``; ``"sigmoid"`` on Qwen3-Next and
-            Qwen3.5), or None.
+        gate: the output gate multiplying ``z`` (``_gate.GATE_WHAT``: ``"sigmoid"`` on Qwen3-Next
+            and Qwen3.5, ``"gate_proj"`` on AFMoE, ``"g_proj"`` on Laguna), or None.
         postrope: q and k are normalised after rotary (HunYuan; ``_postrope``): the scored q/k
             are read from the norm's hooks, and ``query_norm`` refuses the layer.
     """
@@ -315,6 +317,8 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
             rotary, rotary_dim = "interleaved", int(orig.head_dim)
     elif family in ("gptj", "codegen"):
         rotary, rotary_dim, base = "interleaved", int(orig.rotary_dim or model.cfg.d_head), 10000.0
+    elif family == "afmoe" and not orig.is_local_attention:
+        pass  # AFMoE rotates its sliding layers only; the full layers are NoPE
     elif model.cfg.positional_embedding_type == "rotary" and getattr(orig, "use_rope", True):
         rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
     # (SmolLM3 / Llama 4 NoPE layers set use_rope=False: their q and k are scored unrotated)
@@ -338,7 +342,7 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
                     for name in ("q_norm", "q_layernorm", "qk_norm", "query_layernorm")),
         sinks=getattr(orig, "sinks", None) is not None, latent=latent,
         prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
-        or family in ("olmo_hybrid", "nanochat"), gate=output_gate(model),
+        or family in ("olmo_hybrid", "nanochat", "afmoe", "laguna"), gate=output_gate(model, orig),
         postrope=bool(getattr(model.cfg, "qk_norm_after_rope", False)))
 
 

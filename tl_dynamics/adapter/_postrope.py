@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import Tensor
 
+from tl_dynamics.adapter._gate import gate_roles
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = ["POSTROPE_HOOKS", "extra_roles", "postrope_qk", "postrope_refusal"]
@@ -29,10 +30,9 @@ POSTROPE_HOOKS = {"q_normed": "attn.hook_q_normed", "k_normed": "attn.hook_k_nor
 
 
 def extra_roles(spec: Any) -> list[str]:
-    """The hook roles a layer needs besides q/k/v and rotary: its gate logits on gated layers
-    (``_gate``), its post-rotary q/k norms' outputs on ``postrope`` layers."""
-    roles = ["gate"] if getattr(spec, "gate", None) is not None else []
-    return roles + (list(POSTROPE_HOOKS) if getattr(spec, "postrope", False) else [])
+    """The hook roles a layer needs besides q/k/v and rotary: what its gate is formed from on
+    gated layers (``_gate``), its post-rotary q/k norms' outputs on ``postrope`` layers."""
+    return gate_roles(spec) + (list(POSTROPE_HOOKS) if getattr(spec, "postrope", False) else [])
 
 
 def postrope_qk(spec: Any, st: dict[str, Tensor], architecture: str) -> tuple[Tensor, Tensor]:
