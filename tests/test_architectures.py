@@ -58,7 +58,8 @@ MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLite
                   # gated attention (adapter/_gate.py): z times sigmoid of q_proj's second half
                   "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                   # output gates from their own projections (adapter/_gate.py)
-                  "AfmoeForCausalLM", "LagunaForCausalLM", "laguna-gate-per-entry"}
+                  "AfmoeForCausalLM", "LagunaForCausalLM", "laguna-gate-per-entry",
+                  "BitNetForCausalLM"}  # attn_sub_norm as a multiplier on z (adapter/_gate.py)
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -203,8 +204,7 @@ VARIANTS = {
     "laguna-gate-per-entry": ("LagunaForCausalLM", dict(gating=False)),
 }
 # Rows refused with the reason (test_refused_variant_says_why), by their registry name.
-REFUSED_ROWS = {"bitnet": ("BitNetForCausalLM", {}), "gemma4": ("Gemma4ForCausalLM", {}),
-                "jetmoe": ("JetMoeForCausalLM", {})}
+REFUSED_ROWS = {"gemma4": ("Gemma4ForCausalLM", {}), "jetmoe": ("JetMoeForCausalLM", {})}
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
 HOST_NOT_HF = {
@@ -220,7 +220,6 @@ def test_variant_is_exact_or_refused_by_name(variant):
 
 @pytest.mark.parametrize("variant, reason", [
     ("mpt-clip-qkv", "clip_qkv=0.5 (q, k and v are clamped after their projections"),
-    ("bitnet", "BitNetAttention: an RMSNorm over all heads (attn_sub_norm) sits between z"),
     ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
     ("jetmoe", "JetMoeAttention: a mixture of attention heads"),
 ])
@@ -383,14 +382,15 @@ def test_delegated_rotary_is_read_from_the_module_and_verified_with_its_directio
 GATED = {"Qwen3NextForCausalLM": "a sigmoid output gate computed from the query projection",
          "Qwen3_5ForCausalLM": "a sigmoid output gate computed from the query projection",
          "AfmoeForCausalLM": "a sigmoid output gate from its own projection (gate_proj)",
-         "LagunaForCausalLM": "a softplus output gate from its own projection (g_proj)"}
+         "LagunaForCausalLM": "a softplus output gate from its own projection (g_proj)",
+         "BitNetForCausalLM": "an RMSNorm over all heads (attn_sub_norm) divides z"}
 
 
 @pytest.mark.parametrize("name", sorted(GATED))
 def test_gated_attention_z_includes_the_gate_and_value_path_analyses_refuse_it(name):
     """Gated attention: z = (pattern @ v) * gate, the gate sigmoid(g) with g from q_proj's second
-    half per head (Qwen3-Next / Qwen3.5), sigmoid(x W_gate) (AFMoE) or softplus(x W_g) per head
-    (Laguna) (docs/math.md §1.9); the pattern is the plain softmax. The gate is checked against
+    half per head (Qwen3-Next / Qwen3.5), sigmoid(x W_gate) (AFMoE), softplus(x W_g) per head
+    (Laguna), or BitNet's sub-norm w / rms(z_i) over all heads (docs/math.md §1.9); the pattern is the plain softmax. The gate is checked against
     the module's own projection weights; what reads the value path as a fixed matrix (W_V,
     per-source outputs, the contextual MLP) refuses by name; the odds-ratio split (scores only)
     runs."""
@@ -416,8 +416,13 @@ def test_gated_attention_z_includes_the_gate_and_value_path_analyses_refuse_it(n
                               .transpose(1, 2))  # W_Q is the query half
     elif name.startswith("Afmoe"):
         expected = torch.sigmoid(x @ orig.gate_proj.weight.detach().float().T).reshape(la.v.shape)
-    else:  # Laguna: one softplus gate per head
+    elif name.startswith("Laguna"):  # one softplus gate per head
         expected = F.softplus(x @ orig.g_proj.weight.detach().float().T)[..., None]
+    else:  # BitNet: the sub-norm's w / rms over every head's entries of the query's z
+        norm = orig.attn_sub_norm
+        mean_square = ungated.pow(2).mean((2, 3), keepdim=True)
+        expected = norm.weight.detach().float().reshape(la.v.shape[2:]) * torch.rsqrt(
+            mean_square + norm.variance_epsilon)
     assert (expected - la.gate)[rows].abs().max() <= EXACT_TOL
     message = f"layer {layer} of {name} has gated attention ({GATED[name]}"
     for call in (lambda: adapter.W_V(layer),

@@ -5,6 +5,7 @@ time). Masks and position ids are built once per forward pass, in the pass's sha
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -13,7 +14,7 @@ from torch import Tensor
 from tl_dynamics.adapter import _rotary
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
-from tl_dynamics.adapter._gate import layer_gate
+from tl_dynamics.adapter._gate import layer_gate, sub_norm_gate
 from tl_dynamics.adapter._host import LayerSpec, alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._postrope import postrope_qk
@@ -111,10 +112,12 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         attn = adapter.model.blocks[layer].attn
         owner = getattr(attn, "original_component", None) or attn
         sink = owner.sinks.detach().float().to(q.device)
-    gate = layer_gate(adapter, spec, st)
-    return LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
-                          query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference,
-                          sink_logit=sink, gate=gate)
+    la = LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
+                        query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference,
+                        sink_logit=sink, gate=layer_gate(adapter, spec, st))
+    if spec.gate == "sub_norm":  # BitNet: the norm over all heads of z, as a multiplier (_gate)
+        la = replace(la, gate=sub_norm_gate(adapter, layer, la.z()))
+    return la
 
 
 def refuse_sinks(specs: Sequence[LayerSpec], layers: Sequence[int], architecture: str) -> None:

@@ -27,8 +27,6 @@ REFUSED_ATTENTION = {
                            "layer's keys and values",
     "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
                       "experts",
-    "BitNetAttention": "an RMSNorm over all heads (attn_sub_norm) sits between z and the output "
-                       "projection, so the head outputs do not add up to the attention output",
 }
 
 # Hugging Face config flags (read from the wrapped model's config).

@@ -11,6 +11,8 @@ after the softmax and before the sigmoid, and ``hook_z`` on the gated ``z``. AFM
 ``sigmoid(x W_gate)`` from its own ``gate_proj``, Laguna with ``softplus(x W_g)`` from its
 ``g_proj`` (one gate per head, or per entry); their bridges run the Hugging Face module and hook
 no gate, so the adapter forms it from the attention input ``x`` and the module's own weight.
+BitNet's ``attn_sub_norm`` (an RMSNorm over all heads between ``z`` and the output projection)
+is one more multiplier of this form, ``w / rms(z_i)`` (``sub_norm_gate``), formed from ``z``.
 
 The pattern is untouched, so scores, pattern and every split of them are exact as before; ``z``
 and the head outputs include the gate (``LayerAttention.z``). What treats the head's output as
@@ -28,7 +30,7 @@ from torch import Tensor
 
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["GATE_WHAT", "gate_refusal", "gate_roles", "layer_gate", "output_gate"]
+__all__ = ["GATE_WHAT", "gate_refusal", "gate_roles", "layer_gate", "output_gate", "sub_norm_gate"]
 
 GATE_WHAT = {
     "sigmoid": "a sigmoid output gate computed from the query projection (q_proj's second half "
@@ -37,6 +39,8 @@ GATE_WHAT = {
                  "element-wise, z_i = (sum_j p_ij v_j) * sigmoid(x_i W_gate)",
     "g_proj": "a softplus output gate from its own projection (g_proj) multiplies z, "
               "z_i = (sum_j p_ij v_j) * softplus(x_i W_g), one gate per head or per entry",
+    "sub_norm": "an RMSNorm over all heads (attn_sub_norm) divides z by its root mean square "
+                "over every head and scales it by a gain, z_i = (sum_j p_ij v_j) * w / rms_i",
 }
 # the Hugging Face attention module's gate projection, by gate kind (module gates only)
 _MODULE_GATES = {"gate_proj": "gate_proj", "g_proj": "g_proj"}
@@ -58,6 +62,8 @@ def output_gate(model: Any, orig: Any = None) -> str | None:
         return "gate_proj"
     if name == "LagunaAttention":
         return "g_proj"
+    if name == "BitNetAttention":
+        return "sub_norm"
     return None
 
 
@@ -66,7 +72,7 @@ def layer_gate(adapter: Any, spec: Any, st: dict[str, Tensor]) -> Tensor | None:
     hooks: the hooked logits (``sigmoid``), or the attention input ``x`` through the module's
     own gate projection (``gate_proj``, ``g_proj``); None on an ungated layer."""
     kind = getattr(spec, "gate", None)
-    if kind is None:
+    if kind in (None, "sub_norm"):  # sub_norm: formed from z once the layer is assembled
         return None
     role = "x" if kind in _MODULE_GATES else "gate"
     if role not in st:
@@ -83,9 +89,20 @@ def layer_gate(adapter: Any, spec: Any, st: dict[str, Tensor]) -> Tensor | None:
 
 
 def gate_roles(spec: Any) -> list[str]:
-    """The hook roles a gated layer needs to form its gate (none on an ungated layer)."""
+    """The hook roles a gated layer needs to form its gate (none on an ungated layer, and none
+    for ``sub_norm``, formed from ``z`` itself: ``sub_norm_gate``)."""
     kind = getattr(spec, "gate", None)
-    return [] if kind is None else ["x" if kind in _MODULE_GATES else "gate"]
+    return [] if kind in (None, "sub_norm") else ["x" if kind in _MODULE_GATES else "gate"]
+
+
+def sub_norm_gate(adapter: Any, layer: int, z: Tensor) -> Tensor:
+    """BitNet's ``attn_sub_norm`` as a multiplier on ``z`` (``[batch, pos, head, d_head]``):
+    ``w / sqrt(mean(z_i^2) + eps)``, the mean over every head's entries of query ``i``, read
+    from the module's own norm (its weight and epsilon)."""
+    norm = adapter.model.blocks[layer].attn.original_component.attn_sub_norm
+    flat = z.reshape(*z.shape[:2], -1)
+    inv = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + float(norm.variance_epsilon))
+    return (inv * norm.weight.detach().float()).reshape(z.shape)
 
 
 def gate_refusal(spec: Any, architecture: str, what: str) -> TLDynamicsError:

@@ -75,6 +75,7 @@ VERIFIED_HF_ATTENTION = {
     "HunYuanDenseV1Attention": "hunyuan_v1_dense",  # q/k normalised after rotary (_postrope)
     # delegating bridges, pre-norm q/k hooks, gates from their own projections (_gate)
     "AfmoeAttention": "afmoe", "LagunaAttention": "laguna",
+    "BitNetAttention": "bitnet",  # attn_sub_norm over all heads of z, as a multiplier (_gate)
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -83,7 +84,7 @@ RECONSTRUCTING_BRIDGES = {
     "_SmolLM3AttentionBridge", "_Exaone4AttentionBridge",  # subclasses, tested exact
     "CodeGenAttentionBridge", "_Cohere2AttentionBridge",
     "ALiBiJointQKVAttentionBridge", "MPTALiBiAttentionBridge",  # Falcon ALiBi, MPT
-    "_OpenAIGPTJointQKVAttentionBridge", "MLAAttentionBridge",
+    "_OpenAIGPTJointQKVAttentionBridge", "MLAAttentionBridge", "_BitNetAttentionBridge",
 }
 # Bridge attention class that runs the HF module and fires hook_attn_scores on its weights.
 DELEGATING_BRIDGES = {"AttentionBridge"}
@@ -127,7 +128,8 @@ class LayerSpec:
             both before rotary. Llama 4 normalises after rotary; a weightless RMS norm commutes
             with a rotation (it preserves the sum of squares), so the order does not matter.
         gate: the output gate multiplying ``z`` (``_gate.GATE_WHAT``: ``"sigmoid"`` on Qwen3-Next
-            and Qwen3.5, ``"gate_proj"`` on AFMoE, ``"g_proj"`` on Laguna), or None.
+            and Qwen3.5, ``"gate_proj"`` on AFMoE, ``"g_proj"`` on Laguna, ``"sub_norm"`` on
+            BitNet), or None.
         postrope: q and k are normalised after rotary (HunYuan; ``_postrope``): the scored q/k
             are read from the norm's hooks, and ``query_norm`` refuses the layer.
     """

@@ -30,8 +30,10 @@ class LayerAttention:
     ``query_valid[b, i]`` is False on padding query rows, whose pattern is meaningless.
     ``sink_logit[h]`` is head ``h``'s learned sink logit where the layer has sinks
     (``spec.sinks``; GPT-OSS), joining every softmax denominator; None elsewhere.
-    ``gate`` is the output gate's multiplier (``sigmoid(g)``, ``spec.gate``; Qwen3-Next, Qwen3.5)
-    on gated layers, which ``z`` includes: ``z_i = (sum_j p_ij v_j) * gate_i``; None elsewhere.
+    ``gate`` is the output gate's multiplier on gated layers (``spec.gate``: ``sigmoid(g)`` on
+    Qwen3-Next and Qwen3.5, the gates of AFMoE and Laguna, BitNet's sub-norm ``w / rms(z_i)``),
+    which ``z`` includes: ``z_i = (sum_j p_ij v_j) * gate_i``; None elsewhere. It is the layer's
+    own (BitNet's from the layer's own pattern, also under ``z(pattern=...)``).
     ``reference`` holds the model's own cached activations when they were asked for
     (keys ``"scores"``, ``"pattern"``, ``"z"``, ``"out"``); ``spec.scores_hook`` says
     whether ``"scores"`` holds logits or, on delegating bridges, the pattern itself.
