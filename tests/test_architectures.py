@@ -59,7 +59,8 @@ MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLite
                   "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                   # output gates from their own projections (adapter/_gate.py)
                   "AfmoeForCausalLM", "LagunaForCausalLM", "laguna-gate-per-entry",
-                  "BitNetForCausalLM"}  # attn_sub_norm as a multiplier on z (adapter/_gate.py)
+                  "BitNetForCausalLM",  # attn_sub_norm as a multiplier on z (adapter/_gate.py)
+                  "olmoe-clip-qkv", "mpt-clip-qkv"}  # q, k, v clamped after the hooks fire
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -219,7 +220,6 @@ def test_variant_is_exact_or_refused_by_name(variant):
 
 
 @pytest.mark.parametrize("variant, reason", [
-    ("mpt-clip-qkv", "clip_qkv=0.5 (q, k and v are clamped after their projections"),
     ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
     ("jetmoe", "JetMoeAttention: a mixture of attention heads"),
 ])
@@ -463,3 +463,24 @@ def test_hunyuan_scores_q_and_k_normalised_after_rotary_and_query_frames_refuse(
                  lambda: contextual_mlp.compute(model, testing.PROMPTS[0])):
         with pytest.raises(TLDynamicsError, match=re.escape(message)):
             call()
+
+
+@pytest.mark.parametrize("variant", ["olmoe-clip-qkv", "mpt-clip-qkv"])
+def test_clip_qkv_is_applied_after_the_hooks_and_query_frames_refuse_it(variant):
+    """clip_qkv: q, k and v are clamped to [-c, c] after their projections, after hook_q/k/v
+    fire; the adapter clamps what the hooks hold (rotated q/k hooks, where they fire, are
+    already clamped), and refuses the query frame, which reads q as a linear map of x."""
+    from tl_dynamics import contextual_mlp
+
+    name, overrides = VARIANTS[variant]
+    model = boot_tiny(name, **overrides)
+    adapter = ModelAdapter(model)
+    assert [spec.clip for spec in adapter.specs] == [0.5, 0.5]
+    captured = {}
+    with adapter.hooks([("v", 0, lambda t: captured.setdefault("v", t.detach().clone()))]):
+        la = adapter.attention(testing.PROMPTS[0], reference=True)[0]
+    assert captured["v"].abs().max() > 0.5 and la.v.abs().max() <= 0.5  # the clamp is active
+    assert (la.z() - la.reference["z"]).abs().max() <= EXACT_TOL
+    message = f"layer 0 of {name} clamps q, k and v to [-0.5, 0.5] after their projections"
+    with pytest.raises(TLDynamicsError, match=re.escape(message)):
+        contextual_mlp.compute(model, testing.PROMPTS[0])

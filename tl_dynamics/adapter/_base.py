@@ -19,7 +19,7 @@ from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differen
 from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._mla import latent_weight
-from tl_dynamics.adapter._postrope import POSTROPE_HOOKS, postrope_refusal
+from tl_dynamics.adapter._postrope import POSTROPE_HOOKS, refuse_query_map
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
@@ -225,10 +225,13 @@ class AdapterBase:
             >>> ad.query_norm(0).scope, ModelAdapter(testing.tiny_model("llama")).query_norm(0)
             ('head', None)
         """
-        if not self.specs[self.check_layer(layer)].qk_norm:
+        refuse_query_map(self.specs[self.check_layer(layer)], self.info.architecture)
+        return self._query_norm(layer)
+
+    def _query_norm(self, layer: int) -> QueryNorm | None:
+        """``query_norm`` without the refusal of layers whose query map it is not (_postrope)."""
+        if not self.specs[layer].qk_norm:
             return None
-        if self.specs[layer].postrope:  # normalised after rotary (_postrope)
-            raise postrope_refusal(layer, self.info.architecture)
 
         def compute() -> QueryNorm:
             return read_query_norm(
@@ -340,8 +343,10 @@ class AdapterBase:
         them, e.g. ``LayerAttention.reference["x"]``): ``x W_Q + b_Q``, normalised by the
         model's own query norm on qk-norm layers (``query_norm``)."""
         q = torch.einsum("...m,hmd->...hd", x.float(), self.W_Q(layer)) + self.b_Q(layer)
-        norm = None if self.specs[layer].postrope else self.query_norm(layer)  # after rotary
-        return q if norm is None else norm.apply_heads(q)
+        spec = self.specs[layer]
+        norm = None if spec.postrope else self._query_norm(layer)  # postrope: after rotary
+        q = q if norm is None else norm.apply_heads(q)
+        return q if spec.clip is None else q.clamp(-spec.clip, spec.clip)  # clip_qkv: after norm
 
     def _probe(self, layer: int, roles: Sequence[str]) -> dict[str, Tensor]:
         """The activations of ``roles`` that ``layer`` fires on ``PROBE_POSITIONS`` random tokens
@@ -385,16 +390,3 @@ class AdapterBase:
         if isinstance(bias, Tensor):
             x = x + bias.detach().float()
         return x
-
-    def hooked_alibi(self, layer: int, n_pos: int) -> Tensor:
-        """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``, as its last
-        forward pass added it. HookedTransformer caches the bias at the longest context seen
-        and slices its *last* rows, so after a longer prompt each row carries a constant shift
-        (softmax-invariant); reading its buffer reproduces its scores exactly either way."""
-        buffer = getattr(self.model.blocks[layer].attn, "alibi", None)
-        if isinstance(buffer, Tensor) and buffer.shape[-1] >= n_pos:
-            return buffer[:, -n_pos:, :n_pos].detach().float()
-        # TransformerLens 3.x (HookedTransformer), which pyright does not see: .venv has 4.x
-        from transformer_lens.components import AbstractAttention  # pyright: ignore[reportMissingImports]
-
-        return AbstractAttention.create_alibi_bias(self.n_heads, n_pos, "cpu").float()

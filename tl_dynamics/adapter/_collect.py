@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -101,8 +101,12 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         positions = torch.arange(n_pos, device=q.device)
         bias = (slopes[:, None, None] * (positions - (n_pos - 1)).float())[None]
     elif spec.alibi == "relative":
-        bias = adapter.hooked_alibi(layer, n_pos)[None]
+        bias = hooked_alibi(adapter.model, layer, n_pos, adapter.n_heads)[None]
 
+    if spec.clip is not None:  # clip_qkv: the hooks fire before the clamp (rot_q/rot_k after)
+        q = q if "rot_q" in st else q.clamp(-spec.clip, spec.clip)
+        k = k if "rot_k" in st else k.clamp(-spec.clip, spec.clip)
+        v = v.clamp(-spec.clip, spec.clip)
     W_O, b_O = adapter.W_O(layer), adapter.b_O(layer)
     reference = {r: st[r].float() for r in REFERENCE_ROLES if r in st}
     if "x" in st:
@@ -139,3 +143,17 @@ def refuse_sinks(specs: Sequence[LayerSpec], layers: Sequence[int], architecture
             "built on LayerAttention (odds-ratio split, contextual MLP, sink statistics, atlas, "
             "reports) do not model; ModelAdapter.attention(..., sinks=True) gives the exact "
             "pattern, z and outputs")
+
+
+def hooked_alibi(model: Any, layer: int, n_pos: int, n_heads: int) -> Tensor:
+    """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``, as its last
+    forward pass added it. HookedTransformer caches the bias at the longest context seen
+    and slices its *last* rows, so after a longer prompt each row carries a constant shift
+    (softmax-invariant); reading its buffer reproduces its scores exactly either way."""
+    buffer = getattr(model.blocks[layer].attn, "alibi", None)
+    if isinstance(buffer, Tensor) and buffer.shape[-1] >= n_pos:
+        return buffer[:, -n_pos:, :n_pos].detach().float()
+    # TransformerLens 3.x (HookedTransformer), which pyright does not see: .venv has 4.x
+    from transformer_lens.components import AbstractAttention  # pyright: ignore[reportMissingImports]
+
+    return AbstractAttention.create_alibi_bias(n_heads, n_pos, "cpu").float()

@@ -31,10 +31,6 @@ REFUSED_ATTENTION = {
 
 # Hugging Face config flags (read from the wrapped model's config).
 _HF_CONFIG_RULES: list[_Rule] = [
-    ("clip_qkv", lambda v: v is not None,
-     "q, k and v are clamped after their projections; TransformerLens clamps them after hook_q, "
-     "hook_k and hook_v fire, so the value hook holds the unclamped v and the query is no longer "
-     "linear in the layer input, which the analyses' W_Q identities assume"),
     ("use_logn_attn", bool, "log-n scaling of the query by position"),
     ("attention_sink_size", lambda v: bool(v), "attention sinks"),
 ]
@@ -68,14 +64,14 @@ def check_bridge_flags(model: Any, architecture: str) -> None:
     Example:
         >>> from types import SimpleNamespace as NS
         >>> block = NS(attn=NS(original_component=NS()))
-        >>> model = NS(original_model=NS(config=NS(clip_qkv=8.0)), cfg=NS(), blocks=[block])
-        >>> check_bridge_flags(model, "OlmoForCausalLM")
+        >>> model = NS(original_model=NS(config=NS(use_logn_attn=True)), cfg=NS(), blocks=[block])
+        >>> check_bridge_flags(model, "QWenLMHeadModel")
         Traceback (most recent call last):
         ...
-        tl_dynamics.errors.TLDynamicsError: unsupported OlmoForCausalLM: Hugging Face config clip_qkv=8.0 (q, k and v are clamped after their projections; TransformerLens clamps them after hook_q, hook_k and hook_v fire, so the value hook holds the unclamped v and the query is no longer linear in the layer input, which the analyses' W_Q identities assume); the adapter refuses rather than return attention that ignores it
+        tl_dynamics.errors.TLDynamicsError: unsupported QWenLMHeadModel: Hugging Face config use_logn_attn=True (log-n scaling of the query by position); the adapter refuses rather than return attention that ignores it
     """
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
-    # MPT keeps its attention flags (clip_qkv) in a sub-config
+    # MPT keeps its attention flags in a sub-config
     for cfg in (hf_cfg, getattr(hf_cfg, "text_config", None), getattr(hf_cfg, "attn_config", None)):
         if cfg is not None:
             _check(cfg, _HF_CONFIG_RULES, "Hugging Face config", architecture)

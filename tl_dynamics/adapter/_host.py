@@ -132,6 +132,8 @@ class LayerSpec:
             BitNet), or None.
         postrope: q and k are normalised after rotary (HunYuan; ``_postrope``): the scored q/k
             are read from the norm's hooks, and ``query_norm`` refuses the layer.
+        clip: ``clip_qkv`` (OLMo, OLMoE, MPT): q, k and v clamped to ``[-clip, clip]`` after
+            their projections (after the hooks fire), or None.
     """
 
     layer: int
@@ -151,6 +153,7 @@ class LayerSpec:
     prenorm: bool = False
     gate: str | None = None
     postrope: bool = False
+    clip: float | None = None
 
     @property
     def is_attention(self) -> bool:
@@ -345,7 +348,9 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         sinks=getattr(orig, "sinks", None) is not None, latent=latent,
         prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
         or family in ("olmo_hybrid", "nanochat", "afmoe", "laguna"), gate=output_gate(model, orig),
-        postrope=bool(getattr(model.cfg, "qk_norm_after_rope", False)))
+        postrope=bool(getattr(model.cfg, "qk_norm_after_rope", False)),
+        clip=float(clip) if (clip := getattr(hf_cfg, "clip_qkv", None) or getattr(
+            getattr(hf_cfg, "attn_config", None), "clip_qkv", None)) else None)
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

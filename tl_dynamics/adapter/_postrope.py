@@ -23,7 +23,7 @@ from torch import Tensor
 from tl_dynamics.adapter._gate import gate_roles
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["POSTROPE_HOOKS", "extra_roles", "postrope_qk", "postrope_refusal"]
+__all__ = ["POSTROPE_HOOKS", "extra_roles", "postrope_qk", "postrope_refusal", "refuse_query_map"]
 
 # role -> bridge hook (after ``attn.``'s block prefix), fired only where the layer has them
 POSTROPE_HOOKS = {"q_normed": "attn.hook_q_normed", "k_normed": "attn.hook_k_normed"}
@@ -56,3 +56,19 @@ def postrope_refusal(layer: int, architecture: str) -> TLDynamicsError:
         "gain (qk_norm_after_rope), so its scored query is not a rotation of a normalised linear "
         "map of the layer input; analyses that read the query as one (the contextual MLP's query "
         "frame) do not apply (the pattern, z and head outputs are exact: ModelAdapter.attention)")
+
+
+def refuse_query_map(spec: Any, architecture: str) -> None:
+    """Refuse (``ModelAdapter.query_norm``) a layer whose scored query is not the rotation of
+    ``N(x W_Q + b_Q)``: q/k normalised after rotary (``postrope``), or clamped after their
+    projections (``clip``: OLMo, OLMoE, MPT ``clip_qkv``), so not a fixed map of ``x`` that
+    the query frame can invert."""
+    if getattr(spec, "postrope", False):
+        raise postrope_refusal(spec.layer, architecture)
+    if getattr(spec, "clip", None) is not None:
+        raise TLDynamicsError(
+            f"layer {spec.layer} of {architecture} clamps q, k and v to [-{spec.clip}, "
+            f"{spec.clip}] after their projections (clip_qkv), so its query is not a linear map "
+            "of the layer input; analyses that read the query as one (the contextual MLP's query "
+            "frame) do not apply (the pattern, z and head outputs are exact: "
+            "ModelAdapter.attention)")
