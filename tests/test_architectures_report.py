@@ -3,7 +3,7 @@
 Issue 23, item 6: for each row of ``test_architectures.MUST_BE_EXACT`` a tiny random model is
 built exactly as the matrix builds it, and ``report.build_report`` runs on one short prompt. No
 section may fail; every section shows, or says "Not shown for this model" with a reason naming
-the layer type it does not model (latent attention, learned sinks, gated attention). The atlas
+the layer type it does not model (``LAYER_TYPES``). The atlas
 (``tl_dynamics.atlas``, "What each head does") shows a row per head or declines naming the layer
 type; the trajectories are shown on every one.
 """
@@ -15,8 +15,11 @@ import pytest
 from test_architectures import MUST_BE_EXACT, VARIANTS, boot_tiny
 from tl_dynamics import report
 
-# The layer types an analysis may decline, as its message names them (docs/math.md §1.7-1.9).
-LAYER_TYPES = ("multi-head latent attention", "learned attention sinks", "gated attention")
+# The layer types an analysis may decline, as its message names them (docs/math.md §1.6-1.9):
+# latent attention, learned sinks, gated attention (BitNet's sub-norm included), q/k normalised
+# after rotary (HunYuan), q/k/v clamped after their projections (clip_qkv).
+LAYER_TYPES = ("multi-head latent attention", "learned attention sinks", "gated attention",
+               "normalises q and k after rotary", "clamps q, k and v")
 # Hybrids with Mamba-2 layers run Hugging Face's pure-torch Mamba-2 path on the CPU (no CUDA
 # kernels): one report takes 25 s (Bamba) and 55 s (Falcon-H1) on a tiny model, too slow for
 # every CI run. Jamba (Mamba) and LFM2 (convolutions) cover the hybrids here.
