@@ -7,6 +7,12 @@ Hugging Face model itself (eager attention, same weights: ``testing.hf_truth_err
 and summed head outputs in raw mode, pattern only in compatibility mode (its output weights are
 centred). Run it in each environment and merge the columns:
     python scripts/compat_table.py
+
+``--registry`` prints the generated architecture matrix instead: one row per architecture in
+TransformerLens's own registry (and per flag variant) that ``tests/test_architectures.py`` builds,
+with its attention layers and largest errors against the host and against Hugging Face, or the
+refusal or the reason it cannot be built here:
+    python scripts/compat_table.py --registry
 """
 
 import os
@@ -44,7 +50,43 @@ def hf_worst(model, twin) -> str:
     return f"{max(errs):.1e}"
 
 
+def registry_rows() -> None:
+    """The generated architecture matrix (see the module doc), one markdown row per entry."""
+    import warnings
+
+    import pytest
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import test_architectures as matrix  # noqa: E402 (the tests' own tiny configs)
+
+    warnings.simplefilter("ignore")
+    rows = [(name, name, {}) for name in matrix.supported_architectures()]
+    rows += [(variant, *matrix.VARIANTS[variant]) for variant in sorted(matrix.VARIANTS)]
+    print(f"| row | attention layers | vs host (TL {tl_version()}) | vs Hugging Face |")
+    print("|---|---|---|---|")
+    for row, name, overrides in rows:
+        try:
+            model = matrix.boot_tiny(name, **overrides)
+        except pytest.skip.Exception as exc:
+            print(f"| {row} | – | not built: {str(exc.msg).split(': ', 1)[-1][:90]} | – |")
+            continue
+        try:
+            adapter = ModelAdapter(model)
+            host = [testing.reconstruction_errors(adapter, p, side) for p, side in CASES]
+            cell = max(v for e in host for k, v in e.items() if k != "scores_hook_is_pattern" and v == v)
+            hf = "– (host differs)" if row in matrix.HOST_NOT_HF else f"{max(v for p, side in CASES for v in testing.hf_truth_errors(adapter, testing.hf_twin(model), p, side).values() if v == v):.1e}"
+            layers = f"{', '.join(map(str, adapter.attention_layers))} of {adapter.n_layers}"
+            print(f"| {row} | {layers} | {cell:.1e} | {hf} |")
+        except Exception as exc:  # a refusal (or a failure) is a visible row
+            text = str(exc)
+            print(f"| {row} | – | refused: {text[:160]}{'…' if len(text) > 160 else ''} | – |")
+        sys.stdout.flush()
+
+
 def main() -> None:
+    if "--registry" in sys.argv:
+        registry_rows()
+        return
     version = tl_version()
     print(f"| model | host (TransformerLens {version}) | max error | vs Hugging Face |")
     print("|---|---|---|---|")

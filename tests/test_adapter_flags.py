@@ -50,12 +50,20 @@ def test_bert_as_a_decoder_is_causal():
     assert ModelAdapter(testing.cached_model("bert")).is_encoder
 
 
-@pytest.mark.parametrize("variant,flag", [("olmo-clip-qkv", "clip_qkv")])
-def test_unmodelled_hugging_face_flag_is_refused(variant, flag):
-    model = testing.cached_model(variant)
-    with pytest.raises(TLDynamicsError, match=flag) as info:
-        ModelAdapter(model)
-    assert model.cfg.architecture in str(info.value)
+def test_clip_qkv_is_exact_and_its_query_map_refused():
+    """OLMo's clip_qkv clamps q, k and v after the hooks fire: the adapter clamps them too
+    (exact against the host and Hugging Face), and query_norm, the query map the contextual
+    MLP inverts, refuses the layer by name (tests/test_architectures.py covers OLMoE and MPT)."""
+    model = testing.cached_model("olmo-clip-qkv")
+    adapter = ModelAdapter(model)
+    for side in ("right", "left"):
+        _assert_exact(_host_errors(adapter, side))
+        truth = testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS, side)
+        assert truth["pattern"] <= EXACT_TOL and truth["out"] <= EXACT_TOL, truth
+    with pytest.raises(TLDynamicsError, match=re.escape(
+            f"layer 0 of {model.cfg.architecture} clamps q, k and v to [-0.1, 0.1] after their "
+            "projections (clip_qkv)")):
+        adapter.query_norm(0)
 
 
 def test_gpt2_scale_is_the_one_the_bridge_uses():

@@ -54,11 +54,18 @@ MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLite
                   "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
                   "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
                   "Llama4ForCausalLM", "llama4-nope-layer", "ModernBertDecoderForCausalLM",
-                  "OlmoHybridForCausalLM", "NanoChatForCausalLM"}
+                  "OlmoHybridForCausalLM", "NanoChatForCausalLM",
+                  # gated attention (adapter/_gate.py): z times sigmoid of q_proj's second half
+                  "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                  # output gates from their own projections (adapter/_gate.py)
+                  "AfmoeForCausalLM", "LagunaForCausalLM", "laguna-gate-per-entry",
+                  "BitNetForCausalLM",  # attn_sub_norm as a multiplier on z (adapter/_gate.py)
+                  "olmoe-clip-qkv", "mpt-clip-qkv"}  # q, k, v clamped after the hooks fire
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
-    MUST_BE_EXACT |= {"CohereForCausalLM", "Cohere2ForCausalLM", "cohere-qk-norm"}
+    MUST_BE_EXACT |= {"CohereForCausalLM", "Cohere2ForCausalLM", "cohere-qk-norm",
+                      "HunYuanDenseV1ForCausalLM"}  # q/k normalised after rotary (_postrope)
 
 # One tiny config for every family: each key is passed only where the config class takes it.
 _TINY = dict(
@@ -89,9 +96,13 @@ _EXTRA = {
     "Lfm2ForCausalLM": dict(layer_types=["conv", "full_attention"]),
     "Qwen3NextForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
     "Qwen3_5ForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
+    "Qwen3_5MoeForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
     "NemotronHForCausalLM": dict(hybrid_override_pattern="M*", num_hidden_layers=2),
     "RecurrentGemmaForCausalLM": dict(block_types=["recurrent", "attention"]),
     "ModernBertDecoderForCausalLM": dict(local_attention=8),  # layer 1: sliding window 4
+    # gates from their own projections; one sliding (rotary) and one full layer (NoPE on AFMoE)
+    "AfmoeForCausalLM": dict(layer_types=["sliding_attention", "full_attention"]),
+    "LagunaForCausalLM": dict(layer_types=["sliding_attention", "full_attention"]),
 }
 
 
@@ -191,10 +202,10 @@ VARIANTS = {
     "cohere-qk-norm": ("CohereForCausalLM", dict(use_qk_norm=True)),
     "mpt-clip-qkv": ("MptForCausalLM", dict(attn_config=dict(clip_qkv=0.5))),
     "llama4-nope-layer": ("Llama4ForCausalLM", dict(no_rope_layers=[1, 0])),
+    "laguna-gate-per-entry": ("LagunaForCausalLM", dict(gating=False)),
 }
 # Rows refused with the reason (test_refused_variant_says_why), by their registry name.
-REFUSED_ROWS = {"laguna": ("LagunaForCausalLM", {}), "bitnet": ("BitNetForCausalLM", {}),
-                "gemma4": ("Gemma4ForCausalLM", {})}
+REFUSED_ROWS = {"gemma4": ("Gemma4ForCausalLM", {}), "jetmoe": ("JetMoeForCausalLM", {})}
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
 HOST_NOT_HF = {
@@ -209,10 +220,8 @@ def test_variant_is_exact_or_refused_by_name(variant):
 
 
 @pytest.mark.parametrize("variant, reason", [
-    ("mpt-clip-qkv", "clip_qkv=0.5 (q, k and v are clamped after their projections"),
-    ("laguna", "LagunaAttention: a softplus output gate per head multiplies z"),
-    ("bitnet", "BitNetAttention: an RMSNorm over all heads (attn_sub_norm) sits between z"),
     ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
+    ("jetmoe", "JetMoeAttention: a mixture of attention heads"),
 ])
 def test_refused_variant_says_why(variant, reason):
     name, overrides = {**VARIANTS, **REFUSED_ROWS}[variant]
@@ -346,6 +355,14 @@ def test_llama4_rotary_layers_normalise_q_and_k_and_nope_layers_do_not_rotate():
     assert adapter.rotation(1) is None and adapter.n_ctx == 64  # min(n_ctx, chunk 8192)
 
 
+@pytest.mark.skipif(compat.tl_major_version() >= 4, reason="TransformerLens 4.x runs it exactly")
+def test_hunyuan_on_transformer_lens_3_is_refused_saying_what_the_host_does():
+    with pytest.raises(TLDynamicsError, match=re.escape(
+            "unsupported HunYuanDenseV1ForCausalLM on TransformerLens 3.x: its bridge fires "
+            "hook_rot_q after HunYuan's q/k norm")):
+        ModelAdapter(boot_tiny("HunYuanDenseV1ForCausalLM"))
+
+
 @pytest.mark.skipif(compat.tl_major_version() >= 4, reason="TransformerLens 4.x runs Cohere exactly")
 @pytest.mark.parametrize("name", ["CohereForCausalLM", "Cohere2ForCausalLM"])
 def test_cohere_on_transformer_lens_3_is_refused_saying_what_the_host_does(name):
@@ -364,3 +381,110 @@ def test_delegated_rotary_is_read_from_the_module_and_verified_with_its_directio
     assert (nanochat.inv_freq < 0).all() and nanochat.layout == "half"
     full, sliding = modern.rotation(0), modern.rotation(1)
     assert (full.inv_freq > 0).all() and not torch.equal(full.inv_freq, sliding.inv_freq)
+
+
+GATED = {"Qwen3NextForCausalLM": "a sigmoid output gate computed from the query projection",
+         "Qwen3_5ForCausalLM": "a sigmoid output gate computed from the query projection",
+         "AfmoeForCausalLM": "a sigmoid output gate from its own projection (gate_proj)",
+         "LagunaForCausalLM": "a softplus output gate from its own projection (g_proj)",
+         "BitNetForCausalLM": "an RMSNorm over all heads (attn_sub_norm) divides z"}
+
+
+@pytest.mark.parametrize("name", sorted(GATED))
+def test_gated_attention_z_includes_the_gate_and_value_path_analyses_refuse_it(name):
+    """Gated attention: z = (pattern @ v) * gate, the gate sigmoid(g) with g from q_proj's second
+    half per head (Qwen3-Next / Qwen3.5), sigmoid(x W_gate) (AFMoE), softplus(x W_g) per head
+    (Laguna), or BitNet's sub-norm w / rms(z_i) over all heads (docs/math.md §1.9); the pattern is the plain softmax. The gate is checked against
+    the module's own projection weights; what reads the value path as a fixed matrix (W_V,
+    per-source outputs, the contextual MLP) refuses by name; the odds-ratio split (scores only)
+    runs."""
+    import torch.nn.functional as F
+
+    from tl_dynamics import contextual_mlp, odds_ratio
+
+    model = boot_tiny(name)
+    adapter = ModelAdapter(model)
+    layer = adapter.attention_layers[-1]
+    la = adapter.attention(testing.PROMPTS, reference=True, inputs=True, padding_side="left")[layer]
+    assert la.spec.gate is not None and la.gate is not None
+    rows = la.query_valid
+    assert (la.z() - la.reference["z"])[rows].abs().max() <= EXACT_TOL
+    ungated = torch.einsum("bhij,bjhd->bihd", la.pattern(), la.v)
+    assert (ungated - la.reference["z"])[rows].abs().max() > 1e-2  # the gate matters
+    orig, x, d = model.blocks[layer].attn.original_component, la.reference["x"], adapter.d_head
+    if name.startswith("Qwen3"):  # per head, rows [h * 2d + d, (h + 1) * 2d) of q_proj
+        weight = orig.q_proj.weight.detach().float()
+        both = (x @ weight.T).reshape(*la.q.shape[:2], adapter.n_heads, 2 * d)
+        expected = torch.sigmoid(both[..., d:])
+        assert torch.allclose(adapter.W_Q(layer), weight.reshape(adapter.n_heads, 2 * d, -1)[:, :d]
+                              .transpose(1, 2))  # W_Q is the query half
+    elif name.startswith("Afmoe"):
+        expected = torch.sigmoid(x @ orig.gate_proj.weight.detach().float().T).reshape(la.v.shape)
+    elif name.startswith("Laguna"):  # one softplus gate per head
+        expected = F.softplus(x @ orig.g_proj.weight.detach().float().T)[..., None]
+    else:  # BitNet: the sub-norm's w / rms over every head's entries of the query's z
+        norm = orig.attn_sub_norm
+        mean_square = ungated.pow(2).mean((2, 3), keepdim=True)
+        expected = norm.weight.detach().float().reshape(la.v.shape[2:]) * torch.rsqrt(
+            mean_square + norm.variance_epsilon)
+    assert (expected - la.gate)[rows].abs().max() <= EXACT_TOL
+    message = f"layer {layer} of {name} has gated attention ({GATED[name]}"
+    for call in (lambda: adapter.W_V(layer),
+                 lambda: contextual_mlp.compute(model, testing.PROMPTS[0], layers=layer)):
+        with pytest.raises(TLDynamicsError, match=re.escape(message)):
+            call()
+    with pytest.raises(TLDynamicsError, match=re.escape(f"LayerAttention.source_outputs: layer {layer}")):
+        la.source_outputs()
+    with pytest.raises(TLDynamicsError, match=re.escape(f"contextual_mlp.from_layer: layer {layer}")):
+        from_layer(adapter, la, 0)
+    result = odds_ratio.compute(model, testing.PROMPTS[0])
+    assert result is not None
+
+
+@pytest.mark.skipif(compat.tl_major_version() < 4, reason="refused on TransformerLens 3.x (below)")
+def test_hunyuan_scores_q_and_k_normalised_after_rotary_and_query_frames_refuse():
+    """HunYuan rotates q and k, then RMS-normalises each head with a per-dimension gain: the
+    scored q/k come from the norm's hooks (not the rotated projections, which differ), and the
+    query frame that assumes 'normalise, then rotate' refuses by name (docs/math.md §1.6)."""
+    from tl_dynamics import contextual_mlp
+
+    model = boot_tiny("HunYuanDenseV1ForCausalLM")
+    adapter = ModelAdapter(model)
+    assert [spec.postrope for spec in adapter.specs] == [True, True]
+    la = adapter.attention(testing.PROMPTS, reference=True, inputs=True, padding_side="left")[0]
+    keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
+    assert ((la.scores() - la.reference["scores"]).abs() * keep).max() <= EXACT_TOL
+    rotated = adapter.rotation(0).rotate(adapter.unrotated_queries(0, la.reference["x"]),
+                                         adapter.positions(la.allowed.any(1)))
+    assert (rotated - la.q).abs().max() > 1e-2  # the norm after rotary matters
+    norm = model.blocks[0].attn.original_component.query_layernorm
+    rms = rotated.pow(2).mean(-1, keepdim=True).add(norm.variance_epsilon).rsqrt()
+    weight = norm.weight.detach().float()  # N(R q) = (R q) / rms(q) * w
+    assert ((rotated * rms * weight - la.q)[la.query_valid]).abs().max() <= EXACT_TOL
+    message = ("layer 0 of HunYuanDenseV1ForCausalLM normalises q and k after rotary with a "
+               "per-dimension gain (qk_norm_after_rope)")
+    for call in (lambda: adapter.query_norm(0),
+                 lambda: contextual_mlp.compute(model, testing.PROMPTS[0])):
+        with pytest.raises(TLDynamicsError, match=re.escape(message)):
+            call()
+
+
+@pytest.mark.parametrize("variant", ["olmoe-clip-qkv", "mpt-clip-qkv"])
+def test_clip_qkv_is_applied_after_the_hooks_and_query_frames_refuse_it(variant):
+    """clip_qkv: q, k and v are clamped to [-c, c] after their projections, after hook_q/k/v
+    fire; the adapter clamps what the hooks hold (rotated q/k hooks, where they fire, are
+    already clamped), and refuses the query frame, which reads q as a linear map of x."""
+    from tl_dynamics import contextual_mlp
+
+    name, overrides = VARIANTS[variant]
+    model = boot_tiny(name, **overrides)
+    adapter = ModelAdapter(model)
+    assert [spec.clip for spec in adapter.specs] == [0.5, 0.5]
+    captured = {}
+    with adapter.hooks([("v", 0, lambda t: captured.setdefault("v", t.detach().clone()))]):
+        la = adapter.attention(testing.PROMPTS[0], reference=True)[0]
+    assert captured["v"].abs().max() > 0.5 and la.v.abs().max() <= 0.5  # the clamp is active
+    assert (la.z() - la.reference["z"]).abs().max() <= EXACT_TOL
+    message = f"layer 0 of {name} clamps q, k and v to [-0.5, 0.5] after their projections"
+    with pytest.raises(TLDynamicsError, match=re.escape(message)):
+        contextual_mlp.compute(model, testing.PROMPTS[0])

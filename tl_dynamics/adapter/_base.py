@@ -14,8 +14,10 @@ from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import (check_attention, check_index, check_indices,
                                          check_materialised)
 from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
+from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._mla import LatentFactors, latent_weight, read_latent
+from tl_dynamics.adapter._postrope import POSTROPE_HOOKS, refuse_query_map
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
@@ -28,12 +30,10 @@ _BLOCK_HOOKS = {
     "rot_q": "attn.hook_rot_q", "rot_k": "attn.hook_rot_k",
     "cos": "attn.hook_cos", "sin": "attn.hook_sin",
     "scores": "attn.hook_attn_scores", "pattern": "attn.hook_pattern", "z": "attn.hook_z",
-    "resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
-}
-_HOST_HOOKS = {
-    "bridge": {"out": "attn.o.hook_out", "x": "attn.q.hook_in"},
-    "hooked": {"out": "hook_attn_out", "x": "ln1.hook_normalized"},
-}
+    "gate": "attn.hook_q_gate", "resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
+    "resid_post": "hook_resid_post", **POSTROPE_HOOKS}  # gate: gate logits (_gate); _postrope
+_HOST_HOOKS = {"bridge": {"out": "attn.o.hook_out", "x": "attn.q.hook_in"},
+               "hooked": {"out": "hook_attn_out", "x": "ln1.hook_normalized"}}
 
 
 class AdapterBase:
@@ -46,7 +46,6 @@ class AdapterBase:
         _sae.refuse_attention(model, self._info.host, self._info.architecture)  # SAELens
         self.specs = layer_specs(model, self._info)
         warn_host_differences(model, self._info.host, self._info.family, self._info.architecture)
-        # HookedTransformer blocks that normalise the attention output (see hooked_post_norm)
         self.post_norm: str | None = hooked_post_norm(model) if self.info.host == "hooked" else None
         cfg = model.cfg
         self.n_layers: int = int(cfg.n_layers)
@@ -174,6 +173,8 @@ class AdapterBase:
         """A weight (required) or a bias (zeros where the model has none), GQA expanded."""
         check_attention(self.specs, [layer], self.info.architecture)
 
+        if name in ("W_V", "b_V") and self.specs[layer].gate is not None:  # gated: no fixed OV
+            raise gate_refusal(self.specs[layer], self.info.architecture, name)
         def compute() -> Tensor:
             if self.specs[layer].latent:  # low-rank q/k/v factors, gains folded in
                 return latent_weight(self.model, layer, name, bias_shape, self.n_heads,
@@ -225,7 +226,11 @@ class AdapterBase:
             >>> ad.query_norm(0).scope, ModelAdapter(testing.tiny_model("llama")).query_norm(0)
             ('head', None)
         """
-        self.check_layer(layer)
+        refuse_query_map(self.specs[self.check_layer(layer)], self.info.architecture)
+        return self._query_norm(layer)
+
+    def _query_norm(self, layer: int) -> QueryNorm | None:
+        """``query_norm`` without the refusal of layers whose query map it is not (_postrope)."""
         factors = self.latent(layer)  # latent attention: (x W_Q + b_Q) / rho_q(x) (_mla)
         if factors is not None:
             return factors.query_norm()
@@ -349,8 +354,10 @@ class AdapterBase:
         them, e.g. ``LayerAttention.reference["x"]``): ``x W_Q + b_Q``, normalised by the
         model's own query norm on qk-norm layers (``query_norm``)."""
         q = torch.einsum("...m,hmd->...hd", x.float(), self.W_Q(layer)) + self.b_Q(layer)
-        norm = self.query_norm(layer)
-        return q if norm is None else norm.apply_heads(q, x.float())
+        spec = self.specs[layer]
+        norm = None if spec.postrope else self._query_norm(layer)  # postrope: after rotary
+        q = q if norm is None else norm.apply_heads(q, x.float())
+        return q if spec.clip is None else q.clamp(-spec.clip, spec.clip)  # clip_qkv: after norm
 
     def _probe(self, layer: int, roles: Sequence[str]) -> dict[str, Tensor]:
         """The activations of ``roles`` that ``layer`` fires on ``PROBE_POSITIONS`` random tokens
@@ -394,7 +401,3 @@ class AdapterBase:
         if isinstance(bias, Tensor):
             x = x + bias.detach().float()
         return x
-
-    def hooked_alibi(self, layer: int, n_pos: int) -> Tensor:
-        """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` (``_weights.hooked_alibi``)."""
-        return _weights.hooked_alibi(self.model, layer, self.n_heads, n_pos)

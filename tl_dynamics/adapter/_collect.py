@@ -5,7 +5,8 @@ time). Masks and position ids are built once per forward pass, in the pass's sha
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import replace
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -13,8 +14,10 @@ from torch import Tensor
 from tl_dynamics.adapter import _rotary
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
+from tl_dynamics.adapter._gate import layer_gate, sub_norm_gate
 from tl_dynamics.adapter._host import LayerSpec, alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
+from tl_dynamics.adapter._postrope import postrope_qk
 from tl_dynamics.adapter._scored import scored_qkv
 from tl_dynamics.errors import TLDynamicsError
 
@@ -80,6 +83,8 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         q, k = rotation.rotate(q, positions), rotation.rotate(k, positions)
     elif spec.rotary == "hooked":
         raise TLDynamicsError(f"layer {layer}: rotary model did not fire its rotated q/k hooks")
+    if spec.postrope:  # HunYuan: normalised after rotary, read from the norm's hooks
+        q, k = postrope_qk(spec, st, adapter.info.architecture)
     k, v = adapter.expand_kv(k), adapter.expand_kv(v)
 
     allowed, query_valid, key_pos = masks(adapter, spec, key_valid, n_pos, shared)
@@ -96,8 +101,12 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         positions = torch.arange(n_pos, device=q.device)
         bias = (slopes[:, None, None] * (positions - (n_pos - 1)).float())[None]
     elif spec.alibi == "relative":
-        bias = adapter.hooked_alibi(layer, n_pos)[None]
+        bias = hooked_alibi(adapter.model, layer, n_pos, adapter.n_heads)[None]
 
+    if spec.clip is not None:  # clip_qkv: the hooks fire before the clamp (rot_q/rot_k after)
+        q = q if "rot_q" in st else q.clamp(-spec.clip, spec.clip)
+        k = k if "rot_k" in st else k.clamp(-spec.clip, spec.clip)
+        v = v.clamp(-spec.clip, spec.clip)
     W_O, b_O = adapter.W_O(layer), adapter.b_O(layer)
     reference = {r: st[r].float() for r in REFERENCE_ROLES if r in st}
     if "x" in st:
@@ -107,9 +116,12 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         attn = adapter.model.blocks[layer].attn
         owner = getattr(attn, "original_component", None) or attn
         sink = owner.sinks.detach().float().to(q.device)
-    return LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
-                          query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference,
-                          sink_logit=sink)
+    la = LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
+                        query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference,
+                        sink_logit=sink, gate=layer_gate(adapter, spec, st))
+    if spec.gate == "sub_norm":  # BitNet: the norm over all heads of z, as a multiplier (_gate)
+        la = replace(la, gate=sub_norm_gate(adapter, layer, la.z()))
+    return la
 
 
 def refuse_sinks(specs: Sequence[LayerSpec], layers: Sequence[int], architecture: str) -> None:
@@ -131,3 +143,17 @@ def refuse_sinks(specs: Sequence[LayerSpec], layers: Sequence[int], architecture
             "does not model (the odds-ratio split, the contextual MLP, the atlas and the report "
             "do: docs/math.md §2.6, §3.7); ModelAdapter.attention(..., sinks=True) gives the "
             "exact pattern, z and outputs")
+
+
+def hooked_alibi(model: Any, layer: int, n_pos: int, n_heads: int) -> Tensor:
+    """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``, as its last
+    forward pass added it. HookedTransformer caches the bias at the longest context seen
+    and slices its *last* rows, so after a longer prompt each row carries a constant shift
+    (softmax-invariant); reading its buffer reproduces its scores exactly either way."""
+    buffer = getattr(model.blocks[layer].attn, "alibi", None)
+    if isinstance(buffer, Tensor) and buffer.shape[-1] >= n_pos:
+        return buffer[:, -n_pos:, :n_pos].detach().float()
+    # TransformerLens 3.x (HookedTransformer), which pyright does not see: .venv has 4.x
+    from transformer_lens.components import AbstractAttention  # pyright: ignore[reportMissingImports]
+
+    return AbstractAttention.create_alibi_bias(n_heads, n_pos, "cpu").float()

@@ -25,20 +25,12 @@ REFUSED_ATTENTION = {
     "Gemma4TextAttention": "q, k and v are each RMS-normalised, head widths and rotary differ "
                            "between sliding and full layers, and later layers can reuse an earlier "
                            "layer's keys and values",
-    "LagunaAttention": "a softplus output gate per head multiplies z before the output projection",
-    "AfmoeAttention": "a sigmoid output gate (gate_proj) multiplies z before the output projection",
     "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
                       "experts",
-    "BitNetAttention": "an RMSNorm over all heads (attn_sub_norm) sits between z and the output "
-                       "projection, so the head outputs do not add up to the attention output",
 }
 
 # Hugging Face config flags (read from the wrapped model's config).
 _HF_CONFIG_RULES: list[_Rule] = [
-    ("clip_qkv", lambda v: v is not None,
-     "q, k and v are clamped after their projections; TransformerLens clamps them after hook_q, "
-     "hook_k and hook_v fire, so the value hook holds the unclamped v and the query is no longer "
-     "linear in the layer input, which the analyses' W_Q identities assume"),
     ("use_logn_attn", bool, "log-n scaling of the query by position"),
     ("attention_sink_size", lambda v: bool(v), "attention sinks"),
 ]
@@ -47,8 +39,6 @@ _HF_CONFIG_RULES: list[_Rule] = [
 _HF_MODULE_RULES: list[_Rule] = []
 # TransformerLens bridge cfg switches that change the attention computation after the hooks.
 _BRIDGE_CFG_RULES: list[_Rule] = [
-    ("gated_q_proj", bool, "a sigmoid output gate from the query projection multiplies z"),
-    ("qk_norm_after_rope", bool, "q/k are normalised after the rotated-q/k hooks fire"),
 ]
 # HookedTransformer cfg flags.
 _HOOKED_RULES: list[_Rule] = [
@@ -74,14 +64,14 @@ def check_bridge_flags(model: Any, architecture: str) -> None:
     Example:
         >>> from types import SimpleNamespace as NS
         >>> block = NS(attn=NS(original_component=NS()))
-        >>> model = NS(original_model=NS(config=NS(clip_qkv=8.0)), cfg=NS(), blocks=[block])
-        >>> check_bridge_flags(model, "OlmoForCausalLM")
+        >>> model = NS(original_model=NS(config=NS(use_logn_attn=True)), cfg=NS(), blocks=[block])
+        >>> check_bridge_flags(model, "QWenLMHeadModel")
         Traceback (most recent call last):
         ...
-        tl_dynamics.errors.TLDynamicsError: unsupported OlmoForCausalLM: Hugging Face config clip_qkv=8.0 (q, k and v are clamped after their projections; TransformerLens clamps them after hook_q, hook_k and hook_v fire, so the value hook holds the unclamped v and the query is no longer linear in the layer input, which the analyses' W_Q identities assume); the adapter refuses rather than return attention that ignores it
+        tl_dynamics.errors.TLDynamicsError: unsupported QWenLMHeadModel: Hugging Face config use_logn_attn=True (log-n scaling of the query by position); the adapter refuses rather than return attention that ignores it
     """
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
-    # MPT keeps its attention flags (clip_qkv) in a sub-config
+    # MPT keeps its attention flags in a sub-config
     for cfg in (hf_cfg, getattr(hf_cfg, "text_config", None), getattr(hf_cfg, "attn_config", None)):
         if cfg is not None:
             _check(cfg, _HF_CONFIG_RULES, "Hugging Face config", architecture)
@@ -179,6 +169,12 @@ def check_host_version(family: str, architecture: str, major: int) -> None:
         ...
         tl_dynamics.errors.TLDynamicsError: unsupported CohereForCausalLM on TransformerLens 3.x: its bridge rotates Cohere's queries and keys with neither layout of its own cos/sin tables, and its attention pattern differs from the Hugging Face model's (by 0.97 on a tiny random model); TransformerLens 4.x computes it exactly and the adapter reproduces it there
     """
+    if family == "hunyuan_v1_dense" and major < 4:
+        raise TLDynamicsError(
+            f"unsupported {architecture} on TransformerLens 3.x: its bridge fires hook_rot_q after "
+            "HunYuan's q/k norm, which comes after rotary, so its rotated queries cannot verify the "
+            "layer's rotation (TransformerLens 4.x fires them before the norm, and the adapter is "
+            "exact there)")
     if family in ("cohere", "cohere2") and major < 4:
         raise TLDynamicsError(
             f"unsupported {architecture} on TransformerLens 3.x: its bridge rotates Cohere's "

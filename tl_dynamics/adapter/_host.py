@@ -25,6 +25,7 @@ import torch
 
 from tl_dynamics.adapter._flags import (REFUSED_ATTENTION, check_bridge_flags, check_hooked_flags,
                                         check_host_version)
+from tl_dynamics.adapter._gate import output_gate
 from tl_dynamics.adapter._kinds import ATTENTION, layer_kind
 from tl_dynamics.adapter._mla import LATENT_BRIDGES
 from tl_dynamics.compat import Host, detect_host, tl_major_version, tl_version
@@ -68,6 +69,13 @@ VERIFIED_HF_ATTENTION = {
     "ModernBertDecoderAttention": "modernbert_decoder",
     "OlmoHybridAttention": "olmo_hybrid",  # pre-norm hooks (OLMo 2 norms over all heads)
     "NanoChatAttention": "nanochat",  # pre-norm hooks; weightless norm after a reversed rotary
+    # gated attention (_gate): z multiplied by sigmoid of q_proj's second half (hook_q_gate)
+    "Qwen3NextAttention": "qwen3_next", "Qwen3_5Attention": "qwen3_5",
+    "Qwen3_5MoeAttention": "qwen3_5_moe",
+    "HunYuanDenseV1Attention": "hunyuan_v1_dense",  # q/k normalised after rotary (_postrope)
+    # delegating bridges, pre-norm q/k hooks, gates from their own projections (_gate)
+    "AfmoeAttention": "afmoe", "LagunaAttention": "laguna",
+    "BitNetAttention": "bitnet",  # attn_sub_norm over all heads of z, as a multiplier (_gate)
 }
 # Bridge attention classes that recompute attention, so hook_attn_scores holds logits.
 RECONSTRUCTING_BRIDGES = {
@@ -76,7 +84,7 @@ RECONSTRUCTING_BRIDGES = {
     "_SmolLM3AttentionBridge", "_Exaone4AttentionBridge",  # subclasses, tested exact
     "CodeGenAttentionBridge", "_Cohere2AttentionBridge",
     "ALiBiJointQKVAttentionBridge", "MPTALiBiAttentionBridge",  # Falcon ALiBi, MPT
-    "_OpenAIGPTJointQKVAttentionBridge", "MLAAttentionBridge",
+    "_OpenAIGPTJointQKVAttentionBridge", "MLAAttentionBridge", "_BitNetAttentionBridge",
 }
 # Bridge attention class that runs the HF module and fires hook_attn_scores on its weights.
 DELEGATING_BRIDGES = {"AttentionBridge"}
@@ -120,6 +128,13 @@ class LayerSpec:
             bridge delegates to Hugging Face): the adapter applies the norm (``query_norm``) to
             both before rotary. Llama 4 normalises after rotary; a weightless RMS norm commutes
             with a rotation (it preserves the sum of squares), so the order does not matter.
+        gate: the output gate multiplying ``z`` (``_gate.GATE_WHAT``: ``"sigmoid"`` on Qwen3-Next
+            and Qwen3.5, ``"gate_proj"`` on AFMoE, ``"g_proj"`` on Laguna, ``"sub_norm"`` on
+            BitNet), or None.
+        postrope: q and k are normalised after rotary (HunYuan; ``_postrope``): the scored q/k
+            are read from the norm's hooks, and ``query_norm`` refuses the layer.
+        clip: ``clip_qkv`` (OLMo, OLMoE, MPT): q, k and v clamped to ``[-clip, clip]`` after
+            their projections (after the hooks fire), or None.
     """
 
     layer: int
@@ -137,6 +152,9 @@ class LayerSpec:
     kind: str = ATTENTION
     latent: bool = False
     prenorm: bool = False
+    gate: str | None = None
+    postrope: bool = False
+    clip: float | None = None
 
     @property
     def is_attention(self) -> bool:
@@ -305,6 +323,8 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
             rotary, rotary_dim = "interleaved", int(orig.head_dim)
     elif family in ("gptj", "codegen"):
         rotary, rotary_dim, base = "interleaved", int(orig.rotary_dim or model.cfg.d_head), 10000.0
+    elif family == "afmoe" and not orig.is_local_attention:
+        pass  # AFMoE rotates its sliding layers only; the full layers are NoPE
     elif model.cfg.positional_embedding_type == "rotary" and getattr(orig, "use_rope", True):
         rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
     # (SmolLM3 / Llama 4 NoPE layers set use_rope=False: their q and k are scored unrotated)
@@ -325,10 +345,13 @@ def _bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         alibi=alibi,
         scores_hook="logits" if kind in RECONSTRUCTING_BRIDGES else "pattern",
         qk_norm=any(getattr(orig, name, None) is not None
-                    for name in ("q_norm", "q_layernorm", "qk_norm")),
+                    for name in ("q_norm", "q_layernorm", "qk_norm", "query_layernorm")),
         sinks=getattr(orig, "sinks", None) is not None, latent=latent,
         prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
-        or family in ("olmo_hybrid", "nanochat"))
+        or family in ("olmo_hybrid", "nanochat", "afmoe", "laguna"), gate=output_gate(model, orig),
+        postrope=bool(getattr(model.cfg, "qk_norm_after_rope", False)),
+        clip=float(clip) if (clip := getattr(hf_cfg, "clip_qkv", None) or getattr(
+            getattr(hf_cfg, "attn_config", None), "clip_qkv", None)) else None)
 
 
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:

@@ -20,7 +20,9 @@ from torch import Tensor
 from tl_dynamics.adapter import _capture
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble, refuse_sinks
+from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._layer import LayerAttention
+from tl_dynamics.adapter._postrope import extra_roles
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 
@@ -87,11 +89,21 @@ class Hub:
 
     # ------------------------------------------------------------------ attaching
     def check(self, collector: Collector) -> None:
-        """Refuse, before anything is hooked, what ``collector`` asks for and cannot have."""
+        """Refuse, before anything is hooked, what ``collector`` asks for and cannot have: other
+        layer kinds, learned sinks (unless ``collector.sinks``), gated layers (unless
+        ``collector.gates``: it models the output gate on ``z``, or reads no value), and, when it
+        forms queries from the attention input (``query_frames``, by default ``inputs``), layers
+        whose query is not the rotation of ``N(x W_Q)`` (``ModelAdapter.query_norm`` refuses)."""
         ad = self.adapter
         layers = ad.check_attention_layers(list(collector.layers)) if collector.layers else []
         if not collector.sinks:
             refuse_sinks(ad.specs, layers, ad.info.architecture)
+        gated = [layer for layer in layers if ad.specs[layer].gate is not None]
+        if gated and not getattr(collector, "gates", False):  # it does not model an output gate
+            raise gate_refusal(ad.specs[gated[0]], ad.info.architecture, type(collector).__name__)
+        if getattr(collector, "query_frames", collector.inputs):  # it forms queries from x
+            for layer in layers:
+                ad.query_norm(layer)  # refuses a query that is not N(x W_Q) rotated (_postrope)
         for role, layer in collector.points:
             if role not in POINT_ROLES:
                 raise TLDynamicsError(f"unknown residual point {role!r}; valid: {list(POINT_ROLES)}")
@@ -134,7 +146,7 @@ class Hub:
         for layer in layers:
             roles = [r for c in self.collectors for r, l in c.points if l == layer]
             if any(layer in c.layers for c in self.collectors):
-                roles += list(ATTENTION_ROLES)
+                roles += list(ATTENTION_ROLES) + extra_roles(ad.specs[layer])  # gate, post-rotary norms
                 if any(c.reference and layer in c.layers for c in self.collectors):
                     roles += list(REFERENCE_ROLES)
                 if any(c.inputs and layer in c.layers for c in self.collectors):

@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._host import LayerSpec
 from tl_dynamics.adapter._softmax import masked_log_softmax, masked_softmax
 from tl_dynamics.errors import TLDynamicsError
@@ -43,6 +44,10 @@ class LayerAttention:
             ``"pattern"``, ``"z"``, ``"out"``).
         sink_logit: Each head's learned sink logit, ``[head]``, where the layer has sinks
             (GPT-OSS); None elsewhere.
+        gate: The output gate's multiplier on gated layers (``spec.gate``: ``sigmoid(g)`` on
+            Qwen3-Next and Qwen3.5, the gates of AFMoE and Laguna, BitNet's sub-norm
+            ``w / rms(z_i)``), ``[batch, pos, head, d_head]`` or broadcastable to it; ``z``
+            includes it: ``z_i = (sum_j p_ij v_j) * gate_i``. None elsewhere.
 
     Example:
         >>> from tl_dynamics import testing
@@ -64,6 +69,7 @@ class LayerAttention:
     b_O: Float[Tensor, " d_model"]
     reference: dict[str, Tensor] = field(default_factory=dict)
     sink_logit: Float[Tensor, " head"] | None = None
+    gate: Float[Tensor, "batch pos head d_head"] | None = None
     # what every collector reads of this layer, computed once (all heads): scores, pattern,
     # log-pattern; new for each instance (``dataclasses.replace`` makes a fresh one)
     _memo: dict[str, Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -154,6 +160,12 @@ class LayerAttention:
                 f"{analysis}: layer {self.layer} has learned attention sinks (a per-head logit "
                 "joins every softmax denominator, p_ij = exp(s_ij) / (sum_j exp(s_ij) + "
                 "exp(sink_h)), so rows sum to less than 1), which it does not model")
+
+    def require_ungated(self, analysis: str) -> None:
+        """Refuse, naming ``analysis``, when this layer's ``z`` is multiplied by an output gate
+        (``spec.gate``), which ``analysis`` does not model."""
+        if self.gate is not None:
+            raise gate_refusal(self.spec, "this model", analysis)
 
     def _heads(self, heads: Sequence[int] | None) -> slice | list[int]:
         return slice(None) if heads is None else list(heads)
@@ -317,7 +329,8 @@ class LayerAttention:
 
     def z(self, heads: Sequence[int] | None = None,
           pattern: Tensor | None = None) -> Float[Tensor, "batch pos head d_head"]:
-        """The heads' mixed values ``pattern @ v``: they equal the model's ``hook_z`` on valid rows.
+        """The heads' mixed values ``pattern @ v``, times the output gate on gated layers
+        (``gate``): they equal the model's ``hook_z`` on valid rows.
 
         Args:
             heads: The heads to compute (all by default).
@@ -337,7 +350,8 @@ class LayerAttention:
         """
         h = self._heads(heads)
         pattern = self.pattern(heads) if pattern is None else pattern
-        return torch.einsum("bhij,bjhd->bihd", pattern, self.v[:, :, h])
+        z = torch.einsum("bhij,bjhd->bihd", pattern, self.v[:, :, h])
+        return z if self.gate is None else z * self.gate[:, :, h]
 
     def head_outputs(self, heads: Sequence[int] | None = None,
                      z: Tensor | None = None) -> Float[Tensor, "batch pos head d_model"]:
@@ -366,6 +380,8 @@ class LayerAttention:
     def source_outputs(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch pos head d_model"]:
         """Per-source head outputs ``o_j = v_j @ W_O`` (the contextual MLP's outgoing weights).
 
+        Refused on gated layers, where what source ``j`` adds depends on the query's gate.
+
         Args:
             heads: The heads to compute (all by default).
 
@@ -382,5 +398,6 @@ class LayerAttention:
             >>> torch.allclose(out, mixed, atol=1e-5)
             True
         """
+        self.require_ungated("LayerAttention.source_outputs")
         h = self._heads(heads)
         return torch.einsum("bjhd,hdm->bjhm", self.v[:, :, h], self.W_O[h])

@@ -355,7 +355,10 @@ class ModelAdapter(AdapterBase):
 
 
 class _Calls(Collector):
-    """``capture``'s collector: hands each layer's ``LayerAttention`` to a function."""
+    """``capture``'s collector: hands each layer's ``LayerAttention`` to a function (whose ``z``
+    and head outputs include a gated layer's output gate)."""
+
+    gates, query_frames = True, False  # hands the layer on: forms no query frame itself
 
     def __init__(self, fn: Callable[[LayerAttention], None], layers: list[int], reference: bool,
                  inputs: bool, sinks: bool):

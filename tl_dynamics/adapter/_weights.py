@@ -76,17 +76,3 @@ def weights_version(params: list[Tensor]) -> int:
         True
     """
     return sum(param._version for param in params)
-
-
-def hooked_alibi(model: Any, layer: int, n_heads: int, n_pos: int) -> Tensor:
-    """HookedTransformer's own ALiBi bias ``[head, pos, pos]`` for ``layer``, as its last
-    forward pass added it. HookedTransformer caches the bias at the longest context seen
-    and slices its *last* rows, so after a longer prompt each row carries a constant shift
-    (softmax-invariant); reading its buffer reproduces its scores exactly either way."""
-    buffer = getattr(model.blocks[layer].attn, "alibi", None)
-    if isinstance(buffer, Tensor) and buffer.shape[-1] >= n_pos:
-        return buffer[:, -n_pos:, :n_pos].detach().float()
-    # TransformerLens 3.x (HookedTransformer), which pyright does not see: .venv has 4.x
-    from transformer_lens.components import AbstractAttention  # pyright: ignore[reportMissingImports]
-
-    return AbstractAttention.create_alibi_bias(n_heads, n_pos, "cpu").float()

@@ -57,6 +57,7 @@ def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
                 shared: dict[str, torch.Tensor | None] | None = None) -> ContextualMLP:
     """``from_layer`` with the head's outgoing weights ``v_j W_O`` given (None: computed) and
     the row's shared copies (``_row_tensors``; None: taken here)."""
+    la.require_ungated("contextual_mlp.from_layer")  # outgoing weights v_j W_O: no gate
     head = adapter.check_head(head, la.layer)
     n_batch, n_pos = la.q.shape[:2]
     row = _check_row(row, n_batch)

@@ -62,6 +62,7 @@ class OddsRatioCollector(Collector):
     """
 
     sinks = True  # learned sinks are modelled (a virtual key): the adapter need not refuse them
+    gates = True  # reads q and k only: an output gate on z (gated attention) does not enter
 
     def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
                  keep_tensors: bool = False, dtype: torch.dtype = torch.float32,
