@@ -366,15 +366,11 @@ class AdapterBase:
         rotations before it hooks the model)."""
         def run() -> dict[int, dict[str, Tensor]]:
             got: dict[int, dict[str, Tensor]] = {}
-            named = []
-            for where in range(self.n_layers):
-                if self.specs[where].rotary == "none" and not self.specs[where].latent:
-                    continue
-                for role in roles:
-                    name = self.hook_name(role, where)
-                    if name is not None:
-                        named.append((name, (lambda w, r: lambda t: got.setdefault(w, {}).__setitem__(
-                            r, t.detach().clone()))(where, role)))
+            wanted = [(role, where) for where, spec in enumerate(self.specs)
+                      if spec.rotary != "none" or spec.latent for role in roles]
+            named = [(name, (lambda w, r: lambda t: got.setdefault(w, {}).__setitem__(
+                r, t.detach().clone()))(where, role))
+                for (role, where), name in zip(wanted, self.hook_names(wanted)) if name is not None]
             device = model_device(self.model)
             tokens = torch.randint(0, self.W_E.shape[0], (2, min(PROBE_POSITIONS, self.n_ctx)),
                                    generator=torch.Generator().manual_seed(0)).to(device)

@@ -114,3 +114,11 @@ def check_attention(specs: Sequence[Any], layers: list[int], architecture: str) 
                                   f"is a {kind!r} layer ({KIND_WHAT.get(kind, kind)}); attention "
                                   f"layers: {attention}")
     return layers
+
+
+def sink_refusal(layer: int, analysis: str) -> TLDynamicsError:
+    """The refusal, naming ``analysis``, of layer ``layer``'s learned attention sinks."""
+    return TLDynamicsError(
+        f"{analysis}: layer {layer} has learned attention sinks (a per-head logit joins every "
+        "softmax denominator, p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h)), so rows sum "
+        "to less than 1), which it does not model")

@@ -14,10 +14,10 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from tl_dynamics.adapter._checks import sink_refusal
 from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._host import LayerSpec
 from tl_dynamics.adapter._softmax import masked_log_softmax, masked_softmax
-from tl_dynamics.errors import TLDynamicsError
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,7 @@ class LayerAttention:
             >>> la.require_no_sinks("my analysis")  # gpt2 has no sinks: nothing happens
         """
         if self.sink_logit is not None:
-            raise TLDynamicsError(
-                f"{analysis}: layer {self.layer} has learned attention sinks (a per-head logit "
-                "joins every softmax denominator, p_ij = exp(s_ij) / (sum_j exp(s_ij) + "
-                "exp(sink_h)), so rows sum to less than 1), which it does not model")
+            raise sink_refusal(self.layer, analysis)
 
     def require_ungated(self, analysis: str) -> None:
         """Refuse, naming ``analysis``, when this layer's ``z`` is multiplied by an output gate
