@@ -14,14 +14,13 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from tl_dynamics.adapter._checks import sink_refusal
-from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._host import LayerSpec
+from tl_dynamics.adapter._refusals import LayerRefusals
 from tl_dynamics.adapter._softmax import masked_log_softmax, masked_softmax
 
 
 @dataclass(frozen=True)
-class LayerAttention:
+class LayerAttention(LayerRefusals):
     """Queries, keys and values of one layer exactly as the model scored them.
 
     ``q``, ``k`` and ``v`` are float32, rotary applied where the architecture has it, with grouped
@@ -136,33 +135,6 @@ class LayerAttention:
             4
         """
         return self.q.shape[2]
-
-    def require_no_sinks(self, analysis: str) -> None:
-        """Refuse, naming ``analysis``, when this layer has learned attention sinks.
-
-        Its rows then sum to less than 1, which ``analysis`` does not model.
-
-        Args:
-            analysis: The name of the analysis asking (for the error message).
-
-        Raises:
-            TLDynamicsError: When the layer has a ``sink_logit``.
-
-        Example:
-            >>> from tl_dynamics import testing
-            >>> from tl_dynamics.adapter import ModelAdapter
-            >>> adapter = ModelAdapter(testing.cached_model("gpt2"))
-            >>> la = adapter.attention("def f(x): return x", layers=[0])[0]
-            >>> la.require_no_sinks("my analysis")  # gpt2 has no sinks: nothing happens
-        """
-        if self.sink_logit is not None:
-            raise sink_refusal(self.layer, analysis)
-
-    def require_ungated(self, analysis: str) -> None:
-        """Refuse, naming ``analysis``, when this layer's ``z`` is multiplied by an output gate
-        (``spec.gate``), which ``analysis`` does not model."""
-        if self.gate is not None:
-            raise gate_refusal(self.spec, "this model", analysis)
 
     def _heads(self, heads: Sequence[int] | None) -> slice | list[int]:
         return slice(None) if heads is None else list(heads)
@@ -326,8 +298,10 @@ class LayerAttention:
 
     def z(self, heads: Sequence[int] | None = None,
           pattern: Tensor | None = None) -> Float[Tensor, "batch pos head d_head"]:
-        """The heads' mixed values ``pattern @ v``, times the output gate on gated layers
-        (``gate``): they equal the model's ``hook_z`` on valid rows.
+        """The heads' mixed values ``pattern @ v`` (times the output gate on gated layers).
+
+        They equal the model's ``hook_z`` on valid rows; on gated layers (``gate``) ``z``
+        includes the gate.
 
         Args:
             heads: The heads to compute (all by default).
