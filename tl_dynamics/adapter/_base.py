@@ -1,191 +1,61 @@
-"""``AdapterBase``: what a model is and holds, read once: layer specs, weights, rotations
-(``ModelAdapter``, ``_model.py``, adds prompts, forward passes and hooks on top of it)."""
+"""``AdapterBase``: what a model holds, read once: weights, query norms, embeddings and
+unembedding, positions, rotations (on ``AdapterCore``, ``_core.py``: host, specs, checks, hook
+names; ``ModelAdapter``, ``_model.py``, adds prompts, forward passes and hooks on top of it)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics.adapter import _capture, _sae, _weights
+from tl_dynamics.adapter import _capture, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
-from tl_dynamics.adapter._checks import (check_attention, check_index, check_indices,
-                                         check_materialised)
-from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
+from tl_dynamics.adapter._checks import check_attention
+from tl_dynamics.adapter._core import AdapterCore
 from tl_dynamics.adapter._gate import gate_refusal
-from tl_dynamics.adapter._host import HostInfo, host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._mla import LatentFactors, latent_weight, read_latent
-from tl_dynamics.adapter._postrope import POSTROPE_HOOKS, refuse_query_map
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
+from tl_dynamics.adapter._postrope import refuse_query_map
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
 from tl_dynamics.adapter._rotation import PROBE_POSITIONS, read_rotation
 from tl_dynamics.errors import TLDynamicsError
 
-# role -> hook name template per host; the only place hook strings are spelled.
-_BLOCK_HOOKS = {
-    "q": "attn.hook_q", "k": "attn.hook_k", "v": "attn.hook_v",
-    "rot_q": "attn.hook_rot_q", "rot_k": "attn.hook_rot_k",
-    "cos": "attn.hook_cos", "sin": "attn.hook_sin",
-    "scores": "attn.hook_attn_scores", "pattern": "attn.hook_pattern", "z": "attn.hook_z",
-    "gate": "attn.hook_q_gate", "resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
-    "resid_post": "hook_resid_post", **POSTROPE_HOOKS}  # gate: gate logits (_gate); _postrope
-_HOST_HOOKS = {"bridge": {"out": "attn.o.hook_out", "x": "attn.q.hook_in"},
-               "hooked": {"out": "hook_attn_out", "x": "ln1.hook_normalized"}}
 
-
-class AdapterBase:
-    """The model's layer specs, dimensions, weights and rotations (see ``ModelAdapter``)."""
-
-    def __init__(self, model: Any):
-        self.model = model
-        check_materialised(model)
-        self._info = host_info(model)
-        _sae.refuse_attention(model, self._info.host, self._info.architecture)  # SAELens
-        self.specs = layer_specs(model, self._info)
-        warn_host_differences(model, self._info.host, self._info.family, self._info.architecture)
-        self.post_norm: str | None = hooked_post_norm(model) if self.info.host == "hooked" else None
-        cfg = model.cfg
-        self.n_layers: int = int(cfg.n_layers)
-        self.n_heads: int = int(cfg.n_heads)
-        self.d_head: int = int(cfg.d_head)
-        self.d_model: int = int(cfg.d_model)
-        self.n_kv_heads: int = int(getattr(cfg, "n_key_value_heads", None) or self.n_heads)
-        # Ministral 3 rescales queries from its original context on: exact below it (_flags)
-        self.n_ctx: int = min(int(cfg.n_ctx), query_scaling_context(model) or int(cfg.n_ctx))
-        self.dtype: torch.dtype = next(model.parameters()).dtype
-        self._cache: dict[tuple, Any] = {}
-        self._params: list[Tensor] | None = None  # for weights_version (see _cached)
-        self._hooks_seen: tuple[int, int] | None = None  # hook_dict checked for SAEs (_sae)
-
-    @property
-    def info(self) -> HostInfo:
-        """What the model is; re-read, cached weights dropped, when the bridge's compatibility
-        mode (``enable_compatibility_mode`` folds and centres weights in place) was switched on."""
-        compat = bool(getattr(self.model, "compatibility_mode", False))
-        if self._info.host == "bridge" and compat != self._info.compat:
-            self._info = host_info(self.model)
-            self.specs = layer_specs(self.model, self._info)
-            self._cache.clear()
-            self._params = None
-        return self._info
-
-    def __repr__(self) -> str:
-        return (f"ModelAdapter({self.info.architecture}, host={self.info.host} "
-                f"TL {self.info.tl_version}, compat={self.info.compat}, layers={self.n_layers}, "
-                f"heads={self.n_heads}, kv_heads={self.n_kv_heads})")
-
-    # ----------------------------------------------------------------- validation
-    def check_layer(self, layer: int) -> int:
-        """``layer`` as an index, or a TLDynamicsError saying what is expected."""
-        return check_index(layer, "layer", self.n_layers)
-
-    def check_head(self, head: int, layer: int | None = None) -> int:
-        """``head`` as an index, or a TLDynamicsError saying what is expected."""
-        return check_index(head, "head", self.n_heads, "" if layer is None else f" in layer {layer}")
-
-    def check_layers(self, layers: int | Sequence[int] | None) -> list[int]:
-        """None (all layers), one layer index or a non-empty sequence of them."""
-        return check_indices(layers, "layer", self.n_layers)
-
-    @property
-    def attention_layers(self) -> list[int]:
-        """Indices of the layers with softmax attention the host hooks (every layer but the
-        state-space, linear-attention, convolution ... layers of hybrids; none on Mamba)."""
-        return [spec.layer for spec in self.specs if spec.is_attention]
-
-    def check_attention_layers(self, layers: int | Sequence[int] | None) -> list[int]:
-        """Like ``check_layers`` for attention analyses: None means every attention layer, and a
-        layer of another type (or a model with none) is a TLDynamicsError naming it."""
-        chosen = self.attention_layers if layers is None else self.check_layers(layers)
-        return check_attention(self.specs, chosen, self.info.architecture)
-
-    def check_heads(self, heads: int | Sequence[int] | None) -> list[int]:
-        """None (all heads), one head index or a non-empty sequence of them."""
-        return check_indices(heads, "head", self.n_heads)
-
-    # ----------------------------------------------------------------- hooks
-    def hook_name(self, role: str, layer: int) -> str | None:
-        """The model's hook point for ``role`` in ``layer``, or None where it has none."""
-        return self.hook_names([(role, layer)])[0]
-
-    def hook_names(self, wanted: Sequence[tuple[str, int]]) -> list[str | None]:
-        """``hook_name`` of each ``(role, layer)``, reading the model's hook table once."""
-        self._check_spliced()
-        hooks, names = self.model.hook_dict, []
-        for role, layer in wanted:
-            template = _HOST_HOOKS[self.info.host].get(role) or _BLOCK_HOOKS.get(role)
-            if template is None:
-                raise TLDynamicsError(f"unknown hook role {role!r}; valid: "
-                                      f"{sorted(set(_BLOCK_HOOKS) | set(_HOST_HOOKS['bridge']))}")
-            name = f"blocks.{layer}.{template}"
-            unnormalised = self.post_norm == "post" or name not in hooks
-            if role == "x" and self.info.host == "hooked" and unnormalised:
-                name = f"blocks.{layer}.hook_resid_pre"  # no input norm: W_Q reads the stream
-            if role == "x" and self.specs[layer].latent:  # latent attention: no q projection
-                name = f"blocks.{layer}.attn.hook_in"
-            name = _sae.spliced_output(hooks, name) or name  # an SAE in the stream: what flows on
-            post_normed = role == "out" and self.post_norm is not None  # no head-output sum hook
-            names.append(None if post_normed or name not in hooks else name)
-        return names
-
-    def _check_spliced(self) -> None:
-        """Refuse an SAE spliced inside attention since the adapter was made (SAELens rebuilds
-        ``hook_dict`` when it splices: the walk runs again only then)."""
-        if self.info.host != "hooked":
-            return
-        seen = (id(self.model.hook_dict), len(self.model.hook_dict))
-        if seen != self._hooks_seen:
-            _sae.refuse_attention(self.model, self.info.host, self.info.architecture)
-            self._hooks_seen = seen
-
-    def named_hooks(self, entries: Sequence[tuple[str, int, Any]]) -> list[tuple[str, Any]]:
-        """``(role, layer, fn)`` entries as ``(hook name, fn)``; every role must exist, checked
-        before any hook is attached."""
-        names = self.hook_names([(role, self.check_layer(layer)) for role, layer, _ in entries])
-        for (role, layer, _), name in zip(entries, names):
-            if name is None:
-                raise TLDynamicsError(f"this {self.info.architecture} model has no {role!r} hook "
-                                      f"in layer {layer}")
-        return [(str(name), fn) for name, (_, _, fn) in zip(names, entries)]
+class AdapterBase(AdapterCore):
+    """The model's weights, norms, embeddings and rotations (see ``ModelAdapter``)."""
 
     # ----------------------------------------------------------------- weights
-    def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
-        self.info  # noqa: B018 (drops the cache when the compatibility mode changed)
-        if self._params is None:  # listed once: walking a bridge's module tree is slow
-            self._params = list(self.model.parameters())
-        version = _weights.weights_version(self._params)
-        if version != self._cache.get(("weights_version",)):  # weights edited in place: re-read
-            self._cache.clear()
-            self._cache[("weights_version",)] = version
-        if key not in self._cache:
-            self._cache[key] = compute()
-        return self._cache[key]
-
     def expand_kv(self, t: Float[Tensor, "batch pos kv_head d_head"]) -> Tensor:
         if t.shape[2] == self.n_heads:
             return t
         return torch.repeat_interleave(t, self.n_heads // t.shape[2], dim=2)
 
-    def _attn_weight(self, layer: int, name: str, bias_shape: tuple[int, ...] | None = None) -> Tensor:
+    def _attn_weight(
+        self, layer: int, name: str, bias_shape: tuple[int, ...] | None = None
+    ) -> Tensor:
         """A weight (required) or a bias (zeros where the model has none), GQA expanded."""
         check_attention(self.specs, [layer], self.info.architecture)
 
         if name in ("W_V", "b_V") and self.specs[layer].gate is not None:  # gated: no fixed OV
             raise gate_refusal(self.specs[layer], self.info.architecture, name)
+
         def compute() -> Tensor:
             if self.specs[layer].latent:  # low-rank q/k/v factors, gains folded in
-                return latent_weight(self.model, layer, name, bias_shape, self.n_heads,
-                                     lambda: self.latent(layer))
+                return latent_weight(
+                    self.model, layer, name, bias_shape, self.n_heads, lambda: self.latent(layer)
+                )
             w = _weights.attn_param(self.model, layer, name)
             if w is None:
                 if bias_shape is None:
-                    raise TLDynamicsError(f"layer {layer} of {self.info.architecture} exposes no "
-                                          f"{name}")
+                    raise TLDynamicsError(
+                        f"layer {layer} of {self.info.architecture} exposes no {name}"
+                    )
                 w = torch.zeros(bias_shape, device=model_device(self.model))
             return w if name == "b_O" else _weights.expand_heads(w, self.n_heads)
+
         return self._cached((name, layer), compute)
 
     def W_Q(self, layer: int) -> Float[Tensor, "head d_model d_head"]:
@@ -239,27 +109,46 @@ class AdapterBase:
 
         def compute() -> QueryNorm:
             return read_query_norm(
-                self.model.blocks[layer].attn, f"layer {layer} of {self.info.architecture}",
+                self.model.blocks[layer].attn,
+                f"layer {layer} of {self.info.architecture}",
                 gemma_gain=self.info.host == "bridge" and self.info.family == "gemma3",
-                n_heads=self.n_heads, d_head=self.d_head, W_Q=self.W_Q(layer), b_Q=self.b_Q(layer))
+                n_heads=self.n_heads,
+                d_head=self.d_head,
+                W_Q=self.W_Q(layer),
+                b_Q=self.b_Q(layer),
+            )
+
         return self._cached(("query_norm", layer), compute)
 
     def latent(self, layer: int) -> LatentFactors | None:
         """The factors of a multi-head latent attention layer (None elsewhere): exact q/k/v, the
         RMS scales W_Q/W_K/W_V leave out, the scores' rotary split (docs/math.md §1.7)."""
         check_attention(self.specs, [self.check_layer(layer)], self.info.architecture)
-        return None if not self.specs[layer].latent else self._cached(
-            ("latent", layer), lambda: read_latent(self.model, layer, self.info.architecture))
+        return (
+            None
+            if not self.specs[layer].latent
+            else self._cached(
+                ("latent", layer), lambda: read_latent(self.model, layer, self.info.architecture)
+            )
+        )
 
     def head_weights(self, layer: int, head: int) -> _weights.HeadWeights:
         """All of one head's weights and its score scale."""
         self.check_layer(layer)
         self.check_head(head, layer)
         return _weights.HeadWeights(
-            layer=layer, head=head, W_Q=self.W_Q(layer)[head], W_K=self.W_K(layer)[head],
-            W_V=self.W_V(layer)[head], W_O=self.W_O(layer)[head], b_Q=self.b_Q(layer)[head],
-            b_K=self.b_K(layer)[head], b_V=self.b_V(layer)[head], b_O=self.b_O(layer),
-            scale=self.specs[layer].scale)
+            layer=layer,
+            head=head,
+            W_Q=self.W_Q(layer)[head],
+            W_K=self.W_K(layer)[head],
+            W_V=self.W_V(layer)[head],
+            W_O=self.W_O(layer)[head],
+            b_Q=self.b_Q(layer)[head],
+            b_K=self.b_K(layer)[head],
+            b_V=self.b_V(layer)[head],
+            b_O=self.b_O(layer),
+            scale=self.specs[layer].scale,
+        )
 
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
@@ -274,16 +163,19 @@ class AdapterBase:
         def compute() -> Tensor:
             b = _weights.model_param(self.model, "b_U")
             return torch.zeros(self.W_U.shape[1], device=self.W_U.device) if b is None else b
+
         return self._cached(("b_U",), compute)
 
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"] | None:
         """Learned absolute position embeddings, or None (rotary, ALiBi)."""
+
         def compute() -> Tensor | None:
             if self.model.cfg.positional_embedding_type not in ("standard", "shortformer"):
                 return None
             pos_embed = getattr(self.model, "pos_embed", None)
             return None if pos_embed is None else _weights.model_param(pos_embed, "W_pos")
+
         return self._cached(("W_pos",), compute)
 
     def final_norm(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
@@ -304,9 +196,11 @@ class AdapterBase:
         for decoder language models (tested). Encoders raise: their MLM head is not a final
         norm plus unembedding."""
         if self.is_encoder:
-            raise TLDynamicsError(f"the logit lens is not applicable to the encoder "
-                                  f"{self.info.architecture}: its masked-LM head is not a final "
-                                  "normalisation followed by the unembedding")
+            raise TLDynamicsError(
+                f"the logit lens is not applicable to the encoder "
+                f"{self.info.architecture}: its masked-LM head is not a final "
+                "normalisation followed by the unembedding"
+            )
         return self.unembed(self.final_norm(resid))
 
     @property
@@ -345,11 +239,20 @@ class AdapterBase:
         """
         self.check_layer(layer)
         where = f"layer {layer} of {self.info.architecture}"
-        return self._cached(("rotation", layer), lambda: read_rotation(
-            self.specs[layer], self.model, lambda roles: self._probe(layer, roles),
-            lambda x: self.unrotated_queries(layer, self.attention_input(layer, x)), where))
+        return self._cached(
+            ("rotation", layer),
+            lambda: read_rotation(
+                self.specs[layer],
+                self.model,
+                lambda roles: self._probe(layer, roles),
+                lambda x: self.unrotated_queries(layer, self.attention_input(layer, x)),
+                where,
+            ),
+        )
 
-    def unrotated_queries(self, layer: int, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... head d_head"]:
+    def unrotated_queries(
+        self, layer: int, x: Float[Tensor, "... d_model"]
+    ) -> Float[Tensor, "... head d_head"]:
         """The queries of every head before rotary for attention inputs ``x`` (as W_Q reads
         them, e.g. ``LayerAttention.reference["x"]``): ``x W_Q + b_Q``, normalised by the
         model's own query norm on qk-norm layers (``query_norm``)."""
@@ -364,24 +267,49 @@ class AdapterBase:
         (2 rows, seed 0). One forward pass serves every rotary layer; it runs when the first
         rotation is read, never inside another forward pass (``ModelAdapter.capture`` reads
         rotations before it hooks the model)."""
+
         def run() -> dict[int, dict[str, Tensor]]:
             got: dict[int, dict[str, Tensor]] = {}
-            wanted = [(role, where) for where, spec in enumerate(self.specs)
-                      if spec.rotary != "none" or spec.latent for role in roles]
-            named = [(name, (lambda w, r: lambda t: got.setdefault(w, {}).__setitem__(
-                r, t.detach().clone()))(where, role))
-                for (role, where), name in zip(wanted, self.hook_names(wanted)) if name is not None]
+            wanted = [
+                (role, where)
+                for where, spec in enumerate(self.specs)
+                if spec.rotary != "none" or spec.latent
+                for role in roles
+            ]
+            named = [
+                (
+                    name,
+                    (
+                        lambda w, r: (
+                            lambda t: got.setdefault(w, {}).__setitem__(r, t.detach().clone())
+                        )
+                    )(where, role),
+                )
+                for (role, where), name in zip(wanted, self.hook_names(wanted))
+                if name is not None
+            ]
             device = model_device(self.model)
-            tokens = torch.randint(0, self.W_E.shape[0], (2, min(PROBE_POSITIONS, self.n_ctx)),
-                                   generator=torch.Generator().manual_seed(0)).to(device)
-            with _capture.registered(self.model, self.info.architecture, named, probe=True), \
-                    torch.no_grad():
+            tokens = torch.randint(
+                0,
+                self.W_E.shape[0],
+                (2, min(PROBE_POSITIONS, self.n_ctx)),
+                generator=torch.Generator().manual_seed(0),
+            ).to(device)
+            with (
+                _capture.registered(self.model, self.info.architecture, named, probe=True),
+                torch.no_grad(),
+            ):
                 self.model(tokens)
             for where, spec in enumerate(self.specs):  # no rotary hooks: the module's own tables
-                if spec.rotary == "half" and "cos" in roles and not {"cos", "rot_q"} & set(got.get(where, {})):
+                if (
+                    spec.rotary == "half"
+                    and "cos" in roles
+                    and not {"cos", "rot_q"} & set(got.get(where, {}))
+                ):
                     got.setdefault(where, {}).update(module_tables(self.model, where, tokens))
                     module_rotated_queries(self, where, got[where])
             return got
+
         return self._cached(("probe", tuple(roles)), run).get(layer, {})
 
     def attention_input(self, layer: int, x: Tensor) -> Tensor:

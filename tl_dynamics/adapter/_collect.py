@@ -15,17 +15,19 @@ from tl_dynamics.adapter import _rotary
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._gate import layer_gate, sub_norm_gate
-from tl_dynamics.adapter._host import LayerSpec, alibi_slopes, mpt_alibi_slopes
+from tl_dynamics.adapter._host import alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._postrope import postrope_qk
 from tl_dynamics.adapter._scored import scored_qkv
+from tl_dynamics.adapter._spec import LayerSpec
 from tl_dynamics.errors import TLDynamicsError
 
 REFERENCE_ROLES = ("scores", "pattern", "z", "out")
 
 
-def masks(adapter: AdapterBase, spec: LayerSpec, key_valid: Tensor, n_pos: int,
-          shared: dict) -> tuple[Tensor, Tensor, Tensor]:
+def masks(
+    adapter: AdapterBase, spec: LayerSpec, key_valid: Tensor, n_pos: int, shared: dict
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(allowed, query_valid, key_pos)`` for a layer's mask kind, built once per pass (the
     same tensors for every layer with the same causal flag and window)."""
     key = ("masks", spec.causal, spec.window, n_pos)
@@ -42,13 +44,20 @@ def masks(adapter: AdapterBase, spec: LayerSpec, key_valid: Tensor, n_pos: int,
         query_valid = key_valid & allowed.any(-1)
         key_pos = shared.get(("key_pos", n_pos))
         if key_pos is None:
-            key_pos = shared[("key_pos", n_pos)] = (key_valid.long().cumsum(-1) - 1) * key_valid.long()
+            key_pos = shared[("key_pos", n_pos)] = (
+                key_valid.long().cumsum(-1) - 1
+            ) * key_valid.long()
         shared[key] = (allowed, query_valid, key_pos)
     return shared[key]
 
 
-def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
-             batch: Batch | None, shared: dict | None = None) -> LayerAttention:
+def assemble(
+    adapter: AdapterBase,
+    layer: int,
+    st: dict[str, Tensor],
+    batch: Batch | None,
+    shared: dict | None = None,
+) -> LayerAttention:
     """The ``LayerAttention`` of ``layer`` from its stashed hook outputs ``st``; ``shared`` is the
     pass's memo (masks are formed once there)."""
     shared = {} if shared is None else shared
@@ -71,15 +80,19 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         q, k = st["rot_q"].float(), st["rot_k"].float()
     elif spec.rotary == "half":
         if "cos" not in st:
-            raise TLDynamicsError(f"layer {layer} of {adapter.info.architecture} is rotary but fired "
-                                  "neither rotated q/k hooks nor cos/sin hooks")
+            raise TLDynamicsError(
+                f"layer {layer} of {adapter.info.architecture} is rotary but fired "
+                "neither rotated q/k hooks nor cos/sin hooks"
+            )
         cos, sin = st["cos"].float()[:, :, None], st["sin"].float()[:, :, None]  # the model's own
         q, k = _rotary.apply(q, cos, sin, "half"), _rotary.apply(k, cos, sin, "half")
     elif spec.rotary == "interleaved":
         rotation, positions = adapter.rotation(layer), adapter.positions(key_valid)
         if rotation is None:
-            raise TLDynamicsError(f"layer {layer} of {adapter.info.architecture} is rotary "
-                                  "(interleaved) but has no rotation")
+            raise TLDynamicsError(
+                f"layer {layer} of {adapter.info.architecture} is rotary "
+                "(interleaved) but has no rotation"
+            )
         q, k = rotation.rotate(q, positions), rotation.rotate(k, positions)
     elif spec.rotary == "hooked":
         raise TLDynamicsError(f"layer {layer}: rotary model did not fire its rotated q/k hooks")
@@ -116,9 +129,20 @@ def assemble(adapter: AdapterBase, layer: int, st: dict[str, Tensor],
         attn = adapter.model.blocks[layer].attn
         owner = getattr(attn, "original_component", None) or attn
         sink = owner.sinks.detach().float().to(q.device)
-    la = LayerAttention(spec=spec, q=q, k=k, v=v, position_bias=bias, allowed=allowed,
-                        query_valid=query_valid, W_O=W_O, b_O=b_O, reference=reference,
-                        sink_logit=sink, gate=layer_gate(adapter, spec, st))
+    la = LayerAttention(
+        spec=spec,
+        q=q,
+        k=k,
+        v=v,
+        position_bias=bias,
+        allowed=allowed,
+        query_valid=query_valid,
+        W_O=W_O,
+        b_O=b_O,
+        reference=reference,
+        sink_logit=sink,
+        gate=layer_gate(adapter, spec, st),
+    )
     if spec.gate == "sub_norm":  # BitNet: the norm over all heads of z, as a multiplier (_gate)
         la = replace(la, gate=sub_norm_gate(adapter, layer, la.z()))
     return la
@@ -142,7 +166,8 @@ def refuse_sinks(specs: Sequence[LayerSpec], layers: Sequence[int], architecture
             "(sum_j exp(s_ij) + exp(sink_h)), so rows sum to less than 1), which this caller "
             "does not model (the odds-ratio split, the contextual MLP, the atlas and the report "
             "do: docs/math.md §2.6, §3.7); ModelAdapter.attention(..., sinks=True) gives the "
-            "exact pattern, z and outputs")
+            "exact pattern, z and outputs"
+        )
 
 
 def hooked_alibi(model: Any, layer: int, n_pos: int, n_heads: int) -> Tensor:

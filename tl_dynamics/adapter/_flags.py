@@ -4,7 +4,7 @@ Every flag below is read from the model's own configuration (the wrapped Hugging
 attention module on the bridge, ``cfg`` on a HookedTransformer). When one is set the adapter
 refuses with a ``TLDynamicsError`` naming the architecture, the flag and what it does, instead of
 returning numbers that silently ignore it. Flags the recipe does model (scale switches, windows,
-soft-caps, q/k norms read through the hooks) are read in ``_host`` instead.
+soft-caps, q/k norms read through the hooks) are read in ``_host`` and ``_bridgespec`` instead.
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ from typing import Any, Callable
 
 from tl_dynamics.errors import HostDiffersWarning, TLDynamicsError
 
-__all__ = ["REFUSED_ATTENTION", "check_bridge_flags", "check_hooked_flags", "check_host_version", "host_differences", "query_scaling_context",
-           "warn_host_differences"]
+__all__ = [
+    "REFUSED_ATTENTION",
+    "check_bridge_flags",
+    "check_hooked_flags",
+    "check_host_version",
+    "host_differences",
+    "query_scaling_context",
+    "warn_host_differences",
+]
 
 _Rule = tuple[str, Callable[[Any], bool], str]
 
@@ -23,10 +30,10 @@ _Rule = tuple[str, Callable[[Any], bool], str]
 # with what they do (a refusal says so instead of "not verified").
 REFUSED_ATTENTION = {
     "Gemma4TextAttention": "q, k and v are each RMS-normalised, head widths and rotary differ "
-                           "between sliding and full layers, and later layers can reuse an earlier "
-                           "layer's keys and values",
+    "between sliding and full layers, and later layers can reuse an earlier "
+    "layer's keys and values",
     "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
-                      "experts",
+    "experts",
 }
 
 # Hugging Face config flags (read from the wrapped model's config).
@@ -38,14 +45,16 @@ _HF_CONFIG_RULES: list[_Rule] = [
 # (learned sinks, ``sinks``, are modelled: LayerSpec.sinks, LayerAttention.sink_logit)
 _HF_MODULE_RULES: list[_Rule] = []
 # TransformerLens bridge cfg switches that change the attention computation after the hooks.
-_BRIDGE_CFG_RULES: list[_Rule] = [
-]
+_BRIDGE_CFG_RULES: list[_Rule] = []
 # HookedTransformer cfg flags.
 _HOOKED_RULES: list[_Rule] = [
     ("use_logn_attn", bool, "log-n attention scaling"),
-    ("clip_qkv", lambda v: v is not None,
-     "q, k and v are clamped after hook_q/hook_k/hook_v fire, so the hooks do not hold what "
-     "is scored"),
+    (
+        "clip_qkv",
+        lambda v: v is not None,
+        "q, k and v are clamped after hook_q/hook_k/hook_v fire, so the hooks do not hold what "
+        "is scored",
+    ),
 ]
 
 
@@ -55,7 +64,8 @@ def _check(source: Any, rules: list[_Rule], where: str, architecture: str) -> No
         if value is not None and is_set(value):
             raise TLDynamicsError(
                 f"unsupported {architecture}: {where} {flag}={value!r} ({why}); the adapter "
-                "refuses rather than return attention that ignores it")
+                "refuses rather than return attention that ignores it"
+            )
 
 
 def check_bridge_flags(model: Any, architecture: str) -> None:
@@ -123,15 +133,18 @@ def check_hooked_flags(model: Any) -> None:
         raise TLDynamicsError(
             f"unsupported {name}: HookedTransformer config attn_scores_soft_cap={cap} with ALiBi "
             "(it soft-caps q.k and adds ALiBi after the cap, while the recipe caps the sum); "
-            "the adapter refuses rather than return attention that ignores it")
+            "the adapter refuses rather than return attention that ignores it"
+        )
     normed = bool(getattr(cfg, "use_qk_norm", False)) or any(
-        getattr(block.attn, "q_norm", None) is not None for block in model.blocks)
+        getattr(block.attn, "q_norm", None) is not None for block in model.blocks
+    )
     if normed and pos_type != "rotary":
         raise TLDynamicsError(
             f"unsupported {name}: HookedTransformer q/k normalisation with "
             f"positional_embedding_type={pos_type!r} (hook_q/hook_k fire before the norm and no "
             "rotated hook fires after it, so no hook holds the scored q and k); the adapter "
-            "refuses rather than return attention that ignores it")
+            "refuses rather than return attention that ignores it"
+        )
 
 
 def host_differences(model: Any, family: str, architecture: str) -> list[str]:
@@ -147,15 +160,19 @@ def host_differences(model: Any, family: str, architecture: str) -> list[str]:
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
     found = []
     if family in ("gpt2", "gpt_bigcode") and getattr(hf_cfg, "scale_attn_weights", True) is False:
-        found.append(f"{architecture} sets scale_attn_weights=False (Hugging Face does not scale "
-                     "q.k), but TransformerLens scores with d_head**-0.5 anyway, so its patterns "
-                     "differ from the Hugging Face model's; the adapter reproduces TransformerLens")
+        found.append(
+            f"{architecture} sets scale_attn_weights=False (Hugging Face does not scale "
+            "q.k), but TransformerLens scores with d_head**-0.5 anyway, so its patterns "
+            "differ from the Hugging Face model's; the adapter reproduces TransformerLens"
+        )
     cap = getattr(hf_cfg, "attn_logit_softcapping", None)
     if family == "gemma3" and cap:
-        found.append(f"{architecture} sets attn_logit_softcapping={cap}: TransformerLens soft-caps "
-                     "the attention scores (cap * tanh(s / cap)) but Hugging Face Gemma 3 ignores "
-                     "the flag, so its patterns differ from the Hugging Face model's; the adapter "
-                     "reproduces TransformerLens")
+        found.append(
+            f"{architecture} sets attn_logit_softcapping={cap}: TransformerLens soft-caps "
+            "the attention scores (cap * tanh(s / cap)) but Hugging Face Gemma 3 ignores "
+            "the flag, so its patterns differ from the Hugging Face model's; the adapter "
+            "reproduces TransformerLens"
+        )
     return found
 
 
@@ -174,13 +191,15 @@ def check_host_version(family: str, architecture: str, major: int) -> None:
             f"unsupported {architecture} on TransformerLens 3.x: its bridge fires hook_rot_q after "
             "HunYuan's q/k norm, which comes after rotary, so its rotated queries cannot verify the "
             "layer's rotation (TransformerLens 4.x fires them before the norm, and the adapter is "
-            "exact there)")
+            "exact there)"
+        )
     if family in ("cohere", "cohere2") and major < 4:
         raise TLDynamicsError(
             f"unsupported {architecture} on TransformerLens 3.x: its bridge rotates Cohere's "
             "queries and keys with neither layout of its own cos/sin tables, and its attention "
             "pattern differs from the Hugging Face model's (by 0.97 on a tiny random model); "
-            "TransformerLens 4.x computes it exactly and the adapter reproduces it there")
+            "TransformerLens 4.x computes it exactly and the adapter reproduces it there"
+        )
 
 
 def warn_host_differences(model: Any, host: str, family: str, architecture: str) -> None:

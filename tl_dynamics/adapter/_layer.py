@@ -14,9 +14,9 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from tl_dynamics.adapter._host import LayerSpec
 from tl_dynamics.adapter._refusals import LayerRefusals
 from tl_dynamics.adapter._softmax import masked_log_softmax, masked_softmax
+from tl_dynamics.adapter._spec import LayerSpec
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,9 @@ class LayerAttention(LayerRefusals):
     def _heads(self, heads: Sequence[int] | None) -> slice | list[int]:
         return slice(None) if heads is None else list(heads)
 
-    def bias(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"] | None:
+    def bias(
+        self, heads: Sequence[int] | None = None
+    ) -> Float[Tensor, "batch head pos pos"] | None:
         """The additive position bias ``p_ij`` (ALiBi), or None when the model has none.
 
         Args:
@@ -182,7 +184,9 @@ class LayerAttention(LayerRefusals):
         bias = self.bias(heads)
         return r if bias is None else r + bias
 
-    def capped(self, raw: Float[Tensor, "batch head pos pos"]) -> Float[Tensor, "batch head pos pos"]:
+    def capped(
+        self, raw: Float[Tensor, "batch head pos pos"]
+    ) -> Float[Tensor, "batch head pos pos"]:
         """Apply the model's soft-cap ``cap * tanh(raw / cap)`` (the identity when it has none).
 
         Args:
@@ -224,8 +228,9 @@ class LayerAttention(LayerRefusals):
         """
         return self._memoised("scores", heads, lambda: self.capped(self.raw_scores(heads)))
 
-    def masked_softmax(self, scores: Float[Tensor, "batch head pos pos"],
-                       heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
+    def masked_softmax(
+        self, scores: Float[Tensor, "batch head pos pos"], heads: Sequence[int] | None = None
+    ) -> Float[Tensor, "batch head pos pos"]:
         """Softmax over allowed keys; rows with no allowed key (pad queries) are all zero.
 
         Learned sinks, where the layer has them, join every row's denominator (``sink_logit``).
@@ -267,10 +272,13 @@ class LayerAttention(LayerRefusals):
             >>> la.pattern().sum(-1).allclose(torch.ones(1, 4, 8))
             True
         """
-        return self._memoised("pattern", heads,
-                              lambda: self.masked_softmax(self.scores(heads), heads))
+        return self._memoised(
+            "pattern", heads, lambda: self.masked_softmax(self.scores(heads), heads)
+        )
 
-    def log_pattern(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch head pos pos"]:
+    def log_pattern(
+        self, heads: Sequence[int] | None = None
+    ) -> Float[Tensor, "batch head pos pos"]:
         """The log of the pattern: -inf on masked keys and on rows with no allowed key.
 
         Over all heads it is computed once per layer. Learned sinks join the denominator as in
@@ -290,14 +298,17 @@ class LayerAttention(LayerRefusals):
             >>> la.log_pattern()[0, 0, 0, 1].item()  # query 0 may not see key 1
             -inf
         """
+
         def make() -> Tensor:
             if self.sink_logit is not None:
                 return torch.log(self.pattern(heads))
             return masked_log_softmax(self.scores(heads), self.allowed)
+
         return self._memoised("log_pattern", heads, make)
 
-    def z(self, heads: Sequence[int] | None = None,
-          pattern: Tensor | None = None) -> Float[Tensor, "batch pos head d_head"]:
+    def z(
+        self, heads: Sequence[int] | None = None, pattern: Tensor | None = None
+    ) -> Float[Tensor, "batch pos head d_head"]:
         """The heads' mixed values ``pattern @ v`` (times the output gate on gated layers).
 
         They equal the model's ``hook_z`` on valid rows; on gated layers (``gate``) ``z``
@@ -324,8 +335,9 @@ class LayerAttention(LayerRefusals):
         z = torch.einsum("bhij,bjhd->bihd", pattern, self.v[:, :, h])
         return z if self.gate is None else z * self.gate[:, :, h]
 
-    def head_outputs(self, heads: Sequence[int] | None = None,
-                     z: Tensor | None = None) -> Float[Tensor, "batch pos head d_model"]:
+    def head_outputs(
+        self, heads: Sequence[int] | None = None, z: Tensor | None = None
+    ) -> Float[Tensor, "batch pos head d_model"]:
         """Per-head outputs ``z_h @ W_O[h]``; over all heads they sum (plus ``b_O``) to the attention output.
 
         Args:
@@ -348,7 +360,9 @@ class LayerAttention(LayerRefusals):
         z = self.z(heads) if z is None else z
         return torch.einsum("bihd,hdm->bihm", z, self.W_O[h])
 
-    def source_outputs(self, heads: Sequence[int] | None = None) -> Float[Tensor, "batch pos head d_model"]:
+    def source_outputs(
+        self, heads: Sequence[int] | None = None
+    ) -> Float[Tensor, "batch pos head d_model"]:
         """Per-source head outputs ``o_j = v_j @ W_O`` (the contextual MLP's outgoing weights).
 
         Refused on gated layers, where what source ``j`` adds depends on the query's gate.

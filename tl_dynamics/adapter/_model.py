@@ -16,7 +16,8 @@ from torch import Tensor
 from tl_dynamics.adapter import _batch, _capture
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch, Prompt
-from tl_dynamics.adapter._hub import LayerState, hub_of
+from tl_dynamics.adapter._calls import Calls
+from tl_dynamics.adapter._hub import hub_of
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._patch import patched
 from tl_dynamics.collect import Collector
@@ -64,12 +65,16 @@ class ModelAdapter(AdapterBase):
         if isinstance(model, ModelAdapter):
             return model
         if not (hasattr(model, "cfg") and hasattr(model, "named_parameters")):
-            hint = (f"; to load one by name or folder: tl_dynamics.load_model({str(model)!r})"
-                    if isinstance(model, (str, PathLike)) else
-                    "; load one with tl_dynamics.load_model(name_or_folder)")
-            raise TLDynamicsError(f"expected a TransformerLens model (HookedTransformer or "
-                                  f"TransformerBridge) or a ModelAdapter, got "
-                                  f"{type(model).__name__}{hint}")
+            hint = (
+                f"; to load one by name or folder: tl_dynamics.load_model({str(model)!r})"
+                if isinstance(model, (str, PathLike))
+                else "; load one with tl_dynamics.load_model(name_or_folder)"
+            )
+            raise TLDynamicsError(
+                f"expected a TransformerLens model (HookedTransformer or "
+                f"TransformerBridge) or a ModelAdapter, got "
+                f"{type(model).__name__}{hint}"
+            )
         return cls(model)
 
     @property
@@ -85,8 +90,12 @@ class ModelAdapter(AdapterBase):
         return getattr(self.model, "tokenizer", None)
 
     # ----------------------------------------------------------------- tokens
-    def tokenize(self, prompt: Prompt | Batch, padding_side: str = "right",
-                 attention_mask: Tensor | None = None) -> Batch:
+    def tokenize(
+        self,
+        prompt: Prompt | Batch,
+        padding_side: str = "right",
+        attention_mask: Tensor | None = None,
+    ) -> Batch:
         """Tokens and padding mask for a string, a list of strings, or a token tensor.
 
         A list of strings is padded on ``padding_side``; a token tensor with padding needs its
@@ -180,24 +189,13 @@ class ModelAdapter(AdapterBase):
         finally:
             hub.pending = before
 
-    def _check_padding(self, batch: Batch | None) -> None:
-        if batch is not None and batch.padded and self.info.family == "openai_gpt":
-            raise TLDynamicsError(
-                "padded batch on OpenAIGPTLMHeadModel: TransformerLens's bridge replaces the "
-                "causal mask by the padding mask when one is passed, so its queries attend to "
-                "later tokens (the Hugging Face model keeps both); pass prompts one at a time")
-        if batch is None or not batch.padded or self.info.host != "hooked":
-            return
-        if any(not spec.causal for spec in self.specs):
-            raise TLDynamicsError(
-                "padded batch on a bidirectional HookedTransformer: it does not mask padding "
-                "keys (its mask is applied only for causal attention), so its patterns include "
-                "the pads; pass prompts one at a time, or use a TransformerBridge encoder")
-
     # ----------------------------------------------------------------- hooks
     @contextmanager
-    def hooks(self, hooks: Sequence[tuple[str, int, Callable[[Tensor], None]]],
-              on_forward_end: Callable[[], None] | None = None) -> Iterator[None]:
+    def hooks(
+        self,
+        hooks: Sequence[tuple[str, int, Callable[[Tensor], None]]],
+        on_forward_end: Callable[[], None] | None = None,
+    ) -> Iterator[None]:
         """Attach read-only hooks ``fn(activation)`` at ``(role, layer)`` for the passes run inside.
 
         Exactly these hooks are removed on exit. Roles are the adapter's names (``"resid_pre"``,
@@ -224,8 +222,9 @@ class ModelAdapter(AdapterBase):
             yield
 
     @contextmanager
-    def patch(self, patches: Sequence[tuple[str, int, Callable[[Tensor], Tensor | None]]]
-              ) -> Iterator[None]:
+    def patch(
+        self, patches: Sequence[tuple[str, int, Callable[[Tensor], Tensor | None]]]
+    ) -> Iterator[None]:
         """Replace activations for the passes run inside.
 
         ``fn(activation)`` at ``(role, layer)`` returns the replacement (same shape) or None to keep
@@ -285,10 +284,15 @@ class ModelAdapter(AdapterBase):
             yield
 
     @contextmanager
-    def capture(self, on_layer: Callable[[LayerAttention], None],
-                layers: int | Sequence[int] | None = None, reference: bool = False,
-                inputs: bool = False, batch: Batch | None = None,
-                sinks: bool = False) -> Iterator[None]:
+    def capture(
+        self,
+        on_layer: Callable[[LayerAttention], None],
+        layers: int | Sequence[int] | None = None,
+        reference: bool = False,
+        inputs: bool = False,
+        batch: Batch | None = None,
+        sinks: bool = False,
+    ) -> Iterator[None]:
         """Call ``on_layer(LayerAttention)`` for each layer during every forward pass inside.
 
         Only one layer's tensors are held at a time. The padding mask is the pass's own (the
@@ -320,13 +324,19 @@ class ModelAdapter(AdapterBase):
             [(1, 3, 4, 16)]
         """
         self._check_padding(batch)
-        collector = _Calls(on_layer, self.check_attention_layers(layers), reference, inputs, sinks)
+        collector = Calls(on_layer, self.check_attention_layers(layers), reference, inputs, sinks)
         with self.collecting(collector):
             yield
 
-    def attention(self, prompt: Prompt | Batch, layers: int | Sequence[int] | None = None,
-                  reference: bool = False, inputs: bool = False,
-                  padding_side: str = "right", sinks: bool = False) -> dict[int, LayerAttention]:
+    def attention(
+        self,
+        prompt: Prompt | Batch,
+        layers: int | Sequence[int] | None = None,
+        reference: bool = False,
+        inputs: bool = False,
+        padding_side: str = "right",
+        sinks: bool = False,
+    ) -> dict[int, LayerAttention]:
         """Run the model once and return each asked layer's ``LayerAttention``.
 
         Args:
@@ -348,23 +358,8 @@ class ModelAdapter(AdapterBase):
         """
         batch = self.tokenize(prompt, padding_side)
         out: dict[int, LayerAttention] = {}
-        with self.capture(lambda la: out.__setitem__(la.layer, la), layers, reference, inputs,
-                          batch, sinks):
+        with self.capture(
+            lambda la: out.__setitem__(la.layer, la), layers, reference, inputs, batch, sinks
+        ):
             self.forward(batch)
         return out
-
-
-class _Calls(Collector):
-    """``capture``'s collector: hands each layer's ``LayerAttention`` to a function (whose ``z``
-    and head outputs include a gated layer's output gate)."""
-
-    gates, query_frames = True, False  # hands the layer on: forms no query frame itself
-
-    def __init__(self, fn: Callable[[LayerAttention], None], layers: list[int], reference: bool,
-                 inputs: bool, sinks: bool):
-        self.fn, self.layers = fn, tuple(layers)
-        self.reference, self.inputs, self.sinks = reference, inputs, sinks
-
-    def on_layer(self, state: LayerState) -> None:
-        if state.attention is not None and state.layer in self.layers:
-            self.fn(state.attention)

@@ -11,7 +11,7 @@ from tl_dynamics.adapter._checks import sink_refusal
 from tl_dynamics.adapter._gate import gate_refusal
 
 if TYPE_CHECKING:
-    from tl_dynamics.adapter._host import LayerSpec
+    from tl_dynamics.adapter._spec import LayerSpec
 
 
 class LayerRefusals:

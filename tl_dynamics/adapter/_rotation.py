@@ -23,9 +23,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from tl_dynamics.adapter._host import LayerSpec
 from tl_dynamics.adapter._mla import latent_rotation
 from tl_dynamics.adapter._rotary import Layout, Rotation
+from tl_dynamics.adapter._spec import LayerSpec
 from tl_dynamics.errors import TLDynamicsError
 
 PROBE_POSITIONS = 16  # tokens in the probe forward pass (2 rows)
@@ -44,12 +44,14 @@ def _tolerance(floor: float, like: Tensor, ulps: float) -> float:
     """``floor``, or ``ulps`` units of ``like``'s precision where that is coarser."""
     return max(floor, ulps * torch.finfo(like.dtype).eps) if like.is_floating_point() else floor
 
+
 Probe = Callable[[Sequence[str]], dict[str, Tensor]]  # roles -> one probe pass's activations
 Queries = Callable[[Tensor], Tensor]  # attention input [b, p, d_model] -> unrotated q [b, p, h, d]
 
 
-def read_rotation(spec: LayerSpec, model: Any, probe: Probe, queries: Queries,
-                  where: str) -> Rotation | None:
+def read_rotation(
+    spec: LayerSpec, model: Any, probe: Probe, queries: Queries, where: str
+) -> Rotation | None:
     """The verified ``Rotation`` of the layer ``spec`` describes, or None where it has none.
 
     ``probe(roles)`` runs the model once on ``PROBE_POSITIONS`` tokens and returns the layer's
@@ -67,8 +69,9 @@ def read_rotation(spec: LayerSpec, model: Any, probe: Probe, queries: Queries,
         candidates = [_from_hooks(spec, model, got, where)]
         candidates += _adjacent_pairs(candidates[0], got) + _undoubled(spec, model, got)
         first = candidates[0]  # NanoChat rotates the other way: sin negated (verified, last)
-        candidates.append(Rotation(first.layer, "half", first.rotary_dim, -first.inv_freq,
-                                   first.magnitude))
+        candidates.append(
+            Rotation(first.layer, "half", first.rotary_dim, -first.inv_freq, first.magnitude)
+        )
     else:
         candidates = _hooked(spec, model, where)
     return _verified(candidates, got, queries, where)
@@ -85,18 +88,31 @@ def _interleaved(spec: LayerSpec, model: Any, where: str) -> Rotation:
     if spec.rotary_dim is not None and spec.rotary_base is None:  # Llama 4: the model's own
         for name, buffer in getattr(model, "original_model", model).named_buffers():
             if name.endswith("rotary_emb.inv_freq") and buffer.numel() == spec.rotary_dim // 2:
-                return Rotation(spec.layer, "interleaved", int(spec.rotary_dim),
-                                buffer.detach().double().cpu(), 1.0)
+                return Rotation(
+                    spec.layer,
+                    "interleaved",
+                    int(spec.rotary_dim),
+                    buffer.detach().double().cpu(),
+                    1.0,
+                )
     if spec.rotary_dim is None or spec.rotary_base is None:
-        raise TLDynamicsError(f"{where} is rotary (interleaved) but its rotary width or base is "
-                              f"unknown (rotary_dim={spec.rotary_dim}, base={spec.rotary_base})")
+        raise TLDynamicsError(
+            f"{where} is rotary (interleaved) but its rotary width or base is "
+            f"unknown (rotary_dim={spec.rotary_dim}, base={spec.rotary_base})"
+        )
     attn = model.blocks[spec.layer].attn
     native = getattr(getattr(attn, "original_component", None), "rotary", None)
     table = None
     if native is not None and hasattr(native, "cos_cached"):
         table = (native.cos_cached.detach(), native.sin_cached.detach())
-    return Rotation(spec.layer, "interleaved", int(spec.rotary_dim),
-                    inv_freq_from_base(int(spec.rotary_dim), spec.rotary_base), 1.0, table)
+    return Rotation(
+        spec.layer,
+        "interleaved",
+        int(spec.rotary_dim),
+        inv_freq_from_base(int(spec.rotary_dim), spec.rotary_base),
+        1.0,
+        table,
+    )
 
 
 def _fitted(layout: Layout, cos: Tensor, sin: Tensor) -> tuple[Tensor, float]:
@@ -108,8 +124,9 @@ def _fitted(layout: Layout, cos: Tensor, sin: Tensor) -> tuple[Tensor, float]:
 
 def _from_hooks(spec: LayerSpec, model: Any, got: dict[str, Tensor], where: str) -> Rotation:
     if "cos" not in got or "sin" not in got:
-        raise TLDynamicsError(f"{where} is rotary but fires no cos/sin hooks, so its rotation "
-                              "cannot be read")
+        raise TLDynamicsError(
+            f"{where} is rotary but fires no cos/sin hooks, so its rotation cannot be read"
+        )
     n_pos, n_rot = got["cos"].shape[-2:]
     cos = got["cos"].reshape(-1, n_pos, n_rot)[0].cpu()  # [pos, rotary_dim], on the CPU
     sin = got["sin"].reshape(-1, n_pos, n_rot)[0].cpu()
@@ -135,8 +152,10 @@ def _adjacent_pairs(half: Rotation, got: dict[str, Tensor]) -> list[Rotation]:
     cos = got["cos"].reshape(-1, n_pos, n_rot)[0].cpu()
     sin = got["sin"].reshape(-1, n_pos, n_rot)[0].cpu()
     inv_freq, magnitude = _fitted("interleaved", cos, sin)
-    return [Rotation(half.layer, "interleaved", half.rotary_dim, half.inv_freq, half.magnitude),
-            Rotation(half.layer, "interleaved", half.rotary_dim, inv_freq, magnitude)]
+    return [
+        Rotation(half.layer, "interleaved", half.rotary_dim, half.inv_freq, half.magnitude),
+        Rotation(half.layer, "interleaved", half.rotary_dim, inv_freq, magnitude),
+    ]
 
 
 def _undoubled(spec: LayerSpec, model: Any, got: dict[str, Tensor]) -> list[Rotation]:
@@ -169,8 +188,9 @@ def _hooked(spec: LayerSpec, model: Any, where: str) -> list[Rotation]:
     return out
 
 
-def _verified(candidates: list[Rotation], got: dict[str, Tensor], queries: Queries,
-              where: str) -> Rotation:
+def _verified(
+    candidates: list[Rotation], got: dict[str, Tensor], queries: Queries, where: str
+) -> Rotation:
     if "x" not in got or "rot_q" not in got:
         return candidates[0]  # the model shows no rotated query; the exactness tests check it
     q = queries(got["x"].float())
@@ -181,11 +201,14 @@ def _verified(candidates: list[Rotation], got: dict[str, Tensor], queries: Queri
     for rotation in candidates:
         if rotation.rotary_dim > q.shape[-1]:
             continue  # an undoubled candidate wider than the head
-        err = (rotation.rotate(q, positions) - scored).abs().max() / scored.abs().max().clamp_min(1e-30)
+        err = (rotation.rotate(q, positions) - scored).abs().max() / scored.abs().max().clamp_min(
+            1e-30
+        )
         errors[rotation.layout] = float(err)
         if errors[rotation.layout] <= tolerance:
             return rotation
     raise TLDynamicsError(
         f"{where}: the model's rotated queries are not reproduced by its rotary tables (relative "
         f"errors {errors} for width {candidates[0].rotary_dim}); a rope scaling that changes "
-        "with the sequence (dynamic NTK) is not supported")
+        "with the sequence (dynamic NTK) is not supported"
+    )
