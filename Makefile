@@ -69,9 +69,10 @@ test-main: $(VENV)/.installed chromium
 
 # TransformerLens 3.x: HookedTransformer and the 3.x bridge; views and notebooks don't depend
 # on the host, so they run once, above, except notebooks/sae.ipynb (marked tl3: SAELens needs
-# TransformerLens 3.x, so it runs here and is skipped above).
-test-tl3: $(VENV3)/.installed
-	$(VENV3)/bin/python -m pytest -m "not browser and (not notebook or tl3)"
+# TransformerLens 3.x, so it runs here, executed and in the JupyterLab browser test, and is
+# skipped above).
+test-tl3: $(VENV3)/.installed chromium
+	$(VENV3)/bin/python -m pytest -m "(not browser and not notebook) or tl3"
 
 # Execute the notebooks and keep their outputs as static pictures of each view (for viewers that
 # cannot run scripts), each notebook under the size budget (scripts/notebook_outputs.py).
