@@ -14,16 +14,21 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 
 from tl_dynamics import viz
-from tl_dynamics._heads import EXPLAINED, STATISTICS, HeadSummaries
 from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, trajectories
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.collect import Analysis, torch_threads
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.models import CODE_PROMPT as DEFAULT_PROMPT  # the one spelling (models.py)
+
+# the attention section's names stay importable from here (``X as X``: a re-export)
+from tl_dynamics._attention_section import ATTENTION_INTRO as ATTENTION_INTRO
+from tl_dynamics._attention_section import LEARNED_SINK_CAPTION as LEARNED_SINK_CAPTION
+from tl_dynamics._attention_section import NAMED_SHARE as NAMED_SHARE
+from tl_dynamics._attention_section import attention_section, checked_heads
+from tl_dynamics._attention_section import top_heads_sentence as top_heads_sentence
 
 log = logging.getLogger(__name__)
 
@@ -33,29 +38,42 @@ SectionFn = Callable[[viz.Page, ModelAdapter, Batch], None]
 def _registered(package: Any, class_name: str, what: str) -> type[Analysis]:
     """The registry entry of an analysis package: its ``compute``, ``attach`` (None where it
     cannot stream) and ``report_section``, as an ``Analysis`` subclass defined here."""
-    entries = {"__doc__": what, "__module__": __name__, "name": package.__name__.split(".")[-1],
-               "compute": staticmethod(package.compute),
-               "report_section": staticmethod(package.report_section)}
+    entries = {
+        "__doc__": what,
+        "__module__": __name__,
+        "name": package.__name__.split(".")[-1],
+        "compute": staticmethod(package.compute),
+        "report_section": staticmethod(package.report_section),
+    }
     if hasattr(package, "attach"):
         entries["attach"] = staticmethod(package.attach)
     return type(class_name, (Analysis,), entries)
 
 
 AtlasAnalysis = _registered(
-    atlas, "AtlasAnalysis", "What each head does, with causal evidence (a whole-model "
-    "measurement: no attach).")
+    atlas,
+    "AtlasAnalysis",
+    "What each head does, with causal evidence (a whole-model measurement: no attach).",
+)
 CircuitsAnalysis = _registered(
-    circuits, "CircuitsAnalysis", "Factored QK/OV circuits, copying and composition scores "
-    "(weights only: no attach).")
-OddsRatioAnalysis = _registered(odds_ratio, "OddsRatioAnalysis",
-                                "The odds-ratio split of every score.")
-ContextualMLPAnalysis = _registered(contextual_mlp, "ContextualMLPAnalysis",
-                                    "Attention as a contextual MLP.")
-TrajectoriesAnalysis = _registered(trajectories, "TrajectoriesAnalysis",
-                                   "Depth-wise trajectories and their statistics.")
+    circuits,
+    "CircuitsAnalysis",
+    "Factored QK/OV circuits, copying and composition scores (weights only: no attach).",
+)
+OddsRatioAnalysis = _registered(
+    odds_ratio, "OddsRatioAnalysis", "The odds-ratio split of every score."
+)
+ContextualMLPAnalysis = _registered(
+    contextual_mlp, "ContextualMLPAnalysis", "Attention as a contextual MLP."
+)
+TrajectoriesAnalysis = _registered(
+    trajectories, "TrajectoriesAnalysis", "Depth-wise trajectories and their statistics."
+)
 ParticlesAnalysis = _registered(
-    particles, "ParticlesAnalysis", "The idealised particle system beside the model "
-    "(simulated: no attach).")
+    particles,
+    "ParticlesAnalysis",
+    "The idealised particle system beside the model (simulated: no attach).",
+)
 
 
 # The analyses, in page order: each a ``tl_dynamics.collect.Analysis`` subclass naming its
@@ -73,123 +91,6 @@ SECTIONS: tuple[type[Analysis], ...] = (
 # work keeps cores busy: under load, threads that wait for each other cost more than they save
 # (benchmarks/README.md, "report").
 REPORT_THREADS: int | str | None = "auto"
-ATTENTION_INTRO = (
-    "How each head spreads its attention over earlier tokens. The maps give one number per head "
-    "(rows: layers, columns: heads); the grid shows every head's pattern as a thumbnail "
-    "(destination token down, source token across, darker = more weight); click one to see it "
-    "large, with tokens on hover. Patterns are recomputed exactly from the model's own queries "
-    "and keys (scale, rotary, grouped heads, masks and soft-caps as the model scores).")
-
-
-LEARNED_SINK_CAPTION = (
-    "mean weight the head's learned sink absorbs (a per-head logit in every softmax "
-    "denominator: each row of the pattern sums to 1 minus this; docs/math.md §1.4)")
-
-
-def _head_list(heads: Sequence[tuple[int, int]] | None, adapter: ModelAdapter) -> set[tuple[int, int]]:
-    out = set()
-    for layer, head in heads or ():
-        out.add((adapter.check_layer(layer), adapter.check_head(head, layer=layer)))
-    return out
-
-
-def attention_section(page: viz.Page, adapter: ModelAdapter, batch: Batch,
-                      layers: Sequence[int] | None = None,
-                      heads: Sequence[tuple[int, int]] | None = None) -> None:
-    """Per-head statistics, thumbnails of every head, full patterns for the heads singled out
-    (and for ``heads``, ``(layer, head)`` pairs), streamed one layer at a time.
-
-    Example:
-        >>> from tl_dynamics import testing, viz
-        >>> ad = ModelAdapter(testing.tiny_model("gpt2"))                   # doctest: +SKIP
-        >>> page = viz.Page("attention")                                   # doctest: +SKIP
-        >>> attention_section(page, ad, ad.tokenize("a b a b"), heads=[(1, 0)])  # doctest: +SKIP
-    """
-    chosen = adapter.check_attention_layers(layers)
-    forced = _head_list(heads, adapter)
-    outside = sorted(k for k in forced if k[0] not in chosen)
-    if outside:
-        raise TLDynamicsError(f"heads {[f'L{a}H{b}' for a, b in outside]} are in layers not shown "
-                              f"(layers {chosen}): add their layers or drop them")
-    valid = batch.key_valid[0]
-    tokens = [t for t, keep in zip(adapter.str_tokens(batch), valid.tolist()) if keep]
-    ids = batch.tokens[0][valid]
-    summary = HeadSummaries(adapter.n_heads, len(tokens), forced)
-    causal = [True]
-    sunk: dict[int, Any] = {}  # layer -> [head] mean mass its learned sinks absorb (GPT-OSS)
-
-    every = bool(valid.all())
-
-    def on_layer(la: Any) -> None:
-        pattern, allowed = la.pattern()[0].float(), la.allowed[0]
-        if not every:  # padding: keep the real tokens only
-            pattern, allowed = pattern[:, valid][:, :, valid], allowed[valid][:, valid]
-        causal[0] = causal[0] and bool(la.spec.causal)
-        if la.sink_logit is not None:  # rows sum to 1 - (what the learned sink absorbs)
-            sunk[la.layer] = (1.0 - pattern.sum(-1)).mean(-1).numpy()
-        summary.add_layer(la.layer, pattern, allowed, ids)
-
-    # learned sinks are part of the model's pattern: shown as it is, their mass as one more map
-    with torch.no_grad(), adapter.capture(on_layer, layers=chosen, batch=batch, sinks=True):
-        adapter.forward(batch)
-    rows = [f"L{layer}" for layer in summary.layers]
-    cols = [f"H{h}" for h in range(adapter.n_heads)]
-    maps = []
-    for name in STATISTICS:
-        values = summary.matrix(name)
-        if not torch.isfinite(torch.as_tensor(values)).any():
-            continue
-        maps.append(viz.heatmap(values, rows, cols, title=name.replace("_", " "), row_title="layer",
-                                col_title="head", min_value=0.0, max_value=1.0, cmap="viridis",
-                                value_name="normalised entropy" if name == "entropy" else "weight",
-                                cell_px=28, caption=EXPLAINED[name]))
-    if sunk:
-        values = np.array([sunk.get(layer, np.full(adapter.n_heads, np.nan))
-                           for layer in summary.layers])
-        maps.append(viz.heatmap(values, rows, cols, title="learned sink", row_title="layer",
-                                col_title="head", min_value=0.0, max_value=1.0, cmap="viridis",
-                                value_name="weight", cell_px=28, caption=LEARNED_SINK_CAPTION))
-    full = summary.full_patterns()
-    index = {key: i for i, key in enumerate((layer, h) for layer in summary.layers
-                                              for h in range(adapter.n_heads))}
-    picked = summary.singled_out()
-    first = picked.get("previous_token") or next(iter(full), (summary.layers[0], 0))
-    names = [f"L{layer}H{h}" for layer, h in index]
-    grid = viz.attention_grid(summary.thumbs, {index[k]: p for k, p in full.items()}, tokens, names,
-                              columns=adapter.n_heads, row_names=rows, selected=index[first],
-                              mask_upper_tri=causal[0],
-                              caption=f"{len(names)} heads; full patterns kept for {len(full)}")
-    items: list[Any] = [viz.group(*maps, caption="Per-head statistics (one cell per head; "
-                                          "hover for the value)", row=True), grid]
-    singled = top_heads_sentence(summary.top_values())
-    if singled:
-        items.append(viz.text(singled))
-    page.add_section("Attention patterns", items, intro=ATTENTION_INTRO, math="docs/math.md §1.4")
-
-
-# A head is named for a statistic only when that is where most of its attention goes: the maps
-# show every head's value, and a "top head" at, say, 0.04 would name a head that does not do it.
-NAMED_SHARE = 0.5
-
-
-def top_heads_sentence(tops: dict[str, tuple[tuple[int, int], float]]) -> str:
-    """One sentence naming, per statistic, the head with the largest mean weight there, only
-    where that weight is at least ``NAMED_SHARE`` (otherwise it says no head does it).
-
-    Example:
-        >>> print(top_heads_sentence({"previous_token": ((0, 2), 0.91), "induction": ((1, 0), 0.04)}))
-        At least half of a head's attention: previous token L0H2 (0.91). No head reaches half for: induction (largest L1H0, 0.04).
-    """
-    named = [f"{name.replace('_', ' ')} L{k[0]}H{k[1]} ({v:.2f})" for name, (k, v) in tops.items()
-             if v >= NAMED_SHARE]
-    below = [f"{name.replace('_', ' ')} (largest L{k[0]}H{k[1]}, {v:.2f})"
-             for name, (k, v) in tops.items() if v < NAMED_SHARE]
-    parts = []
-    if named:
-        parts.append("At least half of a head's attention: " + "; ".join(named) + ".")
-    if below:
-        parts.append("No head reaches half for: " + "; ".join(below) + ".")
-    return " ".join(parts)
 
 
 def unknown_token_warning(adapter: ModelAdapter, batch: Batch) -> str | None:
@@ -202,14 +103,17 @@ def unknown_token_warning(adapter: ModelAdapter, batch: Batch) -> str | None:
     count = int((batch.real_tokens() == unk).sum())
     if not count:
         return None
-    return (f"{count} of the prompt's {int(batch.key_valid[0].sum())} tokens are unknown to this "
-            f"model's tokenizer (shown as {tok.unk_token!r}): use characters it knows.")
+    return (
+        f"{count} of the prompt's {int(batch.key_valid[0].sum())} tokens are unknown to this "
+        f"model's tokenizer (shown as {tok.unk_token!r}): use characters it knows."
+    )
 
 
 def busy_cores(sample_s: float = 0.25) -> float:
     """How many cores other work keeps busy now: the non-idle share of ``/proc/stat`` over
     ``sample_s`` seconds times the core count (the 1-minute load average where there is no
     ``/proc/stat``)."""
+
     def read() -> tuple[int, int] | None:
         try:
             with open("/proc/stat") as stat:
@@ -251,12 +155,16 @@ def report_threads(setting: int | str | None = REPORT_THREADS) -> int | None:
     return setting
 
 
-def build_report(model: Any, prompt: Any = DEFAULT_PROMPT, label: str = "",
-                 sections: Sequence[type[Analysis]] = SECTIONS,
-                 progress: Callable[[str], None] | None = None,
-                 layers: Sequence[int] | None = None,
-                 heads: Sequence[tuple[int, int]] | None = None,
-                 threads: int | str | None = REPORT_THREADS) -> viz.Page:
+def build_report(
+    model: Any,
+    prompt: Any = DEFAULT_PROMPT,
+    label: str = "",
+    sections: Sequence[type[Analysis]] = SECTIONS,
+    progress: Callable[[str], None] | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[tuple[int, int]] | None = None,
+    threads: int | str | None = REPORT_THREADS,
+) -> viz.Page:
     """Build the report page for ``model`` on ``prompt`` (a string or token ids; see
     ``write_report``); ``layers`` and ``heads`` focus the attention section; ``threads`` sets
     torch's intra-op threads while building (``report_threads``; None: leave torch's setting)."""
@@ -266,11 +174,17 @@ def build_report(model: Any, prompt: Any = DEFAULT_PROMPT, label: str = "",
         return _build(model, prompt, label, sections, progress, layers, heads)
 
 
-def _build(model: Any, prompt: Any, label: str, sections: Sequence[type[Analysis]],
-           progress: Callable[[str], None] | None, layers: Sequence[int] | None,
-           heads: Sequence[tuple[int, int]] | None) -> viz.Page:
+def _build(
+    model: Any,
+    prompt: Any,
+    label: str,
+    sections: Sequence[type[Analysis]],
+    progress: Callable[[str], None] | None,
+    layers: Sequence[int] | None,
+    heads: Sequence[tuple[int, int]] | None,
+) -> viz.Page:
     adapter = ModelAdapter.of(model)
-    _head_list(heads, adapter)
+    checked_heads(heads, adapter)
     adapter.check_layers(layers)
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(i, int) for i in prompt):
         prompt = torch.tensor([list(prompt)])  # token ids (a model without a tokenizer)
@@ -279,22 +193,36 @@ def _build(model: Any, prompt: Any, label: str, sections: Sequence[type[Analysis
     shown = prompt if isinstance(prompt, str) else " ".join(str(int(i)) for i in batch.tokens[0])
     architecture = info.architecture + (
         " (a TransformerLens-native checkpoint, run by TransformerBridge.boot_native)"
-        if info.architecture == "TransformerLensNative" else "")
-    page = viz.Page(f"tl_dynamics report: {label or info.architecture}", meta=[
-        ("model", label or info.architecture), ("architecture", architecture),
-        ("host", f"{info.host} (TransformerLens {info.tl_version}"
-                 f"{', compatibility mode' if info.compat else ''})"),
-        ("shape", f"{adapter.n_layers} layers, {adapter.n_heads} heads "
-                  f"({adapter.n_kv_heads} key/value heads), d_model {adapter.d_model}"),
-        ("runs on", f"{batch.tokens.device}, {str(adapter.dtype).removeprefix('torch.')}"),
-        ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)")])
+        if info.architecture == "TransformerLensNative"
+        else ""
+    )
+    page = viz.Page(
+        f"tl_dynamics report: {label or info.architecture}",
+        meta=[
+            ("model", label or info.architecture),
+            ("architecture", architecture),
+            (
+                "host",
+                f"{info.host} (TransformerLens {info.tl_version}"
+                f"{', compatibility mode' if info.compat else ''})",
+            ),
+            (
+                "shape",
+                f"{adapter.n_layers} layers, {adapter.n_heads} heads "
+                f"({adapter.n_kv_heads} key/value heads), d_model {adapter.d_model}",
+            ),
+            ("runs on", f"{batch.tokens.device}, {str(adapter.dtype).removeprefix('torch.')}"),
+            ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)"),
+        ],
+    )
     warning = unknown_token_warning(adapter, batch)
     if warning:
         page.warnings.append(warning)
         (progress or log.warning)(f"warning: {warning}")
     steps: list[tuple[str, Callable[..., None]]] = [
         ("attention", lambda p, a, b: attention_section(p, a, b, layers, heads)),
-        *((analysis.name, analysis.report_section) for analysis in sections)]
+        *((analysis.name, analysis.report_section) for analysis in sections),
+    ]
     failed: list[str] = []
     for name, section in steps:
         start = time.perf_counter()
@@ -307,8 +235,10 @@ def _build(model: Any, prompt: Any, label: str, sections: Sequence[type[Analysis
         except Exception as exc:  # a bug in one section must not cost the whole page
             log.exception("report section %s failed", name)
             failed.append(name)
-            page.add_section(name.replace("_", " "),
-                             [viz.text(f"This section failed: {type(exc).__name__}: {exc}")])
+            page.add_section(
+                name.replace("_", " "),
+                [viz.text(f"This section failed: {type(exc).__name__}: {exc}")],
+            )
         if progress:
             progress(f"section {name} done in {time.perf_counter() - start:.1f} s")
     page.failed_sections = failed
@@ -316,19 +246,27 @@ def _build(model: Any, prompt: Any, label: str, sections: Sequence[type[Analysis
 
 
 def _clip(text: str, limit: int = 400) -> str:
-    return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
+    return (
+        text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
+    )
 
 
-def write_report(out: str | os.PathLike, model: Any, prompt: Any = DEFAULT_PROMPT,
-                 label: str = "", progress: Callable[[str], None] | None = None,
-                 layers: Sequence[int] | None = None,
-                 heads: Sequence[tuple[int, int]] | None = None,
-                 threads: int | str | None = REPORT_THREADS) -> Path:
+def write_report(
+    out: str | os.PathLike,
+    model: Any,
+    prompt: Any = DEFAULT_PROMPT,
+    label: str = "",
+    progress: Callable[[str], None] | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[tuple[int, int]] | None = None,
+    threads: int | str | None = REPORT_THREADS,
+) -> Path:
     """Write the standalone offline report page; returns its path.
 
     Example:
         >>> from tl_dynamics import testing, report
         >>> report.write_report("/tmp/r.html", testing.tiny_model("gpt2"), "x = 1")  # doctest: +SKIP
     """
-    return build_report(model, prompt, label, progress=progress, layers=layers,
-                        heads=heads, threads=threads).write(out)
+    return build_report(
+        model, prompt, label, progress=progress, layers=layers, heads=heads, threads=threads
+    ).write(out)

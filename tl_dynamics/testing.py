@@ -23,129 +23,51 @@ from typing import Any
 import torch
 
 from tl_dynamics.compat import bridge_class, has_hooked_transformer, tl_version
+from tl_dynamics._tiny_archs import (
+    D_HEAD,
+    D_MODEL,
+    HF_ARCHS,
+    HF_FLAG_VARIANTS,
+    HOOKED_VARIANTS,
+    INIT_STD,
+    N_CTX,
+    N_HEADS,
+    N_LAYERS,
+    NATIVE_VARIANTS,
+    QUERY_PRE_ATTN_SCALAR,
+    SOFTCAP,
+    WINDOW,
+)
 from tl_dynamics._truth import PROMPTS, hf_truth_errors, hf_twin, reconstruction_errors
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["D_HEAD", "D_MODEL", "HF_ARCHS", "HF_FLAG_VARIANTS", "HOOKED_VARIANTS", "INIT_STD",
-           "NATIVE_VARIANTS", "N_CTX", "N_HEADS", "N_LAYERS", "PROMPTS", "QUERY_PRE_ATTN_SCALAR",
-           "SOFTCAP", "TOKENIZER_FILE", "WINDOW", "cached_model", "hf_folder", "hf_truth_errors",
-           "hf_twin", "reconstruction_errors", "tiny_bridge", "tiny_hooked", "tiny_model",
-           "tiny_native", "tokenizer"]
-
-D_MODEL, N_HEADS, D_HEAD, N_LAYERS, N_CTX = 64, 4, 16, 2, 64
-INIT_STD = 0.2
-WINDOW = 4
-SOFTCAP = 2.0
-QUERY_PRE_ATTN_SCALAR = 32  # != D_HEAD, so a scale read from cfg.d_head would be wrong
-
-_COMMON = dict(num_hidden_layers=N_LAYERS, hidden_size=D_MODEL, num_attention_heads=N_HEADS,
-               intermediate_size=4 * D_MODEL, max_position_embeddings=N_CTX,
-               initializer_range=INIT_STD)
-_GQA = dict(num_key_value_heads=2)
-
-# arch name -> (transformers config class, model class, config kwargs)
-HF_ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
-             dict(n_layer=N_LAYERS, n_embd=D_MODEL, n_head=N_HEADS, n_positions=N_CTX,
-                  initializer_range=INIT_STD)),
-    "gptneo": ("GPTNeoConfig", "GPTNeoForCausalLM",
-               dict(num_layers=N_LAYERS, hidden_size=D_MODEL, num_heads=N_HEADS,
-                    attention_types=[[["global", "local"], 1]], window_size=WINDOW,
-                    max_position_embeddings=N_CTX, initializer_range=INIT_STD)),
-    "gptj": ("GPTJConfig", "GPTJForCausalLM",
-             dict(n_layer=N_LAYERS, n_embd=D_MODEL, n_head=N_HEADS, rotary_dim=8,
-                  n_positions=N_CTX, initializer_range=INIT_STD)),
-    "gptneox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(_COMMON, rotary_pct=0.25)),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(_COMMON, **_GQA)),
-    "mistral": ("MistralConfig", "MistralForCausalLM",
-                dict(_COMMON, **_GQA, sliding_window=WINDOW)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(_COMMON, **_GQA)),
-    "qwen2-sliding": ("Qwen2Config", "Qwen2ForCausalLM",
-                      dict(_COMMON, **_GQA, use_sliding_window=True, sliding_window=WINDOW,
-                           max_window_layers=1,
-                           layer_types=["full_attention", "sliding_attention"])),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
-               dict(_COMMON, **_GQA, head_dim=D_HEAD, query_pre_attn_scalar=QUERY_PRE_ATTN_SCALAR,
-                    attn_logit_softcapping=SOFTCAP, final_logit_softcapping=None,
-                    sliding_window=WINDOW)),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-               dict(_COMMON, **_GQA, head_dim=D_HEAD, query_pre_attn_scalar=QUERY_PRE_ATTN_SCALAR,
-                    sliding_window=WINDOW,
-                    layer_types=["sliding_attention", "full_attention"])),
-    "opt": ("OPTConfig", "OPTForCausalLM",
-            dict(num_hidden_layers=N_LAYERS, hidden_size=D_MODEL, num_attention_heads=N_HEADS,
-                 ffn_dim=4 * D_MODEL, word_embed_proj_dim=D_MODEL,
-                 max_position_embeddings=N_CTX, init_std=INIT_STD)),
-    "bloom": ("BloomConfig", "BloomForCausalLM",
-              dict(n_layer=N_LAYERS, hidden_size=D_MODEL, n_head=N_HEADS,
-                   initializer_range=INIT_STD)),
-    "phi": ("PhiConfig", "PhiForCausalLM", dict(_COMMON, partial_rotary_factor=0.5)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_COMMON, pad_token_id=0)),
-    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(_COMMON)),
-    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_COMMON)),
-    "stablelm": ("StableLmConfig", "StableLmForCausalLM",
-                 dict(_COMMON, num_key_value_heads=N_HEADS, partial_rotary_factor=0.25)),
-    "bert": ("BertConfig", "BertForMaskedLM",
-             dict(num_hidden_layers=N_LAYERS, hidden_size=D_MODEL, num_attention_heads=N_HEADS,
-                  intermediate_size=4 * D_MODEL, max_position_embeddings=N_CTX,
-                  initializer_range=INIT_STD)),
-}
-
-# Configuration flags outside the exactness matrix (issue 13): each one either reproduces
-# exactly or is refused by the adapter with a TLDynamicsError naming the flag. Same format.
-HF_FLAG_VARIANTS: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "bert-decoder": ("BertConfig", "BertLMHeadModel", dict(HF_ARCHS["bert"][2], is_decoder=True)),
-    "bert-relative": ("BertConfig", "BertForMaskedLM",
-                      dict(HF_ARCHS["bert"][2], position_embedding_type="relative_key")),
-    "gemma3-bidirectional": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-                             dict(HF_ARCHS["gemma3"][2], use_bidirectional_attention=True)),
-    "gemma3-softcap": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-                       dict(HF_ARCHS["gemma3"][2], attn_logit_softcapping=SOFTCAP)),
-    "olmo-clip-qkv": ("OlmoConfig", "OlmoForCausalLM", dict(_COMMON, clip_qkv=0.1)),
-    "gpt2-unscaled": ("GPT2Config", "GPT2LMHeadModel",
-                      dict(HF_ARCHS["gpt2"][2], scale_attn_weights=False)),
-    "gpt2-inverse-layer": ("GPT2Config", "GPT2LMHeadModel",
-                           dict(HF_ARCHS["gpt2"][2], scale_attn_by_inverse_layer_idx=True)),
-    "stablelm-qk-layernorm": ("StableLmConfig", "StableLmForCausalLM",
-                              dict(HF_ARCHS["stablelm"][2], qk_layernorm=True)),
-}
-
-# HookedTransformerConfig variants (TransformerLens 3.x)
-_HT_BASE = dict(n_layers=N_LAYERS, d_model=D_MODEL, n_heads=N_HEADS, d_head=D_HEAD, n_ctx=N_CTX,
-                d_mlp=4 * D_MODEL, act_fn="gelu", initializer_range=INIT_STD, seed=0,
-                normalization_type="LN")
-HOOKED_VARIANTS: dict[str, dict[str, Any]] = {
-    "gpt2-like": dict(_HT_BASE),
-    "rotary": dict(_HT_BASE, positional_embedding_type="rotary", rotary_dim=8),
-    "gqa-rms": dict(_HT_BASE, positional_embedding_type="rotary", rotary_dim=D_HEAD,
-                    n_key_value_heads=2, normalization_type="RMS", act_fn="silu", gated_mlp=True),
-    "attn-only": dict(_HT_BASE, attn_only=True, d_mlp=None),
-    "no-norm": dict(_HT_BASE, normalization_type=None),
-    "ln-pre": dict(_HT_BASE, normalization_type="LNPre"),
-    "softcap": dict(_HT_BASE, attn_scores_soft_cap=SOFTCAP),
-    "alibi": dict(_HT_BASE, positional_embedding_type="alibi"),
-    "local": dict(_HT_BASE, attn_types=["global", "local"], window_size=WINDOW, use_local_attn=True),
-    "attn-scale-2": dict(_HT_BASE, attn_scale=2.0),
-    "bidirectional": dict(_HT_BASE, attention_dir="bidirectional"),
-    "qk-norm": dict(_HT_BASE, positional_embedding_type="rotary", rotary_dim=D_HEAD,
-                    normalization_type="RMS", use_qk_norm=True),
-    # OLMo 2 layout: q/k norm over all heads, post-norm blocks (attention reads the raw stream)
-    "olmo2-post-norm": dict(_HT_BASE, positional_embedding_type="rotary", rotary_dim=D_HEAD,
-                            normalization_type="RMS", original_architecture="Olmo2ForCausalLM"),
-    # Gemma 2 layout: a norm before and after attention and MLP
-    "norm-before-after": dict(_HT_BASE, normalization_type="RMS", use_normalization_before_and_after=True),
-}
-
-# TransformerBridge.boot_native (TransformerLensNative; TransformerLens 4.x): the zoo's format.
-_NATIVE_BASE = dict(d_model=D_MODEL, n_layers=N_LAYERS, n_heads=N_HEADS, d_head=D_HEAD, n_ctx=N_CTX,
-                    d_mlp=4 * D_MODEL, act_fn="gelu")
-NATIVE_VARIANTS: dict[str, dict[str, Any]] = {
-    "native": dict(_NATIVE_BASE),
-    "native-rotary-gqa": dict(_NATIVE_BASE, positional_embedding_type="rotary", rotary_dim=8,
-                              n_key_value_heads=2, normalization_type="RMS", act_fn="silu"),
-    "native-softcap-bidirectional": dict(_NATIVE_BASE, attn_scores_soft_cap=SOFTCAP,
-                                         attention_dir="bidirectional"),
-}
+__all__ = [
+    "D_HEAD",
+    "D_MODEL",
+    "HF_ARCHS",
+    "HF_FLAG_VARIANTS",
+    "HOOKED_VARIANTS",
+    "INIT_STD",
+    "NATIVE_VARIANTS",
+    "N_CTX",
+    "N_HEADS",
+    "N_LAYERS",
+    "PROMPTS",
+    "QUERY_PRE_ATTN_SCALAR",
+    "SOFTCAP",
+    "TOKENIZER_FILE",
+    "WINDOW",
+    "cached_model",
+    "hf_folder",
+    "hf_truth_errors",
+    "hf_twin",
+    "reconstruction_errors",
+    "tiny_bridge",
+    "tiny_hooked",
+    "tiny_model",
+    "tiny_native",
+    "tokenizer",
+]
 
 # The test tokenizer, trained once (byte-level BPE, 512 ids) and shipped, so that editing a source
 # file or upgrading torch never changes a tiny model's vocabulary.
@@ -162,9 +84,13 @@ def tokenizer():
     """
     from transformers import PreTrainedTokenizerFast
 
-    fast = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_FILE), bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   unk_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_file=str(TOKENIZER_FILE),
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
     # Round-trip through a folder: HookedTransformer re-loads tokenizers by name_or_path.
     folder = Path(tempfile.mkdtemp(prefix="tl_dynamics_tok_"))
     fast.save_pretrained(folder)
@@ -202,8 +128,9 @@ def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -
     _quiet_transformers()
     config_name, model_name, kwargs = archs[arch]
     tok = tokenizer()
-    config = getattr(transformers, config_name)(vocab_size=len(tok), bos_token_id=0,
-                                                eos_token_id=0, **kwargs)
+    config = getattr(transformers, config_name)(
+        vocab_size=len(tok), bos_token_id=0, eos_token_id=0, **kwargs
+    )
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).eval()
     folder = Path(root or tempfile.mkdtemp(prefix="tl_dynamics_")) / arch
@@ -252,14 +179,18 @@ def tiny_hooked(variant: str = "gpt2-like", **overrides: Any) -> Any:
         ...     assert tiny_hooked("gpt2-like", n_layers=1).cfg.n_layers == 1
     """
     if variant not in HOOKED_VARIANTS:
-        raise TLDynamicsError(f"unknown HookedTransformer variant {variant!r}; "
-                              f"valid: {sorted(HOOKED_VARIANTS)}")
+        raise TLDynamicsError(
+            f"unknown HookedTransformer variant {variant!r}; valid: {sorted(HOOKED_VARIANTS)}"
+        )
     if not has_hooked_transformer():
-        raise TLDynamicsError("HookedTransformer is not available in transformer_lens "
-                              f"{tl_version()} (it was removed in 4.0)")
+        raise TLDynamicsError(
+            "HookedTransformer is not available in transformer_lens "
+            f"{tl_version()} (it was removed in 4.0)"
+        )
     tl = importlib.import_module("transformer_lens")
-    cfg = tl.HookedTransformerConfig(**{**HOOKED_VARIANTS[variant], **overrides},
-                                     d_vocab=len(tokenizer()))
+    cfg = tl.HookedTransformerConfig(
+        **{**HOOKED_VARIANTS[variant], **overrides}, d_vocab=len(tokenizer())
+    )
     model = tl.HookedTransformer(cfg, tokenizer=tokenizer())
     return model.eval()
 
@@ -283,7 +214,9 @@ def tiny_native(variant: str = "native", seed: int = 0) -> Any:
         True
     """
     if variant not in NATIVE_VARIANTS:
-        raise TLDynamicsError(f"unknown native variant {variant!r}; valid: {sorted(NATIVE_VARIANTS)}")
+        raise TLDynamicsError(
+            f"unknown native variant {variant!r}; valid: {sorted(NATIVE_VARIANTS)}"
+        )
     try:
         from transformer_lens.config import TransformerBridgeConfig
     except ImportError as exc:
@@ -291,8 +224,9 @@ def tiny_native(variant: str = "native", seed: int = 0) -> Any:
     bridge_cls = bridge_class()
     if not hasattr(bridge_cls, "boot_native"):
         raise TLDynamicsError("this TransformerLens has no TransformerBridge.boot_native (4.x has)")
-    cfg = TransformerBridgeConfig(architecture="TransformerLensNative", d_vocab=len(tokenizer()),
-                                  **NATIVE_VARIANTS[variant])
+    cfg = TransformerBridgeConfig(
+        architecture="TransformerLensNative", d_vocab=len(tokenizer()), **NATIVE_VARIANTS[variant]
+    )
     torch.manual_seed(seed)
     model = bridge_cls.boot_native(cfg, tokenizer=tokenizer(), model_name=variant)
     with torch.no_grad():

@@ -7,10 +7,18 @@ same model and settings; ``ray_stats`` runs the same reduction as a Ray Data sta
 ``stats_page`` renders a file as an offline HTML page (``tl-dynamics report --stats FILE``).
 """
 
-from tl_dynamics.scale._format import DatasetStats, load_stats, merge_stats, save_stats
+from tl_dynamics.scale._format import DatasetStats, save_stats
 from tl_dynamics.scale._page import stats_page
 from tl_dynamics.scale._ray import ray_stats
+from tl_dynamics.scale._read import load_stats, merge_stats
 from tl_dynamics.scale._run import run_stats
 
-__all__ = ["DatasetStats", "load_stats", "merge_stats", "ray_stats", "run_stats", "save_stats",
-           "stats_page"]
+__all__ = [
+    "DatasetStats",
+    "load_stats",
+    "merge_stats",
+    "ray_stats",
+    "run_stats",
+    "save_stats",
+    "stats_page",
+]

@@ -21,7 +21,8 @@ import torch.distributed as torch_dist
 
 from tl_dynamics import devices
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.scale._format import DatasetStats, from_bytes, to_bytes
+from tl_dynamics.scale._format import DatasetStats, to_bytes
+from tl_dynamics.scale._read import from_bytes
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,9 @@ def _env_int(name: str, default: int) -> int:
         raise TLDynamicsError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def plan(request: Any, world: int, local: int, count: int,
-         what: str = "device") -> tuple[torch.device, str]:
+def plan(
+    request: Any, world: int, local: int, count: int, what: str = "device"
+) -> tuple[torch.device, str]:
     """This process's device and the process group's backend (``"none"`` for one process), for
     ``request`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) with ``count`` CUDA devices.
 
@@ -102,7 +104,8 @@ def plan(request: Any, world: int, local: int, count: int,
                 f"{what} {text!r} under torchrun: LOCAL_RANK {local} has no GPU of its own "
                 f"({count} CUDA device{'s' if count > 1 else ''} here); start at most {count} "
                 f"process{'es' if count > 1 else ''} per node (--nproc-per-node), give {what} "
-                "cuda:0 for every rank to share one GPU (gloo), or cpu")
+                "cuda:0 for every rank to share one GPU (gloo), or cpu"
+            )
         return torch.device("cuda", local), "nccl"
     return devices.resolve_device(text, what), "gloo"  # cuda:N: shared by the node's ranks
 
@@ -110,8 +113,9 @@ def plan(request: Any, world: int, local: int, count: int,
 def rank_device(request: Any = "auto", what: str = "device") -> torch.device:
     """This process's device for ``request`` (``plan`` with torchrun's environment), checked
     before the model loads."""
-    return plan(request, _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0),
-                devices.cuda_count(), what)[0]
+    return plan(
+        request, _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0), devices.cuda_count(), what
+    )[0]
 
 
 @contextmanager
@@ -123,8 +127,7 @@ def session(request: Any = "auto") -> Iterator[Dist]:
     if world <= 1 and not (torch_dist.is_available() and torch_dist.is_initialized()):
         yield Dist(device=str(rank_device(request)))
         return
-    device, backend = plan(request, max(world, 2), _env_int("LOCAL_RANK", 0),
-                           devices.cuda_count())
+    device, backend = plan(request, max(world, 2), _env_int("LOCAL_RANK", 0), devices.cuda_count())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     created = False
@@ -132,8 +135,12 @@ def session(request: Any = "auto") -> Iterator[Dist]:
         torch_dist.init_process_group(backend=backend)
         created = True
     try:
-        yield Dist(torch_dist.get_rank(), torch_dist.get_world_size(), str(device),
-                   torch_dist.get_backend())
+        yield Dist(
+            torch_dist.get_rank(),
+            torch_dist.get_world_size(),
+            str(device),
+            torch_dist.get_backend(),
+        )
     finally:
         if created:
             torch_dist.destroy_process_group()

@@ -3,6 +3,7 @@
 Every real number is an exact sum (``tl_dynamics.collect.ExactSum``: int64 limbs and one exponent per
 array), every count an int64 array, so a file is a function of the corpus, the model and the
 settings alone: the same statistics give the same bytes however many workers computed them.
+This module defines ``DatasetStats`` and writes the files; ``tl_dynamics.scale._read`` reads them.
 """
 
 from __future__ import annotations
@@ -15,20 +16,21 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterable
 
 import numpy as np
-from safetensors.numpy import load as st_load
 
 from tl_dynamics import files
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.collect import ExactSum
-from tl_dynamics.scale import _validate
 from tl_dynamics.scale._corpus import ON_LONG
 from tl_dynamics.scale._validate import ANALYSES, SKIP_KEYS
 from tl_dynamics.trajectories import TrajectoryStats
 
 FORMAT, VERSION = "tl-dynamics-stats", 1
-HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY = "tl_dynamics_stats", "tl_dynamics_sha256", \
-    "tl_dynamics_checkpoint"
+HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY = (
+    "tl_dynamics_stats",
+    "tl_dynamics_sha256",
+    "tl_dynamics_checkpoint",
+)
 _HASH_MOD = 1 << 256
 
 
@@ -94,8 +96,9 @@ class DatasetStats:
         return tuple(a for a in ANALYSES if getattr(self, a) is not None)
 
     def __repr__(self) -> str:
-        return (f"DatasetStats({self.model}, analyses={list(self.analyses)}, "
-                f"prompts={self.n_prompts})")
+        return (
+            f"DatasetStats({self.model}, analyses={list(self.analyses)}, prompts={self.n_prompts})"
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DatasetStats) and to_bytes(self) == to_bytes(other)
@@ -127,17 +130,26 @@ class DatasetStats:
         if diff:
             raise TLDynamicsError(
                 "cannot merge statistics of different runs: they differ in "
-                + ", ".join(f"{k} ({mine[k]!r} vs {theirs[k]!r})" for k in diff))
+                + ", ".join(f"{k} ({mine[k]!r} vs {theirs[k]!r})" for k in diff)
+            )
         return DatasetStats(
-            self.model, self.settings, self.n_prompts + other.n_prompts,
+            self.model,
+            self.settings,
+            self.n_prompts + other.n_prompts,
             (self.prompts_hash + other.prompts_hash) % _HASH_MOD,
             # the same analyses on both sides (checked above): both None or both there
-            None if self.odds_ratio is None or other.odds_ratio is None
+            None
+            if self.odds_ratio is None or other.odds_ratio is None
             else self.odds_ratio.merge(other.odds_ratio),
-            None if self.trajectories is None or other.trajectories is None
+            None
+            if self.trajectories is None or other.trajectories is None
             else self.trajectories.merge(other.trajectories),
-            {k: self.skipped.get(k, 0) + other.skipped.get(k, 0) for k in SKIP_KEYS
-             if self.skipped.get(k, 0) + other.skipped.get(k, 0)})
+            {
+                k: self.skipped.get(k, 0) + other.skipped.get(k, 0)
+                for k in SKIP_KEYS
+                if self.skipped.get(k, 0) + other.skipped.get(k, 0)
+            },
+        )
 
 
 # ---------------------------------------------------------------------- writing
@@ -153,8 +165,11 @@ def _pack(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
         array = tensors[name]
         code, little = _DTYPES[array.dtype]
         data = np.array(array, dtype=little, order="C").tobytes()
-        header[name] = {"dtype": code, "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": code,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         chunks.append(data)
         offset += len(data)
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
@@ -189,10 +204,15 @@ def _checksum(tensors: dict[str, np.ndarray], header: str) -> str:
 def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> bytes:
     """The file's bytes (``save_stats`` writes them)."""
     tensors: dict[str, np.ndarray] = {}
-    header: dict[str, Any] = {"format": FORMAT, "version": VERSION, "model": stats.model,
-                              "analyses": list(stats.analyses), "settings": _plain(stats.settings),
-                              "n_prompts": int(stats.n_prompts),
-                              "prompts_hash": f"{stats.prompts_hash:064x}"}
+    header: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": stats.model,
+        "analyses": list(stats.analyses),
+        "settings": _plain(stats.settings),
+        "n_prompts": int(stats.n_prompts),
+        "prompts_hash": f"{stats.prompts_hash:064x}",
+    }
     skipped = {k: int(v) for k, v in sorted(stats.skipped.items()) if v}
     if skipped:  # only when lines were left out or cut: clean corpora keep their bytes
         header["corpus"] = skipped
@@ -200,15 +220,23 @@ def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> b
     if h is not None:
         if h.exact is None:
             raise TLDynamicsError("these odds-ratio statistics have no exact sums to save")
-        header["odds_ratio"] = {"model": h.model, "layers": list(h.layers),
-                                "heads": list(h.heads), "scale": list(h.scale),
-                                "softcap": list(h.softcap), "n_prompts": int(h.n_prompts),
-                                "sum_keys": list(h.sum_keys)}
+        header["odds_ratio"] = {
+            "model": h.model,
+            "layers": list(h.layers),
+            "heads": list(h.heads),
+            "scale": list(h.scale),
+            "softcap": list(h.softcap),
+            "n_prompts": int(h.n_prompts),
+            "sum_keys": list(h.sum_keys),
+        }
         _put_exact(tensors, "odds_ratio.sums", h.exact)
     t = stats.trajectories
     if t is not None:
-        header["trajectories"] = {"meta": _plain(t.meta), "ints": sorted(t.ints),
-                                  "sums": sorted(t.sums)}
+        header["trajectories"] = {
+            "meta": _plain(t.meta),
+            "ints": sorted(t.ints),
+            "sums": sorted(t.sums),
+        }
         for name, array in t.ints.items():
             tensors[f"trajectories.ints.{name}"] = np.array(array, dtype=np.int64, order="C")
         for name, value in t.sums.items():
@@ -220,8 +248,9 @@ def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> b
     return _pack(tensors, meta)
 
 
-def save_stats(stats: DatasetStats, path: str | os.PathLike,
-               checkpoint: dict[str, Any] | None = None) -> Path:
+def save_stats(
+    stats: DatasetStats, path: str | os.PathLike, checkpoint: dict[str, Any] | None = None
+) -> Path:
     """Write statistics to a file (atomically: a temporary file renamed into place).
 
     The format is docs/stats-format.md: a ``.safetensors`` file whose bytes depend only on the
@@ -246,155 +275,3 @@ def save_stats(stats: DatasetStats, path: str | os.PathLike,
         True
     """
     return files.write_bytes(Path(path), to_bytes(stats, checkpoint))
-
-
-# ---------------------------------------------------------------------- reading
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def _exact(tensors: dict[str, np.ndarray], prefix: str, what: str) -> ExactSum:
-    parts = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
-    return ExactSum.from_arrays(parts, what)
-
-
-def from_bytes(data: bytes, what: str = "statistics",
-               allow_partial: bool = False) -> tuple[DatasetStats, dict | None]:
-    """Parse a file's bytes; returns the statistics and the checkpoint position (or None).
-    A checkpoint (an unfinished run's ``.partial``) is refused unless ``allow_partial``."""
-    try:
-        tensors = st_load(data)
-        n = int.from_bytes(data[:8], "little")
-        meta = json.loads(data[8:8 + n]).get("__metadata__") or {}
-    except Exception as exc:  # safetensors, JSON and index errors alike: not a readable file
-        raise TLDynamicsError(f"{what} is not a tl-dynamics statistics file (corrupt or "
-                              f"truncated safetensors: {exc})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get(HEADER_KEY), str):
-        raise TLDynamicsError(f"{what} is a safetensors file but not tl-dynamics statistics "
-                              f"(no {HEADER_KEY!r} header)")
-    text = meta[HEADER_KEY]
-    if meta.get(CHECKSUM_KEY) != _checksum(tensors, text):
-        raise TLDynamicsError(f"{what} is corrupt: its contents do not match its checksum")
-    unknown = sorted(set(meta) - {HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY})
-    if unknown:
-        raise _validate.fail(what, f"unknown metadata {unknown}")
-    position = None
-    if CHECKPOINT_KEY in meta:
-        if not allow_partial:
-            raise TLDynamicsError(f"{what} is the checkpoint of an unfinished run (a .partial "
-                                  "file), not finished statistics; finish it with `tl-dynamics "
-                                  "stats ... --resume`, or pass --allow-partial to read it anyway")
-        position = _validate.check_position(_json(meta[CHECKPOINT_KEY], what), what)
-    header = _json(text, what)
-    if not isinstance(header, dict) or header.get("format") != FORMAT \
-            or type(header.get("version")) is not int or header.get("version") != VERSION:
-        got = header if not isinstance(header, dict) else \
-            f"format {header.get('format')!r} version {header.get('version')!r}"
-        raise TLDynamicsError(f"{what}: {got}; this tl_dynamics reads {FORMAT!r} version "
-                              f"{VERSION}")
-    _validate.check_header(header, what)
-    _validate.check_tensors(header, tensors, what)
-    try:
-        stats = _parse(header, tensors, what)
-    except (KeyError, TypeError, ValueError, OverflowError, IndexError) as exc:
-        raise TLDynamicsError(f"{what}: malformed statistics header ({exc!r})") from None
-    return stats, None if position is None else {"next_batch": position}
-
-
-def _json(text: str, what: str) -> Any:
-    def refuse(token: str) -> None:
-        raise ValueError(f"{token} is not a JSON number")
-
-    try:
-        return json.loads(text, parse_constant=refuse)
-    except (ValueError, RecursionError) as exc:
-        raise _validate.fail(what, f"not valid JSON ({exc})") from None
-
-
-def _parse(header: dict[str, Any], tensors: dict[str, np.ndarray], what: str) -> DatasetStats:
-    heads = trajs = None
-    if "odds_ratio" in header["analyses"]:
-        o = header["odds_ratio"]
-        heads = HeadStats.from_exact(o["model"], tuple(o["layers"]), tuple(o["heads"]),
-                                     tuple(o["scale"]), tuple(o["softcap"]), o["n_prompts"],
-                                     _exact(tensors, "odds_ratio.sums", f"{what} odds_ratio"),
-                                     tuple(o["sum_keys"]))
-    if "trajectories" in header["analyses"]:
-        t = header["trajectories"]
-        ints = {k: tensors[f"trajectories.ints.{k}"] for k in t["ints"]}
-        if any(v.dtype != np.int64 for v in ints.values()):
-            raise TLDynamicsError(f"{what}: trajectory counts must be int64")
-        sums = {k: _exact(tensors, f"trajectories.sums.{k}", f"{what} trajectories {k}")
-                for k in t["sums"]}
-        trajs = TrajectoryStats(meta={k: _tuples(v) for k, v in t["meta"].items()},
-                                ints=ints, sums=sums)
-    return DatasetStats(header["model"], header["settings"], int(header["n_prompts"]),
-                        int(header["prompts_hash"], 16), heads, trajs,
-                        dict(header.get("corpus", {})))
-
-
-def load_stats(path: str | os.PathLike, allow_partial: bool = False) -> DatasetStats:
-    """Read a statistics file back, bit-exactly.
-
-    Corrupt, crafted or foreign files are refused clearly, and an unfinished run's checkpoint
-    (``.partial``) unless ``allow_partial``.
-
-    Args:
-        path: The ``.safetensors`` file.
-        allow_partial: Accept a checkpoint of an unfinished run.
-
-    Returns:
-        The ``DatasetStats``.
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> from tl_dynamics import scale, testing
-        >>> stats = scale.run_stats(testing.cached_model("gpt2"), ["a = 1"], progress=False)
-        >>> path = scale.save_stats(stats, pathlib.Path(tempfile.mkdtemp()) / "s.safetensors")
-        >>> scale.load_stats(path).n_prompts
-        1
-    """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TLDynamicsError(f"load_stats takes a file path, got {type(path).__name__}")
-    path = Path(path)
-    if not files.is_file(path):
-        raise TLDynamicsError(f"statistics file {str(path)!r} does not exist")
-    return from_bytes(path.read_bytes(), f"statistics file {str(path)!r}", allow_partial)[0]
-
-
-def merge_stats(*items: DatasetStats | str | os.PathLike) -> DatasetStats:
-    """Merge statistics (objects or file paths) of the same model and settings, exactly.
-
-    Args:
-        *items: ``DatasetStats`` objects or paths of statistics files (at least one); the same
-            prompts twice are refused.
-
-    Returns:
-        The merged ``DatasetStats`` (the same bytes in any order).
-
-    Example:
-        >>> from tl_dynamics import scale, testing
-        >>> model = testing.cached_model("gpt2")
-        >>> texts = ["a = 1", "b = 2", "c = 3"]
-        >>> parts = [scale.run_stats(model, [text], batch_size=1, progress=False, model_name="tiny")
-        ...          for text in texts]
-        >>> whole = scale.run_stats(model, texts, batch_size=1, progress=False, model_name="tiny")
-        >>> scale.merge_stats(*parts) == whole
-        True
-    """
-    if not items:
-        raise TLDynamicsError("merge_stats needs at least one statistics file or object")
-    loaded = [s if isinstance(s, DatasetStats) else load_stats(s) for s in items]
-    seen: dict[tuple[int, int], int] = {}
-    for i, s in enumerate(loaded):
-        key = (s.prompts_hash, s.n_prompts)
-        if s.n_prompts and key in seen:
-            raise TLDynamicsError(
-                f"merge_stats: items {seen[key]} and {i} hold the same prompts (hash "
-                f"{s.prompts_hash:064x}, {s.n_prompts} prompts): merging a file with itself "
-                "would count every prompt twice")
-        seen[key] = i
-    out = loaded[0]
-    for other in loaded[1:]:
-        out = out.merge(other)
-    return out

@@ -16,16 +16,19 @@ import numpy as np
 
 from tl_dynamics import sphere
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.scale._format import ANALYSES, DatasetStats, from_bytes, save_stats, to_bytes
+from tl_dynamics.scale._format import ANALYSES, DatasetStats, save_stats, to_bytes
+from tl_dynamics.scale._read import from_bytes
 from tl_dynamics.collect import torch_threads
-from tl_dynamics.scale._run import ShardRunner, batches, iter_prompts, make_settings
+from tl_dynamics.scale._corpus import batches, iter_prompts
+from tl_dynamics.scale._shard import ShardRunner, make_settings
 
 
 class StatsActor:
     """A Ray Data actor: one model, and for every group of batches their partial statistics."""
 
-    def __init__(self, loader: Callable[[], Any], name: str, settings: dict[str, Any],
-                 threads: int | None):
+    def __init__(
+        self, loader: Callable[[], Any], name: str, settings: dict[str, Any], threads: int | None
+    ):
         self.name, self.settings, self.threads = name, settings, threads
         with torch_threads(threads):
             self.model = loader()
@@ -38,8 +41,10 @@ class StatsActor:
                     runner.add([str(t) for t in texts])
             finally:
                 runner.close()
-        return {"first": np.array([int(np.min(group["index"]))]),
-                "partial": np.array([to_bytes(runner.result())], dtype=object)}
+        return {
+            "first": np.array([int(np.min(group["index"]))]),
+            "partial": np.array([to_bytes(runner.result())], dtype=object),
+        }
 
 
 def _texts(dataset: Any) -> Iterator[str]:
@@ -48,19 +53,31 @@ def _texts(dataset: Any) -> Iterator[str]:
         yield from iter_prompts(dataset)
         return
     if "text" not in (dataset.schema().names or []):
-        raise TLDynamicsError(f"the Ray dataset has columns {dataset.schema().names}; ray_stats "
-                              "needs a 'text' column (one prompt per row)")
+        raise TLDynamicsError(
+            f"the Ray dataset has columns {dataset.schema().names}; ray_stats "
+            "needs a 'text' column (one prompt per row)"
+        )
     for row in dataset.iter_rows():
         yield row["text"]
 
 
-def ray_stats(model_loader: Callable[[], Any], dataset: Any, out: str | os.PathLike | None = None,
-              *, model_name: str, num_workers: int = 2, batches_per_task: int | None = None,
-              analyses: Sequence[str] = ANALYSES, batch_size: int = 16,
-              layers: int | Sequence[int] | None = None,
-              heads: int | Sequence[int] | None = None,
-              eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, lens: bool = True,
-              padding_side: str = "right", threads: int | None = 1) -> DatasetStats:
+def ray_stats(
+    model_loader: Callable[[], Any],
+    dataset: Any,
+    out: str | os.PathLike | None = None,
+    *,
+    model_name: str,
+    num_workers: int = 2,
+    batches_per_task: int | None = None,
+    analyses: Sequence[str] = ANALYSES,
+    batch_size: int = 16,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
+    lens: bool = True,
+    padding_side: str = "right",
+    threads: int | None = 1,
+) -> DatasetStats:
     """``run_stats`` on Ray Data: ``num_workers`` actors, each with its own model.
 
     Ray must be initialised by the caller (``ray.init(...)``). The bytes equal those of a
@@ -111,16 +128,30 @@ def ray_stats(model_loader: Callable[[], Any], dataset: Any, out: str | os.PathL
         raise TLDynamicsError(f"num_workers must be a positive integer, got {num_workers!r}")
     rows = [{"index": i, "texts": texts} for i, texts in batches(_texts(dataset), batch_size)]
     if not rows:  # nothing to map: the empty statistics, computed here
-        return _finish(StatsActor(model_loader, model_name, settings, threads)(
-            {"index": np.array([0]), "texts": np.array([], dtype=object)}), out)
+        return _finish(
+            StatsActor(model_loader, model_name, settings, threads)(
+                {"index": np.array([0]), "texts": np.array([], dtype=object)}
+            ),
+            out,
+        )
     per_task = batches_per_task or max(1, -(-len(rows) // (4 * num_workers)))
     partials = ray.data.from_items(rows).map_batches(
-        StatsActor, batch_size=per_task, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1,
-        fn_constructor_kwargs={"loader": model_loader, "name": model_name,
-                               "settings": settings, "threads": threads})
-    parts = [from_bytes(bytes(row["partial"]), "a Ray worker's partial statistics")[0]
-             for row in sorted(partials.take_all(), key=lambda r: int(r["first"]))]
+        StatsActor,
+        batch_size=per_task,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=num_workers),
+        num_cpus=1,
+        fn_constructor_kwargs={
+            "loader": model_loader,
+            "name": model_name,
+            "settings": settings,
+            "threads": threads,
+        },
+    )
+    parts = [
+        from_bytes(bytes(row["partial"]), "a Ray worker's partial statistics")[0]
+        for row in sorted(partials.take_all(), key=lambda r: int(r["first"]))
+    ]
     merged = functools.reduce(DatasetStats.merge, parts)  # rows is not empty: one part or more
     if out is not None:
         save_stats(merged, out)

@@ -8,54 +8,39 @@ the batches ``i % world_size == r``), Ray Data, or a run resumed from its checkp
 
 from __future__ import annotations
 
-import json
 import os
-from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-
-from tl_dynamics import odds_ratio, sphere, trajectories
+from tl_dynamics import files, sphere
 from tl_dynamics.adapter import ModelAdapter
-from tl_dynamics import files
 from tl_dynamics.collect import torch_threads
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.scale._corpus import (ON_LONG, PromptCheck, Prompts, batches, count_prompts,
-                                       iter_prompts, token_counter)
-from tl_dynamics.scale._format import (ANALYSES, DatasetStats, from_bytes, prompt_hash,
-                                       save_stats, to_bytes)
+from tl_dynamics.scale._corpus import (
+    PromptCheck,
+    Prompts,
+    batches,
+    count_prompts,
+    iter_prompts,
+    token_counter,
+)
+from tl_dynamics.scale._format import ANALYSES, DatasetStats, prompt_hash, save_stats, to_bytes
+from tl_dynamics.scale._read import from_bytes
+from tl_dynamics.scale._shard import ShardRunner, make_settings, run_shard
 
-__all__ = ["ShardRunner", "batches", "count_prompts", "iter_prompts", "make_settings",
-           "run_shard", "run_stats", "stats_bytes"]
-
-
-# ---------------------------------------------------------------------- settings
-def make_settings(analyses: Sequence[str], batch_size: int, padding_side: str,
-                  layers: Any, heads: Any, eps: Sequence[float], lens: bool,
-                  on_long: str = "error") -> dict[str, Any]:
-    """The settings recorded in the file (plain JSON values, so they compare after loading)."""
-    chosen = sorted(set(analyses))
-    bad = [a for a in chosen if a not in ANALYSES]
-    if not chosen or bad:
-        raise TLDynamicsError(f"analyses {list(analyses)!r}: choose one or more of {list(ANALYSES)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise TLDynamicsError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if padding_side not in ("left", "right"):
-        raise TLDynamicsError(f"padding_side {padding_side!r}: valid are 'left' and 'right'")
-    if on_long not in ON_LONG:
-        raise TLDynamicsError(f"on_long {on_long!r}: valid are {', '.join(ON_LONG)}")
-    out: dict[str, Any] = {"batch_size": batch_size, "padding_side": padding_side}
-    if on_long != "error":  # recorded only when it can change the numbers
-        out["on_long"] = on_long
-    if "odds_ratio" in chosen:
-        out["odds_ratio"] = {"layers": layers, "heads": heads}
-    if "trajectories" in chosen:
-        out["trajectories"] = {"layers": layers, "eps": [float(e) for e in eps], "lens": bool(lens)}
-    return json.loads(json.dumps(out, sort_keys=True))
+__all__ = [
+    "ShardRunner",
+    "batches",
+    "count_prompts",
+    "iter_prompts",
+    "make_settings",
+    "run_shard",
+    "run_stats",
+    "stats_bytes",
+]
 
 
-def _model_name(model: Any, model_name: str | None,
-                where: Any = None) -> tuple[Any, str]:
+def _model_name(model: Any, model_name: str | None, where: Any = None) -> tuple[Any, str]:
     if isinstance(model, str):
         from tl_dynamics import models
 
@@ -63,102 +48,21 @@ def _model_name(model: Any, model_name: str | None,
     return model, model_name or ModelAdapter.of(model).info.architecture
 
 
-# ---------------------------------------------------------------------- one shard
-class ShardRunner:
-    """Streams batches through one model with the chosen analyses on; ``result()`` is the
-    ``DatasetStats`` of the batches seen. One forward pass per batch serves both analyses:
-    ``trajectories.stream`` runs it, and the odds-ratio collector (``odds_ratio.attach``, open
-    from ``__init__`` to ``close``) reads every layer of the same pass."""
-
-    def __init__(self, model: Any, model_name: str, settings: dict[str, Any],
-                 threads: int | None = 1):
-        self.adapter = ModelAdapter.of(model)
-        if self.adapter.tokenizer is None:
-            raise TLDynamicsError(f"{model_name} has no tokenizer: statistics over a text corpus "
-                                  "need one")
-        self.name, self.settings, self.threads = model_name, settings, threads
-        self.n_prompts, self.hash = 0, 0
-        self.skipped: dict[str, int] = {}
-        o, self._t = settings.get("odds_ratio"), settings.get("trajectories")
-        self._attached = ExitStack()  # the odds-ratio collector stays attached until close()
-        self._odds = None if o is None else self._attached.enter_context(odds_ratio.attach(
-            self.adapter, layers=o["layers"], heads=o["heads"], threads=threads))
-        self._traj = None if self._t is None else self._stream([])
-
-    def _stream(self, batches: list[Any]) -> trajectories.TrajectoryStats:
-        t = self._t
-        if t is None:  # called only when the settings ask for trajectories
-            raise RuntimeError("ShardRunner: no trajectories in these settings")
-        return trajectories.stream(self.adapter, batches, layers=t["layers"], eps=tuple(t["eps"]),
-                                   lens=t["lens"], progress=False)
-
-    def close(self) -> None:
-        """Detach the odds-ratio collector (attached from ``__init__`` around every batch)."""
-        self._attached.close()
-
-    def add(self, texts: list[str], skipped: dict[str, int] | None = None) -> None:
-        for key, n in (skipped or {}).items():
-            if n:
-                self.skipped[key] = self.skipped.get(key, 0) + n
-        if not texts:  # lines left out after the last batch: counted, nothing to run
-            return
-        batch = self.adapter.tokenize(texts, self.settings["padding_side"])
-        if self._traj is None:
-            self._odds.forward(batch)  # type: ignore[union-attr]
-        elif self._odds is None:
-            self._traj = self._traj.merge(self._stream([batch]))
-        else:  # one pass feeds both collectors (the odds-ratio one is attached throughout)
-            self._traj = self._traj.merge(self._stream([batch]))
-        self.n_prompts += len(texts)
-        self.hash = prompt_hash(texts, self.hash)
-
-    def result(self) -> DatasetStats:
-        return DatasetStats(self.name, self.settings, self.n_prompts, self.hash,
-                            None if self._odds is None else self._odds.result().stats,
-                            self._traj, dict(self.skipped))
-
-
-def run_shard(runner: ShardRunner,
-              items: Iterable[tuple[int, list[str]] | tuple[int, list[str], dict[str, int]]], *,
-              base: DatasetStats | None = None, checkpoint: Path | None = None,
-              checkpoint_every: int = 8, max_batches: int | None = None,
-              bar: Any = None) -> tuple[DatasetStats, bool]:
-    """Run ``items`` (``(index, prompts)``); returns the statistics (``base`` merged in) and
-    whether every item was done (False when ``max_batches`` stopped it first)."""
-    done, complete, last = 0, True, None
-
-    def total() -> DatasetStats:
-        part = runner.result()
-        return part if base is None else base.merge(part)
-
-    for index, texts, *skipped in items:
-        if max_batches is not None and done >= max_batches:
-            complete = False
-            break
-        runner.add(texts, skipped[0] if skipped else None)
-        done, last = done + 1, index
-        if bar is not None:
-            bar.update(len(texts))
-        if checkpoint is not None and done % checkpoint_every == 0:
-            save_stats(total(), checkpoint, {"next_batch": index + 1})
-    result = total()
-    if checkpoint is not None and last is not None and (not complete or done % checkpoint_every):
-        save_stats(result, checkpoint, {"next_batch": last + 1})
-    return result, complete
-
-
 def read_checkpoint(path: Path, settings: dict[str, Any], name: str) -> tuple[DatasetStats, int]:
     """A checkpoint's statistics and its next batch index, refused if made differently."""
-    stats, position = from_bytes(path.read_bytes(), f"checkpoint {str(path)!r}",
-                                 allow_partial=True)
+    stats, position = from_bytes(path.read_bytes(), f"checkpoint {str(path)!r}", allow_partial=True)
     if position is None:
-        raise TLDynamicsError(f"checkpoint {str(path)!r} is a finished statistics file, not a "
-                              "checkpoint; delete it or run without --resume")
+        raise TLDynamicsError(
+            f"checkpoint {str(path)!r} is a finished statistics file, not a "
+            "checkpoint; delete it or run without --resume"
+        )
     diff = [f"model ({stats.model!r} vs {name!r})"] if stats.model != name else []
     diff += [f"settings ({stats.settings} vs {settings})"] if stats.settings != settings else []
     if diff:
-        raise TLDynamicsError(f"checkpoint {str(path)!r} was made by a different run: it differs "
-                              f"in {', '.join(diff)}; delete it or run without --resume")
+        raise TLDynamicsError(
+            f"checkpoint {str(path)!r} was made by a different run: it differs "
+            f"in {', '.join(diff)}; delete it or run without --resume"
+        )
     return stats, position["next_batch"]
 
 
@@ -170,15 +74,28 @@ def new_bar(progress: bool, total: int | None, initial: int = 0) -> Any:
     return tqdm(total=total, initial=initial, desc="stats", unit="prompt", dynamic_ncols=True)
 
 
-def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None, *,
-              analyses: Sequence[str] = ANALYSES, batch_size: int = 16,
-              layers: int | Sequence[int] | None = None,
-              heads: int | Sequence[int] | None = None,
-              eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, lens: bool = True,
-              padding_side: str = "right", resume: bool = False, checkpoint_every: int = 8,
-              max_batches: int | None = None, progress: bool = True, threads: int | None = 1,
-              model_name: str | None = None, on_long: str = "error", device: Any = None,
-              dtype: Any = None) -> DatasetStats:
+def run_stats(
+    model: Any,
+    prompts: Prompts,
+    out: str | os.PathLike | None = None,
+    *,
+    analyses: Sequence[str] = ANALYSES,
+    batch_size: int = 16,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
+    lens: bool = True,
+    padding_side: str = "right",
+    resume: bool = False,
+    checkpoint_every: int = 8,
+    max_batches: int | None = None,
+    progress: bool = True,
+    threads: int | None = 1,
+    model_name: str | None = None,
+    on_long: str = "error",
+    device: Any = None,
+    dtype: Any = None,
+) -> DatasetStats:
     """Dataset-level statistics of a corpus, written to ``out`` (a ``.safetensors`` file).
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) each rank streams its shard of the batches and rank 0
@@ -228,11 +145,15 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
     request = "auto" if device is None else device
     where = devices.Placement(_distributed.rank_device(request), devices.resolve_dtype(dtype))
     settings = make_settings(analyses, batch_size, padding_side, layers, heads, eps, lens, on_long)
-    if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(
-            max_batches, int) or max_batches < 0):
+    if max_batches is not None and (
+        isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 0
+    ):
         raise TLDynamicsError(f"max_batches must be a non-negative integer, got {max_batches!r}")
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) \
-            or checkpoint_every < 1:
+    if (
+        isinstance(checkpoint_every, bool)
+        or not isinstance(checkpoint_every, int)
+        or checkpoint_every < 1
+    ):
         raise TLDynamicsError(f"checkpoint_every must be at least 1, got {checkpoint_every!r}")
     check_threads(threads)
     if out is not None:  # before any work: never over an input or a checkpoint not asked for
@@ -254,16 +175,29 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
             base, start = None, 0
             if resume and checkpoint is not None and checkpoint.is_file():
                 base, start = read_checkpoint(checkpoint, settings, name)
-                _check_resumed_prompts(base, prompts, batch_size, start, dist, checkpoint,
-                                       on_long, check)
-            items = (item for item in batches(prompts, batch_size, check)
-                     if item[0] >= start and item[0] % dist.world == dist.rank)
+                _check_resumed_prompts(
+                    base, prompts, batch_size, start, dist, checkpoint, on_long, check
+                )
+            items = (
+                item
+                for item in batches(prompts, batch_size, check)
+                if item[0] >= start and item[0] % dist.world == dist.rank
+            )
             total = count_prompts(prompts) if progress and dist.rank == 0 else None
-            bar = new_bar(progress and dist.rank == 0, None if total is None else
-                          -(-total // dist.world), 0 if base is None else base.n_prompts)
-            part, complete = run_shard(runner, items, base=base, checkpoint=checkpoint,
-                                       checkpoint_every=checkpoint_every,
-                                       max_batches=max_batches, bar=bar)
+            bar = new_bar(
+                progress and dist.rank == 0,
+                None if total is None else -(-total // dist.world),
+                0 if base is None else base.n_prompts,
+            )
+            part, complete = run_shard(
+                runner,
+                items,
+                base=base,
+                checkpoint=checkpoint,
+                checkpoint_every=checkpoint_every,
+                max_batches=max_batches,
+                bar=bar,
+            )
         finally:
             runner.close()
             if bar is not None:
@@ -281,10 +215,12 @@ def run_stats(model: Any, prompts: Prompts, out: str | os.PathLike | None = None
 
 def check_threads(threads: Any) -> None:
     """``threads``: None (torch's setting) or a positive integer."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
-        raise TLDynamicsError(f"threads must be a positive integer (or None for torch's own "
-                              f"setting), got {threads!r}")
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise TLDynamicsError(
+            f"threads must be a positive integer (or None for torch's own setting), got {threads!r}"
+        )
 
 
 def _checkpoints(out: Path) -> list[Path]:
@@ -300,13 +236,23 @@ def _refuse_stale_checkpoints(out: Path, resume: bool) -> None:
         return
     stale = _checkpoints(out)
     if stale:
-        raise TLDynamicsError(f"--out {str(out)!r}: a checkpoint of an unfinished run exists "
-                              f"({stale[0]}); pass --resume to continue it, or delete it to "
-                              "start over")
+        raise TLDynamicsError(
+            f"--out {str(out)!r}: a checkpoint of an unfinished run exists "
+            f"({stale[0]}); pass --resume to continue it, or delete it to "
+            "start over"
+        )
 
 
-def _check_resumed_prompts(base: DatasetStats, prompts: Prompts, batch_size: int, start: int,
-                           dist: Any, checkpoint: Path, on_long: str, check: PromptCheck) -> None:
+def _check_resumed_prompts(
+    base: DatasetStats,
+    prompts: Prompts,
+    batch_size: int,
+    start: int,
+    dist: Any,
+    checkpoint: Path,
+    on_long: str,
+    check: PromptCheck,
+) -> None:
     """The checkpoint's prompts must be this corpus's first ``start`` batches (this rank's
     share): same count, same hash; refused by name otherwise."""
     quiet = PromptCheck(on_long, check.n_ctx, check.n_tokens)
@@ -317,13 +263,17 @@ def _check_resumed_prompts(base: DatasetStats, prompts: Prompts, batch_size: int
         if index % dist.world == dist.rank:
             n, digest = n + len(texts), prompt_hash(texts, digest)
     if (n, digest) != (base.n_prompts, base.prompts_hash):
-        where = f"--prompts {str(prompts)!r}" if isinstance(prompts, (str, os.PathLike)) \
+        where = (
+            f"--prompts {str(prompts)!r}"
+            if isinstance(prompts, (str, os.PathLike))
             else "the prompts given"
+        )
         raise TLDynamicsError(
             f"checkpoint {str(checkpoint)!r} was made from different prompts: it holds "
             f"{base.n_prompts} prompts (hash {base.prompts_hash:064x}), but the first {start} "
             f"batches of {where} are {n} prompts (hash {digest:064x}); resume with the same "
-            "corpus, or delete the checkpoint to start over")
+            "corpus, or delete the checkpoint to start over"
+        )
 
 
 def stats_bytes(stats: DatasetStats) -> bytes:
