@@ -21,75 +21,176 @@ import torch
 from tl_dynamics import compat, testing
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.contextual_mlp._collect import from_layer
+from tl_dynamics.contextual_mlp._from_layer import from_layer
 from tl_dynamics.odds_ratio._collect import decompose_layer
 
 EXACT_TOL = 1e-5  # fp32 sums reordered (as in test_adapter_exactness and test_hf_truth)
 # Measured host-vs-HF gaps above EXACT_TOL (see test_hf_truth.HF_GAP for the reasons).
-HF_GAP = {"GPTNeoForCausalLM": 5e-5, "BloomForCausalLM": 2e-5,
-          "MptForCausalLM": 2e-5}  # MPT: summed head outputs 1.13e-5 off HF (host exact)
+HF_GAP = {
+    "GPTNeoForCausalLM": 5e-5,
+    "BloomForCausalLM": 2e-5,
+    "MptForCausalLM": 2e-5,
+}  # MPT: summed head outputs 1.13e-5 off HF (host exact)
 TEXT_HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")
 # Rows measured exact on both hosts (TransformerLens 3.9 and 4.3 bridges): a refusal there is a
 # regression, not a safe answer.
 MUST_BE_EXACT = {
-    "ApertusForCausalLM", "ArceeForCausalLM", "BertForMaskedLM", "BertLMHeadModel",
-    "BloomForCausalLM", "CodeGenForCausalLM", "Exaone4ForCausalLM", "FalconForCausalLM",
-    "FlexOlmoForCausalLM", "GPT2LMHeadModel", "GPTBigCodeForCausalLM", "GPTJForCausalLM",
-    "GPTNeoForCausalLM", "GPTNeoXForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-    "GemmaForCausalLM", "Glm4MoeForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
-    "Jais2ForCausalLM", "LlamaForCausalLM", "MiniMaxM2ForCausalLM", "MistralForCausalLM",
-    "MixtralForCausalLM", "NemotronForCausalLM", "OPTForCausalLM", "Olmo2ForCausalLM",
-    "Olmo3ForCausalLM", "OlmoForCausalLM", "OlmoeForCausalLM", "Phi3ForCausalLM",
-    "PhiForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM", "RobertaForMaskedLM", "SeedOssForCausalLM", "SmolLM3ForCausalLM",
-    "StableLmForCausalLM", "Starcoder2ForCausalLM", "VaultGemmaForCausalLM", "XGLMForCausalLM",
-    "falcon-rotary", "phi3-sliding", "qwen3-sliding", "granite-attention-multiplier",
-    "gpt_bigcode-unscaled", "Ministral3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "Ernie4_5ForCausalLM",
-    "Ernie4_5_MoeForCausalLM", "falcon-alibi", "MptForCausalLM", "GptOssForCausalLM",
+    "ApertusForCausalLM",
+    "ArceeForCausalLM",
+    "BertForMaskedLM",
+    "BertLMHeadModel",
+    "BloomForCausalLM",
+    "CodeGenForCausalLM",
+    "Exaone4ForCausalLM",
+    "FalconForCausalLM",
+    "FlexOlmoForCausalLM",
+    "GPT2LMHeadModel",
+    "GPTBigCodeForCausalLM",
+    "GPTJForCausalLM",
+    "GPTNeoForCausalLM",
+    "GPTNeoXForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "GemmaForCausalLM",
+    "Glm4MoeForCausalLM",
+    "GraniteForCausalLM",
+    "GraniteMoeForCausalLM",
+    "Jais2ForCausalLM",
+    "LlamaForCausalLM",
+    "MiniMaxM2ForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "NemotronForCausalLM",
+    "OPTForCausalLM",
+    "Olmo2ForCausalLM",
+    "Olmo3ForCausalLM",
+    "OlmoForCausalLM",
+    "OlmoeForCausalLM",
+    "Phi3ForCausalLM",
+    "PhiForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "RobertaForMaskedLM",
+    "SeedOssForCausalLM",
+    "SmolLM3ForCausalLM",
+    "StableLmForCausalLM",
+    "Starcoder2ForCausalLM",
+    "VaultGemmaForCausalLM",
+    "XGLMForCausalLM",
+    "falcon-rotary",
+    "phi3-sliding",
+    "qwen3-sliding",
+    "granite-attention-multiplier",
+    "gpt_bigcode-unscaled",
+    "Ministral3ForCausalLM",
+    "GlmForCausalLM",
+    "Glm4ForCausalLM",
+    "Ernie4_5ForCausalLM",
+    "Ernie4_5_MoeForCausalLM",
+    "falcon-alibi",
+    "MptForCausalLM",
+    "GptOssForCausalLM",
 }
 # Issue 23, measured exact on both TransformerLens versions: latent attention (MLAAttentionBridge),
 # Llama 4, NoPE layers, and the attention layers of hybrids (the other layers carry
 # LayerSpec.kind and are not attention layers).
-MUST_BE_EXACT |= {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
-                  "YoutuForCausalLM", "JambaForCausalLM", "BambaForCausalLM",
-                  "Lfm2ForCausalLM", "FalconH1ForCausalLM", "smollm3-nope-layer",
-                  "Llama4ForCausalLM", "llama4-nope-layer", "ModernBertDecoderForCausalLM",
-                  "OlmoHybridForCausalLM", "NanoChatForCausalLM",
-                  # gated attention (adapter/_gate.py): z times sigmoid of q_proj's second half
-                  "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                  # output gates from their own projections (adapter/_gate.py)
-                  "AfmoeForCausalLM", "LagunaForCausalLM", "laguna-gate-per-entry",
-                  "BitNetForCausalLM",  # attn_sub_norm as a multiplier on z (adapter/_gate.py)
-                  "olmoe-clip-qkv", "mpt-clip-qkv"}  # q, k, v clamped after the hooks fire
+MUST_BE_EXACT |= {
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "Glm4MoeLiteForCausalLM",
+    "YoutuForCausalLM",
+    "JambaForCausalLM",
+    "BambaForCausalLM",
+    "Lfm2ForCausalLM",
+    "FalconH1ForCausalLM",
+    "smollm3-nope-layer",
+    "Llama4ForCausalLM",
+    "llama4-nope-layer",
+    "ModernBertDecoderForCausalLM",
+    "OlmoHybridForCausalLM",
+    "NanoChatForCausalLM",
+    # gated attention (adapter/_gate.py): z times sigmoid of q_proj's second half
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    # output gates from their own projections (adapter/_gate.py)
+    "AfmoeForCausalLM",
+    "LagunaForCausalLM",
+    "laguna-gate-per-entry",
+    "BitNetForCausalLM",  # attn_sub_norm as a multiplier on z (adapter/_gate.py)
+    "olmoe-clip-qkv",
+    "mpt-clip-qkv",
+}  # q, k, v clamped after the hooks fire
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
-    MUST_BE_EXACT |= {"CohereForCausalLM", "Cohere2ForCausalLM", "cohere-qk-norm",
-                      "HunYuanDenseV1ForCausalLM"}  # q/k normalised after rotary (_postrope)
+    MUST_BE_EXACT |= {
+        "CohereForCausalLM",
+        "Cohere2ForCausalLM",
+        "cohere-qk-norm",
+        "HunYuanDenseV1ForCausalLM",
+    }  # q/k normalised after rotary (_postrope)
 
 # One tiny config for every family: each key is passed only where the config class takes it.
 _TINY = dict(
-    num_hidden_layers=2, n_layer=2, num_layers=2, n_layers=2,
-    hidden_size=64, n_embd=64, d_model=64,
-    num_attention_heads=4, n_head=4, num_heads=4, n_heads=4, num_key_value_heads=2,
-    head_dim=16, kv_channels=16, rotary_dim=8,
-    intermediate_size=256, ffn_dim=256, n_inner=256, d_ff=256,
-    max_position_embeddings=64, n_positions=64, n_ctx=64, max_seq_len=64,
-    initializer_range=0.2, init_std=0.2,
-    num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2,
-    moe_intermediate_size=32, shared_expert_intermediate_size=32,
-    bos_token_id=0, eos_token_id=0, pad_token_id=0, sliding_window=4, window_size=4,
-    use_cache=False, tie_word_embeddings=False,
+    num_hidden_layers=2,
+    n_layer=2,
+    num_layers=2,
+    n_layers=2,
+    hidden_size=64,
+    n_embd=64,
+    d_model=64,
+    num_attention_heads=4,
+    n_head=4,
+    num_heads=4,
+    n_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    kv_channels=16,
+    rotary_dim=8,
+    intermediate_size=256,
+    ffn_dim=256,
+    n_inner=256,
+    d_ff=256,
+    max_position_embeddings=64,
+    n_positions=64,
+    n_ctx=64,
+    max_seq_len=64,
+    initializer_range=0.2,
+    init_std=0.2,
+    num_local_experts=4,
+    num_experts=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+    sliding_window=4,
+    window_size=4,
+    use_cache=False,
+    tie_word_embeddings=False,
 )
 # Multi-head latent attention at a tiny size: q/k head width 16 + 8 (non-rotary + rotary) differs
 # from the value width 12, and one key per head (Hugging Face's eager DeepSeek path has no GQA).
-MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
-           v_head_dim=12, num_key_value_heads=4)
+MLA = dict(
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=12,
+    num_key_value_heads=4,
+)
 # Families whose config validates a per-layer list against the layer count, or that need a
 # layout to be exercised: hybrids get one layer of each type (attention last).
 _EXTRA = {
     "GPTNeoForCausalLM": dict(attention_types=[[["global", "local"], 1]]),
-    "DeepseekV2ForCausalLM": MLA, "DeepseekV3ForCausalLM": MLA, "Glm4MoeLiteForCausalLM": MLA,
+    "DeepseekV2ForCausalLM": MLA,
+    "DeepseekV3ForCausalLM": MLA,
+    "Glm4MoeLiteForCausalLM": MLA,
     "YoutuForCausalLM": MLA,
     "JambaForCausalLM": dict(attn_layer_period=2, attn_layer_offset=1),
     "BambaForCausalLM": dict(attn_layer_indices=[1]),
@@ -132,8 +233,10 @@ def boot_tiny(name: str, **overrides):
         pytest.skip(f"{name}: not a text language model (not built by this matrix)")
     model_class = getattr(transformers, name, None)
     if model_class is None or getattr(model_class, "config_class", None) is None:
-        pytest.skip(f"{name}: this transformers {transformers.__version__} has no such class "
-                    "(remote code only)")
+        pytest.skip(
+            f"{name}: this transformers {transformers.__version__} has no such class "
+            "(remote code only)"
+        )
     try:
         config = tiny_config(name, model_class.config_class, **overrides)
         torch.manual_seed(0)
@@ -150,8 +253,10 @@ def boot_tiny(name: str, **overrides):
         with torch.no_grad():
             model(model.to_tokens(testing.PROMPTS[0]))
     except Exception as exc:
-        pytest.skip(f"{name}: TransformerLens itself cannot boot or run it "
-                    f"({type(exc).__name__}: {str(exc)[:80]})")
+        pytest.skip(
+            f"{name}: TransformerLens itself cannot boot or run it "
+            f"({type(exc).__name__}: {str(exc)[:80]})"
+        )
     return model
 
 
@@ -164,9 +269,15 @@ def check_exact_or_refused(name, model, row=None):
     row = row or name
     try:
         adapter = ModelAdapter(model)
-        host = [testing.reconstruction_errors(adapter, testing.PROMPTS, side) for side in ("right", "left")]
-        hf = [] if row in HOST_NOT_HF else [
-            testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS, "left")]
+        host = [
+            testing.reconstruction_errors(adapter, testing.PROMPTS, side)
+            for side in ("right", "left")
+        ]
+        hf = (
+            []
+            if row in HOST_NOT_HF
+            else [testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS, "left")]
+        )
     except TLDynamicsError as exc:
         assert row not in MUST_BE_EXACT, f"{row} was exact and is now refused: {exc}"
         assert name in str(exc) or model.cfg.architecture in str(exc), str(exc)
@@ -190,10 +301,19 @@ def test_the_registry_is_read_not_copied():
 VARIANTS = {
     "falcon-rotary": ("FalconForCausalLM", dict(alibi=False)),
     "falcon-alibi": ("FalconForCausalLM", dict(alibi=True)),
-    "falcon-new-decoder": ("FalconForCausalLM", dict(new_decoder_architecture=True, num_kv_heads=2)),
+    "falcon-new-decoder": (
+        "FalconForCausalLM",
+        dict(new_decoder_architecture=True, num_kv_heads=2),
+    ),
     "phi3-sliding": ("Phi3ForCausalLM", dict(sliding_window=4)),
-    "qwen3-sliding": ("Qwen3ForCausalLM", dict(use_sliding_window=True, max_window_layers=1,
-                                               layer_types=["full_attention", "sliding_attention"])),
+    "qwen3-sliding": (
+        "Qwen3ForCausalLM",
+        dict(
+            use_sliding_window=True,
+            max_window_layers=1,
+            layer_types=["full_attention", "sliding_attention"],
+        ),
+    ),
     "granite-attention-multiplier": ("GraniteForCausalLM", dict(attention_multiplier=0.3)),
     "smollm3-nope-layer": ("SmolLM3ForCausalLM", dict(no_rope_layers=[1, 0])),
     "olmoe-clip-qkv": ("OlmoeForCausalLM", dict(clip_qkv=0.5)),
@@ -219,10 +339,13 @@ def test_variant_is_exact_or_refused_by_name(variant):
     check_exact_or_refused(name, boot_tiny(name, **overrides), row=variant)
 
 
-@pytest.mark.parametrize("variant, reason", [
-    ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
-    ("jetmoe", "JetMoeAttention: a mixture of attention heads"),
-])
+@pytest.mark.parametrize(
+    "variant, reason",
+    [
+        ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
+        ("jetmoe", "JetMoeAttention: a mixture of attention heads"),
+    ],
+)
 def test_refused_variant_says_why(variant, reason):
     name, overrides = {**VARIANTS, **REFUSED_ROWS}[variant]
     model = boot_tiny(name, **overrides)
@@ -257,8 +380,9 @@ def test_gpt_oss_sinks_join_the_softmax_and_every_analysis_models_them():
     mlps = contextual_mlp.compute(model, prompt)
     assert all(m.exactness().max_output_error <= EXACT_TOL for m in mlps)
     captured = adapter.attention(prompt, reference=True, inputs=True, sinks=True)[0]
-    mlp = from_layer(adapter, captured, 1, frame=build_frames(adapter, captured,
-                                                             captured.allowed.any(1))[0])
+    mlp = from_layer(
+        adapter, captured, 1, frame=build_frames(adapter, captured, captured.allowed.any(1))[0]
+    )
     assert mlp.sink_logit == float(captured.sink_logit[1])
     assert mlp.exactness().max_pattern_error <= EXACT_TOL
 
@@ -274,8 +398,13 @@ def test_latent_attention_scores_split_into_a_per_head_part_and_a_shared_rotary_
     rope = la.k[..., 16:]
     assert torch.equal(rope, rope[:, :, :1].expand_as(rope))  # one rotary key per position
     assert not torch.equal(la.k[:, :, 0, :16], la.k[:, :, 1, :16])  # per-head non-rotary keys
-    split = sum(torch.einsum("bihd,bjhd->bhij", la.q[..., part], la.k[..., part])
-                for part in (slice(0, 16), slice(16, 24))) * la.scale
+    split = (
+        sum(
+            torch.einsum("bihd,bjhd->bhij", la.q[..., part], la.k[..., part])
+            for part in (slice(0, 16), slice(16, 24))
+        )
+        * la.scale
+    )
     keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
     assert ((split - la.reference["scores"]).abs() * keep).max() <= EXACT_TOL
     assert adapter.W_Q(0).shape == adapter.W_K(0).shape == (4, 64, 24)
@@ -288,19 +417,26 @@ def test_hybrid_attention_layers_and_refusal_of_the_others():
     assert [spec.kind for spec in adapter.specs] == ["state_space", "attention"]
     assert adapter.attention_layers == [1]
     assert list(adapter.attention(testing.PROMPTS[0])) == [1]  # default: the attention layers
-    message = ("layer 0 of JambaForCausalLM is not an attention layer: it is a 'state_space' "
-               "layer (a state-space (Mamba) mixer, no attention pattern); attention layers: [1]")
+    message = (
+        "layer 0 of JambaForCausalLM is not an attention layer: it is a 'state_space' "
+        "layer (a state-space (Mamba) mixer, no attention pattern); attention layers: [1]"
+    )
     with pytest.raises(TLDynamicsError, match=re.escape(message)):
         adapter.attention(testing.PROMPTS[0], layers=0)
     with pytest.raises(TLDynamicsError, match=re.escape(message)):
         adapter.W_Q(0)
 
 
-@pytest.mark.parametrize("name, kind", [("MambaForCausalLM", "state_space"),
-                                        ("FalconMambaForCausalLM", "state_space"),
-                                        ("RecurrentGemmaForCausalLM", "unhooked_attention"),
-                                        ("RwkvForCausalLM", "rwkv"),
-                                        ("NemotronHForCausalLM", "unhooked_attention")])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("MambaForCausalLM", "state_space"),
+        ("FalconMambaForCausalLM", "state_space"),
+        ("RecurrentGemmaForCausalLM", "unhooked_attention"),
+        ("RwkvForCausalLM", "rwkv"),
+        ("NemotronHForCausalLM", "unhooked_attention"),
+    ],
+)
 def test_models_without_hooked_attention_load_and_say_so(name, kind):
     from tl_dynamics import trajectories
 
@@ -324,11 +460,17 @@ def test_openai_gpt_is_exact_on_single_prompts_and_refuses_padded_batches():
         adapter.attention(testing.PROMPTS)
 
 
-@pytest.mark.parametrize("name, kind", [("JambaForCausalLM", "&#x27;state_space&#x27;"),
-                                        ("MambaForCausalLM", "&#x27;state_space&#x27;"),
-                                        ("DeepseekV3ForCausalLM", None),
-                                        ("Llama4ForCausalLM", None), ("NanoChatForCausalLM", None),
-                                        ("GptOssForCausalLM", None)])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("JambaForCausalLM", "&#x27;state_space&#x27;"),
+        ("MambaForCausalLM", "&#x27;state_space&#x27;"),
+        ("DeepseekV3ForCausalLM", None),
+        ("Llama4ForCausalLM", None),
+        ("NanoChatForCausalLM", None),
+        ("GptOssForCausalLM", None),
+    ],
+)
 def test_report_on_new_architectures_shows_or_names_the_layer_type(name, kind):
     """Every section shows, or says why not naming the layer type (kind None: every section
     shows); trajectories always show."""
@@ -339,7 +481,9 @@ def test_report_on_new_architectures_shows_or_names_the_layer_type(name, kind):
     assert page.failed_sections == []
     notes = re.findall(r"Not shown for this model: ([^<]*)", html)
     assert all(kind is not None and kind in note for note in notes), notes
-    trajectories = html.rsplit("Depth-wise trajectories", 1)[1].split("<section", 1)[0]  # not the TOC
+    trajectories = html.rsplit("Depth-wise trajectories", 1)[1].split("<section", 1)[
+        0
+    ]  # not the TOC
     assert "<svg" in trajectories and "Not shown for this model" not in trajectories
 
 
@@ -348,7 +492,10 @@ def test_llama4_rotary_layers_normalise_q_and_k_and_nope_layers_do_not_rotate():
     applied by the adapter to the pre-norm hooks); NoPE layers score unrotated projections; the
     context stops where chunked attention and the NoPE query temperature would start."""
     adapter = ModelAdapter(boot_tiny("Llama4ForCausalLM", no_rope_layers=[1, 0]))
-    assert [(s.rotary, s.prenorm) for s in adapter.specs] == [("interleaved", True), ("none", False)]
+    assert [(s.rotary, s.prenorm) for s in adapter.specs] == [
+        ("interleaved", True),
+        ("none", False),
+    ]
     la = adapter.attention(testing.PROMPTS[0])[0]
     rms = la.q[:, 1:].pow(2).mean(-1)  # unit mean square after the norm (BOS: a zero embedding)
     assert (rms - 1).abs().max() <= 1e-4
@@ -357,17 +504,27 @@ def test_llama4_rotary_layers_normalise_q_and_k_and_nope_layers_do_not_rotate():
 
 @pytest.mark.skipif(compat.tl_major_version() >= 4, reason="TransformerLens 4.x runs it exactly")
 def test_hunyuan_on_transformer_lens_3_is_refused_saying_what_the_host_does():
-    with pytest.raises(TLDynamicsError, match=re.escape(
+    with pytest.raises(
+        TLDynamicsError,
+        match=re.escape(
             "unsupported HunYuanDenseV1ForCausalLM on TransformerLens 3.x: its bridge fires "
-            "hook_rot_q after HunYuan's q/k norm")):
+            "hook_rot_q after HunYuan's q/k norm"
+        ),
+    ):
         ModelAdapter(boot_tiny("HunYuanDenseV1ForCausalLM"))
 
 
-@pytest.mark.skipif(compat.tl_major_version() >= 4, reason="TransformerLens 4.x runs Cohere exactly")
+@pytest.mark.skipif(
+    compat.tl_major_version() >= 4, reason="TransformerLens 4.x runs Cohere exactly"
+)
 @pytest.mark.parametrize("name", ["CohereForCausalLM", "Cohere2ForCausalLM"])
 def test_cohere_on_transformer_lens_3_is_refused_saying_what_the_host_does(name):
-    with pytest.raises(TLDynamicsError, match=re.escape(
-            f"unsupported {name} on TransformerLens 3.x: its bridge rotates Cohere's queries")):
+    with pytest.raises(
+        TLDynamicsError,
+        match=re.escape(
+            f"unsupported {name} on TransformerLens 3.x: its bridge rotates Cohere's queries"
+        ),
+    ):
         ModelAdapter(boot_tiny(name))
 
 
@@ -383,11 +540,13 @@ def test_delegated_rotary_is_read_from_the_module_and_verified_with_its_directio
     assert (full.inv_freq > 0).all() and not torch.equal(full.inv_freq, sliding.inv_freq)
 
 
-GATED = {"Qwen3NextForCausalLM": "a sigmoid output gate computed from the query projection",
-         "Qwen3_5ForCausalLM": "a sigmoid output gate computed from the query projection",
-         "AfmoeForCausalLM": "a sigmoid output gate from its own projection (gate_proj)",
-         "LagunaForCausalLM": "a softplus output gate from its own projection (g_proj)",
-         "BitNetForCausalLM": "an RMSNorm over all heads (attn_sub_norm) divides z"}
+GATED = {
+    "Qwen3NextForCausalLM": "a sigmoid output gate computed from the query projection",
+    "Qwen3_5ForCausalLM": "a sigmoid output gate computed from the query projection",
+    "AfmoeForCausalLM": "a sigmoid output gate from its own projection (gate_proj)",
+    "LagunaForCausalLM": "a softplus output gate from its own projection (g_proj)",
+    "BitNetForCausalLM": "an RMSNorm over all heads (attn_sub_norm) divides z",
+}
 
 
 @pytest.mark.parametrize("name", sorted(GATED))
@@ -416,8 +575,9 @@ def test_gated_attention_z_includes_the_gate_and_value_path_analyses_refuse_it(n
         weight = orig.q_proj.weight.detach().float()
         both = (x @ weight.T).reshape(*la.q.shape[:2], adapter.n_heads, 2 * d)
         expected = torch.sigmoid(both[..., d:])
-        assert torch.allclose(adapter.W_Q(layer), weight.reshape(adapter.n_heads, 2 * d, -1)[:, :d]
-                              .transpose(1, 2))  # W_Q is the query half
+        assert torch.allclose(
+            adapter.W_Q(layer), weight.reshape(adapter.n_heads, 2 * d, -1)[:, :d].transpose(1, 2)
+        )  # W_Q is the query half
     elif name.startswith("Afmoe"):
         expected = torch.sigmoid(x @ orig.gate_proj.weight.detach().float().T).reshape(la.v.shape)
     elif name.startswith("Laguna"):  # one softplus gate per head
@@ -426,16 +586,23 @@ def test_gated_attention_z_includes_the_gate_and_value_path_analyses_refuse_it(n
         norm = orig.attn_sub_norm
         mean_square = ungated.pow(2).mean((2, 3), keepdim=True)
         expected = norm.weight.detach().float().reshape(la.v.shape[2:]) * torch.rsqrt(
-            mean_square + norm.variance_epsilon)
+            mean_square + norm.variance_epsilon
+        )
     assert (expected - la.gate)[rows].abs().max() <= EXACT_TOL
     message = f"layer {layer} of {name} has gated attention ({GATED[name]}"
-    for call in (lambda: adapter.W_V(layer),
-                 lambda: contextual_mlp.compute(model, testing.PROMPTS[0], layers=layer)):
+    for call in (
+        lambda: adapter.W_V(layer),
+        lambda: contextual_mlp.compute(model, testing.PROMPTS[0], layers=layer),
+    ):
         with pytest.raises(TLDynamicsError, match=re.escape(message)):
             call()
-    with pytest.raises(TLDynamicsError, match=re.escape(f"LayerAttention.source_outputs: layer {layer}")):
+    with pytest.raises(
+        TLDynamicsError, match=re.escape(f"LayerAttention.source_outputs: layer {layer}")
+    ):
         la.source_outputs()
-    with pytest.raises(TLDynamicsError, match=re.escape(f"contextual_mlp.from_layer: layer {layer}")):
+    with pytest.raises(
+        TLDynamicsError, match=re.escape(f"contextual_mlp.from_layer: layer {layer}")
+    ):
         from_layer(adapter, la, 0)
     result = odds_ratio.compute(model, testing.PROMPTS[0])
     assert result is not None
@@ -454,17 +621,22 @@ def test_hunyuan_scores_q_and_k_normalised_after_rotary_and_query_frames_refuse(
     la = adapter.attention(testing.PROMPTS, reference=True, inputs=True, padding_side="left")[0]
     keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
     assert ((la.scores() - la.reference["scores"]).abs() * keep).max() <= EXACT_TOL
-    rotated = adapter.rotation(0).rotate(adapter.unrotated_queries(0, la.reference["x"]),
-                                         adapter.positions(la.allowed.any(1)))
+    rotated = adapter.rotation(0).rotate(
+        adapter.unrotated_queries(0, la.reference["x"]), adapter.positions(la.allowed.any(1))
+    )
     assert (rotated - la.q).abs().max() > 1e-2  # the norm after rotary matters
     norm = model.blocks[0].attn.original_component.query_layernorm
     rms = rotated.pow(2).mean(-1, keepdim=True).add(norm.variance_epsilon).rsqrt()
     weight = norm.weight.detach().float()  # N(R q) = (R q) / rms(q) * w
     assert ((rotated * rms * weight - la.q)[la.query_valid]).abs().max() <= EXACT_TOL
-    message = ("layer 0 of HunYuanDenseV1ForCausalLM normalises q and k after rotary with a "
-               "per-dimension gain (qk_norm_after_rope)")
-    for call in (lambda: adapter.query_norm(0),
-                 lambda: contextual_mlp.compute(model, testing.PROMPTS[0])):
+    message = (
+        "layer 0 of HunYuanDenseV1ForCausalLM normalises q and k after rotary with a "
+        "per-dimension gain (qk_norm_after_rope)"
+    )
+    for call in (
+        lambda: adapter.query_norm(0),
+        lambda: contextual_mlp.compute(model, testing.PROMPTS[0]),
+    ):
         with pytest.raises(TLDynamicsError, match=re.escape(message)):
             call()
 

@@ -1,6 +1,7 @@
 """Entry points and the collector: ``compute`` (one prompt row), ``compute_rows`` (every row of a
-batch in one forward pass), ``attach`` (during your own runs; its ``ContextualMLPCollector`` is
-driven by the adapter) and ``from_layer`` (one head of a captured layer).
+batch in one forward pass) and ``attach`` (during your own runs; its ``ContextualMLPCollector`` is
+driven by the adapter). Each head's MLP is built by ``_from_layer`` (``from_layer``: one head of a
+captured layer).
 
 ``layers`` and ``heads`` follow the one convention of every analysis (``docs/developing.md``):
 an index, a list of them, or None (all); the heads are taken in every selected layer.
@@ -15,79 +16,11 @@ import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, LayerState, ModelAdapter, Prompt
 from tl_dynamics.collect import Collector
-from tl_dynamics.contextual_mlp._frame import RotaryFrame, build_frames, check_inputs
+from tl_dynamics.contextual_mlp._frame import RotaryFrame, build_frames
+from tl_dynamics.contextual_mlp._from_layer import _check_row, _from_layer, _row_tensors
 from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.contextual_mlp._mlps import ContextualMLPs, LazyMLPs
 from tl_dynamics.errors import TLDynamicsError
-
-
-def _check_row(row: int, n_rows: int) -> int:
-    if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < n_rows:
-        raise TLDynamicsError(f"row {row!r} is out of range: the batch has {n_rows} rows "
-                              f"(valid: 0..{n_rows - 1})")
-    return row
-
-
-def from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int = 0,
-               frame: RotaryFrame | None = None, tokens: torch.Tensor | None = None,
-               str_tokens: Sequence[str] | None = None) -> ContextualMLP:
-    """Build one head's ``ContextualMLP`` from a captured layer (``inputs=True`` needed).
-
-    For those who capture layers themselves (``adapter.capture``/``attention``); ``compute`` and
-    ``attach`` do this for you. ``frame`` is the row's verified rotary frame (from
-    ``build_frames``); required for rotary layers. With ``reference=True`` captures the result
-    can check its own exactness.
-    """
-    return _from_layer(adapter, la, head, row, frame, tokens, str_tokens, None)
-
-
-def _row_tensors(la: LayerAttention, row: int, tokens: torch.Tensor | None
-                 ) -> dict[str, torch.Tensor | None]:
-    """One row's copies of what every head of the layer shares (``x``, masks, tokens): taken
-    once per row and layer, not once per head (at 1,024 tokens, 144 copies of ``x`` were 453 MB
-    and a third of ``result()``'s time; issue 15). Nothing mutates them."""
-    return {"x": la.reference["x"][row].clone(), "allowed": la.allowed[row].clone(),
-            "query_valid": la.query_valid[row].clone(),
-            "tokens": None if tokens is None else tokens[row].clone()}
-
-
-def _from_layer(adapter: ModelAdapter, la: LayerAttention, head: int, row: int,
-                frame: RotaryFrame | None, tokens: torch.Tensor | None,
-                str_tokens: Sequence[str] | None, outgoing: torch.Tensor | None,
-                shared: dict[str, torch.Tensor | None] | None = None) -> ContextualMLP:
-    """``from_layer`` with the head's outgoing weights ``v_j W_O`` given (None: computed) and
-    the row's shared copies (``_row_tensors``; None: taken here)."""
-    la.require_ungated("contextual_mlp.from_layer")  # outgoing weights v_j W_O: no gate
-    head = adapter.check_head(head, la.layer)
-    n_batch, n_pos = la.q.shape[:2]
-    row = _check_row(row, n_batch)
-    check_inputs(adapter, la)
-    if frame is None:
-        if la.spec.rotary != "none" or la.spec.latent:
-            raise TLDynamicsError(f"layer {la.layer} is rotary: pass its verified frame "
-                                  "or use contextual_mlp.compute or attach, which verify it")
-        frame = RotaryFrame()
-    bias = la.bias([head])
-    if bias is not None:
-        bias = bias.expand(n_batch, 1, n_pos, n_pos)[row, 0]
-    ref_pattern, ref_output = None, None
-    if "pattern" in la.reference:
-        ref_pattern = la.reference["pattern"][row, head]
-    if "z" in la.reference:
-        z = la.reference["z"].reshape(n_batch, n_pos, adapter.n_heads, la.v.shape[-1])
-        ref_output = z[row, :, head] @ la.W_O[head]
-    names = tuple(str_tokens) if str_tokens is not None else tuple(str(i) for i in range(n_pos))
-    shared = _row_tensors(la, row, tokens) if shared is None else shared
-    return ContextualMLP(
-        layer=la.layer, head=head, row=row, architecture=adapter.info.architecture,
-        tokens=shared["tokens"], str_tokens=names, x=shared["x"], keys=la.k[row, :, head].clone(),
-        outgoing=(la.v[row, :, head] @ la.W_O[head]) if outgoing is None else outgoing,
-        W_Q=adapter.W_Q(la.layer)[head], b_Q=adapter.b_Q(la.layer)[head],
-        scale=la.scale, softcap=la.softcap, allowed=shared["allowed"],
-        query_valid=shared["query_valid"], bias=None if bias is None else bias.clone(),
-        frame=frame, reference_pattern=ref_pattern, reference_output=ref_output,
-        query_norm=adapter.query_norm(la.layer),
-        sink_logit=None if la.sink_logit is None else float(la.sink_logit[head]))
 
 
 class ContextualMLPCollector(Collector):
@@ -108,8 +41,14 @@ class ContextualMLPCollector(Collector):
     inputs = True
     sinks = True  # a learned sink is one more neuron (docs/math.md §3.7)
 
-    def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
-                 rows: list[int] | None = None, reference: bool = False):
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        layers: list[int],
+        heads: list[int],
+        rows: list[int] | None = None,
+        reference: bool = False,
+    ):
         self.adapter, self.layers, self.heads = adapter, tuple(layers), list(heads)
         self.rows, self.reference = rows, reference
         # per pass, the captured layers in order, with the pass's batch
@@ -133,12 +72,15 @@ class ContextualMLPCollector(Collector):
     def _rows(self, la: LayerAttention) -> list[int]:
         return list(range(la.q.shape[0])) if self.rows is None else list(self.rows)
 
-    def _frames(self, la: LayerAttention, batch: Batch | None, rows: list[int]) -> list[RotaryFrame]:
+    def _frames(
+        self, la: LayerAttention, batch: Batch | None, rows: list[int]
+    ) -> list[RotaryFrame]:
         key_valid = batch.key_valid if batch is not None else la.allowed.any(dim=1)
         return build_frames(self.adapter, la, key_valid, rows=rows)
 
-    def _build(self, la: LayerAttention, batch: Batch | None, rows: list[int]
-               ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
+    def _build(
+        self, la: LayerAttention, batch: Batch | None, rows: list[int]
+    ) -> dict[int, dict[tuple[int, int], ContextualMLP]]:
         """The MLPs of the selected heads on ``rows`` of one captured layer."""
         heads = self.heads
         frames = self._frames(la, batch, rows)
@@ -151,7 +93,8 @@ class ContextualMLPCollector(Collector):
             shared = _row_tensors(la, row, tokens)
             for i, head in enumerate(heads):
                 out.setdefault(row, {})[(la.layer, head)] = _from_layer(
-                    self.adapter, la, head, row, frames[row], tokens, names, outgoing[i], shared)
+                    self.adapter, la, head, row, frames[row], tokens, names, outgoing[i], shared
+                )
         return out
 
     @property
@@ -170,11 +113,18 @@ class ContextualMLPCollector(Collector):
 
     def _check_pass(self, forward_pass: int) -> None:
         if not self._passes:
-            raise TLDynamicsError("nothing was collected: run a forward pass inside the attach block")
-        if isinstance(forward_pass, bool) or not isinstance(forward_pass, int) or \
-                not -len(self._passes) <= forward_pass < len(self._passes):
-            raise TLDynamicsError(f"forward_pass {forward_pass!r} is out of range: {len(self._passes)} "
-                                  f"pass(es) were collected")
+            raise TLDynamicsError(
+                "nothing was collected: run a forward pass inside the attach block"
+            )
+        if (
+            isinstance(forward_pass, bool)
+            or not isinstance(forward_pass, int)
+            or not -len(self._passes) <= forward_pass < len(self._passes)
+        ):
+            raise TLDynamicsError(
+                f"forward_pass {forward_pass!r} is out of range: {len(self._passes)} "
+                f"pass(es) were collected"
+            )
 
     def result(self, row: int = 0, forward_pass: int = 0) -> ContextualMLPs:
         """The MLPs of prompt row ``row`` in forward pass ``forward_pass`` (the first by default),
@@ -189,8 +139,11 @@ class ContextualMLPCollector(Collector):
     def _lazy(self, layers: list[tuple[LayerAttention, Batch | None]], row: int) -> ContextualMLPs:
         by_layer = {la.layer: (la, batch) for la, batch in layers}
         la, batch = layers[0]
-        names = tuple(self.adapter.str_tokens(batch, row)) if batch is not None \
+        names = (
+            tuple(self.adapter.str_tokens(batch, row))
+            if batch is not None
             else tuple(str(i) for i in range(la.q.shape[1]))
+        )
         # per layer, what its heads share, prepared once: the verified frame and the row's
         # copies of x, masks and tokens (one copy for every head, not one per head)
         prepared: dict[int, tuple[RotaryFrame, dict[str, torch.Tensor | None]]] = {}
@@ -199,13 +152,20 @@ class ContextualMLPCollector(Collector):
             la, batch = by_layer[layer]
             tokens = None if batch is None else batch.tokens
             if layer not in prepared:
-                prepared[layer] = (self._frames(la, batch, [row])[row],
-                                   _row_tensors(la, row, tokens))
+                prepared[layer] = (
+                    self._frames(la, batch, [row])[row],
+                    _row_tensors(la, row, tokens),
+                )
             frame, shared = prepared[layer]
             return _from_layer(self.adapter, la, head, row, frame, tokens, names, None, shared)
+
         keys = [(layer, head) for layer in by_layer for head in self.heads]
-        return ContextualMLPs(architecture=self.adapter.info.architecture, row=row,
-                              str_tokens=names, mlps=LazyMLPs(keys, form))
+        return ContextualMLPs(
+            architecture=self.adapter.info.architecture,
+            row=row,
+            str_tokens=names,
+            mlps=LazyMLPs(keys, form),
+        )
 
     def results(self, forward_pass: int = 0) -> list[ContextualMLPs]:
         """One ``ContextualMLPs`` per collected row of forward pass ``forward_pass``."""
@@ -218,9 +178,13 @@ class ContextualMLPCollector(Collector):
 
 
 @contextmanager
-def attach(model: Any, *, layers: int | Sequence[int] | None = None,
-           heads: int | Sequence[int] | None = None,
-           reference: bool = False) -> Iterator[ContextualMLPCollector]:
+def attach(
+    model: Any,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    reference: bool = False,
+) -> Iterator[ContextualMLPCollector]:
     """Build the contextual MLPs of the selected heads during every forward pass in the block.
 
     Yields a ``ContextualMLPCollector``: ``collector.result(row=0)`` is a ``ContextualMLPs`` as
@@ -247,15 +211,22 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
         [(1, 0), (1, 2)]
     """
     adapter = ModelAdapter.of(model)
-    collector = ContextualMLPCollector(adapter, adapter.check_attention_layers(layers),
-                                       adapter.check_heads(heads), None, reference)
+    collector = ContextualMLPCollector(
+        adapter, adapter.check_attention_layers(layers), adapter.check_heads(heads), None, reference
+    )
     with adapter.collecting(collector):
         yield collector
 
 
-def _run(model: Any, prompt: Prompt | Batch, layers: int | Sequence[int] | None,
-         heads: int | Sequence[int] | None, rows: list[int] | None, reference: bool,
-         padding_side: str) -> ContextualMLPCollector:
+def _run(
+    model: Any,
+    prompt: Prompt | Batch,
+    layers: int | Sequence[int] | None,
+    heads: int | Sequence[int] | None,
+    rows: list[int] | None,
+    reference: bool,
+    padding_side: str,
+) -> ContextualMLPCollector:
     adapter = ModelAdapter.of(model)
     layer_list, head_list = adapter.check_attention_layers(layers), adapter.check_heads(heads)
     batch = adapter.tokenize(prompt, padding_side)
@@ -267,9 +238,16 @@ def _run(model: Any, prompt: Prompt | Batch, layers: int | Sequence[int] | None,
     return collector
 
 
-def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
-            heads: int | Sequence[int] | None = None, row: int = 0, reference: bool = True,
-            padding_side: str = "right") -> ContextualMLPs:
+def compute(
+    model: Any,
+    prompt: Prompt | Batch,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    row: int = 0,
+    reference: bool = True,
+    padding_side: str = "right",
+) -> ContextualMLPs:
     """The contextual MLPs of the selected heads on prompt row ``row`` (one forward pass).
 
     ``result[layer, head]`` is one head's ``ContextualMLP``; with ``reference`` the model's own
@@ -296,9 +274,15 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
     return _run(model, prompt, layers, heads, [row], reference, padding_side).result(row)
 
 
-def compute_rows(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
-                 heads: int | Sequence[int] | None = None, reference: bool = True,
-                 padding_side: str = "right") -> list[ContextualMLPs]:
+def compute_rows(
+    model: Any,
+    prompt: Prompt | Batch,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    reference: bool = True,
+    padding_side: str = "right",
+) -> list[ContextualMLPs]:
     """Like ``compute`` for every row of a batch at once (one forward pass).
 
     Args:

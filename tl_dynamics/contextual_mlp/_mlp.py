@@ -14,18 +14,14 @@ from tl_dynamics.contextual_mlp._frame import RotaryFrame
 from tl_dynamics.contextual_mlp._mlp_readouts import DEFAULT_CHUNK, MLPReadouts
 from tl_dynamics.contextual_mlp._mlp_readouts import SAVE_FORMAT as SAVE_FORMAT
 from tl_dynamics.contextual_mlp._mlp_shape import MLPShape
-from tl_dynamics.contextual_mlp._results import Evaluation, Exactness, Neurons
+from tl_dynamics.contextual_mlp._mlp_weights import WORK_DTYPE, MLPWeights
+from tl_dynamics.contextual_mlp._results import Evaluation, Exactness
 from tl_dynamics.errors import TLDynamicsError
-
-# The MLP is evaluated in float64 from the float32 activations: its error against the model is
-# then the model's own float32 rounding alone (on a d_model=256 GPT-2 shape at 512 tokens: max
-# 6.8e-6 against 1.1e-5 when evaluated in float32). Results are returned in float32.
-WORK_DTYPE = torch.float64
 
 
 @_files.register
 @dataclass(frozen=True)
-class ContextualMLP(MLPShape, MLPReadouts):
+class ContextualMLP(MLPShape, MLPWeights, MLPReadouts):
     """Head ``head`` of layer ``layer`` on one prompt row, as a contextual MLP per destination.
 
     Stored (memory ``O(pos * (d_model + d_head) + pos^2)`` floats): the query inputs ``x``, the
@@ -98,133 +94,21 @@ class ContextualMLP(MLPShape, MLPReadouts):
     sink_logit: float | None = None
 
     def __repr__(self) -> str:
-        return (f"ContextualMLP({self.architecture}, layer={self.layer}, head={self.head}, "
-                f"row={self.row}, positions={self.n_pos}, d_model={self.d_model})")
-
-    # ------------------------------------------------------------------ structure
-
-    def queries(self, x: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_head"]:
-        """The head's query before rotary for layer inputs ``x``: ``x W_Q + b_Q``.
-
-        Normalised by the model's own query norm on qk-norm architectures. Computed in ``x``'s dtype.
-
-        Args:
-            x: layer inputs ``[n, d_model]``.
-
-        Returns:
-            Queries ``[n, d_head]``.
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.queries(mlp.x).shape
-            torch.Size([7, 16])
-        """
-        q = x @ self.W_Q.to(x.dtype) + self.b_Q.to(x.dtype)
-        return q if self.query_norm is None else self.query_norm.apply(q, self.head, x)
-
-    def _inputs(self, x: Tensor) -> Tensor:
-        """What ``b_i`` is dotted with: ``x`` itself, or ``queries(x)`` on qk-norm layers."""
-        return x if self.query_norm is None else self.queries(x)
-
-    def query_frame_keys(self, position: int) -> Float[Tensor, "src d_head"]:
-        """The allowed keys rotated back into the query's frame at ``position``.
-
-        Args:
-            position: a destination (negative counts from the end).
-
-        Returns:
-            Keys ``[src, d_head]`` (float32).
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> mlp.query_frame_keys(2).shape
-            torch.Size([3, 16])
-        """
-        return self._keys(self.check_position(position)).float()
-
-    def _keys(self, pos: int) -> Tensor:
-        return self.frame.to_query_frame(self.keys[self.sources(pos)].to(WORK_DTYPE), pos)
-
-    def _bias(self, pos: int, src: Tensor) -> Tensor | None:
-        return None if self.bias is None else self.bias[pos, src].to(WORK_DTYPE)
-
-    def _weights(self, pos: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(sources, b, c, activations at x_T)`` in ``WORK_DTYPE``."""
-        src = self.sources(pos)
-        keys, bias = self._keys(pos), self._bias(pos, src)
-        if self.query_norm is None:
-            b, c = _core.incoming_weights(self.W_Q.to(WORK_DTYPE), self.b_Q.to(WORK_DTYPE), keys,
-                                          self.scale, bias)
-        else:  # b_i act on the normalised query: b_i = c k_i', c_i = p_iT
-            b = self.scale * keys
-            c = torch.zeros(len(src), dtype=WORK_DTYPE, device=keys.device) if bias is None else bias
-        inputs = self._inputs(self.x[pos].to(WORK_DTYPE)[None])[0]
-        acts = _core.hidden((b @ inputs + c)[None], self.softcap, self.sink_logit)[0]
-        return src, b, c, acts
-
-    # ------------------------------------------------------------------ weights
-
-    def neurons(self, position: int) -> Neurons:
-        """The weights ``a_i``, ``b_i``, ``c_i`` of every neuron at ``position``.
-
-        Builds ``b``: ``[n_src, d_model]``, or ``[n_src, d_head]`` where
-        ``input_space == "query"``.
-
-        Args:
-            position: a destination (negative counts from the end).
-
-        Returns:
-            ``Neurons``: ``a`` ``[src, d_model]``, ``b`` ``[src, d_in]``, ``c`` ``[src]``, the
-            activations ``[src]`` at the real input, the sources and their tokens.
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> n = mlp.neurons(3)
-            >>> n.a.shape, n.b.shape, n.sources.tolist()
-            (torch.Size([4, 64]), torch.Size([4, 64]), [0, 1, 2, 3])
-        """
-        pos = self.check_position(position)
-        src, b, c, acts = self._weights(pos)
-        return Neurons(layer=self.layer, head=self.head, position=pos, sources=src,
-                       source_tokens=tuple(self.str_tokens[i] for i in src.tolist()),
-                       a=self.outgoing[src], b=b.float(), c=c.float(), activations=acts.float(),
-                       softcap=self.softcap, sink_logit=self.sink_logit,
-                       sink_activation=None if self.sink_logit is None
-                       else float(1.0 - acts.sum()))
-
-    def incoming_all(self) -> tuple[Float[Tensor, "pos pos d_in"], Float[Tensor, "pos pos"]]:
-        """All incoming weights and biases, for every destination at once.
-
-        Zero where not allowed; ``d_in`` is ``d_model``, or ``d_head`` where
-        ``input_space == "query"``. Memory: ``pos^2 * d_in`` floats; prefer ``neurons(T)`` one
-        destination at a time for long prompts.
-
-        Returns:
-            ``(b, c)``: ``b`` ``[dest, src, d_in]`` and ``c`` ``[dest, src]``.
-
-        Example:
-            >>> from tl_dynamics import contextual_mlp, testing
-            >>> mlp = contextual_mlp.compute(testing.tiny_model("gpt2"), "a = b + c", layers=1, heads=0)[1, 0]
-            >>> b, c = mlp.incoming_all()
-            >>> b.shape, c.shape
-            (torch.Size([7, 7, 64]), torch.Size([7, 7]))
-        """
-        d_in = self.d_model if self.query_norm is None else self.W_Q.shape[1]
-        b_all = torch.zeros(self.n_pos, self.n_pos, d_in, device=self.x.device)
-        c_all = torch.zeros(self.n_pos, self.n_pos, device=self.x.device)
-        for pos in self.positions:
-            n = self.neurons(pos)
-            b_all[pos, n.sources], c_all[pos, n.sources] = n.b, n.c
-        return b_all, c_all
+        return (
+            f"ContextualMLP({self.architecture}, layer={self.layer}, head={self.head}, "
+            f"row={self.row}, positions={self.n_pos}, d_model={self.d_model})"
+        )
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, x: Float[Tensor, "... d_model"], position: int,
-                 chunk_size: int = DEFAULT_CHUNK, keep_outputs: bool = True,
-                 labels: list[str] | None = None) -> Evaluation:
+    def evaluate(
+        self,
+        x: Float[Tensor, "... d_model"],
+        position: int,
+        chunk_size: int = DEFAULT_CHUNK,
+        keep_outputs: bool = True,
+        labels: list[str] | None = None,
+    ) -> Evaluation:
         """Run the MLP of ``position`` (its context fixed) on arbitrary query inputs ``x``.
 
         ``x`` is in the space the layer's W_Q reads (after the layer's input normalisation).
@@ -253,8 +137,10 @@ class ContextualMLP(MLPShape, MLPReadouts):
         xs = torch.as_tensor(x, dtype=torch.float32)
         xs = xs[None] if xs.ndim == 1 else xs
         if xs.ndim != 2 or xs.shape[1] != self.d_model:
-            raise TLDynamicsError(f"query inputs must be [d_model] or [n, d_model] with d_model="
-                                  f"{self.d_model}, got {tuple(torch.as_tensor(x).shape)}")
+            raise TLDynamicsError(
+                f"query inputs must be [d_model] or [n, d_model] with d_model="
+                f"{self.d_model}, got {tuple(torch.as_tensor(x).shape)}"
+            )
         if chunk_size < 1:
             raise TLDynamicsError(f"chunk_size must be >= 1, got {chunk_size}")
         src = self.sources(pos)
@@ -262,7 +148,7 @@ class ContextualMLP(MLPShape, MLPReadouts):
         a = self.outgoing[src].to(WORK_DTYPE)
         acts, outs, sinks = [], [], []
         for start in range(0, xs.shape[0], chunk_size):
-            q = self.queries(xs[start:start + chunk_size].to(WORK_DTYPE))
+            q = self.queries(xs[start : start + chunk_size].to(WORK_DTYPE))
             pre = _core.preactivations(q, keys, self.scale, bias)
             if self.sink_logit is None:
                 h = _core.hidden(pre, self.softcap)
@@ -275,12 +161,19 @@ class ContextualMLP(MLPShape, MLPReadouts):
                 outs.append(_core.output(h, a).float())
         h = torch.cat(acts)
         return Evaluation(
-            layer=self.layer, head=self.head, position=pos, sources=src,
+            layer=self.layer,
+            head=self.head,
+            position=pos,
+            sources=src,
             source_tokens=tuple(self.str_tokens[i] for i in src.tolist()),
-            activations=h, outputs=torch.cat(outs) if keep_outputs else None,
-            winners=src[h.argmax(-1)], labels=tuple(labels) if labels is not None else
-            tuple(f"x{i}" for i in range(h.shape[0])),
-            sink=torch.cat(sinks) if sinks else None)
+            activations=h,
+            outputs=torch.cat(outs) if keep_outputs else None,
+            winners=src[h.argmax(-1)],
+            labels=tuple(labels)
+            if labels is not None
+            else tuple(f"x{i}" for i in range(h.shape[0])),
+            sink=torch.cat(sinks) if sinks else None,
+        )
 
     def activations(self, position: int) -> Float[Tensor, " src"]:
         """Hidden activations at the real query input (the pattern row over ``sources``).
@@ -298,8 +191,9 @@ class ContextualMLP(MLPShape, MLPReadouts):
             >>> acts.shape, round(float(acts.sum()), 5)
             (torch.Size([4]), 1.0)
         """
-        return self.evaluate(self.x[self.check_position(position)], position,
-                             keep_outputs=False).activations[0]
+        return self.evaluate(
+            self.x[self.check_position(position)], position, keep_outputs=False
+        ).activations[0]
 
     def output(self, position: int) -> Float[Tensor, " d_model"]:
         """``g(x_T)``: the head's output at ``position`` (before ``b_O``).
@@ -357,8 +251,10 @@ class ContextualMLP(MLPShape, MLPReadouts):
             True
         """
         if self.reference_output is None or self.reference_pattern is None:
-            raise TLDynamicsError("this ContextualMLP holds no reference activations; build it "
-                                  "with reference=True to check exactness")
+            raise TLDynamicsError(
+                "this ContextualMLP holds no reference activations; build it "
+                "with reference=True to check exactness"
+            )
         positions = self.positions
         out_err, pat_err = torch.zeros(len(positions)), torch.zeros(len(positions))
         for n, pos in enumerate(positions):
@@ -368,5 +264,11 @@ class ContextualMLP(MLPShape, MLPReadouts):
             row[src] = acts
             out_err[n] = (g - self.reference_output[pos]).abs().max()
             pat_err[n] = (row - self.reference_pattern[pos]).abs().max()
-        return Exactness(layer=self.layer, head=self.head, architecture=self.architecture,
-                         positions=tuple(positions), output_error=out_err, pattern_error=pat_err)
+        return Exactness(
+            layer=self.layer,
+            head=self.head,
+            architecture=self.architecture,
+            positions=tuple(positions),
+            output_error=out_err,
+            pattern_error=pat_err,
+        )

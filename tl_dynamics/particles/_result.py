@@ -1,13 +1,12 @@
-"""``ParticleRun``: what ``simulate`` returns, and its observables over time; ``RunParams``."""
+"""``ParticleRun``: what ``simulate`` returns, and its observables over time (their pandas tables
+in ``_run_tables``, its base class); ``RunParams``."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
-import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -15,6 +14,7 @@ from torch import Tensor
 from tl_dynamics import sphere, viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.particles._checks import Problems, check_eps
+from tl_dynamics.particles._run_tables import RunTables
 from tl_dynamics.particles._seeding import HeadSource
 from tl_dynamics.particles._views import run_figure
 
@@ -52,7 +52,7 @@ class RunParams:
 
 
 @dataclass(frozen=True)
-class ParticleRun:
+class ParticleRun(RunTables):
     """Trajectories of ``runs`` independent particle systems at the record ``times``.
 
     Attributes:
@@ -168,8 +168,10 @@ class ParticleRun:
         if e in self.eps:
             return self.labels[self.eps.index(e)].to(torch.int64)
         states = self._kept_states("labels_at")
-        out = [sphere.cluster_labels(sphere.gram(states[i : i + _CHUNK]), e)
-               for i in range(0, len(self.times), _CHUNK)]
+        out = [
+            sphere.cluster_labels(sphere.gram(states[i : i + _CHUNK]), e)
+            for i in range(0, len(self.times), _CHUNK)
+        ]
         return torch.cat(out)
 
     def cluster_counts(self, eps: float | None = None) -> Int[Tensor, "T runs"]:
@@ -210,8 +212,10 @@ class ParticleRun:
         if e in self.eps:
             return self.close_fraction[self.eps.index(e)]
         states = self._kept_states("close_fractions")
-        out = [sphere.close_fraction(sphere.gram(states[i : i + _CHUNK]), e)
-               for i in range(0, len(self.times), _CHUNK)]
+        out = [
+            sphere.close_fraction(sphere.gram(states[i : i + _CHUNK]), e)
+            for i in range(0, len(self.times), _CHUNK)
+        ]
         return torch.cat(out)
 
     def time_to_clustering(self, eps: float | None = None) -> Float[Tensor, " runs"]:
@@ -231,114 +235,14 @@ class ParticleRun:
             [5.6, 7.2, 5.8]
         """
         done = self.close_fractions(eps) >= 1.0
-        first = torch.where(done.any(0), done.to(torch.int64).argmax(0), torch.full((self.n_runs,), -1))
-        return torch.where(first >= 0, self.times[first.clamp_min(0)], torch.full((self.n_runs,), math.inf, dtype=torch.float64))
-
-    def merge_events(self, eps: float | None = None) -> pd.DataFrame:
-        """Records at which a run's cluster count changes.
-
-        Args:
-            eps: the threshold (default: the first recorded).
-
-        Returns:
-            A pandas DataFrame: ``run``, ``time`` (first record with the new count), ``before``,
-            ``after``, ``merged = before - after`` (> 1: several merges between two records;
-            < 0: a split, only when a pair sits at the threshold), and the ``merges`` and
-            ``splits`` behind it (``sphere.merge_events``; ``merged = merges - splits``).
-
-        Example:
-            >>> import torch
-            >>> from tl_dynamics.particles import random_init, simulate
-            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
-            >>> events = run.merge_events()
-            >>> bool((events["merged"] == events["merges"] - events["splits"]).all())
-            True
-        """
-        labels = self.labels_at(eps)
-        counts = sphere.count_clusters(labels)
-        events = sphere.merge_events(labels[:-1], labels[1:])
-        change = counts[1:] != counts[:-1]
-        k, r = torch.nonzero(change, as_tuple=True)
-        df = pd.DataFrame(
-            {
-                "run": r.numpy(),
-                "time": self.times[k + 1].numpy(),
-                "before": counts[k, r].numpy(),
-                "after": counts[k + 1, r].numpy(),
-            }
+        first = torch.where(
+            done.any(0), done.to(torch.int64).argmax(0), torch.full((self.n_runs,), -1)
         )
-        df["merged"] = df["before"] - df["after"]
-        df["merges"] = events.merges[k, r].numpy()
-        df["splits"] = events.splits[k, r].numpy()
-        return df.sort_values(["run", "time"], kind="stable").reset_index(drop=True)
-
-    def plateaus(self, eps: float | None = None) -> pd.DataFrame:
-        """Maximal time intervals with a constant cluster count, per run.
-
-        Args:
-            eps: the threshold (default: the first recorded).
-
-        Returns:
-            A pandas DataFrame: ``run``, ``n_clusters``, ``start``/``end`` (first/last record with
-            that count), ``length`` and ``open`` (lasts to the last record: a lower bound).
-
-        Example:
-            >>> import torch
-            >>> from tl_dynamics.particles import random_init, simulate
-            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
-            >>> last = run.plateaus().groupby("run").tail(1)
-            >>> last["n_clusters"].tolist(), last["open"].tolist()
-            ([1, 1, 1], [True, True, True])
-        """
-        counts = self.cluster_counts(eps).numpy()
-        times = self.times.numpy()
-        rows = []
-        for r in range(counts.shape[1]):
-            c = counts[:, r]
-            starts = [0] + [k for k in range(1, len(c)) if c[k] != c[k - 1]]
-            for a, b in zip(starts, starts[1:] + [len(c)]):
-                rows.append((r, int(c[a]), times[a], times[b - 1], times[b - 1] - times[a], b == len(c)))
-        return pd.DataFrame(rows, columns=["run", "n_clusters", "start", "end", "length", "open"])
-
-    def to_dataframe(self, eps: float | None = None, aggregate: bool = False) -> pd.DataFrame:
-        """Per-(time, run) observables; ``aggregate=True`` averages over runs per time.
-
-        Args:
-            eps: the threshold (default: the first recorded).
-            aggregate: average over runs per record time.
-
-        Returns:
-            A pandas DataFrame with columns ``time``, ``run``, ``mean_cosine``,
-            ``close_fraction``, ``n_clusters`` (aggregated: ``time``, the three means and
-            ``n_clusters_min/max``).
-
-        Example:
-            >>> import torch
-            >>> from tl_dynamics.particles import random_init, simulate
-            >>> run = simulate(random_init(3, 8, 2, torch.Generator().manual_seed(0)), beta=1.0, t_max=20.0)
-            >>> run.to_dataframe().shape, run.to_dataframe(aggregate=True).shape  # 101 records
-            ((303, 5), (101, 6))
-        """
-        e = self._eps(eps, "to_dataframe")
-        T, R = self.mean_cosine.shape
-        df = pd.DataFrame(
-            {
-                "time": self.times.repeat_interleave(R).numpy(),
-                "run": torch.arange(R).repeat(T).numpy(),
-                "mean_cosine": self.mean_cosine.reshape(-1).numpy(),
-                "close_fraction": self.close_fractions(e).reshape(-1).numpy(),
-                "n_clusters": self.cluster_counts(e).reshape(-1).numpy(),
-            }
+        return torch.where(
+            first >= 0,
+            self.times[first.clamp_min(0)],
+            torch.full((self.n_runs,), math.inf, dtype=torch.float64),
         )
-        df.attrs["eps"] = e
-        if not aggregate:
-            return df
-        g = df.groupby("time", sort=True)
-        out = cast(pd.DataFrame, g[["mean_cosine", "close_fraction", "n_clusters"]].mean()).reset_index()
-        out["n_clusters_min"] = np.asarray(g["n_clusters"].min())  # a Series: one per time
-        out["n_clusters_max"] = np.asarray(g["n_clusters"].max())
-        out.attrs["eps"] = e
-        return out
 
     # ------------------------------------------------------------------ views
     def caption(self, eps: float | None = None) -> str:
@@ -364,9 +268,11 @@ class ParticleRun:
             qkv = f"Q, K, V from {p.source.model} {p.source.name}"
         counts = self.cluster_counts(e)
         c0, c1 = np.median(counts[0].numpy()), np.median(counts[-1].numpy())
-        return (f"({p.dynamics}) {qkv}, beta={p.beta_str}, n={self.n}, d={self.d}, "
-                f"{self.n_runs} runs, t in [{float(self.times[0]):g}, {float(self.times[-1]):g}]; "
-                f"eps={e:g} clusters (median over runs): {c0:g} -> {c1:g}")
+        return (
+            f"({p.dynamics}) {qkv}, beta={p.beta_str}, n={self.n}, d={self.d}, "
+            f"{self.n_runs} runs, t in [{float(self.times[0]):g}, {float(self.times[-1]):g}]; "
+            f"eps={e:g} clusters (median over runs): {c0:g} -> {c1:g}"
+        )
 
     def show(self, eps: float | None = None, run: int = 0) -> viz.Component:
         """Draw one run's trajectories beside the cluster counts of every run.
@@ -394,7 +300,12 @@ class ParticleRun:
         if self.states is not None and self.d in (2, 3):
             states = self.states[:, run].numpy()
         return run_figure(
-            times=self.times.numpy(), states=states,
-            final_labels=self.labels_at(e)[-1, run].numpy(), run=run,
+            times=self.times.numpy(),
+            states=states,
+            final_labels=self.labels_at(e)[-1, run].numpy(),
+            run=run,
             counts=self.cluster_counts(e).numpy().astype(float),
-            mean_cosine=self.mean_cosine.numpy(), eps=e, caption=self.caption(e))
+            mean_cosine=self.mean_cosine.numpy(),
+            eps=e,
+            caption=self.caption(e),
+        )

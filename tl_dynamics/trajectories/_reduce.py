@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from tl_dynamics.collect import ExactSum
-from tl_dynamics.trajectories._stats import _LENS_FLOATS, _TOKEN_FLOATS, TrajectoryStats
+from tl_dynamics.trajectories._stats import TrajectoryStats
+from tl_dynamics.trajectories._stats_readouts import _LENS_FLOATS, _TOKEN_FLOATS
 
 
 def _valid_sum(x: Tensor, valid: Tensor) -> tuple[Tensor, np.ndarray]:
@@ -26,8 +27,9 @@ def _add_float(ints: dict, sums: dict, name: str, x: Tensor, valid: Tensor) -> N
     ints[f"count_{name}"] = count
 
 
-def reduce_batch(raw: dict[str, Tensor], key_valid: Tensor, meta: dict[str, Any]
-                 ) -> "TrajectoryStats":
+def reduce_batch(
+    raw: dict[str, Tensor], key_valid: Tensor, meta: dict[str, Any]
+) -> "TrajectoryStats":
     """The statistics of one batch (one pass's ``point_statistics``, on the CPU)."""
     ints: dict[str, np.ndarray] = {}
     sums: dict[str, ExactSum] = {}
@@ -45,7 +47,9 @@ def reduce_batch(raw: dict[str, Tensor], key_valid: Tensor, meta: dict[str, Any]
         ints["n_lens_tokens"] = np.array(int(has[:, 0].sum()), dtype=np.int64)
         ints["rank_sum"] = torch.where(has, rank, 0).sum((0, 2)).numpy().astype(np.int64)
         ints["top1"] = (rank == 0).sum((0, 2)).numpy().astype(np.int64)
-        sums["log_rank"] = ExactSum.of(torch.where(has, torch.log1p(rank.double()), 0.0).sum((0, 2)))
+        sums["log_rank"] = ExactSum.of(
+            torch.where(has, torch.log1p(rank.double()), 0.0).sum((0, 2))
+        )
         lens_valid = has[:, 0]
         for name in _LENS_FLOATS:
             _add_float(ints, sums, name, raw[name], lens_valid)

@@ -1,5 +1,6 @@
 """``TrajectoryStats``: dataset-level statistics that add up exactly across batches and runs
-(int64 counts and ``ExactSum`` totals: ``a.merge(b)`` equals one run over both, bit for bit)."""
+(int64 counts and ``ExactSum`` totals: ``a.merge(b)`` equals one run over both, bit for bit).
+Its per-point read-outs are in ``_stats_readouts`` (its base class)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,15 @@ import torch
 
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories._cloud import BIN_EDGES, N_BINS
+from tl_dynamics.trajectories._cloud import BIN_EDGES
 from tl_dynamics.collect import ExactSum
 from tl_dynamics.trajectories._points import Standardizer
+from tl_dynamics.trajectories._stats_readouts import StatsReadouts
 from tl_dynamics.trajectories._views import stats_views
-
-# per-token float statistics, and the next-token (lens) ones
-_TOKEN_FLOATS = ("norm", "step", "rel_step", "turning", "cos_final")
-_LENS_FLOATS = ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")
 
 
 @dataclass(frozen=True, eq=False)
-class TrajectoryStats:
+class TrajectoryStats(StatsReadouts):
     """Streamed trajectory statistics over many prompts (see ``stream`` and ``attach``).
 
     ``meta`` records what was computed (architecture, point labels, eps, options); runs merge
@@ -71,22 +69,33 @@ class TrajectoryStats:
             if mine == {k: v for k, v in other.meta.items() if k != "lens_note"}:
                 return self if not other.ints else other
         if self.meta != other.meta:
-            diff = sorted(k for k in set(self.meta) | set(other.meta)
-                          if self.meta.get(k) != other.meta.get(k))
-            raise TLDynamicsError(f"cannot merge statistics computed differently: they differ in "
-                                  f"{diff} ({[self.meta.get(k) for k in diff]} vs "
-                                  f"{[other.meta.get(k) for k in diff]})")
+            diff = sorted(
+                k for k in set(self.meta) | set(other.meta) if self.meta.get(k) != other.meta.get(k)
+            )
+            raise TLDynamicsError(
+                f"cannot merge statistics computed differently: they differ in "
+                f"{diff} ({[self.meta.get(k) for k in diff]} vs "
+                f"{[other.meta.get(k) for k in diff]})"
+            )
         if set(self.ints) != set(other.ints) or set(self.sums) != set(other.sums):
-            raise TLDynamicsError("cannot merge: one run has next-token statistics and the other "
-                                  "does not (pass batch=... to attach, or the same lens option)")
-        return replace(self, ints={k: v + other.ints[k] for k, v in self.ints.items()},
-                       sums={k: v + other.sums[k] for k, v in self.sums.items()})
+            raise TLDynamicsError(
+                "cannot merge: one run has next-token statistics and the other "
+                "does not (pass batch=... to attach, or the same lens option)"
+            )
+        return replace(
+            self,
+            ints={k: v + other.ints[k] for k, v in self.ints.items()},
+            sums={k: v + other.sums[k] for k, v in self.sums.items()},
+        )
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, TrajectoryStats) and self.meta == other.meta
-                and set(self.ints) == set(other.ints)
-                and all(np.array_equal(v, other.ints[k]) for k, v in self.ints.items())
-                and self.sums == other.sums)
+        return (
+            isinstance(other, TrajectoryStats)
+            and self.meta == other.meta
+            and set(self.ints) == set(other.ints)
+            and all(np.array_equal(v, other.ints[k]) for k, v in self.ints.items())
+            and self.sums == other.sums
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -151,177 +160,10 @@ class TrajectoryStats:
         return "rank_sum" in self.ints
 
     def __repr__(self) -> str:
-        return (f"TrajectoryStats({self.meta['architecture']}, prompts={self.n_prompts}, "
-                f"tokens={self.n_tokens}, points={len(self.labels)}, lens={self.has_lens})")
-
-    def _mean(self, name: str, count: int | np.ndarray) -> np.ndarray:
-        return self.sums[name].value() / np.maximum(count, 1)
-
-    def mean(self, name: str) -> np.ndarray:
-        """Mean over real tokens of a per-token statistic, per point.
-
-        Args:
-            name: ``norm``, ``step``, ``rel_step``, ``turning``, ``cos_final``, or with the lens
-                ``cos_embed``, ``dist_embed``, ``cos_unembed``, ``dist_unembed``, ``log_rank``.
-
-        Returns:
-            ``[point]`` means (``[point - 1]`` for steps, ``[point - 2]`` for turning).
-
-        Example:
-            >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
-            >>> stats.mean("norm").shape, stats.mean("step").shape
-            ((3,), (2,))
-        """
-        if name in _TOKEN_FLOATS:
-            return self._mean(name, self.ints[f"count_{name}"])
-        if name in _LENS_FLOATS:
-            self._need_lens(name)
-            return self._mean(name, self.ints[f"count_{name}"])
-        if name == "log_rank":
-            self._need_lens(name)
-            return self._mean(name, int(self.ints["n_lens_tokens"]))
-        raise TLDynamicsError(f"unknown statistic {name!r}; valid: "
-                              f"{list(_TOKEN_FLOATS + _LENS_FLOATS + ('log_rank',))}")
-
-    def _need_lens(self, what: str) -> None:
-        if not self.has_lens:
-            raise TLDynamicsError(f"{what} needs the next-token statistics, which this run does "
-                                  f"not have: {self.meta.get('lens_note') or 'lens off'}")
-
-    def mean_rank(self) -> np.ndarray:
-        """Mean logit-lens rank of the true next token per point (0 = always top-1).
-
-        Returns:
-            ``[point]`` mean ranks (needs the lens).
-
-        Example:
-            >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
-            >>> stats.mean_rank().shape
-            (3,)
-        """
-        self._need_lens("mean_rank")
-        return self.ints["rank_sum"] / max(int(self.ints["n_lens_tokens"]), 1)
-
-    def top1_rate(self) -> np.ndarray:
-        """Share of tokens whose true next token is the logit lens's top-1, per point.
-
-        Returns:
-            ``[point]`` rates in ``[0, 1]`` (needs the lens).
-
-        Example:
-            >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
-            >>> stats.top1_rate().shape
-            (3,)
-        """
-        self._need_lens("top1_rate")
-        return self.ints["top1"] / max(int(self.ints["n_lens_tokens"]), 1)
-
-    def settling_histogram(self) -> np.ndarray:
-        """Counts of tokens by settling point; the last bin counts tokens that never settle.
-
-        Returns:
-            ``[point + 1]`` int64 counts (needs the lens).
-
-        Example:
-            >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
-            >>> int(stats.settling_histogram().sum()) == stats.n_tokens - 1  # the last has no next
-            True
-        """
-        self._need_lens("settling_histogram")
-        return self.ints["settling"].copy()
-
-    def cos_histogram(self, density: bool = True) -> np.ndarray:
-        """Pairwise-cosine histogram per point on the fixed bins ``BIN_EDGES`` (40 bins on [-1, 1]).
-
-        Args:
-            density: normalise each point's counts to a density (else raw counts).
-
-        Returns:
-            ``[point, N_BINS]`` array.
-
-        Example:
-            >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
-            >>> stats.cos_histogram().shape
-            (3, 40)
-        """
-        h = self.ints["cos_hist"]
-        if not density:
-            return h.copy()
-        return h / np.maximum(h.sum(1, keepdims=True), 1) / (2.0 / N_BINS)
-
-    def mean_pairwise_cos(self) -> np.ndarray:
-        """Mean cosine over token pairs of a prompt, per point.
-
-        Returns:
-            ``[point]`` mean cosines.
-
-        Example:
-            >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
-            >>> stats.mean_pairwise_cos().shape
-            (3,)
-        """
-        return self.sums["cos_sum"].value() / np.maximum(self.ints["n_pairs"], 1)
-
-    def effective_rank(self) -> np.ndarray:
-        """Mean effective rank of the prompts' token clouds, per point.
-
-        Returns:
-            ``[point]`` mean effective ranks.
-
-        Example:
-            >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
-            >>> stats.effective_rank().shape
-            (3,)
-        """
-        return self.sums["erank"].value() / max(self.n_prompts, 1)
-
-    def _eps_index(self, eps: float) -> int:
-        for i, e in enumerate(self.eps):
-            if abs(e - eps) < 1e-12:
-                return i
-        raise TLDynamicsError(f"eps={eps!r} was not computed; valid: {list(self.eps)} "
-                              "(pass eps=... when streaming)")
-
-    def cluster_counts(self, eps: float) -> np.ndarray:
-        """Mean number of clusters per prompt at each point, threshold ``cos > 1 - eps``.
-
-        Args:
-            eps: one of the computed thresholds (``eps``).
-
-        Returns:
-            ``[point]`` mean cluster counts (index ``p`` is depth ``p`` when not flattened).
-
-        Example:
-            >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
-            >>> stats.cluster_counts(0.01).shape
-            (3,)
-        """
-        return self.ints["clusters"][self._eps_index(eps)] / max(self.n_prompts, 1)
-
-    def mean_merges(self, eps: float) -> np.ndarray:
-        """Mean merge events per prompt between consecutive points (``sphere.merge_events``).
-
-        Args:
-            eps: one of the computed thresholds (``eps``).
-
-        Returns:
-            ``[point - 1]`` means (a cluster gathering ``k`` of the point before counts ``k - 1``).
-
-        Example:
-            >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
-            >>> stats.mean_merges(0.01).shape
-            (2,)
-        """
-        return self.ints["merges"][self._eps_index(eps)] / max(self.n_prompts, 1)
+        return (
+            f"TrajectoryStats({self.meta['architecture']}, prompts={self.n_prompts}, "
+            f"tokens={self.n_tokens}, points={len(self.labels)}, lens={self.has_lens})"
+        )
 
     def standardizer(self) -> Standardizer:
         """Dataset per-dimension mean and std per point, for a second, standardised pass.
@@ -337,9 +179,10 @@ class TrajectoryStats:
         """
         n = max(self.n_tokens, 1)
         mean = self.sums["state_sum"].value() / n
-        var = np.maximum(self.sums["state_sumsq"].value() / n - mean ** 2, 0.0)
-        return Standardizer(torch.tensor(mean, dtype=torch.float32),
-                            torch.tensor(np.sqrt(var), dtype=torch.float32))
+        var = np.maximum(self.sums["state_sumsq"].value() / n - mean**2, 0.0)
+        return Standardizer(
+            torch.tensor(mean, dtype=torch.float32), torch.tensor(np.sqrt(var), dtype=torch.float32)
+        )
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per trajectory point with every mean statistic.
@@ -359,14 +202,16 @@ class TrajectoryStats:
         def shifted(values: np.ndarray, offset: int) -> list[float]:
             return [np.nan] * offset + list(values)
 
-        data: dict[str, Any] = {"point": labels, "mean_norm": self.mean("norm"),
-                                "mean_step": shifted(self.mean("step"), 1),
-                                "mean_rel_step": shifted(self.mean("rel_step"), 1),
-                                "mean_turning_deg": shifted(self.mean("turning"), 2) if n > 2 else
-                                [np.nan] * n,
-                                "mean_cos_final": self.mean("cos_final"),
-                                "mean_pairwise_cos": self.mean_pairwise_cos(),
-                                "effective_rank": self.effective_rank()}
+        data: dict[str, Any] = {
+            "point": labels,
+            "mean_norm": self.mean("norm"),
+            "mean_step": shifted(self.mean("step"), 1),
+            "mean_rel_step": shifted(self.mean("rel_step"), 1),
+            "mean_turning_deg": shifted(self.mean("turning"), 2) if n > 2 else [np.nan] * n,
+            "mean_cos_final": self.mean("cos_final"),
+            "mean_pairwise_cos": self.mean_pairwise_cos(),
+            "effective_rank": self.effective_rank(),
+        }
         for eps in self.eps:
             data[f"clusters_eps{eps:g}"] = self.cluster_counts(eps)
             data[f"merges_eps{eps:g}"] = shifted(self.mean_merges(eps), 1)
@@ -392,9 +237,14 @@ class TrajectoryStats:
             'Group'
         """
         return stats_views(
-            labels=self.labels, bin_edges=BIN_EDGES.numpy(), density=self.cos_histogram(),
+            labels=self.labels,
+            bin_edges=BIN_EDGES.numpy(),
+            density=self.cos_histogram(),
             clusters={eps: self.cluster_counts(eps) for eps in self.eps},
             frame=self.to_dataframe(),
-            caption=(f"{self.meta['architecture']}: {self.n_prompts} prompts, {self.n_tokens} "
-                     f"tokens; standardize={self.meta['standardize']}"),
-            lens_note=None if self.has_lens else self.meta.get("lens_note", ""))
+            caption=(
+                f"{self.meta['architecture']}: {self.n_prompts} prompts, {self.n_tokens} "
+                f"tokens; standardize={self.meta['standardize']}"
+            ),
+            lens_note=None if self.has_lens else self.meta.get("lens_note", ""),
+        )
