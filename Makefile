@@ -56,12 +56,14 @@ test: test-main test-tl3
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-# Lint and types: ruff (pyproject.toml [tool.ruff]) on the code, pyright in basic mode
-# ([tool.pyright]) on the package against .venv's packages. Both must report zero errors.
-# (pyright's first run fetches its node package from npm.)
+# Lint, format and types: ruff (pyproject.toml [tool.ruff]) checks and format-checks the code,
+# pyright in basic mode ([tool.pyright]) checks the package against .venv's packages. All must
+# report zero errors (`ruff format $(LINT_PATHS)` formats). (pyright's first run fetches its
+# node package from npm.)
 LINT_PATHS := tl_dynamics tests benchmarks scripts tools
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/pyright --pythonpath $(VENV)/bin/python
 
 test-main: $(VENV)/.installed chromium

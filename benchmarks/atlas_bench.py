@@ -41,10 +41,20 @@ def build(host: str):
     if host == "native":
         from transformer_lens.config import TransformerBridgeConfig
 
-        cfg = TransformerBridgeConfig(architecture="TransformerLensNative", d_model=D_MODEL,
-                                      n_layers=N_LAYERS, n_heads=N_HEADS, d_head=D_MODEL // N_HEADS,
-                                      n_ctx=N_CTX, d_mlp=4 * D_MODEL, act_fn="gelu_new", d_vocab=VOCAB)
-        model = testing.bridge_class().boot_native(cfg, tokenizer=None, model_name="gpt2-small-shaped")
+        cfg = TransformerBridgeConfig(
+            architecture="TransformerLensNative",
+            d_model=D_MODEL,
+            n_layers=N_LAYERS,
+            n_heads=N_HEADS,
+            d_head=D_MODEL // N_HEADS,
+            n_ctx=N_CTX,
+            d_mlp=4 * D_MODEL,
+            act_fn="gelu_new",
+            d_vocab=VOCAB,
+        )
+        model = testing.bridge_class().boot_native(
+            cfg, tokenizer=None, model_name="gpt2-small-shaped"
+        )
         with torch.no_grad():
             for param in model.parameters():
                 if param.ndim > 1:
@@ -53,15 +63,30 @@ def build(host: str):
     if host == "hooked":
         import transformer_lens as tl
 
-        cfg = tl.HookedTransformerConfig(n_layers=N_LAYERS, n_heads=N_HEADS, d_model=D_MODEL,
-                                         d_head=D_MODEL // N_HEADS, d_mlp=4 * D_MODEL, n_ctx=N_CTX,
-                                         d_vocab=VOCAB, act_fn="gelu_new", normalization_type="LN")
+        cfg = tl.HookedTransformerConfig(
+            n_layers=N_LAYERS,
+            n_heads=N_HEADS,
+            d_model=D_MODEL,
+            d_head=D_MODEL // N_HEADS,
+            d_mlp=4 * D_MODEL,
+            n_ctx=N_CTX,
+            d_vocab=VOCAB,
+            act_fn="gelu_new",
+            normalization_type="LN",
+        )
         return tl.HookedTransformer(cfg).eval()
     import transformers
 
     folder = Path(tempfile.mkdtemp(prefix="tld_atlas_bench_")) / "gpt2-small-shaped"
-    cfg = transformers.GPT2Config(n_layer=N_LAYERS, n_head=N_HEADS, n_embd=D_MODEL,
-                                  n_positions=N_CTX, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=N_LAYERS,
+        n_head=N_HEADS,
+        n_embd=D_MODEL,
+        n_positions=N_CTX,
+        vocab_size=VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(folder)
     testing.tokenizer().save_pretrained(folder)
     return testing.bridge_class().boot_transformers(str(folder), device="cpu").eval()
@@ -79,12 +104,15 @@ def reference(adapter, batch) -> tuple[float, float]:
             adapter.model.run_with_cache(batch.tokens)
             for layer in range(adapter.n_layers):
                 for head in range(adapter.n_heads):
+
                     def ablate(z, head=head):
                         z = z.clone()
                         z[:, :, head] = z[:, :, head].mean(1, keepdim=True)
                         return z
+
                     with adapter.patch([("z", layer, ablate)]):
                         adapter.forward(batch)
+
     _, wall, cpu = timed(run)
     return wall, cpu
 
@@ -106,12 +134,18 @@ def main() -> None:
     ref_wall, ref_cpu = reference(adapter, batch)
     res, wall, cpu = timed(lambda: atlas.compute(adapter))
     shared = any("earlier layers run once" in note for note in res.notes)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, host {args.host} "
-          f"({adapter.info.host}), load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, host {args.host} "
+        f"({adapter.info.host}), load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"probes: {tuple(batch.tokens.shape)} tokens; layer prefix shared: {shared}")
-    print(f"reference (run_with_cache + 144 ablated forwards): wall {ref_wall:.1f} s, CPU {ref_cpu:.1f} s")
-    print(f"atlas (all 144 heads, control, 3 interventions each): wall {wall:.1f} s, CPU {cpu:.1f} s")
+    print(
+        f"reference (run_with_cache + 144 ablated forwards): wall {ref_wall:.1f} s, CPU {ref_cpu:.1f} s"
+    )
+    print(
+        f"atlas (all 144 heads, control, 3 interventions each): wall {wall:.1f} s, CPU {cpu:.1f} s"
+    )
     print(f"ratio: wall {wall / ref_wall:.2f}x, CPU {cpu / ref_cpu:.2f}x")
     print(res)
 

@@ -47,8 +47,15 @@ def build():
 
     folder = Path(tempfile.mkdtemp(prefix="tld_circuits_bench_")) / "gpt2-small-shaped"
     tok = testing.tokenizer()  # 512 tokens; the circuits read only the weights
-    cfg = transformers.GPT2Config(n_layer=N_LAYERS, n_head=N_HEADS, n_embd=D_MODEL, n_positions=1024,
-                                  vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=N_LAYERS,
+        n_head=N_HEADS,
+        n_embd=D_MODEL,
+        n_positions=1024,
+        vocab_size=VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -80,8 +87,12 @@ def measure(fn):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readout-heads", type=int, default=2,
-                        help="heads whose full-vocabulary OV and QK read-outs are run (1..144)")
+    parser.add_argument(
+        "--readout-heads",
+        type=int,
+        default=2,
+        help="heads whose full-vocabulary OV and QK read-outs are run (1..144)",
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -98,11 +109,20 @@ def main() -> None:
         rows.append((name, *best))
         return result
 
-    comp = record("composition scores, Q/K/V, all 9,504 head pairs + 200-sample baseline",
-                  lambda: circuits.composition_scores(adapter), repeat=3)
-    record("composition scores, K only", lambda: circuits.composition_scores(adapter, kinds=("K",)), repeat=3)
+    comp = record(
+        "composition scores, Q/K/V, all 9,504 head pairs + 200-sample baseline",
+        lambda: circuits.composition_scores(adapter),
+        repeat=3,
+    )
+    record(
+        "composition scores, K only",
+        lambda: circuits.composition_scores(adapter, kinds=("K",)),
+        repeat=3,
+    )
     record("OV copying scores, 144 heads", lambda: circuits.copying_scores(adapter), repeat=3)
-    record("QK positivity scores, 144 heads", lambda: circuits.qk_positivity_scores(adapter), repeat=3)
+    record(
+        "QK positivity scores, 144 heads", lambda: circuits.qk_positivity_scores(adapter), repeat=3
+    )
 
     heads = [(l, h) for l in range(N_LAYERS) for h in range(N_HEADS)][: args.readout_heads]
 
@@ -111,22 +131,35 @@ def main() -> None:
             for layer, head in heads:
                 circuit = build_circuit(adapter, layer, head)
                 circuit.topk(TOP_K, bottom=False)
+
         return run
 
-    record(f"top-{TOP_K} OV read-out, all {VOCAB:,} rows, {len(heads)} head(s)", readouts(circuits.ov_circuit))
-    record(f"top-{TOP_K} QK read-out, all {VOCAB:,} rows, {len(heads)} head(s)", readouts(circuits.qk_circuit))
+    record(
+        f"top-{TOP_K} OV read-out, all {VOCAB:,} rows, {len(heads)} head(s)",
+        readouts(circuits.ov_circuit),
+    )
+    record(
+        f"top-{TOP_K} QK read-out, all {VOCAB:,} rows, {len(heads)} head(s)",
+        readouts(circuits.qk_circuit),
+    )
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}, "
-          f"torch {torch.__version__}, date {time.strftime('%Y-%m-%d')}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}, "
+        f"torch {torch.__version__}, date {time.strftime('%Y-%m-%d')}"
+    )
     threads = torch.get_num_threads()
-    print("| phase | wall time (s) | CPU time (s) | CPU time / threads (s) | peak extra RSS (MiB) |\n"
-          "|---|---:|---:|---:|---:|")
+    print(
+        "| phase | wall time (s) | CPU time (s) | CPU time / threads (s) | peak extra RSS (MiB) |\n"
+        "|---|---:|---:|---:|---:|"
+    )
     for name, seconds, cpu, extra in rows:
         print(f"| {name} | {seconds:.2f} | {cpu:.2f} | {cpu / threads:.2f} | {extra / 2**20:.0f} |")
     per_head = sum(s for n, s, _, _ in rows if "read-out" in n) / max(1, len(heads))
-    print(f"\nOV + QK read-outs: {per_head:.1f} s per head; all 144 heads: ~{per_head * 144 / 60:.0f} min "
-          f"(extrapolated from {len(heads)} head(s))")
+    print(
+        f"\nOV + QK read-outs: {per_head:.1f} s per head; all 144 heads: ~{per_head * 144 / 60:.0f} min "
+        f"(extrapolated from {len(heads)} head(s))"
+    )
     print(comp.summary())
 
 

@@ -49,12 +49,19 @@ GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257)
 def build_model(root: Path, n_positions: int, device: str, n_head: int = 12):
     import transformers
 
-    folder = root / f"gpt2-small-random-{n_positions}" if n_head == 12 else \
-        root / f"gpt2-small-random-{n_positions}-h{n_head}"
+    folder = (
+        root / f"gpt2-small-random-{n_positions}"
+        if n_head == 12
+        else root / f"gpt2-small-random-{n_positions}-h{n_head}"
+    )
     if not (folder / "config.json").exists():
         torch.manual_seed(0)
-        config = transformers.GPT2Config(**{**GPT2_SMALL, "n_head": n_head},
-                                         n_positions=n_positions, bos_token_id=0, eos_token_id=0)
+        config = transformers.GPT2Config(
+            **{**GPT2_SMALL, "n_head": n_head},
+            n_positions=n_positions,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
         testing.tokenizer().save_pretrained(folder)
     return testing.bridge_class().boot_transformers(str(folder), device=device).eval()
@@ -126,8 +133,13 @@ def measure(fn: Callable[[], Any], device: str) -> tuple[float, int]:
     return elapsed, peak.extra
 
 
-def run_rows(title: str, rows: dict[str, Callable[[], Any]], repeats: int, device: str,
-             warm: dict[str, Callable[[], Any]] | None = None) -> None:
+def run_rows(
+    title: str,
+    rows: dict[str, Callable[[], Any]],
+    repeats: int,
+    device: str,
+    warm: dict[str, Callable[[], Any]] | None = None,
+) -> None:
     """Median time and memory of every row over ``repeats`` interleaved rounds, after one
     warm-up call of each (of ``warm``'s rows instead where given: the same analyses on a short
     input, for rows too slow to run twice)."""
@@ -169,19 +181,23 @@ def attach_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict
     mlp = lambda: contextual_mlp.attach(adapter)  # noqa: E731
     traj = lambda: trajectories.attach(adapter, lens=False)  # noqa: E731
     attached = _attached(model, tokens)
-    return {"plain forward": lambda: model(tokens),
-            "run_with_cache": lambda: model.run_with_cache(tokens),
-            "odds_ratio.attach, all heads": attached(odds),
-            "contextual_mlp.attach, all layers and heads": attached(mlp),
-            "trajectories.attach(lens=False)": attached(traj),
-            "all three attached at once": attached(odds, mlp, traj)}
+    return {
+        "plain forward": lambda: model(tokens),
+        "run_with_cache": lambda: model.run_with_cache(tokens),
+        "odds_ratio.attach, all heads": attached(odds),
+        "contextual_mlp.attach, all layers and heads": attached(mlp),
+        "trajectories.attach(lens=False)": attached(traj),
+        "all three attached at once": attached(odds, mlp, traj),
+    }
 
 
-def _attached(model: Any, tokens: torch.Tensor, results: bool = True
-              ) -> Callable[..., Callable[[], Any]]:
+def _attached(
+    model: Any, tokens: torch.Tensor, results: bool = True
+) -> Callable[..., Callable[[], Any]]:
     """A row that runs ``model(tokens)`` with the given analyses attached and, with ``results``,
     asks each collector for its ``result()`` (counted: for the contextual MLP that builds row
     0's MLPs of every layer and head)."""
+
     def attached(*makers: Callable[[], Any]) -> Callable[[], Any]:
         def fn() -> Any:
             from contextlib import ExitStack
@@ -190,7 +206,9 @@ def _attached(model: Any, tokens: torch.Tensor, results: bool = True
                 collectors = [stack.enter_context(make()) for make in makers]
                 model(tokens)
             return [c.result() for c in collectors] if results else collectors
+
         return fn
+
     return attached
 
 
@@ -208,12 +226,14 @@ def long_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict[s
         out = collect(odds, mlp, traj)()
         return [out[0].result(), out[1], out[2].result()]
 
-    return {"plain forward": lambda: model(tokens),
-            "odds_ratio.attach, all heads": with_result(odds),
-            "contextual_mlp.attach, all layers and heads (collected)": collect(mlp),
-            "contextual_mlp.attach + result() (row 0: 144 MLPs)": with_result(mlp),
-            "trajectories.attach(lens=False)": with_result(traj),
-            "all three attached at once (MLPs collected)": all_three}
+    return {
+        "plain forward": lambda: model(tokens),
+        "odds_ratio.attach, all heads": with_result(odds),
+        "contextual_mlp.attach, all layers and heads (collected)": collect(mlp),
+        "contextual_mlp.attach + result() (row 0: 144 MLPs)": with_result(mlp),
+        "trajectories.attach(lens=False)": with_result(traj),
+        "all three attached at once (MLPs collected)": all_three,
+    }
 
 
 def op_rows(root: Path, device: str) -> None:
@@ -223,21 +243,28 @@ def op_rows(root: Path, device: str) -> None:
     from tl_dynamics.collect._count import count_ops
 
     print("\n## ops and syncs per layer (added to the plain forward's own), result() included")
-    print("| heads | batch x tokens | forward ops/layer | odds_ratio | contextual_mlp | "
-          "trajectories(lens=False) | all three | syncs per forward (all three) |")
+    print(
+        "| heads | batch x tokens | forward ops/layer | odds_ratio | contextual_mlp | "
+        "trajectories(lens=False) | all three | syncs per forward (all three) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for n_head in (12, 24):
         model = build_model(root, 1024, device, n_head)
         adapter = ModelAdapter(model)
-        makers = {"odds_ratio": partial(odds_ratio.attach, adapter),
-                  "contextual_mlp": partial(contextual_mlp.attach, adapter),
-                  "trajectories": partial(trajectories.attach, adapter, lens=False)}
+        makers = {
+            "odds_ratio": partial(odds_ratio.attach, adapter),
+            "contextual_mlp": partial(contextual_mlp.attach, adapter),
+            "trajectories": partial(trajectories.attach, adapter, lens=False),
+        }
         for shape in ((4, 256), (1, 256), (1, 1024)):
             tokens = torch.randint(0, 50257, shape).to(device)
             attached = _attached(model, tokens)
             cells, syncs, base = [], 0, 0
-            for name, ms in [("forward", [])] + [(k, [v]) for k, v in makers.items()] + [
-                    ("all", list(makers.values()))]:
+            for name, ms in (
+                [("forward", [])]
+                + [(k, [v]) for k, v in makers.items()]
+                + [("all", list(makers.values()))]
+            ):
                 fn = attached(*ms) if ms else partial(model, tokens)
                 with torch.no_grad():
                     fn()  # warm
@@ -263,13 +290,18 @@ def compute_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dic
             adapter.logit_lens(point).argmax(-1)
         return logits
 
-    return {"plain forward": lambda: model(tokens),
-            "odds_ratio.compute": lambda: odds_ratio.compute(adapter, batch),
-            "trajectories.compute(lens=False)": lambda: trajectories.compute(adapter, batch, lens=False),
-            "forward + one unembedding per point (lens floor)": lens_floor,
-            "trajectories.compute(lens=True)": lambda: trajectories.compute(adapter, batch, lens=True),
-            "contextual_mlp.compute, layer 5, all heads": lambda: contextual_mlp.compute(
-                adapter, batch, layers=5)}
+    return {
+        "plain forward": lambda: model(tokens),
+        "odds_ratio.compute": lambda: odds_ratio.compute(adapter, batch),
+        "trajectories.compute(lens=False)": lambda: trajectories.compute(
+            adapter, batch, lens=False
+        ),
+        "forward + one unembedding per point (lens floor)": lens_floor,
+        "trajectories.compute(lens=True)": lambda: trajectories.compute(adapter, batch, lens=True),
+        "contextual_mlp.compute, layer 5, all heads": lambda: contextual_mlp.compute(
+            adapter, batch, layers=5
+        ),
+    }
 
 
 def main() -> None:
@@ -279,43 +311,63 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--only", choices=["attach", "compute", "long", "ops"], action="append")
     parser.add_argument("--profile", help="print a torch profiler table for the row of this name")
-    parser.add_argument("--long-rows", action="append",
-                        help="with --only long: keep the rows whose name contains this (and the "
-                             "plain forward); a 4,096-token forward is about a minute on one CPU "
-                             "thread")
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="cpu: the main thread's CPU time, robust to load from other "
-                             "processes (use with --threads 1, where it is all of the work)")
+    parser.add_argument(
+        "--long-rows",
+        action="append",
+        help="with --only long: keep the rows whose name contains this (and the "
+        "plain forward); a 4,096-token forward is about a minute on one CPU "
+        "thread",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: the main thread's CPU time, robust to load from other "
+        "processes (use with --threads 1, where it is all of the work)",
+    )
     parser.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "tl_dynamics_bench"))
-    parser.add_argument("--shape", choices=shapes.NAMES, default="gpt2-small",
-                        help="model shape (benchmarks/shapes.py); other than gpt2-small: the "
-                             "attach rows at the shape's own token shapes, in its dtype")
-    parser.add_argument("--tiny", action="store_true",
-                        help="with --shape: 2 layers, d_model 256, short inputs (a smoke test)")
+    parser.add_argument(
+        "--shape",
+        choices=shapes.NAMES,
+        default="gpt2-small",
+        help="model shape (benchmarks/shapes.py); other than gpt2-small: the "
+        "attach rows at the shape's own token shapes, in its dtype",
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="with --shape: 2 layers, d_model 256, short inputs (a smoke test)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     global CLOCK
     CLOCK = args.clock
     only = set(args.only or ["attach", "compute"])
     gen = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}, "
-          f"{time.strftime('%Y-%m-%d')}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
     if args.shape != "gpt2-small" or args.tiny:
         model = shapes.build(args.shape, args.root, args.device, tiny=args.tiny)
         print(f"shape {args.shape}{' (tiny)' if args.tiny else ''}: {shapes.describe(model)}")
         for batch, n_pos in shapes.attach_tokens(args.shape, args.tiny):
-            tokens = torch.randint(0, shapes.vocab(args.shape, args.tiny), (batch, n_pos),
-                                   generator=gen).to(args.device)
+            tokens = torch.randint(
+                0, shapes.vocab(args.shape, args.tiny), (batch, n_pos), generator=gen
+            ).to(args.device)
             if args.shape == "llama-8b":  # the long rows, MLPs collected: at 4,096 tokens
                 # run_with_cache's scores and patterns (2 x 34 GB in bf16) and row 0's 1,024
                 # contextual MLPs (68 GB) are beyond 80 GB next to the 16 GB of weights
-                rows = {name: fn for name, fn in long_rows(model, ModelAdapter(model),
-                                                           tokens).items()
-                        if "result()" not in name}
+                rows = {
+                    name: fn
+                    for name, fn in long_rows(model, ModelAdapter(model), tokens).items()
+                    if "result()" not in name
+                }
             else:
                 rows = attach_rows(model, ModelAdapter(model), tokens)
-            run_rows(f"{args.shape}, attach, batch {batch} x {n_pos}", rows, args.repeats,
-                     args.device)
+            run_rows(
+                f"{args.shape}, attach, batch {batch} x {n_pos}", rows, args.repeats, args.device
+            )
         return
     if "ops" in only:
         op_rows(Path(args.root), args.device)
@@ -344,8 +396,11 @@ def main() -> None:
         tokens = torch.randint(0, 50257, (1, 4096), generator=gen).to(args.device)
         rows = long_rows(model, adapter, tokens)
         if args.long_rows:
-            rows = {name: fn for name, fn in rows.items()
-                    if name == "plain forward" or any(w in name for w in args.long_rows)}
+            rows = {
+                name: fn
+                for name, fn in rows.items()
+                if name == "plain forward" or any(w in name for w in args.long_rows)
+            }
         # warm-up: the plain forward at full length (the first 4,096-token call peaked at
         # 10 GB RSS, later ones at 2.2 GB), the analyses' first calls on 64 tokens
         warm = long_rows(model, adapter, tokens[:, :64])
@@ -354,8 +409,9 @@ def main() -> None:
         if args.profile:
             profile_row(rows, args.profile, "long context, 1 x 4,096")
         else:
-            run_rows("long context: attach, 1 x 4,096", rows, max(1, args.repeats), args.device,
-                     warm)
+            run_rows(
+                "long context: attach, 1 x 4,096", rows, max(1, args.repeats), args.device, warm
+            )
 
 
 if __name__ == "__main__":

@@ -51,25 +51,43 @@ TARGETS = {
 def _env() -> dict[str, str]:
     """The checkout's tl_dynamics first, offline."""
     path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
-    return dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                TOKENIZERS_PARALLELISM="false")
+    return dict(
+        os.environ,
+        PYTHONPATH=path,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
 
 
 def _run(argv: list[str], timeout: float) -> tuple[int, str, float]:
     start = time.perf_counter()
     try:
-        proc = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=timeout,
-                              cwd=ROOT)
-        code, text = proc.returncode, proc.stdout + ("" if proc.returncode == 0 else
-                                                     "\n" + proc.stderr[-4000:])
+        proc = subprocess.run(
+            argv, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        )
+        code, text = (
+            proc.returncode,
+            proc.stdout + ("" if proc.returncode == 0 else "\n" + proc.stderr[-4000:]),
+        )
     except subprocess.TimeoutExpired as exc:
         code, text = -1, f"timed out after {timeout:.0f} s\n{(exc.stdout or b'')[-2000:]!r}"
     return code, text, time.perf_counter() - start
 
 
 def _cost_bench(args: argparse.Namespace, shape: str) -> tuple[int, str, float]:
-    argv = [sys.executable, str(HERE / "cost_bench.py"), "--device", args.device, "--repeats",
-            str(args.repeats), "--threads", str(args.threads), "--root", args.root]
+    argv = [
+        sys.executable,
+        str(HERE / "cost_bench.py"),
+        "--device",
+        args.device,
+        "--repeats",
+        str(args.repeats),
+        "--threads",
+        str(args.threads),
+        "--root",
+        args.root,
+    ]
     if shape == "gpt2-small" and not args.tiny:
         argv += ["--only", "attach"]
     else:
@@ -90,26 +108,61 @@ def part_report(args: argparse.Namespace) -> str:
     folder = shapes.folder("llama-8b", args.root, args.tiny, _gen_device(args))
     n_pos = 128 if args.tiny else 2048
     out = Path(args.root) / "report-8b.html"
-    argv = [sys.executable, "-m", "tl_dynamics", "report", "--model", str(folder), "--device",
-            args.device, "--prompt-ids", _prompt_ids(n_pos, 500), "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tl_dynamics",
+        "report",
+        "--model",
+        str(folder),
+        "--device",
+        args.device,
+        "--prompt-ids",
+        _prompt_ids(n_pos, 500),
+        "--out",
+        str(out),
+    ]
     code, text, wall = _run(argv, args.timeout)
     size = out.stat().st_size / 1e6 if code == 0 and out.exists() else float("nan")
     ok = code == 0 and wall <= 120 and size <= 30
-    return (f"`tl-dynamics report --model <llama-8b{'-tiny' if args.tiny else ''} folder> --device "
-            f"{args.device} --prompt-ids <{n_pos} ids>`: exit {code}, **{wall:.1f} s** wall "
-            f"(process start, load and build), page **{size:.1f} MB** "
-            f"({'meets' if ok else 'MISSES'} the target)\n\n```\n{text.strip()[-3000:]}\n```\n")
+    return (
+        f"`tl-dynamics report --model <llama-8b{'-tiny' if args.tiny else ''} folder> --device "
+        f"{args.device} --prompt-ids <{n_pos} ids>`: exit {code}, **{wall:.1f} s** wall "
+        f"(process start, load and build), page **{size:.1f} MB** "
+        f"({'meets' if ok else 'MISSES'} the target)\n\n```\n{text.strip()[-3000:]}\n```\n"
+    )
 
 
 def part_heads(args: argparse.Namespace) -> str:
     import shapes
 
     folder = shapes.folder("llama-1b", args.root, args.tiny, _gen_device(args))
-    code, text, wall = _run([sys.executable, "-m", "tl_dynamics", "heads", "--model", str(folder),
-                             "--device", args.device], args.timeout)
-    ref_code, ref, _ = _run([sys.executable, str(HERE / "gpu_bench.py"), "_heads_reference",
-                             "--device", args.device, "--root", args.root]
-                            + (["--tiny"] if args.tiny else []), args.timeout)
+    code, text, wall = _run(
+        [
+            sys.executable,
+            "-m",
+            "tl_dynamics",
+            "heads",
+            "--model",
+            str(folder),
+            "--device",
+            args.device,
+        ],
+        args.timeout,
+    )
+    ref_code, ref, _ = _run(
+        [
+            sys.executable,
+            str(HERE / "gpu_bench.py"),
+            "_heads_reference",
+            "--device",
+            args.device,
+            "--root",
+            args.root,
+        ]
+        + (["--tiny"] if args.tiny else []),
+        args.timeout,
+    )
     line = ref.strip().splitlines()[-1] if ref.strip() else "{}"
     try:
         numbers = json.loads(line)
@@ -117,16 +170,18 @@ def part_heads(args: argparse.Namespace) -> str:
         numbers = {}
     budget = 3 * numbers.get("reference_s", float("nan"))
     atlas_s = numbers.get("atlas_s", float("nan"))
-    return (f"`tl-dynamics heads --model <llama-1b{'-tiny' if args.tiny else ''} folder> --device "
-            f"{args.device}`: exit {code}, {wall:.1f} s wall (with process start and load).\n\n"
-            f"In one process (model loaded, exit {ref_code}): `atlas.compute` **{atlas_s:.2f} s**; "
-            f"one run_with_cache {numbers.get('cache_s', float('nan')):.3f} s + "
-            f"{numbers.get('heads', '?')} ablated heads x one forward "
-            f"{numbers.get('forward_s', float('nan')):.4f} s = "
-            f"{numbers.get('reference_s', float('nan')):.2f} s; ratio "
-            f"**{atlas_s / numbers.get('reference_s', float('nan')):.2f}x** (target <= 3x: "
-            f"{'meets' if atlas_s <= budget else 'MISSES'}); probe tokens "
-            f"{numbers.get('tokens')}\n\n```\n{text.strip()[-2500:]}\n```\n")
+    return (
+        f"`tl-dynamics heads --model <llama-1b{'-tiny' if args.tiny else ''} folder> --device "
+        f"{args.device}`: exit {code}, {wall:.1f} s wall (with process start and load).\n\n"
+        f"In one process (model loaded, exit {ref_code}): `atlas.compute` **{atlas_s:.2f} s**; "
+        f"one run_with_cache {numbers.get('cache_s', float('nan')):.3f} s + "
+        f"{numbers.get('heads', '?')} ablated heads x one forward "
+        f"{numbers.get('forward_s', float('nan')):.4f} s = "
+        f"{numbers.get('reference_s', float('nan')):.2f} s; ratio "
+        f"**{atlas_s / numbers.get('reference_s', float('nan')):.2f}x** (target <= 3x: "
+        f"{'meets' if atlas_s <= budget else 'MISSES'}); probe tokens "
+        f"{numbers.get('tokens')}\n\n```\n{text.strip()[-2500:]}\n```\n"
+    )
 
 
 def heads_reference(args: argparse.Namespace) -> None:
@@ -162,9 +217,18 @@ def heads_reference(args: argparse.Namespace) -> None:
     cache_s = timed(lambda: model.run_with_cache(tokens))
     forward_s = timed(lambda: model(tokens))
     heads = len(result.layers) * len(result.heads)
-    print(json.dumps({"atlas_s": atlas_s, "cache_s": cache_s, "forward_s": forward_s,
-                      "heads": heads, "reference_s": cache_s + heads * forward_s,
-                      "tokens": list(shape)}))
+    print(
+        json.dumps(
+            {
+                "atlas_s": atlas_s,
+                "cache_s": cache_s,
+                "forward_s": forward_s,
+                "heads": heads,
+                "reference_s": cache_s + heads * forward_s,
+                "tokens": list(shape),
+            }
+        )
+    )
 
 
 def corpus(n_prompts: int, n_tokens: int) -> list[str]:
@@ -176,14 +240,24 @@ def corpus(n_prompts: int, n_tokens: int) -> list[str]:
     out = []
     for i in range(n_prompts):
         start = (7 * i) % max(1, len(ids) - n_tokens)
-        out.append(f"# {i}\n" + tok.decode(ids[start:start + n_tokens - 4]))
+        out.append(f"# {i}\n" + tok.decode(ids[start : start + n_tokens - 4]))
     return out
 
 
 def part_stats(args: argparse.Namespace) -> str:
-    code, text, _ = _run([sys.executable, str(HERE / "gpu_bench.py"), "_stats", "--device",
-                          args.device, "--root", args.root] + (["--tiny"] if args.tiny else []),
-                         args.timeout)
+    code, text, _ = _run(
+        [
+            sys.executable,
+            str(HERE / "gpu_bench.py"),
+            "_stats",
+            "--device",
+            args.device,
+            "--root",
+            args.root,
+        ]
+        + (["--tiny"] if args.tiny else []),
+        args.timeout,
+    )
     return f"exit {code}\n\n{text.strip()[-4000:]}\n"
 
 
@@ -207,15 +281,16 @@ def stats_child(args: argparse.Namespace) -> None:
     def forward_all() -> None:
         with torch.no_grad():
             for i in range(0, len(texts), batch):
-                adapter.forward(adapter.tokenize(texts[i:i + batch]))
+                adapter.forward(adapter.tokenize(texts[i : i + batch]))
 
     def stats_all() -> None:
         scale.run_stats(model, texts, batch_size=batch, progress=False, threads=None)
 
     rates = {}
     for name, fn in (("plain forward", forward_all), ("run_stats (both analyses)", stats_all)):
-        scale.run_stats(model, texts[:batch], batch_size=batch, progress=False, threads=None) \
-            if name.startswith("run") else forward_all()  # warm-up
+        scale.run_stats(
+            model, texts[:batch], batch_size=batch, progress=False, threads=None
+        ) if name.startswith("run") else forward_all()  # warm-up
         sync()
         start = time.perf_counter()
         fn()
@@ -225,18 +300,39 @@ def stats_child(args: argparse.Namespace) -> None:
     corpus_file = Path(args.root) / "stats-corpus.jsonl"
     corpus_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     cli_code, cli_text, cli_wall = _run(
-        [sys.executable, "-m", "tl_dynamics", "stats", "--model", str(folder), "--prompts",
-         str(corpus_file), "--out", str(Path(args.root) / "stats.safetensors"), "--batch-size",
-         str(batch), "--device", args.device, "--no-progress", "--threads", str(args.threads)],
-        args.timeout)
-    print(f"{n_prompts} prompts of about {sum(lengths) / len(lengths):.0f} tokens, batches of "
-          f"{batch}, device {args.device}\n")
+        [
+            sys.executable,
+            "-m",
+            "tl_dynamics",
+            "stats",
+            "--model",
+            str(folder),
+            "--prompts",
+            str(corpus_file),
+            "--out",
+            str(Path(args.root) / "stats.safetensors"),
+            "--batch-size",
+            str(batch),
+            "--device",
+            args.device,
+            "--no-progress",
+            "--threads",
+            str(args.threads),
+        ],
+        args.timeout,
+    )
+    print(
+        f"{n_prompts} prompts of about {sum(lengths) / len(lengths):.0f} tokens, batches of "
+        f"{batch}, device {args.device}\n"
+    )
     print("| run | prompts/s |\n|---|---|")
     for name, rate in rates.items():
         print(f"| {name} | {rate:.1f} |")
-    print(f"\nrun_stats at **{share:.0%}** of the plain forward's rate (target >= 70%: "
-          f"{'meets' if share >= 0.7 else 'MISSES'}). The command on the same corpus (JSON lines): exit {cli_code}, {cli_wall:.1f} s wall with start and load: "
-          f"{cli_text.strip().splitlines()[-1] if cli_text.strip() else ''}")
+    print(
+        f"\nrun_stats at **{share:.0%}** of the plain forward's rate (target >= 70%: "
+        f"{'meets' if share >= 0.7 else 'MISSES'}). The command on the same corpus (JSON lines): exit {cli_code}, {cli_wall:.1f} s wall with start and load: "
+        f"{cli_text.strip().splitlines()[-1] if cli_text.strip() else ''}"
+    )
 
 
 def _gen_device(args: argparse.Namespace) -> str:
@@ -245,8 +341,9 @@ def _gen_device(args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("child", nargs="?", choices=["_heads_reference", "_stats"],
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "child", nargs="?", choices=["_heads_reference", "_stats"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--only", action="append", choices=PARTS)
     parser.add_argument("--tiny", action="store_true", help="2-layer shapes, short inputs (smoke)")
@@ -266,22 +363,33 @@ def main() -> None:
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
-    lines = [f"# GPU targets (issue 22){' — TINY SMOKE RUN, not a measurement' if args.tiny else ''}",
-             "", f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, device {args.device} "
-             f"({gpu}), torch {torch.__version__}", ""]
+    lines = [
+        f"# GPU targets (issue 22){' — TINY SMOKE RUN, not a measurement' if args.tiny else ''}",
+        "",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, device {args.device} "
+        f"({gpu}), torch {torch.__version__}",
+        "",
+    ]
     for part in args.only or PARTS:
         print(f"running {part} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         if part.startswith("attach-"):
-            shape = {"attach-gpt2": "gpt2-small", "attach-1b": "llama-1b",
-                     "attach-8b": "llama-8b"}[part]
+            shape = {"attach-gpt2": "gpt2-small", "attach-1b": "llama-1b", "attach-8b": "llama-8b"}[
+                part
+            ]
             code, text, _ = _cost_bench(args, shape)
             body = f"exit {code}\n{text.strip()}\n"
         else:
-            body = {"report-8b": part_report, "heads-1b": part_heads,
-                    "stats-gpt2": part_stats}[part](args)
-        lines += [f"## {part} (target: {TARGETS[part]})", "", body,
-                  f"_part took {time.perf_counter() - start:.0f} s_", ""]
+            body = {"report-8b": part_report, "heads-1b": part_heads, "stats-gpt2": part_stats}[
+                part
+            ](args)
+        lines += [
+            f"## {part} (target: {TARGETS[part]})",
+            "",
+            body,
+            f"_part took {time.perf_counter() - start:.0f} s_",
+            "",
+        ]
         print(lines[-4][:2000], file=sys.stderr, flush=True)
     text = "\n".join(lines)
     if args.out:

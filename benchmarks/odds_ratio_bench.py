@@ -56,12 +56,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "tl_dynamics_bench"))
-    parser.add_argument("--profile", action="store_true", help="torch profiler table of one attached run")
+    parser.add_argument(
+        "--profile", action="store_true", help="torch profiler table of one attached run"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = build_model(Path(args.root))
     adapter = ModelAdapter(model)
-    tokens = torch.randint(0, GPT2_SMALL["vocab_size"], (BATCH, POSITIONS), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, GPT2_SMALL["vocab_size"], (BATCH, POSITIONS), generator=torch.Generator().manual_seed(0)
+    )
 
     def plain():
         model(tokens)
@@ -82,10 +86,13 @@ def main() -> None:
         with odds_ratio.attach(adapter, layers=None, heads=None, threads=None):
             model(tokens)
 
-    runs = {"plain forward": plain, "run_with_cache": cached,
-            "capture q/k/v only (no statistics)": capture_only,
-            "odds_ratio.attach, 144 heads, threads=1": attached,
-            "  same, statistics on torch's threads": attached_torch_threads}
+    runs = {
+        "plain forward": plain,
+        "run_with_cache": cached,
+        "capture q/k/v only (no statistics)": capture_only,
+        "odds_ratio.attach, 144 heads, threads=1": attached,
+        "  same, statistics on torch's threads": attached_torch_threads,
+    }
     for fn in runs.values():  # warm-up
         timed(fn)
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -93,15 +100,20 @@ def main() -> None:
         for name, fn in runs.items():
             times[name].append(timed(fn))
     base = statistics.median(times["plain forward"])
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {BATCH}x{POSITIONS}, "
-          f"load average {os.getloadavg()}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {BATCH}x{POSITIONS}, "
+        f"load average {os.getloadavg()}"
+    )
     for name, values in times.items():
         med = statistics.median(values)
-        print(f"{name:40s} median {med:6.3f} s  ({med / base:4.2f}x plain)  min {min(values):6.3f} s")
+        print(
+            f"{name:40s} median {med:6.3f} s  ({med / base:4.2f}x plain)  min {min(values):6.3f} s"
+        )
     # time spent inside the statistics callback alone (the rest is the forward pass + capture)
     spent: list[float] = []
-    collector = _collect.OddsRatioCollector(adapter, adapter.check_layers(None),
-                                              adapter.check_heads(None))  # torch's threads
+    collector = _collect.OddsRatioCollector(
+        adapter, adapter.check_layers(None), adapter.check_heads(None)
+    )  # torch's threads
 
     def timed_layer(la):
         start = time.perf_counter()
@@ -110,8 +122,10 @@ def main() -> None:
 
     with torch.no_grad(), adapter.capture(timed_layer):
         model(tokens)
-    print(f"statistics callback alone: {sum(spent):.3f} s over {len(spent)} layers "
-          f"({sum(spent) / base:.2f}x plain)")
+    print(
+        f"statistics callback alone: {sum(spent):.3f} s over {len(spent)} layers "
+        f"({sum(spent) / base:.2f}x plain)"
+    )
     print(collector.result().to_dataframe()["label"].value_counts().to_dict())
     if args.profile:
         from torch.profiler import ProfilerActivity, profile

@@ -27,11 +27,21 @@ import tempfile
 import time
 from pathlib import Path
 
-SHAPES = {"gpt2-small": dict(n_layer=12, n_head=12, n_embd=768),
-          "wide-32": dict(n_layer=32, n_head=32, n_embd=256)}
+SHAPES = {
+    "gpt2-small": dict(n_layer=12, n_head=12, n_embd=768),
+    "wide-32": dict(n_layer=32, n_head=32, n_embd=256),
+}
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
 IN_VIEW_DRAWN = """() => document.readyState === 'complete' &&
   [...document.querySelectorAll('.tld-view')].filter(v => { const r = v.getBoundingClientRect();
     return r.top < innerHeight && r.bottom > 0; }).every(v => v.dataset.state === 'done'
@@ -46,8 +56,9 @@ def build_folder(shape: str, n_ctx: int, root: Path) -> Path:
     from tl_dynamics import testing
 
     tok = testing.tokenizer()
-    cfg = transformers.GPT2Config(vocab_size=len(tok), n_positions=n_ctx, bos_token_id=0,
-                                  eos_token_id=0, **SHAPES[shape])
+    cfg = transformers.GPT2Config(
+        vocab_size=len(tok), n_positions=n_ctx, bos_token_id=0, eos_token_id=0, **SHAPES[shape]
+    )
     torch.manual_seed(0)
     folder = root / shape
     transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(folder)
@@ -70,10 +81,25 @@ def run_cli(folder: Path, prompt: str, out: Path, sections: str) -> tuple[float,
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "tl_dynamics", "report", "--model", str(folder),
-                           "--prompt", prompt, "--out", str(out), "--sections", sections],
-                          env=env, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tl_dynamics",
+            "report",
+            "--model",
+            str(folder),
+            "--prompt",
+            prompt,
+            "--out",
+            str(out),
+            "--sections",
+            sections,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
@@ -103,12 +129,17 @@ def browse(path: Path, timeout_s: float) -> dict:
             page.wait_for_function(
                 f"() => {{ const v = document.querySelectorAll('.tld-view')[{i}]; "
                 "return v.dataset.state === 'done' && v.children.length > 0; }",
-                timeout=timeout_s * 1000)
+                timeout=timeout_s * 1000,
+            )
             slowest = max(slowest, time.perf_counter() - start)
-        out.update(views=n, slowest_view_s=slowest,
-                   overflow_px=page.evaluate("document.documentElement.scrollWidth - innerWidth"),
-                   states=page.evaluate("[...document.querySelectorAll('.tld-view')]"
-                                        ".map(v => v.dataset.state)").count("done"))
+        out.update(
+            views=n,
+            slowest_view_s=slowest,
+            overflow_px=page.evaluate("document.documentElement.scrollWidth - innerWidth"),
+            states=page.evaluate(
+                "[...document.querySelectorAll('.tld-view')].map(v => v.dataset.state)"
+            ).count("done"),
+        )
         browser.close()
     out["requests"] = [r for r in out["requests"] if r != path.as_uri()]
     return out
@@ -120,8 +151,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--keep", default=None, help="folder to keep the page in")
     parser.add_argument("--no-browser", action="store_true")
-    parser.add_argument("--sections", default="atlas,circuits,odds_ratio,contextual_mlp,trajectories,"
-                        "particles", help="the CLI's --sections ('none': attention section only)")
+    parser.add_argument(
+        "--sections",
+        default="atlas,circuits,odds_ratio,contextual_mlp,trajectories,particles",
+        help="the CLI's --sections ('none': attention section only)",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="browser timeout, seconds")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tld_report_bench_"))
@@ -129,9 +163,15 @@ def main() -> None:
     prompt = prompt_of(args.tokens)
     out = Path(args.keep or root) / f"report-{args.shape}-{args.tokens}.html"
     wall, cpu = run_cli(folder, prompt, out, args.sections)
-    result = dict(shape=args.shape, tokens=args.tokens, sections=args.sections, wall_s=round(wall, 1),
-                  cpu_s=round(cpu, 1), load_average=round(os.getloadavg()[0], 1),
-                  page_mb=round(out.stat().st_size / 1e6, 2))
+    result = dict(
+        shape=args.shape,
+        tokens=args.tokens,
+        sections=args.sections,
+        wall_s=round(wall, 1),
+        cpu_s=round(cpu, 1),
+        load_average=round(os.getloadavg()[0], 1),
+        page_mb=round(out.stat().st_size / 1e6, 2),
+    )
     if not args.no_browser:
         result.update(browse(out, args.timeout))
     print(json.dumps(result, indent=1))

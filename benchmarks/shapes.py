@@ -36,31 +36,76 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
 from tl_dynamics import testing  # noqa: E402
 
-LLAMA_COMMON = dict(num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                    rope_theta=500000.0, max_position_embeddings=8192, rms_norm_eps=1e-5,
-                    hidden_act="silu", bos_token_id=0, eos_token_id=0)
+LLAMA_COMMON = dict(
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    bos_token_id=0,
+    eos_token_id=0,
+)
 # name -> (config class, model class, config fields, dtype)
 SHAPES: dict[str, tuple[str, str, dict[str, Any], torch.dtype]] = {
-    "gpt2-small": ("GPT2Config", "GPT2LMHeadModel",
-                   dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024,
-                        bos_token_id=0, eos_token_id=0), torch.float32),
-    "llama-1b": ("LlamaConfig", "LlamaForCausalLM",
-                 dict(LLAMA_COMMON, num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
-                      head_dim=64, tie_word_embeddings=True), torch.bfloat16),
-    "llama-8b": ("LlamaConfig", "LlamaForCausalLM",
-                 dict(LLAMA_COMMON, num_hidden_layers=32, hidden_size=4096,
-                      intermediate_size=14336, head_dim=128, tie_word_embeddings=False),
-                 torch.bfloat16),
+    "gpt2-small": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(
+            n_layer=12,
+            n_head=12,
+            n_embd=768,
+            vocab_size=50257,
+            n_positions=1024,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+        torch.float32,
+    ),
+    "llama-1b": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            LLAMA_COMMON,
+            num_hidden_layers=16,
+            hidden_size=2048,
+            intermediate_size=8192,
+            head_dim=64,
+            tie_word_embeddings=True,
+        ),
+        torch.bfloat16,
+    ),
+    "llama-8b": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            LLAMA_COMMON,
+            num_hidden_layers=32,
+            hidden_size=4096,
+            intermediate_size=14336,
+            head_dim=128,
+            tie_word_embeddings=False,
+        ),
+        torch.bfloat16,
+    ),
 }
 NAMES = tuple(SHAPES)
 # The token shapes (batch, positions) each shape is benchmarked at (issue 22's targets).
-ATTACH_TOKENS = {"gpt2-small": ((4, 256), (1, 1024)), "llama-1b": ((1, 2048), (8, 512)),
-                 "llama-8b": ((1, 4096),)}
-TINY = {"gpt2-small": dict(n_layer=2, n_embd=96, vocab_size=1024),
-        "llama-1b": dict(num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=8,
-                         vocab_size=1024),
-        "llama-8b": dict(num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=8,
-                         vocab_size=1024)}
+ATTACH_TOKENS = {
+    "gpt2-small": ((4, 256), (1, 1024)),
+    "llama-1b": ((1, 2048), (8, 512)),
+    "llama-8b": ((1, 4096),),
+}
+TINY = {
+    "gpt2-small": dict(n_layer=2, n_embd=96, vocab_size=1024),
+    "llama-1b": dict(
+        num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=8, vocab_size=1024
+    ),
+    "llama-8b": dict(
+        num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=8, vocab_size=1024
+    ),
+}
 
 
 def attach_tokens(name: str, tiny: bool = False) -> tuple[tuple[int, int], ...]:
@@ -84,8 +129,9 @@ def dtype(name: str) -> torch.dtype:
     return SHAPES[name][3]
 
 
-def folder(name: str, root: str | os.PathLike, tiny: bool = False, device: str = "cpu",
-           seed: int = 0) -> Path:
+def folder(
+    name: str, root: str | os.PathLike, tiny: bool = False, device: str = "cpu", seed: int = 0
+) -> Path:
     """The shape's model folder under ``root`` (written on first use, then reused)."""
     import transformers
 
@@ -101,8 +147,9 @@ def folder(name: str, root: str | os.PathLike, tiny: bool = False, device: str =
     model.save_pretrained(out)
     testing.tokenizer().save_pretrained(out)
     saved = json.loads((out / "config.json").read_text())
-    if str(saved.get("torch_dtype", saved.get("dtype", ""))).removeprefix("torch.") != \
-            str(want).removeprefix("torch."):
+    if str(saved.get("torch_dtype", saved.get("dtype", ""))).removeprefix("torch.") != str(
+        want
+    ).removeprefix("torch."):
         raise SystemExit(f"{out}/config.json does not record {want}: {saved}")
     del model
     return out
@@ -111,8 +158,9 @@ def folder(name: str, root: str | os.PathLike, tiny: bool = False, device: str =
 def build(name: str, root: str | os.PathLike, device: str = "cpu", tiny: bool = False) -> Any:
     """The shape booted with ``TransformerBridge.boot_transformers`` on ``device`` in its dtype."""
     path = folder(name, root, tiny, device if device.startswith("cuda") else "cpu")
-    return testing.bridge_class().boot_transformers(str(path), device=device,
-                                                    dtype=dtype(name)).eval()
+    return (
+        testing.bridge_class().boot_transformers(str(path), device=device, dtype=dtype(name)).eval()
+    )
 
 
 def describe(model: Any) -> str:
@@ -120,9 +168,11 @@ def describe(model: Any) -> str:
 
     ad = ModelAdapter.of(model)
     n_params = sum(p.numel() for p in model.parameters())
-    return (f"{ad.n_layers} layers, {ad.n_heads} query heads, {ad.n_kv_heads} key/value heads, "
-            f"d_model {ad.d_model}, {ad.dtype}, {n_params / 1e9:.3f} B parameters, rotary: "
-            f"{ad.rotation(0) is not None}")
+    return (
+        f"{ad.n_layers} layers, {ad.n_heads} query heads, {ad.n_kv_heads} key/value heads, "
+        f"d_model {ad.d_model}, {ad.dtype}, {n_params / 1e9:.3f} B parameters, rotary: "
+        f"{ad.rotation(0) is not None}"
+    )
 
 
 def main() -> None:

@@ -45,8 +45,15 @@ def build(vocab: int):
 
     folder = Path(tempfile.mkdtemp(prefix="tld_traj_bench_")) / "gpt2-small-shaped"
     tok = testing.tokenizer()
-    cfg = transformers.GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=64,
-                                  vocab_size=max(vocab, len(tok)), bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=12,
+        n_head=12,
+        n_embd=768,
+        n_positions=64,
+        vocab_size=max(vocab, len(tok)),
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -80,11 +87,15 @@ def kernel() -> None:
     from tl_dynamics import sphere
 
     gen = torch.Generator().manual_seed(0)
-    print("| batch x tokens | cluster_labels, 4 eps (ms) | merge_events (ms) | clusters at eps 0.25 |")
+    print(
+        "| batch x tokens | cluster_labels, 4 eps (ms) | merge_events (ms) | clusters at eps 0.25 |"
+    )
     print("|---|---|---|---|")
     for b, n, k in [(25, 32, 6), (25, 128, 20), (8, 512, 40)]:
         centres = torch.randn(k, 768, generator=gen)
-        x = centres[torch.randint(0, k, (b, n), generator=gen)] + 0.6 * torch.randn(b, n, 768, generator=gen)
+        x = centres[torch.randint(0, k, (b, n), generator=gen)] + 0.6 * torch.randn(
+            b, n, 768, generator=gen
+        )
         mask = torch.rand(b, n, generator=gen) > 0.1
         cos = sphere.cosines(sphere.unit(x) * mask[..., None])
 
@@ -97,11 +108,17 @@ def kernel() -> None:
             return out
 
         labels = [sphere.cluster_labels(cos, e, mask) for e in sphere.TRAJECTORY_EPS_GRID]
-        t_lab = best(lambda cos=cos, mask=mask: [sphere.cluster_labels(cos, e, mask)
-                                                 for e in sphere.TRAJECTORY_EPS_GRID])
+        t_lab = best(
+            lambda cos=cos, mask=mask: [
+                sphere.cluster_labels(cos, e, mask) for e in sphere.TRAJECTORY_EPS_GRID
+            ]
+        )
         t_ev = best(lambda labels=labels: sphere.merge_events(labels[-2], labels[-1]))
-        print(f"| {b} x {n} | {1e3 * t_lab:.2f} | {1e3 * t_ev:.3f} | "
-              f"{sphere.count_clusters(labels[-1]).float().mean():.1f} |", flush=True)
+        print(
+            f"| {b} x {n} | {1e3 * t_lab:.2f} | {1e3 * t_ev:.3f} | "
+            f"{sphere.count_clusters(labels[-1]).float().mean():.1f} |",
+            flush=True,
+        )
 
 
 def worker(args) -> None:
@@ -135,17 +152,21 @@ def main() -> None:
         kernel()
         return
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), GPT-2-small "
-          f"shape (12 layers, 12 heads, d_model 768), vocab {args.vocab}, {args.pos} tokens/prompt, "
-          f"batch {args.batch_size}")
+    print(
+        f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), GPT-2-small "
+        f"shape (12 layers, 12 heads, d_model 768), vocab {args.vocab}, {args.pos} tokens/prompt, "
+        f"batch {args.batch_size}"
+    )
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     if args.time_prompts:
         ad = build(args.vocab)
         bs = batches(ad, args.time_prompts, args.pos, args.batch_size, args.vocab)
         stream_all(ad, bs[:1])  # warm-up
-        variants = {"all statistics, 13 points": dict(flattened=False),
-                    "all statistics + mid-block points (25 points)": dict(flattened=True),
-                    "25 points, logit lens off": dict(flattened=True, lens=False)}
+        variants = {
+            "all statistics, 13 points": dict(flattened=False),
+            "all statistics + mid-block points (25 points)": dict(flattened=True),
+            "25 points, logit lens off": dict(flattened=True, lens=False),
+        }
         names = ["plain forward", *variants]
         wall = {name: float("inf") for name in names}
         cpu = {name: float("inf") for name in names}
@@ -161,22 +182,40 @@ def main() -> None:
             for name, kw in variants.items():
                 timed(name, lambda kw=kw: stream_all(ad, bs, **kw))
         n = args.time_prompts
-        print(f"| {n} prompts, best of {args.repeat} | CPU ms / prompt | CPU vs plain | "
-              "wall ms / prompt | wall vs plain |")
+        print(
+            f"| {n} prompts, best of {args.repeat} | CPU ms / prompt | CPU vs plain | "
+            "wall ms / prompt | wall vs plain |"
+        )
         print("|---|---|---|---|---|")
         for name in names:
-            print(f"| {name} | {1e3 * cpu[name] / n:.1f} | {cpu[name] / cpu['plain forward']:.2f}x | "
-                  f"{1e3 * wall[name] / n:.1f} | {wall[name] / wall['plain forward']:.2f}x |")
+            print(
+                f"| {name} | {1e3 * cpu[name] / n:.1f} | {cpu[name] / cpu['plain forward']:.2f}x | "
+                f"{1e3 * wall[name] / n:.1f} | {wall[name] / wall['plain forward']:.2f}x |"
+            )
         print(flush=True)
     if args.mem_prompts:
         print("| prompts streamed | seconds | peak RSS (MB, fresh process) |")
         print("|---|---|---|")
         for n in args.mem_prompts:
-            cmd = [sys.executable, __file__, "--worker", str(n), "--pos", str(args.pos),
-                   "--batch-size", str(args.batch_size), "--vocab", str(args.vocab),
-                   "--threads", str(args.threads)]
-            res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True)
-                             .stdout.strip().splitlines()[-1])
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(n),
+                "--pos",
+                str(args.pos),
+                "--batch-size",
+                str(args.batch_size),
+                "--vocab",
+                str(args.vocab),
+                "--threads",
+                str(args.threads),
+            ]
+            res = json.loads(
+                subprocess.run(cmd, check=True, capture_output=True, text=True)
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             print(f"| {res['prompts']} | {res['seconds']:.1f} | {res['peak_mb']:.0f} |", flush=True)
     print(f"\nload average after: {os.getloadavg()[0]:.1f}")
 

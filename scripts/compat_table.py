@@ -34,7 +34,9 @@ def worst(model) -> str:
         if adapter.is_encoder and adapter.info.host == "hooked" and isinstance(prompt, tuple):
             continue  # bidirectional HookedTransformer does not mask pads: refused, not compared
         e = testing.reconstruction_errors(adapter, prompt, side)
-        errs += [e[k] for k in ("pattern", "z", "out", "scores") if e[k] == e[k]]  # NaN: no reference
+        errs += [
+            e[k] for k in ("pattern", "z", "out", "scores") if e[k] == e[k]
+        ]  # NaN: no reference
     flag = "" if adapter.specs[0].scores_hook == "logits" else " (scores hook = pattern)"
     if adapter.hook_name("out", 0) is None:
         flag += " (no output hook before the post-norm)"
@@ -56,7 +58,9 @@ def registry_rows() -> None:
 
     import pytest
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    )
     import test_architectures as matrix  # noqa: E402 (the tests' own tiny configs)
 
     warnings.simplefilter("ignore")
@@ -73,8 +77,14 @@ def registry_rows() -> None:
         try:
             adapter = ModelAdapter(model)
             host = [testing.reconstruction_errors(adapter, p, side) for p, side in CASES]
-            cell = max(v for e in host for k, v in e.items() if k != "scores_hook_is_pattern" and v == v)
-            hf = "– (host differs)" if row in matrix.HOST_NOT_HF else f"{max(v for p, side in CASES for v in testing.hf_truth_errors(adapter, testing.hf_twin(model), p, side).values() if v == v):.1e}"
+            cell = max(
+                v for e in host for k, v in e.items() if k != "scores_hook_is_pattern" and v == v
+            )
+            hf = (
+                "– (host differs)"
+                if row in matrix.HOST_NOT_HF
+                else f"{max(v for p, side in CASES for v in testing.hf_truth_errors(adapter, testing.hf_twin(model), p, side).values() if v == v):.1e}"
+            )
             layers = f"{', '.join(map(str, adapter.attention_layers))} of {adapter.n_layers}"
             print(f"| {row} | {layers} | {cell:.1e} | {hf} |")
         except Exception as exc:  # a refusal (or a failure) is a visible row
@@ -100,7 +110,9 @@ def main() -> None:
                 hf_cell = hf_worst(model, twin)
             except Exception as exc:  # a visible row, never a silent pass
                 cell = hf_cell = f"FAILED: {type(exc).__name__}: {exc}"[:120]
-            print(f"| {arch} | TransformerBridge{' compat' if compat else ''} | {cell} | {hf_cell} |")
+            print(
+                f"| {arch} | TransformerBridge{' compat' if compat else ''} | {cell} | {hf_cell} |"
+            )
     for variant in testing.NATIVE_VARIANTS:
         try:
             cell = worst(testing.tiny_native(variant))

@@ -30,8 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 BUDGET_MB = 3.0
 VIEW = re.compile(r'(<div class="tld-view" id="([\w-]+)"[^>]*>)(</div>)')
 SCRIPT = re.compile(r"<script\b.*?</script>", re.DOTALL | re.IGNORECASE)
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def execute(path: Path):
@@ -41,11 +49,18 @@ def execute(path: Path):
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # the kernel imports this checkout's tl_dynamics, whatever the environment has installed
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+    )
     notebook = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory() as scratch:
-        nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3", record_timing=False,
-                                resources={"metadata": {"path": scratch}}).execute()
+        nbclient.NotebookClient(
+            notebook,
+            timeout=600,
+            kernel_name="python3",
+            record_timing=False,
+            resources={"metadata": {"path": scratch}},
+        ).execute()
     return notebook
 
 
@@ -57,16 +72,21 @@ def frozen(html: str, tab, shell: str) -> str:
     shots = {}
     for i in range(tab.evaluate(f"{views}.length")):
         tab.evaluate(f"{views}[{i}].scrollIntoView()")
-        tab.wait_for_function(f"() => ['done', 'error'].includes({views}[{i}].dataset.state)",
-                              timeout=60_000)
+        tab.wait_for_function(
+            f"() => ['done', 'error'].includes({views}[{i}].dataset.state)", timeout=60_000
+        )
         tab.wait_for_timeout(150)  # React commits asynchronously
         element = tab.locator(".tld-view").nth(i)
         shots[tab.evaluate(f"{views}[{i}].id")] = base64.b64encode(element.screenshot()).decode()
 
     def picture(match: re.Match) -> str:
         data = shots.get(match.group(2))
-        img = (f'<img class="tld-static" alt="view (re-run the cell to interact)" '
-               f'src="data:image/png;base64,{data}">' if data else "")
+        img = (
+            f'<img class="tld-static" alt="view (re-run the cell to interact)" '
+            f'src="data:image/png;base64,{data}">'
+            if data
+            else ""
+        )
         opening = re.sub(r' style="min-height:\d+px"', "", match.group(1))  # a placeholder's
         return opening + img + match.group(3)
 
@@ -82,8 +102,11 @@ def freeze(notebook) -> int:
 
     style = re.search(r"<style>.*?</style>", viz.Page("x").to_html(), re.DOTALL).group(0)
     bundle = (Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js").read_text("utf-8")
-    shell = (f"<!DOCTYPE html><html><head><meta charset='utf-8'>{style}<script>"
-             + bundle.replace("</script", "<\\/script") + "</script></head><body>{{body}}</body></html>")
+    shell = (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'>{style}<script>"
+        + bundle.replace("</script", "<\\/script")
+        + "</script></head><body>{{body}}</body></html>"
+    )
     for cell in notebook.cells:  # the environment's warnings (e.g. tqdm without ipywidgets)
         if "outputs" in cell:
             cell["outputs"] = [o for o in cell["outputs"] if o.get("name") != "stderr"]

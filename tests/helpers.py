@@ -18,8 +18,10 @@ def adapter_for(arch: str, compat: bool = False) -> ModelAdapter:
 
 
 requires_hooked = pytest.mark.skipif(
-    not HAS_HOOKED, reason="HookedTransformer was removed in TransformerLens 4.0; "
-                           "these configs run in the TransformerLens 3.x environment")
+    not HAS_HOOKED,
+    reason="HookedTransformer was removed in TransformerLens 4.0; "
+    "these configs run in the TransformerLens 3.x environment",
+)
 
 
 def notebook_params(paths: list[Path]) -> list:
@@ -34,7 +36,10 @@ def notebook_params(paths: list[Path]) -> list:
         missing = [name for name in needs if importlib.util.find_spec(name) is None]
         marks = [pytest.mark.tl3] if needs else []
         if missing:
-            marks.append(pytest.mark.skip(reason=f"{path.name} needs {', '.join(missing)} "
-                                                 f"({meta.get('why', '')})"))
+            marks.append(
+                pytest.mark.skip(
+                    reason=f"{path.name} needs {', '.join(missing)} ({meta.get('why', '')})"
+                )
+            )
         params.append(pytest.param(path, id=path.stem, marks=marks))
     return params

@@ -22,22 +22,31 @@ def adapter():
 
 
 def test_layer_out_of_range(adapter):
-    with pytest.raises(TLDynamicsError, match=re.escape("layer 5 is out of range: this model has 2 "
-                                                        "layers (valid: 0..1)")):
+    with pytest.raises(
+        TLDynamicsError,
+        match=re.escape("layer 5 is out of range: this model has 2 layers (valid: 0..1)"),
+    ):
         adapter.attention("x", layers=[5])
     with pytest.raises(TLDynamicsError, match="layer -1 is out of range"):
         adapter.check_layer(-1)
 
 
 def test_head_out_of_range(adapter):
-    with pytest.raises(TLDynamicsError, match=re.escape("head 4 in layer 1 is out of range: this "
-                                                        "model has 4 heads per layer (valid: 0..3)")):
+    with pytest.raises(
+        TLDynamicsError,
+        match=re.escape(
+            "head 4 in layer 1 is out of range: this model has 4 heads per layer (valid: 0..3)"
+        ),
+    ):
         adapter.head_weights(1, 4)
 
 
 def test_prompt_longer_than_context(adapter):
-    with pytest.raises(TLDynamicsError, match=r"prompt has \d+ tokens but this model's context is "
-                                              r"64 tokens \(valid: 1\.\.64\)"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"prompt has \d+ tokens but this model's context is "
+        r"64 tokens \(valid: 1\.\.64\)",
+    ):
         adapter.tokenize("word " * 200)
 
 
@@ -53,8 +62,11 @@ def test_empty_prompt_and_bad_inputs(adapter):
 
 
 def test_not_a_transformer_lens_model():
-    with pytest.raises(TLDynamicsError, match="expected a TransformerLens model .* got an object "
-                                              "of type torch.nn.modules.linear.Linear"):
+    with pytest.raises(
+        TLDynamicsError,
+        match="expected a TransformerLens model .* got an object "
+        "of type torch.nn.modules.linear.Linear",
+    ):
         ModelAdapter(torch.nn.Linear(2, 2))
 
 
@@ -72,8 +84,11 @@ def test_unsupported_architecture_is_refused_by_name():
             self.blocks = torch.nn.ModuleList([block])
             self.cfg = type("cfg", (), {"architecture": "MysteryForCausalLM"})()
 
-    with pytest.raises(TLDynamicsError, match="unsupported architecture 'MysteryForCausalLM': its "
-                                              "attention module MysteryAttention"):
+    with pytest.raises(
+        TLDynamicsError,
+        match="unsupported architecture 'MysteryForCausalLM': its "
+        "attention module MysteryAttention",
+    ):
         ModelAdapter(TransformerBridge())
 
 

@@ -46,7 +46,9 @@ def test_bridge_reproduces_its_own_attention(arch, compat, kind, side):
     adapter = ModelAdapter(testing.cached_model(arch, compat))
     errors = _check(adapter, kind, side)
     if arch in DELEGATING:
-        assert errors["scores_hook_is_pattern"] == 1.0, "expected hook_attn_scores to hold the pattern"
+        assert errors["scores_hook_is_pattern"] == 1.0, (
+            "expected hook_attn_scores to hold the pattern"
+        )
         assert all(spec.scores_hook == "pattern" for spec in adapter.specs)
     else:
         assert errors["scores"] <= EXACT_TOL, errors
@@ -58,8 +60,10 @@ def test_bridge_reproduces_its_own_attention(arch, compat, kind, side):
 def test_hooked_transformer_reproduces_its_own_attention(variant, kind, side):
     adapter = ModelAdapter(testing.cached_model(variant))
     if kind == "batch" and adapter.is_encoder:
-        pytest.skip("a bidirectional HookedTransformer does not mask padding keys; "
-                    "the adapter refuses padded batches there (tested in test_adapter_errors)")
+        pytest.skip(
+            "a bidirectional HookedTransformer does not mask padding keys; "
+            "the adapter refuses padded batches there (tested in test_adapter_errors)"
+        )
     errors = _check(adapter, kind, side, out=variant not in POST_NORM)
     assert errors["scores"] <= EXACT_TOL, errors
 
@@ -87,13 +91,17 @@ def test_post_norm_blocks_give_hook_attn_out_as_the_norm_of_the_head_sum(variant
 
 def _has_native():
     try:
-        return hasattr(testing.bridge_class(), "boot_native") and \
-            __import__("importlib").util.find_spec("transformer_lens.config") is not None
+        return (
+            hasattr(testing.bridge_class(), "boot_native")
+            and __import__("importlib").util.find_spec("transformer_lens.config") is not None
+        )
     except ImportError:
         return False
 
 
-@pytest.mark.skipif(not _has_native(), reason="TransformerBridge.boot_native is TransformerLens 4.x")
+@pytest.mark.skipif(
+    not _has_native(), reason="TransformerBridge.boot_native is TransformerLens 4.x"
+)
 @pytest.mark.parametrize("kind,side", PADDING)
 @pytest.mark.parametrize("variant", list(testing.NATIVE_VARIANTS))
 def test_native_bridge_reproduces_its_own_attention(variant, kind, side):
@@ -103,8 +111,11 @@ def test_native_bridge_reproduces_its_own_attention(variant, kind, side):
     assert errors["scores_hook_is_pattern"] == 1.0
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "bert"] + (
-    ["gpt2-like", "gqa-rms"] if testing.has_hooked_transformer() else ["native-rotary-gqa"]))
+@pytest.mark.parametrize(
+    "arch",
+    ["gpt2", "llama", "bert"]
+    + (["gpt2-like", "gqa-rms"] if testing.has_hooked_transformer() else ["native-rotary-gqa"]),
+)
 def test_attention_input_includes_trained_layernorm_weights(arch):
     """x @ W_Q + b_Q equals q (non-rotary) / v on a model whose norms are not the identity."""
     import torch
@@ -133,9 +144,13 @@ def test_hooked_alibi_matches_after_a_longer_prompt():
 
 # Known structure each fixture was built with: the adapter must find it in the model.
 EXPECTED_WINDOWS = {
-    "gptneo": [None, testing.WINDOW], "mistral": [testing.WINDOW] * 2,
-    "qwen2": [None, None], "qwen2-sliding": [None, testing.WINDOW],
-    "gemma2": [testing.WINDOW, None], "gemma3": [testing.WINDOW, None], "gpt2": [None, None],
+    "gptneo": [None, testing.WINDOW],
+    "mistral": [testing.WINDOW] * 2,
+    "qwen2": [None, None],
+    "qwen2-sliding": [None, testing.WINDOW],
+    "gemma2": [testing.WINDOW, None],
+    "gemma3": [testing.WINDOW, None],
+    "gpt2": [None, None],
 }
 
 
@@ -147,7 +162,7 @@ def test_sliding_windows_are_found_where_each_architecture_keeps_them(arch):
 
 def test_scale_softcap_and_rotary_read_from_the_model_not_cfg():
     gemma = ModelAdapter(testing.cached_model("gemma2"))
-    assert gemma.specs[0].scale == pytest.approx(testing.QUERY_PRE_ATTN_SCALAR ** -0.5)
+    assert gemma.specs[0].scale == pytest.approx(testing.QUERY_PRE_ATTN_SCALAR**-0.5)
     assert gemma.specs[0].softcap == testing.SOFTCAP
     assert ModelAdapter(testing.cached_model("gptneo")).specs[0].scale == 1.0
     assert ModelAdapter(testing.cached_model("gptj")).specs[0].rotary == "interleaved"

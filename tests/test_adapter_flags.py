@@ -32,8 +32,9 @@ def _assert_exact(errors):
 
 
 # ----------------------------------------------------------------- bridge flags
-@pytest.mark.parametrize("variant", ["bert-decoder", "bert-relative", "gpt2-inverse-layer",
-                                     "stablelm-qk-layernorm"])
+@pytest.mark.parametrize(
+    "variant", ["bert-decoder", "bert-relative", "gpt2-inverse-layer", "stablelm-qk-layernorm"]
+)
 def test_flag_variant_is_exact_against_host_and_hugging_face(variant):
     model = testing.cached_model(variant)
     adapter = ModelAdapter(model)
@@ -60,31 +61,43 @@ def test_clip_qkv_is_exact_and_its_query_map_refused():
         _assert_exact(_host_errors(adapter, side))
         truth = testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS, side)
         assert truth["pattern"] <= EXACT_TOL and truth["out"] <= EXACT_TOL, truth
-    with pytest.raises(TLDynamicsError, match=re.escape(
+    with pytest.raises(
+        TLDynamicsError,
+        match=re.escape(
             f"layer 0 of {model.cfg.architecture} clamps q, k and v to [-0.1, 0.1] after their "
-            "projections (clip_qkv)")):
+            "projections (clip_qkv)"
+        ),
+    ):
         adapter.query_norm(0)
 
 
 def test_gpt2_scale_is_the_one_the_bridge_uses():
     """The bridge scores GPT-2 with d_head**-0.5 even when scale_attn_weights=False (the
     Hugging Face module then uses 1.0): the adapter follows the host it reads hooks from."""
-    with pytest.warns(HostDiffersWarning, match=re.escape(
+    with pytest.warns(
+        HostDiffersWarning,
+        match=re.escape(
             "GPT2LMHeadModel sets scale_attn_weights=False (Hugging Face does not scale q.k), but "
-            "TransformerLens scores with d_head**-0.5 anyway")):
+            "TransformerLens scores with d_head**-0.5 anyway"
+        ),
+    ):
         adapter = ModelAdapter(testing.cached_model("gpt2-unscaled"))
-    assert adapter.specs[0].scale == pytest.approx(testing.D_HEAD ** -0.5)
+    assert adapter.specs[0].scale == pytest.approx(testing.D_HEAD**-0.5)
     _assert_exact(_host_errors(adapter))
     inverse = ModelAdapter(testing.cached_model("gpt2-inverse-layer"))
-    assert inverse.specs[1].scale == pytest.approx(testing.D_HEAD ** -0.5 / 2)
+    assert inverse.specs[1].scale == pytest.approx(testing.D_HEAD**-0.5 / 2)
 
 
 def test_gemma3_softcap_follows_the_host():
     """TransformerLens soft-caps Gemma 3 scores when attn_logit_softcapping is set; Hugging Face
     Gemma 3 ignores it. The adapter follows the host whose hooks it reads."""
-    with pytest.warns(HostDiffersWarning, match=re.escape(
+    with pytest.warns(
+        HostDiffersWarning,
+        match=re.escape(
             f"Gemma3ForCausalLM sets attn_logit_softcapping={testing.SOFTCAP}: TransformerLens "
-            "soft-caps the attention scores (cap * tanh(s / cap)) but Hugging Face Gemma 3 ignores")):
+            "soft-caps the attention scores (cap * tanh(s / cap)) but Hugging Face Gemma 3 ignores"
+        ),
+    ):
         adapter = ModelAdapter(testing.cached_model("gemma3-softcap"))
     assert adapter.specs[0].softcap == testing.SOFTCAP
     _assert_exact(_host_errors(adapter))
@@ -95,11 +108,15 @@ def test_stablelm_qk_layernorm_is_detected_and_read():
     Hugging Face module on arbitrary projected queries."""
     model = testing.tiny_model("stablelm-qk-layernorm")  # its own copy: its norms are changed
     assert all(spec.qk_norm for spec in ModelAdapter(model).specs)
-    y = torch.randn(3, 5, testing.N_HEADS, testing.D_HEAD, generator=torch.Generator().manual_seed(0))
+    y = torch.randn(
+        3, 5, testing.N_HEADS, testing.D_HEAD, generator=torch.Generator().manual_seed(0)
+    )
     hf_norm = model.blocks[0].attn.original_component.q_layernorm
     with torch.no_grad():
         for n in hf_norm.norms:  # non-trivial gains, so a per-head mix-up shows
-            n.weight.copy_(torch.rand(n.weight.shape, generator=torch.Generator().manual_seed(1)) + 0.5)
+            n.weight.copy_(
+                torch.rand(n.weight.shape, generator=torch.Generator().manual_seed(1)) + 0.5
+            )
         norm = ModelAdapter(model).query_norm(0)
         want = hf_norm(y.transpose(1, 2)).transpose(1, 2)
     assert (norm.apply_heads(y) - want).abs().max().item() <= EXACT_TOL
@@ -110,8 +127,15 @@ def test_t5_is_refused_with_a_package_error():
     """Encoder-decoders have no blocks[i].attn: a TLDynamicsError, not an AttributeError."""
     import transformers
 
-    config = transformers.T5Config(vocab_size=len(testing.tokenizer()), d_model=32, d_kv=8,
-                                   d_ff=64, num_layers=1, num_heads=4, decoder_start_token_id=0)
+    config = transformers.T5Config(
+        vocab_size=len(testing.tokenizer()),
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=1,
+        num_heads=4,
+        decoder_start_token_id=0,
+    )
     torch.manual_seed(0)
     hf = transformers.T5ForConditionalGeneration(config).eval()
     folder = testing.hf_folder("gpt2").parent / "t5"
@@ -137,14 +161,20 @@ def test_adapter_follows_a_later_compatibility_mode():
 
 # ----------------------------------------------------------------- HookedTransformer flags
 @requires_hooked
-@pytest.mark.parametrize("variant,overrides,flag", [
-    ("alibi", dict(attn_scores_soft_cap=testing.SOFTCAP), "attn_scores_soft_cap"),
-    ("gpt2-like", dict(clip_qkv=0.1), "clip_qkv"),
-    ("rotary", dict(clip_qkv=0.1), "clip_qkv"),
-    ("gpt2-like", dict(use_qk_norm=True, normalization_type="RMS"), "q/k normalisation"),
-    ("gpt2-like", dict(original_architecture="Olmo2ForCausalLM", normalization_type="RMS"),
-     "q/k normalisation"),
-])
+@pytest.mark.parametrize(
+    "variant,overrides,flag",
+    [
+        ("alibi", dict(attn_scores_soft_cap=testing.SOFTCAP), "attn_scores_soft_cap"),
+        ("gpt2-like", dict(clip_qkv=0.1), "clip_qkv"),
+        ("rotary", dict(clip_qkv=0.1), "clip_qkv"),
+        ("gpt2-like", dict(use_qk_norm=True, normalization_type="RMS"), "q/k normalisation"),
+        (
+            "gpt2-like",
+            dict(original_architecture="Olmo2ForCausalLM", normalization_type="RMS"),
+            "q/k normalisation",
+        ),
+    ],
+)
 def test_hooked_flag_is_refused(variant, overrides, flag):
     model = testing.tiny_hooked(variant, **overrides)
     with pytest.raises(TLDynamicsError, match=flag):
@@ -191,20 +221,34 @@ def test_hooked_alibi_and_softcap_each_alone_stay_exact():
 
 
 # ----------------------------------------------------------------- arguments and devices
-@pytest.mark.parametrize("layers,expected", [
-    (1.0, "of type float"), ("1", "of type str"), ([], "selects nothing"), ((), "selects nothing"),
-    ([0, "1"], "of type str"), (5, "out of range"), ([True], "of type bool"),
-])
+@pytest.mark.parametrize(
+    "layers,expected",
+    [
+        (1.0, "of type float"),
+        ("1", "of type str"),
+        ([], "selects nothing"),
+        ((), "selects nothing"),
+        ([0, "1"], "of type str"),
+        (5, "out of range"),
+        ([True], "of type bool"),
+    ],
+)
 def test_wrong_layers_say_what_is_expected(layers, expected):
     adapter = ModelAdapter(testing.cached_model("gpt2"))
     with pytest.raises(TLDynamicsError, match=expected):
         adapter.check_layers(layers)
 
 
-@pytest.mark.parametrize("heads,expected", [
-    ([(1, 0)], "layers=l, heads=h"), (0.5, "of type float"), ([0.0], "integer index"), ([], "selects nothing"),
-    (4, "out of range"),
-])
+@pytest.mark.parametrize(
+    "heads,expected",
+    [
+        ([(1, 0)], "layers=l, heads=h"),
+        (0.5, "of type float"),
+        ([0.0], "integer index"),
+        ([], "selects nothing"),
+        (4, "out of range"),
+    ],
+)
 def test_wrong_heads_say_what_is_expected(heads, expected):
     adapter = ModelAdapter(testing.cached_model("gpt2"))
     with pytest.raises(TLDynamicsError, match=expected):
@@ -271,9 +315,17 @@ def test_ministral3_context_stops_where_its_query_scaling_starts():
     context ends there (longer prompts are refused) and is exact below it."""
     from test_architectures import boot_tiny
 
-    rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "beta_fast": 32.0,
-            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-            "original_max_position_embeddings": 12, "llama_4_scaling_beta": 0.1}
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 1e6,
+        "factor": 16.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 12,
+        "llama_4_scaling_beta": 0.1,
+    }
     model = boot_tiny("Ministral3ForCausalLM", rope_parameters=rope)
     adapter = ModelAdapter(model)
     assert adapter.n_ctx == 12
@@ -298,8 +350,9 @@ def test_gemma3_bidirectional_window_is_two_sided_and_exact():
     assert [spec.causal for spec in adapter.specs] == [False, False]
     w = adapter.specs[0].window
     la = adapter.attention(testing.PROMPTS[0])[0]
-    i, j = torch.meshgrid(torch.arange(la.allowed.shape[1]), torch.arange(la.allowed.shape[1]),
-                          indexing="ij")
+    i, j = torch.meshgrid(
+        torch.arange(la.allowed.shape[1]), torch.arange(la.allowed.shape[1]), indexing="ij"
+    )
     assert torch.equal(la.allowed[0], (i - j).abs() < w) and w is not None
     _assert_exact(_host_errors(adapter))
     twin = testing.hf_twin(model)

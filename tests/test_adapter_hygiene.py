@@ -11,8 +11,9 @@ MODELS = ["gpt2", "llama"] + (["rotary"] if HAS_HOOKED else [])
 
 
 def _hook_counts(model):
-    return {name: len(point.fwd_hooks) + len(point.bwd_hooks)
-            for name, point in model.hook_dict.items()}
+    return {
+        name: len(point.fwd_hooks) + len(point.bwd_hooks) for name, point in model.hook_dict.items()
+    }
 
 
 def _user_hook(activation, hook):
@@ -41,11 +42,15 @@ def test_hooks_removed_after_exception_and_user_hooks_kept(model):
         with adapter.capture(explode):
             adapter.forward(batch)
     assert not isinstance(info.value, TLDynamicsError)
-    assert any("raised inside the tl_dynamics hook" in n for n in getattr(info.value, "__notes__", []))
+    assert any(
+        "raised inside the tl_dynamics hook" in n for n in getattr(info.value, "__notes__", [])
+    )
     assert _hook_counts(model) == before
     assert (len(model._forward_hooks), len(model._forward_pre_hooks)) == torch_hooks_before
-    assert [h.user_hook if hasattr(h, "user_hook") else None
-            for h in model.hook_dict[user_point].fwd_hooks][-1] in (_user_hook, None)
+    assert [
+        h.user_hook if hasattr(h, "user_hook") else None
+        for h in model.hook_dict[user_point].fwd_hooks
+    ][-1] in (_user_hook, None)
     assert len(model.hook_dict[user_point].fwd_hooks) == 1
     model.hook_dict[user_point].remove_hooks("fwd")
     assert all(count == 0 for count in _hook_counts(model).values())

@@ -23,10 +23,16 @@ EXACT_RTOL = 1e-5
 PROMPTS = [(testing.PROMPTS[0], "right"), (testing.PROMPTS, "right"), (testing.PROMPTS, "left")]
 ROTARY_HF = [a for a in testing.HF_ARCHS if a not in ("gpt2", "gptneo", "opt", "bloom", "bert")]
 MATRIX = [(arch, compat) for arch in ROTARY_HF for compat in (False, True)]
-ROTARY_NATIVE = [v for v, cfg in testing.NATIVE_VARIANTS.items()
-                 if cfg.get("positional_embedding_type") == "rotary"]
-ROTARY_HOOKED = [v for v, cfg in testing.HOOKED_VARIANTS.items()
-                 if cfg.get("positional_embedding_type") == "rotary"]
+ROTARY_NATIVE = [
+    v
+    for v, cfg in testing.NATIVE_VARIANTS.items()
+    if cfg.get("positional_embedding_type") == "rotary"
+]
+ROTARY_HOOKED = [
+    v
+    for v, cfg in testing.HOOKED_VARIANTS.items()
+    if cfg.get("positional_embedding_type") == "rotary"
+]
 
 
 def _own_rotated_queries(adapter: ModelAdapter, batch, layer: int):
@@ -35,8 +41,9 @@ def _own_rotated_queries(adapter: ModelAdapter, batch, layer: int):
     la = {}
     keep = [("rot_q", layer, lambda t: got.__setitem__("rot_q", t.detach().float()))]
     with adapter.hooks(keep if adapter.hook_name("rot_q", layer) is not None else []):
-        with adapter.capture(lambda a: la.__setitem__("la", a), [layer], reference=True,
-                             inputs=True, batch=batch):
+        with adapter.capture(
+            lambda a: la.__setitem__("la", a), [layer], reference=True, inputs=True, batch=batch
+        ):
             adapter.forward(batch)
     return got.get("rot_q"), la["la"]
 
@@ -52,7 +59,9 @@ def _relative_error(adapter: ModelAdapter, prompt, side: str) -> float:
         q = adapter.unrotated_queries(layer, la.reference["x"])
         mine = rotation.rotate(q, adapter.positions(batch))
         if own is None:  # no rotated-query hook: the model's own pattern is the reference
-            k = torch.einsum("bpm,hmd->bphd", la.reference["x"], adapter.W_K(layer)) + adapter.b_K(layer)
+            k = torch.einsum("bpm,hmd->bphd", la.reference["x"], adapter.W_K(layer)) + adapter.b_K(
+                layer
+            )
             mine_k = rotation.rotate(k, adapter.positions(batch))
             pattern = dataclasses.replace(la, q=mine, k=mine_k).pattern()
             rows = la.query_valid[:, None, :, None]
@@ -65,7 +74,9 @@ def _relative_error(adapter: ModelAdapter, prompt, side: str) -> float:
 
 
 @pytest.mark.parametrize("prompt,side", PROMPTS, ids=["single", "batch-right", "batch-left"])
-@pytest.mark.parametrize("arch,compat", MATRIX, ids=[f"{a}-{'compat' if c else 'raw'}" for a, c in MATRIX])
+@pytest.mark.parametrize(
+    "arch,compat", MATRIX, ids=[f"{a}-{'compat' if c else 'raw'}" for a, c in MATRIX]
+)
 def test_rotation_reproduces_the_bridges_own_rotated_query(arch, compat, prompt, side):
     assert _relative_error(adapter_for(arch, compat), prompt, side) <= EXACT_RTOL
 
@@ -107,11 +118,11 @@ def test_rotation_algebra():
     x = torch.randn(5, adapter.d_head, generator=torch.Generator().manual_seed(0))
     p = torch.tensor([0, 1, 7, 20, 63])
     back = rotation.rotate(rotation.rotate(x, p), p, transpose=True)
-    assert torch.allclose(back, x * rotation.magnitude ** 2, atol=1e-5)
+    assert torch.allclose(back, x * rotation.magnitude**2, atol=1e-5)
     assert torch.allclose(rotation.rotate(x, -p), rotation.rotate(x, p, transpose=True), atol=1e-6)
-    assert torch.equal(rotation.rotate(x, p)[:, rotation.rotary_dim:], x[:, rotation.rotary_dim:])
+    assert torch.equal(rotation.rotate(x, p)[:, rotation.rotary_dim :], x[:, rotation.rotary_dim :])
     R = lambda d: rotation.matrix(d, adapter.d_head)  # noqa: E731
-    assert torch.allclose(R(9) @ R(4).T, R(5) * rotation.magnitude ** 2, atol=1e-5)
+    assert torch.allclose(R(9) @ R(4).T, R(5) * rotation.magnitude**2, atol=1e-5)
 
 
 def test_rotation_is_read_once_and_cached_per_layer():
@@ -126,8 +137,10 @@ def test_reading_a_rotation_inside_an_attached_analysis_leaves_it_intact():
     outer, inner = ModelAdapter(model), ModelAdapter(model)
     batch = outer.tokenize(testing.PROMPTS[0])
     seen, fired = [], []
-    with outer.capture(seen.append, layers=[0], batch=batch), \
-            outer.patch([("resid_pre", 0, lambda t: fired.append(1) or t * 0)]):
+    with (
+        outer.capture(seen.append, layers=[0], batch=batch),
+        outer.patch([("resid_pre", 0, lambda t: fired.append(1) or t * 0)]),
+    ):
         assert inner.rotation(0) is not None  # runs a probe forward pass on the same model
         assert seen == [] and fired == []
         own, la = _own_rotated_queries(inner, batch, 0)

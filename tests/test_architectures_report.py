@@ -18,13 +18,20 @@ from tl_dynamics import report
 # The layer types an analysis may decline, as its message names them (docs/math.md §1.6-1.9):
 # latent attention, learned sinks, gated attention (BitNet's sub-norm included), q/k normalised
 # after rotary (HunYuan), q/k/v clamped after their projections (clip_qkv).
-LAYER_TYPES = ("multi-head latent attention", "learned attention sinks", "gated attention",
-               "normalises q and k after rotary", "clamps q, k and v")
+LAYER_TYPES = (
+    "multi-head latent attention",
+    "learned attention sinks",
+    "gated attention",
+    "normalises q and k after rotary",
+    "clamps q, k and v",
+)
 # Hybrids with Mamba-2 layers run Hugging Face's pure-torch Mamba-2 path on the CPU (no CUDA
 # kernels): one report takes 25 s (Bamba) and 55 s (Falcon-H1) on a tiny model, too slow for
 # every CI run. Jamba (Mamba) and LFM2 (convolutions) cover the hybrids here.
-TOO_SLOW = {"BambaForCausalLM": "Mamba-2 torch path: 25 s per report",
-            "FalconH1ForCausalLM": "Mamba-2 torch path: 55 s per report"}
+TOO_SLOW = {
+    "BambaForCausalLM": "Mamba-2 torch path: 25 s per report",
+    "FalconH1ForCausalLM": "Mamba-2 torch path: 55 s per report",
+}
 ROWS = sorted(MUST_BE_EXACT - set(TOO_SLOW))
 
 

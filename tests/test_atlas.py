@@ -61,7 +61,10 @@ def test_patch_own_pattern_back_leaves_logits_and_removes_hooks(induction):
     clean = induction.forward(batch)
     layers = induction.attention(batch)
     before = _hook_counts(induction)
-    patches = [("pattern", layer, lambda p, la=la: la.pattern().to(p.dtype)) for layer, la in layers.items()]
+    patches = [
+        ("pattern", layer, lambda p, la=la: la.pattern().to(p.dtype))
+        for layer, la in layers.items()
+    ]
     with induction.patch(patches):
         assert _hook_counts(induction) != before
         patched = induction.forward(batch)
@@ -150,8 +153,15 @@ def test_untrained_model_has_no_induction_or_previous_token_heads(untrained, ind
 def test_atlas_frame_view_and_selection(induction):
     res = atlas.compute(induction, layers=1, heads=[0, 3], causal=False)
     frame = res.to_dataframe()
-    assert list(frame.columns[:7]) == ["layer", "head", "role", "score", "baseline", "evidence",
-                                       "delta_loss"]
+    assert list(frame.columns[:7]) == [
+        "layer",
+        "head",
+        "role",
+        "score",
+        "baseline",
+        "evidence",
+        "delta_loss",
+    ]
     assert list(zip(frame["layer"], frame["head"])) == [(1, 0), (1, 3)]
     assert frame.delta_loss.isna().all()
     assert res.roles_of(1, 0)[0] == "induction"  # earlier previous-token heads read anyway
@@ -184,7 +194,7 @@ def test_sink_scores_equal_the_odds_ratio_split(arch):
 
     ad = ModelAdapter(testing.tiny_model(arch))
     las = ad.attention(ad.tokenize(["a b c a b c d", "x y"]))
-    for la in (las.values() if isinstance(las, dict) else las):
+    for la in las.values() if isinstance(las, dict) else las:
         got = _measure.natural_scores(la)
         pattern = la.pattern().double()
         rows = (la.query_valid & (la.allowed.sum(-1) >= 2)).double()  # [b, q]
@@ -199,26 +209,48 @@ def test_sink_scores_equal_the_odds_ratio_split(arch):
         n_keys = la.allowed.double().sum(-1).clamp(min=1.0)[:, None, :]
         idx = top[:, :, None, None].expand(-1, -1, parts.loglik.shape[2], 1)
         prior = parts.key_prior[:, :, None, :].expand_as(parts.loglik)
-        prior_adv = prior.gather(-1, idx).squeeze(-1) - prior.masked_fill(~allowed, 0).sum(-1) / n_keys
-        lik_adv = (parts.loglik.gather(-1, idx).squeeze(-1)
-                   - parts.loglik.masked_fill(~allowed, 0).sum(-1) / n_keys)
+        prior_adv = (
+            prior.gather(-1, idx).squeeze(-1) - prior.masked_fill(~allowed, 0).sum(-1) / n_keys
+        )
+        lik_adv = (
+            parts.loglik.gather(-1, idx).squeeze(-1)
+            - parts.loglik.masked_fill(~allowed, 0).sum(-1) / n_keys
+        )
         weight = pattern.gather(-1, idx).squeeze(-1) * rows[:, None]
         weight = weight / weight.sum(-1, keepdim=True)
-        want = {"sink_mass": mass, "sink_first": first, "sink_dominant": dominant.double(),
-                "sink_prior_adv": (weight * prior_adv).sum(-1),
-                "sink_loglik_adv": (weight * lik_adv).sum(-1)}
+        want = {
+            "sink_mass": mass,
+            "sink_first": first,
+            "sink_dominant": dominant.double(),
+            "sink_prior_adv": (weight * prior_adv).sum(-1),
+            "sink_loglik_adv": (weight * lik_adv).sum(-1),
+        }
         for name, value in want.items():
-            torch.testing.assert_close(got[name].double(), value.mean(0), rtol=1e-4, atol=1e-5,
-                                       msg=name)
+            torch.testing.assert_close(
+                got[name].double(), value.mean(0), rtol=1e-4, atol=1e-5, msg=name
+            )
 
 
 # ------------------------------------------------------------------ copy suppression, sinks
 def _scores(**given):
     """One head's scores: nothing clears its control unless ``given``."""
-    base = dict(prev_pattern=0.0, prev_circuit=0.0, dup_pattern=0.0, qk_positivity=0.0,
-                ind_pattern=0.0, ind_kcomp=float("nan"), ov_copying=0.0, neg_ov_copying=0.0,
-                suppression_qk=float("nan"), sink_mass=0.0, sink_first=0.0, sink_dominant=0.0,
-                sink_prior_adv=0.0, sink_loglik_adv=0.0, local_mass=0.0)
+    base = dict(
+        prev_pattern=0.0,
+        prev_circuit=0.0,
+        dup_pattern=0.0,
+        qk_positivity=0.0,
+        ind_pattern=0.0,
+        ind_kcomp=float("nan"),
+        ov_copying=0.0,
+        neg_ov_copying=0.0,
+        suppression_qk=float("nan"),
+        sink_mass=0.0,
+        sink_first=0.0,
+        sink_dominant=0.0,
+        sink_prior_adv=0.0,
+        sink_loglik_adv=0.0,
+        local_mass=0.0,
+    )
     return {**base, **given}
 
 
@@ -284,7 +316,9 @@ def test_planted_copy_suppression_head():
     gen = torch.Generator().manual_seed(0)
     d_head, vocab = model.cfg.d_head, model.cfg.d_vocab
     embed = torch.zeros(vocab, model.cfg.d_model)
-    embed[:, :d_head] = torch.nn.functional.normalize(torch.randn(vocab, d_head, generator=gen), dim=-1)
+    embed[:, :d_head] = torch.nn.functional.normalize(
+        torch.randn(vocab, d_head, generator=gen), dim=-1
+    )
     eye = torch.zeros(model.cfg.d_model, d_head)
     eye[:d_head] = torch.eye(d_head)
     with torch.no_grad():
@@ -301,8 +335,10 @@ def test_planted_copy_suppression_head():
 
 
 # ------------------------------------------------------------------ the real encoder
-MINILM_PROMPTS = ["The cat sat on the mat because it was warm.",
-                  "Paris is the capital of France, and Berlin is the capital of Germany."]
+MINILM_PROMPTS = [
+    "The cat sat on the mat because it was warm.",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+]
 
 
 def test_minilm_cls_heads_are_likelihood_driven_sinks():
@@ -349,5 +385,7 @@ def test_hugging_face_bridge_falls_back_to_repeating_the_input():
     adapter = adapter_for("gpt2")
     res = atlas.compute(adapter, n_seq=2, seq_len=6)
     frame = res.to_dataframe()
-    assert np.isfinite(frame[["delta_loss", "delta_loss_prior", "delta_loss_likelihood"]]).all().all()
+    assert (
+        np.isfinite(frame[["delta_loss", "delta_loss_prior", "delta_loss_likelihood"]]).all().all()
+    )
     assert any("re-runs the whole model" in note for note in res.notes)

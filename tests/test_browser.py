@@ -14,15 +14,28 @@ from tl_dynamics import report, testing, viz
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason="Debian chromium is not installed (apt-get install chromium; "
-                              ".ci/run installs it)"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM),
+        reason="Debian chromium is not installed (apt-get install chromium; .ci/run installs it)",
+    ),
 ]
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright-python not installed")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync"]
-HOSTILE = ["<img src=x onerror=\"document.title='PWNED'\">", "</script><script>alert(1)</script>",
-           "<BOS>", "a & b"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
+HOSTILE = [
+    "<img src=x onerror=\"document.title='PWNED'\">",
+    "</script><script>alert(1)</script>",
+    "<BOS>",
+    "a & b",
+]
 WIDTH = 1280
 
 VIEWS = "[...document.querySelectorAll('.tld-view')]"
@@ -88,18 +101,29 @@ def test_every_component_draws_and_hostile_tokens_stay_text(browser, tmp_path):
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
     page = viz.Page("hostile <title>")
-    page.add_section("all components", [
-        viz.attention_heads(np.tril(np.ones((2, 4, 4))) / 4, HOSTILE, ["<b>h0</b>", "h1"]),
-        viz.attention_pattern(HOSTILE, np.tril(np.ones((4, 4))) / 4),
-        viz.colored_tokens(HOSTILE, [0.0, 1.0, -1.0, 0.5]),
-        viz.colored_tokens_multi(HOSTILE, np.ones((4, 2)), ["<i>lab</i>", "y"]),
-        viz.text_neuron_activations(HOSTILE, np.ones((4, 2, 3)), "<Layer>", "<Neuron>",
-                                    ["<L0>", "L1"], ["n0", "n1", "<n2>"]),
-        viz.topk_tokens([HOSTILE], [np.arange(24.0).reshape(2, 4, 3)], sample_labels=["<s0>"]),
-        viz.heatmap(np.arange(6.0).reshape(2, 3) - 2, HOSTILE[:2], HOSTILE[1:], title="<h>"),
-        viz.figure(fig, caption="a plot"),
-        viz.table(__import__("pandas").DataFrame({"token": HOSTILE, "v": [1.0, 2.0, 3.0, 4.0]})),
-    ])
+    page.add_section(
+        "all components",
+        [
+            viz.attention_heads(np.tril(np.ones((2, 4, 4))) / 4, HOSTILE, ["<b>h0</b>", "h1"]),
+            viz.attention_pattern(HOSTILE, np.tril(np.ones((4, 4))) / 4),
+            viz.colored_tokens(HOSTILE, [0.0, 1.0, -1.0, 0.5]),
+            viz.colored_tokens_multi(HOSTILE, np.ones((4, 2)), ["<i>lab</i>", "y"]),
+            viz.text_neuron_activations(
+                HOSTILE,
+                np.ones((4, 2, 3)),
+                "<Layer>",
+                "<Neuron>",
+                ["<L0>", "L1"],
+                ["n0", "n1", "<n2>"],
+            ),
+            viz.topk_tokens([HOSTILE], [np.arange(24.0).reshape(2, 4, 3)], sample_labels=["<s0>"]),
+            viz.heatmap(np.arange(6.0).reshape(2, 3) - 2, HOSTILE[:2], HOSTILE[1:], title="<h>"),
+            viz.figure(fig, caption="a plot"),
+            viz.table(
+                __import__("pandas").DataFrame({"token": HOSTILE, "v": [1.0, 2.0, 3.0, 4.0]})
+            ),
+        ],
+    )
     path = page.write(tmp_path / "hostile.html")
     tab, events = open_page(browser, path)
     info = tab.evaluate(PROBE)
@@ -113,15 +137,22 @@ def test_every_component_draws_and_hostile_tokens_stay_text(browser, tmp_path):
     assert pattern["painted"] and min(pattern["painted"]) > 0 and min(heat["painted"]) > 0
     assert info["views"][2]["coloredTokens"] >= 1
     for needle in ("<BOS>", "a\u00a0&\u00a0b", "</script><script>alert(1)</script>"):
-        assert needle in info["text"].replace(" ", "\u00a0") or needle.replace("\u00a0", " ") in info["text"]
+        assert (
+            needle in info["text"].replace(" ", "\u00a0")
+            or needle.replace("\u00a0", " ") in info["text"]
+        )
     assert info["figures"] and info["figures"][0] > 0
     for label in ("<Layer>", "<Neuron>", "<L0>", "<i>lab</i>", "<b>h0</b>", "<h>"):  # as written
         assert label in info["text"], label
 
 
 def test_report_page_renders_offline(browser, tmp_path):
-    path = report.write_report(tmp_path / "report.html", testing.cached_model("gpt2"),
-                               "x = 1\ny = <BOS> & x\n\n", label="tiny <model>")
+    path = report.write_report(
+        tmp_path / "report.html",
+        testing.cached_model("gpt2"),
+        "x = 1\ny = <BOS> & x\n\n",
+        label="tiny <model>",
+    )
     tab, events = open_page(browser, path)
     info = tab.evaluate(PROBE)
     overlaps = tab.evaluate(OVERLAPS)
@@ -145,8 +176,15 @@ def gpt2_small_page(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("gpt2_small")
     tok = testing.tokenizer()
-    cfg = transformers.GPT2Config(vocab_size=len(tok), n_positions=512, n_layer=12, n_head=12,
-                                  n_embd=768, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        vocab_size=len(tok),
+        n_positions=512,
+        n_layer=12,
+        n_head=12,
+        n_embd=768,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(root / "model")
     tok.save_pretrained(root / "model")

@@ -44,8 +44,13 @@ def _offset_errors(adapter):
         for delta in OFFSETS if rotary else (0,):
             i = torch.arange(n - delta)
             for head in range(adapter.n_heads):
-                c = circuits.qk_circuit(adapter, layer, head, offset=delta if rotary else None,
-                                        inputs=(x[i + delta], x[i]))
+                c = circuits.qk_circuit(
+                    adapter,
+                    layer,
+                    head,
+                    offset=delta if rotary else None,
+                    inputs=(x[i + delta], x[i]),
+                )
                 mine = c.dense().diagonal()
                 if bias is not None:
                     mine = mine + bias[head, i + delta, i]
@@ -57,7 +62,9 @@ def _offset_errors(adapter):
     return worst
 
 
-@pytest.mark.parametrize("arch,compat", MATRIX, ids=[f"{a}-{'compat' if c else 'raw'}" for a, c in MATRIX])
+@pytest.mark.parametrize(
+    "arch,compat", MATRIX, ids=[f"{a}-{'compat' if c else 'raw'}" for a, c in MATRIX]
+)
 def test_qk_circuit_at_offset_equals_the_models_own_score(arch, compat):
     adapter = adapter_for(arch, compat)
     err = _offset_errors(adapter)
@@ -115,8 +122,14 @@ def test_factored_circuits_equal_dense_products():
     P = adapter.W_pos
     pos = _build.positional_qk_circuit(adapter, 0, 1, biases=False)
     assert pos.kind == "positional QK" and pos.shape == (adapter.n_ctx, adapter.n_ctx)
-    assert torch.allclose(pos.dense(), adapter.specs[0].scale * (P @ adapter.W_Q(0)[1]) @ (P @ adapter.W_K(0)[1]).T, atol=1e-5)
-    assert torch.allclose(ov.entries([3, 7], [1, 2, 5]), ov.dense()[[3, 7]][:, [1, 2, 5]], atol=1e-6)
+    assert torch.allclose(
+        pos.dense(),
+        adapter.specs[0].scale * (P @ adapter.W_Q(0)[1]) @ (P @ adapter.W_K(0)[1]).T,
+        atol=1e-5,
+    )
+    assert torch.allclose(
+        ov.entries([3, 7], [1, 2, 5]), ov.dense()[[3, 7]][:, [1, 2, 5]], atol=1e-6
+    )
 
 
 def test_grouped_key_heads_are_mapped_to_their_query_heads():
@@ -131,7 +144,11 @@ def test_chunked_topk_equals_dense_topk(largest):
     circuit = circuits.ov_circuit(adapter_for("gpt2"), 1, 3)
     dense = circuit.dense()
     rows = torch.tensor([0, 5, 17, 300, 511])
-    for chunk in (circuit.shape[1], 3 * circuit.shape[1] + 7, _topk.CHUNK_ELEMENTS):  # 1 row, 3 rows, all
+    for chunk in (
+        circuit.shape[1],
+        3 * circuit.shape[1] + 7,
+        _topk.CHUNK_ELEMENTS,
+    ):  # 1 row, 3 rows, all
         v, i, ids = _topk.topk_rows(circuit.matrix, 10, None, largest, chunk_elements=chunk)
         dv, di = dense.topk(10, dim=1, largest=largest)
         assert torch.allclose(v, dv, atol=1e-6)
@@ -140,7 +157,9 @@ def test_chunked_topk_equals_dense_topk(largest):
     sub = circuit.topk(4, rows=rows)
     assert torch.equal(sub.rows, rows)
     assert torch.allclose(sub.values, dense[rows].topk(4, dim=1).values, atol=1e-6)
-    assert torch.allclose(sub.bottom_values, dense[rows].topk(4, dim=1, largest=False).values, atol=1e-6)
+    assert torch.allclose(
+        sub.bottom_values, dense[rows].topk(4, dim=1, largest=False).values, atol=1e-6
+    )
 
 
 def test_own_best_fraction_equals_dense_argmax():
@@ -172,9 +191,13 @@ def test_copying_and_positivity_scores_equal_dense_eigenvalues(arch):
             assert copying.score(layer, head) == pytest.approx(ov.positivity(), abs=ROUTE_TOL)
     for layer, head in [(0, 1), (1, 3)]:  # dense 512 x 512 spectra are slow: two heads
         ov = circuits.ov_circuit(adapter, layer, head)
-        assert copying.score(layer, head) == pytest.approx(_dense_positivity(ov.dense(), adapter.d_head), abs=ROUTE_TOL)
+        assert copying.score(layer, head) == pytest.approx(
+            _dense_positivity(ov.dense(), adapter.d_head), abs=ROUTE_TOL
+        )
         c = circuits.qk_circuit(adapter, layer, head, offset=delta)
-        assert qk.score(layer, head) == pytest.approx(_dense_positivity(c.dense(), adapter.d_head), abs=ROUTE_TOL)
+        assert qk.score(layer, head) == pytest.approx(
+            _dense_positivity(c.dense(), adapter.d_head), abs=ROUTE_TOL
+        )
     assert qk.offset == delta
     assert set(copying.to_dataframe().columns) >= {"layer", "head", "score", "trace", "abs_sum"}
 
@@ -206,7 +229,9 @@ def test_composition_scores_match_a_direct_frobenius_computation(arch):
                     ov2 = adapter.W_V(l2)[h2] @ adapter.W_O(l2)[h2]
                     for kind, m in zip("QKV", (qk2, qk2.T, ov2)):
                         direct = (ov1 @ m).norm() / (ov1.norm() * m.norm())
-                        assert float(comp.of(kind)[l1, h1, l2, h2]) == pytest.approx(float(direct), rel=ROUTE_TOL)
+                        assert float(comp.of(kind)[l1, h1, l2, h2]) == pytest.approx(
+                            float(direct), rel=ROUTE_TOL
+                        )
 
 
 def test_baseline_is_reproducible_and_matches_direct_random_products():
@@ -245,7 +270,10 @@ def test_composition_result_says_when_it_cannot_tell_composition_from_chance():
     assert "this score cannot tell" in text and "from chance" in text
     frame = comp.to_dataframe()
     assert len(frame) == 16 and set(frame["kind"]) == {"K"}
-    assert torch.allclose(torch.tensor(frame["excess"].values), torch.tensor(frame["score"].values) - comp.baseline_mean)
+    assert torch.allclose(
+        torch.tensor(frame["excess"].values),
+        torch.tensor(frame["score"].values) - comp.baseline_mean,
+    )
     assert frame["beyond_chance"].tolist() == (frame["z"] > comp.z).tolist()
 
 
@@ -261,12 +289,16 @@ def test_token_composition_circuits_equal_their_definition():
     assert torch.allclose(kc.dense(), q @ k.T, atol=1e-4)
     qc = _virtual.composition_circuit(adapter, "Q", (1, 2), via)
     q_moved = s * (moved @ adapter.W_Q(1)[2] + adapter.b_Q(1)[2])
-    assert torch.allclose(qc.dense(), q_moved @ (E @ adapter.W_K(1)[2] + adapter.b_K(1)[2]).T, atol=1e-4)
+    assert torch.allclose(
+        qc.dense(), q_moved @ (E @ adapter.W_K(1)[2] + adapter.b_K(1)[2]).T, atol=1e-4
+    )
     vc = _virtual.composition_circuit(adapter, "V", (1, 2), via)
     v2 = moved @ adapter.W_V(1)[2] + adapter.b_V(1)[2]
     assert torch.allclose(vc.dense(), v2 @ adapter.W_O(1)[2] @ adapter.W_U, atol=1e-4)
     tc = circuits.token_composition(adapter, "K", (1, 2), via)
-    assert tc.fraction == pytest.approx(float((kc.dense().argmax(1) == torch.arange(E.shape[0])).float().mean()))
+    assert tc.fraction == pytest.approx(
+        float((kc.dense().argmax(1) == torch.arange(E.shape[0])).float().mean())
+    )
     assert tc.chance == pytest.approx(1 / E.shape[0]) and kc.via == tuple(via)
     assert list(tc.to_dataframe().columns) == ["token", "token_label", "best", "best_label", "own"]
 
@@ -279,11 +311,15 @@ def test_prompt_circuit_entries_are_the_circuit_at_each_offset():
     for i in (0, 3, len(ids) - 1):
         for j in range(i + 1):
             c = circuits.qk_circuit(adapter, 1, 2, offset=i - j)
-            assert float(pc.qk[i, j]) == pytest.approx(float(c.entries([ids[i]], [ids[j]])), abs=1e-5)
+            assert float(pc.qk[i, j]) == pytest.approx(
+                float(c.entries([ids[i]], [ids[j]])), abs=1e-5
+            )
     ov = circuits.ov_circuit(adapter, 1, 2).entries(ids, ids)
     assert torch.allclose(pc.ov, ov, atol=1e-5)
     no_pos = circuits.prompt_circuit(adapter, batch, 1, 2, positions=False)
-    assert torch.allclose(no_pos.qk, circuits.qk_circuit(adapter, 1, 2).entries(ids, ids), atol=1e-5)
+    assert torch.allclose(
+        no_pos.qk, circuits.qk_circuit(adapter, 1, 2).entries(ids, ids), atol=1e-5
+    )
     assert torch.equal(pc.allowed, torch.ones(len(ids), len(ids)).tril().bool())
     assert torch.allclose(pc.pattern().sum(-1), torch.ones(len(ids)))
     assert pc.to_dataframe().shape == (len(ids) ** 2, 7)
@@ -295,9 +331,13 @@ def test_offset_summary_equals_dense_statistics():
     for n, delta in enumerate(summary.offsets):
         dense = circuits.qk_circuit(adapter, 1, 0, offset=delta).dense()
         assert float(summary.mean[n]) == pytest.approx(float(dense.mean()), abs=1e-6)
-        assert float(summary.same_token[n]) == pytest.approx(float(dense.diagonal().mean()), abs=1e-6)
+        assert float(summary.same_token[n]) == pytest.approx(
+            float(dense.diagonal().mean()), abs=1e-6
+        )
         assert float(summary.frobenius[n]) == pytest.approx(float(dense.norm()), rel=ROUTE_TOL)
-        assert float(summary.positivity[n]) == pytest.approx(_dense_positivity(dense, adapter.d_head), abs=ROUTE_TOL)
+        assert float(summary.positivity[n]) == pytest.approx(
+            _dense_positivity(dense, adapter.d_head), abs=ROUTE_TOL
+        )
     assert list(summary.to_dataframe()["offset"]) == [0, 2, 9]
 
 
@@ -311,13 +351,20 @@ def test_views_and_tables():
     shown = readout.show()
     assert isinstance(shown, viz.Component) and shown.name == "TopkTokens"
     assert len(shown.props["sampleLabels"]) == 3
-    for result in (circuits.copying_scores(adapter), circuits.composition_scores(adapter, n_samples=10),
-                   circuits.prompt_circuit(adapter, "a = b", 1, 0)):
+    for result in (
+        circuits.copying_scores(adapter),
+        circuits.composition_scores(adapter, n_samples=10),
+        circuits.prompt_circuit(adapter, "a = b", 1, 0),
+    ):
         assert isinstance(result.show(), (viz.Component, viz.Group))
     overview = circuits.compute(adapter, "x = 1", n_samples=10)
     assert list(overview.to_dataframe().columns) == ["layer", "head", "ov_copying", "qk_positivity"]
-    assert set(overview.prompt) == {(layer, head) for layer in range(2) for head in range(adapter.n_heads)}
-    assert overview.shown_prompt_heads() == [(layer, overview.copying.best(layer)) for layer in range(2)]
+    assert set(overview.prompt) == {
+        (layer, head) for layer in range(2) for head in range(adapter.n_heads)
+    }
+    assert overview.shown_prompt_heads() == [
+        (layer, overview.copying.best(layer)) for layer in range(2)
+    ]
     assert isinstance(overview.show(), viz.Group)
 
 
@@ -329,12 +376,16 @@ def test_compute_follows_the_analysis_contract_for_layers_and_heads():
     assert overview.shown_prompt_heads() == [(0, 2), (1, 2)]
     one = circuits.compute(adapter.model, testing.PROMPTS[0], layers=1, heads=[0, 3], n_samples=10)
     assert set(one.prompt) == {(1, 0), (1, 3)} and one.copying.layers == (1,)
-    assert torch.equal(one.prompt[(1, 3)].qk, circuits.prompt_circuit(adapter, testing.PROMPTS[0], 1, 3).qk)
+    assert torch.equal(
+        one.prompt[(1, 3)].qk, circuits.prompt_circuit(adapter, testing.PROMPTS[0], 1, 3).qk
+    )
     assert torch.equal(one.copying.scores[0], overview.copying.scores[1])
     assert circuits.compute(adapter, layers=0, n_samples=10).prompt == {}  # weight-only: no prompt
-    for kwargs, message in [(dict(heads=[(0, 1)]), r"head must be an integer index.*got \(0, 1\)"),
-                            (dict(layers=5), "layer 5 is out of range"),
-                            (dict(heads=9), "head 9 is out of range")]:
+    for kwargs, message in [
+        (dict(heads=[(0, 1)]), r"head must be an integer index.*got \(0, 1\)"),
+        (dict(layers=5), "layer 5 is out of range"),
+        (dict(heads=9), "head 9 is out of range"),
+    ]:
         with pytest.raises(TLDynamicsError, match=message):
             circuits.compute(adapter, "x", n_samples=10, **kwargs)
     with pytest.raises(TLDynamicsError, match="takes one prompt"):
@@ -352,21 +403,51 @@ def test_report_section_is_self_contained():
 
 
 # ------------------------------------------------------------------ errors
-@pytest.mark.parametrize("call,message", [
-    (lambda a: circuits.qk_circuit(a, 2, 0), "layer 2 is out of range: this model has 2 layers (valid: 0..1)"),
-    (lambda a: circuits.ov_circuit(a, 0, 4), "head 4 in layer 0 is out of range"),
-    (lambda a: circuits.qk_circuit(a, 0, 0, offset=2), "offset=2 applies only to rotary layers"),
-    (lambda a: circuits.qk_circuit(a, 0, 0, inputs="words"), "inputs='words' is not valid"),
-    (lambda a: circuits.qk_circuit(a, 0, 0, inputs=torch.zeros(3, 5)), "query inputs must be a float [n, d_model=64] tensor"),
-    (lambda a: circuits.ov_circuit(a, 0, 0).topk(0), "k=0 is not a valid number of columns to keep: valid is 1..512"),
-    (lambda a: circuits.ov_circuit(a, 0, 0).topk(3, rows=[600]), "row indices [600] are out of range (valid: 0..511)"),
-    (lambda a: circuits.composition_scores(a, kinds=("X",)), "composition kinds ['X'] are not valid; valid: ['Q', 'K', 'V']"),
-    (lambda a: circuits.composition_scores(a, n_samples=1), "the baseline needs at least 2 samples"),
-    (lambda a: circuits.token_composition(a, "K", (0, 1), [(0, 2)]), "earlier head L0H2 is not before the later head's layer 0"),
-    (lambda a: circuits.token_composition(a, "X", (1, 1), [(0, 2)]), "path 'X' is not valid; valid: ['K', 'Q', 'V']"),
-    (lambda a: circuits.offset_summary(a, 0, 0), "offset_summary needs a rotary layer"),
-    (lambda a: circuits.copying_scores(a).score(5, 0), "layer 5 was not scored"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda a: circuits.qk_circuit(a, 2, 0),
+            "layer 2 is out of range: this model has 2 layers (valid: 0..1)",
+        ),
+        (lambda a: circuits.ov_circuit(a, 0, 4), "head 4 in layer 0 is out of range"),
+        (
+            lambda a: circuits.qk_circuit(a, 0, 0, offset=2),
+            "offset=2 applies only to rotary layers",
+        ),
+        (lambda a: circuits.qk_circuit(a, 0, 0, inputs="words"), "inputs='words' is not valid"),
+        (
+            lambda a: circuits.qk_circuit(a, 0, 0, inputs=torch.zeros(3, 5)),
+            "query inputs must be a float [n, d_model=64] tensor",
+        ),
+        (
+            lambda a: circuits.ov_circuit(a, 0, 0).topk(0),
+            "k=0 is not a valid number of columns to keep: valid is 1..512",
+        ),
+        (
+            lambda a: circuits.ov_circuit(a, 0, 0).topk(3, rows=[600]),
+            "row indices [600] are out of range (valid: 0..511)",
+        ),
+        (
+            lambda a: circuits.composition_scores(a, kinds=("X",)),
+            "composition kinds ['X'] are not valid; valid: ['Q', 'K', 'V']",
+        ),
+        (
+            lambda a: circuits.composition_scores(a, n_samples=1),
+            "the baseline needs at least 2 samples",
+        ),
+        (
+            lambda a: circuits.token_composition(a, "K", (0, 1), [(0, 2)]),
+            "earlier head L0H2 is not before the later head's layer 0",
+        ),
+        (
+            lambda a: circuits.token_composition(a, "X", (1, 1), [(0, 2)]),
+            "path 'X' is not valid; valid: ['K', 'Q', 'V']",
+        ),
+        (lambda a: circuits.offset_summary(a, 0, 0), "offset_summary needs a rotary layer"),
+        (lambda a: circuits.copying_scores(a).score(5, 0), "layer 5 was not scored"),
+    ],
+)
 def test_errors_name_what_was_asked_and_what_is_valid(call, message):
     with pytest.raises(TLDynamicsError) as err:
         call(adapter_for("gpt2"))
@@ -413,9 +494,11 @@ def test_induction_head_copies_and_its_k_circuit_matches_the_previous_token():
     adapter = _induction_model()
     prev, induction = _heads_by_behaviour(adapter)
     heads = [h for h in range(adapter.n_heads) if induction[h] > 0.5]
-    assert heads, (f"no layer-1 head of the shipped induction-2l attends to the token after the earlier "
-                   f"copy (induction scores {induction.tolist()}): there is no induction head to check "
-                   "the circuits against")
+    assert heads, (
+        f"no layer-1 head of the shipped induction-2l attends to the token after the earlier "
+        f"copy (induction scores {induction.tolist()}): there is no induction head to check "
+        "the circuits against"
+    )
     copying = circuits.copying_scores(adapter)
     # The shipped model has several induction heads (see its card): the best copier of layer 1
     # is one of them, and each of them copies.
@@ -438,10 +521,14 @@ def test_k_circuit_of_an_untrained_induction_model_is_at_chance(tmp_path):
     from tl_dynamics.zoo.train import INDUCTION_CFG, save_folder
 
     torch.manual_seed(0)
-    save_folder(tmp_path, TorchTransformer(INDUCTION_CFG), INDUCTION_CFG, _data.induction_tokenizer())
+    save_folder(
+        tmp_path, TorchTransformer(INDUCTION_CFG), INDUCTION_CFG, _data.induction_tokenizer()
+    )
     adapter = ModelAdapter(load_folder(tmp_path, "induction-2l", default_host("induction-2l")))
     symbols = torch.arange(2, adapter.W_E.shape[0])
     earlier = [(0, h) for h in range(adapter.n_heads)]
-    fractions = [circuits.token_composition(adapter, "K", (1, h), earlier, rows=symbols).fraction
-                 for h in range(adapter.n_heads)]
+    fractions = [
+        circuits.token_composition(adapter, "K", (1, h), earlier, rows=symbols).fraction
+        for h in range(adapter.n_heads)
+    ]
     assert max(fractions) < 0.2, fractions

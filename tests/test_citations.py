@@ -28,14 +28,17 @@ def test_math_sections_are_the_text_of_docs_math_md():
     assert docs.source() == MATH and docs.math() == text  # a checkout reads the file itself
     part = docs.math("2.3")
     start = text.index("### 2.3 Sink statistics")
-    assert part == text[start:text.index("### 2.4 ")].rstrip() + "\n"
+    assert part == text[start : text.index("### 2.4 ")].rstrip() + "\n"
     assert docs.math("§2.3") == docs.math(" 2.3 ") == part
     whole = docs.math(2)
     assert whole.startswith("## 2. The odds-ratio split") and "### 2.5 " in whole
     assert "## 3. " not in whole
     assert part._repr_markdown_() == str(part)  # a notebook renders it as markdown
-    with pytest.raises(TLDynamicsError, match=r"docs/math.md has no §9; valid: 1, 2, 3, 4, 5, "
-                                              r"6, 7 and their numbered subsections, e\.g\. '2\.3'"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"docs/math.md has no §9; valid: 1, 2, 3, 4, 5, "
+        r"6, 7 and their numbered subsections, e\.g\. '2\.3'",
+    ):
         docs.math("9")
 
 
@@ -47,11 +50,28 @@ def test_the_wheel_carries_docs_math_md_byte_for_byte(tmp_path):
         shutil.copy(ROOT / name, src / name if src.exists() else (src.mkdir() or src / name))
     (src / "docs").mkdir()
     shutil.copy(MATH, src / "docs" / "math.md")
-    shutil.copytree(ROOT / "tl_dynamics", src / "tl_dynamics",
-                    ignore=shutil.ignore_patterns("__pycache__", "math.md"))
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                           "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
-                          capture_output=True, text=True, timeout=300)
+    shutil.copytree(
+        ROOT / "tl_dynamics",
+        src / "tl_dynamics",
+        ignore=shutil.ignore_patterns("__pycache__", "math.md"),
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
@@ -60,23 +80,37 @@ def test_the_wheel_carries_docs_math_md_byte_for_byte(tmp_path):
 
 
 def test_markdown_renders_escaped_with_the_constructs_math_md_uses():
-    html = _cite.markdown_html("A **bold** `x<y*` and *it*.\n\n    r_ij = c <q, k>\n\n- one\n  more\n- two")
-    assert html == ("<p>A <b>bold</b> <code>x&lt;y*</code> and <i>it</i>.</p>\n"
-                    "<pre>r_ij = c &lt;q, k&gt;</pre>\n<ul><li>one more</li><li>two</li></ul>")
+    html = _cite.markdown_html(
+        "A **bold** `x<y*` and *it*.\n\n    r_ij = c <q, k>\n\n- one\n  more\n- two"
+    )
+    assert html == (
+        "<p>A <b>bold</b> <code>x&lt;y*</code> and <i>it</i>.</p>\n"
+        "<pre>r_ij = c &lt;q, k&gt;</pre>\n<ul><li>one more</li><li>two</li></ul>"
+    )
 
 
 def unlinked(html):
     """Known "§N" left as plain text (outside scripts, SVG and section headings)."""
     text = LINK.sub("", BLOCKS.sub("", html))
     known = set(docs.sections())
-    return [m.group(0) for m in docs.CITATION.finditer(re.sub(r"<[^>]*>", "", text))
-            if m.group(1) in known]
+    return [
+        m.group(0)
+        for m in docs.CITATION.finditer(re.sub(r"<[^>]*>", "", text))
+        if m.group(1) in known
+    ]
 
 
 def test_a_page_links_every_citation_to_the_sections_it_carries():
     page = viz.Page("cites")
-    page.add_section("A", [viz.text("the split (docs/math.md §2.1, §2.2) and §99"),
-                           viz.line_plot(["a"], {"§3": [1.0]})], intro="x", math="docs/math.md §4")
+    page.add_section(
+        "A",
+        [
+            viz.text("the split (docs/math.md §2.1, §2.2) and §99"),
+            viz.line_plot(["a"], {"§3": [1.0]}),
+        ],
+        intro="x",
+        math="docs/math.md §4",
+    )
     html = page.to_html()
     links = LINK.findall(html)
     assert {n for _, n in links} >= {"2.1", "2.2", "4"} and unlinked(html) == []
@@ -93,8 +127,12 @@ def test_a_page_links_every_citation_to_the_sections_it_carries():
     assert '<details class="tld-math" id="math-2-1"><summary>docs/math.md §2.1 The split' in html
     assert "open" not in re.search(r"<details[^>]*>", html).group(0)  # collapsed
     assert "file://" not in html and 'href="#tld-maths-cited"' in html  # in the contents
-    assert viz.Page("none", sections=[_page.Section("A", [viz.text("no cites")])]).to_html().count(
-        'class="tld-math"') == 0
+    assert (
+        viz.Page("none", sections=[_page.Section("A", [viz.text("no cites")])])
+        .to_html()
+        .count('class="tld-math"')
+        == 0
+    )
 
 
 def test_the_report_carries_what_it_cites():
@@ -105,16 +143,20 @@ def test_the_report_carries_what_it_cites():
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not os.path.exists(shutil.which("chromium") or "/usr/bin/chromium"),
-                    reason="Debian chromium not installed")
+@pytest.mark.skipif(
+    not os.path.exists(shutil.which("chromium") or "/usr/bin/chromium"),
+    reason="Debian chromium not installed",
+)
 def test_following_a_citation_opens_its_section_in_the_browser(tmp_path):
     sync = pytest.importorskip("playwright.sync_api")
     page = viz.Page("cites")
     page.add_section("A", [viz.text("see docs/math.md §2.3; §4 and §4.2")])
     path = page.write(tmp_path / "p.html")
     with sync.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
-                                    args=["--headless", "--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(
+            executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+            args=["--headless", "--no-sandbox", "--disable-gpu"],
+        )
         tab = browser.new_page()
         errors, requests = [], []
         tab.on("pageerror", lambda e: errors.append(str(e)))

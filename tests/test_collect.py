@@ -33,23 +33,33 @@ def gpt2_shape(n_head: int) -> ModelAdapter:
     folder = tempfile.mkdtemp(prefix=f"tld_collect_h{n_head}_")
     torch.manual_seed(0)
     tok = testing.tokenizer()
-    config = transformers.GPT2Config(n_layer=N_LAYERS, n_head=n_head, n_embd=64, n_positions=256,
-                                     vocab_size=len(tok), bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=N_LAYERS,
+        n_head=n_head,
+        n_embd=64,
+        n_positions=256,
+        vocab_size=len(tok),
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
     tok.save_pretrained(folder)
     return ModelAdapter(testing.bridge_class().boot_transformers(folder).eval())
 
 
 def attached(adapter: ModelAdapter, tokens: torch.Tensor, which: tuple[str, ...]):
-    makers = {"odds_ratio": lambda: odds_ratio.attach(adapter),
-              "contextual_mlp": lambda: contextual_mlp.attach(adapter),
-              "trajectories": lambda: trajectories.attach(adapter, lens=False)}
+    makers = {
+        "odds_ratio": lambda: odds_ratio.attach(adapter),
+        "contextual_mlp": lambda: contextual_mlp.attach(adapter),
+        "trajectories": lambda: trajectories.attach(adapter, lens=False),
+    }
 
     def run():
         with ExitStack() as stack:
             collectors = [stack.enter_context(makers[w]()) for w in which]
             adapter.model(tokens)
         return [c.result() for c in collectors]
+
     return run
 
 
@@ -75,8 +85,10 @@ def test_all_three_add_at_most_the_forwards_own_ops_per_layer_and_stay_flat():
         adapter = gpt2_shape(n_head)
         tokens = torch.randint(1, 500, (batch, n_pos), generator=torch.Generator().manual_seed(0))
         forward, extra, syncs = per_layer(adapter, tokens, ALL)
-        assert extra <= forward, (f"{n_head} heads, {batch} x {n_pos}: the analyses add {extra:.1f} "
-                                  f"ops per layer, the forward itself runs {forward:.1f}")
+        assert extra <= forward, (
+            f"{n_head} heads, {batch} x {n_pos}: the analyses add {extra:.1f} "
+            f"ops per layer, the forward itself runs {forward:.1f}"
+        )
         assert syncs <= 10, f"{n_head} heads, {batch} x {n_pos}: {syncs} host syncs per forward"
         added[(n_head, batch, n_pos)] = extra
     # flat: twice the heads or four times the tokens change the launches by under 10%
@@ -86,8 +98,7 @@ def test_all_three_add_at_most_the_forwards_own_ops_per_layer_and_stay_flat():
 def test_collecting_reads_nothing_from_the_device_until_a_result_is_asked_for():
     adapter = gpt2_shape(4)
     tokens = torch.randint(1, 500, (2, 32), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), odds_ratio.attach(adapter) as odds, \
-            contextual_mlp.attach(adapter) as mlp:
+    with torch.no_grad(), odds_ratio.attach(adapter) as odds, contextual_mlp.attach(adapter) as mlp:
         adapter.model(tokens)  # warm
         with count_ops(launch_bound=True) as c:
             adapter.model(tokens)
@@ -137,8 +148,9 @@ def test_the_pass_brings_its_own_padding_mask():
         adapter.model(batch.tokens, attention_mask=batch.key_valid.long())
     direct = odds_ratio.compute(adapter, batch, keep_tensors=False)
     for key in direct.stats.sums:
-        np.testing.assert_allclose(mine.result().stats.sums[key], direct.stats.sums[key],
-                                   rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(
+            mine.result().stats.sums[key], direct.stats.sums[key], rtol=1e-6, atol=1e-9
+        )
     with trajectories.attach(adapter) as traj:
         adapter.model(batch.tokens, attention_mask=batch.key_valid.long())
     assert traj.result().stats == trajectories.compute(adapter, batch).stats
@@ -156,6 +168,7 @@ def test_a_collector_attached_twice_runs_once_and_bad_requests_fail_before_hooki
 
         def on_layer(self, state):
             pass
+
     with pytest.raises(TLDynamicsError, match="unknown residual point 'resid_nowhere'"):
         with adapter.collecting(Wrong()):
             pass
@@ -174,6 +187,7 @@ def test_attaching_reads_the_models_hook_table_a_few_times_not_per_hook(monkeypa
     def counted(model):
         reads[0] += 1
         return table.fget(model)
+
     monkeypatch.setattr(bridge, "hook_dict", property(counted))
     tokens = torch.randint(1, 500, (1, 16), generator=torch.Generator().manual_seed(0))
     attached(adapter, tokens, ALL)()  # warm: rotations read, weights cached
@@ -191,8 +205,11 @@ def test_threads_and_host_reads():
     with pytest.raises(TLDynamicsError, match="threads must be a positive integer"):
         with torch_threads(0):
             pass
-    values = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([1, 2]),
-              "c": torch.ones(2, dtype=torch.bool)}
+    values = {
+        "a": torch.arange(6.0).reshape(2, 3),
+        "b": torch.tensor([1, 2]),
+        "c": torch.ones(2, dtype=torch.bool),
+    }
     with count_ops() as c:
         out = to_host(values)
     assert c.syncs == 3  # one read per dtype, not per tensor
@@ -214,8 +231,10 @@ def test_the_cpu_and_gpu_plans_give_the_same_numbers(monkeypatch):
     runs = {}
     for plan in (False, True):
         with planned_as(launch_bound=plan), torch.no_grad():
-            runs[plan] = (odds_ratio.compute(adapter, tokens, keep_tensors=False).stats,
-                          trajectories.compute(adapter, tokens, lens=False))
+            runs[plan] = (
+                odds_ratio.compute(adapter, tokens, keep_tensors=False).stats,
+                trajectories.compute(adapter, tokens, lens=False),
+            )
     (odds_cpu, traj_cpu), (odds_gpu, traj_gpu) = runs[False], runs[True]
     for key in odds_cpu.sums:
         np.testing.assert_allclose(odds_cpu.sums[key], odds_gpu.sums[key], rtol=1e-4, atol=1e-5)

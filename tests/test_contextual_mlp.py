@@ -46,7 +46,9 @@ def assert_exact(mlps):
 
 
 # ------------------------------------------------------------------ exactness matrix
-@pytest.mark.parametrize("arch,compat", MATRIX, ids=[f"{a}-{'compat' if c else 'raw'}" for a, c in MATRIX])
+@pytest.mark.parametrize(
+    "arch,compat", MATRIX, ids=[f"{a}-{'compat' if c else 'raw'}" for a, c in MATRIX]
+)
 def test_mlp_reproduces_head_output_and_pattern(arch, compat):
     adapter = adapter_for(arch, compat)
     mlps = all_mlps(adapter)
@@ -69,7 +71,8 @@ def _random_qk_norm_gains(model, seed=3):
 
 
 QK_NORM_MODELS = [(arch, compat) for arch in sorted(QK_NORM) for compat in (False, True)] + (
-    [("qk-norm", False), ("olmo2-post-norm", False)] if testing.has_hooked_transformer() else [])
+    [("qk-norm", False), ("olmo2-post-norm", False)] if testing.has_hooked_transformer() else []
+)
 
 
 @pytest.mark.parametrize("arch,compat", QK_NORM_MODELS)
@@ -83,14 +86,21 @@ def test_qk_norm_mlp_acts_on_the_models_normalised_query(arch, compat):
     assert mlp.input_space == "query" and mlp.neurons(3).b.shape == (4, adapter.d_head)
     for pos in (0, 3, mlp.n_pos - 1):
         n = mlp.neurons(pos)
-        naive_out, naive_h = _core.naive_mlp(mlp.queries(mlp.x[pos][None])[0], n.a, n.b, n.c, mlp.softcap)
+        naive_out, naive_h = _core.naive_mlp(
+            mlp.queries(mlp.x[pos][None])[0], n.a, n.b, n.c, mlp.softcap
+        )
         assert torch.allclose(mlp.evaluate(mlp.x[pos], pos).outputs[0], naive_out, atol=ROUTE_TOL)
     norm = mlp.query_norm
-    for wrong in (None, dataclasses.replace(norm, offset=1.0 - norm.offset),
-                  dataclasses.replace(norm, weight=norm.weight.flip(0))):
+    for wrong in (
+        None,
+        dataclasses.replace(norm, offset=1.0 - norm.offset),
+        dataclasses.replace(norm, weight=norm.weight.flip(0)),
+    ):
         other = dataclasses.replace(mlp, query_norm=wrong)
-        errs = [(other.evaluate(mlp.x[p], p).outputs[0] - mlp.reference_output[p]).abs().max()
-                for p in mlp.positions]
+        errs = [
+            (other.evaluate(mlp.x[p], p).outputs[0] - mlp.reference_output[p]).abs().max()
+            for p in mlp.positions
+        ]
         assert max(errs) > 1e-3, wrong
 
 
@@ -186,7 +196,9 @@ def test_a_wrong_rotary_frame_is_refused():
     la = gpt2.attention(batch.tokens, layers=[0], inputs=True)[0]
     assert _frame.build_frames(gpt2, la, batch.key_valid)[0].style == "none"
     wrong = dataclasses.replace(la, q=la.q * 1.01)  # x W_Q + b_Q no longer the scored query
-    with pytest.raises(TLDynamicsError, match=r"could not reproduce the scored query from the layer input"):
+    with pytest.raises(
+        TLDynamicsError, match=r"could not reproduce the scored query from the layer input"
+    ):
         _frame.build_frames(gpt2, wrong, batch.key_valid)
 
 
@@ -237,7 +249,9 @@ def test_written_tokens_are_the_logit_lens_of_a_direction(arch):
     lens = adapter.logit_lens(a)
     zero = adapter.unembed(adapter.final_norm(torch.zeros(1, adapter.d_model)))
     assert torch.allclose(_readout.direction_logits(adapter, a) + zero, lens, atol=1e-4)
-    assert torch.allclose(_readout.direction_logits(adapter, 3 * a), _readout.direction_logits(adapter, a), atol=1e-4)
+    assert torch.allclose(
+        _readout.direction_logits(adapter, 3 * a), _readout.direction_logits(adapter, a), atol=1e-4
+    )
     r = mlp.written_tokens(adapter, k=4)
     assert r.top_ids.shape == (mlp.n_pos, 4)
     assert torch.equal(r.top_ids[2], _readout.direction_logits(adapter, a[2:3])[0].topk(4).indices)
@@ -324,7 +338,9 @@ def test_compute_selects_heads_in_every_layer_and_tabulates_each_destination():
             assert winner == m.winner(pos)
             assert imp == pytest.approx(float(m.importance(pos).max()), rel=1e-6)
     assert (df.output_error <= EXACT_TOL).all() and (df.pattern_error <= EXACT_TOL).all()
-    with pytest.raises(TLDynamicsError, match=r"no contextual MLP for layer 1, head 0.*\[\(0, 2\), \(1, 2\)\]"):
+    with pytest.raises(
+        TLDynamicsError, match=r"no contextual MLP for layer 1, head 0.*\[\(0, 2\), \(1, 2\)\]"
+    ):
         res[1, 0]
     with pytest.raises(TypeError):
         cm.compute(adapter, "x", 0, 2)
@@ -338,16 +354,22 @@ def test_compute_selects_heads_in_every_layer_and_tabulates_each_destination():
 def test_save_and_load_round_trip(tmp_path):
     mlp = cm.compute(adapter_for("phi"), testing.PROMPTS[0], layers=1, heads=2)[1, 2]
     back = cm.ContextualMLP.load(mlp.save(tmp_path / "mlp.safetensors"))
-    assert (back.layer, back.head, back.str_tokens, back.frame.style) == \
-        (mlp.layer, mlp.head, mlp.str_tokens, "half")
+    assert (back.layer, back.head, back.str_tokens, back.frame.style) == (
+        mlp.layer,
+        mlp.head,
+        mlp.str_tokens,
+        "half",
+    )
     assert torch.equal(back.neurons(5).b, mlp.neurons(5).b)
     for f in dataclasses.fields(mlp):  # every field, tensors bit for bit
         a, b = getattr(mlp, f.name), getattr(back, f.name)
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b or f.name == "frame"
     assert torch.equal(back.frame.positions, mlp.frame.positions)
     assert torch.equal(back.frame.rotation.inv_freq, mlp.frame.rotation.inv_freq)
-    assert back.save(tmp_path / "again.safetensors").read_bytes() == \
-        (tmp_path / "mlp.safetensors").read_bytes()
+    assert (
+        back.save(tmp_path / "again.safetensors").read_bytes()
+        == (tmp_path / "mlp.safetensors").read_bytes()
+    )
     torch.save({"something": 1}, tmp_path / "other.pt")
     with pytest.raises(TLDynamicsError, match="is not a saved ContextualMLP.*it is a pickle"):
         cm.ContextualMLP.load(tmp_path / "other.pt")
@@ -367,7 +389,7 @@ def test_a_saved_mlp_whose_header_length_starts_with_the_pickle_byte_loads(tmp_p
     with safe_open(str(path), framework="pt") as handle:
         meta = handle.metadata()
         tensors = {k: handle.get_tensor(k) for k in handle.keys()}
-    (key, text), = meta.items()
+    ((key, text),) = meta.items()
     for pad in range(256):  # JSON allows trailing spaces: pad until the low byte is 0x80
         data = st_save(tensors, metadata={key: text + " " * pad})
         if data[0] == 0x80:
@@ -411,8 +433,10 @@ def test_report_section_adds_one_section():
     assert "contextual" in page.to_html()
     qk = viz.Page("t")
     cm.report_section(qk, adapter_for("olmo2"), adapter_for("olmo2").tokenize("x = 1"))
-    assert "acting on the model&#x27;s normalised query" in qk.to_html() or \
-        "acting on the model's normalised query" in qk.to_html()
+    assert (
+        "acting on the model&#x27;s normalised query" in qk.to_html()
+        or "acting on the model's normalised query" in qk.to_html()
+    )
 
 
 # ------------------------------------------------------------------ errors
@@ -421,21 +445,34 @@ def test_bad_requests_give_clear_errors():
     mlp = cm.compute(adapter, list(testing.PROMPTS), layers=0, heads=0, row=0)[0, 0]
     n = mlp.n_pos
     cases = [
-        (lambda: cm.compute(adapter, "x", layers=5, heads=0), r"layer 5 is out of range.*valid: 0\.\.1"),
+        (
+            lambda: cm.compute(adapter, "x", layers=5, heads=0),
+            r"layer 5 is out of range.*valid: 0\.\.1",
+        ),
         (lambda: cm.compute(adapter, "x", layers=0, heads=9), r"head 9 is out of range.*0\.\.3"),
-        (lambda: cm.compute(adapter, "x", layers=0, heads=0, row=2), r"row 2 is out of range.*valid: 0\.\.0"),
+        (
+            lambda: cm.compute(adapter, "x", layers=0, heads=0, row=2),
+            r"row 2 is out of range.*valid: 0\.\.0",
+        ),
         (lambda: mlp.neurons(n), rf"position {n} is out of range.*valid: 0\.\.{n - 1}"),
         (lambda: mlp.neurons(n - 1), r"position .* is padding.*valid destinations"),
         (lambda: mlp.neurons(1.5), r"position must be an int, got 1\.5"),
-        (lambda: mlp.evaluate(torch.zeros(3, 5), 2), r"\[n, d_model\] with d_model=64, got \(3, 5\)"),
+        (
+            lambda: mlp.evaluate(torch.zeros(3, 5), 2),
+            r"\[n, d_model\] with d_model=64, got \(3, 5\)",
+        ),
         (lambda: mlp.evaluate(torch.zeros(64), 2, chunk_size=0), r"chunk_size must be >= 1"),
-        (lambda: mlp.evaluate_tokens(adapter, [10 ** 6], 2), r"token ids must be .* in 0\.\.\d+"),
-        (lambda: _readout.token_inputs(mlp, adapter, torch.tensor([1]), 2, normalise="ln"),
-         r"normalise must be 'match' or 'none', got 'ln'"),
+        (lambda: mlp.evaluate_tokens(adapter, [10**6], 2), r"token ids must be .* in 0\.\.\d+"),
+        (
+            lambda: _readout.token_inputs(mlp, adapter, torch.tensor([1]), 2, normalise="ln"),
+            r"normalise must be 'match' or 'none', got 'ln'",
+        ),
         (lambda: _growth.growth(mlp, 0), r"prompt_length must be an int in 1\.\.\d+"),
-        (lambda: _growth.generate_growth(adapter, "x", 0, 0, max_new_tokens=10 ** 4),
-         r"max_new_tokens must be in 1\.\.\d+"),
-        (lambda: mlp.written_tokens(adapter).top_tokens(10 ** 3), r"source 1000 is not a neuron"),
+        (
+            lambda: _growth.generate_growth(adapter, "x", 0, 0, max_new_tokens=10**4),
+            r"max_new_tokens must be in 1\.\.\d+",
+        ),
+        (lambda: mlp.written_tokens(adapter).top_tokens(10**3), r"source 1000 is not a neuron"),
     ]
     for call, message in cases:
         with pytest.raises(TLDynamicsError, match=message):
@@ -492,7 +529,8 @@ def test_induction_head_winner_is_the_token_after_the_earlier_copy():
     assert sum(o == 1 for o in offsets) / len(offsets) >= INDUCTION_MIN_WINNERS, (
         f"L1H{head.head}: winner minus earlier-copy position per repeated token: {offsets}; "
         f"attention to the token after the earlier copy per head: "
-        f"{[round(induction_score(m), 3) for m in mlps]}")
+        f"{[round(induction_score(m), 3) for m in mlps]}"
+    )
     floor = _float64_floor(adapter, batch, 1, head.head)
     assert head.exactness().max_output_error <= max(EXACT_TOL, FLOOR_FACTOR * floor)
 

@@ -61,8 +61,11 @@ def test_compute_and_attach_take_layers_and_heads_as_keywords(name):
             assert "heads" not in params, f"tl_dynamics.{name}.{fn} reads no heads: drop 'heads'"
         for key in keys:
             assert key in params and params[key].kind is inspect.Parameter.KEYWORD_ONLY, (
-                f"tl_dynamics.{name}.{fn} has no keyword-only parameter {key!r}: {list(params)}")
-            assert params[key].default is None, f"tl_dynamics.{name}.{fn}: {key} must default to None"
+                f"tl_dynamics.{name}.{fn} has no keyword-only parameter {key!r}: {list(params)}"
+            )
+            assert params[key].default is None, (
+                f"tl_dynamics.{name}.{fn}: {key} must default to None"
+            )
 
 
 @pytest.mark.parametrize("name", ANALYSES)
@@ -71,10 +74,12 @@ def test_results_are_frozen_and_show_and_tabulate_themselves(name, tiny):
     compute = package(name).compute
     result = compute(adapter, batch, **compute_kwargs(compute))
     assert dataclasses.is_dataclass(result) and result.__dataclass_params__.frozen, (
-        f"tl_dynamics.{name}.compute returns {type(result).__name__}, not a frozen dataclass")
+        f"tl_dynamics.{name}.compute returns {type(result).__name__}, not a frozen dataclass"
+    )
     shown = result.show()
     assert isinstance(shown, (viz.Component, viz.Group)), (
-        f"{type(result).__name__}.show() returns {type(shown).__name__}, not a viz component")
+        f"{type(result).__name__}.show() returns {type(shown).__name__}, not a viz component"
+    )
     table = result.to_dataframe()
     assert isinstance(table, pd.DataFrame) and len(table) > 0
 
@@ -153,8 +158,11 @@ def test_no_module_imports_a_private_module_or_name_of_another_package(name):
 @pytest.mark.parametrize("name", ANALYSES)
 def test_no_import_circle_inside_the_package(name):
     mine = f"tl_dynamics.{name}"
-    graph = {m: {t for t, _ in imported(m, p) if owner(t) == mine and t != m and t != mine}
-             for m, p in MODULES.items() if owner(m) == mine and m != mine}
+    graph = {
+        m: {t for t, _ in imported(m, p) if owner(t) == mine and t != m and t != mine}
+        for m, p in MODULES.items()
+        if owner(m) == mine and m != mine
+    }
 
     def reaches(start, goal, seen):
         for nxt in graph.get(start, ()):

@@ -19,8 +19,10 @@ NO_CUDA = f"torch sees no CUDA device here (torch {torch.__version__}"
 @pytest.fixture
 def no_loading(monkeypatch):
     """Fail the test if a model gets loaded: the checks must come first."""
+
     def refuse(*args, **kwargs):
         raise AssertionError(f"model {args!r} was loaded before the inputs were checked")
+
     monkeypatch.setattr(models, "resolve", refuse)
 
 
@@ -30,20 +32,30 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-COMMANDS = {"report": ["report"], "heads": ["heads"],
-            "stats": ["stats", "--prompts", "no-such-corpus.txt", "--out", "s.safetensors"]}
+COMMANDS = {
+    "report": ["report"],
+    "heads": ["heads"],
+    "stats": ["stats", "--prompts", "no-such-corpus.txt", "--out", "s.safetensors"],
+}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-@pytest.mark.parametrize("option, value, message", [
-    ("--device", "gpu", "--device 'gpu': valid are auto, cpu, cuda, cuda:N (N: a CUDA device "
-                        "index, from 0)"),
-    ("--device", "cuda:x", "--device 'cuda:x': valid are auto, cpu, cuda, cuda:N"),
-    ("--dtype", "fp8", "--dtype 'fp8': valid are auto, float32, bfloat16, float16"),
-    ("--dtype", "float64", "--dtype 'float64': valid are auto, float32, bfloat16, float16"),
-])
-def test_bad_values_are_refused_before_loading(command, option, value, message, capsys,
-                                               no_loading, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        (
+            "--device",
+            "gpu",
+            "--device 'gpu': valid are auto, cpu, cuda, cuda:N (N: a CUDA device index, from 0)",
+        ),
+        ("--device", "cuda:x", "--device 'cuda:x': valid are auto, cpu, cuda, cuda:N"),
+        ("--dtype", "fp8", "--dtype 'fp8': valid are auto, float32, bfloat16, float16"),
+        ("--dtype", "float64", "--dtype 'float64': valid are auto, float32, bfloat16, float16"),
+    ],
+)
+def test_bad_values_are_refused_before_loading(
+    command, option, value, message, capsys, no_loading, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     code, _, err = run(capsys, *COMMANDS[command], option, value)
     assert code == 2 and f"tl-dynamics: error: {message}" in err, err
@@ -52,8 +64,9 @@ def test_bad_values_are_refused_before_loading(command, option, value, message, 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("value", ["cuda", "cuda:0", "cuda:3"])
-def test_cuda_where_there_is_none_is_refused_before_loading(command, value, capsys, no_loading,
-                                                            tmp_path, monkeypatch):
+def test_cuda_where_there_is_none_is_refused_before_loading(
+    command, value, capsys, no_loading, tmp_path, monkeypatch
+):
     monkeypatch.setattr(devices, "cuda_count", lambda: 0)
     monkeypatch.chdir(tmp_path)
     code, _, err = run(capsys, *COMMANDS[command], "--device", value)
@@ -61,20 +74,23 @@ def test_cuda_where_there_is_none_is_refused_before_loading(command, value, caps
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_cuda_index_past_the_last_device_is_refused(command, capsys, no_loading, tmp_path,
-                                                    monkeypatch):
+def test_cuda_index_past_the_last_device_is_refused(
+    command, capsys, no_loading, tmp_path, monkeypatch
+):
     monkeypatch.setattr(devices, "cuda_count", lambda: 2)
     monkeypatch.chdir(tmp_path)
     code, _, err = run(capsys, *COMMANDS[command], "--device", "cuda:2")
-    assert code == 2 and "--device 'cuda:2': this machine has 2 CUDA devices (cuda:0 to cuda:1)" \
-        in err, err
+    assert (
+        code == 2 and "--device 'cuda:2': this machine has 2 CUDA devices (cuda:0 to cuda:1)" in err
+    ), err
 
 
 def test_resolve_device_and_dtype():
     cpu = torch.device("cpu")
     assert devices.resolve_device("cpu") == cpu
-    assert devices.resolve_device("auto") == (torch.device("cuda", 0) if torch.cuda.is_available()
-                                              else cpu)
+    assert devices.resolve_device("auto") == (
+        torch.device("cuda", 0) if torch.cuda.is_available() else cpu
+    )
     assert devices.resolve_device(None) == devices.resolve_device("auto")
     assert devices.resolve_dtype("auto") is None and devices.resolve_dtype(None) is None
     assert devices.resolve_dtype("float16") is torch.float16
@@ -94,10 +110,17 @@ def test_cuda_checks_with_a_pretend_device_count(monkeypatch):
         devices.resolve_device("cuda:1")
 
 
-@pytest.mark.parametrize("fields, want", [
-    ({"torch_dtype": "bfloat16"}, torch.bfloat16), ({"dtype": "float16"}, torch.float16),
-    ({"dtype": "torch.bfloat16"}, torch.bfloat16), ({}, torch.float32),
-    ({"torch_dtype": "float64"}, torch.float32), ({"torch_dtype": None}, torch.float32)])
+@pytest.mark.parametrize(
+    "fields, want",
+    [
+        ({"torch_dtype": "bfloat16"}, torch.bfloat16),
+        ({"dtype": "float16"}, torch.float16),
+        ({"dtype": "torch.bfloat16"}, torch.bfloat16),
+        ({}, torch.float32),
+        ({"torch_dtype": "float64"}, torch.float32),
+        ({"torch_dtype": None}, torch.float32),
+    ],
+)
 def test_config_dtype(fields, want):
     assert devices.config_dtype(fields) is want
 
@@ -138,9 +161,22 @@ def test_hf_folder_auto_dtype_is_the_configs_and_loads_straight_into_it(tmp_path
 
 def test_report_builds_in_bfloat16_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "r.html"
-    code, stdout, err = run(capsys, "report", "--model", "tiny-random:llama", "--dtype",
-                            "bfloat16", "--device", "cpu", "--out", str(out), "--threads", "1",
-                            "--sections", "odds_ratio,trajectories")
+    code, stdout, err = run(
+        capsys,
+        "report",
+        "--model",
+        "tiny-random:llama",
+        "--dtype",
+        "bfloat16",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+        "--sections",
+        "odds_ratio,trajectories",
+    )
     assert code == 0, err
     html = out.read_text()
     assert "cpu, bfloat16" in html  # the page's "runs on" row
@@ -149,8 +185,19 @@ def test_report_builds_in_bfloat16_from_the_command_line(tmp_path, capsys):
 
 
 def test_heads_runs_in_bfloat16_from_the_command_line(capsys):
-    code, stdout, err = run(capsys, "heads", "--model", "tiny-random:gpt2", "--dtype", "bfloat16",
-                            "--no-causal", "--n-seq", "2", "--seq-len", "8")
+    code, stdout, err = run(
+        capsys,
+        "heads",
+        "--model",
+        "tiny-random:gpt2",
+        "--dtype",
+        "bfloat16",
+        "--no-causal",
+        "--n-seq",
+        "2",
+        "--seq-len",
+        "8",
+    )
     assert code == 0, err
     assert stdout.startswith("Head atlas of tiny-random:gpt2")
 
@@ -161,30 +208,55 @@ def test_stats_runs_in_bfloat16_and_matches_the_library_on_the_cast_model(tmp_pa
     corpus = ["def f(x): return x + 1", "import os", "a = b * 3", "print(a)"]
     (tmp_path / "c.txt").write_text("\n".join(corpus) + "\n")
     out = tmp_path / "s.safetensors"
-    code, _, err = run(capsys, "stats", "--model", "tiny-random:gpt2", "--prompts",
-                       str(tmp_path / "c.txt"), "--out", str(out), "--batch-size", "2",
-                       "--dtype", "bfloat16", "--device", "cpu", "--no-progress")
+    code, _, err = run(
+        capsys,
+        "stats",
+        "--model",
+        "tiny-random:gpt2",
+        "--prompts",
+        str(tmp_path / "c.txt"),
+        "--out",
+        str(out),
+        "--batch-size",
+        "2",
+        "--dtype",
+        "bfloat16",
+        "--device",
+        "cpu",
+        "--no-progress",
+    )
     assert code == 0, err
-    want = scale.run_stats(testing.tiny_model("gpt2").to(torch.bfloat16), corpus, batch_size=2,
-                           progress=False, model_name="tiny-random:gpt2")
+    want = scale.run_stats(
+        testing.tiny_model("gpt2").to(torch.bfloat16),
+        corpus,
+        batch_size=2,
+        progress=False,
+        model_name="tiny-random:gpt2",
+    )
     assert out.read_bytes() == _run.stats_bytes(want)
 
 
-@pytest.mark.parametrize("request_, world, local, count, want", [
-    ("auto", 1, 0, 0, ("cpu", "none")),
-    ("auto", 2, 1, 0, ("cpu", "gloo")),
-    ("cpu", 2, 1, 2, ("cpu", "gloo")),
-    ("auto", 2, 1, 2, ("cuda:1", "nccl")),
-    ("cuda", 4, 3, 4, ("cuda:3", "nccl")),
-])
+@pytest.mark.parametrize(
+    "request_, world, local, count, want",
+    [
+        ("auto", 1, 0, 0, ("cpu", "none")),
+        ("auto", 2, 1, 0, ("cpu", "gloo")),
+        ("cpu", 2, 1, 2, ("cpu", "gloo")),
+        ("auto", 2, 1, 2, ("cuda:1", "nccl")),
+        ("cuda", 4, 3, 4, ("cuda:3", "nccl")),
+    ],
+)
 def test_torchrun_plan_each_rank_its_own_gpu_with_nccl(request_, world, local, count, want):
     device, backend = _distributed.plan(request_, world, local, count)
     assert (str(device), backend) == want
 
 
 def test_torchrun_plan_refuses_more_ranks_than_gpus_and_cuda_without_one(monkeypatch):
-    with pytest.raises(TLDynamicsError, match=r"^--device 'cuda' under torchrun: LOCAL_RANK 1 "
-                                              r"has no GPU of its own \(1 CUDA device here\)"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"^--device 'cuda' under torchrun: LOCAL_RANK 1 "
+        r"has no GPU of its own \(1 CUDA device here\)",
+    ):
         _distributed.plan("cuda", 2, 1, 1, "--device")
     monkeypatch.setattr(devices, "cuda_count", lambda: 0)
     with pytest.raises(TLDynamicsError, match="^" + re.escape(f"--device 'cuda': {NO_CUDA}")):

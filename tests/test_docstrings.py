@@ -21,16 +21,29 @@ import tl_dynamics
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPLETE_FACES = (
-    "adapter", "viz", "sphere", "testing", "zoo", "scale",
-    "circuits", "odds_ratio", "contextual_mlp", "trajectories", "particles", "atlas",
+    "adapter",
+    "viz",
+    "sphere",
+    "testing",
+    "zoo",
+    "scale",
+    "circuits",
+    "odds_ratio",
+    "contextual_mlp",
+    "trajectories",
+    "particles",
+    "atlas",
 )
 # module -> the optional dependency it imports at module level (skipped with this reason if absent)
 OPTIONAL = {"tl_dynamics.scale._ray": "ray"}
 
 # ``python -m tl_dynamics`` runs the CLI when imported; it has no docstring to run
 SCRIPTS = {"tl_dynamics.__main__"}
-MODULES = sorted(info.name for info in pkgutil.walk_packages(tl_dynamics.__path__, "tl_dynamics.")
-                 if info.name not in SCRIPTS)
+MODULES = sorted(
+    info.name
+    for info in pkgutil.walk_packages(tl_dynamics.__path__, "tl_dynamics.")
+    if info.name not in SCRIPTS
+)
 
 
 def _import(name: str):
@@ -53,8 +66,10 @@ def test_docstring_examples_run(name):
 
 def test_the_module_list_is_the_package():
     """walk_packages found every module file (none hidden by a failed import)."""
-    files = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-             for p in (ROOT / "tl_dynamics").rglob("*.py")}
+    files = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "tl_dynamics").rglob("*.py")
+    }
     assert files == set(MODULES) | SCRIPTS | {"tl_dynamics"}
 
 

@@ -26,21 +26,41 @@ def texts(path):
 
 
 def heat():
-    return viz.heatmap(np.arange(12.0).reshape(3, 4) - 5, ["L0", "L1", "L2"], ["H0", "H1", "H2", "H3"],
-                       title="demo <map>", row_title="layer", col_title="head",
-                       value_name="score", caption="what the map shows")
+    return viz.heatmap(
+        np.arange(12.0).reshape(3, 4) - 5,
+        ["L0", "L1", "L2"],
+        ["H0", "H1", "H2", "H3"],
+        title="demo <map>",
+        row_title="layer",
+        col_title="head",
+        value_name="score",
+        caption="what the map shows",
+    )
 
 
 def test_heatmap_svg_carries_title_labels_legend_caption_and_the_page_colours(tmp_path):
     path = heat().save(tmp_path / "map.svg")
     words = texts(path)
-    for label in ("demo <map>", "L0", "L2", "H3", "layer down, head across", "-5", "6",
-                  "what the map shows"):
+    for label in (
+        "demo <map>",
+        "L0",
+        "L2",
+        "H3",
+        "layer down, head across",
+        "-5",
+        "6",
+        "what the map shows",
+    ):
         assert label in words, label
     assert any(w.startswith("score; grey: masked") for w in words)
     root = ET.parse(path).getroot()
-    cells = [r for r in root.iter(f"{SVG}rect") if r.get("width") == r.get("height")
-             and r.get("fill", "").startswith("#") and r.get("width") != "100%"]
+    cells = [
+        r
+        for r in root.iter(f"{SVG}rect")
+        if r.get("width") == r.get("height")
+        and r.get("fill", "").startswith("#")
+        and r.get("width") != "100%"
+    ]
     assert len(cells) == 12
     # signed values: the diverging map centred on 0, its ends at -6 and +6 (|max| = 6)
     fills = [c.get("fill") for c in cells]
@@ -51,18 +71,25 @@ def test_heatmap_svg_carries_title_labels_legend_caption_and_the_page_colours(tm
 
 def test_colours_match_the_page_runtime_stops():
     assert _svg.colours([0.0, 0.5, 1.0], 0.0, 1.0, "linear", "blues").tolist() == [
-        [247, 251, 255], [107, 174, 214], [8, 48, 107]]
+        [247, 251, 255],
+        [107, 174, 214],
+        [8, 48, 107],
+    ]
     assert _svg.colours([np.nan], 0.0, 1.0, "sqrt", "blues").tolist() == [[226, 226, 226]]
 
 
 def test_attention_and_line_plot_svgs_parse_and_name_what_they_show(tmp_path):
     att = np.tril(np.ones((2, 5, 5))) / np.arange(1, 6)[:, None]
-    words = texts(viz.attention_heads(att, list("abcde"), ["h0", "h1"], mask_upper_tri=True)
-                  .save(tmp_path / "heads.svg"))
+    words = texts(
+        viz.attention_heads(att, list("abcde"), ["h0", "h1"], mask_upper_tri=True).save(
+            tmp_path / "heads.svg"
+        )
+    )
     assert {"h0", "h1", "a", "e", "destination (query) down, source (key) across"} <= set(words)
     assert any("attention weight (colour spaced by square root)" in w for w in words)
-    grid = viz.attention_grid(att, {1: att[1]}, list("abcde"), ["L0H0", "L0H1"], columns=2,
-                              row_names=["L0"], selected=1)
+    grid = viz.attention_grid(
+        att, {1: att[1]}, list("abcde"), ["L0H0", "L0H1"], columns=2, row_names=["L0"], selected=1
+    )
     assert {"L0H0", "L0H1", "L0"} <= set(texts(grid.save(tmp_path / "grid.svg")))
     plot = viz.line_plot(["p0", "p1"], {"norm": [1.0, 2.0]}, title="growth", caption="c <1>")
     assert {"growth", "norm", "p0", "c <1>"} <= set(texts(plot.save(tmp_path / "plot.svg")))
@@ -78,12 +105,18 @@ def test_large_maps_embed_their_cells_as_one_image(tmp_path):
 
 def test_unsupported_formats_are_refused_naming_what_is_supported(tmp_path):
     tokens = viz.colored_tokens(["a", "b"], [0.0, 1.0])
-    with pytest.raises(TLDynamicsError, match=r"this view is a colored_tokens: \.svg is written "
-                                              r"for heatmap, attention_pattern, attention_heads, "
-                                              r"attention_grid, line_plot, small_multiples"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"this view is a colored_tokens: \.svg is written "
+        r"for heatmap, attention_pattern, attention_heads, "
+        r"attention_grid, line_plot, small_multiples",
+    ):
         tokens.save(tmp_path / "t.svg")
-    with pytest.raises(TLDynamicsError, match=r"cannot save a view as 'x\.pdf': give a file "
-                                              r"ending in \.html, \.svg, \.png"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"cannot save a view as 'x\.pdf': give a file "
+        r"ending in \.html, \.svg, \.png",
+    ):
         heat().save(tmp_path / "x.pdf")
     with pytest.raises(TLDynamicsError, match="this view is a group"):
         viz.group(heat(), tokens).save(tmp_path / "g.svg")
@@ -91,7 +124,9 @@ def test_unsupported_formats_are_refused_naming_what_is_supported(tmp_path):
 
 
 def test_html_is_a_standalone_offline_page(tmp_path):
-    page = viz.colored_tokens(["<BOS>", "b"], [0.0, 1.0], caption="tokens").save(tmp_path / "t.html")
+    page = viz.colored_tokens(["<BOS>", "b"], [0.0, 1.0], caption="tokens").save(
+        tmp_path / "t.html"
+    )
     text = page.read_text()
     assert "default-src 'none'" in text and "var CircuitsVis=" in text  # bundle inlined
     assert "<title>tokens</title>" in text and "&lt;BOS&gt;" in text
@@ -100,11 +135,18 @@ def test_html_is_a_standalone_offline_page(tmp_path):
 
 def test_figure_names_follow_the_page_order_and_leave_text_out():
     page = viz.Page("p")
-    page.add_section("Attention patterns", [viz.group(heat(), viz.text("words")),
-                                            viz.line_plot(["a"], {"s": [1.0]}, title="Depth <1>")])
+    page.add_section(
+        "Attention patterns",
+        [
+            viz.group(heat(), viz.text("words")),
+            viz.line_plot(["a"], {"s": [1.0]}, title="Depth <1>"),
+        ],
+    )
     page.add_section("Second", [viz.text("only words")])
     assert [stem for stem, _ in _export.figures(page.sections)] == [
-        "01-attention-patterns_01-heatmap-demo-map", "01-attention-patterns_02-line-plot-depth-1"]
+        "01-attention-patterns_01-heatmap-demo-map",
+        "01-attention-patterns_02-line-plot-depth-1",
+    ]
 
 
 def test_figures_folder_is_checked_before_the_model_loads(tmp_path, capsys, monkeypatch):
@@ -115,7 +157,9 @@ def test_figures_folder_is_checked_before_the_model_loads(tmp_path, capsys, monk
     a_file.write_text("x")
     code = cli.main(["report", "--out", str(tmp_path / "r.html"), "--figures", str(a_file)])
     err = capsys.readouterr().err
-    assert code == 2 and f"--figures {str(a_file)!r}: give a folder for the PNG and SVG files" in err
+    assert (
+        code == 2 and f"--figures {str(a_file)!r}: give a folder for the PNG and SVG files" in err
+    )
 
 
 def blank(png):
@@ -150,12 +194,16 @@ def test_png_of_every_kind_of_view_is_drawn(tmp_path):
     pytest.importorskip("playwright.sync_api")
     from PIL import Image
 
-    views = {"heat": heat(), "tokens": viz.colored_tokens(["a", "b"], [0.0, 1.0]),
-             "heads": viz.attention_pattern(list("abc"), np.tril(np.ones((3, 3))) / 3),
-             "plot": viz.line_plot(["a", "b"], {"s": [0.0, 1.0]}),
-             "table": viz.table(__import__("pandas").DataFrame({"x": [1.5, 2.5]})),
-             "text": viz.text("a paragraph"), "figure": mpl_figure(),
-             "group": viz.group(viz.colored_tokens(["a"], [1.0]), heat(), row=True)}
+    views = {
+        "heat": heat(),
+        "tokens": viz.colored_tokens(["a", "b"], [0.0, 1.0]),
+        "heads": viz.attention_pattern(list("abc"), np.tril(np.ones((3, 3))) / 3),
+        "plot": viz.line_plot(["a", "b"], {"s": [0.0, 1.0]}),
+        "table": viz.table(__import__("pandas").DataFrame({"x": [1.5, 2.5]})),
+        "text": viz.text("a paragraph"),
+        "figure": mpl_figure(),
+        "group": viz.group(viz.colored_tokens(["a"], [1.0]), heat(), row=True),
+    }
     with _export.Renderer() as renderer:
         for name, view in views.items():
             path = _export.save(view, tmp_path / f"{name}.png", renderer)
@@ -169,15 +217,29 @@ def test_png_of_every_kind_of_view_is_drawn(tmp_path):
 def test_report_figures_writes_png_and_svg_for_every_figure(tmp_path, capsys):
     pytest.importorskip("playwright.sync_api")
     out = tmp_path / "figures"
-    code = cli.main(["report", "--model", "tiny-random:gpt2", "--out", str(tmp_path / "r.html"),
-                     "--sections", "trajectories", "--threads", "1", "--figures", str(out)])
+    code = cli.main(
+        [
+            "report",
+            "--model",
+            "tiny-random:gpt2",
+            "--out",
+            str(tmp_path / "r.html"),
+            "--sections",
+            "trajectories",
+            "--threads",
+            "1",
+            "--figures",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     pngs, svgs = sorted(out.glob("*.png")), sorted(out.glob("*.svg"))
     stems = [p.stem for p in pngs]
     assert "01-attention-patterns_01-heatmap-previous-token" in stems
     assert any("attention-grid" in s for s in stems) and any("line-plot" in s for s in stems)
-    assert {p.stem for p in svgs} == {s for s in stems if re.search(
-        r"heatmap|attention|line-plot|small-multiples", s)}
+    assert {p.stem for p in svgs} == {
+        s for s in stems if re.search(r"heatmap|attention|line-plot|small-multiples", s)
+    }
     assert [p for p in pngs if blank(p)] == []
     words = texts(out / "01-attention-patterns_01-heatmap-previous-token.svg")
     assert {"previous token", "L0", "L1", "H0", "layer down, head across"} <= set(words)

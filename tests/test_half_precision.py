@@ -30,12 +30,18 @@ ARCHS = ("gpt2", "llama") + (("hooked-gpt2-like", "hooked-rotary") if HAS_HOOKED
 
 
 def tiny(arch: str):
-    return testing.tiny_hooked(arch[len("hooked-"):]) if arch.startswith("hooked-") else \
-        testing.tiny_model(arch)
+    return (
+        testing.tiny_hooked(arch[len("hooked-") :])
+        if arch.startswith("hooked-")
+        else testing.tiny_model(arch)
+    )
 
 
-@pytest.fixture(scope="module", params=[(a, d) for a in ARCHS for d in DTYPES],
-                ids=lambda p: f"{p[0]}-{str(p[1]).split('.')[-1]}")
+@pytest.fixture(
+    scope="module",
+    params=[(a, d) for a in ARCHS for d in DTYPES],
+    ids=lambda p: f"{p[0]}-{str(p[1]).split('.')[-1]}",
+)
 def pair(request) -> tuple[ModelAdapter, ModelAdapter, torch.dtype]:
     arch, dtype = request.param
     half = ModelAdapter(tiny(arch).to(dtype))
@@ -50,9 +56,12 @@ def test_circuits_upcast_and_equal_the_float32_twin(pair):
     got = circuits.compute(half, testing.PROMPTS[0], n_samples=10)
     want = circuits.compute(twin, testing.PROMPTS[0], n_samples=10)
     torch.testing.assert_close(got.copying.scores, want.copying.scores, atol=EXACT, rtol=0)
-    torch.testing.assert_close(got.qk_positivity.scores, want.qk_positivity.scores, atol=EXACT, rtol=0)
-    torch.testing.assert_close(got.composition.scores, want.composition.scores, atol=EXACT, rtol=0,
-                               equal_nan=True)
+    torch.testing.assert_close(
+        got.qk_positivity.scores, want.qk_positivity.scores, atol=EXACT, rtol=0
+    )
+    torch.testing.assert_close(
+        got.composition.scores, want.composition.scores, atol=EXACT, rtol=0, equal_nan=True
+    )
     for key, prompt in got.prompt.items():
         torch.testing.assert_close(prompt.qk, want.prompt[key].qk, atol=EXACT, rtol=EXACT)
 
@@ -104,6 +113,7 @@ def test_frame_check_tolerance_follows_the_dtype_and_still_catches_a_wrong_frame
     from dataclasses import replace
 
     from tl_dynamics.errors import TLDynamicsError
+
     wrong = replace(la, q=la.q * 1.1)
     with pytest.raises(TLDynamicsError, match="could not reproduce the scored"):
         _frame.build_frames(half, wrong, batch.key_valid)

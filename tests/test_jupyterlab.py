@@ -27,18 +27,29 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 pytestmark = [
-    pytest.mark.browser, pytest.mark.notebook,
+    pytest.mark.browser,
+    pytest.mark.notebook,
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed"),
 ]
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright-python not installed")
 pytest.importorskip("jupyterlab", reason="jupyterlab is part of the test extra")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
 # JupyterLab settings: every cell stays in the page (no windowing), no news or update checks.
 SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
-        "fetchNews": "false", "checkForUpdates": False},
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
 }
 RUN_ALL = """async () => {
   const app = window.jupyterapp, panel = app.shell.currentWidget;
@@ -97,17 +108,36 @@ def lab(tmp_path_factory):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
     port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               JUPYTER_RUNTIME_DIR=str(folder / ".runtime"), HF_HUB_OFFLINE="1",
-               JUPYTER_PLATFORM_DIRS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        JUPYTER_RUNTIME_DIR=str(folder / ".runtime"),
+        HF_HUB_OFFLINE="1",
+        JUPYTER_PLATFORM_DIRS="1",
+    )
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={folder}", f"--LabApp.user_settings_dir={settings}",
-         f"--LabApp.workspaces_dir={folder / '.workspaces'}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=", "--LabApp.extension_manager=readonly",
-         "--ServerApp.open_browser=False"] + (["--allow-root"] if os.geteuid() == 0 else []),
-        env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=(folder / "server.log").open("w"))
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={folder}",
+            f"--LabApp.user_settings_dir={settings}",
+            f"--LabApp.workspaces_dir={folder / '.workspaces'}",
+            "--LabApp.expose_app_in_browser=True",
+            "--LabApp.news_url=",
+            "--LabApp.extension_manager=readonly",
+            "--ServerApp.open_browser=False",
+        ]
+        + (["--allow-root"] if os.geteuid() == 0 else []),
+        env=env,
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=(folder / "server.log").open("w"),
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):
@@ -144,11 +174,20 @@ def test_notebook_views_draw_in_jupyterlab(lab, browser, path):
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     errors, outside = [], []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: urlparse(r.url).hostname not in ("127.0.0.1", "localhost")
-            and r.url.split(":")[0] not in ("data", "blob") and outside.append(r.url))
+    page.on(
+        "request",
+        lambda r: (
+            urlparse(r.url).hostname not in ("127.0.0.1", "localhost")
+            and r.url.split(":")[0] not in ("data", "blob")
+            and outside.append(r.url)
+        ),
+    )
     page.goto(f"{url}/lab/tree/{path.name}?token={token}&reset")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                           " && window.jupyterapp.shell.currentWidget.content", timeout=120_000)
+    page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+        " && window.jupyterapp.shell.currentWidget.content",
+        timeout=120_000,
+    )
     page.evaluate(RUN_ALL)
     page.wait_for_function(DONE, timeout=480_000, polling=1000)
     outputs = page.evaluate(OUTPUTS)
@@ -161,8 +200,9 @@ def test_notebook_views_draw_in_jupyterlab(lab, browser, path):
     assert all(w > 0 for h in html for w in h["images"]), html  # every image decoded
     for i in range(count):
         page.evaluate(f"{VIEWS}[{i}].scrollIntoView()")
-        page.wait_for_function(f"() => ['done', 'error'].includes({VIEWS}[{i}].dataset.state)",
-                               timeout=60_000)
+        page.wait_for_function(
+            f"() => ['done', 'error'].includes({VIEWS}[{i}].dataset.state)", timeout=60_000
+        )
     page.wait_for_timeout(500)  # React commits asynchronously
     views = page.evaluate(PROBE)
     print(f"{path.stem}: {len(views)} views drawn, {len(html)} static views")

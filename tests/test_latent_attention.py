@@ -17,14 +17,30 @@ from tl_dynamics.errors import TLDynamicsError
 
 EXACT_TOL = 1e-5  # fp32 sums reordered (as in test_architectures)
 ROUTE_TOL = 2e-4  # two fp32 routes to one number (small factors vs dense products)
-LATENT = ["DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM",
-          "YoutuForCausalLM"]
+LATENT = [
+    "DeepseekV3ForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "Glm4MoeLiteForCausalLM",
+    "YoutuForCausalLM",
+]
 # DeepSeek-V3 variants: half-layout rotary pairs, a plain q_proj (no query latent), a YaRN rope
 # whose cos/sin carry a magnitude (mscale 1.139), and random biases on the down-projections.
-YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, rope_theta=1e4,
-            mscale=1.0, mscale_all_dim=0.0, beta_fast=32, beta_slow=1)
-VARIANTS = {"rope-half": dict(rope_interleave=False), "no-q-latent": dict(q_lora_rank=None),
-            "yarn": dict(rope_parameters=YARN), "biases": dict(attention_bias=True)}
+YARN = dict(
+    rope_type="yarn",
+    factor=4.0,
+    original_max_position_embeddings=16,
+    rope_theta=1e4,
+    mscale=1.0,
+    mscale_all_dim=0.0,
+    beta_fast=32,
+    beta_slow=1,
+)
+VARIANTS = {
+    "rope-half": dict(rope_interleave=False),
+    "no-q-latent": dict(q_lora_rank=None),
+    "yarn": dict(rope_parameters=YARN),
+    "biases": dict(attention_bias=True),
+}
 CASES = [(name, None) for name in LATENT] + [("DeepseekV3ForCausalLM", v) for v in VARIANTS]
 
 
@@ -37,7 +53,11 @@ def _model(name, variant=None):
         for path, module in model.original_model.named_modules():
             if path.endswith(("q_a_layernorm", "kv_a_layernorm")):
                 module.weight.copy_(1 + 0.5 * torch.randn(module.weight.shape, generator=gen))
-            if variant == "biases" and isinstance(module, torch.nn.Linear) and module.bias is not None:
+            if (
+                variant == "biases"
+                and isinstance(module, torch.nn.Linear)
+                and module.bias is not None
+            ):
                 module.bias.copy_(torch.randn(module.bias.shape, generator=gen))
     return model
 
@@ -53,8 +73,11 @@ def _twin_factors(twin, layer, order):
         return torch.sqrt(u.pow(2).mean(-1) + norm.variance_epsilon)
 
     def q(x):
-        y = attn.q_proj(x) if attn.q_lora_rank is None else \
-            attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x)))
+        y = (
+            attn.q_proj(x)
+            if attn.q_lora_rank is None
+            else attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x)))
+        )
         return y.reshape(*x.shape[:-1], n, -1)[..., cols]
 
     def rho_q(x):
@@ -69,7 +92,8 @@ def _twin_factors(twin, layer, order):
         return torch.cat((up[..., :d_nope], rope), -1), up[..., d_nope:]
 
     def rho_kv(x):
-        return rms(attn.kv_a_proj_with_mqa(x)[..., :attn.kv_lora_rank], attn.kv_a_layernorm)
+        return rms(attn.kv_a_proj_with_mqa(x)[..., : attn.kv_lora_rank], attn.kv_a_layernorm)
+
     return q, kv, rho_q, rho_kv
 
 
@@ -85,8 +109,9 @@ def test_latent_factors_are_the_models_queries_keys_and_values(name, variant):
     x W_V + b_V = rho_kv(x) v(x), with the RMS scales rho computed here from the twin."""
     model = _model(name, variant)
     adapter, twin = ModelAdapter(model), testing.hf_twin(model)
-    for layer, la in adapter.attention(testing.PROMPTS, reference=True, inputs=True,
-                                       padding_side="left").items():
+    for layer, la in adapter.attention(
+        testing.PROMPTS, reference=True, inputs=True, padding_side="left"
+    ).items():
         factors, rotation = adapter.latent(layer), adapter.rotation(layer)
         x, rows = la.reference["x"], la.query_valid
         positions = adapter.positions(la.allowed.any(1))
@@ -155,16 +180,23 @@ def _qk_parts_error(adapter):
                 rope = circuits.qk_circuit(adapter, layer, head, delta, pair, part="rotary")
                 whole = circuits.qk_circuit(adapter, layer, head, delta, pair).dense()
                 assert torch.allclose(nope.dense() + rope.dense(), whole, atol=1e-5)
-                mine = (nope.dense().diagonal() / rho_kv[i] + rope.dense().diagonal()) / rho_q[i + delta]
+                mine = (nope.dense().diagonal() / rho_kv[i] + rope.dense().diagonal()) / rho_q[
+                    i + delta
+                ]
                 err = (mine - own[head, i + delta, i]).abs().max() / scale[head]
                 worst = max(worst, float(err))
     return worst
 
 
-@pytest.mark.parametrize("name,variant", [("DeepseekV3ForCausalLM", None),
-                                          ("DeepseekV2ForCausalLM", None),
-                                          ("DeepseekV3ForCausalLM", "yarn"),
-                                          ("DeepseekV3ForCausalLM", "biases")])
+@pytest.mark.parametrize(
+    "name,variant",
+    [
+        ("DeepseekV3ForCausalLM", None),
+        ("DeepseekV2ForCausalLM", None),
+        ("DeepseekV3ForCausalLM", "yarn"),
+        ("DeepseekV3ForCausalLM", "biases"),
+    ],
+)
 def test_latent_qk_circuit_parts_with_the_latent_scales_are_the_models_scores(name, variant):
     adapter = ModelAdapter(_model(name, variant))
     assert _qk_parts_error(adapter) <= EXACT_TOL
@@ -175,13 +207,17 @@ def test_latent_qk_circuit_parts_with_the_latent_scales_are_the_models_scores(na
 
 def test_latent_part_is_refused_where_it_does_not_apply():
     adapter = ModelAdapter(testing.tiny_model("llama"))
-    message = ("part='rotary' is not valid: layer 0 of LlamaForCausalLM has no multi-head latent "
-               "attention; part applies only there (valid here: None)")
+    message = (
+        "part='rotary' is not valid: layer 0 of LlamaForCausalLM has no multi-head latent "
+        "attention; part applies only there (valid here: None)"
+    )
     with pytest.raises(TLDynamicsError, match=re.escape(message)):
         circuits.qk_circuit(adapter, 0, 0, part="rotary")
     latent = ModelAdapter(boot_tiny("DeepseekV3ForCausalLM"))
-    with pytest.raises(TLDynamicsError, match=re.escape(
-            "part='rope' is not valid: valid: None, 'non-rotary', 'rotary'")):
+    with pytest.raises(
+        TLDynamicsError,
+        match=re.escape("part='rope' is not valid: valid: None, 'non-rotary', 'rotary'"),
+    ):
         circuits.qk_circuit(latent, 0, 0, part="rope")
     assert ModelAdapter(testing.tiny_model("llama")).latent(0) is None
 
@@ -193,7 +229,9 @@ def _dense_heads(twin, layer):
     n, d_nope, d_rope = attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim
     r_kv = attn.kv_lora_rank
     A_q = attn.q_a_proj.weight.T * attn.q_a_layernorm.weight
-    W_Q = torch.einsum("mr,hrd->hmd", A_q, attn.q_b_proj.weight.T.reshape(-1, n, d_nope + d_rope).transpose(0, 1))
+    W_Q = torch.einsum(
+        "mr,hrd->hmd", A_q, attn.q_b_proj.weight.T.reshape(-1, n, d_nope + d_rope).transpose(0, 1)
+    )
     A = attn.kv_a_proj_with_mqa.weight.T
     up = attn.kv_b_proj.weight.T.reshape(r_kv, n, -1).transpose(0, 1)
     latent = A[:, :r_kv] * attn.kv_a_layernorm.weight
@@ -229,8 +267,11 @@ def test_latent_copying_positivity_and_composition_equal_dense_products_of_the_t
     for h1 in range(adapter.n_heads):
         left = (heads[0][2][h1] @ heads[0][3][h1]).double()  # earlier head's W_OV
         for h2 in range(adapter.n_heads):
-            for kind, m in (("Q", W_Q[h2] @ W_K[h2].T), ("K", W_K[h2] @ W_Q[h2].T),
-                            ("V", W_V[h2] @ W_O[h2])):
+            for kind, m in (
+                ("Q", W_Q[h2] @ W_K[h2].T),
+                ("K", W_K[h2] @ W_Q[h2].T),
+                ("V", W_V[h2] @ W_O[h2]),
+            ):
                 want = (left @ m).norm() / (left.norm() * m.norm())
                 assert abs(float(want) - float(comp.of(kind)[0, h1, 1, h2])) <= ROUTE_TOL
     assert any("value width" in note for note in comp.notes)  # the baseline's width is stated
@@ -261,7 +302,9 @@ def test_latent_contextual_mlp_is_exact_and_reads_the_decoupled_keys(tmp_path):
         latent, rope = attn.kv_a_proj_with_mqa(x).split([attn.kv_lora_rank, factors.d_rope], -1)
         nope = attn.kv_b_proj(attn.kv_a_layernorm(latent)).reshape(len(x), adapter.n_heads, -1)
     rope = rope[:, list(factors.rope_order)]
-    seen = rotation.rotate(torch.cat((torch.zeros(len(x), d), rope), -1), positions[neurons.sources])
+    seen = rotation.rotate(
+        torch.cat((torch.zeros(len(x), d), rope), -1), positions[neurons.sources]
+    )
     seen = rotation.rotate(seen, positions[T].expand(len(x)), transpose=True)[:, d:]
     want = mlp.scale * torch.cat((nope[:, 2, :d], seen), -1)
     assert torch.allclose(neurons.b, want, atol=EXACT_TOL)
@@ -288,7 +331,11 @@ def test_particles_seeded_from_a_latent_head_run():
     assert torch.allclose(hd.qk.float(), W_Q[3] @ W_K[3].T, atol=1e-5)  # order-free
     assert torch.allclose(hd.ov.float(), W_V[3] @ W_O[3], atol=1e-5)
     assert "latent RMS norms' per-token scales" in hd.source.dropped
-    x0 = torch.nn.functional.normalize(torch.randn(1, 6, adapter.d_model, dtype=torch.float64,
-                                                   generator=torch.Generator().manual_seed(0)), dim=-1)
+    x0 = torch.nn.functional.normalize(
+        torch.randn(
+            1, 6, adapter.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+        ),
+        dim=-1,
+    )
     run = particles.simulate(x0, **hd.kwargs(), t_max=2.0)
     assert torch.isfinite(run.states).all()

@@ -14,9 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MATH = ROOT / "docs" / "math.md"
 
-SECTION = re.compile(r"^## (\d+)\. \S", re.MULTILINE)            # "## 2. The odds-ratio split"
-SUBSECTION = re.compile(r"^### (\d+)\.(\d+) \S", re.MULTILINE)   # "### 2.3 Sink statistics"
-CITATION = re.compile(r"§\s?(\d+(?:\.\d+)?)")                    # "§2" or "§2.3"
+SECTION = re.compile(r"^## (\d+)\. \S", re.MULTILINE)  # "## 2. The odds-ratio split"
+SUBSECTION = re.compile(r"^### (\d+)\.(\d+) \S", re.MULTILINE)  # "### 2.3 Sink statistics"
+CITATION = re.compile(r"§\s?(\d+(?:\.\d+)?)")  # "§2" or "§2.3"
 MENTION = re.compile(r"(?P<path>[\w./-]*)math\.md`?(?P<after>[^\n]{0,24})")
 SECTION_IN_WORDS = re.compile(r"^[\s\"'`,;:(]*(section|sec\.|chapter)\b", re.IGNORECASE)
 # The file itself named in code, e.g. ``ROOT / "docs" / "math.md"``: a path, not a citation.
@@ -33,20 +33,26 @@ OUTSIDE = {
 # Where each part of the library and each notebook has its definitions (docs/math.md's parts);
 # §1 (the score, masks, rotary) and §7 (tolerances) may be cited from anywhere.
 HOME = {
-    "tl_dynamics/odds_ratio/": {"2"}, "notebooks/odds_ratio.ipynb": {"2"},
-    "tl_dynamics/contextual_mlp/": {"3"}, "notebooks/contextual_mlp.ipynb": {"3"},
-    "tl_dynamics/circuits/": {"4"}, "notebooks/circuits.ipynb": {"4"},
-    "tl_dynamics/trajectories/": {"5", "6"}, "notebooks/attractors.ipynb": {"5", "6"},
+    "tl_dynamics/odds_ratio/": {"2"},
+    "notebooks/odds_ratio.ipynb": {"2"},
+    "tl_dynamics/contextual_mlp/": {"3"},
+    "notebooks/contextual_mlp.ipynb": {"3"},
+    "tl_dynamics/circuits/": {"4"},
+    "notebooks/circuits.ipynb": {"4"},
+    "tl_dynamics/trajectories/": {"5", "6"},
+    "notebooks/attractors.ipynb": {"5", "6"},
     "tl_dynamics/sphere.py": {"5", "6"},
-    "tl_dynamics/particles/": {"5", "6"}, "notebooks/particles.ipynb": {"6"},
+    "tl_dynamics/particles/": {"5", "6"},
+    "notebooks/particles.ipynb": {"6"},
 }
 ANYWHERE = {"1", "7"}
 
 
 def sections(text: str) -> set[str]:
     """Section numbers of a maths reference: ``"2"`` for ``## 2.``, ``"2.3"`` for ``### 2.3``."""
-    return ({m.group(1) for m in SECTION.finditer(text)}
-            | {f"{m.group(1)}.{m.group(2)}" for m in SUBSECTION.finditer(text)})
+    return {m.group(1) for m in SECTION.finditer(text)} | {
+        f"{m.group(1)}.{m.group(2)}" for m in SUBSECTION.finditer(text)
+    }
 
 
 def scanned_files() -> list[Path]:
@@ -74,20 +80,28 @@ def problems(name: str, text: str, known: set[str]) -> list[str]:
 
     for m in CITATION.finditer(text):
         if m.group(1) not in known:
-            found.append(f"{where(m.start())}: cites §{m.group(1)}, which docs/math.md does not have")
+            found.append(
+                f"{where(m.start())}: cites §{m.group(1)}, which docs/math.md does not have"
+            )
     for m in MENTION.finditer(text):
-        if PATH_IN_CODE.search(text[max(0, m.start() - 16):m.start()]):
+        if PATH_IN_CODE.search(text[max(0, m.start() - 16) : m.start()]):
             continue
         if m.group("path") != "docs/":
-            found.append(f"{where(m.start())}: cite the maths reference by its path, "
-                         f"'docs/math.md', not {m.group(0).strip()!r}")
+            found.append(
+                f"{where(m.start())}: cite the maths reference by its path, "
+                f"'docs/math.md', not {m.group(0).strip()!r}"
+            )
         if SECTION_IN_WORDS.match(m.group("after")):
-            found.append(f"{where(m.start())}: cite a section as 'docs/math.md §N' or "
-                         f"'docs/math.md §N.M', not {m.group(0).strip()!r}")
+            found.append(
+                f"{where(m.start())}: cite a section as 'docs/math.md §N' or "
+                f"'docs/math.md §N.M', not {m.group(0).strip()!r}"
+            )
     for what, pattern in OUTSIDE.items():
         for m in pattern.finditer(text):
-            found.append(f"{where(m.start())}: cites {what} ({m.group(0)!r}), which is outside "
-                         "the repository")
+            found.append(
+                f"{where(m.start())}: cites {what} ({m.group(0)!r}), which is outside "
+                "the repository"
+            )
     return found
 
 
@@ -107,10 +121,15 @@ def test_the_checker_flags_each_kind_of_bad_citation():
     known = {"2", "2.3"}
     good = "see docs/math.md §2.3 and `docs/math.md` §2; the reference is docs/math.md."
     assert problems("good", good, known) == []
-    bad = {"docs/math.md §9": "§9", "docs/math.md §2.7": "§2.7", "(math.md §2)": "by its path",
-           "docs/math.md section 2": "not 'docs/math.md section",
-           "docs/host-surface.md in the shared folder": "shared folder",
-           "as in seed 000": "seed document", "see ../shared/docs": "outside the repository"}
+    bad = {
+        "docs/math.md §9": "§9",
+        "docs/math.md §2.7": "§2.7",
+        "(math.md §2)": "by its path",
+        "docs/math.md section 2": "not 'docs/math.md section",
+        "docs/host-surface.md in the shared folder": "shared folder",
+        "as in seed 000": "seed document",
+        "see ../shared/docs": "outside the repository",
+    }
     for text, message in bad.items():
         found = problems("bad", text, known)
         assert found and any(message in p for p in found), (text, found)
@@ -131,14 +150,16 @@ def misplaced(name: str, text: str) -> list[str]:
     home = next((parts for prefix, parts in HOME.items() if name.startswith(prefix)), None)
     if home is None:
         return []
-    return [f"{name}:{text.count(chr(10), 0, m.start()) + 1}: cites §{m.group(1)}, but its "
-            f"definitions are in §{' or §'.join(sorted(home))} of docs/math.md"
-            for m in CITATION.finditer(text) if m.group(1).split(".")[0] not in home | ANYWHERE]
+    return [
+        f"{name}:{text.count(chr(10), 0, m.start()) + 1}: cites §{m.group(1)}, but its "
+        f"definitions are in §{' or §'.join(sorted(home))} of docs/math.md"
+        for m in CITATION.finditer(text)
+        if m.group(1).split(".")[0] not in home | ANYWHERE
+    ]
 
 
 def test_each_package_and_notebook_cites_its_own_part_of_the_reference():
     assert misplaced("tl_dynamics/circuits/_x.py", "docs/math.md §4.2 and §1.5") == []
     assert misplaced("notebooks/circuits.ipynb", "`docs/math.md` §3")  # the part before
-    found = [p for f in scanned_files()
-             for p in misplaced(str(f.relative_to(ROOT)), text_of(f))]
+    found = [p for f in scanned_files() for p in misplaced(str(f.relative_to(ROOT)), text_of(f))]
     assert not found, "\n".join(found)

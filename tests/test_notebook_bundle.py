@@ -18,8 +18,11 @@ def fresh_session(monkeypatch):
 
 
 def outputs(n):
-    views = [viz.heatmap(np.eye(3)), viz.colored_tokens(["a", "b"], [0.0, 1.0]),
-             viz.group(viz.colored_tokens(["c"], [1.0]), viz.line_plot(["x"], {"s": [1.0]}))]
+    views = [
+        viz.heatmap(np.eye(3)),
+        viz.colored_tokens(["a", "b"], [0.0, 1.0]),
+        viz.group(viz.colored_tokens(["c"], [1.0]), viz.line_plot(["x"], {"s": [1.0]})),
+    ]
     return [views[i % 3]._repr_html_() for i in range(n)]
 
 
@@ -36,8 +39,11 @@ def test_every_mode_inlines_it_in_each_output_that_needs_it(fresh_session):
     assert viz.notebook_bundle("every") == "once"
     shown = outputs(6)
     assert [MARK in html for html in shown] == [False, True, True] * 2
-    with pytest.raises(TLDynamicsError, match=r"notebook_bundle\('always'\): valid modes are "
-                                              r"'once' and 'every'"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"notebook_bundle\('always'\): valid modes are "
+        r"'once' and 'every'",
+    ):
         viz.notebook_bundle("always")
 
 
@@ -46,8 +52,10 @@ def test_a_notebook_with_twenty_views_carries_one_bundle(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     cells = [nbformat.v4.new_code_cell("from tl_dynamics import viz")]
-    cells += [nbformat.v4.new_code_cell(f"viz.colored_tokens(['a', 'b', 'c'], [0.0, {i}, -1.0])")
-              for i in range(20)]
+    cells += [
+        nbformat.v4.new_code_cell(f"viz.colored_tokens(['a', 'b', 'c'], [0.0, {i}, -1.0])")
+        for i in range(20)
+    ]
     notebook = nbformat.v4.new_notebook(cells=cells)
     nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3").execute()
     path = tmp_path / "twenty.ipynb"

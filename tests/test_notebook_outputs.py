@@ -16,7 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-spec = importlib.util.spec_from_file_location("notebook_outputs", ROOT / "scripts" / "notebook_outputs.py")
+spec = importlib.util.spec_from_file_location(
+    "notebook_outputs", ROOT / "scripts" / "notebook_outputs.py"
+)
 tool = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tool)
 
@@ -37,23 +39,37 @@ def test_freezing_keeps_a_picture_of_every_view_and_no_script(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     from PIL import Image
 
-    cells = [nbformat.v4.new_code_cell("from tl_dynamics import viz\nimport numpy as np"),
-             nbformat.v4.new_code_cell("viz.heatmap(np.arange(6.0).reshape(2, 3), title='m')"),
-             nbformat.v4.new_code_cell("viz.group(viz.colored_tokens(['a', 'b'], [0.0, 1.0]),"
-                                       " viz.line_plot(['x', 'y'], {'s': [0.0, 1.0]}))")]
+    cells = [
+        nbformat.v4.new_code_cell("from tl_dynamics import viz\nimport numpy as np"),
+        nbformat.v4.new_code_cell("viz.heatmap(np.arange(6.0).reshape(2, 3), title='m')"),
+        nbformat.v4.new_code_cell(
+            "viz.group(viz.colored_tokens(['a', 'b'], [0.0, 1.0]),"
+            " viz.line_plot(['x', 'y'], {'s': [0.0, 1.0]}))"
+        ),
+    ]
     notebook = nbformat.v4.new_notebook(cells=cells)
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
+    notebook.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     path = tmp_path / "n.ipynb"
     nbformat.write(notebook, path)
     os.environ.setdefault("TL_DYNAMICS_CHROMIUM", shutil.which("chromium"))
     executed = tool.execute(path)
     assert tool.freeze(executed) == 2
-    html = [o["data"]["text/html"] for c in executed.cells for o in c.get("outputs", [])
-            if "text/html" in o.get("data", {})]
+    html = [
+        o["data"]["text/html"]
+        for c in executed.cells
+        for o in c.get("outputs", [])
+        if "text/html" in o.get("data", {})
+    ]
     assert len(html) == 2 and not any("<script" in h for h in html)
-    pictures = re.findall(r'<div class="tld-view" id="[\w-]+"><img class="tld-static" alt="[^"]*" '
-                          r'src="data:image/png;base64,([^"]+)"></div>', "".join(html))
+    pictures = re.findall(
+        r'<div class="tld-view" id="[\w-]+"><img class="tld-static" alt="[^"]*" '
+        r'src="data:image/png;base64,([^"]+)"></div>',
+        "".join(html),
+    )
     assert len(pictures) == 2  # the heat map and the coloured tokens; the SVG plot stays SVG
     assert "<svg" in html[1]
     for data in pictures:

@@ -20,12 +20,21 @@ nbclient = pytest.importorskip("nbclient", reason="nbclient is part of the test 
 def test_notebook_executes(path, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # the kernel imports this checkout's tl_dynamics, whatever the environment has installed
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
-                                                                   os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
     notebook = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     client.execute()
-    errors = [out for cell in notebook.cells for out in cell.get("outputs", [])
-              if out.get("output_type") == "error"]
+    errors = [
+        out
+        for cell in notebook.cells
+        for out in cell.get("outputs", [])
+        if out.get("output_type") == "error"
+    ]
     assert errors == []

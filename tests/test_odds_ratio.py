@@ -37,8 +37,11 @@ else:
 MODEL_IDS = [f"{a}-{'compat' if c else 'raw'}" for a, c in MODELS]
 PADDING = [("single", "right"), ("batch", "right"), ("batch", "left")]
 # A few models with each special feature: ALiBi bias, soft-cap + window, bidirectional, plain.
-FEATURED = (["alibi", "softcap", "local", "bidirectional", "gpt2-like"] if HAS_HOOKED
-            else ["bloom", "gemma2", "bert", "gpt2", "llama"])
+FEATURED = (
+    ["alibi", "softcap", "local", "bidirectional", "gpt2-like"]
+    if HAS_HOOKED
+    else ["bloom", "gemma2", "bert", "gpt2", "llama"]
+)
 
 
 def masked_max(diff, keep) -> float:
@@ -52,8 +55,10 @@ def prompt_for(kind: str):
 
 def skip_padded_encoder(adapter, kind):
     if kind == "batch" and adapter.info.host == "hooked" and adapter.is_encoder:
-        pytest.skip("a bidirectional HookedTransformer does not mask padding keys, so the adapter "
-                    "refuses padded batches there")
+        pytest.skip(
+            "a bidirectional HookedTransformer does not mask padding keys, so the adapter "
+            "refuses padded batches there"
+        )
 
 
 # ------------------------------------------------------------------ exactness matrix
@@ -68,7 +73,9 @@ def test_parts_sum_to_the_models_own_scores_and_pattern(arch, compat, kind, side
         parts = dec.parts
         total = parts.total()
         keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
-        magnitude = max(1.0, float((parts.query_term[..., :, None] + parts.key_prior[..., None, :]).max()))
+        magnitude = max(
+            1.0, float((parts.query_term[..., :, None] + parts.key_prior[..., None, :]).max())
+        )
         assert masked_max(total - la.raw_scores(), keep) <= REL_TOL * magnitude
         pattern = la.masked_softmax(la.capped(total))
         rows = la.query_valid[:, None, :, None].expand_as(pattern)
@@ -97,8 +104,11 @@ def test_hand_computed_three_token_example():
     parts = orr.split_scores(q, k, scale=0.5)
     assert parts.query_term[0, 0].tolist() == [0.25, 0.25, 0.5]
     assert parts.key_prior[0, 0].tolist() == [0.25, 1.0, 0.0]
-    assert parts.loglik[0, 0].tolist() == [[0.0, -1.25, -0.25], [-0.5, -0.25, -0.25],
-                                           [-0.25, -0.5, -0.5]]
+    assert parts.loglik[0, 0].tolist() == [
+        [0.0, -1.25, -0.25],
+        [-0.5, -0.25, -0.25],
+        [-0.25, -0.5, -0.5],
+    ]
     assert parts.total()[0, 0].tolist() == [[0.5, 0.0, 0.0], [0.0, 1.0, 0.0], [0.5, 1.0, 0.0]]
     assert parts.sigma2 == 2.0
     allowed = torch.ones(1, 3, 3, dtype=torch.bool)
@@ -139,35 +149,56 @@ def direct_stats(dec):
         other = torch.log_softmax(logits.masked_fill(~keys, -math.inf), -1)
         return total(torch.where(keys, real.exp() * (real - other), 0.0).sum(-1))
 
-    return {"rows": total(torch.ones_like(r[..., 0])), "var_r": dot(r, r),
-            "cov_r_prior": dot(r, prior), "cov_r_loglik": dot(r, loglik),
-            "cov_prior_loglik": 2 * dot(prior, loglik), "var_prior": dot(prior, prior),
-            "kl_prior": kl(prior + bias), "kl_loglik": kl(loglik + bias)}
+    return {
+        "rows": total(torch.ones_like(r[..., 0])),
+        "var_r": dot(r, r),
+        "cov_r_prior": dot(r, prior),
+        "cov_r_loglik": dot(r, loglik),
+        "cov_prior_loglik": 2 * dot(prior, loglik),
+        "var_prior": dot(prior, prior),
+        "kl_prior": kl(prior + bias),
+        "kl_loglik": kl(loglik + bias),
+    }
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("arch", FEATURED)
 def test_streamed_statistics_equal_a_direct_per_row_computation(arch, side):
     adapter = adapter_for(arch)
-    prompt = testing.PROMPTS[0] if adapter.info.host == "hooked" and adapter.is_encoder \
+    prompt = (
+        testing.PROMPTS[0]
+        if adapter.info.host == "hooked" and adapter.is_encoder
         else list(testing.PROMPTS)
+    )
     res = orr.compute(adapter, prompt, padding_side=side)
     stats, shares, means = res.stats, res.stats.shares(), res.stats.means()
     for a, layer in enumerate(stats.layers):
         want = direct_stats(res[layer])
         rows = want["rows"]
         assert stats.sums["rows"][a].tolist() == rows.tolist()
-        for key, mine in (("cov_r_prior", shares["attr_prior"]), ("cov_r_loglik", shares["attr_loglik"]),
-                          ("cov_prior_loglik", shares["cov_prior_loglik"]),
-                          ("var_prior", shares["var_prior"])):
-            np.testing.assert_allclose(mine[a], want[key] / want["var_r"], atol=STATS_TOL, rtol=STATS_TOL)
+        for key, mine in (
+            ("cov_r_prior", shares["attr_prior"]),
+            ("cov_r_loglik", shares["attr_loglik"]),
+            ("cov_prior_loglik", shares["cov_prior_loglik"]),
+            ("var_prior", shares["var_prior"]),
+        ):
+            np.testing.assert_allclose(
+                mine[a], want[key] / want["var_r"], atol=STATS_TOL, rtol=STATS_TOL
+            )
         for key in ("kl_prior", "kl_loglik"):
-            np.testing.assert_allclose(means[key][a], want[key] / rows, atol=STATS_TOL, rtol=STATS_TOL)
+            np.testing.assert_allclose(
+                means[key][a], want[key] / rows, atol=STATS_TOL, rtol=STATS_TOL
+            )
     # the two variance decompositions each add up to one
     total = shares["attr_prior"] + shares["attr_loglik"] + shares["attr_bias"]
     np.testing.assert_allclose(total, 1.0, atol=1e-9)
-    total = (shares["var_prior"] + shares["var_loglik"] + shares["var_bias"]
-             + shares["cov_prior_loglik"] + shares["cov_bias"])
+    total = (
+        shares["var_prior"]
+        + shares["var_loglik"]
+        + shares["var_bias"]
+        + shares["cov_prior_loglik"]
+        + shares["cov_bias"]
+    )
     np.testing.assert_allclose(total, 1.0, atol=1e-6)
     assert (shares["cov_prior_loglik"] < 0).mean() > 0.5  # the anti-correlation math.md warns of
 
@@ -176,10 +207,15 @@ def test_streamed_statistics_equal_a_direct_per_row_computation(arch, side):
 def test_fast_streaming_path_equals_the_direct_path(side):
     """The chunked path (matrix-product moments, banded keys, likelihood partition from the
     real pattern) against the direct full-tensor path, on real q/k with padding."""
-    for arch in ("gpt2-like", "bidirectional", "local") if HAS_HOOKED else ("gpt2", "bert", "mistral"):
+    for arch in (
+        ("gpt2-like", "bidirectional", "local") if HAS_HOOKED else ("gpt2", "bert", "mistral")
+    ):
         adapter = adapter_for(arch)
-        prompt = testing.PROMPTS[0] if adapter.info.host == "hooked" and adapter.is_encoder \
+        prompt = (
+            testing.PROMPTS[0]
+            if adapter.info.host == "hooked" and adapter.is_encoder
             else list(testing.PROMPTS)
+        )
         for la in adapter.attention(prompt, padding_side=side).values():
             args = (la.q, la.k, la.scale, None, la.allowed, la.query_valid)
             assert _fast.row_facts(la.q, la.k, la.scale, la.allowed, la.query_valid) is not None
@@ -188,8 +224,9 @@ def test_fast_streaming_path_equals_the_direct_path(side):
             for key in fast:
                 torch.testing.assert_close(fast[key], direct[key], rtol=1e-4, atol=1e-5)
             for key in fast_sinks:
-                torch.testing.assert_close(fast_sinks[key].double(), direct_sinks[key].double(),
-                                           rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(
+                    fast_sinks[key].double(), direct_sinks[key].double(), rtol=1e-4, atol=1e-4
+                )
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -200,21 +237,28 @@ def test_causal_row_sums_are_prefix_sums_and_mask_facts_are_shared(side):
     causal = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
     las = causal.attention(list(testing.PROMPTS), padding_side=side)
     first = las[min(las)]
-    masks = _fast.MaskFacts.of(first.allowed, first.query_valid, first.spec.causal,
-                               first.spec.window)
+    masks = _fast.MaskFacts.of(
+        first.allowed, first.query_valid, first.spec.causal, first.spec.window
+    )
     assert masks.prefix is not None and bool((~masks.key_valid).any())  # padded and causal
     values = first.k.permute(0, 2, 1, 3)
     for v in (values, values.pow(2).sum(-1).double()):
-        torch.testing.assert_close(_fast._row_sums(masks.allowed_f, v, masks.prefix),
-                                   _fast._row_sums(masks.allowed_f, v, None), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            _fast._row_sums(masks.allowed_f, v, masks.prefix),
+            _fast._row_sums(masks.allowed_f, v, None),
+            rtol=1e-5,
+            atol=1e-5,
+        )
     for la in las.values():  # the adapter builds one mask per pass and kind: every layer's
         assert masks.matches(la.allowed, la.query_valid)
     shifted = first.allowed.roll(1, dims=0)
     assert not masks.matches(shifted, first.query_valid)
     encoder = adapter_for("bidirectional" if HAS_HOOKED else "bert")
     la = next(iter(encoder.attention(testing.PROMPTS[0]).values()))
-    assert _fast.MaskFacts.of(la.allowed, la.query_valid, la.spec.causal,
-                              la.spec.window).prefix is None
+    assert (
+        _fast.MaskFacts.of(la.allowed, la.query_valid, la.spec.causal, la.spec.window).prefix
+        is None
+    )
 
 
 def test_fast_path_is_exact_when_key_priors_span_far():
@@ -227,8 +271,9 @@ def test_fast_path_is_exact_when_key_priors_span_far():
     fast = _fast.row_facts(q, k, 0.5, allowed, valid, _fast.MaskFacts.of(allowed, valid, True))
     direct = _stats._direct_row_facts(q, k, 0.5, None, allowed, valid, None)
     for key in ("kl_prior", "kl_loglik", "neg_entropy", "var_r"):  # rows with >= 2 keys
-        torch.testing.assert_close(fast[key][..., 1:].double(), direct[key][..., 1:].double(),
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            fast[key][..., 1:].double(), direct[key][..., 1:].double(), rtol=1e-4, atol=1e-4
+        )
     torch.testing.assert_close(fast["column"], direct["column"], rtol=1e-4, atol=1e-4)
 
 
@@ -244,8 +289,9 @@ def test_attach_streams_over_the_users_own_forward_passes():
     assert res.stats.n_prompts == 2 and res.decompositions == ()
     singles = [orr.compute(adapter, t, layers=[1], heads=[0, 2]).stats for t in tokens]
     for key in res.stats.sums:
-        np.testing.assert_allclose(res.stats.sums[key], singles[0].sums[key] + singles[1].sums[key],
-                                   rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(
+            res.stats.sums[key], singles[0].sums[key] + singles[1].sums[key], rtol=1e-6, atol=1e-9
+        )
     assert torch.get_num_threads() == threads  # the statistics' own thread setting is undone
     model(tokens[0])  # hooks are gone after the block: nothing more is collected
     assert collector.result().stats.n_prompts == 2
@@ -279,7 +325,9 @@ def planted(kind: str, n: int = 12, d: int = 16, seed: int = 0):
     return q.reshape(1, n, 1, d), k.reshape(1, n, 1, d)
 
 
-@pytest.mark.parametrize("kind,expected", [("loud", "prior-driven"), ("close", "likelihood-driven")])
+@pytest.mark.parametrize(
+    "kind,expected", [("loud", "prior-driven"), ("close", "likelihood-driven")]
+)
 def test_planted_heads_get_the_right_label_and_sink_mechanism(kind, expected):
     q, k = planted(kind)
     n = q.shape[1]
@@ -327,11 +375,17 @@ def test_markov_chain_statistics_satisfy_their_definitions():
     assert abs(float(chain.stationary.sum()) - 1) < 1e-9 and (chain.stationary > 0).all()
     dec = orr.markov(adapter_for("gpt2-like" if HAS_HOOKED else "gpt2"), testing.PROMPTS[1], 0, 1)
     assert dec.causal and dec.stationary[0] == 1.0
-    S = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2").attention(
-        testing.PROMPTS[1], layers=[0])[0].pattern([1])[0, 0].double()
+    S = (
+        adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
+        .attention(testing.PROMPTS[1], layers=[0])[0]
+        .pattern([1])[0, 0]
+        .double()
+    )
     t = dec.absorption_steps
     torch.testing.assert_close(t[1:], 1 + S[1:, 1:] @ t[1:])  # t = 1 + T t on transient states
-    torch.testing.assert_close(torch.sort(dec.eigenvalues.real).values, torch.sort(torch.diagonal(S)).values)
+    torch.testing.assert_close(
+        torch.sort(dec.eigenvalues.real).values, torch.sort(torch.diagonal(S)).values
+    )
     alpha, n = _markov.DAMPING, S.shape[0]
     walk = alpha * S + (1 - alpha) / n
     torch.testing.assert_close(dec.damped_stationary @ walk, dec.damped_stationary)
@@ -347,7 +401,9 @@ def test_composition_through_depth():
     torch.testing.assert_close(orr.composed(adapter, testing.PROMPTS[0]).float(), S1 @ S0)
     eye = torch.eye(S0.shape[0])
     rollout = ((S1 + eye) / 2) @ ((S0 + eye) / 2)
-    torch.testing.assert_close(orr.composed(adapter, testing.PROMPTS[0], residual=0.5).float(), rollout)
+    torch.testing.assert_close(
+        orr.composed(adapter, testing.PROMPTS[0], residual=0.5).float(), rollout
+    )
     one = orr.composed(adapter, testing.PROMPTS[0], layers=[1], heads={1: 3})
     torch.testing.assert_close(one.float(), layers[1].pattern([3])[0, 0])
 
@@ -405,7 +461,9 @@ def test_barycentric_view_on_a_model():
     for r in range(len(view.rows)):
         diff = view.S[r] - view.A[r]
         gram = O @ O.T
-        assert abs(float(diff @ gram @ diff) - float(view.gap[r])) <= 1e-6 * max(1.0, float(view.gap[r]))
+        assert abs(float(diff @ gram @ diff) - float(view.gap[r])) <= 1e-6 * max(
+            1.0, float(view.gap[r])
+        )
         assert float(view.fit_error[r]) <= float(view.head_error[r]) + 1e-9  # A is optimal
     assert len(view.rows) == len(view.tokens) - 1  # the last token has no next token
     vec = orr.barycentric(adapter, testing.PROMPTS[0], 1, 0, target=torch.zeros(adapter.d_model))
@@ -442,8 +500,11 @@ def test_report_section_shows_the_most_prior_and_likelihood_driven_heads():
     orr.report_section(page, adapter, batch)
     assert len(page.sections) == 1 and "odds ratio" in page.sections[0].title.lower()
     df = orr.compute(adapter, batch).to_dataframe()
-    lines = [c.html for c in page.sections[0].items
-             if isinstance(c, viz.Component) and c.name is None and c.html.startswith("<p>")]
+    lines = [
+        c.html
+        for c in page.sections[0].items
+        if isinstance(c, viz.Component) and c.name is None and c.html.startswith("<p>")
+    ]
     assert len(lines) == 2
     for key, line in zip(("attr_prior", "attr_loglik"), lines):
         top = df[key].idxmax()
@@ -466,21 +527,33 @@ def test_layers_and_heads_follow_the_one_convention_and_are_keywords():
 
 def test_bad_inputs_give_clear_errors():
     adapter = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
-    with pytest.raises(TLDynamicsError, match=r"layer 9 is out of range: this model has 2 layers \(valid: 0..1\)"):
+    with pytest.raises(
+        TLDynamicsError, match=r"layer 9 is out of range: this model has 2 layers \(valid: 0..1\)"
+    ):
         orr.compute(adapter, "x", layers=[9])
     with pytest.raises(TLDynamicsError, match=r"head 4 is out of range.*valid: 0..3"):
         orr.compute(adapter, "x", heads=[4])
     with pytest.raises(TLDynamicsError, match="prompt is empty"):
         orr.compute(adapter, "")
-    with pytest.raises(TLDynamicsError, match=r"head 2 was not decomposed in layer 0; decomposed heads: \[0\]"):
+    with pytest.raises(
+        TLDynamicsError, match=r"head 2 was not decomposed in layer 0; decomposed heads: \[0\]"
+    ):
         orr.compute(adapter, "x = 1", layers=0, heads=[0])[0].show(heads=2)
-    with pytest.raises(TLDynamicsError, match=r"layer 1 was not decomposed; decomposed layers: \[0\]"):
+    with pytest.raises(
+        TLDynamicsError, match=r"layer 1 was not decomposed; decomposed layers: \[0\]"
+    ):
         orr.compute(adapter, "x = 1", layers=0)[1]
-    with pytest.raises(TLDynamicsError, match="no per-prompt tensors were kept: pass keep_tensors=True"):
+    with pytest.raises(
+        TLDynamicsError, match="no per-prompt tensors were kept: pass keep_tensors=True"
+    ):
         orr.compute(adapter, "x = 1", keep_tensors=False)[0]
-    with pytest.raises(TLDynamicsError, match=r"unknown target 'logits'; valid: 'unembed', 'embed'"):
+    with pytest.raises(
+        TLDynamicsError, match=r"unknown target 'logits'; valid: 'unembed', 'embed'"
+    ):
         orr.barycentric(adapter, "x = 1", 0, 0, target="logits")
-    with pytest.raises(TLDynamicsError, match=r"simplex_lstsq needs M \[d, n\] with n >= 1 and y \[d\]"):
+    with pytest.raises(
+        TLDynamicsError, match=r"simplex_lstsq needs M \[d, n\] with n >= 1 and y \[d\]"
+    ):
         _simplex.simplex_lstsq(torch.zeros(3, 2), torch.zeros(4))
     with pytest.raises(TLDynamicsError, match="must be row-stochastic"):
         _markov.stationary(torch.ones(3, 3))
@@ -503,14 +576,18 @@ def minilm():
         pytest.skip(f"real encoder unavailable: {exc}")
 
 
-MINILM_PROMPTS = ["The cat sat on the mat because it was warm.",
-                  "Paris is the capital of France, and Berlin is the capital of Germany."]
+MINILM_PROMPTS = [
+    "The cat sat on the mat because it was warm.",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+]
 
 
 def test_real_encoder_split_is_exact_relative_to_score_size(minilm):
     for la in minilm.attention(MINILM_PROMPTS, reference=True).values():
         dec = _collect.decompose_layer(la, range(minilm.n_heads))
-        magnitude = float((dec.parts.query_term[..., :, None] + dec.parts.key_prior[..., None, :]).max())
+        magnitude = float(
+            (dec.parts.query_term[..., :, None] + dec.parts.key_prior[..., None, :]).max()
+        )
         keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
         assert masked_max(dec.parts.total() - la.raw_scores(), keep) <= REL_TOL * magnitude
         rows = la.query_valid[:, None, :, None].expand_as(dec.pattern)

@@ -15,9 +15,21 @@ import torch
 
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.particles import ParticleRun, from_head, phase_diagram, phase_figure, random_init, simulate
+from tl_dynamics.particles import (
+    ParticleRun,
+    from_head,
+    phase_diagram,
+    phase_figure,
+    random_init,
+    simulate,
+)
 from tl_dynamics.particles._result import RunParams
-from tl_dynamics.particles._observables import cluster_count, cluster_labels, close_fraction, mean_cosine
+from tl_dynamics.particles._observables import (
+    cluster_count,
+    cluster_labels,
+    close_fraction,
+    mean_cosine,
+)
 from tl_dynamics.particles._dynamics import random_qkv, suggest_dt, velocity
 from tl_dynamics.particles import _beside
 
@@ -75,7 +87,9 @@ def _reference(name: str) -> torch.Tensor:
     """State at T_REF from classical RK4 with dt = 0.1/64 (its own error is ~1e-12 here)."""
     if name not in _REFERENCES:
         x0, spec = _problem(name)
-        _REFERENCES[name] = simulate(x0, t_max=T_REF, record_every=T_REF, dt=0.1 / 64, method="rk4", **spec).states[-1]
+        _REFERENCES[name] = simulate(
+            x0, t_max=T_REF, record_every=T_REF, dt=0.1 / 64, method="rk4", **spec
+        ).states[-1]
     return _REFERENCES[name]
 
 
@@ -93,8 +107,16 @@ def test_midpoint_is_second_order():
     """The embedded method on its own: halving dt divides the error by ~4 (measured 3.9)."""
     x0, spec = _problem("SA-gaussian-d8")
     ref = _reference("SA-gaussian-d8")
-    e1 = max_dist(simulate(x0, t_max=T_REF, record_every=T_REF, dt=0.1, method="midpoint", **spec).states[-1], ref)
-    e2 = max_dist(simulate(x0, t_max=T_REF, record_every=T_REF, dt=0.05, method="midpoint", **spec).states[-1], ref)
+    e1 = max_dist(
+        simulate(x0, t_max=T_REF, record_every=T_REF, dt=0.1, method="midpoint", **spec).states[-1],
+        ref,
+    )
+    e2 = max_dist(
+        simulate(x0, t_max=T_REF, record_every=T_REF, dt=0.05, method="midpoint", **spec).states[
+            -1
+        ],
+        ref,
+    )
     assert 3.0 <= e1 / e2 <= 5.5, (e1, e2)
 
 
@@ -172,7 +194,9 @@ def test_permutation_equivariance(dynamics):
 def test_usa_identity_is_a_gradient_ascent_of_the_interaction_energy():
     """(USA) with Q = K = V = I is the gradient flow of E = sum_ij e^{beta <x_i, x_j>} / (2 beta n^2)."""
     beta = 3.0
-    run = simulate(random_init(4, 16, 3, gen(12)), beta, dynamics="USA", t_max=5.0, record_every=0.1, tol=1e-5)
+    run = simulate(
+        random_init(4, 16, 3, gen(12)), beta, dynamics="USA", t_max=5.0, record_every=0.1, tol=1e-5
+    )
     G = run.states @ run.states.transpose(-1, -2)
     E = torch.exp(beta * G).sum((-1, -2)) / (2 * beta * 16**2)
     assert float((E[1:] - E[:-1]).min()) > -1e-12
@@ -180,7 +204,9 @@ def test_usa_identity_is_a_gradient_ascent_of_the_interaction_energy():
 
 def test_causal_first_particle_only_sees_itself():
     run = simulate(random_init(2, 6, 3, gen(13)), 2.0, causal=True, t_max=3.0, record_every=1.0)
-    assert max_dist(run.states[:, :, 0], run.states[:1, :, 0].expand_as(run.states[:, :, 0])) < 1e-14
+    assert (
+        max_dist(run.states[:, :, 0], run.states[:1, :, 0].expand_as(run.states[:, :, 0])) < 1e-14
+    )
     assert max_dist(run.states[-1, :, 1:], run.states[0, :, 1:]) > 1e-3
 
 
@@ -213,7 +239,9 @@ def test_observables_on_a_hand_made_configuration():
     # close pairs: (0,5), (5,10), (180,180) out of 15
     assert torch.allclose(close_fraction(x, 0.01), torch.tensor([3 / 15], dtype=torch.float64))
     G = x[0] @ x[0].T
-    assert torch.allclose(mean_cosine(x), G[torch.triu(torch.ones(6, 6, dtype=torch.bool), 1)].mean()[None])
+    assert torch.allclose(
+        mean_cosine(x), G[torch.triu(torch.ones(6, 6, dtype=torch.bool), 1)].mean()[None]
+    )
 
 
 def test_cluster_labels_handle_long_chains():
@@ -268,7 +296,14 @@ def test_dataframe_and_recomputed_observables():
     assert list(df.columns) == ["time", "run", "mean_cosine", "close_fraction", "n_clusters"]
     assert len(df) == 5 * 3 and df.attrs["eps"] == 0.01
     agg = run.to_dataframe(eps=0.1, aggregate=True)
-    assert list(agg.columns) == ["time", "mean_cosine", "close_fraction", "n_clusters", "n_clusters_min", "n_clusters_max"]
+    assert list(agg.columns) == [
+        "time",
+        "mean_cosine",
+        "close_fraction",
+        "n_clusters",
+        "n_clusters_min",
+        "n_clusters_max",
+    ]
     # an eps not recorded is recomputed from the kept states and matches the direct function
     assert torch.equal(run.cluster_counts(0.05), cluster_count(run.states, 0.05))
     assert torch.equal(run.cluster_counts(0.1), cluster_count(run.states, 0.1))
@@ -284,7 +319,9 @@ COLLAPSE_T = 30.0
 
 @pytest.mark.parametrize("d", [32, 64])
 def test_collapse_to_one_cluster_when_d_at_least_n(d):
-    run = simulate(random_init(16, 32, d, gen(16)), 1.0, t_max=COLLAPSE_T, record_every=0.5, keep_states=False)
+    run = simulate(
+        random_init(16, 32, d, gen(16)), 1.0, t_max=COLLAPSE_T, record_every=0.5, keep_states=False
+    )
     assert (run.cluster_counts()[0] == 32).all()  # random points in high d are far apart
     assert (run.cluster_counts()[-1] == 1).all()
     assert (run.close_fractions()[-1] == 1.0).all()  # not just connected: every pair is close
@@ -301,7 +338,14 @@ META_BETA, META_T, FORMED_AFTER = 9.0, 100.0, 5.0
 
 
 def test_metastable_clusters_form_fast_and_merge_slowly_in_pairs():
-    run = simulate(random_init(8, 32, 2, gen(0)), META_BETA, t_max=META_T, record_every=0.25, tol=1e-5, keep_states=False)
+    run = simulate(
+        random_init(8, 32, 2, gen(0)),
+        META_BETA,
+        t_max=META_T,
+        record_every=0.25,
+        tol=1e-5,
+        keep_states=False,
+    )
     pl, ev, counts = run.plateaus(), run.merge_events(), run.cluster_counts()
     formed = pl[(pl.length >= FORMED_AFTER) | pl.open].groupby("run").first()
     tau = formed["start"].to_numpy()  # formation time per run
@@ -355,7 +399,10 @@ def _stub_head(d_model=6, d_head=3, scale=0.125, seed=18):
         W_K=torch.randn(d_model, d_head, generator=g),
         W_V=torch.randn(d_model, d_head, generator=g),
         W_O=torch.randn(d_head, d_model, generator=g),
-        b_Q=torch.zeros(d_head), b_K=torch.zeros(d_head), b_V=torch.zeros(d_head), b_O=torch.zeros(d_model),
+        b_Q=torch.zeros(d_head),
+        b_K=torch.zeros(d_head),
+        b_V=torch.zeros(d_head),
+        b_O=torch.zeros(d_model),
         scale=scale,
     )
     calls = []
@@ -388,7 +435,10 @@ def test_from_head_maps_qk_ov_and_scale():
 def test_from_head_rejects_inconsistent_weights():
     stub, w = _stub_head()
     w.W_O = torch.zeros(4, 6)
-    with pytest.raises(TLDynamicsError, match=r"W_O must be \[3, 6\] given W_Q \[6, 3\] and W_V \[6, 3\], got \[4, 6\]"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"W_O must be \[3, 6\] given W_Q \[6, 3\] and W_V \[6, 3\], got \[4, 6\]",
+    ):
         from_head(stub, 0, 0)
     stub, w = _stub_head()
     w.scale = -1.0
@@ -422,16 +472,23 @@ def test_views_render_offline_and_escape_text():
     assert isinstance(view, viz.Component) and 'src="data:image/png;base64,' in view.html
     assert view.caption.startswith("(SA) Q=K=V=I, beta=4, n=6, d=2, 2 runs")
     html = view.section_html("<script>x</script> & more")
-    assert html.startswith('<section class="tl-dynamics-figure"><h3>&lt;script&gt;x&lt;/script&gt; &amp; more</h3>')
+    assert html.startswith(
+        '<section class="tl-dynamics-figure"><h3>&lt;script&gt;x&lt;/script&gt; &amp; more</h3>'
+    )
     assert 'src="data:image/png;base64,' in html and "<script>" not in html
     run3 = simulate(random_init(2, 6, 3, gen(23)), 4.0, t_max=2.0, record_every=0.5)
     assert "data:image/png" in run3.show().html
-    no_states = simulate(random_init(2, 6, 8, gen(24)), 1.0, t_max=2.0, record_every=0.5, keep_states=False)
+    no_states = simulate(
+        random_init(2, 6, 8, gen(24)), 1.0, t_max=2.0, record_every=0.5, keep_states=False
+    )
     assert "data:image/png" in no_states.show().html
     # the caption once as the figure's caption (and once as its image's alt text), not twice
     assert view.section_html("t").count(viz.html_escape(view.caption)) == 2
-    with pytest.raises(TLDynamicsError, match=r"section_html: Component\(AttentionPattern.*"
-                                              r"is drawn by circuitsvis"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"section_html: Component\(AttentionPattern.*"
+        r"is drawn by circuitsvis",
+    ):
         viz.attention_pattern(["a", "b"], torch.ones(2, 2).tril() / 2).section_html()
 
 
@@ -442,22 +499,46 @@ X0 = random_init(2, 4, 3, gen(25))
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(x0=X0[0]), r"x0 must have shape \[runs, n, d\], got \[4, 3\] \(for one run use x0\[None\]\)"),
-        (dict(x0=X0 * 2), r"x0 must lie on the unit sphere .* largest deviation is 1; normalise with"),
-        (dict(x0=X0[..., :1] / X0[..., :1].abs()), r"x0 needs d >= 2 \(particles live on S\^\(d-1\)\), got d = 1"),
+        (
+            dict(x0=X0[0]),
+            r"x0 must have shape \[runs, n, d\], got \[4, 3\] \(for one run use x0\[None\]\)",
+        ),
+        (
+            dict(x0=X0 * 2),
+            r"x0 must lie on the unit sphere .* largest deviation is 1; normalise with",
+        ),
+        (
+            dict(x0=X0[..., :1] / X0[..., :1].abs()),
+            r"x0 needs d >= 2 \(particles live on S\^\(d-1\)\), got d = 1",
+        ),
         (dict(beta=-1.0), r"simulate: beta must be a finite number >= 0, got -1.0"),
-        (dict(beta=torch.ones(3)), r"beta must be a number or a tensor of shape \[2\] \(one per run\), got \[3\]"),
+        (
+            dict(beta=torch.ones(3)),
+            r"beta must be a number or a tensor of shape \[2\] \(one per run\), got \[3\]",
+        ),
         (dict(dt=0.0), r"simulate: dt must be a finite number > 0, got 0.0"),
         (dict(dynamics="sa"), r"dynamics must be one of \('SA', 'USA'\), got 'sa'"),
         (dict(method="euler"), r"method must be one of \('cf4', 'midpoint', 'rk4'\), got 'euler'"),
         (dict(method="rk4"), r"method='rk4' has no error estimate: give a fixed dt"),
         (dict(Q=torch.eye(3)), r"Q and K must be given together"),
         (dict(Q=torch.eye(2, 3), K=torch.eye(3)), r"Q and K must have the same number of rows m"),
-        (dict(V=torch.eye(4)), r"V must have shape \[3, 3\] or \[2, 3, 3\] \(d = 3\), got \[4, 4\]"),
+        (
+            dict(V=torch.eye(4)),
+            r"V must have shape \[3, 3\] or \[2, 3, 3\] \(d = 3\), got \[4, 4\]",
+        ),
         (dict(times=[0.0, 2.0, 1.0]), r"times must be finite, >= 0 and strictly increasing"),
-        (dict(times=[0.0, 1.0], t_max=2.0), r"give either times=\[\.\.\.\] or t_max/record_every, not both"),
-        (dict(eps=0.0), r"eps must be in \(0, 2\] \(pairs are close when <x_i, x_j> > 1 - eps\), got 0.0"),
-        (dict(dynamics="USA", beta=800.0), r"\(USA\) weights exp\(beta <Qx, Ky>\) can overflow torch.float64"),
+        (
+            dict(times=[0.0, 1.0], t_max=2.0),
+            r"give either times=\[\.\.\.\] or t_max/record_every, not both",
+        ),
+        (
+            dict(eps=0.0),
+            r"eps must be in \(0, 2\] \(pairs are close when <x_i, x_j> > 1 - eps\), got 0.0",
+        ),
+        (
+            dict(dynamics="USA", beta=800.0),
+            r"\(USA\) weights exp\(beta <Qx, Ky>\) can overflow torch.float64",
+        ),
         (dict(tol=-1.0), r"tol must be a finite number > 0, got -1.0"),
     ],
 )
@@ -476,12 +557,19 @@ def test_all_problems_are_reported_together():
 
 
 def test_runtime_errors_name_the_limit():
-    with pytest.raises(TLDynamicsError, match=r"more than max_steps=5 steps before t=10 \(reached t="):
+    with pytest.raises(
+        TLDynamicsError, match=r"more than max_steps=5 steps before t=10 \(reached t="
+    ):
         simulate(X0, 1.0, t_max=10.0, record_every=10.0, max_steps=5)
     run = simulate(X0, 1.0, t_max=1.0, keep_states=False)
-    with pytest.raises(TLDynamicsError, match=r"eps=0.2 was not recorded and states were not kept; recorded eps: \[0.01\]"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"eps=0.2 was not recorded and states were not kept; recorded eps: \[0.01\]",
+    ):
         run.cluster_counts(0.2)
-    with pytest.raises(TLDynamicsError, match=r"random_qkv: kind must be 'gaussian' or 'goe', got 'wishart'"):
+    with pytest.raises(
+        TLDynamicsError, match=r"random_qkv: kind must be 'gaussian' or 'goe', got 'wishart'"
+    ):
         random_qkv(3, "wishart")
     with pytest.raises(TLDynamicsError, match=r"phase_diagram: betas must be a non-empty sequence"):
         phase_diagram([-1.0], [0.0, 1.0])
@@ -556,7 +644,9 @@ def test_report_section_labels_the_plot_and_captions_it_once():
     assert "every token its own cluster" in figure.caption
     html = page.to_html()
     assert html.count(viz.html_escape(figure.caption)) == 1  # captioned once
-    assert html.count("tld-figure tld-svg") == 3 and "clusters (cos &gt; 1 - 0.05)" in html  # y axes labelled
+    assert (
+        html.count("tld-figure tld-svg") == 3 and "clusters (cos &gt; 1 - 0.05)" in html
+    )  # y axes labelled
     assert "time t of the idealised flow" in html and "depth point" in html
 
 

@@ -13,49 +13,106 @@ import pytest
 MAX_NAMES = 93
 SURFACE = {
     "adapter": (
-        "Batch", "LayerAttention", "LayerState", "ModelAdapter", "Prompt", "QueryNorm",
-        "Rotation", "masked_softmax", "shuffled_weights"
+        "Batch",
+        "LayerAttention",
+        "LayerState",
+        "ModelAdapter",
+        "Prompt",
+        "QueryNorm",
+        "Rotation",
+        "masked_softmax",
+        "shuffled_weights",
     ),
-    "atlas": (
-        "HeadAtlas", "compute", "report_section"
-    ),
+    "atlas": ("HeadAtlas", "compute", "report_section"),
     "circuits": (
-        "CircuitsOverview", "composition_scores", "compute", "copying_scores",
-        "offset_summary", "ov_circuit", "prompt_circuit", "qk_circuit",
-        "qk_positivity_scores", "report_section", "token_composition"
+        "CircuitsOverview",
+        "composition_scores",
+        "compute",
+        "copying_scores",
+        "offset_summary",
+        "ov_circuit",
+        "prompt_circuit",
+        "qk_circuit",
+        "qk_positivity_scores",
+        "report_section",
+        "token_composition",
     ),
-    "collect": (
-        "Analysis", "Collector", "ExactSum", "to_host", "torch_threads"
-    ),
+    "collect": ("Analysis", "Collector", "ExactSum", "to_host", "torch_threads"),
     "contextual_mlp": (
-        "ContextualMLP", "ContextualMLPs", "attach", "compute", "compute_rows",
-        "generate_growth", "report_section"
+        "ContextualMLP",
+        "ContextualMLPs",
+        "attach",
+        "compute",
+        "compute_rows",
+        "generate_growth",
+        "report_section",
     ),
     "odds_ratio": (
-        "HeadStats", "OddsRatioResult", "attach", "barycentric", "composed", "compute",
-        "counterfactual_patterns", "markov", "report_section", "sink_facts", "split_scores"
+        "HeadStats",
+        "OddsRatioResult",
+        "attach",
+        "barycentric",
+        "composed",
+        "compute",
+        "counterfactual_patterns",
+        "markov",
+        "report_section",
+        "sink_facts",
+        "split_scores",
     ),
     "particles": (
-        "BesideModel", "ParticleRun", "compute", "from_head", "phase_diagram", "phase_figure",
-        "random_init", "report_section", "simulate"
+        "BesideModel",
+        "ParticleRun",
+        "compute",
+        "from_head",
+        "phase_diagram",
+        "phase_figure",
+        "random_init",
+        "report_section",
+        "simulate",
     ),
     "scale": (
-        "DatasetStats", "load_stats", "merge_stats", "ray_stats", "run_stats", "save_stats",
-        "stats_page"
+        "DatasetStats",
+        "load_stats",
+        "merge_stats",
+        "ray_stats",
+        "run_stats",
+        "save_stats",
+        "stats_page",
     ),
     "trajectories": (
-        "Trajectory", "TrajectoryStats", "attach", "block_jacobian", "class_probe", "compute",
-        "report_section", "stream"
+        "Trajectory",
+        "TrajectoryStats",
+        "attach",
+        "block_jacobian",
+        "class_probe",
+        "compute",
+        "report_section",
+        "stream",
     ),
     "viz": (
-        "Component", "Group", "Page", "attention_grid", "attention_heads",
-        "attention_pattern", "colored_tokens", "colored_tokens_multi", "figure", "group",
-        "heatmap", "html_escape", "line_plot", "notebook_bundle", "small_multiples", "table",
-        "text", "text_neuron_activations", "topk_tokens", "visible_token"
+        "Component",
+        "Group",
+        "Page",
+        "attention_grid",
+        "attention_heads",
+        "attention_pattern",
+        "colored_tokens",
+        "colored_tokens_multi",
+        "figure",
+        "group",
+        "heatmap",
+        "html_escape",
+        "line_plot",
+        "notebook_bundle",
+        "small_multiples",
+        "table",
+        "text",
+        "text_neuron_activations",
+        "topk_tokens",
+        "visible_token",
     ),
-    "zoo": (
-        "export_gpt2", "load", "names"
-    ),
+    "zoo": ("export_gpt2", "load", "names"),
 }
 
 

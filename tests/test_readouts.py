@@ -57,8 +57,9 @@ def test_previous_token_heads_do_not_sink_on_the_first_token(induction, fast):
     old_column = (la0.pattern() * la0.query_valid[:, None, :, None]).sum(2)
     assert (old_column.argmax(-1)[:, list(PREV_HEADS)] == 0).float().mean() > 0.5
     for layer, la in captured.items():
-        _, sinks = _stats.layer_sums(la.q, la.k, la.scale, None, la.allowed, la.query_valid,
-                                     fast=fast)
+        _, sinks = _stats.layer_sums(
+            la.q, la.k, la.scale, None, la.allowed, la.query_valid, fast=fast
+        )
         first = _stats.first_sinks(sinks).float().mean(0)  # [head]
         if layer == 0:
             assert (first[list(PREV_HEADS)] == 0).all(), first
@@ -141,6 +142,7 @@ def untrained(tmp_path_factory) -> ModelAdapter:
 
 def section_text(page) -> str:
     import html
+
     return html.unescape("\n".join(item._repr_html_() for item in page.sections[0].items))
 
 
@@ -161,13 +163,17 @@ def test_copying_head_is_named_only_beyond_chance(induction, untrained):
 
     trained = circuits.copying_scores(induction)
     head = trained.best(1)
-    assert trained.beyond_chance(1, head) and "has the highest OV copying score" in trained.verdict(1)
+    assert trained.beyond_chance(1, head) and "has the highest OV copying score" in trained.verdict(
+        1
+    )
     control = circuits.copying_scores(untrained)
     assert not any(control.beyond_chance(1, h) for h in range(untrained.n_heads))
     assert control.verdict(1).startswith("No head in layer 1 copies")
     assert "highest OV copying score in layer" not in control.verdict(1)
-    for adapter, expected in ((induction, "has the highest OV copying score"),
-                              (untrained, "No head in layer 1 copies")):
+    for adapter, expected in (
+        (induction, "has the highest OV copying score"),
+        (untrained, "No head in layer 1 copies"),
+    ):
         page = viz.Page("t")
         circuits.report_section(page, adapter, adapter.tokenize("ABCDEFGHABCDEFGH"))
         text = section_text(page)
@@ -206,4 +212,5 @@ def test_odds_ratio_headlines_need_the_label_threshold(induction):
 
 def viz_group():
     from tl_dynamics import viz
+
     return viz.group(viz.text("x"))

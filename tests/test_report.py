@@ -17,7 +17,9 @@ def test_report_on_a_tiny_model_has_every_registered_section():
     assert page.failed_sections == [], page.failed_sections
     html = page.to_html()
     assert 'class="tld-view"' in html and "default-src 'none'" in html
-    assert '<nav class="toc">' in html and all(f'href="#{s}' in html for s in ("attention-patterns",))
+    assert '<nav class="toc">' in html and all(
+        f'href="#{s}' in html for s in ("attention-patterns",)
+    )
 
 
 def test_registry_is_explicit_and_complete():
@@ -32,15 +34,19 @@ def test_registry_is_explicit_and_complete():
         assert analysis.attach is getattr(pkg, "attach", None)
         # the registry lives in report.py: no package face exports its entry class
         assert analysis.__module__ == "tl_dynamics.report" and not any(
-            name.endswith("Analysis") for name in pkg.__all__)
+            name.endswith("Analysis") for name in pkg.__all__
+        )
 
 
 def section(name, fn):
     """A registry entry for a report section function."""
     from tl_dynamics.collect import Analysis
 
-    return type(name, (Analysis,), {"name": name, "compute": staticmethod(fn),
-                                    "report_section": staticmethod(fn)})
+    return type(
+        name,
+        (Analysis,),
+        {"name": name, "compute": staticmethod(fn), "report_section": staticmethod(fn)},
+    )
 
 
 def test_not_applicable_sections_get_one_message_and_bugs_are_reported():
@@ -50,8 +56,11 @@ def test_not_applicable_sections_get_one_message_and_bugs_are_reported():
     def broken(page, adapter, batch):
         raise ValueError("boom")
 
-    page = report.build_report(testing.cached_model("gpt2"), "x = 1",
-                               sections=(section("needs_rotary", not_here), section("broken", broken)))
+    page = report.build_report(
+        testing.cached_model("gpt2"),
+        "x = 1",
+        sections=(section("needs_rotary", not_here), section("broken", broken)),
+    )
     html = page.to_html()
     assert "Not shown for this model: needs rotary embeddings" in html
     assert page.failed_sections == ["broken"] and "This section failed: ValueError: boom" in html
@@ -94,8 +103,9 @@ def test_head_statistics_on_planted_patterns():
     induction[3, 1], induction[4, 2], induction[5, 3] = 1, 1, 1  # x[j-1] == x[i]
     stats = head_statistics(torch.stack([previous, uniform, induction]), allowed, tokens)
     assert stats["previous_token"][0] == 1 and stats["entropy"][0] == 0
-    assert np.isclose(stats["entropy"][1], 1) and np.isclose(stats["first_token"][1],
-                                                             np.mean(1 / np.arange(1, n + 1)))
+    assert np.isclose(stats["entropy"][1], 1) and np.isclose(
+        stats["first_token"][1], np.mean(1 / np.arange(1, n + 1))
+    )
     assert stats["induction"][2] == 1 and stats["induction"][0] == 0
     no_repeats = head_statistics(uniform[None], allowed, torch.arange(n))
     assert np.isnan(no_repeats["induction"][0])
@@ -123,14 +133,17 @@ def test_attention_section_thumbnails_every_head_and_focuses_on_request():
     from tl_dynamics.adapter import ModelAdapter
 
     adapter = ModelAdapter(model)
-    report.attention_section(page, adapter, adapter.tokenize("x = 1\ny = x + x\n"), layers=[1],
-                             heads=[(1, 3)])
+    report.attention_section(
+        page, adapter, adapter.tokenize("x = 1\ny = x + x\n"), layers=[1], heads=[(1, 3)]
+    )
     grid = [c for c in page.sections[0].items if getattr(c, "name", None) == "AttentionGrid"][0]
     assert grid.props["attentionHeadNames"] == [f"L1H{h}" for h in range(adapter.n_heads)]
     assert 3 in grid.props["full"]
     with pytest.raises(TLDynamicsError, match="layer"):
         report.attention_section(page, adapter, adapter.tokenize("x"), heads=[(9, 0)])
-    with pytest.raises(TLDynamicsError, match=r"heads \['L0H1'\] are in layers not shown \(layers \[1\]\)"):
+    with pytest.raises(
+        TLDynamicsError, match=r"heads \['L0H1'\] are in layers not shown \(layers \[1\]\)"
+    ):
         report.attention_section(page, adapter, adapter.tokenize("x"), layers=[1], heads=[(0, 1)])
 
 
@@ -143,7 +156,9 @@ def test_cli_report_with_the_default_model(tmp_path, capsys):
 
 
 def test_cli_unknown_model_names_what_is_valid(tmp_path, capsys):
-    code = cli.main(["report", "--model", "./no/such/folder.bin", "--out", str(tmp_path / "r.html")])
+    code = cli.main(
+        ["report", "--model", "./no/such/folder.bin", "--out", str(tmp_path / "r.html")]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "no such folder" in err and "shipped model" in err
@@ -158,11 +173,13 @@ def test_hub_ids_with_dots_go_to_the_hub_not_the_file_system(monkeypatch):
     from tl_dynamics import models
 
     asked = []
-    monkeypatch.setattr(models, "_load_hub", lambda name, where: asked.append((name, where))
-                        or object())
+    monkeypatch.setattr(
+        models, "_load_hub", lambda name, where: asked.append((name, where)) or object()
+    )
     load_model("Qwen/Qwen2.5-0.5B", device="cpu", dtype="float16")
-    assert asked == [("Qwen/Qwen2.5-0.5B", models.devices.Placement(torch.device("cpu"),
-                                                                   torch.float16))]
+    assert asked == [
+        ("Qwen/Qwen2.5-0.5B", models.devices.Placement(torch.device("cpu"), torch.float16))
+    ]
     with pytest.raises(TLDynamicsError, match="no such folder"):
         load_model("./models/Qwen2.5-0.5B")
 
@@ -181,8 +198,11 @@ def _attention_sentence(model, tokens):
     report.attention_section(page, adapter, adapter.tokenize(tokens))
     import html
 
-    return " ".join(html.unescape(c.html) for c in page.sections[0].items
-                    if isinstance(c, viz.Component) and c.name is None and c.html)
+    return " ".join(
+        html.unescape(c.html)
+        for c in page.sections[0].items
+        if isinstance(c, viz.Component) and c.name is None and c.html
+    )
 
 
 def test_attention_headline_names_a_head_only_where_it_does_the_thing():

@@ -20,10 +20,17 @@ def long_llama(tmp_path_factory):
     import transformers
 
     tok = testing.tokenizer()
-    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=N_CTX,
-                                      bos_token_id=0, eos_token_id=0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=N_CTX,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("long") / "llama"
     transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
@@ -49,7 +56,7 @@ def test_the_page_is_bounded_at_long_prompts(long_llama):
     n_heads = 2 * 4
     # full patterns: within the cell budget (one head at 2,048 positions), never all heads
     full = _grid(long).props["full"]
-    assert 1 <= len(full) <= max(1, _heads.FULL_DETAIL_CELLS // N_CTX ** 2) < n_heads
+    assert 1 <= len(full) <= max(1, _heads.FULL_DETAIL_CELLS // N_CTX**2) < n_heads
     # thumbnails: every head, each at most THUMB_CELLS x THUMB_CELLS
     html = long.to_html()
     assert f"{n_heads} heads; full patterns kept for {len(full)}" in html

@@ -37,7 +37,9 @@ def sae_at(hook: str, d_in: int, seed: int = 0):
     """A random StandardSAE (4 x d_in features) reading and writing at ``hook``."""
     from sae_lens.saes.sae import SAEMetadata
 
-    cfg = sae_lens.StandardSAEConfig(d_in=d_in, d_sae=4 * d_in, metadata=SAEMetadata(hook_name=hook))
+    cfg = sae_lens.StandardSAEConfig(
+        d_in=d_in, d_sae=4 * d_in, metadata=SAEMetadata(hook_name=hook)
+    )
     sae = sae_lens.StandardSAE(cfg)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -60,8 +62,12 @@ ATTENTION = {
 
 def _width(model, kind: str, n_pos: int) -> int:
     cfg = model.cfg
-    return {"z": cfg.n_heads * cfg.d_head, "d_head": cfg.d_head, "pos": n_pos,
-            "d_model": cfg.d_model}[kind]
+    return {
+        "z": cfg.n_heads * cfg.d_head,
+        "d_head": cfg.d_head,
+        "pos": n_pos,
+        "d_model": cfg.d_model,
+    }[kind]
 
 
 @pytest.mark.parametrize("hook", list(ATTENTION))
@@ -72,8 +78,12 @@ def test_an_sae_inside_attention_is_refused_by_name(model, hook):
     spliced = model.run_with_cache(PROMPT)[1]
     assert f"{hook}.hook_sae_output" in spliced  # the SAE is really in the forward pass
     message = f"SAE (_SAEWrapper) spliced at '{hook}': "
-    for call in (lambda: ModelAdapter(model), lambda: circuits.copying_scores(model),
-                 lambda: trajectories.compute(model, PROMPT), lambda: atlas.compute(model)):
+    for call in (
+        lambda: ModelAdapter(model),
+        lambda: circuits.copying_scores(model),
+        lambda: trajectories.compute(model, PROMPT),
+        lambda: atlas.compute(model),
+    ):
         with pytest.raises(TLDynamicsError) as info:
             call()
         assert message in str(info.value) and why in str(info.value)
@@ -90,8 +100,14 @@ def test_an_sae_spliced_after_the_adapter_was_made_is_refused(model):
     assert len(adapter.attention(PROMPT)) == model.cfg.n_layers
 
 
-@pytest.mark.parametrize("hooks", [["blocks.1.hook_resid_pre"], ["blocks.0.hook_mlp_out"],
-                                   ["blocks.0.hook_resid_mid", "blocks.1.hook_resid_pre"]])
+@pytest.mark.parametrize(
+    "hooks",
+    [
+        ["blocks.1.hook_resid_pre"],
+        ["blocks.0.hook_mlp_out"],
+        ["blocks.0.hook_resid_mid", "blocks.1.hook_resid_pre"],
+    ],
+)
 def test_saes_in_the_stream_are_read_as_spliced(model, hooks):
     """Trajectories and captured attention equal the spliced forward (run_with_cache), and
     differ from the model without the SAEs (so the SAEs matter)."""
@@ -105,8 +121,11 @@ def test_saes_in_the_stream_are_read_as_spliced(model, hooks):
         return cache[f"{name}.hook_sae_output"] if name in hooks else cache[name]
 
     traj = trajectories.compute(model, PROMPT, flattened=True)
-    names = [f"blocks.{layer}.hook_{kind}" for layer in range(model.cfg.n_layers)
-             for kind in ("resid_pre", "resid_mid")] + [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    names = [
+        f"blocks.{layer}.hook_{kind}"
+        for layer in range(model.cfg.n_layers)
+        for kind in ("resid_pre", "resid_mid")
+    ] + [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
     assert traj.n_points == len(names)
     want = torch.stack([stream(name)[0].norm(dim=-1) for name in names])  # [point, pos]
     torch.testing.assert_close(traj.norm[0], want, rtol=TOL, atol=TOL)

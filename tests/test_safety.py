@@ -34,8 +34,10 @@ def model():
 @pytest.fixture
 def no_loading(monkeypatch):
     """Fail the test if a model gets loaded: the checks must come first."""
+
     def refuse(name=None):
         raise AssertionError(f"model {name!r} was loaded before the inputs were checked")
+
     monkeypatch.setattr(models, "resolve", refuse)
 
 
@@ -63,10 +65,23 @@ def test_stats_out_that_is_the_corpus_is_refused_even_through_links(tmp_path, ca
     corpus.write_text("\n".join(CORPUS) + "\n")
     (tmp_path / "link.txt").symlink_to(corpus)
     os.link(corpus, tmp_path / "hard.txt")
-    for out in (corpus, tmp_path / "link.txt", tmp_path / "hard.txt",
-                tmp_path / "." / "corpus.txt"):
-        code, _, err = main(capsys, "stats", "--model", NAME, "--prompts", str(corpus), "--out",
-                            str(out), "--no-progress")
+    for out in (
+        corpus,
+        tmp_path / "link.txt",
+        tmp_path / "hard.txt",
+        tmp_path / "." / "corpus.txt",
+    ):
+        code, _, err = main(
+            capsys,
+            "stats",
+            "--model",
+            NAME,
+            "--prompts",
+            str(corpus),
+            "--out",
+            str(out),
+            "--no-progress",
+        )
         assert code == 2 and "is the same file as --prompts" in err, err
     assert corpus.read_text() == "\n".join(CORPUS) + "\n"
 
@@ -92,8 +107,17 @@ def test_a_checkpoint_is_never_replaced_without_resume(model, tmp_path, capsys, 
     out = tmp_path / "s.safetensors"
     partial = tmp_path / "s.safetensors.partial"
     partial.write_bytes(b"an unfinished run")
-    code, _, err = main(capsys, "stats", "--model", NAME, "--prompts", str(tmp_path / "c.txt"),
-                        "--out", str(out), "--no-progress")
+    code, _, err = main(
+        capsys,
+        "stats",
+        "--model",
+        NAME,
+        "--prompts",
+        str(tmp_path / "c.txt"),
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert code == 2 and "a checkpoint of an unfinished run exists" in err and "--resume" in err
     with pytest.raises(TLDynamicsError, match="checkpoint of an unfinished run exists"):
         run(model, CORPUS, out)
@@ -101,8 +125,7 @@ def test_a_checkpoint_is_never_replaced_without_resume(model, tmp_path, capsys, 
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
-def test_unwritable_or_impossible_output_folders_fail_before_any_work(tmp_path, capsys,
-                                                                      no_loading):
+def test_unwritable_or_impossible_output_folders_fail_before_any_work(tmp_path, capsys, no_loading):
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
@@ -110,8 +133,10 @@ def test_unwritable_or_impossible_output_folders_fail_before_any_work(tmp_path, 
     a_file.write_text("x")
     corpus = tmp_path / "c.txt"
     corpus.write_text("a = 1\n")
-    for out, message in [(locked / "s.safetensors", "is not writable"),
-                         (a_file / "s.safetensors", "is a file, so nothing can be written")]:
+    for out, message in [
+        (locked / "s.safetensors", "is not writable"),
+        (a_file / "s.safetensors", "is a file, so nothing can be written"),
+    ]:
         code, _, err = main(capsys, "stats", "--prompts", str(corpus), "--out", str(out))
         assert code == 2 and message in err, err
         code, _, err = main(capsys, "heads", "--out", str(out))
@@ -132,8 +157,9 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         files.write_text(path, "new page")
     monkeypatch.undo()
-    assert path.read_text() == "old page" and sorted(p.name for p in tmp_path.iterdir()) == \
-        ["page.html"]  # no temporary file left behind
+    assert path.read_text() == "old page" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "page.html"
+    ]  # no temporary file left behind
     files.write_text(path, "new page")
     assert path.read_text() == "new page" and path.stat().st_mode & 0o777 == 0o640
 
@@ -145,9 +171,12 @@ def test_resume_refuses_a_different_corpus_by_name(model, tmp_path):
     a.write_text("\n".join(CORPUS) + "\n")
     b.write_text("\n".join(reversed(CORPUS)) + "\n")
     run(model, a, out, max_batches=1, checkpoint_every=1)
-    with pytest.raises(TLDynamicsError, match=r"made from different prompts: it holds 4 prompts "
-                                              r"\(hash [0-9a-f]{64}\), but the first 1 batches of "
-                                              r"--prompts '.*B.txt' are 4 prompts"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"made from different prompts: it holds 4 prompts "
+        r"\(hash [0-9a-f]{64}\), but the first 1 batches of "
+        r"--prompts '.*B.txt' are 4 prompts",
+    ):
         run(model, b, out, resume=True)
     shorter = tmp_path / "short.txt"
     shorter.write_text("a = 1\n")
@@ -171,8 +200,7 @@ class _Marker:
 
 def test_no_loader_runs_code_from_a_crafted_file(tmp_path, capsys):
     marker = tmp_path / "RAN"
-    payload = {"format": SAVE_FORMAT,
-               "state": _Marker(marker)}
+    payload = {"format": SAVE_FORMAT, "state": _Marker(marker)}
     as_torch = tmp_path / "mlp.pt"
     torch.save(payload, as_torch)
     as_pickle = tmp_path / "raw.pkl"
@@ -182,13 +210,16 @@ def test_no_loader_runs_code_from_a_crafted_file(tmp_path, capsys):
             cm.ContextualMLP.load(crafted)
         with pytest.raises(TLDynamicsError, match="not a tl-dynamics statistics file"):
             scale.load_stats(crafted)
-        assert main(capsys, "report", "--stats", str(crafted), "--out",
-                    str(tmp_path / "p.html"))[0] == 2
+        assert (
+            main(capsys, "report", "--stats", str(crafted), "--out", str(tmp_path / "p.html"))[0]
+            == 2
+        )
     # a TransformerLens checkpoint folder whose weights are a pickle
     native = tmp_path / "native"
     native.mkdir()
-    (native / "config.json").write_text(json.dumps(dict(testing.NATIVE_VARIANTS["native"],
-                                                        d_vocab=512)))
+    (native / "config.json").write_text(
+        json.dumps(dict(testing.NATIVE_VARIANTS["native"], d_vocab=512))
+    )
     torch.save({"W": _Marker(marker)}, native / "model.safetensors")
     with pytest.raises(TLDynamicsError, match="not a readable safetensors file"):
         models.load_model(native)
@@ -209,8 +240,11 @@ def test_one_long_prompt_names_its_line_and_can_be_skipped_or_truncated(model, t
     corpus = tmp_path / "corpus.txt"
     lines = CORPUS[:2] + [LONG] + CORPUS[2:6]
     corpus.write_text("\n".join(lines) + "\n")
-    with pytest.raises(TLDynamicsError, match=r"corpus.txt:3: the prompt has \d+ tokens but this "
-                                              r"model's context is 64; pass --on-long truncate"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"corpus.txt:3: the prompt has \d+ tokens but this "
+        r"model's context is 64; pass --on-long truncate",
+    ):
         run(model, corpus, tmp_path / "e.safetensors")
     skipped = run(model, corpus, tmp_path / "s.safetensors", on_long="skip")
     assert skipped.n_prompts == 6 and skipped.skipped == {"skipped_long": 1}
@@ -220,14 +254,16 @@ def test_one_long_prompt_names_its_line_and_can_be_skipped_or_truncated(model, t
     loaded = scale.load_stats(tmp_path / "s.safetensors")
     assert loaded.skipped == {"skipped_long": 1} and loaded == skipped
     html = scale.stats_page(loaded).to_html()
-    assert "1 longer than the model&#x27;s context, left out" in html or \
-        "1 longer than the model's context, left out" in html
+    assert (
+        "1 longer than the model&#x27;s context, left out" in html
+        or "1 longer than the model's context, left out" in html
+    )
     cut = run(model, corpus, on_long="truncate")
     assert cut.n_prompts == 7 and cut.skipped == {"truncated": 1}
     adapter = ModelAdapter.of(model)
     kept = _corpus.PromptCheck("truncate", 64, _corpus.token_counter(adapter))("x", LONG)
     assert LONG.startswith(kept) and len(adapter.tokenize(kept).tokens[0]) <= 64
-    assert _corpus.token_counter(adapter)(LONG[:len(kept) + 1]) > 64  # the longest that fits
+    assert _corpus.token_counter(adapter)(LONG[: len(kept) + 1]) > 64  # the longest that fits
 
 
 def test_undecodable_lines_and_lone_surrogates_name_their_line(model, tmp_path, capsys):
@@ -240,16 +276,39 @@ def test_undecodable_lines_and_lone_surrogates_name_their_line(model, tmp_path, 
     assert scale.load_stats(out).n_prompts == 2
     lines = tmp_path / "c.jsonl"
     lines.write_text('{"text": "a = 1"}\n{"text": "b \\ud800 c"}\n')
-    with pytest.raises(TLDynamicsError, match=r"c.jsonl:2: not valid UTF-8 text \(or a lone "
-                                              "surrogate\\)"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"c.jsonl:2: not valid UTF-8 text \(or a lone "
+        "surrogate\\)",
+    ):
         run(model, lines)
     with pytest.raises(TLDynamicsError, match="prompt 1: not valid UTF-8"):
         run(model, ["a = 1", "b \ud800"])
-    code, _, err = main(capsys, "stats", "--model", NAME, "--prompts", str(raw), "--out",
-                        str(tmp_path / "cli.safetensors"), "--no-progress")
+    code, _, err = main(
+        capsys,
+        "stats",
+        "--model",
+        NAME,
+        "--prompts",
+        str(raw),
+        "--out",
+        str(tmp_path / "cli.safetensors"),
+        "--no-progress",
+    )
     assert code == 2 and "raw.txt:2: not valid UTF-8" in err and "Traceback" not in err
-    code, out, _ = main(capsys, "stats", "--model", NAME, "--prompts", str(raw), "--out",
-                        str(tmp_path / "cli.safetensors"), "--no-progress", "--on-long", "skip")
+    code, out, _ = main(
+        capsys,
+        "stats",
+        "--model",
+        NAME,
+        "--prompts",
+        str(raw),
+        "--out",
+        str(tmp_path / "cli.safetensors"),
+        "--no-progress",
+        "--on-long",
+        "skip",
+    )
     assert code == 0 and "2 prompts" in out
     assert scale.load_stats(tmp_path / "cli.safetensors").skipped == {"skipped_undecodable": 1}
 
@@ -260,7 +319,7 @@ def _parts(path_or_bytes):
     from safetensors.numpy import load
 
     n = int.from_bytes(data[:8], "little")
-    meta = json.loads(data[8:8 + n])["__metadata__"]
+    meta = json.loads(data[8 : 8 + n])["__metadata__"]
     return load(data), meta
 
 
@@ -280,19 +339,26 @@ def _with_header(path, edit):
     return _repack(tensors, meta, json.dumps(header, allow_nan=True))
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda h: h.update(n_prompts=float("inf")), "not valid JSON"),
-    (lambda h: h.update(n_prompts=[6]), "n_prompts must be an integer"),
-    (lambda h: h.update(n_prompts=-6), "n_prompts must be an integer in 0.."),
-    (lambda h: h.update(analyses=["odds_ratio", "trajectories", "heads"]), "analyses"),
-    (lambda h: h["odds_ratio"].update(layers=[0]), "odds_ratio.scale has 2 entries for 1 layers"),
-    (lambda h: h["odds_ratio"].update(heads=[0, 1]), "has shape \\[.*\\]; the header implies"),
-    (lambda h: h["trajectories"]["meta"].update(d_model=32), "state_sum.limbs has shape"),
-    (lambda h: h["settings"].update(batch_size=0), "settings.batch_size must be an integer"),
-    (lambda h: h.update(extra=1), "unknown \\['extra'\\]"),
-])
-def test_crafted_headers_with_a_recomputed_checksum_are_refused(stats_file, tmp_path, edit,
-                                                               message):
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda h: h.update(n_prompts=float("inf")), "not valid JSON"),
+        (lambda h: h.update(n_prompts=[6]), "n_prompts must be an integer"),
+        (lambda h: h.update(n_prompts=-6), "n_prompts must be an integer in 0.."),
+        (lambda h: h.update(analyses=["odds_ratio", "trajectories", "heads"]), "analyses"),
+        (
+            lambda h: h["odds_ratio"].update(layers=[0]),
+            "odds_ratio.scale has 2 entries for 1 layers",
+        ),
+        (lambda h: h["odds_ratio"].update(heads=[0, 1]), "has shape \\[.*\\]; the header implies"),
+        (lambda h: h["trajectories"]["meta"].update(d_model=32), "state_sum.limbs has shape"),
+        (lambda h: h["settings"].update(batch_size=0), "settings.batch_size must be an integer"),
+        (lambda h: h.update(extra=1), "unknown \\['extra'\\]"),
+    ],
+)
+def test_crafted_headers_with_a_recomputed_checksum_are_refused(
+    stats_file, tmp_path, edit, message
+):
     path = tmp_path / "crafted.safetensors"
     path.write_bytes(_with_header(stats_file, edit))
     with pytest.raises(TLDynamicsError, match=message):
@@ -313,8 +379,9 @@ def test_crafted_tensors_are_refused(stats_file, tmp_path):
             scale.load_stats(path)
 
 
-def test_partial_files_need_asking_and_merging_a_file_with_itself_is_refused(model, stats_file,
-                                                                            tmp_path, capsys):
+def test_partial_files_need_asking_and_merging_a_file_with_itself_is_refused(
+    model, stats_file, tmp_path, capsys
+):
     out = tmp_path / "p.safetensors"
     run(model, CORPUS, out, max_batches=1)
     partial = tmp_path / "p.safetensors.partial"
@@ -323,8 +390,10 @@ def test_partial_files_need_asking_and_merging_a_file_with_itself_is_refused(mod
     page = tmp_path / "p.html"
     code, _, err = main(capsys, "report", "--stats", str(partial), "--out", str(page))
     assert code == 2 and "--allow-partial" in err and not page.exists()
-    assert main(capsys, "report", "--stats", str(partial), "--out", str(page),
-                "--allow-partial")[0] == 0
+    assert (
+        main(capsys, "report", "--stats", str(partial), "--out", str(page), "--allow-partial")[0]
+        == 0
+    )
     with pytest.raises(TLDynamicsError, match="items 0 and 1 hold the same prompts"):
         scale.merge_stats(stats_file, stats_file)
     copy = tmp_path / "copy.safetensors"
@@ -334,9 +403,15 @@ def test_partial_files_need_asking_and_merging_a_file_with_itself_is_refused(mod
 
 
 # ---------------------------------------------------------------------- 10. fuzz
-_BAD = {int: ["x", 1.5, -1, True], float: ["x", -1.0, float("inf"), float("nan"), True],
-        str: [5, [], None, True], bool: [5, "x", None], type(None): ["x", -1, True, {}],
-        list: ["x", {}, 5, []], dict: ["x", [], 5]}
+_BAD = {
+    int: ["x", 1.5, -1, True],
+    float: ["x", -1.0, float("inf"), float("nan"), True],
+    str: [5, [], None, True],
+    bool: [5, "x", None],
+    type(None): ["x", -1, True, {}],
+    list: ["x", {}, 5, []],
+    dict: ["x", [], 5],
+}
 
 
 def _paths(node, prefix=()):
@@ -383,8 +458,11 @@ def _mutate_tensors(tensors, rng):
     elif kind == 3:
         tensors[name] = array.reshape(array.shape + (1,))
     elif kind == 4:
-        tensors[name] = np.concatenate([array.reshape(-1), array.reshape(-1)[:1]]) \
-            if array.size else np.zeros(1, dtype=np.int64)
+        tensors[name] = (
+            np.concatenate([array.reshape(-1), array.reshape(-1)[:1]])
+            if array.size
+            else np.zeros(1, dtype=np.int64)
+        )
     elif name.endswith("exponent"):
         tensors[name] = np.array([rng.choice([1 << 62, -(1 << 62), 1 << 20, int(array[0]) + 1])])
     elif name.endswith("limbs"):
@@ -426,8 +504,16 @@ def test_fuzz_mutated_statistics_files_load_equal_or_raise_tldynamicserror(model
         else:  # the metadata itself: the checkpoint position, unknown keys, the checksum
             meta = dict(meta)
             target = rng.choice([_format.CHECKPOINT_KEY, "bogus", _format.CHECKSUM_KEY])
-            meta[target] = rng.choice(['{"next_batch": -1}', '{"next_batch": "1"}', "[]",
-                                       '{"next_batch": 1, "x": 2}', "nope", "0" * 64])
+            meta[target] = rng.choice(
+                [
+                    '{"next_batch": -1}',
+                    '{"next_batch": "1"}',
+                    "[]",
+                    '{"next_batch": 1, "x": 2}',
+                    "nope",
+                    "0" * 64,
+                ]
+            )
             data = _repack(tensors, meta, checksum=target != _format.CHECKSUM_KEY)
         path = tmp_path / "fuzz.safetensors"
         path.write_bytes(data)
@@ -440,8 +526,9 @@ def test_fuzz_mutated_statistics_files_load_equal_or_raise_tldynamicserror(model
         except Exception as exc:  # a raw exception: the defect this test exists for
             pytest.fail(f"mutation {i} (kind {kind}) raised {type(exc).__name__}: {exc}")
         expected = whole if i % 2 == 0 else partial
-        assert _format.to_bytes(loaded) == _format.to_bytes(expected), \
+        assert _format.to_bytes(loaded) == _format.to_bytes(expected), (
             f"mutation {i} (kind {kind}) was silently accepted"
+        )
         outcomes["equal"] += 1
     assert sum(outcomes.values()) == 2400 and outcomes["refused"] > 2000, outcomes
 
@@ -453,9 +540,15 @@ def _gpt2(tmp_path, n_layer, n_head, n_embd):
     from tl_dynamics import compat
 
     tok = testing.tokenizer()
-    config = transformers.GPT2Config(vocab_size=len(tok), bos_token_id=0, eos_token_id=0,
-                                     n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                                     n_positions=64)
+    config = transformers.GPT2Config(
+        vocab_size=len(tok),
+        bos_token_id=0,
+        eos_token_id=0,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        n_positions=64,
+    )
     torch.manual_seed(0)
     folder = tmp_path / "gpt2"
     transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
@@ -463,12 +556,16 @@ def _gpt2(tmp_path, n_layer, n_head, n_embd):
     return compat.bridge_class().boot_transformers(str(folder), device="cpu").eval()
 
 
-@pytest.mark.parametrize("shape, prompt", [
-    ((1, 4, 16), "def f(x): return x + 1"),  # one layer
-    ((2, 1, 16), "def f(x): return x + 1"),  # one head
-    ((2, 4, 4), "def f(x): return x + 1"),   # d_head 1
-    ((2, 4, 16), "x"),                       # a one-token prompt
-], ids=["1-layer", "1-head", "d_head-1", "1-token"])
+@pytest.mark.parametrize(
+    "shape, prompt",
+    [
+        ((1, 4, 16), "def f(x): return x + 1"),  # one layer
+        ((2, 1, 16), "def f(x): return x + 1"),  # one head
+        ((2, 4, 4), "def f(x): return x + 1"),  # d_head 1
+        ((2, 4, 16), "x"),  # a one-token prompt
+    ],
+    ids=["1-layer", "1-head", "d_head-1", "1-token"],
+)
 def test_every_model_shape_builds_the_full_report(tmp_path, shape, prompt):
     from tl_dynamics import report
 
@@ -484,8 +581,9 @@ def test_empty_and_one_cell_maps_have_a_size():
     for values in (np.zeros((0, 3)), np.zeros((1, 1)), np.zeros((0, 0))):
         spec, height = _specs.canvas_spec("Heatmap", {"values": values})
         assert spec["kind"] == "heatmap" and height >= 140
-    spec, height = _specs.canvas_spec("AttentionGrid", {"thumbs": np.zeros((0, 2, 2)), "full": {},
-                                                        "tokens": ["a", "b"]})
+    spec, height = _specs.canvas_spec(
+        "AttentionGrid", {"thumbs": np.zeros((0, 2, 2)), "full": {}, "tokens": ["a", "b"]}
+    )
     assert spec["names"] == [] and height == 700
 
 
@@ -513,10 +611,12 @@ def test_atlas_runs_the_probes_in_chunks_with_the_same_numbers(monkeypatch):
     for key, value in whole.scores.items():
         np.testing.assert_allclose(chunked.scores[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
     for key, value in whole.delta_loss.items():
-        np.testing.assert_allclose(chunked.delta_loss[key], value, rtol=1e-4, atol=1e-5,
-                                   err_msg=key)
-    assert {k: r.roles for k, r in chunked.roles.items()} == \
-        {k: r.roles for k, r in whole.roles.items()}
+        np.testing.assert_allclose(
+            chunked.delta_loss[key], value, rtol=1e-4, atol=1e-5, err_msg=key
+        )
+    assert {k: r.roles for k, r in chunked.roles.items()} == {
+        k: r.roles for k, r in whole.roles.items()
+    }
 
 
 def test_a_crafted_contextual_mlp_description_names_only_known_classes(tmp_path):
@@ -525,18 +625,24 @@ def test_a_crafted_contextual_mlp_description_names_only_known_classes(tmp_path)
     def craft(tree):
         path = tmp_path / "mlp.safetensors"
         text = tree if isinstance(tree, str) else json.dumps(tree)
-        save_file({"t": torch.zeros(2)}, str(path), metadata={
-            "tl_dynamics.contextual_mlp": f'{{"format": "{SAVE_FORMAT}", "tree": {text}}}'})
+        save_file(
+            {"t": torch.zeros(2)},
+            str(path),
+            metadata={
+                "tl_dynamics.contextual_mlp": f'{{"format": "{SAVE_FORMAT}", "tree": {text}}}'
+            },
+        )
         return path
 
-    cases = [({"type": "os.system", "fields": {}}, "unknown type 'os.system'"),
-             ({"type": "ContextualMLP", "fields": {"layer": 0, "evil": 1}}, "has no fields"),
-             ({"type": "ContextualMLP", "fields": {"layer": 0}}, "fields do not fit"),
-             ({"tensor": "missing"}, "tensor 'missing' is missing"),
-             ({"tuple": [{"tuple": []}] * 2, "x": 1}, "malformed entry"),
-             ('{"tuple": ' * 3000 + "[]" + "}" * 3000,
-              "not a saved ContextualMLP|nested too deeply"),
-             ("[" * 100000 + "]" * 100000, "not a saved ContextualMLP")]
+    cases = [
+        ({"type": "os.system", "fields": {}}, "unknown type 'os.system'"),
+        ({"type": "ContextualMLP", "fields": {"layer": 0, "evil": 1}}, "has no fields"),
+        ({"type": "ContextualMLP", "fields": {"layer": 0}}, "fields do not fit"),
+        ({"tensor": "missing"}, "tensor 'missing' is missing"),
+        ({"tuple": [{"tuple": []}] * 2, "x": 1}, "malformed entry"),
+        ('{"tuple": ' * 3000 + "[]" + "}" * 3000, "not a saved ContextualMLP|nested too deeply"),
+        ("[" * 100000 + "]" * 100000, "not a saved ContextualMLP"),
+    ]
     for tree, message in cases:
         with pytest.raises(TLDynamicsError, match=message):
             cm.ContextualMLP.load(craft(tree))
@@ -548,6 +654,8 @@ def test_a_missing_output_folder_is_refused_and_nothing_is_created(tmp_path, cap
     out = tmp_path / "reprots" / "sub" / "page.html"
     with pytest.raises(TLDynamicsError, match=r"the folder .*reprots does not exist"):
         files.check_output(out, example="page.html")
-    code = cli.main(["report", "--model", "tiny-random:gpt2", "--prompt", "a = 1", "--out", str(out)])
+    code = cli.main(
+        ["report", "--model", "tiny-random:gpt2", "--prompt", "a = 1", "--out", str(out)]
+    )
     assert code != 0 and "reprots does not exist" in capsys.readouterr().err
     assert not (tmp_path / "reprots").exists()

@@ -25,8 +25,10 @@ from helpers import requires_hooked
 from tl_dynamics.scale import _run
 
 NAME = "tiny-random:gpt2"
-CORPUS = [f"def f{i}(x):\n    return x * {i} + {i % 7}" if i % 3 else f"import os  # {i}"
-          for i in range(22)]
+CORPUS = [
+    f"def f{i}(x):\n    return x * {i} + {i % 7}" if i % 3 else f"import os  # {i}"
+    for i in range(22)
+]
 BATCH = 4
 
 
@@ -66,8 +68,9 @@ def test_exact_sums_are_canonical_compact_and_correctly_rounded():
     # a 33 x 4,096 array of ordinary values stays a few limbs deep (not Python big integers)
     big = ExactSum.of(torch.randn(33, 4096, dtype=torch.float64))
     assert big.limbs.shape[0] <= 4 and sum(a.nbytes for a in big.arrays().values()) < 5e6
-    special = ExactSum.of(torch.tensor([math.inf, 1.0, math.nan], dtype=torch.float64)) + \
-        ExactSum.of(torch.tensor([-math.inf, math.inf, 2.0], dtype=torch.float64))
+    special = ExactSum.of(
+        torch.tensor([math.inf, 1.0, math.nan], dtype=torch.float64)
+    ) + ExactSum.of(torch.tensor([-math.inf, math.inf, 2.0], dtype=torch.float64))
     v = special.value()
     assert math.isnan(v[0]) and v[1] == math.inf and math.isnan(v[2])
 
@@ -78,14 +81,18 @@ def test_corrupt_exact_arrays_are_refused():
     with pytest.raises(TLDynamicsError, match="not in canonical form"):
         ExactSum.from_arrays(bad)
     with pytest.raises(TLDynamicsError, match="not an exact sum"):
-        ExactSum.from_arrays({"limbs": good["limbs"].astype(np.float64), "exponent": good["exponent"]})
+        ExactSum.from_arrays(
+            {"limbs": good["limbs"].astype(np.float64), "exponent": good["exponent"]}
+        )
 
 
 def test_head_stats_merge_exactly_in_any_order(model):
     def collect(prompts):
         ad = odds_ratio.compute(model, prompts[:BATCH], keep_tensors=False).stats
         for i in range(BATCH, len(prompts), BATCH):
-            ad = ad.merge(odds_ratio.compute(model, prompts[i:i + BATCH], keep_tensors=False).stats)
+            ad = ad.merge(
+                odds_ratio.compute(model, prompts[i : i + BATCH], keep_tensors=False).stats
+            )
         return ad
 
     full = collect(CORPUS[:12])
@@ -112,7 +119,7 @@ def test_statistics_are_the_analyses_own(model, whole):
     assert stats.trajectories == T.stream(model, CORPUS, batch_size=BATCH, progress=False)
     with odds_ratio.attach(model) as collector:
         for i in range(0, len(CORPUS), BATCH):
-            collector.forward(CORPUS[i:i + BATCH])
+            collector.forward(CORPUS[i : i + BATCH])
     assert collector.result().stats.exact == stats.odds_ratio.exact
 
 
@@ -121,7 +128,7 @@ def test_save_load_merge_round_trip(model, whole, tmp_path):
     loaded = scale.load_stats(whole)
     assert _run.stats_bytes(loaded) == data
     assert scale.save_stats(loaded, tmp_path / "again.safetensors").read_bytes() == data
-    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])["__metadata__"]
     fields = json.loads(header["tl_dynamics_stats"])
     assert fields["model"] == NAME and fields["n_prompts"] == len(CORPUS)
     assert {"settings", "prompts_hash", "analyses"} <= set(fields)
@@ -135,15 +142,19 @@ def test_save_load_merge_round_trip(model, whole, tmp_path):
 
 def test_mismatched_and_corrupt_files_are_refused(model, whole, tmp_path):
     other = run(model, CORPUS[:4], analyses=["trajectories"], eps=(0.2,))
-    with pytest.raises(TLDynamicsError, match="cannot merge statistics of different runs: they "
-                                              "differ in analyses"):
+    with pytest.raises(
+        TLDynamicsError, match="cannot merge statistics of different runs: they differ in analyses"
+    ):
         scale.merge_stats(whole, other)
     renamed = scale.run_stats(model, CORPUS[:4], batch_size=BATCH, progress=False, model_name="x")
     with pytest.raises(TLDynamicsError, match="differ in model"):
         scale.load_stats(whole).merge(renamed)
     data = whole.read_bytes()
-    cases = {"truncated": data[:-5], "garbage": b"not a statistics file at all",
-             "flipped": data[:-9] + bytes([data[-9] ^ 1]) + data[-8:]}
+    cases = {
+        "truncated": data[:-5],
+        "garbage": b"not a statistics file at all",
+        "flipped": data[:-9] + bytes([data[-9] ^ 1]) + data[-8:],
+    }
     for name, broken in cases.items():
         path = tmp_path / f"{name}.safetensors"
         path.write_bytes(broken)
@@ -175,8 +186,9 @@ def test_interrupted_run_resumes_to_the_same_bytes(model, whole, tmp_path, monke
     checkpoint = Path(str(out) + ".partial")
     assert checkpoint.is_file()
     with pytest.raises(TLDynamicsError, match="made by a different run"):
-        scale.run_stats(model, CORPUS, out, batch_size=2, model_name=NAME, resume=True,
-                        progress=False)
+        scale.run_stats(
+            model, CORPUS, out, batch_size=2, model_name=NAME, resume=True, progress=False
+        )
     # a crash during the second resumed batch: the checkpoint keeps the batch before it
     from tl_dynamics.scale import _run
 
@@ -205,8 +217,25 @@ def test_cli_stats_and_dataset_page(whole, tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(CORPUS[:5]).replace("\n    ", " ") + "\n\n")
     out = tmp_path / "cli.safetensors"
-    assert cli.main(["stats", "--model", NAME, "--prompts", str(corpus), "--out", str(out),
-                     "--batch-size", "2", "--analyses", "odds_ratio", "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "stats",
+                "--model",
+                NAME,
+                "--prompts",
+                str(corpus),
+                "--out",
+                str(out),
+                "--batch-size",
+                "2",
+                "--analyses",
+                "odds_ratio",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert scale.load_stats(out).n_prompts == 5 and scale.load_stats(out).trajectories is None
     page = tmp_path / "page.html"
     assert cli.main(["report", "--stats", str(whole), "--out", str(page)]) == 0
@@ -229,10 +258,30 @@ def test_torchrun_two_processes_byte_identical(whole, tmp_path):
     # on CPU (gloo) like the in-process run it is compared with, even on a GPU machine
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(
-        [str(torchrun), "--nproc-per-node", "2", "--master-port", str(29500 + os.getpid() % 400),
-         "-m", "tl_dynamics", "stats", "--model", NAME, "--prompts", str(_corpus_file(tmp_path)),
-         "--out", str(out), "--batch-size", str(BATCH), "--no-progress"],
-        env=env, capture_output=True, text=True, timeout=300)
+        [
+            str(torchrun),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(29500 + os.getpid() % 400),
+            "-m",
+            "tl_dynamics",
+            "stats",
+            "--model",
+            NAME,
+            "--prompts",
+            str(_corpus_file(tmp_path)),
+            "--out",
+            str(out),
+            "--batch-size",
+            str(BATCH),
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert out.read_bytes() == whole.read_bytes()
 
@@ -247,18 +296,46 @@ def test_torchrun_on_cuda_byte_identical_to_one_process(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     corpus = _corpus_file(tmp_path)
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    common = ["stats", "--model", NAME, "--prompts", str(corpus), "--batch-size", str(BATCH),
-              "--no-progress"]
+    common = [
+        "stats",
+        "--model",
+        NAME,
+        "--prompts",
+        str(corpus),
+        "--batch-size",
+        str(BATCH),
+        "--no-progress",
+    ]
     one, dist = tmp_path / "one.safetensors", tmp_path / "dist.safetensors"
-    proc = subprocess.run([sys.executable, "-m", "tl_dynamics", *common, "--out", str(one),
-                           "--device", "cuda:0"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tl_dynamics", *common, "--out", str(one), "--device", "cuda:0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     device = "cuda" if torch.cuda.device_count() >= 2 else "cuda:0"
     proc = subprocess.run(
-        [str(torchrun), "--nproc-per-node", "2", "--master-port", str(29900 + os.getpid() % 90),
-         "-m", "tl_dynamics", *common, "--out", str(dist), "--device", device],
-        env=env, capture_output=True, text=True, timeout=300)
+        [
+            str(torchrun),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(29900 + os.getpid() % 90),
+            "-m",
+            "tl_dynamics",
+            *common,
+            "--out",
+            str(dist),
+            "--device",
+            device,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert dist.read_bytes() == one.read_bytes()
 
@@ -271,9 +348,14 @@ def test_ray_data_two_workers_byte_identical(whole, tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         dataset = ray.data.from_items([{"text": t} for t in CORPUS])
-        stats = scale.ray_stats(functools.partial(load_model, NAME), dataset,
-                                tmp_path / "ray.safetensors", model_name=NAME,
-                                batch_size=BATCH, num_workers=2)
+        stats = scale.ray_stats(
+            functools.partial(load_model, NAME),
+            dataset,
+            tmp_path / "ray.safetensors",
+            model_name=NAME,
+            batch_size=BATCH,
+            num_workers=2,
+        )
     finally:
         ray.shutdown()
     assert stats.n_prompts == len(CORPUS)
@@ -286,7 +368,8 @@ def test_hooked_transformer_host_streams_and_merges_exactly():
     whole = scale.run_stats(hooked, CORPUS[:12], batch_size=BATCH, progress=False)
     halves = scale.merge_stats(
         scale.run_stats(hooked, CORPUS[8:12], batch_size=BATCH, progress=False),
-        scale.run_stats(hooked, CORPUS[:8], batch_size=BATCH, progress=False))
+        scale.run_stats(hooked, CORPUS[:8], batch_size=BATCH, progress=False),
+    )
     assert _run.stats_bytes(halves) == _run.stats_bytes(whole)
     assert whole.trajectories == T.stream(hooked, CORPUS[:12], batch_size=BATCH, progress=False)
 
@@ -297,10 +380,13 @@ def test_a_file_from_before_the_learned_sink_sum_says_so(whole):
     from tl_dynamics.scale import _validate
 
     data = whole.read_bytes()
-    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    meta = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])["__metadata__"]
     fields = json.loads(meta["tl_dynamics_stats"])
     _validate.check_header(fields, "x")  # today's keys pass
     fields["odds_ratio"]["sum_keys"].remove("learned_sink")
-    with pytest.raises(TLDynamicsError, match="written before tl_dynamics kept the learned-sink "
-                                              "sum: recompute it with `tl-dynamics stats`"):
+    with pytest.raises(
+        TLDynamicsError,
+        match="written before tl_dynamics kept the learned-sink "
+        "sum: recompute it with `tl-dynamics stats`",
+    ):
         _validate.check_header(fields, "x")

@@ -31,7 +31,9 @@ def hf_attentions(adapter, twin, batch) -> list[torch.Tensor]:
     mask = batch.key_valid.long()
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     with torch.no_grad():
-        out = twin(batch.tokens, attention_mask=mask, position_ids=positions, output_attentions=True)
+        out = twin(
+            batch.tokens, attention_mask=mask, position_ids=positions, output_attentions=True
+        )
     return [a.float() for a in out.attentions]
 
 
@@ -61,8 +63,9 @@ def test_sink_is_a_virtual_key_whose_parts_reproduce_the_model(gpt_oss, side):
         assert parts.sink is not None and torch.equal(parts.sink, hf_sinks)
         total = parts.total_with_sink()
         keep = la.allowed[:, None] & la.query_valid[:, None, :, None]
-        magnitude = max(1.0, float((parts.query_term[..., :, None]
-                                    + parts.key_prior[..., None, :]).max()))
+        magnitude = max(
+            1.0, float((parts.query_term[..., :, None] + parts.key_prior[..., None, :]).max())
+        )
         assert masked_max(total[..., :-1] - la.raw_scores(), keep) <= REL_TOL * magnitude
         assert torch.equal(total[..., -1], hf_sinks[None, :, None].expand_as(total[..., -1]))
         # the softmax of the parts, virtual key included, is the model's pattern
@@ -76,10 +79,12 @@ def test_sink_is_a_virtual_key_whose_parts_reproduce_the_model(gpt_oss, side):
         assert masked_max(dec.learned_sink - p[..., -1].float(), rows[..., 0]) <= EXACT_TOL
         assert float(absorbed[la.query_valid[:, None].expand_as(absorbed)].max()) > 0.05
         # prior-only: key priors and the sink's prior; likelihood-only: Q + L and logit 0
-        prior = extended(parts.key_prior[..., None, :].expand_as(parts.loglik), la.allowed,
-                         parts.sink)
-        lik = extended(parts.query_term[..., :, None] + parts.loglik, la.allowed,
-                       torch.zeros_like(parts.sink))
+        prior = extended(
+            parts.key_prior[..., None, :].expand_as(parts.loglik), la.allowed, parts.sink
+        )
+        lik = extended(
+            parts.query_term[..., :, None] + parts.loglik, la.allowed, torch.zeros_like(parts.sink)
+        )
         assert masked_max(prior[..., :-1].float() - dec.prior_pattern, rows) <= EXACT_TOL
         assert masked_max(lik[..., :-1].float() - dec.likelihood_pattern, rows) <= EXACT_TOL
         # Decomposition.kl is over the real keys and the virtual one
@@ -102,8 +107,9 @@ def direct_statistics(dec, la) -> dict[str, np.ndarray]:
     if parts.bias is not None:
         prior_logits = prior_logits + parts.bias.double()
     prior = extended(prior_logits, la.allowed, parts.sink)
-    lik = extended(scores - parts.key_prior.double()[..., None, :], la.allowed,
-                   torch.zeros_like(parts.sink))
+    lik = extended(
+        scores - parts.key_prior.double()[..., None, :], la.allowed, torch.zeros_like(parts.sink)
+    )
     rows = (la.query_valid & la.allowed.any(-1))[:, None].double()  # [b, 1, i]
 
     def xlogy(a, b):
@@ -115,15 +121,19 @@ def direct_statistics(dec, la) -> dict[str, np.ndarray]:
     allowed = la.allowed[:, None].double()
     n = allowed.sum(-1).clamp(min=1.0)
     centre = scores - (scores * allowed).sum(-1, keepdim=True) / n[..., None]
-    prior_c = parts.key_prior.double()[..., None, :] - (
-        parts.key_prior.double()[..., None, :] * allowed).sum(-1, keepdim=True) / n[..., None]
-    return {"rows": per_head(torch.ones_like(p[..., 0])),
-            "entropy": per_head(-xlogy(p, p).sum(-1)),
-            "kl_prior": per_head((xlogy(p, p) - xlogy(p, prior)).sum(-1)),
-            "kl_loglik": per_head((xlogy(p, p) - xlogy(p, lik)).sum(-1)),
-            "learned_sink": per_head(p[..., -1]),
-            "var_r": per_head((centre * centre * allowed).sum(-1)),
-            "cov_r_prior": per_head((centre * prior_c * allowed).sum(-1))}
+    prior_c = (
+        parts.key_prior.double()[..., None, :]
+        - (parts.key_prior.double()[..., None, :] * allowed).sum(-1, keepdim=True) / n[..., None]
+    )
+    return {
+        "rows": per_head(torch.ones_like(p[..., 0])),
+        "entropy": per_head(-xlogy(p, p).sum(-1)),
+        "kl_prior": per_head((xlogy(p, p) - xlogy(p, prior)).sum(-1)),
+        "kl_loglik": per_head((xlogy(p, p) - xlogy(p, lik)).sum(-1)),
+        "learned_sink": per_head(p[..., -1]),
+        "var_r": per_head((centre * centre * allowed).sum(-1)),
+        "cov_r_prior": per_head((centre * prior_c * allowed).sum(-1)),
+    }
 
 
 def test_streamed_statistics_with_sinks_equal_a_direct_computation(gpt_oss):
@@ -156,8 +166,10 @@ def test_streamed_statistics_with_sinks_equal_a_direct_computation(gpt_oss):
     assert torch.allclose(facts["sink_dominance"].double(), dominance, rtol=1e-5)
 
 
-@pytest.mark.skipif(not testing.has_hooked_transformer(),
-                    reason="HookedTransformer (use_attention_sinks) is TransformerLens 3.x only")
+@pytest.mark.skipif(
+    not testing.has_hooked_transformer(),
+    reason="HookedTransformer (use_attention_sinks) is TransformerLens 3.x only",
+)
 @pytest.mark.parametrize("variant", ["gpt2-like", "softcap", "alibi", "local"])
 def test_hooked_sinks_with_cap_bias_and_window_split_and_build_exactly(variant):
     """The same identities on HookedTransformer's learned sinks, with a soft-cap (the sink joins
@@ -172,8 +184,9 @@ def test_hooked_sinks_with_cap_bias_and_window_split_and_build_exactly(variant):
             block.attn.sinks.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(1))
     adapter = ModelAdapter(model)
     res = odds_ratio.compute(model, list(testing.PROMPTS), padding_side="left")
-    layers = adapter.attention(list(testing.PROMPTS), reference=True, padding_side="left",
-                               sinks=True)
+    layers = adapter.attention(
+        list(testing.PROMPTS), reference=True, padding_side="left", sinks=True
+    )
     for a, (layer, la) in enumerate(layers.items()):
         dec = res[layer]
         total = dec.parts.total_with_sink()
@@ -198,8 +211,9 @@ def test_a_sink_that_is_never_taken_leaves_the_statistics_as_without_one():
     allowed[1, :, :2] = False  # left padding in the second prompt
     valid = allowed.any(-1)
     plain, plain_sinks = _stats.layer_sums(q, k, 0.5, None, allowed, valid, fast=False)
-    far, far_sinks = _stats.layer_sums(q, k, 0.5, None, allowed, valid, fast=False,
-                                       sink=torch.full((3,), -1e4))
+    far, far_sinks = _stats.layer_sums(
+        q, k, 0.5, None, allowed, valid, fast=False, sink=torch.full((3,), -1e4)
+    )
     for key in _stats.SUM_KEYS:
         if key not in ("rows", "kl_loglik"):
             assert torch.allclose(far[key], plain[key], atol=1e-9), key
@@ -223,9 +237,12 @@ def hf_head_sums(twin, batch) -> dict[int, torch.Tensor]:
     mask = batch.key_valid.long()
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     outs: dict[int, torch.Tensor] = {}
-    handles = [layer.self_attn.o_proj.register_forward_hook(
-        lambda _m, _i, out, i=i: outs.__setitem__(i, out.detach().float()))
-        for i, layer in enumerate(twin.model.layers)]
+    handles = [
+        layer.self_attn.o_proj.register_forward_hook(
+            lambda _m, _i, out, i=i: outs.__setitem__(i, out.detach().float())
+        )
+        for i, layer in enumerate(twin.model.layers)
+    ]
     try:
         with torch.no_grad():
             twin(batch.tokens, attention_mask=mask, position_ids=positions)
@@ -268,8 +285,12 @@ def test_the_sink_is_a_neuron_with_zero_outgoing_weight(gpt_oss, side):
                 pos = mlp.positions[-1]
                 table = mlp.neurons(pos).to_dataframe()
                 last = table.iloc[-1]
-                assert (last.source, last.token, last.a_norm, last.b_norm) == (-1, "learned sink",
-                                                                               0.0, 0.0)
+                assert (last.source, last.token, last.a_norm, last.b_norm) == (
+                    -1,
+                    "learned sink",
+                    0.0,
+                    0.0,
+                )
                 assert last.c == pytest.approx(float(hf_sinks[head]))
                 assert last.activation == pytest.approx(mlp.sink_activation(pos), abs=1e-6)
                 # counterfactual inputs: the sink neuron takes its share and writes nothing
@@ -301,8 +322,12 @@ def test_the_atlas_names_learned_sinks_with_their_mass(gpt_oss):
         want = ((absorbed * rows[:, None]).sum(-1) / rows.sum(-1)[:, None]).mean(0)
         assert np.allclose(res.scores["learned_sink"][layer], want.numpy(), atol=1e-5)
     named = res.heads_with("learned sink")
-    assert named == sorted((a, b) for a in range(res.n_layers) for b in range(res.n_heads)
-                           if res.scores["learned_sink"][a, b] >= _roles.LEARNED_SINK_FLOOR)
+    assert named == sorted(
+        (a, b)
+        for a in range(res.n_layers)
+        for b in range(res.n_heads)
+        if res.scores["learned_sink"][a, b] >= _roles.LEARNED_SINK_FLOOR
+    )
     assert named and len(named) < res.n_layers * res.n_heads  # the floor separates heads here
     frame = res.to_dataframe()
     assert frame.evidence.str.contains("learned sink: absorbs").all()
@@ -338,15 +363,22 @@ def test_barycentric_rows_gain_the_origin_and_markov_chains_refuse_by_name(gpt_o
     rows = list(view.rows)
     missing = 1.0 - la.reference["pattern"][0, 2, rows].sum(-1).double()
     assert torch.allclose(view.S_sink, missing, atol=1e-5)
-    assert torch.allclose(view.A.sum(-1) + view.A_sink, torch.ones(len(rows), dtype=torch.float64),
-                          atol=1e-9)
+    assert torch.allclose(
+        view.A.sum(-1) + view.A_sink, torch.ones(len(rows), dtype=torch.float64), atol=1e-9
+    )
     assert float(view.kkt.max()) <= 1e-6 and bool((view.fit_error <= view.head_error + 1e-9).all())
     O = la.source_outputs([2])[0, :, 0].double()
     gap = ((view.S.double() - view.A.double()) @ O).pow(2).sum(-1)
     assert torch.allclose(view.gap.double(), gap, rtol=1e-5, atol=1e-9)
-    for call, name in ((lambda: odds_ratio.markov(gpt_oss, testing.PROMPTS[0], 0, 0), "markov"),
-                       (lambda: odds_ratio.composed(gpt_oss, testing.PROMPTS[0]), "composed")):
-        with pytest.raises(TLDynamicsError, match=re.escape(
+    for call, name in (
+        (lambda: odds_ratio.markov(gpt_oss, testing.PROMPTS[0], 0, 0), "markov"),
+        (lambda: odds_ratio.composed(gpt_oss, testing.PROMPTS[0]), "composed"),
+    ):
+        with pytest.raises(
+            TLDynamicsError,
+            match=re.escape(
                 f"odds_ratio.{name} (a Markov chain on positions needs rows that sum to 1): "
-                "layer 0 has learned attention sinks")):
+                "layer 0 has learned attention sinks"
+            ),
+        ):
             call()

@@ -50,8 +50,12 @@ def planted(k: int, per: int, d: int, spread: float, seed: int) -> tuple[torch.T
         centres = sphere.unit(corners[:k]) @ rotation
     noise = torch.randn(k, per, d, generator=g, dtype=torch.float64)
     noise = noise - (noise * centres[:, None]).sum(-1, keepdim=True) * centres[:, None]
-    x = sphere.unit(centres[:, None] + math.tan(spread) * sphere.unit(noise) *
-                    torch.rand(k, per, 1, generator=g, dtype=torch.float64))
+    x = sphere.unit(
+        centres[:, None]
+        + math.tan(spread)
+        * sphere.unit(noise)
+        * torch.rand(k, per, 1, generator=g, dtype=torch.float64)
+    )
     order = torch.randperm(k * per, generator=g)
     cluster = torch.arange(k).repeat_interleave(per)[order]
     first = {c: min(i for i in range(k * per) if int(cluster[i]) == c) for c in range(k)}
@@ -136,8 +140,12 @@ def test_merge_events_are_one_type_and_follow_their_definition():
         b = torch.tensor(canon(torch.where(a < 0, -1, b).tolist()))
         ev = sphere.merge_events(a, b)
         assert (int(ev.merges), int(ev.splits)) == brute_events(a.tolist(), b.tolist())
-        assert int(ev.merges - ev.splits) == int(sphere.count_clusters(a) - sphere.count_clusters(b))
-    with pytest.raises(TLDynamicsError, match=r"two labellings of the same points, got shapes \(3,\) and \(4,\)"):
+        assert int(ev.merges - ev.splits) == int(
+            sphere.count_clusters(a) - sphere.count_clusters(b)
+        )
+    with pytest.raises(
+        TLDynamicsError, match=r"two labellings of the same points, got shapes \(3,\) and \(4,\)"
+    ):
         sphere.merge_events(torch.zeros(3, dtype=torch.long), torch.zeros(4, dtype=torch.long))
 
 
@@ -157,6 +165,9 @@ def test_thresholds_have_distinct_names_and_the_packages_use_them():
     import inspect
 
     assert inspect.signature(particles.simulate).parameters["eps"].default == sphere.CLUSTER_EPS
-    assert inspect.signature(trajectories.compute).parameters["eps"].default == sphere.TRAJECTORY_EPS_GRID
+    assert (
+        inspect.signature(trajectories.compute).parameters["eps"].default
+        == sphere.TRAJECTORY_EPS_GRID
+    )
     with pytest.raises(TLDynamicsError, match=r"eps must be in \(0, 2\]"):
         sphere.cluster_labels(torch.eye(3), 0.0)

@@ -21,8 +21,16 @@ from tl_dynamics.trajectories import _probe
 from tl_dynamics.trajectories import _collect
 
 HAS_HOOKED = testing.has_hooked_transformer()
-PROMPTS = ["def f(x): return x + 1", "import torch", "a = b", "for i in range(10):",
-           "x = torch.zeros(3)", "return None", "class A: pass", "print(x)"]
+PROMPTS = [
+    "def f(x): return x + 1",
+    "import torch",
+    "a = b",
+    "for i in range(10):",
+    "x = torch.zeros(3)",
+    "return None",
+    "class A: pass",
+    "print(x)",
+]
 # fp32 model activations re-derived in float32 elsewhere: differences are rounding (~1e-6 of the
 # magnitudes); 1e-4 relative leaves room for padded-batch kernels reordering sums.
 ATOL, RTOL = 1e-4, 1e-4
@@ -72,6 +80,7 @@ def components(cos: np.ndarray, eps: float) -> list[int]:
         while parent[i] != i:
             i = parent[i]
         return i
+
     for i in range(n):
         for j in range(i + 1, n):
             if cos[i, j] > 1 - eps:
@@ -110,10 +119,19 @@ def naive(ad: ModelAdapter, batch, eps=sphere.TRAJECTORY_EPS_GRID, flattened=Fal
             p_ = s / s.sum()
             p_ = p_[p_ > 0]
             eranks.append(float(np.exp(-(p_ * np.log(p_)).sum())))
-        r.update(hist=np.array(hists), mean_cos=np.array(means), clusters=np.array(clusters).T,
-                 erank=np.array(eranks))
-        merges = [[len(set(zip(labels[p][e], labels[p + 1][e]))) - len(set(labels[p + 1][e]))
-                   for p in range(n_points - 1)] for e in range(len(eps))]
+        r.update(
+            hist=np.array(hists),
+            mean_cos=np.array(means),
+            clusters=np.array(clusters).T,
+            erank=np.array(eranks),
+        )
+        merges = [
+            [
+                len(set(zip(labels[p][e], labels[p + 1][e]))) - len(set(labels[p + 1][e]))
+                for p in range(n_points - 1)
+            ]
+            for e in range(len(eps))
+        ]
         r["merges"] = np.array(merges)
         if not ad.is_encoder:
             nxt = batch.tokens[b, real[1:]]
@@ -148,8 +166,9 @@ def test_statistics_match_naive_recomputation(arch, compat):
         real = batch.key_valid[b]
         for name in ("norm", "step", "rel_step", "turning", "cos_final"):
             mine = getattr(traj, name)[b][:, real].double()
-            torch.testing.assert_close(mine, r[name], atol=ATOL, rtol=RTOL, msg=name,
-                                       equal_nan=True)
+            torch.testing.assert_close(
+                mine, r[name], atol=ATOL, rtol=RTOL, msg=name, equal_nan=True
+            )
         assert np.array_equal(traj.cos_hist[b].numpy(), r["hist"])
         np.testing.assert_allclose(traj.mean_cos[b].numpy(), r["mean_cos"], atol=ATOL)
         np.testing.assert_allclose(traj.erank[b].numpy(), r["erank"], rtol=RTOL)
@@ -159,12 +178,12 @@ def test_statistics_match_naive_recomputation(arch, compat):
             assert traj.rank is None and "not applicable" in traj.lens_note
             continue
         n = int(real.sum())
-        assert torch.equal(traj.rank[b][:, real][:, :n - 1], r["rank"])
+        assert torch.equal(traj.rank[b][:, real][:, : n - 1], r["rank"])
         # the lens at the last point is the model's own prediction (its own logits)
-        assert torch.equal(traj.rank[b, -1][real][:n - 1], r["model_rank"])
+        assert torch.equal(traj.rank[b, -1][real][: n - 1], r["model_rank"])
         top1 = (r["rank"] == 0).flip(0).long().cumprod(0).flip(0).bool()
         expect = torch.where(top1.any(0), top1.long().argmax(0), traj.n_points)
-        assert torch.equal(traj.settling[b][real][:n - 1], expect)
+        assert torch.equal(traj.settling[b][real][: n - 1], expect)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "bert"])
@@ -176,13 +195,26 @@ def test_padding_does_not_change_per_token_results(arch, side):
     for b, prompt in enumerate(prompts):
         single = T.compute(ad, prompt)
         real = padded.key_valid[b]
-        for name in ("norm", "step", "rel_step", "turning", "cos_final", "cos_embed",
-                     "dist_unembed"):
+        for name in (
+            "norm",
+            "step",
+            "rel_step",
+            "turning",
+            "cos_final",
+            "cos_embed",
+            "dist_unembed",
+        ):
             mine = getattr(padded, name)
             if mine is None:
                 continue
-            torch.testing.assert_close(mine[b][:, real], getattr(single, name)[0], atol=PAD_TOL,
-                                       rtol=PAD_TOL, msg=f"{name} row {b}", equal_nan=True)
+            torch.testing.assert_close(
+                mine[b][:, real],
+                getattr(single, name)[0],
+                atol=PAD_TOL,
+                rtol=PAD_TOL,
+                msg=f"{name} row {b}",
+                equal_nan=True,
+            )
         for name in ("rank", "settling"):
             if getattr(padded, name) is not None:
                 assert torch.equal(getattr(padded, name)[b][..., real], getattr(single, name)[0])
@@ -195,10 +227,18 @@ def test_stream_matches_naive_sums_and_merges_exactly():
     ad = adapter("gpt2")
     full = T.stream(ad, PROMPTS, batch_size=4, progress=False)
     half = T.stream(ad, PROMPTS[:4], batch_size=4, progress=False).merge(
-        T.stream(ad, PROMPTS[4:], batch_size=4, progress=False))
+        T.stream(ad, PROMPTS[4:], batch_size=4, progress=False)
+    )
     assert half == full
-    assert _collect.merge([T.stream(ad, PROMPTS[:4], batch_size=4, progress=False),
-                    T.stream(ad, PROMPTS[4:], batch_size=4, progress=False)]) == full
+    assert (
+        _collect.merge(
+            [
+                T.stream(ad, PROMPTS[:4], batch_size=4, progress=False),
+                T.stream(ad, PROMPTS[4:], batch_size=4, progress=False),
+            ]
+        )
+        == full
+    )
     assert full.n_prompts == len(PROMPTS)
     # against the naive recomputation, prompt by prompt
     refs = [naive(ad, ad.tokenize(p))["prompts"][0] for p in PROMPTS]
@@ -212,12 +252,16 @@ def test_stream_matches_naive_sums_and_merges_exactly():
         expect = sum(r["clusters"][e_i] for r in refs) / len(refs)
         np.testing.assert_allclose(full.cluster_counts(eps), expect)
         assert full.cluster_counts(eps).shape == (ad.n_layers + 1,)
-        np.testing.assert_allclose(full.mean_merges(eps),
-                                   sum(r["merges"][e_i] for r in refs) / len(refs))
-    np.testing.assert_allclose(full.effective_rank(), sum(r["erank"] for r in refs) / len(refs),
-                               rtol=RTOL)
+        np.testing.assert_allclose(
+            full.mean_merges(eps), sum(r["merges"][e_i] for r in refs) / len(refs)
+        )
+    np.testing.assert_allclose(
+        full.effective_rank(), sum(r["erank"] for r in refs) / len(refs), rtol=RTOL
+    )
     n_lens = sum(r["rank"].shape[1] for r in refs)
-    np.testing.assert_allclose(full.mean_rank(), sum(r["rank"].sum(1) for r in refs).numpy() / n_lens)
+    np.testing.assert_allclose(
+        full.mean_rank(), sum(r["rank"].sum(1) for r in refs).numpy() / n_lens
+    )
     # dataset standardiser = per-dimension moments of every real token's state
     states = torch.cat([naive(ad, ad.tokenize(p))["z"][0] for p in PROMPTS], dim=1)  # [P, N, d]
     std = full.standardizer()
@@ -229,8 +273,11 @@ def test_merge_refuses_different_settings():
     ad = adapter("gpt2")
     a = T.stream(ad, PROMPTS[:2], progress=False)
     b = T.stream(ad, PROMPTS[:2], eps=(0.3,), progress=False)
-    with pytest.raises(TLDynamicsError, match=r"cannot merge statistics computed differently: "
-                                              r"they differ in \['eps'\]"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"cannot merge statistics computed differently: "
+        r"they differ in \['eps'\]",
+    ):
         a.merge(b)
     with pytest.raises(TLDynamicsError, match="eps=0.7 was not computed; valid: \\[0.3\\]"):
         b.cluster_counts(0.7)
@@ -273,13 +320,25 @@ def test_attach_result_is_computes_trajectory_for_every_pass():
         alone = T.compute(ad, batch)
         n = batch.tokens.shape[1]
         for name in ("norm", "step", "cos_final", "rank", "settling", "tokens", "key_valid"):
-            torch.testing.assert_close(getattr(both, name)[rows][..., :n], getattr(alone, name),
-                                       rtol=0, atol=0, equal_nan=True, msg=name)
+            torch.testing.assert_close(
+                getattr(both, name)[rows][..., :n],
+                getattr(alone, name),
+                rtol=0,
+                atol=0,
+                equal_nan=True,
+                msg=name,
+            )
         for name in ("cos_hist", "clusters", "merges", "erank", "mean_cos"):  # per prompt
-            torch.testing.assert_close(getattr(both, name)[rows], getattr(alone, name),
-                                       rtol=0, atol=0, equal_nan=True, msg=name)
+            torch.testing.assert_close(
+                getattr(both, name)[rows],
+                getattr(alone, name),
+                rtol=0,
+                atol=0,
+                equal_nan=True,
+                msg=name,
+            )
         assert both.str_tokens[rows][0][:n] == alone.str_tokens[0]
-    assert not both.key_valid[:2, first.tokens.shape[1]:].any()  # padding of the shorter pass
+    assert not both.key_valid[:2, first.tokens.shape[1] :].any()  # padding of the shorter pass
     assert len(both.to_dataframe()) == int(both.key_valid.sum()) * both.n_points
 
 
@@ -290,8 +349,11 @@ def test_flattened_trajectory_and_parallel_blocks():
     ref = naive(ad, ad.tokenize(PROMPTS[0]), flattened=True)["prompts"][0]
     torch.testing.assert_close(traj.step[0].double(), ref["step"], atol=ATOL, rtol=RTOL)
     for arch in sorted(PARALLEL):
-        with pytest.raises(TLDynamicsError, match=r"flattened trajectory is not available for "
-                                                  r".*run attention and MLP in parallel"):
+        with pytest.raises(
+            TLDynamicsError,
+            match=r"flattened trajectory is not available for "
+            r".*run attention and MLP in parallel",
+        ):
             T.compute(adapter(arch), PROMPTS[0], flattened=True)
 
 
@@ -302,6 +364,7 @@ def test_layers_select_the_trajectory_points():
     full = T.compute(ad, PROMPTS[:2])
     one = T.compute(ad, PROMPTS[:2], layers=1)
     assert one.labels == ("resid_pre1", "resid_post1") == one.stats.labels
+
     def same(a, b):  # bit for bit, NaN at padding included
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
@@ -313,10 +376,15 @@ def test_layers_select_the_trajectory_points():
     assert T.compute(ad, PROMPTS[0], layers=[1, 0]).labels == full.labels  # depth order
     with pytest.raises(TLDynamicsError, match="layer 5 is out of range"):
         T.compute(ad, "x", layers=5)
-    with pytest.raises(TLDynamicsError, match="selects nothing|layers must name at least one layer"):
+    with pytest.raises(
+        TLDynamicsError, match="selects nothing|layers must name at least one layer"
+    ):
         T.compute(ad, "x", layers=[])
-    with pytest.raises(TLDynamicsError, match=r"cannot merge statistics computed differently: "
-                                              r"they differ in \['labels'\]"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"cannot merge statistics computed differently: "
+        r"they differ in \['labels'\]",
+    ):
         full.stats.merge(T.stream(ad, PROMPTS[:2], layers=1, progress=False))
 
 
@@ -324,8 +392,10 @@ def test_encoder_has_no_next_token_statistics():
     ad = adapter("bert")
     stats = T.stream(ad, PROMPTS[:2], progress=False)
     assert not stats.has_lens
-    with pytest.raises(TLDynamicsError, match="mean_rank needs the next-token statistics.*"
-                                              "not applicable: .* is an encoder"):
+    with pytest.raises(
+        TLDynamicsError,
+        match="mean_rank needs the next-token statistics.*not applicable: .* is an encoder",
+    ):
         stats.mean_rank()
 
 
@@ -336,8 +406,9 @@ def test_jacobian_power_iteration_matches_dense(arch):
     spec = _jacobian.block_jacobian(ad, prompt, layer=1, position=3, k=2, tol=JAC_TOL)
     dense = _jacobian.dense_block_jacobian(ad, prompt, layer=1, position=3).double()
     assert spec.converged and spec.iterations < T._jacobian.DEFAULT_MAX_ITER
-    torch.testing.assert_close(spec.singular_values.double(), torch.linalg.svdvals(dense)[:2],
-                               rtol=JAC_RTOL, atol=0)
+    torch.testing.assert_close(
+        spec.singular_values.double(), torch.linalg.svdvals(dense)[:2], rtol=JAC_RTOL, atol=0
+    )
     radius = float(torch.linalg.eigvals(dense).abs().max())
     assert abs(spec.spectral_radius - radius) <= JAC_RTOL * radius
     assert spec.to_dataframe()["singular_value"].tolist() == spec.singular_values.tolist()
@@ -348,11 +419,17 @@ def test_jacobian_power_iteration_matches_dense(arch):
     h = 1e-2  # float32: smaller steps lose digits to rounding, larger ones to curvature
     outs = []
     for sign in (1, -1):
+
         def bump(act, sign=sign):
             act[0, 3] += sign * h * v
+
         store = []
-        with ad.hooks([("resid_pre", 1, bump),
-                       ("resid_post", 1, lambda a, store=store: store.append(a[0, 3].clone()))]):
+        with ad.hooks(
+            [
+                ("resid_pre", 1, bump),
+                ("resid_post", 1, lambda a, store=store: store.append(a[0, 3].clone())),
+            ]
+        ):
             ad.forward(batch)
         outs.append(store[0])
     fd = (outs[0] - outs[1]) / (2 * h)
@@ -382,17 +459,26 @@ def test_class_probe_separates_classes():
 
 def test_clear_errors():
     ad = adapter("gpt2")
-    with pytest.raises(TLDynamicsError, match=r"eps must be a non-empty sequence of cluster "
-                                              r"thresholds in \(0, 2\]"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"eps must be a non-empty sequence of cluster "
+        r"thresholds in \(0, 2\]",
+    ):
         T.compute(ad, "x", eps=(0.0,))
-    with pytest.raises(TLDynamicsError, match=r"standardize must be None, 'prompt' or TrajectoryStats\.standardizer\(\)'s result"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"standardize must be None, 'prompt' or TrajectoryStats\.standardizer\(\)'s result",
+    ):
         T.compute(ad, "x", standardize="rogue")
     with pytest.raises(TLDynamicsError, match="batch_size must be a positive integer, got 0"):
         T.stream(ad, PROMPTS, batch_size=0)
     with pytest.raises(TLDynamicsError, match="stream takes an iterable of prompts"):
         T.stream(ad, "one prompt")
-    with pytest.raises(TLDynamicsError, match=r"position 40 is out of range: prompt 0 has \d+ "
-                                              r"real tokens"):
+    with pytest.raises(
+        TLDynamicsError,
+        match=r"position 40 is out of range: prompt 0 has \d+ "
+        r"real tokens",
+    ):
         _jacobian.block_jacobian(ad, "x = 1", layer=0, position=40)
     with pytest.raises(TLDynamicsError, match="layer 5 is out of range"):
         _jacobian.block_jacobian(ad, "x = 1", layer=5)
@@ -448,8 +534,11 @@ def test_trained_lm_rank_improves_with_depth():
         model = ModelAdapter(zoo.load("code-2l"))
     except TLDynamicsError as exc:
         pytest.skip(f"shipped model code-2l is missing or unusable on this host: {exc}")
-    lines = [line.strip()[:48] for line in open(T.__file__.replace("__init__.py", "_points.py"))
-             if len(line.strip()) > 20][:48]
+    lines = [
+        line.strip()[:48]
+        for line in open(T.__file__.replace("__init__.py", "_points.py"))
+        if len(line.strip()) > 20
+    ][:48]
     stats = T.stream(model, lines, batch_size=16, progress=False)
     rank, log_rank = stats.mean_rank(), stats.mean("log_rank")
     # on average over tokens, the true next token ranks higher after the blocks than at the
@@ -482,7 +571,7 @@ def test_cloud_blocks_equal_the_whole_matrix(n, d):
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(2, n, d, generator=gen) * torch.linspace(0.05, 2.0, d) + 1.0
     mask = torch.ones(2, n, dtype=torch.bool)
-    mask[1, n // 3:] = False
+    mask[1, n // 3 :] = False
     u = sphere.unit(z) * mask[..., None]
     erank = _cloud.effective_rank(u, mask)
     cos, pairs = sphere.cosines(u), sphere.pair_mask(mask)
@@ -498,4 +587,6 @@ def test_cloud_blocks_equal_the_whole_matrix(n, d):
         p = s / s.sum()
         np.testing.assert_allclose(float(erank[b]), np.exp(-(p * np.log(p)).sum()), rtol=1e-6)
         bins = ((cos[b][pairs[b]].double() + 1.0) * (_cloud.N_BINS / 2.0)).floor().long()
-        assert torch.equal(hist[b], torch.bincount(bins.clamp(0, _cloud.N_BINS - 1), minlength=_cloud.N_BINS))
+        assert torch.equal(
+            hist[b], torch.bincount(bins.clamp(0, _cloud.N_BINS - 1), minlength=_cloud.N_BINS)
+        )

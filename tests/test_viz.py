@@ -15,11 +15,16 @@ HOSTILE = ["<img src=x onerror=alert(1)>", "</script><script>alert(2)</script>",
 
 def test_html_inserted_tokens_are_escaped():
     component = viz.colored_tokens(HOSTILE, [0.0, 1.0, 2.0, 3.0])
-    assert component.props["tokens"] == ["&lt;img src=x onerror=alert(1)&gt;",
-                                         "&lt;/script&gt;&lt;script&gt;alert(2)&lt;/script&gt;",
-                                         "&lt;BOS&gt;", "a &amp; b"]
-    for build in (lambda: viz.text_neuron_activations(HOSTILE, np.zeros((4, 1, 2))),
-                  lambda: viz.colored_tokens_multi(HOSTILE, np.zeros((4, 2)), ["x", "y"])):
+    assert component.props["tokens"] == [
+        "&lt;img src=x onerror=alert(1)&gt;",
+        "&lt;/script&gt;&lt;script&gt;alert(2)&lt;/script&gt;",
+        "&lt;BOS&gt;",
+        "a &amp; b",
+    ]
+    for build in (
+        lambda: viz.text_neuron_activations(HOSTILE, np.zeros((4, 1, 2))),
+        lambda: viz.colored_tokens_multi(HOSTILE, np.zeros((4, 2)), ["x", "y"]),
+    ):
         assert "<BOS>" not in build().props["tokens"]
     topk = viz.topk_tokens([HOSTILE], [np.zeros((1, 4, 2))])
     assert "<BOS>" not in topk.props["tokens"][0]
@@ -56,8 +61,11 @@ def test_a_page_without_circuitsvis_views_does_not_carry_the_bundle(tmp_path):
 def test_large_arrays_travel_compactly_and_decode_exactly():
     rng = np.random.default_rng(0)
     values = rng.normal(size=(40, 3, 7)).astype(np.float32)
-    spec = json.loads(props_json(viz.text_neuron_activations(
-        [f"t{i}" for i in range(40)], values).fragment_spec()))
+    spec = json.loads(
+        props_json(
+            viz.text_neuron_activations([f"t{i}" for i in range(40)], values).fragment_spec()
+        )
+    )
     packed = spec["props"]["activations"]
     assert packed["enc"] == "f32" and packed["shape"] == [40, 3, 7]
     raw = zlib.decompress(base64.b64decode(packed["z"]))
@@ -66,8 +74,9 @@ def test_large_arrays_travel_compactly_and_decode_exactly():
 
 def test_attention_is_quantised_to_bytes_with_a_sqrt_scale():
     pattern = np.tril(np.ones((100, 100))) / np.arange(1, 101)[:, None]
-    spec = json.loads(props_json(viz.attention_pattern([str(i) for i in range(100)], pattern)
-                                 .fragment_spec()))
+    spec = json.loads(
+        props_json(viz.attention_pattern([str(i) for i in range(100)], pattern).fragment_spec())
+    )
     full = spec["full"]["0"]
     codes = np.frombuffer(zlib.decompress(base64.b64decode(full["z"])), np.uint8).reshape(100, 100)
     decoded = full["lo"] + (full["hi"] - full["lo"]) * (codes / 254.0) ** 2
@@ -93,7 +102,9 @@ def test_heatmap_checks_its_labels_and_colour_map():
 def test_shape_errors_name_both_sides():
     with pytest.raises(TLDynamicsError, match="colored_tokens: 2 tokens but the values cover 3"):
         viz.colored_tokens(["a", "b"], [1, 2, 3])
-    with pytest.raises(TLDynamicsError, match=r"attention must have 3 dimensions, got shape \(2, 2\)"):
+    with pytest.raises(
+        TLDynamicsError, match=r"attention must have 3 dimensions, got shape \(2, 2\)"
+    ):
         viz.attention_heads(np.zeros((2, 2)), ["a", "b"])
 
 
@@ -110,8 +121,9 @@ def test_svg_plots_escape_names_and_place_every_finite_point():
     import re
 
     labels = [HOSTILE[0], "p1", "p2", "p3"]
-    plot = viz.line_plot(labels, {HOSTILE[1]: [0.5, 1.5, float("nan"), 2.5], "b": [1, 2, 3, 4]},
-                         title=HOSTILE[2])
+    plot = viz.line_plot(
+        labels, {HOSTILE[1]: [0.5, 1.5, float("nan"), 2.5], "b": [1, 2, 3, 4]}, title=HOSTILE[2]
+    )
     html = plot.html
     for bad in HOSTILE[:3]:
         assert bad not in html
@@ -142,6 +154,8 @@ def test_ordered_series_run_along_one_colour_scale():
     colours = re.findall(r'<polyline [^>]*stroke="(#[0-9a-f]{6})"', plot.html)
     assert len(colours) == 13 == len(set(colours))
     assert colours[0] == "#440154" and colours[-1] == "#fde725"
-    cycled = re.findall(r'<polyline [^>]*stroke="(#[0-9a-f]{6})"',
-                        viz.line_plot(["a", "b"], {f"p{i}": [i, i] for i in range(13)}).html)
+    cycled = re.findall(
+        r'<polyline [^>]*stroke="(#[0-9a-f]{6})"',
+        viz.line_plot(["a", "b"], {f"p{i}": [i, i] for i in range(13)}).html,
+    )
     assert cycled[0] == cycled[10]  # the categorical palette repeats

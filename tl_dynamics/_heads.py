@@ -33,14 +33,15 @@ EXPLAINED = {
     "self": "mean weight on the position itself",
     "entropy": "mean row entropy / log(positions it may attend to): 0 = one position, 1 = uniform",
     "induction": "mean weight on positions just after an earlier copy of the current token "
-                 "(not defined without repeated tokens)",
+    "(not defined without repeated tokens)",
 }
 FULL_DETAIL_CELLS = 8_000_000  # full patterns kept: about 30 heads at 512 tokens, 7 at 1,024
 THUMB_CELLS = 48
 
 
-def head_statistics(pattern: Float[Tensor, "head pos pos"], allowed: Tensor,
-                    tokens: Tensor) -> dict[str, Float[np.ndarray, " head"]]:
+def head_statistics(
+    pattern: Float[Tensor, "head pos pos"], allowed: Tensor, tokens: Tensor
+) -> dict[str, Float[np.ndarray, " head"]]:
     """The five statistics of one layer's heads (see the module docstring).
 
     Example:
@@ -52,9 +53,13 @@ def head_statistics(pattern: Float[Tensor, "head pos pos"], allowed: Tensor,
     """
     n = pattern.shape[-1]
     idx = torch.arange(n)
-    out = {"previous_token": pattern[:, idx[1:], idx[1:] - 1].mean(-1) if n > 1
-           else torch.full((pattern.shape[0],), float("nan")),
-           "first_token": pattern[:, :, 0].mean(-1), "self": pattern[:, idx, idx].mean(-1)}
+    out = {
+        "previous_token": pattern[:, idx[1:], idx[1:] - 1].mean(-1)
+        if n > 1
+        else torch.full((pattern.shape[0],), float("nan")),
+        "first_token": pattern[:, :, 0].mean(-1),
+        "self": pattern[:, idx, idx].mean(-1),
+    }
     count = allowed.sum(-1).float()
     rows = count > 1
     entropy = torch.special.entr(pattern).sum(-1)[:, rows] / count[rows].log()
@@ -66,12 +71,15 @@ def head_statistics(pattern: Float[Tensor, "head pos pos"], allowed: Tensor,
     per_row = torch.zeros(pattern.shape[0], n, dtype=pattern.dtype)
     per_row.index_add_(1, dest, pattern[:, dest, src])
     has = match.any(-1)
-    out["induction"] = per_row[:, has].mean(-1) if has.any() \
-        else torch.full_like(out["self"], float("nan"))
+    out["induction"] = (
+        per_row[:, has].mean(-1) if has.any() else torch.full_like(out["self"], float("nan"))
+    )
     return {k: v.float().numpy() for k, v in out.items()}
 
 
-def thumbnails(pattern: Float[Tensor, "head pos pos"], size: int = THUMB_CELLS) -> Float[np.ndarray, "head r c"]:
+def thumbnails(
+    pattern: Float[Tensor, "head pos pos"], size: int = THUMB_CELLS
+) -> Float[np.ndarray, "head r c"]:
     """Max-pool each head's pattern to at most ``size`` x ``size`` cells (thin lines, such as a
     previous-token diagonal, stay visible where a mean would dilute them).
 
@@ -105,8 +113,9 @@ class HeadSummaries:
     def capacity(self) -> int:
         return max(1, FULL_DETAIL_CELLS // max(1, self.n_pos * self.n_pos))
 
-    def add_layer(self, layer: int, pattern: Float[Tensor, "head pos pos"], allowed: Tensor,
-                  tokens: Tensor) -> None:
+    def add_layer(
+        self, layer: int, pattern: Float[Tensor, "head pos pos"], allowed: Tensor, tokens: Tensor
+    ) -> None:
         """Summarise one layer (``pattern`` restricted to real tokens)."""
         stats = head_statistics(pattern, allowed, tokens)
         self.layers.append(layer)

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 PROMPTS = ("def f(x): return x + 1", "import os\nprint(os.path.join('a', 'b'))  # longer line")
 
 
-def reconstruction_errors(adapter: ModelAdapter, prompt: Prompt = PROMPTS,
-                          padding_side: str = "right") -> dict[str, float]:
+def reconstruction_errors(
+    adapter: ModelAdapter, prompt: Prompt = PROMPTS, padding_side: str = "right"
+) -> dict[str, float]:
     """Largest differences between the adapter's recomputation and the model's cached activations.
 
     Over valid query rows: ``scores`` (where the scores hook holds logits; NaN otherwise),
@@ -42,13 +43,21 @@ def reconstruction_errors(adapter: ModelAdapter, prompt: Prompt = PROMPTS,
         >>> errors["pattern"] < 1e-5, errors["z"] < 1e-5, errors["scores_hook_is_pattern"]
         (True, True, 0.0)
     """
-    worst = {"scores": float("nan"), "pattern": 0.0, "z": 0.0, "out": float("nan"),
-             "scores_hook_is_pattern": 0.0}
-    for la in adapter.attention(prompt, reference=True, padding_side=padding_side,
-                                   sinks=True).values():
+    worst = {
+        "scores": float("nan"),
+        "pattern": 0.0,
+        "z": 0.0,
+        "out": float("nan"),
+        "scores_hook_is_pattern": 0.0,
+    }
+    for la in adapter.attention(
+        prompt, reference=True, padding_side=padding_side, sinks=True
+    ).values():
         ref, rows = la.reference, la.query_valid
         pattern = la.pattern()
-        worst["pattern"] = max(worst["pattern"], _masked_max(pattern - ref["pattern"], rows[:, None, :, None]))
+        worst["pattern"] = max(
+            worst["pattern"], _masked_max(pattern - ref["pattern"], rows[:, None, :, None])
+        )
         if la.spec.scores_hook == "logits":
             keep = la.allowed[:, None] & rows[:, None, :, None]
             err = (la.scores() - ref["scores"]).abs().masked_fill(~keep, 0.0).max().item()
@@ -89,16 +98,24 @@ def hf_twin(model: Any) -> Any:
         'eager'
     """
     if bool(getattr(model, "compatibility_mode", False)):
-        raise TLDynamicsError("hf_twin needs a raw-mode bridge: compatibility mode folds and "
-                              "centres the weights the Hugging Face model would need")
+        raise TLDynamicsError(
+            "hf_twin needs a raw-mode bridge: compatibility mode folds and "
+            "centres the weights the Hugging Face model would need"
+        )
     orig = model.original_model
     config = copy.deepcopy(orig.config)
-    config._attn_implementation = "eager"  # some models (Falcon) keep sdpa after set_attn_implementation
+    config._attn_implementation = (
+        "eager"  # some models (Falcon) keep sdpa after set_attn_implementation
+    )
     twin = type(orig)(config).eval()
     wanted = twin.state_dict()
-    weights = {k: v for k, v in ((_strip(k), v) for k, v in orig.state_dict().items()) if k in wanted}
+    weights = {
+        k: v for k, v in ((_strip(k), v) for k, v in orig.state_dict().items()) if k in wanted
+    }
     if set(wanted) - set(weights):
-        raise TLDynamicsError(f"hf_twin: weights not found in the bridge: {sorted(set(wanted) - set(weights))}")
+        raise TLDynamicsError(
+            f"hf_twin: weights not found in the bridge: {sorted(set(wanted) - set(weights))}"
+        )
     twin.load_state_dict(weights)
     twin.set_attn_implementation("eager")
     if twin.config._attn_implementation != "eager":
@@ -110,8 +127,9 @@ def _strip(name: str) -> str:
     return name.replace("._original_component", "").replace("_original_component.", "")
 
 
-def hf_truth_errors(adapter: ModelAdapter, twin: Any, prompt: Prompt = PROMPTS,
-                    padding_side: str = "right") -> dict[str, float]:
+def hf_truth_errors(
+    adapter: ModelAdapter, twin: Any, prompt: Prompt = PROMPTS, padding_side: str = "right"
+) -> dict[str, float]:
     """Largest differences between the adapter's recomputation and the Hugging Face twin's own.
 
     Over valid query rows: the recomputed ``pattern`` and summed head outputs (``out``, the output
@@ -140,19 +158,28 @@ def hf_truth_errors(adapter: ModelAdapter, twin: Any, prompt: Prompt = PROMPTS,
     mask = batch.key_valid.long()
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     twin_modules = dict(twin.named_modules())
-    names = {id(mod): _strip(name) for name, mod in  # the path the twin has, of the bridge's aliases
-             adapter.model.original_model.named_modules(remove_duplicate=False)
-             if _strip(name) in twin_modules}
+    names = {
+        id(mod): _strip(name)
+        for name, mod in adapter.model.original_model.named_modules(  # the path the twin has, of the bridge's aliases
+            remove_duplicate=False
+        )
+        if _strip(name) in twin_modules
+    }
     outs: dict[int, torch.Tensor] = {}
     handles = []
     for layer in adapter.attention_layers:  # hybrids: the softmax-attention layers only
         o_proj = adapter.model.blocks[layer].attn.o.original_component
         target = twin_modules[names[id(o_proj)]]
-        handles.append(target.register_forward_hook(
-            lambda _m, _i, out, layer=layer: outs.__setitem__(layer, out.detach().float())))
+        handles.append(
+            target.register_forward_hook(
+                lambda _m, _i, out, layer=layer: outs.__setitem__(layer, out.detach().float())
+            )
+        )
     try:
         with torch.no_grad():
-            hf = twin(batch.tokens, attention_mask=mask, position_ids=positions, output_attentions=True)
+            hf = twin(
+                batch.tokens, attention_mask=mask, position_ids=positions, output_attentions=True
+            )
     finally:
         for handle in handles:
             handle.remove()
@@ -164,8 +191,10 @@ def hf_truth_errors(adapter: ModelAdapter, twin: Any, prompt: Prompt = PROMPTS,
         attentions = [attentions[layer] for layer in adapter.attention_layers]
     for index, (layer, la) in enumerate(adapter.attention(batch, sinks=True).items()):
         rows = la.query_valid
-        worst["pattern"] = max(worst["pattern"], _masked_max(
-            la.pattern() - attentions[index].float(), rows[:, None, :, None]))
+        worst["pattern"] = max(
+            worst["pattern"],
+            _masked_max(la.pattern() - attentions[index].float(), rows[:, None, :, None]),
+        )
         if not compat:
             out = la.head_outputs().sum(2) + la.b_O
             worst["out"] = max(worst["out"], _masked_max(out - outs[layer], rows[:, :, None]))

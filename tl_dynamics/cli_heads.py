@@ -10,22 +10,39 @@ import time
 from tl_dynamics import _args, devices, files
 from tl_dynamics.errors import TLDynamicsError
 
-TABLE_COLUMNS = ["layer", "head", "role", "score", "baseline", "delta_loss", "delta_loss_prior",
-                 "delta_loss_likelihood", "roles"]
+TABLE_COLUMNS = [
+    "layer",
+    "head",
+    "role",
+    "score",
+    "baseline",
+    "delta_loss",
+    "delta_loss_prior",
+    "delta_loss_likelihood",
+    "roles",
+]
 
 
 def cli_parser() -> argparse.ArgumentParser:
     """The ``tl-dynamics heads`` options."""
     parser = argparse.ArgumentParser(
-        prog="tl-dynamics heads", description="What every head does: roles from pattern and "
+        prog="tl-dynamics heads",
+        description="What every head does: roles from pattern and "
         "mechanism against a weight-shuffled control, and the loss change when each head is "
-        "mean-ablated or its pattern is replaced by the prior-only / likelihood-only one.")
-    parser.add_argument("--model", default=None,
-                        help="shipped model name (default code-2l), a model folder, "
-                             "'tiny-random[:arch]', or a hub name (online)")
-    parser.add_argument("--prompt", default=None,
-                        help="natural probe text for sinks and the causal losses (default: the "
-                             "repeated random token sequences, which need no tokenizer)")
+        "mean-ablated or its pattern is replaced by the prior-only / likelihood-only one.",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="shipped model name (default code-2l), a model folder, "
+        "'tiny-random[:arch]', or a hub name (online)",
+    )
+    parser.add_argument(
+        "--prompt",
+        default=None,
+        help="natural probe text for sinks and the causal losses (default: the "
+        "repeated random token sequences, which need no tokenizer)",
+    )
     parser.add_argument("--seq-len", type=int, default=None, help="length of each random sequence")
     parser.add_argument("--n-seq", type=int, default=None, help="number of repeated probes")
     parser.add_argument("--no-causal", action="store_true", help="skip the interventions")
@@ -45,13 +62,20 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     try:
-        out = None if args.out is None else files.check_output(
-            args.out, example="heads.html", inputs=files.model_inputs(args.model))
+        out = (
+            None
+            if args.out is None
+            else files.check_output(
+                args.out, example="heads.html", inputs=files.model_inputs(args.model)
+            )
+        )
         n_seq = _args.positive_arg(args.n_seq, "--n-seq")
         seq_len = _args.positive_arg(args.seq_len, "--seq-len")
         if args.prompt is not None and not args.prompt.strip():
-            raise TLDynamicsError("--prompt is empty: give some text, or leave --prompt out for "
-                                  "the repeated random token probes")
+            raise TLDynamicsError(
+                "--prompt is empty: give some text, or leave --prompt out for "
+                "the repeated random token probes"
+            )
         where = devices.placement(args.device, args.dtype, cli=True)
         loaded = models.resolve(args.model, where)
         sizes = {k: v for k, v in (("n_seq", n_seq), ("seq_len", seq_len)) if v is not None}
@@ -65,8 +89,10 @@ def cli_main(argv: list[str] | None = None) -> int:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
     frame = result.to_dataframe()
-    print(f"Head atlas of {loaded.label} ({time.perf_counter() - start:.1f} s; a role needs its "
-          f"score at least {result.margin} above the weight-shuffled control)")
+    print(
+        f"Head atlas of {loaded.label} ({time.perf_counter() - start:.1f} s; a role needs its "
+        f"score at least {result.margin} above the weight-shuffled control)"
+    )
     # pandas documents a one-argument function for float_format; its types say str only
     print(frame[TABLE_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))  # pyright: ignore[reportArgumentType]
     for note in result.notes:

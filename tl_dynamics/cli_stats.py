@@ -26,8 +26,9 @@ def _floats(text: str, what: str) -> list[float]:
     if not all(math.isfinite(v) and v > 0 for v in values):
         values = []
     if not values:
-        raise TLDynamicsError(f"{what} {text!r}: expected positive numbers separated by commas, e.g. "
-                              '"0.05,0.1"')
+        raise TLDynamicsError(
+            f'{what} {text!r}: expected positive numbers separated by commas, e.g. "0.05,0.1"'
+        )
     return values
 
 
@@ -35,35 +36,60 @@ def stats_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tl-dynamics stats",
         description="Dataset-level statistics of a corpus (odds-ratio heads, trajectories), "
-                    "written to one statistics file (docs/stats-format.md). Under torchrun each "
-                    "rank takes a shard and rank 0 writes the same bytes.")
+        "written to one statistics file (docs/stats-format.md). Under torchrun each "
+        "rank takes a shard and rank 0 writes the same bytes.",
+    )
     p.add_argument("--model", default="code-2l", help="model name or folder (as for report)")
-    p.add_argument("--prompts", required=True,
-                   help="corpus: a text file (one prompt per line) or JSON lines (.jsonl) with a "
-                        "'text' field")
+    p.add_argument(
+        "--prompts",
+        required=True,
+        help="corpus: a text file (one prompt per line) or JSON lines (.jsonl) with a 'text' field",
+    )
     p.add_argument("--out", required=True, help="statistics file to write (.safetensors)")
-    p.add_argument("--analyses", default=",".join(DatasetStats.ANALYSES),
-                   help=f"comma-separated, from {', '.join(DatasetStats.ANALYSES)} (default both)")
+    p.add_argument(
+        "--analyses",
+        default=",".join(DatasetStats.ANALYSES),
+        help=f"comma-separated, from {', '.join(DatasetStats.ANALYSES)} (default both)",
+    )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--layers", default=None, help='layers, e.g. "0,3" (default all)')
     p.add_argument("--heads", default=None, help='head indices in every layer, e.g. "0 2"')
-    p.add_argument("--eps", default=",".join(f"{e:g}" for e in sphere.TRAJECTORY_EPS_GRID),
-                   help="cluster thresholds (cos > 1 - eps)")
+    p.add_argument(
+        "--eps",
+        default=",".join(f"{e:g}" for e in sphere.TRAJECTORY_EPS_GRID),
+        help="cluster thresholds (cos > 1 - eps)",
+    )
     p.add_argument("--no-lens", action="store_true", help="skip the next-token statistics")
     p.add_argument("--padding-side", default="right", choices=("left", "right"))
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the checkpoint next to --out (OUT.partial)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint next to --out (OUT.partial)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=8, help="batches between checkpoints")
-    p.add_argument("--max-batches", type=int, default=None,
-                   help="stop (checkpointed) after this many new batches; finish with --resume")
-    p.add_argument("--threads", default="1",
-                   help="torch threads per process: a positive integer up to the core count")
-    p.add_argument("--on-long", default="error", choices=DatasetStats.ON_LONG,
-                   help="a prompt longer than the model's context, or a line that is not UTF-8: "
-                        "stop with its file and line (error, the default), leave it out (skip), "
-                        "or keep the tokens that fit (truncate); both are counted in the file")
+    p.add_argument(
+        "--max-batches",
+        type=int,
+        default=None,
+        help="stop (checkpointed) after this many new batches; finish with --resume",
+    )
+    p.add_argument(
+        "--threads",
+        default="1",
+        help="torch threads per process: a positive integer up to the core count",
+    )
+    p.add_argument(
+        "--on-long",
+        default="error",
+        choices=DatasetStats.ON_LONG,
+        help="a prompt longer than the model's context, or a line that is not UTF-8: "
+        "stop with its file and line (error, the default), leave it out (skip), "
+        "or keep the tokens that fit (truncate); both are counted in the file",
+    )
     p.add_argument("--no-progress", action="store_true")
-    devices.add_options(p)  # under torchrun: auto/cuda = cuda:LOCAL_RANK (NCCL), cuda:N shared (gloo)
+    devices.add_options(
+        p
+    )  # under torchrun: auto/cuda = cuda:LOCAL_RANK (NCCL), cuda:N shared (gloo)
     return p
 
 
@@ -72,8 +98,9 @@ def cli_main(argv: list[str]) -> int:
     args = stats_parser().parse_args(argv)
     start = time.perf_counter()
     try:
-        out = files.check_output(args.out, example="stats.safetensors",
-                                  inputs=[("--prompts", args.prompts)])
+        out = files.check_output(
+            args.out, example="stats.safetensors", inputs=[("--prompts", args.prompts)]
+        )
         threads = _args.threads_arg(args.threads)
         batch_size = _args.positive_arg(args.batch_size, "--batch-size")
         checkpoint_every = _args.positive_arg(args.checkpoint_every, "--checkpoint-every")
@@ -82,34 +109,52 @@ def cli_main(argv: list[str]) -> int:
         if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:  # torchrun: run_stats checks it
             devices.resolve_device(args.device, "--device")  # before the model loads
         devices.resolve_dtype(args.dtype, "--dtype")
-        stats = run_stats(args.model, args.prompts, out,
-                          analyses=[a.strip() for a in args.analyses.split(",") if a.strip()],
-                          batch_size=batch_size, layers=_ints(args.layers, "--layers"),
-                          heads=_ints(args.heads, "--heads"), eps=_floats(args.eps, "--eps"),
-                          lens=not args.no_lens, padding_side=args.padding_side,
-                          resume=args.resume, checkpoint_every=checkpoint_every,
-                          max_batches=args.max_batches, progress=not args.no_progress,
-                          threads=threads, on_long=args.on_long, device=args.device,
-                          dtype=args.dtype)
+        stats = run_stats(
+            args.model,
+            args.prompts,
+            out,
+            analyses=[a.strip() for a in args.analyses.split(",") if a.strip()],
+            batch_size=batch_size,
+            layers=_ints(args.layers, "--layers"),
+            heads=_ints(args.heads, "--heads"),
+            eps=_floats(args.eps, "--eps"),
+            lens=not args.no_lens,
+            padding_side=args.padding_side,
+            resume=args.resume,
+            checkpoint_every=checkpoint_every,
+            max_batches=args.max_batches,
+            progress=not args.no_progress,
+            threads=threads,
+            on_long=args.on_long,
+            device=args.device,
+            dtype=args.dtype,
+        )
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the run
         state = f"wrote {out}" if out.is_file() else f"stopped early (checkpoint {out}.partial)"
         left = ", ".join(f"{k} {n}" for k, n in sorted(stats.skipped.items()) if n)
-        print(f"{state}: {stats.n_prompts} prompts in {time.perf_counter() - start:.1f} s"
-              + (f" (corpus lines not used whole: {left})" if left else ""))
+        print(
+            f"{state}: {stats.n_prompts} prompts in {time.perf_counter() - start:.1f} s"
+            + (f" (corpus lines not used whole: {left})" if left else "")
+        )
     return 0
 
 
 def report_main(argv: list[str]) -> int:
     """``tl-dynamics report --stats FILE [--out page.html]``: the dataset page."""
-    p = argparse.ArgumentParser(prog="tl-dynamics report --stats",
-                                description="Render a statistics file as an offline HTML page.")
+    p = argparse.ArgumentParser(
+        prog="tl-dynamics report --stats",
+        description="Render a statistics file as an offline HTML page.",
+    )
     p.add_argument("--stats", required=True, help="statistics file from `tl-dynamics stats`")
     p.add_argument("--out", default="stats.html", help="output HTML file (default stats.html)")
-    p.add_argument("--allow-partial", action="store_true",
-                   help="render an unfinished run's checkpoint (OUT.partial) too")
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="render an unfinished run's checkpoint (OUT.partial) too",
+    )
     args = p.parse_args(argv)
     try:
         out = files.check_output(args.out, example="stats.html", inputs=[("--stats", args.stats)])

@@ -23,8 +23,16 @@ from tl_dynamics.errors import TLDynamicsError
 Host = Literal["hooked", "bridge"]
 HOSTS: tuple[Host, ...] = ("hooked", "bridge")
 
-__all__ = ["HOSTS", "Host", "bridge_class", "default_host", "detect_host", "has_hooked_transformer",
-           "tl_major_version", "tl_version"]
+__all__ = [
+    "HOSTS",
+    "Host",
+    "bridge_class",
+    "default_host",
+    "detect_host",
+    "has_hooked_transformer",
+    "tl_major_version",
+    "tl_version",
+]
 
 
 def tl_version() -> str:
@@ -81,4 +89,5 @@ def detect_host(model: Any) -> Host:
         return "bridge"
     raise TLDynamicsError(
         f"expected a TransformerLens model (HookedTransformer or TransformerBridge), "
-        f"got an object of type {type(model).__module__}.{type(model).__name__}")
+        f"got an object of type {type(model).__module__}.{type(model).__name__}"
+    )

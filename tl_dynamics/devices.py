@@ -59,17 +59,23 @@ def resolve_device(device: Any = "auto", what: str = "device") -> Any:
         return torch.device("cpu")
     match = _CUDA.match(text)
     if not match:
-        raise TLDynamicsError(f"{what} {text!r}: valid are {', '.join(DEVICE_CHOICES)} "
-                              "(N: a CUDA device index, from 0)")
+        raise TLDynamicsError(
+            f"{what} {text!r}: valid are {', '.join(DEVICE_CHOICES)} "
+            "(N: a CUDA device index, from 0)"
+        )
     if count == 0:
-        raise TLDynamicsError(f"{what} {text!r}: torch sees no CUDA device here (torch "
-                              f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
-                              "use cpu, or auto to take CUDA only where there is one")
+        raise TLDynamicsError(
+            f"{what} {text!r}: torch sees no CUDA device here (torch "
+            f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
+            "use cpu, or auto to take CUDA only where there is one"
+        )
     index = int(match.group(1) or 0)
     if index >= count:
         valid = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
-        raise TLDynamicsError(f"{what} {text!r}: this machine has {count} CUDA device"
-                              f"{'s' if count > 1 else ''} ({valid})")
+        raise TLDynamicsError(
+            f"{what} {text!r}: this machine has {count} CUDA device"
+            f"{'s' if count > 1 else ''} ({valid})"
+        )
     return torch.device("cuda", index)
 
 
@@ -110,8 +116,10 @@ class Placement:
 
 def placement(device: Any = "auto", dtype: Any = "auto", cli: bool = False) -> Placement:
     """Both settings checked (as ``--device``/``--dtype`` in messages when ``cli``)."""
-    return Placement(resolve_device(device, "--device" if cli else "device"),
-                     resolve_dtype(dtype, "--dtype" if cli else "dtype"))
+    return Placement(
+        resolve_device(device, "--device" if cli else "device"),
+        resolve_dtype(dtype, "--dtype" if cli else "dtype"),
+    )
 
 
 def place(model: Any, where: Placement) -> Any:
@@ -130,10 +138,16 @@ def place(model: Any, where: Placement) -> Any:
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """``--device`` and ``--dtype`` on a command's parser (checked by ``placement(cli=True)``)."""
-    parser.add_argument("--device", default="auto",
-                        help="where the model runs: auto (CUDA when present, else cpu), cpu, "
-                             "cuda or cuda:N (default auto)")
-    parser.add_argument("--dtype", default="auto",
-                        help="the model's dtype: auto (its own: the config's torch_dtype; "
-                             "float32 for shipped and tiny models), float32, bfloat16 or "
-                             "float16 (default auto)")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="where the model runs: auto (CUDA when present, else cpu), cpu, "
+        "cuda or cuda:N (default auto)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="the model's dtype: auto (its own: the config's torch_dtype; "
+        "float32 for shipped and tiny models), float32, bfloat16 or "
+        "float16 (default auto)",
+    )

@@ -46,8 +46,10 @@ def source() -> Path:
     for path in (PACKAGED, CHECKOUT):
         if path.is_file():
             return path
-    raise TLDynamicsError(f"docs/math.md is not installed: neither {PACKAGED} nor {CHECKOUT} "
-                          "exists (reinstall tl-dynamics)")
+    raise TLDynamicsError(
+        f"docs/math.md is not installed: neither {PACKAGED} nor {CHECKOUT} "
+        "exists (reinstall tl-dynamics)"
+    )
 
 
 @lru_cache(maxsize=4)
@@ -74,9 +76,10 @@ def sections() -> dict[str, Section]:
     out = {}
     for i, head in enumerate(heads):
         level = len(head.group(1))
-        end = next((h.start() for h in heads[i + 1:] if len(h.group(1)) <= level), len(body))
-        out[head.group(2)] = Section(head.group(2), head.group(3).strip(),
-                                     body[head.start():end].rstrip() + "\n")
+        end = next((h.start() for h in heads[i + 1 :] if len(h.group(1)) <= level), len(body))
+        out[head.group(2)] = Section(
+            head.group(2), head.group(3).strip(), body[head.start() : end].rstrip() + "\n"
+        )
     return out
 
 
@@ -104,6 +107,8 @@ def math(section: Union[str, int, float, None] = None) -> MathText:
     parts = sections()
     if key not in parts:
         tops = [n for n in parts if "." not in n]
-        raise TLDynamicsError(f"docs/math.md has no §{key}; valid: {', '.join(tops)} and their "
-                              "numbered subsections, e.g. '2.3'")
+        raise TLDynamicsError(
+            f"docs/math.md has no §{key}; valid: {', '.join(tops)} and their "
+            "numbered subsections, e.g. '2.3'"
+        )
     return MathText(parts[key].text)

@@ -46,8 +46,13 @@ def model_inputs(model: str | None) -> list[tuple[str, Path]]:
         return []
 
 
-def check_output(out: str | os.PathLike, *, what: str = "--out", example: str = "report.html",
-                 inputs: Iterable[tuple[str, str | os.PathLike | None]] = ()) -> Path:
+def check_output(
+    out: str | os.PathLike,
+    *,
+    what: str = "--out",
+    example: str = "report.html",
+    inputs: Iterable[tuple[str, str | os.PathLike | None]] = (),
+) -> Path:
     """The output path, checked before any work; ``inputs`` are ``(option, path)`` pairs the
     output must not overwrite. Raises ``TLDynamicsError`` saying what is wrong and touches
     nothing."""
@@ -58,18 +63,24 @@ def check_output(out: str | os.PathLike, *, what: str = "--out", example: str = 
     try:
         is_dir = path.is_dir()
     except OSError as exc:  # a symlink loop, a name too long, ...
-        raise TLDynamicsError(f"{what} {text!r}: not a usable path "
-                              f"({exc.strerror or exc})") from None
+        raise TLDynamicsError(
+            f"{what} {text!r}: not a usable path ({exc.strerror or exc})"
+        ) from None
     if is_dir:
-        raise TLDynamicsError(f"{what} {text!r} is a directory: give a file path, e.g. "
-                              f"{path / example}")
+        raise TLDynamicsError(
+            f"{what} {text!r} is a directory: give a file path, e.g. {path / example}"
+        )
     for option, source in inputs:
         if source is not None and same_file(path, source):
-            raise TLDynamicsError(f"{what} {text!r} is the same file as {option} {str(source)!r}: "
-                                  "writing it would destroy the input; choose another output path")
+            raise TLDynamicsError(
+                f"{what} {text!r} is the same file as {option} {str(source)!r}: "
+                "writing it would destroy the input; choose another output path"
+            )
     if path.is_symlink() and not path.exists():
-        raise TLDynamicsError(f"{what} {text!r} is a dangling or looping symlink: remove it or "
-                              "choose another output path")
+        raise TLDynamicsError(
+            f"{what} {text!r} is a dangling or looping symlink: remove it or "
+            "choose another output path"
+        )
     if path.exists() and not os.access(path, os.W_OK):
         raise TLDynamicsError(f"{what} {text!r}: the file exists and is not writable")
     parent = path.absolute().parent
@@ -78,12 +89,15 @@ def check_output(out: str | os.PathLike, *, what: str = "--out", example: str = 
         while not missing.parent.exists():
             missing = missing.parent
         if missing.parent.is_dir():
-            raise TLDynamicsError(f"{what} {text!r}: the folder {missing} does not exist; create "
-                                  "it first or choose an existing folder")
+            raise TLDynamicsError(
+                f"{what} {text!r}: the folder {missing} does not exist; create "
+                "it first or choose an existing folder"
+            )
         parent = missing.parent
     if not parent.is_dir():
-        raise TLDynamicsError(f"{what} {text!r}: {parent} is a file, so nothing can be written "
-                              "under it")
+        raise TLDynamicsError(
+            f"{what} {text!r}: {parent} is a file, so nothing can be written under it"
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise TLDynamicsError(f"{what} {text!r}: the folder {parent} is not writable")
     return path

@@ -78,8 +78,9 @@ def tiny_architectures() -> list[str]:
     return sorted(names)
 
 
-def load_model(name_or_folder: str | os.PathLike | None = None, device: Any = "auto",
-               dtype: Any = "auto") -> Any:
+def load_model(
+    name_or_folder: str | os.PathLike | None = None, device: Any = "auto", dtype: Any = "auto"
+) -> Any:
     """Load a model by name or folder (see the module docstring) onto ``device`` in ``dtype``
     and return it.
 
@@ -93,36 +94,49 @@ def load_model(name_or_folder: str | os.PathLike | None = None, device: Any = "a
     return resolve(name_or_folder, devices.placement(device, dtype)).model
 
 
-def resolve(name: str | os.PathLike | None = None,
-            where: devices.Placement | None = None) -> LoadedModel:
+def resolve(
+    name: str | os.PathLike | None = None, where: devices.Placement | None = None
+) -> LoadedModel:
     """``load_model`` with a label and the model's default prompt (used by the CLI, which checks
     ``where`` from ``--device``/``--dtype`` first; None: ``auto`` for both)."""
     where = devices.placement() if where is None else where
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
     if name is not None and not isinstance(name, str):
-        raise TLDynamicsError(f"load_model takes a model name or a folder path (str or "
-                              f"os.PathLike), got {type(name).__name__}")
+        raise TLDynamicsError(
+            f"load_model takes a model name or a folder path (str or "
+            f"os.PathLike), got {type(name).__name__}"
+        )
     if name is not None and not name.strip():
-        raise TLDynamicsError("model name is empty: give a shipped model "
-                              f"({', '.join(shipped_names())}), a folder, 'tiny-random[:arch]' "
-                              "or a hub name, or leave --model out for the default")
+        raise TLDynamicsError(
+            "model name is empty: give a shipped model "
+            f"({', '.join(shipped_names())}), a folder, 'tiny-random[:arch]' "
+            "or a hub name, or leave --model out for the default"
+        )
     name = name or DEFAULT_MODEL
     if name in shipped_names():
         if not is_installed(name):
-            raise TLDynamicsError(f"model {name!r} is optional and not installed: "
-                                  f"{shipped_names()[name]}")
-        return LoadedModel(devices.place(zoo.load(name), where),
-                           f"{name} (shipped with tl_dynamics)",
-                           DEFAULT_PROMPTS.get(name, CODE_PROMPT))
+            raise TLDynamicsError(
+                f"model {name!r} is optional and not installed: {shipped_names()[name]}"
+            )
+        return LoadedModel(
+            devices.place(zoo.load(name), where),
+            f"{name} (shipped with tl_dynamics)",
+            DEFAULT_PROMPTS.get(name, CODE_PROMPT),
+        )
     if name == TINY_PREFIX or name.startswith(TINY_PREFIX + ":"):
         arch = name.partition(":")[2] or "gpt2"
         if arch not in tiny_architectures():
-            raise TLDynamicsError(f"tiny-random architecture {arch!r} does not run on TransformerLens "
-                                  f"{compat.tl_version()}; valid: {', '.join(tiny_architectures())}")
-        return LoadedModel(devices.place(testing.tiny_model(arch), where),
-                           f"{name}: a tiny RANDOMLY INITIALISED {arch} "
-                           "model (untrained; patterns show no structure)", CODE_PROMPT)
+            raise TLDynamicsError(
+                f"tiny-random architecture {arch!r} does not run on TransformerLens "
+                f"{compat.tl_version()}; valid: {', '.join(tiny_architectures())}"
+            )
+        return LoadedModel(
+            devices.place(testing.tiny_model(arch), where),
+            f"{name}: a tiny RANDOMLY INITIALISED {arch} "
+            "model (untrained; patterns show no structure)",
+            CODE_PROMPT,
+        )
     folder = Path(name).expanduser()
     if _is_dir(folder):
         model = _load_folder(folder, where)
@@ -144,20 +158,29 @@ def _refuse_local_non_folder(name: str, folder: Path) -> None:
     a typo below an existing folder) is an error here, never sent to the hub as a name."""
     shipped = ", ".join(shipped_names())
     if os.path.islink(folder):
-        raise TLDynamicsError(f"model {name!r} is a symlink that leads to no folder (a loop or a "
-                              "dangling link): point it at a model folder")
+        raise TLDynamicsError(
+            f"model {name!r} is a symlink that leads to no folder (a loop or a "
+            "dangling link): point it at a model folder"
+        )
     first = Path(name.split("/")[0]).expanduser() if "/" in name else None
-    if _looks_like_path(name) or (first is not None and _is_dir(first)) or \
-            (("/" in name or "\\" in name) and os.path.lexists(folder)):
+    if (
+        _looks_like_path(name)
+        or (first is not None and _is_dir(first))
+        or (("/" in name or "\\" in name) and os.path.lexists(folder))
+    ):
         if os.path.lexists(folder):
-            raise TLDynamicsError(f"model {name!r} is a file, not a model folder (a Hugging Face "
-                                  "or TransformerLens checkpoint folder holds config.json)")
+            raise TLDynamicsError(
+                f"model {name!r} is a file, not a model folder (a Hugging Face "
+                "or TransformerLens checkpoint folder holds config.json)"
+            )
         parent = folder.parent
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
-        raise TLDynamicsError(f"model {name!r}: no such folder ({parent} exists, {folder} does "
-                              f"not; check the path for a typo), and not a shipped model "
-                              f"({shipped}) or a hub name")
+        raise TLDynamicsError(
+            f"model {name!r}: no such folder ({parent} exists, {folder} does "
+            f"not; check the path for a typo), and not a shipped model "
+            f"({shipped}) or a hub name"
+        )
 
 
 def _looks_like_path(name: str) -> bool:
@@ -184,24 +207,31 @@ def _load_folder(folder: Path, where: devices.Placement) -> Any:
                 own = devices.Placement(where.device, where.dtype_or(devices.config_dtype(fields)))
                 return devices.place(_load_tl_native(folder, path, fields), own)
     if not (folder / "config.json").is_file():
-        raise TLDynamicsError(f"folder {folder} has no config.json or tl_config.json: expected a "
-                              "Hugging Face model folder or a TransformerLens checkpoint folder")
+        raise TLDynamicsError(
+            f"folder {folder} has no config.json or tl_config.json: expected a "
+            "Hugging Face model folder or a TransformerLens checkpoint folder"
+        )
     report = _LogLines()
     logger = logging.getLogger("transformers")
     logger.addHandler(report)
     dtype = where.dtype_or(devices.config_dtype(_read_json(folder / "config.json")))
     try:
-        return compat.bridge_class().boot_transformers(str(folder), device=str(where.device),
-                                                       dtype=dtype).eval()
+        return (
+            compat.bridge_class()
+            .boot_transformers(str(folder), device=str(where.device), dtype=dtype)
+            .eval()
+        )
     except Exception as err:  # malformed weights or an unsupported architecture: name the folder
         weights = [p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
         message = f"{type(err).__name__}: {err}"
         if "above report" in message:  # transformers logs its report; say it here instead
-            message = ("the weights do not fit config.json (size mismatch): "
-                       + (_size_mismatches(folder) or report.text()
-                          or "transformers gave no details"))
-        raise TLDynamicsError(f"could not load the Hugging Face model folder {folder} "
-                              f"(config.json, weights {weights or 'missing'}): {message}") from err
+            message = "the weights do not fit config.json (size mismatch): " + (
+                _size_mismatches(folder) or report.text() or "transformers gave no details"
+            )
+        raise TLDynamicsError(
+            f"could not load the Hugging Face model folder {folder} "
+            f"(config.json, weights {weights or 'missing'}): {message}"
+        ) from err
     finally:
         logger.removeHandler(report)
 
@@ -225,8 +255,11 @@ def _size_mismatches(folder: Path) -> str:
                     found[key] = tuple(handle.get_slice(key).get_shape())
     except Exception:  # best effort: the caller falls back to what transformers logged
         return ""
-    rows = [f"{k} is {list(found[k])} in the weights but {list(expected[k])} by config.json"
-            for k in sorted(found) if k in expected and found[k] != expected[k]]
+    rows = [
+        f"{k} is {list(found[k])} in the weights but {list(expected[k])} by config.json"
+        for k in sorted(found)
+        if k in expected and found[k] != expected[k]
+    ]
     return "; ".join(rows[:6]) + (f"; ... ({len(rows) - 6} more)" if len(rows) > 6 else "")
 
 
@@ -266,8 +299,10 @@ def _load_tl_native(folder: Path, config: Path, fields: dict[str, Any]) -> Any:
     """A ``HookedTransformer`` checkpoint: config fields plus ``model.safetensors``."""
     weights = folder / _WEIGHTS
     if not weights.is_file():
-        raise TLDynamicsError(f"TransformerLens checkpoint {folder}: missing {weights} "
-                              f"(the weights for {config.name})")
+        raise TLDynamicsError(
+            f"TransformerLens checkpoint {folder}: missing {weights} "
+            f"(the weights for {config.name})"
+        )
     from safetensors.torch import load_file
 
     try:
@@ -279,9 +314,13 @@ def _load_tl_native(folder: Path, config: Path, fields: dict[str, Any]) -> Any:
         if compat.has_hooked_transformer():
             from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-            cfg = HookedTransformerConfig(**{k: v for k, v in fields.items()
-                                             if k in _accepted(HookedTransformerConfig)
-                                             and k != "dtype"})  # built in float32, then cast
+            cfg = HookedTransformerConfig(
+                **{
+                    k: v
+                    for k, v in fields.items()
+                    if k in _accepted(HookedTransformerConfig) and k != "dtype"
+                }
+            )  # built in float32, then cast
             # TransformerLens 3.x's class; pyright sees 4.x, where the name is the bridge
             model = HookedTransformer(cfg, tokenizer=tokenizer)  # pyright: ignore[reportCallIssue]
             missing, unexpected = model.load_state_dict(state, strict=False)
@@ -290,28 +329,42 @@ def _load_tl_native(folder: Path, config: Path, fields: dict[str, Any]) -> Any:
     except TLDynamicsError:
         raise
     except Exception as err:  # bad fields or shapes
-        raise TLDynamicsError(f"TransformerLens checkpoint {folder}: {config.name} and {weights.name} "
-                              f"do not make a model: {type(err).__name__}: {err}") from err
+        raise TLDynamicsError(
+            f"TransformerLens checkpoint {folder}: {config.name} and {weights.name} "
+            f"do not make a model: {type(err).__name__}: {err}"
+        ) from err
     if unexpected or [k for k in missing if not k.endswith((".mask", ".IGNORE"))]:
-        raise TLDynamicsError(f"TransformerLens checkpoint {folder}: {weights.name} does not match "
-                              f"{config.name}: missing {sorted(missing)[:8]}, unexpected "
-                              f"{sorted(unexpected)[:8]}")
+        raise TLDynamicsError(
+            f"TransformerLens checkpoint {folder}: {weights.name} does not match "
+            f"{config.name}: missing {sorted(missing)[:8]}, unexpected "
+            f"{sorted(unexpected)[:8]}"
+        )
     return model.eval()
 
 
-def _boot_native(folder: Path, fields: dict[str, Any], state: dict[str, Any],
-                 tokenizer: Any) -> tuple[Any, list[str], list[str]]:
+def _boot_native(
+    folder: Path, fields: dict[str, Any], state: dict[str, Any], tokenizer: Any
+) -> tuple[Any, list[str], list[str]]:
     """TransformerLens 4.x: ``boot_native`` and TransformerLens's own checkpoint converter."""
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
-    cfg = TransformerBridgeConfig(architecture="TransformerLensNative", init_weights=False,
-                                  **{k: v for k, v in fields.items()
-                                     if k in _accepted(TransformerBridgeConfig)
-                                     and k not in ("architecture", "init_weights", "dtype")})
-    model = compat.bridge_class().boot_native(cfg, tokenizer=tokenizer,
-                                              model_name=fields.get("model_name", folder.name))
-    missing, unexpected = model.load_state_dict(convert_tl_checkpoint(state, model.cfg), strict=False)
+    cfg = TransformerBridgeConfig(
+        architecture="TransformerLensNative",
+        init_weights=False,
+        **{
+            k: v
+            for k, v in fields.items()
+            if k in _accepted(TransformerBridgeConfig)
+            and k not in ("architecture", "init_weights", "dtype")
+        },
+    )
+    model = compat.bridge_class().boot_native(
+        cfg, tokenizer=tokenizer, model_name=fields.get("model_name", folder.name)
+    )
+    missing, unexpected = model.load_state_dict(
+        convert_tl_checkpoint(state, model.cfg), strict=False
+    )
     return model, list(missing), list(unexpected)
 
 
@@ -329,11 +382,16 @@ def _load_hub(name: str, where: devices.Placement) -> Any:
 
             # TransformerLens 3.x's class; pyright sees 4.x, where the name is the bridge
             return HookedTransformer.from_pretrained(  # pyright: ignore[reportAttributeAccessIssue]
-                name, device=str(where.device), dtype=dtype).eval()
-        return compat.bridge_class().boot_transformers(name, device=str(where.device),
-                                                       dtype=dtype).eval()
+                name, device=str(where.device), dtype=dtype
+            ).eval()
+        return (
+            compat.bridge_class()
+            .boot_transformers(name, device=str(where.device), dtype=dtype)
+            .eval()
+        )
     except Exception as exc:  # offline, unknown name, ...: say what was tried
         raise TLDynamicsError(
             f"could not load model {name!r} through TransformerLens (hub models need a network "
             f"connection; shipped models: {', '.join(shipped_names())}; or pass a local folder): "
-            f"{type(exc).__name__}: {exc}") from exc
+            f"{type(exc).__name__}: {exc}"
+        ) from exc

@@ -29,9 +29,22 @@ from torch import Tensor
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["CLUSTER_EPS", "MergeEvents", "NORM_FLOOR", "TRAJECTORY_EPS_GRID", "close_fraction",
-           "cluster_labels", "cluster_labels_grid", "cosines", "count_clusters", "gram", "mean_cosine", "merge_events",
-           "pair_mask", "unit"]
+__all__ = [
+    "CLUSTER_EPS",
+    "MergeEvents",
+    "NORM_FLOOR",
+    "TRAJECTORY_EPS_GRID",
+    "close_fraction",
+    "cluster_labels",
+    "cluster_labels_grid",
+    "cosines",
+    "count_clusters",
+    "gram",
+    "mean_cosine",
+    "merge_events",
+    "pair_mask",
+    "unit",
+]
 
 CLUSTER_EPS: float = 1e-2
 """One closeness threshold, the particle system's default: an angle below about 8.1 degrees."""
@@ -151,8 +164,9 @@ def close_fraction(cos: Float[Tensor, "*batch n n"], eps: float) -> Float[Tensor
     return _pairs_mean(cos > 1 - eps)
 
 
-def cluster_labels(cos: Float[Tensor, "*batch n n"], eps: float,
-                   mask: Bool[Tensor, "*batch n"] | None = None) -> Int[Tensor, "*batch n"]:
+def cluster_labels(
+    cos: Float[Tensor, "*batch n n"], eps: float, mask: Bool[Tensor, "*batch n"] | None = None
+) -> Int[Tensor, "*batch n"]:
     """Connected components of the eps-close graph ``cos > 1 - eps``, batched.
 
     Each point gets the smallest index in its component (int64); with ``mask``, only valid points
@@ -186,9 +200,11 @@ CHECK_EVERY = 4
 JUMPS = 4
 
 
-def cluster_labels_grid(cos: Float[Tensor, "*batch n n"], eps: Sequence[float],
-                        mask: Bool[Tensor, "*batch n"] | None = None
-                        ) -> Int[Tensor, "eps *batch n"]:
+def cluster_labels_grid(
+    cos: Float[Tensor, "*batch n n"],
+    eps: Sequence[float],
+    mask: Bool[Tensor, "*batch n"] | None = None,
+) -> Int[Tensor, "eps *batch n"]:
     """``cluster_labels`` at several thresholds at once.
 
     Every threshold and batch element is propagated together (the same launches for four
@@ -209,8 +225,9 @@ def cluster_labels_grid(cos: Float[Tensor, "*batch n n"], eps: Sequence[float],
     """
     eps = tuple(float(e) for e in eps)
     if not eps or any(not 0.0 < e <= 2.0 for e in eps):
-        raise TLDynamicsError(f"eps must be in (0, 2] (points are close when cos > 1 - eps), "
-                              f"got {eps!r}")
+        raise TLDynamicsError(
+            f"eps must be in (0, 2] (points are close when cos > 1 - eps), got {eps!r}"
+        )
     lead, n = cos.shape[:-2], cos.shape[-1]
     flat = cos.reshape(-1, n, n)
     thresholds = torch.tensor([1.0 - e for e in eps], dtype=cos.dtype, device=cos.device)
@@ -304,8 +321,10 @@ def merge_events(before: Int[Tensor, "*batch n"], after: Int[Tensor, "*batch n"]
         (2, 0)
     """
     if before.shape != after.shape:
-        raise TLDynamicsError(f"merge_events needs two labellings of the same points, got shapes "
-                              f"{tuple(before.shape)} and {tuple(after.shape)}")
+        raise TLDynamicsError(
+            f"merge_events needs two labellings of the same points, got shapes "
+            f"{tuple(before.shape)} and {tuple(after.shape)}"
+        )
     n = before.shape[-1]
     valid = before >= 0
     code = torch.where(valid, before.long().clamp_min(0) * n + after.long().clamp_min(0), -1)

@@ -21,8 +21,20 @@ import typing
 from pathlib import Path
 from typing import Any
 
-FACES = ("adapter", "viz", "circuits", "odds_ratio", "contextual_mlp", "trajectories", "particles",
-         "atlas", "scale", "sphere", "testing", "zoo")
+FACES = (
+    "adapter",
+    "viz",
+    "circuits",
+    "odds_ratio",
+    "contextual_mlp",
+    "trajectories",
+    "particles",
+    "atlas",
+    "scale",
+    "sphere",
+    "testing",
+    "zoo",
+)
 CHECKS = ("docstring", "summary", "args", "returns", "example", "runnable example")
 
 
@@ -30,8 +42,13 @@ def _public(module: Any) -> list[str]:
     names = getattr(module, "__all__", None)
     if names is not None:
         return list(names)
-    return [n for n, v in vars(module).items() if not n.startswith("_") and not inspect.ismodule(v)
-            and getattr(v, "__module__", module.__name__).startswith(module.__name__)]
+    return [
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_")
+        and not inspect.ismodule(v)
+        and getattr(v, "__module__", module.__name__).startswith(module.__name__)
+    ]
 
 
 def _params(obj: Any) -> list[str]:
@@ -65,8 +82,11 @@ def lacks(obj: Any) -> list[str]:
     if callable_ and not isinstance(obj, property):
         if _params(func) and "Args:" not in doc and "Attributes:" not in doc:
             missing.append("args")
-        if not inspect.isclass(func) and _returns_value(func) and not (
-                "Returns:" in doc or "Yields:" in doc):
+        if (
+            not inspect.isclass(func)
+            and _returns_value(func)
+            and not ("Returns:" in doc or "Yields:" in doc)
+        ):
             missing.append("returns")
     examples = [line for line in doc.splitlines() if line.strip().startswith(">>>")]
     if not examples:
@@ -91,11 +111,16 @@ def survey(faces: tuple[str, ...] = FACES) -> dict[str, dict[str, list[str]]]:
             found[name] = lacks(obj)
             if inspect.isclass(obj):
                 for attr, member in vars(obj).items():
-                    if attr.startswith("_") or not (inspect.isfunction(member)
-                                                    or isinstance(member, (property, classmethod,
-                                                                           staticmethod))):
+                    if attr.startswith("_") or not (
+                        inspect.isfunction(member)
+                        or isinstance(member, (property, classmethod, staticmethod))
+                    ):
                         continue
-                    member = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+                    member = (
+                        member.__func__
+                        if isinstance(member, (classmethod, staticmethod))
+                        else member
+                    )
                     found[f"{name}.{attr}"] = lacks(member)
         out[face] = found
     return out
@@ -103,8 +128,12 @@ def survey(faces: tuple[str, ...] = FACES) -> dict[str, dict[str, list[str]]]:
 
 def missing(faces: tuple[str, ...] = FACES) -> dict[str, list[str]]:
     """``{"face.name": what it lacks}`` for every name that lacks something (constants aside)."""
-    return {f"{face}.{name}": what for face, found in survey(faces).items()
-            for name, what in found.items() if what and what != ["constant"]}
+    return {
+        f"{face}.{name}": what
+        for face, found in survey(faces).items()
+        for name, what in found.items()
+        if what and what != ["constant"]
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,15 +150,21 @@ def main(argv: list[str] | None = None) -> int:
         totals["names"] += n
         for c, v in counts.items():
             totals[c] += v
-        print(f"{face:<15}{n:>6}{counts['constant']:>6}" + "".join(f"{counts[c]:>14}" for c in CHECKS))
+        print(
+            f"{face:<15}{n:>6}{counts['constant']:>6}" + "".join(f"{counts[c]:>14}" for c in CHECKS)
+        )
         if args.list:
             for name, what in found.items():
                 if what and what != ["constant"]:
                     print(f"    {name}: lacks {', '.join(what)}")
-    print(f"{'total':<15}{totals['names']:>6}{totals['constant']:>6}"
-          + "".join(f"{totals[c]:>14}" for c in CHECKS))
-    print("(columns after 'const': names lacking that; methods and properties of exported "
-          "classes included)")
+    print(
+        f"{'total':<15}{totals['names']:>6}{totals['constant']:>6}"
+        + "".join(f"{totals[c]:>14}" for c in CHECKS)
+    )
+    print(
+        "(columns after 'const': names lacking that; methods and properties of exported "
+        "classes included)"
+    )
     return 0
 
 

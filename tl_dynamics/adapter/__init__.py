@@ -13,5 +13,14 @@ from tl_dynamics.adapter._rotary import Rotation
 from tl_dynamics.adapter._shuffle import shuffled_weights
 from tl_dynamics.adapter._softmax import masked_softmax
 
-__all__ = ["Batch", "LayerAttention", "LayerState", "ModelAdapter", "Prompt", "QueryNorm",
-           "Rotation", "masked_softmax", "shuffled_weights"]
+__all__ = [
+    "Batch",
+    "LayerAttention",
+    "LayerState",
+    "ModelAdapter",
+    "Prompt",
+    "QueryNorm",
+    "Rotation",
+    "masked_softmax",
+    "shuffled_weights",
+]

@@ -70,8 +70,13 @@ def model_device(model: Any) -> torch.device:
     return torch.device("cpu") if param is None else param.device
 
 
-def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str = "right",
-             attention_mask: Tensor | None = None) -> Batch:
+def tokenize(
+    model: Any,
+    n_ctx: int,
+    prompt: Prompt | Batch,
+    padding_side: str = "right",
+    attention_mask: Tensor | None = None,
+) -> Batch:
     """``ModelAdapter.tokenize``: tokens and padding mask of ``prompt`` for ``model``."""
     if isinstance(prompt, Batch):
         return prompt
@@ -80,13 +85,16 @@ def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str =
     if isinstance(prompt, Tensor):
         tokens = prompt[None] if prompt.ndim == 1 else prompt
         if tokens.ndim != 2 or tokens.is_floating_point():
-            raise TLDynamicsError(f"token tensor must be integer [batch, pos] or [pos], got "
-                                  f"{tuple(prompt.shape)} {prompt.dtype}")
+            raise TLDynamicsError(
+                f"token tensor must be integer [batch, pos] or [pos], got "
+                f"{tuple(prompt.shape)} {prompt.dtype}"
+            )
         vocab = int(getattr(getattr(model, "cfg", None), "d_vocab", 0) or 0)
         if vocab and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
             bad = tokens[(tokens < 0) | (tokens >= vocab)].unique()[:5].tolist()
-            raise TLDynamicsError(f"token ids {bad} are outside this model's vocabulary "
-                                  f"(valid: 0..{vocab - 1})")
+            raise TLDynamicsError(
+                f"token ids {bad} are outside this model's vocabulary (valid: 0..{vocab - 1})"
+            )
         tokens = tokens.to(model_device(model))  # where the host's own to_tokens puts text
         if attention_mask is None:
             key_valid = torch.ones_like(tokens, dtype=torch.bool)
@@ -94,24 +102,32 @@ def tokenize(model: Any, n_ctx: int, prompt: Prompt | Batch, padding_side: str =
             key_valid = attention_mask.reshape(tokens.shape).bool().to(tokens.device)
     else:
         if not isinstance(prompt, (str, list, tuple)):
-            raise TLDynamicsError(f"prompt must be a string, a list of strings, a token tensor or a "
-                                  f"Batch, got {type(prompt).__name__}")
+            raise TLDynamicsError(
+                f"prompt must be a string, a list of strings, a token tensor or a "
+                f"Batch, got {type(prompt).__name__}"
+            )
         texts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not texts or any(not isinstance(t, str) for t in texts):
-            raise TLDynamicsError("prompt must be a non-empty string, a non-empty list of "
-                                  "strings, or a token tensor")
+            raise TLDynamicsError(
+                "prompt must be a non-empty string, a non-empty list of strings, or a token tensor"
+            )
         if any(t == "" for t in texts):
             raise TLDynamicsError("prompt is empty: give at least one character of text")
         if getattr(model, "tokenizer", None) is None:
             raise TLDynamicsError("this model has no tokenizer: pass a token tensor instead")
         tokens = model.to_tokens(texts, padding_side=padding_side, truncate=False)
-        key_valid = _padding_mask(model, tokens, padding_side) if len(texts) > 1 else \
-            torch.ones_like(tokens, dtype=torch.bool)
+        key_valid = (
+            _padding_mask(model, tokens, padding_side)
+            if len(texts) > 1
+            else torch.ones_like(tokens, dtype=torch.bool)
+        )
     if tokens.shape[1] == 0:
         raise TLDynamicsError("prompt is empty: it has zero tokens")
     if tokens.shape[1] > n_ctx:
-        raise TLDynamicsError(f"prompt has {tokens.shape[1]} tokens but this model's context "
-                              f"is {n_ctx} tokens (valid: 1..{n_ctx})")
+        raise TLDynamicsError(
+            f"prompt has {tokens.shape[1]} tokens but this model's context "
+            f"is {n_ctx} tokens (valid: 1..{n_ctx})"
+        )
     return Batch(tokens=tokens, key_valid=key_valid, padding_side=padding_side)
 
 

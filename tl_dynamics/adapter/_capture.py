@@ -25,10 +25,14 @@ def probing(model: Any) -> bool:
 
 
 @contextmanager
-def registered(model: Any, architecture: str, hooks: Sequence[tuple[str, HookFn]],
-               on_forward_end: Callable[[], None] | None = None,
-               probe: bool = False,
-               on_forward_start: Callable[[tuple, dict], None] | None = None) -> Iterator[None]:
+def registered(
+    model: Any,
+    architecture: str,
+    hooks: Sequence[tuple[str, HookFn]],
+    on_forward_end: Callable[[], None] | None = None,
+    probe: bool = False,
+    on_forward_start: Callable[[tuple, dict], None] | None = None,
+) -> Iterator[None]:
     """Attach ``fn(activation)`` at each named hook point of ``model``; remove exactly these on
     exit, call ``on_forward_start(args, kwargs)`` before each forward pass (with the model's own
     call arguments) and ``on_forward_end()`` after it.
@@ -57,24 +61,34 @@ def registered(model: Any, architecture: str, hooks: Sequence[tuple[str, HookFn]
                     exc._tld_noted = True  # type: ignore[attr-defined]
                 raise
             return None
+
         return hook
 
     try:
         for name, fn in hooks:
             if name not in hook_dict:
-                raise TLDynamicsError(f"hook point {name!r} does not exist on this "
-                                      f"{architecture} model")
+                raise TLDynamicsError(
+                    f"hook point {name!r} does not exist on this {architecture} model"
+                )
             point = hook_dict[name]
             before = list(point.fwd_hooks)
             point.add_hook(wrap(name, fn), dir="fwd")
             owned.extend((point, h) for h in point.fwd_hooks if all(h is not b for b in before))
         if on_forward_start is not None:
-            torch_handles.append(model.register_forward_pre_hook(
-                lambda _module, args, kwargs: None if probing(model) != probe
-                else on_forward_start(args, kwargs), with_kwargs=True))
+            torch_handles.append(
+                model.register_forward_pre_hook(
+                    lambda _module, args, kwargs: (
+                        None if probing(model) != probe else on_forward_start(args, kwargs)
+                    ),
+                    with_kwargs=True,
+                )
+            )
         if on_forward_end is not None:
-            torch_handles.append(model.register_forward_hook(
-                lambda *_: None if probing(model) != probe else on_forward_end()))
+            torch_handles.append(
+                model.register_forward_hook(
+                    lambda *_: None if probing(model) != probe else on_forward_end()
+                )
+            )
         if probe:
             _PROBING.add(model)
         yield

@@ -29,7 +29,9 @@ def check_index(value: Any, what: str, count: int, where: str = "") -> int:
         ...
         tl_dynamics.errors.TLDynamicsError: layer must be an integer index (valid: 0..1), got 1.0 of type float
     """
-    if isinstance(value, (bool, float, str, bytes)) or (isinstance(value, torch.Tensor) and value.ndim):
+    if isinstance(value, (bool, float, str, bytes)) or (
+        isinstance(value, torch.Tensor) and value.ndim
+    ):
         index = None
     else:
         try:
@@ -40,12 +42,16 @@ def check_index(value: Any, what: str, count: int, where: str = "") -> int:
         hint = ""
         if isinstance(value, (tuple, list)) and what == "head":
             hint = "; to select head h of layer l pass layers=l, heads=h"
-        raise TLDynamicsError(f"{what}{where} must be an integer index (valid: 0..{count - 1}), got "
-                              f"{value!r} of type {type(value).__name__}{hint}")
+        raise TLDynamicsError(
+            f"{what}{where} must be an integer index (valid: 0..{count - 1}), got "
+            f"{value!r} of type {type(value).__name__}{hint}"
+        )
     if not 0 <= index < count:
         plural = "layers" if what == "layer" else "heads per layer"
-        raise TLDynamicsError(f"{what} {index}{where} is out of range: this model has {count} "
-                              f"{plural} (valid: 0..{count - 1})")
+        raise TLDynamicsError(
+            f"{what} {index}{where} is out of range: this model has {count} "
+            f"{plural} (valid: 0..{count - 1})"
+        )
     return index
 
 
@@ -63,16 +69,20 @@ def check_indices(values: Any, what: str, count: int) -> list[int]:
     if values is None:
         return list(range(count))
     if isinstance(values, (str, bytes, float, bool)):
-        raise TLDynamicsError(f"{what}s must be a {what} index, a sequence of them, or None, got "
-                              f"{values!r} of type {type(values).__name__}")
+        raise TLDynamicsError(
+            f"{what}s must be a {what} index, a sequence of them, or None, got "
+            f"{values!r} of type {type(values).__name__}"
+        )
     if isinstance(values, torch.Tensor):
         values = values.reshape(-1).tolist() if values.ndim else values
     if not isinstance(values, (Sequence, set, frozenset)):
         return [check_index(values, what, count)]
     items = sorted(values) if isinstance(values, (set, frozenset)) else list(values)
     if not items:
-        raise TLDynamicsError(f"{what}s={values!r} selects nothing: give a {what} index, a non-empty "
-                              f"sequence of them, or None for all {count}")
+        raise TLDynamicsError(
+            f"{what}s={values!r} selects nothing: give a {what} index, a non-empty "
+            f"sequence of them, or None for all {count}"
+        )
     return [check_index(item, what, count) for item in items]
 
 
@@ -80,9 +90,11 @@ def check_materialised(model: Any) -> None:
     """Refuse a model whose weights are not materialised (``meta`` device): nothing can run."""
     meta = [name for name, param in model.named_parameters() if param.is_meta]
     if meta:
-        raise TLDynamicsError(f"{len(meta)} of the model's weights are on the 'meta' device (e.g. "
-                              f"{meta[0]}): they hold no values, so no analysis can run; load the "
-                              "weights first (e.g. model.to_empty(device='cpu') and load a state dict)")
+        raise TLDynamicsError(
+            f"{len(meta)} of the model's weights are on the 'meta' device (e.g. "
+            f"{meta[0]}): they hold no values, so no analysis can run; load the "
+            "weights first (e.g. model.to_empty(device='cpu') and load a state dict)"
+        )
 
 
 def check_attention(specs: Sequence[Any], layers: list[int], architecture: str) -> list[int]:
@@ -104,15 +116,19 @@ def check_attention(specs: Sequence[Any], layers: list[int], architecture: str) 
     attention = [spec.layer for spec in specs if spec.kind == "attention"]
     if not attention:
         kinds = sorted({spec.kind for spec in specs})
-        raise TLDynamicsError(f"{architecture} has no attention layers (its layers are {kinds}: "
-                              f"{'; '.join(str(KIND_WHAT.get(k, k)) for k in kinds)}), so attention "
-                              "analyses do not apply; residual-stream analyses (trajectories) do")
+        raise TLDynamicsError(
+            f"{architecture} has no attention layers (its layers are {kinds}: "
+            f"{'; '.join(str(KIND_WHAT.get(k, k)) for k in kinds)}), so attention "
+            "analyses do not apply; residual-stream analyses (trajectories) do"
+        )
     for layer in layers:
         kind = specs[layer].kind
         if kind != "attention":
-            raise TLDynamicsError(f"layer {layer} of {architecture} is not an attention layer: it "
-                                  f"is a {kind!r} layer ({KIND_WHAT.get(kind, kind)}); attention "
-                                  f"layers: {attention}")
+            raise TLDynamicsError(
+                f"layer {layer} of {architecture} is not an attention layer: it "
+                f"is a {kind!r} layer ({KIND_WHAT.get(kind, kind)}); attention "
+                f"layers: {attention}"
+            )
     return layers
 
 
@@ -121,4 +137,5 @@ def sink_refusal(layer: int, analysis: str) -> TLDynamicsError:
     return TLDynamicsError(
         f"{analysis}: layer {layer} has learned attention sinks (a per-head logit joins every "
         "softmax denominator, p_ij = exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h)), so rows sum "
-        "to less than 1), which it does not model")
+        "to less than 1), which it does not model"
+    )

@@ -34,13 +34,13 @@ __all__ = ["GATE_WHAT", "gate_refusal", "gate_roles", "layer_gate", "output_gate
 
 GATE_WHAT = {
     "sigmoid": "a sigmoid output gate computed from the query projection (q_proj's second half "
-               "per head) multiplies z element-wise, z_i = (sum_j p_ij v_j) * sigmoid(g_i)",
+    "per head) multiplies z element-wise, z_i = (sum_j p_ij v_j) * sigmoid(g_i)",
     "gate_proj": "a sigmoid output gate from its own projection (gate_proj) multiplies z "
-                 "element-wise, z_i = (sum_j p_ij v_j) * sigmoid(x_i W_gate)",
+    "element-wise, z_i = (sum_j p_ij v_j) * sigmoid(x_i W_gate)",
     "g_proj": "a softplus output gate from its own projection (g_proj) multiplies z, "
-              "z_i = (sum_j p_ij v_j) * softplus(x_i W_g), one gate per head or per entry",
+    "z_i = (sum_j p_ij v_j) * softplus(x_i W_g), one gate per head or per entry",
     "sub_norm": "an RMSNorm over all heads (attn_sub_norm) divides z by its root mean square "
-                "over every head and scales it by a gain, z_i = (sum_j p_ij v_j) * w / rms_i",
+    "over every head and scales it by a gain, z_i = (sum_j p_ij v_j) * w / rms_i",
 }
 # the Hugging Face attention module's gate projection, by gate kind (module gates only)
 _MODULE_GATES = {"gate_proj": "gate_proj", "g_proj": "g_proj"}
@@ -76,8 +76,10 @@ def layer_gate(adapter: Any, spec: Any, st: dict[str, Tensor]) -> Tensor | None:
         return None
     role = "x" if kind in _MODULE_GATES else "gate"
     if role not in st:
-        raise TLDynamicsError(f"layer {spec.layer} of {adapter.info.architecture} has gated "
-                              f"attention but the forward pass did not fire its {role!r} hook")
+        raise TLDynamicsError(
+            f"layer {spec.layer} of {adapter.info.architecture} has gated "
+            f"attention but the forward pass did not fire its {role!r} hook"
+        )
     if kind == "sigmoid":
         logits = st["gate"].float()
     else:
@@ -110,4 +112,5 @@ def gate_refusal(spec: Any, architecture: str, what: str) -> TLDynamicsError:
     return TLDynamicsError(
         f"{what}: layer {spec.layer} of {architecture} has gated attention ({GATE_WHAT[spec.gate]}),"
         " so the head's output is not pattern @ v times a fixed matrix; it does not model the "
-        "gate (the pattern, z and head outputs are exact: ModelAdapter.attention)")
+        "gate (the pattern, z and head outputs are exact: ModelAdapter.attention)"
+    )

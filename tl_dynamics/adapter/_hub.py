@@ -106,11 +106,15 @@ class Hub:
                 ad.query_norm(layer)  # refuses a query that is not N(x W_Q) rotated (_postrope)
         for role, layer in collector.points:
             if role not in POINT_ROLES:
-                raise TLDynamicsError(f"unknown residual point {role!r}; valid: {list(POINT_ROLES)}")
+                raise TLDynamicsError(
+                    f"unknown residual point {role!r}; valid: {list(POINT_ROLES)}"
+                )
             ad.check_layer(layer)
         for (role, layer), name in zip(collector.points, ad.hook_names(list(collector.points))):
             if name is None:
-                raise TLDynamicsError(f"{ad.info.architecture} has no {role!r} point at layer {layer}")
+                raise TLDynamicsError(
+                    f"{ad.info.architecture} has no {role!r} point at layer {layer}"
+                )
         for layer in layers:  # read before hooking: reading may run a probe forward pass
             ad.rotation(layer)
 
@@ -141,22 +145,32 @@ class Hub:
         if not self.collectors:
             return
         ad, wanted = self.adapter, []
-        layers = sorted({la for c in self.collectors for la in c.layers}
-                        | {layer for c in self.collectors for _, layer in c.points})
+        layers = sorted(
+            {la for c in self.collectors for la in c.layers}
+            | {layer for c in self.collectors for _, layer in c.points}
+        )
         for layer in layers:
             roles = [r for c in self.collectors for r, l in c.points if l == layer]
             if any(layer in c.layers for c in self.collectors):
-                roles += list(ATTENTION_ROLES) + extra_roles(ad.specs[layer])  # gate, post-rotary norms
+                roles += list(ATTENTION_ROLES) + extra_roles(
+                    ad.specs[layer]
+                )  # gate, post-rotary norms
                 if any(c.reference and layer in c.layers for c in self.collectors):
                     roles += list(REFERENCE_ROLES)
                 if any(c.inputs and layer in c.layers for c in self.collectors):
                     roles.append("x")
             wanted += [(role, layer) for role in dict.fromkeys(roles)]
-        hooks = [(name, self._store(role, layer))
-                 for (role, layer), name in zip(wanted, ad.hook_names(wanted)) if name is not None]
+        hooks = [
+            (name, self._store(role, layer))
+            for (role, layer), name in zip(wanted, ad.hook_names(wanted))
+            if name is not None
+        ]
         stack = ExitStack()
-        stack.enter_context(_capture.registered(ad.model, ad.info.architecture, hooks,
-                                                self._end, on_forward_start=self._start))
+        stack.enter_context(
+            _capture.registered(
+                ad.model, ad.info.architecture, hooks, self._end, on_forward_start=self._start
+            )
+        )
         self._hooks = stack
 
     # ------------------------------------------------------------------ a pass
@@ -201,6 +215,7 @@ class Hub:
             state.current = layer
             keep = activation.detach() if activation.requires_grad else activation
             state.stash[role] = keep.clone() if role in REFERENCE_ROLES else keep
+
         return fn
 
     def _flush(self, state: _Pass) -> None:
@@ -208,16 +223,19 @@ class Hub:
         state.current, state.stash = None, {}
         if layer is None:
             return
-        wanting = [c for c in self.collectors
-                   if layer in c.layers or any(l == layer for _, l in c.points)]
+        wanting = [
+            c for c in self.collectors if layer in c.layers or any(l == layer for _, l in c.points)
+        ]
         batch = state.batch
         attention = None
         if any(layer in c.layers for c in wanting):
             attention = assemble(self.adapter, layer, stash, batch, state.shared)
             n = tuple(attention.q.shape[:2])  # [batch, pos] as scored (hooks differ in layout)
             if batch is not None and tuple(batch.tokens.shape) != n:
-                raise TLDynamicsError(f"the forward pass runs tokens of shape {n} but the batch "
-                                      f"given has {tuple(batch.tokens.shape)}")
+                raise TLDynamicsError(
+                    f"the forward pass runs tokens of shape {n} but the batch "
+                    f"given has {tuple(batch.tokens.shape)}"
+                )
         points = {r: stash[r] for r in POINT_ROLES if r in stash}
         ls = LayerState(layer, batch, attention, points, state.shared)
         for c in wanting:

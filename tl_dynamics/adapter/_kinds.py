@@ -30,7 +30,7 @@ KIND_WHAT = {
     "rwkv": "RWKV time mixing, no softmax pattern",
     "recurrent": "a recurrent (RG-LRU) block, no attention pattern",
     "unhooked_attention": "softmax attention that TransformerLens wraps without query, key or "
-                          "pattern hooks, so its scores cannot be read",
+    "pattern hooks, so its scores cannot be read",
     "unknown": "a token mixer of unknown type",
 }
 _MIXER_NAMES = {"linear_attn": "linear_attention", "conv": "conv", "time_mix": "rwkv"}

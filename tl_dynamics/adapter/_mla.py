@@ -42,8 +42,15 @@ from tl_dynamics.adapter._qknorm import QueryNorm
 from tl_dynamics.adapter._rotary import Rotation
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["LATENT_BRIDGES", "LatentFactors", "latent_qkv", "latent_rotation", "latent_weight",
-           "latent_z_patch", "read_latent"]
+__all__ = [
+    "LATENT_BRIDGES",
+    "LatentFactors",
+    "latent_qkv",
+    "latent_rotation",
+    "latent_weight",
+    "latent_z_patch",
+    "read_latent",
+]
 
 # Bridges whose q/k/v hooks fire on [batch, head, pos, d] after rotary (see module doc).
 LATENT_BRIDGES = {"MLAAttentionBridge"}
@@ -140,7 +147,9 @@ class LatentFactors:
             if self.A_q is None or self.a_q is None or self.g_q is None:
                 return self.B_q if name == "W_Q" else self.b_q
             down = self.A_q * self.g_q if name == "W_Q" else self.a_q * self.g_q
-            return torch.einsum("...r,hrd->h...d", down, self.B_q) + (0 if name == "W_Q" else self.b_q)
+            return torch.einsum("...r,hrd->h...d", down, self.B_q) + (
+                0 if name == "W_Q" else self.b_q
+            )
         down = self.A_kv * self.g_kv if name.startswith("W") else self.a_kv * self.g_kv
         if name in ("W_V", "b_V"):
             return torch.einsum("...r,hrd->h...d", down, self.B_v)
@@ -155,8 +164,9 @@ class LatentFactors:
             return None
         return QueryNorm("latent", torch.ones(1), self.eps_q, down=self.A_q, down_bias=self.a_q)
 
-    def score_parts(self, la: Any, heads: Sequence[int] | None = None
-                    ) -> tuple[Float[Tensor, "batch head pos pos"], Float[Tensor, "batch head pos pos"]]:
+    def score_parts(
+        self, la: Any, heads: Sequence[int] | None = None
+    ) -> tuple[Float[Tensor, "batch head pos pos"], Float[Tensor, "batch head pos pos"]]:
         """``(non-rotary, rotary)`` parts of the raw scores of ``la`` (this layer, captured):
         ``c <q^nope_ih, k^nope_jh>`` and ``c <R_i q^rope_ih, R_j k^rope_j>`` with the rotary key
         shared by every head. They sum to ``la.raw_scores(heads)``, the model's scores."""
@@ -190,16 +200,19 @@ def _norm(module: Any, width: int, where: str, name: str) -> tuple[Tensor, float
     weight = getattr(inner, "weight", None)
     eps = getattr(inner, "variance_epsilon", getattr(inner, "eps", None))
     if not isinstance(weight, Tensor) or eps is None:
-        raise TLDynamicsError(f"{where}: cannot read its latent norm {name} "
-                              f"({type(inner).__name__}: no weight/eps)")
+        raise TLDynamicsError(
+            f"{where}: cannot read its latent norm {name} ({type(inner).__name__}: no weight/eps)"
+        )
     gain = weight.detach().float()
     u = torch.randn(3, width, generator=torch.Generator().manual_seed(0)).to(gain.device)
     with torch.no_grad():
         want = inner(u.to(weight.dtype)).float()
     err = float((u / _rms(u, float(eps))[:, None] * gain - want).abs().max() / want.abs().max())
     if err > _tolerance(weight.dtype):
-        raise TLDynamicsError(f"{where}: its latent norm {name} ({type(inner).__name__}) is not "
-                              f"an RMS norm with gain w (relative error {err:.3g})")
+        raise TLDynamicsError(
+            f"{where}: its latent norm {name} ({type(inner).__name__}) is not "
+            f"an RMS norm with gain w (relative error {err:.3g})"
+        )
     return gain, float(eps)
 
 
@@ -211,9 +224,11 @@ def read_latent(model: Any, layer: int, architecture: str) -> LatentFactors:
         d_nope, d_rope = int(hf.qk_nope_head_dim), int(hf.qk_rope_head_dim)
         d_v, r_kv = int(hf.v_head_dim), int(hf.kv_lora_rank)
     except (AttributeError, TypeError):
-        raise TLDynamicsError(f"{where}: its latent attention module {type(hf).__name__} does not "
-                              "give its head widths (qk_nope_head_dim, qk_rope_head_dim, "
-                              "v_head_dim, kv_lora_rank)") from None
+        raise TLDynamicsError(
+            f"{where}: its latent attention module {type(hf).__name__} does not "
+            "give its head widths (qk_nope_head_dim, qk_rope_head_dim, "
+            "v_head_dim, kv_lora_rank)"
+        ) from None
     d_qk = d_nope + d_rope
     order = list(range(d_rope))
     if getattr(getattr(hf, "config", None), "rope_interleave", False):  # pairs (2k, 2k+1)
@@ -221,15 +236,21 @@ def read_latent(model: Any, layer: int, architecture: str) -> LatentFactors:
     cols = list(range(d_nope)) + [d_nope + i for i in order]
     for name in ("q_b_proj", "kv_b_proj"):
         if getattr(_module(getattr(hf, name, None)), "bias", None) is not None:
-            raise TLDynamicsError(f"{where}: its latent up-projection {name} has a bias, added "
-                                  "after the latent norm; not supported")
+            raise TLDynamicsError(
+                f"{where}: its latent up-projection {name} has a bias, added "
+                "after the latent norm; not supported"
+            )
     if getattr(hf, "q_lora_rank", None) is None:  # a plain q_proj: the query is linear in x
         W, b = _linear(hf.q_proj, where, "q_proj")
         n_heads = W.shape[1] // d_qk
         A_q = a_q = g_q = None
         eps_q = 0.0
         B_q = W.reshape(W.shape[0], n_heads, d_qk).permute(1, 0, 2)[..., cols]
-        b_q = torch.zeros(n_heads, d_qk, device=W.device) if b is None else b.reshape(n_heads, d_qk)[:, cols]
+        b_q = (
+            torch.zeros(n_heads, d_qk, device=W.device)
+            if b is None
+            else b.reshape(n_heads, d_qk)[:, cols]
+        )
     else:
         A_q, a_q = _linear(hf.q_a_proj, where, "q_a_proj")
         a_q = torch.zeros(A_q.shape[1], device=A_q.device) if a_q is None else a_q
@@ -244,20 +265,39 @@ def read_latent(model: Any, layer: int, architecture: str) -> LatentFactors:
     W, _ = _linear(hf.kv_b_proj, where, "kv_b_proj")
     kv = W.reshape(r_kv, n_heads, d_nope + d_v).permute(1, 0, 2)
     rope = [r_kv + i for i in order]
-    return LatentFactors(layer, d_nope, d_rope, A_q, a_q, g_q, eps_q, B_q.contiguous(),
-                         b_q.contiguous(), A[:, :r_kv].contiguous(), a[:r_kv], g_kv, eps_kv,
-                         kv[..., :d_nope].contiguous(), kv[..., d_nope:].contiguous(),
-                         A[:, rope].contiguous(), a[rope], tuple(order))
+    return LatentFactors(
+        layer,
+        d_nope,
+        d_rope,
+        A_q,
+        a_q,
+        g_q,
+        eps_q,
+        B_q.contiguous(),
+        b_q.contiguous(),
+        A[:, :r_kv].contiguous(),
+        a[:r_kv],
+        g_kv,
+        eps_kv,
+        kv[..., :d_nope].contiguous(),
+        kv[..., d_nope:].contiguous(),
+        A[:, rope].contiguous(),
+        a[rope],
+        tuple(order),
+    )
 
 
-def latent_rotation(layer: int, model: Any, got: dict[str, Tensor],
-                    queries: Callable[[Tensor], Tensor], where: str) -> Rotation:
+def latent_rotation(
+    layer: int, model: Any, got: dict[str, Tensor], queries: Callable[[Tensor], Tensor], where: str
+) -> Rotation:
     """The rotation of a latent layer's last ``d_rope`` q/k coordinates, verified against the
     rotated queries the model fires (``got``: a probe pass's ``x`` and ``rot_q``); ``queries``
     maps the attention input to the unrotated queries in the factors' order."""
     if "x" not in got or "rot_q" not in got:
-        raise TLDynamicsError(f"{where}: its latent attention fired no rotated queries "
-                              "(hook_rot_q), so its rotation cannot be checked")
+        raise TLDynamicsError(
+            f"{where}: its latent attention fired no rotated queries "
+            "(hook_rot_q), so its rotation cannot be checked"
+        )
     scored = got["rot_q"].float()
     d_rope = scored.shape[-1]
     q = queries(got["x"].float())
@@ -277,17 +317,22 @@ def latent_rotation(layer: int, model: Any, got: dict[str, Tensor],
         for layout in ("half", "interleaved"):
             for magnitude in dict.fromkeys(magnitudes):
                 rotation = Rotation(layer, layout, d_rope, inv_freq, magnitude)
-                err = float((rotation.rotate(q, positions) - scored).abs().max()
-                            / scored.abs().max().clamp_min(1e-30))
+                err = float(
+                    (rotation.rotate(q, positions) - scored).abs().max()
+                    / scored.abs().max().clamp_min(1e-30)
+                )
                 errors[f"{layout} x{magnitude:.4g}"] = err
                 if err <= _tolerance(got["rot_q"].dtype):
                     return Rotation(layer, layout, d_rope, inv_freq, magnitude, start=d_nope)
-    raise TLDynamicsError(f"{where}: the model's rotated latent queries are not reproduced by a "
-                          f"rotation of its rotary frequencies (relative errors {errors})")
+    raise TLDynamicsError(
+        f"{where}: the model's rotated latent queries are not reproduced by a "
+        f"rotation of its rotary frequencies (relative errors {errors})"
+    )
 
 
-def latent_qkv(spec: Any, st: dict[str, Tensor], q: Tensor, k: Tensor,
-               v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def latent_qkv(
+    spec: Any, st: dict[str, Tensor], q: Tensor, k: Tensor, v: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(q, k, v)`` as ``[batch, pos, head, d]`` on latent-attention layers (``spec.latent``);
     unchanged elsewhere. Also lays the stashed reference ``z`` out per head (``d_v`` wide)."""
     if not getattr(spec, "latent", False):
@@ -305,19 +350,28 @@ def latent_W_O(model: Any, layer: int, n_heads: int) -> Tensor:
     return weight.T.reshape(n_heads, -1, weight.shape[0])
 
 
-def latent_z_patch(fn: Callable[[Tensor], Tensor | None], n_heads: int
-                   ) -> Callable[[Tensor], Tensor | None]:
+def latent_z_patch(
+    fn: Callable[[Tensor], Tensor | None], n_heads: int
+) -> Callable[[Tensor], Tensor | None]:
     """A ``z`` patch for a latent-attention layer: ``fn`` sees and returns ``z`` per head
     (``[batch, pos, head, d_v]``), whatever layout the host's ``hook_z`` has (the flat input of
     the output projection, which TransformerLens splits with the config's ``d_head``)."""
+
     def patch(activation: Tensor) -> Tensor | None:
         out = fn(activation.reshape(*activation.shape[:2], n_heads, -1))
         return None if out is None else out.reshape(out.shape[0], *activation.shape[1:])
+
     return patch
 
 
-def latent_weight(model: Any, layer: int, name: str, bias_shape: tuple[int, ...] | None,
-                  n_heads: int, factors: Callable[[], LatentFactors | None]) -> Tensor:
+def latent_weight(
+    model: Any,
+    layer: int,
+    name: str,
+    bias_shape: tuple[int, ...] | None,
+    n_heads: int,
+    factors: Callable[[], LatentFactors | None],
+) -> Tensor:
     """``W_O`` (per head) or ``b_O`` (zeros where it has none) of a latent-attention layer, from
     its output projection; ``W_Q``/``W_K``/``W_V`` and their biases from its ``factors`` with
     the latent norms' gains folded in (``LatentFactors.weight``)."""

@@ -27,9 +27,16 @@ PatchFn = Callable[[Tensor], "Tensor | None"]
 @contextmanager
 def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -> Iterator[None]:
     """Attach replacing hooks ``(role, layer, fn)``; remove exactly these on exit."""
-    patches = [(role, layer, latent_z_patch(fn, adapter.n_heads)
-                if role == "z" and adapter.specs[adapter.check_layer(layer)].latent else fn)
-               for role, layer, fn in patches]
+    patches = [
+        (
+            role,
+            layer,
+            latent_z_patch(fn, adapter.n_heads)
+            if role == "z" and adapter.specs[adapter.check_layer(layer)].latent
+            else fn,
+        )
+        for role, layer, fn in patches
+    ]
     named = adapter.named_hooks(patches)
     hook_dict = adapter.model.hook_dict
     owned: list[tuple[Any, Any]] = []
@@ -43,16 +50,20 @@ def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -
             except TLDynamicsError:
                 raise
             except Exception as exc:  # re-raised with the hook point named
-                raise TLDynamicsError(f"error inside tl_dynamics patch at {name!r}: "
-                                      f"{type(exc).__name__}: {exc}") from exc
+                raise TLDynamicsError(
+                    f"error inside tl_dynamics patch at {name!r}: {type(exc).__name__}: {exc}"
+                ) from exc
             if out is None:
                 return None
             rows = activation.shape[0]
             if tuple(out.shape[1:]) != tuple(activation.shape[1:]) or out.shape[0] % max(rows, 1):
-                raise TLDynamicsError(f"patch at {name!r} returned shape {tuple(out.shape)}; the "
-                                      f"activation has shape {tuple(activation.shape)} (valid: the "
-                                      f"same shape, or its rows repeated along the batch)")
+                raise TLDynamicsError(
+                    f"patch at {name!r} returned shape {tuple(out.shape)}; the "
+                    f"activation has shape {tuple(activation.shape)} (valid: the "
+                    f"same shape, or its rows repeated along the batch)"
+                )
             return out.to(device=activation.device, dtype=activation.dtype)
+
         return hook
 
     try:

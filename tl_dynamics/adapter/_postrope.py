@@ -39,8 +39,10 @@ def postrope_qk(spec: Any, st: dict[str, Tensor], architecture: str) -> tuple[Te
     """The scored ``(q, k)`` ``[batch, pos, head, d_head]`` of a ``postrope`` layer."""
     missing = [r for r in POSTROPE_HOOKS if r not in st]
     if missing:
-        raise TLDynamicsError(f"layer {spec.layer} of {architecture} normalises q and k after "
-                              f"rotary but the forward pass did not fire its {missing} hooks")
+        raise TLDynamicsError(
+            f"layer {spec.layer} of {architecture} normalises q and k after "
+            f"rotary but the forward pass did not fire its {missing} hooks"
+        )
     return st["q_normed"].float().transpose(1, 2), st["k_normed"].float().transpose(1, 2)
 
 
@@ -55,7 +57,8 @@ def postrope_refusal(layer: int, architecture: str) -> TLDynamicsError:
         f"layer {layer} of {architecture} normalises q and k after rotary with a per-dimension "
         "gain (qk_norm_after_rope), so its scored query is not a rotation of a normalised linear "
         "map of the layer input; analyses that read the query as one (the contextual MLP's query "
-        "frame) do not apply (the pattern, z and head outputs are exact: ModelAdapter.attention)")
+        "frame) do not apply (the pattern, z and head outputs are exact: ModelAdapter.attention)"
+    )
 
 
 def refuse_query_map(spec: Any, architecture: str) -> None:
@@ -71,4 +74,5 @@ def refuse_query_map(spec: Any, architecture: str) -> None:
             f"{spec.clip}] after their projections (clip_qkv), so its query is not a linear map "
             "of the layer input; analyses that read the query as one (the contextual MLP's query "
             "frame) do not apply (the pattern, z and head outputs are exact: "
-            "ModelAdapter.attention)")
+            "ModelAdapter.attention)"
+        )

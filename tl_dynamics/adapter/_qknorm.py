@@ -63,8 +63,9 @@ class QueryNorm:
     down: Float[Tensor, "d_model r"] | None = None  # scope "latent": the query down-projection
     down_bias: Float[Tensor, " r"] | None = None
 
-    def apply_heads(self, y: Float[Tensor, "... head d_head"],
-                    x: Float[Tensor, "... d_model"] | None = None) -> Float[Tensor, "... head d_head"]:
+    def apply_heads(
+        self, y: Float[Tensor, "... head d_head"], x: Float[Tensor, "... d_model"] | None = None
+    ) -> Float[Tensor, "... head d_head"]:
         """Normalise every head's projected query at once (``y = x W_Q + b_Q`` for all heads).
 
         The layer inputs ``x`` are needed with ``scope == "latent"``.
@@ -88,14 +89,19 @@ class QueryNorm:
         if self.center:
             y = y - y.mean(dims, keepdim=True)
         ms = y.pow(2).mean(dims, keepdim=True)
-        gain = self.offset + (self.weight if self.scope == "head" else self.weight.reshape(y.shape[-2:]))
+        gain = self.offset + (
+            self.weight if self.scope == "head" else self.weight.reshape(y.shape[-2:])
+        )
         out = y * torch.rsqrt(ms + self.eps) * gain.to(y.dtype)
         if self.bias is not None:
-            out = out + (self.bias if self.scope == "head" else self.bias.reshape(y.shape[-2:])).to(y.dtype)
+            out = out + (self.bias if self.scope == "head" else self.bias.reshape(y.shape[-2:])).to(
+                y.dtype
+            )
         return out
 
-    def apply(self, y: Float[Tensor, "n d_head"], head: int,
-              x: Float[Tensor, "n d_model"] | None = None) -> Float[Tensor, "n d_head"]:
+    def apply(
+        self, y: Float[Tensor, "n d_head"], head: int, x: Float[Tensor, "n d_model"] | None = None
+    ) -> Float[Tensor, "n d_head"]:
         """Normalise head ``head``'s projected queries ``y = x W_Q[head] + b_Q[head]``.
 
         Computed in ``y``'s dtype.
@@ -115,32 +121,45 @@ class QueryNorm:
             tensor([[1., 1.]])
         """
         if self.scope == "head" and self.weight.ndim == 2:  # one norm per head (StableLM)
-            own = dataclasses.replace(self, weight=self.weight[head],
-                                      bias=None if self.bias is None else self.bias[head])
+            own = dataclasses.replace(
+                self, weight=self.weight[head], bias=None if self.bias is None else self.bias[head]
+            )
             return own.apply_heads(y[:, None])[:, 0]
         if self.scope == "head":
             return self.apply_heads(y[:, None])[:, 0]
         if self.scope == "latent":
             return y / self._latent_rms(x, y)[..., None]
         if x is None:
-            raise TLDynamicsError("QueryNorm(scope='all') needs the layer inputs x: the other "
-                                  "heads' projections enter the mean")
+            raise TLDynamicsError(
+                "QueryNorm(scope='all') needs the layer inputs x: the other "
+                "heads' projections enter the mean"
+            )
         if self.W_Q is None or self.b_Q is None:
-            raise TLDynamicsError("QueryNorm(scope='all') was built without the layer's W_Q and b_Q")
+            raise TLDynamicsError(
+                "QueryNorm(scope='all') was built without the layer's W_Q and b_Q"
+            )
         ys = torch.einsum("nm,hmd->nhd", x.to(y.dtype), self.W_Q.to(y.dtype)) + self.b_Q.to(y.dtype)
         return self.apply_heads(ys)[:, head]
 
-
     def _latent_rms(self, x: Tensor | None, y: Tensor) -> Tensor:
         if x is None or self.down is None or self.down_bias is None:
-            raise TLDynamicsError("QueryNorm(scope='latent') needs the layer inputs x and its "
-                                  "down-projection: the query's scale is the RMS of x's latent")
+            raise TLDynamicsError(
+                "QueryNorm(scope='latent') needs the layer inputs x and its "
+                "down-projection: the query's scale is the RMS of x's latent"
+            )
         u = x.to(y.dtype) @ self.down.to(y) + self.down_bias.to(y)
         return torch.sqrt(u.pow(2).mean(-1) + self.eps)
 
 
-def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_head: int,
-                    W_Q: Tensor | None, b_Q: Tensor | None) -> QueryNorm:
+def read_query_norm(
+    attn: Any,
+    where: str,
+    gemma_gain: bool,
+    n_heads: int,
+    d_head: int,
+    W_Q: Tensor | None,
+    b_Q: Tensor | None,
+) -> QueryNorm:
     """The ``QueryNorm`` of one attention module (a HookedTransformer ``attn`` or a bridge's
     ``attn``, whose Hugging Face module and norm wrapper are looked through). ``gemma_gain``:
     the norm multiplies by ``1 + w`` (Gemma's Hugging Face RMSNorm). ``where`` names the layer
@@ -159,16 +178,26 @@ def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_hea
     shared = getattr(shared, "original_component", None) or shared  # a bridge wrapper: its module
     weightless = getattr(shared, "weight", getattr(shared, "w", None)) is None
     if shared is not None and weightless and hasattr(shared, "eps"):
-        return _matching([QueryNorm("head", torch.ones(d_head), float(shared.eps), 0.0)], shared,
-                         torch.float32, n_heads, d_head, where)
+        return _matching(
+            [QueryNorm("head", torch.ones(d_head), float(shared.eps), 0.0)],
+            shared,
+            torch.float32,
+            n_heads,
+            d_head,
+            where,
+        )
     if module is None:
-        raise TLDynamicsError(f"{where}: its attention module {type(hf_attn).__name__} has no "
-                              "q_norm/q_layernorm to read")
+        raise TLDynamicsError(
+            f"{where}: its attention module {type(hf_attn).__name__} has no "
+            "q_norm/q_layernorm to read"
+        )
     inner = getattr(module, "original_component", None) or module  # bridge wrapper
     weight = getattr(inner, "weight", getattr(inner, "w", None))
     eps = getattr(inner, "eps", getattr(inner, "variance_epsilon", None))
     if weight is None or eps is None:
-        raise TLDynamicsError(f"{where}: cannot read its query norm ({type(inner).__name__}: no weight/eps)")
+        raise TLDynamicsError(
+            f"{where}: cannot read its query norm ({type(inner).__name__}: no weight/eps)"
+        )
     dtype, weight = weight.dtype, weight.detach().float().clone()
     if weight.numel() == n_heads * d_head and weight.ndim == 2:  # one norm per head (Cohere)
         weight = weight.reshape(n_heads, d_head)
@@ -176,14 +205,19 @@ def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_hea
     elif weight.numel() in (d_head, n_heads * d_head):
         scope = "head" if weight.numel() == d_head else "all"
     else:
-        raise TLDynamicsError(f"{where}: query norm of size {weight.numel()} is neither d_head="
-                              f"{d_head} nor n_heads*d_head={n_heads * d_head}")
+        raise TLDynamicsError(
+            f"{where}: query norm of size {weight.numel()} is neither d_head="
+            f"{d_head} nor n_heads*d_head={n_heads * d_head}"
+        )
     raw_bias = getattr(inner, "bias", None)
     bias = raw_bias.detach().float().reshape(weight.shape) if isinstance(raw_bias, Tensor) else None
     extra = (W_Q, b_Q) if scope == "all" else (None, None)
     offsets = (1.0, 0.0) if gemma_gain else (0.0, 1.0)
-    candidates = [QueryNorm(scope, weight, float(eps), offset, *extra, center=center, bias=bias)
-                  for offset in offsets for center in (False, True)]
+    candidates = [
+        QueryNorm(scope, weight, float(eps), offset, *extra, center=center, bias=bias)
+        for offset in offsets
+        for center in (False, True)
+    ]
     return _matching(candidates, inner, dtype, n_heads, d_head, where)
 
 
@@ -192,8 +226,14 @@ def read_query_norm(attn: Any, where: str, gemma_gain: bool, n_heads: int, d_hea
 _PROBE_RTOL = {torch.float32: 1e-4, torch.float64: 1e-4}
 
 
-def _matching(candidates: list[QueryNorm], module: Any, dtype: torch.dtype, n_heads: int,
-              d_head: int, where: str) -> QueryNorm:
+def _matching(
+    candidates: list[QueryNorm],
+    module: Any,
+    dtype: torch.dtype,
+    n_heads: int,
+    d_head: int,
+    where: str,
+) -> QueryNorm:
     """The candidate (gain ``w`` or ``1 + w``; RMS or mean-centred) that reproduces ``module``
     on random projected queries, so a norm's convention is read from what it computes."""
     y = torch.randn(2, 3, n_heads, d_head, generator=torch.Generator().manual_seed(0))
@@ -203,13 +243,19 @@ def _matching(candidates: list[QueryNorm], module: Any, dtype: torch.dtype, n_he
             arg = (y.reshape(2, 3, n_heads * d_head) if flat else y).to(dtype)
             want = module(arg).float().reshape(y.shape)
     except Exception as exc:  # a norm module with another calling convention
-        raise TLDynamicsError(f"{where}: cannot probe its query norm {type(module).__name__} "
-                              f"({type(exc).__name__}: {exc})") from exc
+        raise TLDynamicsError(
+            f"{where}: cannot probe its query norm {type(module).__name__} "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     errors = []
     for candidate in candidates:
-        err = float((candidate.apply_heads(y) - want).abs().max() / want.abs().max().clamp_min(1e-30))
+        err = float(
+            (candidate.apply_heads(y) - want).abs().max() / want.abs().max().clamp_min(1e-30)
+        )
         if err <= _PROBE_RTOL.get(dtype, 2e-2):
             return candidate
         errors.append(round(err, 4))
-    raise TLDynamicsError(f"{where}: its query norm {type(module).__name__} is neither an RMS nor "
-                          f"a LayerNorm with gain w or 1 + w (relative errors {errors})")
+    raise TLDynamicsError(
+        f"{where}: its query norm {type(module).__name__} is neither an RMS nor "
+        f"a LayerNorm with gain w or 1 + w (relative errors {errors})"
+    )

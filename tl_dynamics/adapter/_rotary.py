@@ -24,8 +24,13 @@ from torch import Tensor
 Layout = Literal["half", "interleaved"]
 
 
-def apply(x: Float[Tensor, "... d_head"], cos: Float[Tensor, "... rot"], sin: Float[Tensor, "... rot"],
-          layout: Layout, transpose: bool = False) -> Float[Tensor, "... d_head"]:
+def apply(
+    x: Float[Tensor, "... d_head"],
+    cos: Float[Tensor, "... rot"],
+    sin: Float[Tensor, "... rot"],
+    layout: Layout,
+    transpose: bool = False,
+) -> Float[Tensor, "... d_head"]:
     """``x R`` on the first ``cos.shape[-1]`` coordinates of ``x`` (the rest pass through).
 
     ``cos``/``sin`` are tables in the layout's order, broadcastable to ``x[..., :rot]``;
@@ -110,7 +115,9 @@ class Rotation:
     table: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
     start: int = 0
 
-    def cos_sin(self, positions: Int[Tensor, "..."]) -> tuple[Float[Tensor, "... rot"], Float[Tensor, "... rot"]]:
+    def cos_sin(
+        self, positions: Int[Tensor, "..."]
+    ) -> tuple[Float[Tensor, "... rot"], Float[Tensor, "... rot"]]:
         """The float32 ``cos``/``sin`` tables at ``positions``, magnitude included, in the layout's order.
 
         Negative positions give the transposed rotation.
@@ -128,8 +135,11 @@ class Rotation:
             (torch.Size([2, 2]), 0.8415)
         """
         positions = torch.as_tensor(positions)
-        if self.table is not None and positions.numel() and \
-                int(positions.abs().max()) < self.table[0].shape[0]:
+        if (
+            self.table is not None
+            and positions.numel()
+            and int(positions.abs().max()) < self.table[0].shape[0]
+        ):
             index = positions.abs().long().to(self.table[0].device)
             cos, sin = self.table[0][index].float(), self.table[1][index].float()
             sign = torch.where(positions < 0, -1.0, 1.0).to(sin.device)[..., None]
@@ -139,8 +149,9 @@ class Rotation:
         sin = layout_order(torch.sin(angles), self.layout) * self.magnitude
         return cos, sin
 
-    def rotate(self, x: Float[Tensor, "... d_head"], positions: Int[Tensor, "..."],
-               transpose: bool = False) -> Float[Tensor, "... d_head"]:
+    def rotate(
+        self, x: Float[Tensor, "... d_head"], positions: Int[Tensor, "..."], transpose: bool = False
+    ) -> Float[Tensor, "... d_head"]:
         """Rotate ``x`` by each position's rotation: ``x R_p`` (``transpose``: ``x R_p^T``).
 
         Computed in ``x``'s dtype. ``positions`` has the shape of ``x``'s leading dimensions (e.g.
@@ -165,9 +176,10 @@ class Rotation:
         cos, sin = self.cos_sin(positions)
         shape = (*positions.shape, *([1] * (x.ndim - 1 - positions.ndim)), self.rotary_dim)
         if self.start:
-            turned = apply(x[..., self.start:], cos.reshape(shape), sin.reshape(shape),
-                           self.layout, transpose)
-            return torch.cat((x[..., :self.start], turned), dim=-1)
+            turned = apply(
+                x[..., self.start :], cos.reshape(shape), sin.reshape(shape), self.layout, transpose
+            )
+            return torch.cat((x[..., : self.start], turned), dim=-1)
         return apply(x, cos.reshape(shape), sin.reshape(shape), self.layout, transpose)
 
     def matrix(self, offset: int, d_head: int) -> Float[Tensor, "d_head d_head"]:
@@ -193,5 +205,5 @@ class Rotation:
         """
         eye = torch.eye(d_head, dtype=torch.float32)
         gain = torch.ones(d_head)
-        gain[self.start:self.start + self.rotary_dim] = self.magnitude
+        gain[self.start : self.start + self.rotary_dim] = self.magnitude
         return self.rotate(eye[None], torch.tensor([offset]))[0] * gain[:, None]

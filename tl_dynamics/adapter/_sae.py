@@ -30,16 +30,25 @@ from tl_dynamics.errors import TLDynamicsError
 # What flows on from a spliced hook point (SAELens's wrapper hook).
 SPLICED_OUTPUT = "hook_sae_output"
 # Positions inside a block (relative names) whose SAE the analyses cannot reproduce, and why.
-_WRITES = ("the head would write the SAE's reconstruction, which W_V W_O (the OV circuits, the "
-           "per-head outputs and their sums) does not reproduce")
-_ATTENDS = ("the heads would attend and write by activations the SAE reconstructs, which the "
-            "QK and OV weights (W_Q, W_K, W_V W_O) and the odds-ratio split do not reproduce")
-_BLOCK_PARTS = {"attn.hook_v": _WRITES, "attn.hook_z": _WRITES, "attn.hook_result": _WRITES,
-                "hook_attn_out": _WRITES}
-_BLOCK_PREFIXES = ("attn.", "ln1.", "hook_attn_in", "hook_q_input", "hook_k_input",
-                   "hook_v_input")
-_FINAL = ("the logit lens recomputes the final normalisation from the residual stream, which "
-          "the SAE's reconstruction replaces")
+_WRITES = (
+    "the head would write the SAE's reconstruction, which W_V W_O (the OV circuits, the "
+    "per-head outputs and their sums) does not reproduce"
+)
+_ATTENDS = (
+    "the heads would attend and write by activations the SAE reconstructs, which the "
+    "QK and OV weights (W_Q, W_K, W_V W_O) and the odds-ratio split do not reproduce"
+)
+_BLOCK_PARTS = {
+    "attn.hook_v": _WRITES,
+    "attn.hook_z": _WRITES,
+    "attn.hook_result": _WRITES,
+    "hook_attn_out": _WRITES,
+}
+_BLOCK_PREFIXES = ("attn.", "ln1.", "hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
+_FINAL = (
+    "the logit lens recomputes the final normalisation from the residual stream, which "
+    "the SAE's reconstruction replaces"
+)
 
 
 def spliced(model: Any, host: str) -> dict[str, str]:
@@ -53,8 +62,11 @@ def spliced(model: Any, host: str) -> dict[str, str]:
     """
     if host != "hooked":
         return {}  # SAELens splices into HookedTransformer (HookedSAETransformer) only
-    return {name: type(module).__name__ for name, module in model.named_modules()
-            if name.rsplit(".", 1)[-1].startswith("hook_") and not isinstance(module, HookPoint)}
+    return {
+        name: type(module).__name__
+        for name, module in model.named_modules()
+        if name.rsplit(".", 1)[-1].startswith("hook_") and not isinstance(module, HookPoint)
+    }
 
 
 def _reason(name: str) -> str | None:
@@ -80,7 +92,8 @@ def refuse_attention(model: Any, host: str, architecture: str) -> None:
                 f"this {architecture} model has an SAE ({kind}) spliced at {name!r}: {why}, so "
                 f"tl_dynamics refuses it. Remove it (model.reset_saes()) or splice SAEs outside "
                 f"attention (hook_resid_pre/mid/post, MLP hooks), where every analysis reads "
-                f"the spliced stream")
+                f"the spliced stream"
+            )
 
 
 def spliced_output(hook_dict: Any, name: str) -> str | None:

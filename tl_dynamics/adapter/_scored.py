@@ -28,15 +28,25 @@ from tl_dynamics.adapter._rotary import positions_from_mask
 __all__ = ["scored_qkv"]
 
 
-def scored_qkv(adapter: Any, spec: Any, st: dict[str, Tensor], q: Tensor, k: Tensor,
-               v: Tensor, key_valid: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def scored_qkv(
+    adapter: Any,
+    spec: Any,
+    st: dict[str, Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_valid: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(q, k, v)`` as ``[batch, pos, head, d]``, normalised where the hooks are pre-norm. On a
     rotary layer that fires no rotary hooks (``_modrope``) the rotated q and k are stored as
     ``st["rot_q"]``/``st["rot_k"]``, rotated by the layer's ``Rotation`` at the positions the
     host derives from ``key_valid`` (every position real when None)."""
     q, k, v = latent_qkv(spec, st, q, k, v)
     if spec.prenorm:
-        q, k = adapter.query_norm(spec.layer).apply_heads(q), key_norm(adapter, spec.layer).apply_heads(k)
+        q, k = (
+            adapter.query_norm(spec.layer).apply_heads(q),
+            key_norm(adapter, spec.layer).apply_heads(k),
+        )
     if spec.rotary == "half" and not {"rot_q", "cos"} & set(st):
         if key_valid is None or tuple(key_valid.shape) != tuple(q.shape[:2]):
             key_valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
@@ -53,7 +63,12 @@ def key_norm(adapter: Any, layer: int) -> QueryNorm:
     orig = adapter.model.blocks[layer].attn.original_component
     if getattr(orig, "k_norm", None) is None:
         return adapter.query_norm(layer)
-    return read_query_norm(SimpleNamespace(q_norm=orig.k_norm),
-                           f"layer {layer} of {adapter.info.architecture} (key norm)",
-                           gemma_gain=False, n_heads=adapter.n_kv_heads, d_head=adapter.d_head,
-                           W_Q=None, b_Q=None)
+    return read_query_norm(
+        SimpleNamespace(q_norm=orig.k_norm),
+        f"layer {layer} of {adapter.info.architecture} (key norm)",
+        gemma_gain=False,
+        n_heads=adapter.n_kv_heads,
+        d_head=adapter.d_head,
+        W_Q=None,
+        b_Q=None,
+    )

@@ -38,8 +38,10 @@ def shuffled_weights(adapter: "ModelAdapter", seed: int = 0) -> "ModelAdapter":
         (True, False)
     """
     if not (hasattr(adapter, "info") and hasattr(adapter, "model")):
-        raise TLDynamicsError(f"shuffled_weights needs a ModelAdapter (use ModelAdapter.of(model)), "
-                              f"got {type(adapter).__name__}")
+        raise TLDynamicsError(
+            f"shuffled_weights needs a ModelAdapter (use ModelAdapter.of(model)), "
+            f"got {type(adapter).__name__}"
+        )
     generator = torch.Generator().manual_seed(int(seed))
     # Each parameter is shuffled into the copy directly: deepcopy finds it in ``memo`` (by the
     # original's id, so tied parameters stay one tensor) and copies the rest of the model.
@@ -51,8 +53,9 @@ def shuffled_weights(adapter: "ModelAdapter", seed: int = 0) -> "ModelAdapter":
             flat = param.detach().reshape(-1)
             # int32 draws the same permutation as int64, in about half the time
             order = torch.randperm(flat.numel(), generator=generator, dtype=torch.int32)
-            memo[id(param)] = torch.nn.Parameter(flat[order.to(flat.device, torch.long)]
-                                                 .reshape(param.shape),
-                                                 requires_grad=param.requires_grad)
+            memo[id(param)] = torch.nn.Parameter(
+                flat[order.to(flat.device, torch.long)].reshape(param.shape),
+                requires_grad=param.requires_grad,
+            )
     clone = copy.deepcopy(adapter.model, memo)
     return type(adapter)(clone.eval())

@@ -7,8 +7,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 
-def masked_log_softmax(logits: Float[Tensor, "batch head q k"],
-                       allowed: Bool[Tensor, "batch q k"]) -> Float[Tensor, "batch head q k"]:
+def masked_log_softmax(
+    logits: Float[Tensor, "batch head q k"], allowed: Bool[Tensor, "batch q k"]
+) -> Float[Tensor, "batch head q k"]:
     """Log-softmax over allowed keys; disallowed entries and rows with no allowed key are ``-inf``.
 
     Example:
@@ -23,9 +24,11 @@ def masked_log_softmax(logits: Float[Tensor, "batch head q k"],
     return masked - lse.masked_fill(torch.isinf(lse), 0.0)
 
 
-def masked_softmax(logits: Float[Tensor, "batch head q k"],
-                   allowed: Bool[Tensor, "batch q k"],
-                   sink: Float[Tensor, " head"] | None = None) -> Float[Tensor, "batch head q k"]:
+def masked_softmax(
+    logits: Float[Tensor, "batch head q k"],
+    allowed: Bool[Tensor, "batch q k"],
+    sink: Float[Tensor, " head"] | None = None,
+) -> Float[Tensor, "batch head q k"]:
     """Softmax over allowed keys; zero elsewhere and on rows with no allowed key (pad queries).
 
     The same arithmetic as the model's own softmax (``torch.softmax`` over the row with disallowed

@@ -22,13 +22,23 @@ def _head_scores(scores: dict[str, np.ndarray], layer: int, head: int) -> dict[s
     return {k: float(v[layer, head]) for k, v in scores.items()}
 
 
-def _induction_circuits(adapter: ModelAdapter, control: ModelAdapter, probes, real: dict,
-                        ctrl: dict, c: dict[str, float], pairs: list[tuple[int, int]]
-                        ) -> dict[tuple[int, int], tuple[tuple[int, int], ...]]:
+def _induction_circuits(
+    adapter: ModelAdapter,
+    control: ModelAdapter,
+    probes,
+    real: dict,
+    ctrl: dict,
+    c: dict[str, float],
+    pairs: list[tuple[int, int]],
+) -> dict[tuple[int, int], tuple[tuple[int, int], ...]]:
     """Fill ``ind_kcomp`` for heads whose induction pattern clears its control: the token-level
     K-circuit through every earlier previous-token head, on the model and on the control."""
-    prev = [(layer, head) for layer in range(adapter.n_layers) for head in range(adapter.n_heads)
-            if "previous-token" in classify(_head_scores(real, layer, head), c).roles]
+    prev = [
+        (layer, head)
+        for layer in range(adapter.n_layers)
+        for head in range(adapter.n_heads)
+        if "previous-token" in classify(_head_scores(real, layer, head), c).roles
+    ]
     rows = _measure.kcomp_rows(probes)
     via_of: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
     control_values = []
@@ -45,16 +55,25 @@ def _induction_circuits(adapter: ModelAdapter, control: ModelAdapter, probes, re
     return via_of
 
 
-def _suppression_circuits(adapter: ModelAdapter, control: ModelAdapter, probes: Probes,
-                          real: dict, ctrl: dict, c: dict[str, float],
-                          pairs: list[tuple[int, int]], notes: list[str]) -> None:
+def _suppression_circuits(
+    adapter: ModelAdapter,
+    control: ModelAdapter,
+    probes: Probes,
+    real: dict,
+    ctrl: dict,
+    c: dict[str, float],
+    pairs: list[tuple[int, int]],
+    notes: list[str],
+) -> None:
     """Fill ``suppression_qk`` for heads whose negative OV copying clears its control: the QK
     side of copy suppression (``_measure.suppression_qk``), on the model and on the same head
     of the control; the control value is the largest of those and chance (one key in d_vocab)."""
     vocab = int(adapter.W_E.shape[0])
     if adapter.W_U.shape[1] != vocab:
-        notes.append(f"the copy-suppression QK circuit needs W_U over W_E's vocabulary ({vocab} "
-                     f"tokens; W_U has {adapter.W_U.shape[1]}): negative copying heads stay so")
+        notes.append(
+            f"the copy-suppression QK circuit needs W_U over W_E's vocabulary ({vocab} "
+            f"tokens; W_U has {adapter.W_U.shape[1]}): negative copying heads stay so"
+        )
         c["suppression_qk"] = float("nan")
         return
     rows = _measure.kcomp_rows(probes)
@@ -71,8 +90,9 @@ def _suppression_circuits(adapter: ModelAdapter, control: ModelAdapter, probes: 
 DELTA_KEYS = KINDS + ("mean_unrepeated",)
 
 
-def _causal(adapter: ModelAdapter, probes: Probes, captures: dict, selected: dict,
-            targets: dict) -> tuple[dict, dict[str, float], bool]:
+def _causal(
+    adapter: ModelAdapter, probes: Probes, captures: dict, selected: dict, targets: dict
+) -> tuple[dict, dict[str, float], bool]:
     """``causal_deltas`` on the natural probes; the repeated probes (equal lengths, no padding)
     run in chunks of ``_measure.PROBE_CHUNK``, each loss a mean over the same number of tokens
     per probe, so the size-weighted mean of the chunks' losses is the whole batch's."""
@@ -82,8 +102,9 @@ def _causal(adapter: ModelAdapter, probes: Probes, captures: dict, selected: dic
     losses: dict[str, float] = {}
     shared = False
     for part, share in _measure.chunks(probes.repeat):
-        got, clean, shared = causal_deltas(adapter, part, _measure.capture_layers(adapter, part),
-                                           selected, targets)
+        got, clean, shared = causal_deltas(
+            adapter, part, _measure.capture_layers(adapter, part), selected, targets
+        )
         for key, value in got.items():
             found[key] = found.get(key, 0.0) + share * value
         for key, value in clean.items():
@@ -104,10 +125,17 @@ def _targets(probes: Probes) -> dict[str, Tensor | None]:
     return {"repeated": second, "unrepeated": first}
 
 
-def compute(model: Any, prompts: Prompt | Batch | None = None, *,
-            layers: int | Sequence[int] | None = None, heads: int | Sequence[int] | None = None,
-            n_seq: int = N_SEQ, seq_len: int = SEQ_LEN, seed: int = SEED,
-            causal: bool = True) -> HeadAtlas:
+def compute(
+    model: Any,
+    prompts: Prompt | Batch | None = None,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    n_seq: int = N_SEQ,
+    seq_len: int = SEQ_LEN,
+    seed: int = SEED,
+    causal: bool = True,
+) -> HeadAtlas:
     """What every asked head does, from its pattern, its weights and its causal cost.
 
     ``prompts`` (anything ``adapter.tokenize`` takes) are the natural probes for sinks,
@@ -164,7 +192,8 @@ def compute(model: Any, prompts: Prompt | Batch | None = None, *,
     via_of = _induction_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs)
     _suppression_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs, notes)
     roles: dict[tuple[int, int], HeadRoles] = {
-        pair: classify(_head_scores(real.scores, *pair), c, via_of[pair]) for pair in pairs}
+        pair: classify(_head_scores(real.scores, *pair), c, via_of[pair]) for pair in pairs
+    }
 
     shape = (adapter.n_layers, adapter.n_heads)
     deltas = {kind: np.full(shape, np.nan) for kind in DELTA_KEYS}
@@ -174,25 +203,53 @@ def compute(model: Any, prompts: Prompt | Batch | None = None, *,
     elif causal:
         targets = _targets(probes)
         main = next(iter(targets))
-        found, losses, shared = _causal(adapter, probes, real.captures,
-                                        {layer: chosen_heads for layer in chosen_layers}, targets)
+        found, losses, shared = _causal(
+            adapter,
+            probes,
+            real.captures,
+            {layer: chosen_heads for layer in chosen_layers},
+            targets,
+        )
         deltas.update({kind: found[(kind, main)] for kind in KINDS})
         if "unrepeated" in targets:
             deltas["mean_unrepeated"] = found[("mean", "unrepeated")]
         clean = losses[main]
-        where = ("on the second copy of the repeated probes" if main == "repeated"
-                 else "on the given prompts")
-        notes.append(f"clean next-token loss {where}: {clean:.3f} nats; "
-                     + ("earlier layers run once per layer of variants" if shared
-                        else "every variant re-runs the whole model (this host does not let a "
-                             "hook grow the batch)"))
-    probe_info = {"n_seq": n_seq, "seq_len": seq_len, "seed": seed,
-                  "user_prompts": probes.user_prompts,
-                  "natural_tokens": tuple(probes.natural.tokens.shape)}
-    return HeadAtlas(model=adapter.info.architecture, n_layers=adapter.n_layers,
-                     n_heads=adapter.n_heads, layers=tuple(chosen_layers), heads=tuple(chosen_heads),
-                     roles=roles, scores=real.scores, control_scores=ctrl.scores, controls=c,
-                     delta_loss=deltas, clean_loss=clean, probes=probe_info, notes=tuple(notes))
+        where = (
+            "on the second copy of the repeated probes"
+            if main == "repeated"
+            else "on the given prompts"
+        )
+        notes.append(
+            f"clean next-token loss {where}: {clean:.3f} nats; "
+            + (
+                "earlier layers run once per layer of variants"
+                if shared
+                else "every variant re-runs the whole model (this host does not let a "
+                "hook grow the batch)"
+            )
+        )
+    probe_info = {
+        "n_seq": n_seq,
+        "seq_len": seq_len,
+        "seed": seed,
+        "user_prompts": probes.user_prompts,
+        "natural_tokens": tuple(probes.natural.tokens.shape),
+    }
+    return HeadAtlas(
+        model=adapter.info.architecture,
+        n_layers=adapter.n_layers,
+        n_heads=adapter.n_heads,
+        layers=tuple(chosen_layers),
+        heads=tuple(chosen_heads),
+        roles=roles,
+        scores=real.scores,
+        control_scores=ctrl.scores,
+        controls=c,
+        delta_loss=deltas,
+        clean_loss=clean,
+        probes=probe_info,
+        notes=tuple(notes),
+    )
 
 
 # The report runs the interventions only up to this many heads (three patched variants each);
@@ -227,19 +284,30 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     real = batch.real_tokens()
     natural = real[:REPORT_NATURAL_TOKENS]
     result = compute(adapter, adapter.tokenize(natural[None]), causal=causal)
-    cut = ("the report's prompt" if len(natural) == len(real) else
-           f"the report's prompt (its first {len(natural)} of {len(real)} tokens)")
-    cost = (f"Numbers under a role: the change in next-token loss when the head is mean-ablated on "
-            f"{cut}." if causal else
-            f"The causal columns are left out of the report for {n_heads} heads (more than "
-            f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them. Sinks and "
-            f"locality are read on {cut}.")
-    page.add_section("What each head does", [result.show()], intro=(
-        "Each head's roles from mechanism, not one pattern: the pattern on repeated random token "
-        "sequences and the weights that produce it (positional circuit, token-level K-circuit "
-        "through earlier previous-token heads, OV copying, and for a head that writes against "
-        "what it reads the QK circuit that seeks the predicted token), the sink's dominance and "
-        "its cause from the odds-ratio "
-        "split (and, where the model has them, the mass each head's learned sink absorbs, named "
-        f"\"learned sink\" from {LEARNED_SINK_FLOOR:.2f}), each score against a weight-shuffled copy of the model by a margin of "
-        f"{result.margin}. {cost} Hover a cell for the evidence."))
+    cut = (
+        "the report's prompt"
+        if len(natural) == len(real)
+        else f"the report's prompt (its first {len(natural)} of {len(real)} tokens)"
+    )
+    cost = (
+        f"Numbers under a role: the change in next-token loss when the head is mean-ablated on "
+        f"{cut}."
+        if causal
+        else f"The causal columns are left out of the report for {n_heads} heads (more than "
+        f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them. Sinks and "
+        f"locality are read on {cut}."
+    )
+    page.add_section(
+        "What each head does",
+        [result.show()],
+        intro=(
+            "Each head's roles from mechanism, not one pattern: the pattern on repeated random token "
+            "sequences and the weights that produce it (positional circuit, token-level K-circuit "
+            "through earlier previous-token heads, OV copying, and for a head that writes against "
+            "what it reads the QK circuit that seeks the predicted token), the sink's dominance and "
+            "its cause from the odds-ratio "
+            "split (and, where the model has them, the mass each head's learned sink absorbs, named "
+            f'"learned sink" from {LEARNED_SINK_FLOOR:.2f}), each score against a weight-shuffled copy of the model by a margin of '
+            f"{result.margin}. {cost} Hover a cell for the evidence."
+        ),
+    )

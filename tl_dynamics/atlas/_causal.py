@@ -32,8 +32,9 @@ KINDS = ("mean", "prior", "likelihood")
 LOGIT_BUDGET = 1 << 26
 
 
-def next_token_loss(logits: Tensor, batch: Batch, n_variants: int,
-                    targets: Tensor | None = None) -> Tensor:
+def next_token_loss(
+    logits: Tensor, batch: Batch, n_variants: int, targets: Tensor | None = None
+) -> Tensor:
     """Mean next-token cross-entropy per variant ``[n_variants]`` over valid (token, next
     token) pairs whose next position is in ``targets`` (``[pos]`` bool; all by default);
     ``logits`` is ``[n_variants * batch, pos, vocab]``.
@@ -60,29 +61,44 @@ def next_token_loss(logits: Tensor, batch: Batch, n_variants: int,
 class CausalRunner:
     """Runs the interventions of the asked heads on one prompt batch."""
 
-    def __init__(self, adapter: ModelAdapter, batch: Batch, captures: dict[int, LayerAttention],
-                 targets: dict[str, Tensor | None]):
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        batch: Batch,
+        captures: dict[int, LayerAttention],
+        targets: dict[str, Tensor | None],
+    ):
         if adapter.is_encoder:
-            raise TLDynamicsError(f"the causal evidence is a next-token loss, which the encoder "
-                                  f"{adapter.info.architecture} does not have")
+            raise TLDynamicsError(
+                f"the causal evidence is a next-token loss, which the encoder "
+                f"{adapter.info.architecture} does not have"
+            )
         self.adapter, self.batch, self.captures, self.targets = adapter, batch, captures, targets
         self.expand: bool | None = False if batch.padded else None  # None: try it once
         with torch.no_grad():
             logits = adapter.forward(batch)
-        self.clean = {name: float(next_token_loss(logits, batch, 1, t)[0]) for name, t in targets.items()}
+        self.clean = {
+            name: float(next_token_loss(logits, batch, 1, t)[0]) for name, t in targets.items()
+        }
 
     def _replacements(self, la: LayerAttention, heads: list[int]) -> dict[str, Tensor]:
         valid = self.batch.key_valid.to(la.v.device).float()[:, :, None, None]
         z = la.z(heads)
         out = {"mean": (z * valid).sum(1) / valid.sum(1).clamp(min=1.0)}  # [b, head, d_head]
         sink = None if la.sink_logit is None else la.sink_logit[heads]  # a virtual key (§2.6)
-        parts = odds_ratio.split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale,
-                                        la.bias(heads), sink=sink)
+        parts = odds_ratio.split_scores(
+            la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads), sink=sink
+        )
         out["prior"], out["likelihood"] = odds_ratio.counterfactual_patterns(parts, la.allowed)
         return out
 
-    def _forward(self, layer: int, variants: list[tuple[int, int, str]],
-                 repl: dict[str, Tensor], expand: bool) -> Tensor:
+    def _forward(
+        self,
+        layer: int,
+        variants: list[tuple[int, int, str]],
+        repl: dict[str, Tensor],
+        expand: bool,
+    ) -> Tensor:
         """Loss ``[variant, target set]`` per variant ``(head, index into repl, kind)``."""
         n_rows, k = self.batch.tokens.shape[0], len(variants)
 
@@ -93,14 +109,14 @@ class CausalRunner:
             z = z.clone()
             for r, (head, i, kind) in enumerate(variants):
                 if kind == "mean":
-                    z[r * n_rows:(r + 1) * n_rows, :, head] = repl["mean"][:, None, i].to(z.dtype)
+                    z[r * n_rows : (r + 1) * n_rows, :, head] = repl["mean"][:, None, i].to(z.dtype)
             return z
 
         def patch_pattern(p: Tensor) -> Tensor:
             p = p.clone()
             for r, (head, i, kind) in enumerate(variants):
                 if kind != "mean":
-                    p[r * n_rows:(r + 1) * n_rows, head] = repl[kind][:, i].to(p.dtype)
+                    p[r * n_rows : (r + 1) * n_rows, head] = repl[kind][:, i].to(p.dtype)
             return p
 
         patches = [("z", layer, patch_z), ("pattern", layer, patch_pattern)]
@@ -108,21 +124,27 @@ class CausalRunner:
         if expand:
             patches.insert(0, ("resid_pre", layer, grow))
         else:
-            batch = Batch(tokens=grow(batch.tokens), key_valid=grow(batch.key_valid),
-                          padding_side=batch.padding_side)
+            batch = Batch(
+                tokens=grow(batch.tokens),
+                key_valid=grow(batch.key_valid),
+                padding_side=batch.padding_side,
+            )
         with torch.no_grad(), self.adapter.patch(patches):
             logits = self.adapter.forward(batch)
         if logits.shape[0] != k * n_rows:
-            raise TLDynamicsError(f"patched forward returned {logits.shape[0]} rows, expected {k * n_rows}")
-        return torch.stack([next_token_loss(logits, self.batch, k, t) for t in self.targets.values()], -1)
+            raise TLDynamicsError(
+                f"patched forward returned {logits.shape[0]} rows, expected {k * n_rows}"
+            )
+        return torch.stack(
+            [next_token_loss(logits, self.batch, k, t) for t in self.targets.values()], -1
+        )
 
     def _chunk(self) -> int:
         rows, pos = self.batch.tokens.shape
         per_variant = rows * pos * int(self.adapter.W_U.shape[-1])
         return max(1, LOGIT_BUDGET // max(1, per_variant))
 
-    def layer_deltas(self, layer: int, heads: Sequence[int]
-                     ) -> dict[tuple[str, str], np.ndarray]:
+    def layer_deltas(self, layer: int, heads: Sequence[int]) -> dict[tuple[str, str], np.ndarray]:
         """``{(kind, target set): [len(heads)]}`` loss changes (patched minus clean)."""
         heads = list(heads)
         repl = self._replacements(self.captures[layer], heads)
@@ -130,7 +152,7 @@ class CausalRunner:
         losses: list[Tensor] = []
         step = self._chunk()
         for start in range(0, len(variants), step):
-            part = variants[start:start + step]
+            part = variants[start : start + step]
             if self.expand is None:
                 try:
                     losses.append(self._forward(layer, part, repl, expand=True))
@@ -139,20 +161,36 @@ class CausalRunner:
                 except Exception:  # the host carries a batch-shaped tensor past the hook
                     self.expand = False
             losses.append(self._forward(layer, part, repl, expand=self.expand))
-        loss = torch.cat(losses).reshape(len(heads), len(KINDS), len(self.targets)).double().cpu().numpy()
-        return {(kind, name): loss[:, j, t] - self.clean[name] for j, kind in enumerate(KINDS)
-                for t, name in enumerate(self.targets)}
+        loss = (
+            torch.cat(losses)
+            .reshape(len(heads), len(KINDS), len(self.targets))
+            .double()
+            .cpu()
+            .numpy()
+        )
+        return {
+            (kind, name): loss[:, j, t] - self.clean[name]
+            for j, kind in enumerate(KINDS)
+            for t, name in enumerate(self.targets)
+        }
 
 
-def causal_deltas(adapter: ModelAdapter, batch: Batch, captures: dict[int, LayerAttention],
-                  selected: dict[int, list[int]], targets: dict[str, Tensor | None]
-                  ) -> tuple[dict[tuple[str, str], np.ndarray], dict[str, float], bool]:
+def causal_deltas(
+    adapter: ModelAdapter,
+    batch: Batch,
+    captures: dict[int, LayerAttention],
+    selected: dict[int, list[int]],
+    targets: dict[str, Tensor | None],
+) -> tuple[dict[tuple[str, str], np.ndarray], dict[str, float], bool]:
     """``({(kind, target set): [n_layers, n_heads]}, clean loss per target set, whether the
     layer prefix was shared)``; NaN for heads not asked for. ``targets`` names sets of
     predicted positions (``[pos]`` bool, or None for all)."""
     runner = CausalRunner(adapter, batch, captures, targets)
-    out = {(kind, name): np.full((adapter.n_layers, adapter.n_heads), np.nan)
-           for kind in KINDS for name in targets}
+    out = {
+        (kind, name): np.full((adapter.n_layers, adapter.n_heads), np.nan)
+        for kind in KINDS
+        for name in targets
+    }
     for layer, heads in selected.items():
         if heads:
             for key, value in runner.layer_deltas(layer, heads).items():

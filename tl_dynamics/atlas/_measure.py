@@ -31,9 +31,15 @@ KCOMP_ROWS = 256
 PROBE_CHUNK = 32
 
 PATTERN_KEYS = ("prev_pattern", "dup_pattern", "ind_pattern")
-NATURAL_KEYS = ("sink_mass", "sink_first", "sink_dominant", "sink_prior_adv", "sink_loglik_adv",
-                "learned_sink",
-                "local_mass")
+NATURAL_KEYS = (
+    "sink_mass",
+    "sink_first",
+    "sink_dominant",
+    "sink_prior_adv",
+    "sink_loglik_adv",
+    "learned_sink",
+    "local_mass",
+)
 
 
 @dataclass
@@ -62,9 +68,11 @@ def pattern_scores(la: LayerAttention, probes: Probes) -> dict[str, Tensor]:
     pattern = la.pattern()
     n, start = probes.seq_len, probes.offset
     second = list(probes.second_copy)
-    return {"prev_pattern": _target_mass(pattern, range(start + 1, start + 2 * n), 1),
-            "dup_pattern": _target_mass(pattern, second, n),
-            "ind_pattern": _target_mass(pattern, second, n - 1)}
+    return {
+        "prev_pattern": _target_mass(pattern, range(start + 1, start + 2 * n), 1),
+        "dup_pattern": _target_mass(pattern, second, n),
+        "ind_pattern": _target_mass(pattern, second, n - 1),
+    }
 
 
 def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
@@ -88,16 +96,21 @@ def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
     near = (positions[:, None] - positions[None, :]).abs() < LOCAL_WINDOW  # [q, k]
     not_first = positions[None, :] != first_real[:, None]  # [b, k]
     local = near[None] & not_first[:, None, :]  # [b, q, k]
-    local_mass = ((pattern * local[:, None].float()).sum(-1) * rows[:, None].float()).sum(-1) / n_rows
+    local_mass = ((pattern * local[:, None].float()).sum(-1) * rows[:, None].float()).sum(
+        -1
+    ) / n_rows
     dominant = sinks["sink_dominance"] >= odds_ratio.HeadStats.SINK_DOMINANCE  # [b, h]
-    return {"sink_mass": sinks["sink_mass"].mean(0),
-            "sink_first": ((sinks["sink_position"] == 0) & dominant).float().mean(0),
-            "sink_dominant": dominant.float().mean(0),
-            "sink_prior_adv": sinks["sink_prior_adv"].mean(0),
-            "sink_loglik_adv": sinks["sink_loglik_adv"].mean(0),
-            "learned_sink": sinks["learned_sink_mass"].mean(0) if la.sink_logit is not None
-            else torch.full_like(local_mass.mean(0), float("nan")),
-            "local_mass": local_mass.mean(0)}
+    return {
+        "sink_mass": sinks["sink_mass"].mean(0),
+        "sink_first": ((sinks["sink_position"] == 0) & dominant).float().mean(0),
+        "sink_dominant": dominant.float().mean(0),
+        "sink_prior_adv": sinks["sink_prior_adv"].mean(0),
+        "sink_loglik_adv": sinks["sink_loglik_adv"].mean(0),
+        "learned_sink": sinks["learned_sink_mass"].mean(0)
+        if la.sink_logit is not None
+        else torch.full_like(local_mass.mean(0), float("nan")),
+        "local_mass": local_mass.mean(0),
+    }
 
 
 def _capture(adapter: ModelAdapter, batch: Batch, on_layer) -> None:
@@ -111,20 +124,28 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
     share of query positions ``2..n-1`` whose highest-scoring key position (causally masked,
     the first position left out) is the previous one, in ``(W_pos W_Q)(W_pos W_K)^T``."""
     shape = (adapter.n_layers, adapter.n_heads)
-    out = {"prev_circuit": np.full(shape, np.nan), "ov_copying": np.full(shape, np.nan),
-           "qk_positivity": np.full(shape, np.nan)}
+    out = {
+        "prev_circuit": np.full(shape, np.nan),
+        "ov_copying": np.full(shape, np.nan),
+        "qk_positivity": np.full(shape, np.nan),
+    }
     try:
         # The roles compare with the shuffled control, not with the random-head chance level.
         # rows of the attention layers (every layer but a hybrid's other layer types)
         rows = adapter.attention_layers
-        out["ov_copying"][rows] = circuits.copying_scores(adapter, chance=False).scores.double().numpy()
-        out["qk_positivity"][rows] = (circuits.qk_positivity_scores(adapter, chance=False).scores
-                                      .double().numpy())
+        out["ov_copying"][rows] = (
+            circuits.copying_scores(adapter, chance=False).scores.double().numpy()
+        )
+        out["qk_positivity"][rows] = (
+            circuits.qk_positivity_scores(adapter, chance=False).scores.double().numpy()
+        )
     except TLDynamicsError as exc:
         notes.append(f"OV copying and QK positivity not available: {exc}")
     if adapter.W_pos is None:
-        notes.append("no learned position embeddings: the positional circuit does not apply, so "
-                     "previous-token heads are read from the pattern alone")
+        notes.append(
+            "no learned position embeddings: the positional circuit does not apply, so "
+            "previous-token heads are read from the pattern alone"
+        )
         return out
     n = min(n_pos, adapter.n_ctx)
     causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
@@ -138,11 +159,13 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
             # Without biases: b_Q adds a key-only term (a positional key prior) that can make
             # one position win every row (the first, on MiniLM), which says nothing about offsets.
             # The positional circuit on the first n positions only (rows W_pos[:n]).
-            matrix = circuits.qk_circuit(adapter, layer, head, inputs=positions,
-                                         biases=False).matrix
+            matrix = circuits.qk_circuit(
+                adapter, layer, head, inputs=positions, biases=False
+            ).matrix
             block = (matrix.A @ matrix.B).cpu().masked_fill(~mask, float("-inf"))
-            out["prev_circuit"][layer, head] = float((block[queries].argmax(-1) == queries - 1)
-                                                     .float().mean())
+            out["prev_circuit"][layer, head] = float(
+                (block[queries].argmax(-1) == queries - 1).float().mean()
+            )
     return out
 
 
@@ -151,8 +174,11 @@ def chunks(batch: Batch, size: int | None = None):
     default) and each one's share of its rows."""
     n, size = batch.tokens.shape[0], size or PROBE_CHUNK
     for start in range(0, n, size):
-        part = Batch(batch.tokens[start:start + size], batch.key_valid[start:start + size],
-                     batch.padding_side)
+        part = Batch(
+            batch.tokens[start : start + size],
+            batch.key_valid[start : start + size],
+            batch.padding_side,
+        )
         yield part, part.tokens.shape[0] / n
 
 
@@ -202,8 +228,9 @@ def capture_layers(adapter: ModelAdapter, batch: Batch) -> dict[int, LayerAttent
     return out
 
 
-def k_composition(adapter: ModelAdapter, later: tuple[int, int], earlier: Sequence[tuple[int, int]],
-                  rows: Tensor) -> float:
+def k_composition(
+    adapter: ModelAdapter, later: tuple[int, int], earlier: Sequence[tuple[int, int]], rows: Tensor
+) -> float:
     """Share of ``rows`` tokens for which the later head's token-level K-circuit through the
     ``earlier`` heads prefers the key whose previous token is the query's own token."""
     if not earlier:
@@ -213,7 +240,7 @@ def k_composition(adapter: ModelAdapter, later: tuple[int, int], earlier: Sequen
 
 def kcomp_rows(probes: Probes) -> Tensor:
     """Up to ``KCOMP_ROWS`` distinct token ids of the repeated probes (the composition rows)."""
-    ids = probes.repeat.tokens[:, probes.offset:].reshape(-1).unique()
+    ids = probes.repeat.tokens[:, probes.offset :].reshape(-1).unique()
     return ids[:KCOMP_ROWS]
 
 
@@ -224,7 +251,8 @@ def suppression_qk(adapter: ModelAdapter, layer: int, head: int, rows: Tensor) -
     the key side, ranks the key ``t`` first among every vocabulary token (biases, LayerNorm and
     the rotary rotation beyond offset 0 left out, as in ``circuits.qk_circuit``)."""
     rows = rows.to(adapter.W_U.device)
-    circuit = circuits.qk_circuit(adapter, layer, head, inputs=(adapter.W_U.T[rows], adapter.W_E),
-                                  biases=False)  # query rows: only the probe tokens' directions
+    circuit = circuits.qk_circuit(
+        adapter, layer, head, inputs=(adapter.W_U.T[rows], adapter.W_E), biases=False
+    )  # query rows: only the probe tokens' directions
     best = circuit.topk(1, bottom=False).indices[:, 0]
     return float((best.to(rows.device) == rows).float().mean())

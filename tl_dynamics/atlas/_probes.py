@@ -45,7 +45,9 @@ class Probes:
 
 def _special_ids(adapter: ModelAdapter) -> set[int]:
     tokenizer = adapter.tokenizer
-    return set(getattr(tokenizer, "all_special_ids", None) or []) if tokenizer is not None else set()
+    return (
+        set(getattr(tokenizer, "all_special_ids", None) or []) if tokenizer is not None else set()
+    )
 
 
 def _prefix_id(adapter: ModelAdapter) -> int | None:
@@ -59,8 +61,9 @@ def _prefix_id(adapter: ModelAdapter) -> int | None:
     return None
 
 
-def repeated_tokens(adapter: ModelAdapter, n_seq: int = N_SEQ, seq_len: int = SEQ_LEN,
-                    seed: int = SEED) -> tuple[Int[Tensor, "batch pos"], int]:  # noqa: F722
+def repeated_tokens(
+    adapter: ModelAdapter, n_seq: int = N_SEQ, seq_len: int = SEQ_LEN, seed: int = SEED
+) -> tuple[Int[Tensor, "batch pos"], int]:  # noqa: F722
     """``n_seq`` probes ``[prefix] R R`` of random ids, and the prefix length (0 or 1).
 
     Example:
@@ -75,14 +78,18 @@ def repeated_tokens(adapter: ModelAdapter, n_seq: int = N_SEQ, seq_len: int = SE
     prefix = _prefix_id(adapter)
     offset = 0 if prefix is None else 1
     if not isinstance(seq_len, int) or seq_len < 2 or offset + 2 * seq_len > adapter.n_ctx:
-        raise TLDynamicsError(f"seq_len {seq_len!r} does not fit: a probe is {offset} + 2 x seq_len "
-                              f"tokens and this model's context is {adapter.n_ctx} "
-                              f"(valid: 2..{(adapter.n_ctx - offset) // 2})")
+        raise TLDynamicsError(
+            f"seq_len {seq_len!r} does not fit: a probe is {offset} + 2 x seq_len "
+            f"tokens and this model's context is {adapter.n_ctx} "
+            f"(valid: 2..{(adapter.n_ctx - offset) // 2})"
+        )
     vocab = int(adapter.W_E.shape[0])
     special = _special_ids(adapter)
     pool = torch.tensor([i for i in range(vocab) if i not in special], dtype=torch.long)
     if len(pool) < 2:
-        raise TLDynamicsError(f"the vocabulary has {len(pool)} ordinary tokens; probes need 2 or more")
+        raise TLDynamicsError(
+            f"the vocabulary has {len(pool)} ordinary tokens; probes need 2 or more"
+        )
     generator = torch.Generator().manual_seed(int(seed))
     picks = pool[torch.randint(len(pool), (n_seq, seq_len), generator=generator)]
     parts = [picks, picks]
@@ -91,12 +98,22 @@ def repeated_tokens(adapter: ModelAdapter, n_seq: int = N_SEQ, seq_len: int = SE
     return torch.cat(parts, dim=1), offset
 
 
-def build_probes(adapter: ModelAdapter, prompts: Prompt | Batch | None = None, n_seq: int = N_SEQ,
-                 seq_len: int = SEQ_LEN, seed: int = SEED) -> Probes:
+def build_probes(
+    adapter: ModelAdapter,
+    prompts: Prompt | Batch | None = None,
+    n_seq: int = N_SEQ,
+    seq_len: int = SEQ_LEN,
+    seed: int = SEED,
+) -> Probes:
     """The repeated probes, and ``prompts`` (anything ``adapter.tokenize`` takes) as the
     natural probes; without ``prompts`` the repeated probes serve for both."""
     tokens, offset = repeated_tokens(adapter, n_seq, seq_len, seed)
     repeat = adapter.tokenize(tokens)
     natural = repeat if prompts is None else adapter.tokenize(prompts)
-    return Probes(repeat=repeat, natural=natural, seq_len=seq_len, offset=offset,
-                  user_prompts=prompts is not None)
+    return Probes(
+        repeat=repeat,
+        natural=natural,
+        seq_len=seq_len,
+        offset=offset,
+        user_prompts=prompts is not None,
+    )

@@ -14,9 +14,23 @@ from tl_dynamics.atlas._roles import MARGIN, HeadRoles
 from tl_dynamics.errors import TLDynamicsError
 
 # Raw scores copied into the table (beside the role's own score and control).
-SCORE_COLUMNS = ("prev_pattern", "prev_circuit", "dup_pattern", "qk_positivity", "ind_pattern",
-                 "ind_kcomp", "ov_copying", "suppression_qk", "sink_mass", "sink_first",
-                 "sink_dominant", "sink_prior_adv", "sink_loglik_adv", "learned_sink", "local_mass")
+SCORE_COLUMNS = (
+    "prev_pattern",
+    "prev_circuit",
+    "dup_pattern",
+    "qk_positivity",
+    "ind_pattern",
+    "ind_kcomp",
+    "ov_copying",
+    "suppression_qk",
+    "sink_mass",
+    "sink_first",
+    "sink_dominant",
+    "sink_prior_adv",
+    "sink_loglik_adv",
+    "learned_sink",
+    "local_mass",
+)
 
 
 @dataclass(frozen=True)
@@ -77,8 +91,10 @@ class HeadAtlas:
 
     def _check(self, layer: int, head: int) -> HeadRoles:
         if (layer, head) not in self.roles:
-            raise TLDynamicsError(f"head L{layer}H{head} is not in this atlas; analysed layers "
-                                  f"{list(self.layers)}, heads {list(self.heads)}")
+            raise TLDynamicsError(
+                f"head L{layer}H{head} is not in this atlas; analysed layers "
+                f"{list(self.layers)}, heads {list(self.heads)}"
+            )
         return self.roles[(layer, head)]
 
     def roles_of(self, layer: int, head: int) -> tuple[str, ...]:
@@ -159,15 +175,23 @@ class HeadAtlas:
         records = []
         for (layer, head), entry in sorted(self.roles.items()):
             rec: dict[str, Any] = {
-                "layer": layer, "head": head, "role": entry.roles[0], "score": entry.scores[0],
-                "baseline": entry.baselines[0], "evidence": entry.evidence,
+                "layer": layer,
+                "head": head,
+                "role": entry.roles[0],
+                "score": entry.scores[0],
+                "baseline": entry.baselines[0],
+                "evidence": entry.evidence,
                 "delta_loss": float(self.delta_loss["mean"][layer, head]),
                 "delta_loss_prior": float(self.delta_loss["prior"][layer, head]),
                 "delta_loss_likelihood": float(self.delta_loss["likelihood"][layer, head]),
                 "delta_loss_unrepeated": float(self.delta_loss["mean_unrepeated"][layer, head]),
-                "roles": ", ".join(entry.roles), "sink_position": entry.sink_position,
-                "sink_cause": entry.sink_cause}
-            rec.update({k: float(self.scores[k][layer, head]) for k in SCORE_COLUMNS if k in self.scores})
+                "roles": ", ".join(entry.roles),
+                "sink_position": entry.sink_position,
+                "sink_cause": entry.sink_cause,
+            }
+            rec.update(
+                {k: float(self.scores[k][layer, head]) for k in SCORE_COLUMNS if k in self.scores}
+            )
             records.append(rec)
         return pd.DataFrame.from_records(records)
 
@@ -184,12 +208,29 @@ class HeadAtlas:
             True
         """
         frame = self.to_dataframe()
-        cells = {(int(r["layer"]), int(r["head"])): {"roles": tuple(r["roles"].split(", ")),
-                                                     "evidence": r["evidence"],
-                                                     "delta_loss": r["delta_loss"]}
-                 for r in frame.to_dict("records")}
-        grid = _views.grid_view(self.n_layers, self.n_heads, cells,
-                                f"What each head does: {self.model}", self.notes)
-        shown = frame[["layer", "head", "role", "score", "baseline", "delta_loss",
-                       "delta_loss_prior", "delta_loss_likelihood", "roles", "evidence"]]
+        cells = {
+            (int(r["layer"]), int(r["head"])): {
+                "roles": tuple(r["roles"].split(", ")),
+                "evidence": r["evidence"],
+                "delta_loss": r["delta_loss"],
+            }
+            for r in frame.to_dict("records")
+        }
+        grid = _views.grid_view(
+            self.n_layers, self.n_heads, cells, f"What each head does: {self.model}", self.notes
+        )
+        shown = frame[
+            [
+                "layer",
+                "head",
+                "role",
+                "score",
+                "baseline",
+                "delta_loss",
+                "delta_loss_prior",
+                "delta_loss_likelihood",
+                "roles",
+                "evidence",
+            ]
+        ]
         return _views.atlas_view(grid, shown, f"Head atlas of {self.model} (margin {self.margin})")

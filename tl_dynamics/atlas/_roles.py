@@ -33,8 +33,18 @@ from tl_dynamics.odds_ratio import HeadStats
 # of attention, a share of rows or tokens, or an eigenvalue ratio in [-1, 1], so one absolute
 # margin of 0.1 serves them all.
 MARGIN = 0.1
-ROLES = ("previous-token", "duplicate-token", "induction", "copying", "copy-suppression",
-         "negative copying", "sink", "positional/local", "learned sink", "unclassified")
+ROLES = (
+    "previous-token",
+    "duplicate-token",
+    "induction",
+    "copying",
+    "copy-suppression",
+    "negative copying",
+    "sink",
+    "positional/local",
+    "learned sink",
+    "unclassified",
+)
 # A head's learned sink is named when it absorbs at least this share of its attention on the
 # natural probes (the mean over rows; the same absolute margin as every other score).
 LEARNED_SINK_FLOOR = MARGIN
@@ -51,8 +61,11 @@ RULES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # A role not listed on its own when the head holds the role that includes it (previous-token
 # attention is local; an induction head's OV copying is part of its induction mechanism).
-SUBSUMED = {"positional/local": "previous-token", "copying": "induction",
-            "negative copying": "copy-suppression"}
+SUBSUMED = {
+    "positional/local": "previous-token",
+    "copying": "induction",
+    "negative copying": "copy-suppression",
+}
 # Requirements read against a fixed floor, not the control: a sink must dominate (its column at
 # least HeadStats.SINK_DOMINANCE times the next-largest) in at least this share of the prompts.
 SINK_PROMPTS = 0.5
@@ -103,67 +116,90 @@ def _sentence(role: str, s: dict[str, float], c: dict[str, float], via: tuple) -
         return f"{fmt.format(s[key])} (control {fmt.format(c[key])})"
 
     if role == "previous-token":
-        circuit = (f"; the positional circuit ranks the previous position first in "
-                   f"{vs('prev_circuit', '{:.0%}')} of rows" if np.isfinite(s["prev_circuit"])
-                   else f"; {OPTIONAL['prev_circuit']}")
+        circuit = (
+            f"; the positional circuit ranks the previous position first in "
+            f"{vs('prev_circuit', '{:.0%}')} of rows"
+            if np.isfinite(s["prev_circuit"])
+            else f"; {OPTIONAL['prev_circuit']}"
+        )
         return f"previous-token: {vs('prev_pattern')} of attention on the previous token{circuit}"
     if role == "duplicate-token":
-        return (f"duplicate-token: {vs('dup_pattern')} on the earlier copy of the same token; "
-                f"QK positivity {vs('qk_positivity')}")
+        return (
+            f"duplicate-token: {vs('dup_pattern')} on the earlier copy of the same token; "
+            f"QK positivity {vs('qk_positivity')}"
+        )
     if role == "induction":
         heads = ", ".join(_head_name(p) for p in via)
-        return (f"induction: {vs('ind_pattern')} on the token after the earlier copy; the K-circuit "
-                f"through {heads} picks the matching key for {vs('ind_kcomp', '{:.0%}')} of tokens; "
-                f"OV copying {vs('ov_copying')}")
+        return (
+            f"induction: {vs('ind_pattern')} on the token after the earlier copy; the K-circuit "
+            f"through {heads} picks the matching key for {vs('ind_kcomp', '{:.0%}')} of tokens; "
+            f"OV copying {vs('ov_copying')}"
+        )
     if role == "copying":
         return f"copying: OV copying score {vs('ov_copying')}"
     ov = f"OV copying score {s['ov_copying']:.2f} (control min {-c['neg_ov_copying']:.2f})"
     if role == "copy-suppression":
-        return (f"copy-suppression: {ov}; with the unembedding of the predicted token on the "
-                f"query side, the QK circuit ranks that token's key first for "
-                f"{vs('suppression_qk', '{:.0%}')} of probe tokens")
+        return (
+            f"copy-suppression: {ov}; with the unembedding of the predicted token on the "
+            f"query side, the QK circuit ranks that token's key first for "
+            f"{vs('suppression_qk', '{:.0%}')} of probe tokens"
+        )
     if role == "negative copying":
         return f"negative copying: {ov}"
     if role == "sink":
-        where = ("the first token" if s["sink_first"] >= SINK_PROMPTS
-                 else "a token other than the first")
+        where = (
+            "the first token" if s["sink_first"] >= SINK_PROMPTS else "a token other than the first"
+        )
         cause = "likelihood" if s["sink_loglik_adv"] >= s["sink_prior_adv"] else "key prior"
-        return (f"sink: {vs('sink_mass')} of attention on {where}, dominant in "
-                f"{s['sink_dominant']:.0%} of prompts, won by its {cause} "
-                f"(advantage: key prior {s['sink_prior_adv']:.2f}, log-likelihood "
-                f"{s['sink_loglik_adv']:.2f} nats)")
+        return (
+            f"sink: {vs('sink_mass')} of attention on {where}, dominant in "
+            f"{s['sink_dominant']:.0%} of prompts, won by its {cause} "
+            f"(advantage: key prior {s['sink_prior_adv']:.2f}, log-likelihood "
+            f"{s['sink_loglik_adv']:.2f} nats)"
+        )
     return f"positional/local: {vs('local_mass')} of attention within a few positions"
 
 
-def _near_misses(s: dict[str, float], c: dict[str, float], roles: list[str], via: tuple) -> list[str]:
+def _near_misses(
+    s: dict[str, float], c: dict[str, float], roles: list[str], via: tuple
+) -> list[str]:
     """Patterns that clear their control while a required mechanism does not."""
     out = []
     for role, (primary, needs) in RULES.items():
         if role in roles or not needs or not _clears(s[primary], c[primary]):
             continue
         if role == "copy-suppression":
-            qk = (f"{s['suppression_qk']:.0%} (control {c['suppression_qk']:.0%})"
-                  if np.isfinite(s["suppression_qk"]) else "not measured (W_U and W_E differ in "
-                  "vocabulary)")
-            out.append(f"not copy-suppression: the QK circuit with the predicted token's "
-                       f"unembedding on the query side ranks that token's key first for {qk} "
-                       f"of probe tokens")
+            qk = (
+                f"{s['suppression_qk']:.0%} (control {c['suppression_qk']:.0%})"
+                if np.isfinite(s["suppression_qk"])
+                else "not measured (W_U and W_E differ in vocabulary)"
+            )
+            out.append(
+                f"not copy-suppression: the QK circuit with the predicted token's "
+                f"unembedding on the query side ranks that token's key first for {qk} "
+                f"of probe tokens"
+            )
             continue
         if role == "sink":
-            out.append(f"largest column {s['sink_mass']:.2f} (control {c['sink_mass']:.2f}) but "
-                       f"not a sink: it dominates the next-largest column (ratio >= "
-                       f"{HeadStats.SINK_DOMINANCE:g}) in only {s['sink_dominant']:.0%} of prompts")
+            out.append(
+                f"largest column {s['sink_mass']:.2f} (control {c['sink_mass']:.2f}) but "
+                f"not a sink: it dominates the next-largest column (ratio >= "
+                f"{HeadStats.SINK_DOMINANCE:g}) in only {s['sink_dominant']:.0%} of prompts"
+            )
             continue
         missing = [k for k in needs if k not in OPTIONAL and not _meets(k, s, c)]
         if role == "induction" and not via:
             missing = ["no earlier previous-token head to compose with"]
-        out.append(f"{role} pattern {s[primary]:.2f} (control {c[primary]:.2f}) but not the "
-                   f"mechanism: {', '.join(missing)}")
+        out.append(
+            f"{role} pattern {s[primary]:.2f} (control {c[primary]:.2f}) but not the "
+            f"mechanism: {', '.join(missing)}"
+        )
     return out
 
 
-def classify(s: dict[str, float], c: dict[str, float],
-             via: tuple[tuple[int, int], ...] = ()) -> HeadRoles:
+def classify(
+    s: dict[str, float], c: dict[str, float], via: tuple[tuple[int, int], ...] = ()
+) -> HeadRoles:
     """The ranked roles of one head from its scores ``s`` and the controls ``c``.
 
     Example:
@@ -179,8 +215,9 @@ def classify(s: dict[str, float], c: dict[str, float],
     for role, (primary, needs) in RULES.items():
         if not _clears(s[primary], c[primary]):
             continue
-        if any(not _meets(k, s, c) and not (k in OPTIONAL and not np.isfinite(s[k]))
-               for k in needs):
+        if any(
+            not _meets(k, s, c) and not (k in OPTIONAL and not np.isfinite(s[k])) for k in needs
+        ):
             continue
         if any(r == SUBSUMED.get(role) for _, r in found):
             continue
@@ -190,22 +227,33 @@ def classify(s: dict[str, float], c: dict[str, float],
     named = bool(np.isfinite(learned)) and learned >= LEARNED_SINK_FLOOR
     roles = [role for _, role in found] + (["learned sink"] if named else [])
     roles = roles or ["unclassified"]
-    parts = [_sentence(role, s, c, via) for role in roles
-             if role not in ("unclassified", "learned sink")]
+    parts = [
+        _sentence(role, s, c, via) for role in roles if role not in ("unclassified", "learned sink")
+    ]
     parts += _near_misses(s, c, roles, via)
     if np.isfinite(learned):
-        parts.append(f"learned sink: absorbs {learned:.2f} of attention"
-                     + ("" if named else f" (below the {LEARNED_SINK_FLOOR:.2f} floor)"))
+        parts.append(
+            f"learned sink: absorbs {learned:.2f} of attention"
+            + ("" if named else f" (below the {LEARNED_SINK_FLOOR:.2f} floor)")
+        )
     if roles == ["unclassified"] and not parts:
         parts = ["no score clears its control by the margin"]
-    primary = [RULES[r][0] if r in RULES else "learned_sink" if r == "learned sink" else None
-               for r in roles]
+    primary = [
+        RULES[r][0] if r in RULES else "learned_sink" if r == "learned sink" else None
+        for r in roles
+    ]
     sink = "sink" in roles
     return HeadRoles(
         roles=tuple(roles),
         scores=tuple(float(s[k]) if k else float("nan") for k in primary),
         baselines=tuple(float(c.get(k, float("nan"))) if k else float("nan") for k in primary),
         evidence="; ".join(parts) + ".",
-        sink_position=("first-token" if s["sink_first"] >= SINK_PROMPTS else "other") if sink else "",
-        sink_cause=(("likelihood-driven" if s["sink_loglik_adv"] >= s["sink_prior_adv"]
-                     else "prior-driven") if sink else ""))
+        sink_position=("first-token" if s["sink_first"] >= SINK_PROMPTS else "other")
+        if sink
+        else "",
+        sink_cause=(
+            ("likelihood-driven" if s["sink_loglik_adv"] >= s["sink_prior_adv"] else "prior-driven")
+            if sink
+            else ""
+        ),
+    )

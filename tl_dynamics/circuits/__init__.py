@@ -47,6 +47,16 @@ from tl_dynamics.circuits._report import CircuitsOverview, compute, report_secti
 from tl_dynamics.circuits._spectrum import copying_scores, qk_positivity_scores
 from tl_dynamics.circuits._virtual import token_composition
 
-__all__ = ["CircuitsOverview", "composition_scores", "compute", "copying_scores", "offset_summary",
-           "ov_circuit", "prompt_circuit", "qk_circuit", "qk_positivity_scores", "report_section",
-           "token_composition"]
+__all__ = [
+    "CircuitsOverview",
+    "composition_scores",
+    "compute",
+    "copying_scores",
+    "offset_summary",
+    "ov_circuit",
+    "prompt_circuit",
+    "qk_circuit",
+    "qk_positivity_scores",
+    "report_section",
+    "token_composition",
+]

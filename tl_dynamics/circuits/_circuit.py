@@ -66,8 +66,10 @@ class Circuit:
 
     def __repr__(self) -> str:
         via = f" via {self.via}" if self.via else ""
-        return (f"Circuit({self.kind} L{self.layer}H{self.head}{via}, {self.rows} x {self.cols}, "
-                f"shape {tuple(self.matrix.shape)}, offset={self.offset})")
+        return (
+            f"Circuit({self.kind} L{self.layer}H{self.head}{via}, {self.rows} x {self.cols}, "
+            f"shape {tuple(self.matrix.shape)}, offset={self.offset})"
+        )
 
     @property
     def name(self) -> str:
@@ -83,8 +85,10 @@ class Circuit:
     def eigenvalues(self) -> Complex[Tensor, " d_head"]:
         """The nonzero spectrum, from the ``d_head x d_head`` factor ``B A``."""
         if self.matrix.ldim != self.matrix.rdim:
-            raise TLDynamicsError(f"eigenvalues need a square circuit; {self.name} is "
-                                  f"{self.matrix.ldim} x {self.matrix.rdim}")
+            raise TLDynamicsError(
+                f"eigenvalues need a square circuit; {self.name} is "
+                f"{self.matrix.ldim} x {self.matrix.rdim}"
+            )
         return self.matrix.eigenvalues
 
     def positivity(self) -> float:
@@ -96,7 +100,9 @@ class Circuit:
         query token), streamed; only allowed keys compete (``key_rule``)."""
         return _topk.own_best_fraction(self.matrix, rows, rule=self.key_rule)[0]
 
-    def entries(self, rows: Sequence[int] | Tensor, cols: Sequence[int] | Tensor) -> Float[Tensor, "n m"]:
+    def entries(
+        self, rows: Sequence[int] | Tensor, cols: Sequence[int] | Tensor
+    ) -> Float[Tensor, "n m"]:
         """The sub-matrix ``[rows, cols]``."""
         A, B = _topk.factors(self.matrix)
         r = _topk.row_ids(rows, A.shape[0])
@@ -107,8 +113,13 @@ class Circuit:
         """The whole product, for small circuits only (refuses vocabulary-sized ones)."""
         return _topk.dense(self.matrix)
 
-    def topk(self, k: int = 10, rows: Sequence[int] | Tensor | None = None, bottom: bool = True,
-             progress: bool = False) -> "TokenTopK":
+    def topk(
+        self,
+        k: int = 10,
+        rows: Sequence[int] | Tensor | None = None,
+        bottom: bool = True,
+        progress: bool = False,
+    ) -> "TokenTopK":
         """Top-``k`` (and bottom-``k``) columns of each row, streamed in row chunks; on a
         positional circuit only the keys the query may attend to (``key_rule``): a row with
         fewer than ``k`` of them fills the rest with index -1 (value -inf, +inf at the bottom).
@@ -120,11 +131,25 @@ class Circuit:
             (20, 7)
         """
         sides = (True, False) if bottom else (True,)
-        out, ids = _topk.streamed_topk(self.matrix, k, rows, sides, progress=progress,
-                                       rule=self.key_rule)
+        out, ids = _topk.streamed_topk(
+            self.matrix, k, rows, sides, progress=progress, rule=self.key_rule
+        )
         (values, indices), (low_v, low_i) = out[0], out[1] if bottom else (None, None)
-        return TokenTopK(self.name, self.layer, self.head, self.rows, self.cols, ids, values,
-                         indices, low_v, low_i, self.notes, self.vocab, self)
+        return TokenTopK(
+            self.name,
+            self.layer,
+            self.head,
+            self.rows,
+            self.cols,
+            ids,
+            values,
+            indices,
+            low_v,
+            low_i,
+            self.notes,
+            self.vocab,
+            self,
+        )
 
     def to_dataframe(self, k: int = 5, rows: Sequence[int] | Tensor | None = None):
         """Top-``k`` read-out as a long table (see ``TokenTopK.to_dataframe``)."""
@@ -156,7 +181,7 @@ class TokenTopK:
     source: Circuit | None = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
-        return (f"TokenTopK({self.circuit}: {len(self.rows)} rows, k={self.values.shape[1]})")
+        return f"TokenTopK({self.circuit}: {len(self.rows)} rows, k={self.values.shape[1]})"
 
     def to_dataframe(self):
         """One line per (row, rank, side): ``row``, ``row_label``, ``side`` (top/bottom),
@@ -170,13 +195,19 @@ class TokenTopK:
         row_labels = labels(self.rows_space, self.rows, self.vocab)
         for side, vals, idx in sides:
             n, k = idx.shape
-            frames.append(pd.DataFrame({
-                "row": self.rows.repeat_interleave(k).numpy(),
-                "row_label": [lab for lab in row_labels for _ in range(k)],
-                "side": side, "rank": torch.arange(k).repeat(n).numpy(),
-                "col": idx.reshape(-1).numpy(),
-                "col_label": labels(self.cols_space, idx.reshape(-1), self.vocab),
-                "value": vals.reshape(-1).numpy()}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "row": self.rows.repeat_interleave(k).numpy(),
+                        "row_label": [lab for lab in row_labels for _ in range(k)],
+                        "side": side,
+                        "rank": torch.arange(k).repeat(n).numpy(),
+                        "col": idx.reshape(-1).numpy(),
+                        "col_label": labels(self.cols_space, idx.reshape(-1), self.vocab),
+                        "value": vals.reshape(-1).numpy(),
+                    }
+                )
+            )
         frame = pd.concat(frames, ignore_index=True)
         frame = frame[frame["col"] >= 0].reset_index(drop=True)
         frame.attrs.update(circuit=self.circuit, layer=self.layer, head=self.head)
@@ -196,20 +227,28 @@ class TokenTopK:
             vals = self._row_values(r, cols)
             samples.append(labels(self.cols_space, cols, self.vocab))
             activations.append(vals[None, :, None])
-        row_labels = [f"{self.rows_space} {i}: {lab!r}" for i, lab in
-                      zip(self.rows[:n].tolist(), labels(self.rows_space, self.rows[:n], self.vocab))]
-        return viz.topk_tokens(samples, activations, max_k=self.values.shape[1],
-                               first_dimension_name="Head", third_dimension_name="Row",
-                               sample_labels=row_labels,
-                               caption=f"{self.circuit}: top and bottom {self.cols_space}s per "
-                                       f"{self.rows_space}")
+        row_labels = [
+            f"{self.rows_space} {i}: {lab!r}"
+            for i, lab in zip(
+                self.rows[:n].tolist(), labels(self.rows_space, self.rows[:n], self.vocab)
+            )
+        ]
+        return viz.topk_tokens(
+            samples,
+            activations,
+            max_k=self.values.shape[1],
+            first_dimension_name="Head",
+            third_dimension_name="Row",
+            sample_labels=row_labels,
+            caption=f"{self.circuit}: top and bottom {self.cols_space}s per {self.rows_space}",
+        )
 
     def _row_values(self, r: int, cols: Tensor) -> Tensor:
         if self.source is not None:
             return self.source.entries([int(self.rows[r])], cols)[0].cpu()
         merged = {int(i): float(v) for i, v in zip(self.indices[r], self.values[r])}
         if self.bottom_indices is not None and self.bottom_values is not None:
-            merged.update({int(i): float(v) for i, v in zip(self.bottom_indices[r], self.bottom_values[r])})
+            merged.update(
+                {int(i): float(v) for i, v in zip(self.bottom_indices[r], self.bottom_values[r])}
+            )
         return torch.tensor([merged[int(c)] for c in cols])
-
-

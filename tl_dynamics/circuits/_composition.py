@@ -44,14 +44,16 @@ CHANCE_Z = 3.0
 KINDS = ("Q", "K", "V")
 
 
-def left_factors(W_V: Float[Tensor, "n d_model d_head"], W_O: Float[Tensor, "n d_head d_model"]
-                 ) -> Float[Tensor, "n d_head d_model"]:
+def left_factors(
+    W_V: Float[Tensor, "n d_model d_head"], W_O: Float[Tensor, "n d_head d_model"]
+) -> Float[Tensor, "n d_head d_model"]:
     """``X`` with ``X^T X = W_OV^T W_OV``: ``S W_O`` where ``S^T S = W_V^T W_V``."""
     return gram_root(W_V) @ W_O
 
 
-def right_factors(kind: str, W_Q: Tensor, W_K: Tensor, W_V: Tensor, W_O: Tensor
-                  ) -> Float[Tensor, "n d_head d_model"]:
+def right_factors(
+    kind: str, W_Q: Tensor, W_K: Tensor, W_V: Tensor, W_O: Tensor
+) -> Float[Tensor, "n d_head d_model"]:
     """``X`` with ``X^T X = M M^T``, ``M`` the later head's ``W_QK`` (Q), ``W_QK^T`` (K) or
     ``W_OV`` (V): e.g. ``M = W_Q W_K^T`` gives ``X = S_K W_Q^T`` with ``S_K^T S_K = W_K^T W_K``."""
     if kind == "Q":
@@ -83,8 +85,9 @@ def grams(X: Float[Tensor, "n r d"]) -> Float[Tensor, "n d_d"]:
     return (X.transpose(1, 2) @ X).flatten(1)
 
 
-def pair_scores(left: Float[Tensor, "n1 r d"], right: Float[Tensor, "n2 r d"],
-                left_grams: Tensor | None = None) -> Float[Tensor, "n1 n2"]:
+def pair_scores(
+    left: Float[Tensor, "n1 r d"], right: Float[Tensor, "n2 r d"], left_grams: Tensor | None = None
+) -> Float[Tensor, "n1 n2"]:
     """Normalised Frobenius norms ``<G_L, G_R>^(1/2) /
     (tr G_L tr G_R)^(1/2)`` with ``G = X^T X``, for every pair of rows of ``left``, ``right``."""
     if left_grams is None:
@@ -94,8 +97,9 @@ def pair_scores(left: Float[Tensor, "n1 r d"], right: Float[Tensor, "n2 r d"],
     return inner.clamp_min(0).sqrt() / norms.clamp_min(torch.finfo(norms.dtype).tiny).sqrt()
 
 
-def random_baseline(d_model: int, d_head: int, n_samples: int = BASELINE_SAMPLES,
-                    seed: int = BASELINE_SEED) -> Float[Tensor, " n_samples"]:
+def random_baseline(
+    d_model: int, d_head: int, n_samples: int = BASELINE_SAMPLES, seed: int = BASELINE_SEED
+) -> Float[Tensor, " n_samples"]:
     """Scores ``|X Y|_F / (|X|_F |Y|_F)`` of independent ``X = A B``, ``Y = C D`` with standard
     normal ``A, C: [d_model, d_head]`` and ``B, D: [d_head, d_model]``."""
     gen = torch.Generator().manual_seed(seed)
@@ -108,8 +112,9 @@ def random_baseline(d_model: int, d_head: int, n_samples: int = BASELINE_SAMPLES
         m = b @ c
         g_a, g_d = a.transpose(1, 2) @ a, d @ d.transpose(1, 2)
         num = (m * (g_a @ m @ g_d)).sum((1, 2))
-        den = torch.einsum("nij,nji->n", g_a, b @ b.transpose(1, 2)) * \
-            torch.einsum("nij,nji->n", c.transpose(1, 2) @ c, g_d)
+        den = torch.einsum("nij,nji->n", g_a, b @ b.transpose(1, 2)) * torch.einsum(
+            "nij,nji->n", c.transpose(1, 2) @ c, g_d
+        )
         out.append((num / den).sqrt())
     return torch.cat(out)
 
@@ -135,13 +140,17 @@ class CompositionScores:
     architecture: str
 
     def __repr__(self) -> str:
-        return (f"CompositionScores({'/'.join(self.kinds)}, {self.scores.shape[1]} layers x "
-                f"{self.scores.shape[2]} heads, baseline {self.baseline_mean:.3f} ± "
-                f"{self.baseline_std:.3f})")
+        return (
+            f"CompositionScores({'/'.join(self.kinds)}, {self.scores.shape[1]} layers x "
+            f"{self.scores.shape[2]} heads, baseline {self.baseline_mean:.3f} ± "
+            f"{self.baseline_std:.3f})"
+        )
 
     def of(self, kind: str) -> Float[Tensor, "layer1 head1 layer2 head2"]:
         if kind not in self.kinds:
-            raise TLDynamicsError(f"composition kind {kind!r} was not computed; computed: {list(self.kinds)}")
+            raise TLDynamicsError(
+                f"composition kind {kind!r} was not computed; computed: {list(self.kinds)}"
+            )
         return self.scores[self.kinds.index(kind)]
 
     @property
@@ -154,17 +163,22 @@ class CompositionScores:
 
     def summary(self) -> str:
         """Plain-language verdict per kind: how many pairs the score can tell from chance."""
-        lines = [f"Random baseline ({self.n_samples} samples, seed {self.seed}): "
-                 f"{self.baseline_mean:.4f} ± {self.baseline_std:.4f}."]
+        lines = [
+            f"Random baseline ({self.n_samples} samples, seed {self.seed}): "
+            f"{self.baseline_mean:.4f} ± {self.baseline_std:.4f}."
+        ]
         for i, kind in enumerate(self.kinds):
             valid = ~torch.isnan(self.scores[i])
             n_pairs, n_hit = int(valid.sum()), int(self.beyond_chance[i][valid].sum())
             top = float(self.scores[i][valid].max()) if n_pairs else float("nan")
             by_chance = n_pairs * 0.5 * math.erfc(self.z / math.sqrt(2))  # normal tail
-            verdict = ("this score cannot tell any of them from chance" if n_hit == 0 else
-                       f"{n_hit} pair(s) exceed it by more than {self.z:g} standard deviations "
-                       f"(about {by_chance:.1f} would by chance alone); this score cannot tell "
-                       f"the other {n_pairs - n_hit} from chance")
+            verdict = (
+                "this score cannot tell any of them from chance"
+                if n_hit == 0
+                else f"{n_hit} pair(s) exceed it by more than {self.z:g} standard deviations "
+                f"(about {by_chance:.1f} would by chance alone); this score cannot tell "
+                f"the other {n_pairs - n_hit} from chance"
+            )
             lines.append(f"{kind}-composition: {n_pairs} head pairs, highest {top:.4f}; {verdict}.")
         return "\n".join(lines)
 
@@ -172,8 +186,17 @@ class CompositionScores:
         import pandas as pd
 
         idx = (~torch.isnan(self.scores)).nonzero().tolist()
-        rows = [dict(kind=self.kinds[k], layer1=l1, head1=h1, layer2=l2, head2=h2,
-                     score=float(self.scores[k, l1, h1, l2, h2])) for k, l1, h1, l2, h2 in idx]
+        rows = [
+            dict(
+                kind=self.kinds[k],
+                layer1=l1,
+                head1=h1,
+                layer2=l2,
+                head2=h2,
+                score=float(self.scores[k, l1, h1, l2, h2]),
+            )
+            for k, l1, h1, l2, h2 in idx
+        ]
         frame = pd.DataFrame(rows, columns=["kind", "layer1", "head1", "layer2", "head2", "score"])
         frame["baseline_mean"], frame["baseline_std"] = self.baseline_mean, self.baseline_std
         frame["excess"] = frame["score"] - self.baseline_mean
@@ -188,17 +211,35 @@ class CompositionScores:
     def panels(self) -> list[Panel]:
         n_layers, n_heads = self.scores.shape[1], self.scores.shape[2]
         rows, cols = list(range(n_layers - 1)), list(range(1, n_layers))
-        blocks = [self.excess[i][rows][:, :, cols].reshape(len(rows) * n_heads, len(cols) * n_heads).numpy()
-                  for i in range(len(self.kinds))]
+        blocks = [
+            self.excess[i][rows][:, :, cols]
+            .reshape(len(rows) * n_heads, len(cols) * n_heads)
+            .numpy()
+            for i in range(len(self.kinds))
+        ]
         limits = symmetric_limits(blocks)  # one colour scale for all kinds
-        return [Panel(f"{kind}-composition minus baseline", block, head_labels(rows, n_heads),
-                      head_labels(cols, n_heads), "later head", "earlier head", limits)
-                for kind, block in zip(self.kinds, blocks)]
+        return [
+            Panel(
+                f"{kind}-composition minus baseline",
+                block,
+                head_labels(rows, n_heads),
+                head_labels(cols, n_heads),
+                "later head",
+                "earlier head",
+                limits,
+            )
+            for kind, block in zip(self.kinds, blocks)
+        ]
 
 
-def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int = BASELINE_SAMPLES,
-                       seed: int = BASELINE_SEED, z: float = CHANCE_Z,
-                       progress: bool = False) -> CompositionScores:
+def composition_scores(
+    model: Any,
+    kinds: Sequence[str] = KINDS,
+    n_samples: int = BASELINE_SAMPLES,
+    seed: int = BASELINE_SEED,
+    z: float = CHANCE_Z,
+    progress: bool = False,
+) -> CompositionScores:
     """Q-, K- and V-composition scores of all head pairs across layers, vectorised.
 
     Frobenius composition scores (Elhage et al. 2021) of every earlier head into every later
@@ -229,23 +270,28 @@ def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int 
     kinds = tuple(kinds)
     bad = [k for k in kinds if k not in KINDS]
     if not kinds or bad:
-        raise TLDynamicsError(f"composition kinds {bad or list(kinds)!r} are not valid; valid: {list(KINDS)}")
+        raise TLDynamicsError(
+            f"composition kinds {bad or list(kinds)!r} are not valid; valid: {list(KINDS)}"
+        )
     if not isinstance(n_samples, int) or n_samples < 2:
         raise TLDynamicsError(f"n_samples={n_samples!r}: the baseline needs at least 2 samples")
     L, H = adapter.n_layers, adapter.n_heads
     scores = torch.full((len(kinds), L, H, L, H), float("nan"))
     att = adapter.attention_layers  # hybrids: pairs of attention layers only (others stay NaN)
     if len(att) > 1:
-        W = {name: torch.stack([getattr(adapter, name)(l) for l in att])
-             for name in ("W_Q", "W_K", "W_V", "W_O")}
+        W = {
+            name: torch.stack([getattr(adapter, name)(l) for l in att])
+            for name in ("W_Q", "W_K", "W_V", "W_O")
+        }
         left = left_factors(W["W_V"][:-1].flatten(0, 1), W["W_O"][:-1].flatten(0, 1))
         left_g = grams(left)
         for i2 in tqdm(range(1, len(att)), desc="composition", disable=not progress, leave=False):
             weights = [W[name][i2] for name in ("W_Q", "W_K", "W_V", "W_O")]
             sides = [right_factors(kind, *weights) for kind in kinds]
             rank = max(side.shape[1] for side in sides)  # latent attention: q/k wider than v
-            right = torch.cat([torch.nn.functional.pad(side, (0, 0, 0, rank - side.shape[1]))
-                               for side in sides])  # zero rows leave X^T X unchanged
+            right = torch.cat(
+                [torch.nn.functional.pad(side, (0, 0, 0, rank - side.shape[1])) for side in sides]
+            )  # zero rows leave X^T X unchanged
             block = pair_scores(left[: i2 * H], right, left_g[: i2 * H])  # [i2*H, kinds*H]
             per = block.reshape(i2, H, len(kinds), H).permute(2, 0, 1, 3).cpu()  # [kinds, i2, H, H]
             for i1 in range(i2):
@@ -253,15 +299,28 @@ def composition_scores(model: Any, kinds: Sequence[str] = KINDS, n_samples: int 
             del right, block
     width = adapter.W_V(att[0]).shape[-1] if att else adapter.d_head  # the heads' value width
     base = random_baseline(adapter.d_model, width, n_samples, seed)
-    notes = ("Weights only: biases, LayerNorm and rotary rotations are left out.",
-             f"Random baseline: {n_samples} draws (seed {seed}) of standard normal factors of the "
-             f"same shapes; for pairs within {z:g} baseline standard deviations of it the score cannot tell composition from chance.",
-             "A Frobenius score near the baseline does not rule composition out: it weighs every "
-             "direction equally; check token-level circuits (token_composition).",
-             *latent_notes(adapter, att))
+    notes = (
+        "Weights only: biases, LayerNorm and rotary rotations are left out.",
+        f"Random baseline: {n_samples} draws (seed {seed}) of standard normal factors of the "
+        f"same shapes; for pairs within {z:g} baseline standard deviations of it the score cannot tell composition from chance.",
+        "A Frobenius score near the baseline does not rule composition out: it weighs every "
+        "direction equally; check token-level circuits (token_composition).",
+        *latent_notes(adapter, att),
+    )
     if att and adapter.W_Q(att[0]).shape[-1] != width:
-        notes += (f"The baseline's factors are {width} wide (the value width); the query/key "
-                  f"factors of these latent-attention heads are {adapter.W_Q(att[0]).shape[-1]} "
-                  "wide (a random pair's mean score depends on d_model only).",)
-    return CompositionScores(kinds, scores, float(base.mean()), float(base.std()), n_samples, seed,
-                             float(z), notes, adapter.info.architecture)
+        notes += (
+            f"The baseline's factors are {width} wide (the value width); the query/key "
+            f"factors of these latent-attention heads are {adapter.W_Q(att[0]).shape[-1]} "
+            "wide (a random pair's mean score depends on d_model only).",
+        )
+    return CompositionScores(
+        kinds,
+        scores,
+        float(base.mean()),
+        float(base.std()),
+        n_samples,
+        seed,
+        float(z),
+        notes,
+        adapter.info.architecture,
+    )

@@ -48,7 +48,9 @@ class OffsetSummary:
     def to_dataframe(self):
         import pandas as pd
 
-        return pd.DataFrame(dict(offset=list(self.offsets), **{s: getattr(self, s).numpy() for s in STATS}))
+        return pd.DataFrame(
+            dict(offset=list(self.offsets), **{s: getattr(self, s).numpy() for s in STATS})
+        )
 
     def show(self) -> viz.Component:
         """Line plots of each statistic against the offset."""
@@ -61,12 +63,18 @@ class OffsetSummary:
             ax.set_title(stat.replace("_", " "), fontsize=9)
             ax.set_xlabel("offset (query - key)", fontsize=8)
         fig.tight_layout()
-        return viz.figure(fig, caption=f"Full QK circuit of L{self.layer}H{self.head} across rotary offsets")
+        return viz.figure(
+            fig, caption=f"Full QK circuit of L{self.layer}H{self.head} across rotary offsets"
+        )
 
 
-def offset_summary(model: Any, layer: int, head: int,
-                   offsets: int | Sequence[int] | range = DEFAULT_OFFSETS,
-                   biases: bool = True) -> OffsetSummary:
+def offset_summary(
+    model: Any,
+    layer: int,
+    head: int,
+    offsets: int | Sequence[int] | range = DEFAULT_OFFSETS,
+    biases: bool = True,
+) -> OffsetSummary:
     """Summarise a rotary head's full QK circuit at each relative offset.
 
     For each offset ``delta`` the mean entry, the mean same-token entry, the Frobenius norm and
@@ -94,9 +102,11 @@ def offset_summary(model: Any, layer: int, head: int,
     layer, head = checked_head(adapter, layer, head)
     rmap = adapter.rotation(layer)
     if rmap is None:
-        raise TLDynamicsError(f"offset_summary needs a rotary layer; layer {layer} of "
-                              f"{adapter.info.architecture} has none (for learned positions use "
-                              "qk_circuit(model, layer, head, inputs='positions'))")
+        raise TLDynamicsError(
+            f"offset_summary needs a rotary layer; layer {layer} of "
+            f"{adapter.info.architecture} has none (for learned positions use "
+            "qk_circuit(model, layer, head, inputs='positions'))"
+        )
     offsets = offsets_checked(offsets if isinstance(offsets, int) else list(offsets), adapter.n_ctx)
     E = adapter.W_E
     q = queries(adapter, layer, head, E, biases)  # [vocab, d_head], scale included
@@ -112,6 +122,10 @@ def offset_summary(model: Any, layer: int, head: int,
         stats["same_token"].append(float((R * cross).sum() / n))
         stats["frobenius"].append(float(torch.trace(R.T @ gram_q @ R @ gram_k).clamp_min(0).sqrt()))
         stats["positivity"].append(float(positivity(torch.linalg.eigvals(k.T @ (q @ R)))))
-    return OffsetSummary(layer, head, tuple(offsets),
-                         **{s: torch.tensor(v) for s, v in stats.items()},
-                         architecture=adapter.info.architecture)
+    return OffsetSummary(
+        layer,
+        head,
+        tuple(offsets),
+        **{s: torch.tensor(v) for s, v in stats.items()},
+        architecture=adapter.info.architecture,
+    )

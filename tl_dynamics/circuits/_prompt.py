@@ -51,11 +51,17 @@ class PromptCircuit:
 
         n = len(self.tokens)
         i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
-        frame = pd.DataFrame(dict(i=i.reshape(-1).numpy(), j=j.reshape(-1).numpy(),
-                                  token_i=[self.tokens[a] for a in i.reshape(-1).tolist()],
-                                  token_j=[self.tokens[b] for b in j.reshape(-1).tolist()],
-                                  qk=self.qk.reshape(-1).numpy(), ov=self.ov.reshape(-1).numpy(),
-                                  allowed=self.allowed.reshape(-1).numpy()))
+        frame = pd.DataFrame(
+            dict(
+                i=i.reshape(-1).numpy(),
+                j=j.reshape(-1).numpy(),
+                token_i=[self.tokens[a] for a in i.reshape(-1).tolist()],
+                token_j=[self.tokens[b] for b in j.reshape(-1).tolist()],
+                qk=self.qk.reshape(-1).numpy(),
+                ov=self.ov.reshape(-1).numpy(),
+                allowed=self.allowed.reshape(-1).numpy(),
+            )
+        )
         frame.attrs.update(layer=self.layer, head=self.head, positions=self.positions)
         return frame
 
@@ -66,17 +72,30 @@ class PromptCircuit:
         qk = self.qk.masked_fill(~self.allowed, float("nan")).numpy()
         name = f"L{self.layer}H{self.head}"
         return viz.group(
-            viz.attention_pattern(list(self.tokens), self.pattern(),
-                                  caption=f"{name}: softmax of the per-prompt QK circuit"),
-            heatmaps([Panel(f"QK {name} (query row, key column)", qk, labels, labels),
-                      Panel(f"OV {name} (source row, output token column)",
-                            self.ov.numpy().astype(np.float32), labels, labels)],
-                     caption=f"Per-prompt circuits of {name}"
-                             f"{' with positions' if self.positions else ''}"))
+            viz.attention_pattern(
+                list(self.tokens),
+                self.pattern(),
+                caption=f"{name}: softmax of the per-prompt QK circuit",
+            ),
+            heatmaps(
+                [
+                    Panel(f"QK {name} (query row, key column)", qk, labels, labels),
+                    Panel(
+                        f"OV {name} (source row, output token column)",
+                        self.ov.numpy().astype(np.float32),
+                        labels,
+                        labels,
+                    ),
+                ],
+                caption=f"Per-prompt circuits of {name}"
+                f"{' with positions' if self.positions else ''}",
+            ),
+        )
 
 
-def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bool = True,
-                   biases: bool = True) -> PromptCircuit:
+def prompt_circuit(
+    model: Any, prompt: Any, layer: int, head: int, positions: bool = True, biases: bool = True
+) -> PromptCircuit:
     """QK and OV tables of one head restricted to the tokens of ``prompt`` (one row).
 
     With ``positions`` the inputs are ``W_E + W_pos`` on models with learned positions, and
@@ -105,7 +124,9 @@ def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bo
     layer, head = checked_head(adapter, layer, head)
     batch = adapter.tokenize(prompt)
     if batch.tokens.shape[0] != 1:
-        raise TLDynamicsError(f"prompt_circuit takes one prompt, got a batch of {batch.tokens.shape[0]}")
+        raise TLDynamicsError(
+            f"prompt_circuit takes one prompt, got a batch of {batch.tokens.shape[0]}"
+        )
     keep = batch.key_valid[0]
     ids = batch.tokens[0][keep]
     n = len(ids)
@@ -126,11 +147,29 @@ def prompt_circuit(model: Any, prompt: Any, layer: int, head: int, positions: bo
         allowed &= pos[None, :] > pos[:, None] - spec.window
         if not spec.causal:  # bidirectional: two-sided window
             allowed &= pos[None, :] < pos[:, None] + spec.window
-    ov = values(adapter, layer, head, rows, biases) @ (adapter.W_O(layer)[head] @ adapter.W_U[:, ids])
+    ov = values(adapter, layer, head, rows, biases) @ (
+        adapter.W_O(layer)[head] @ adapter.W_U[:, ids]
+    )
     notes = qk_notes(adapter, layer, biases, None) + ov_notes(adapter, biases, layer)[:1]
     if positions and (rmap is not None or adapter.W_pos is not None):
-        notes.append("Positions included: " + ("rotary offsets i - j." if rmap is not None
-                                               else "learned position embeddings added to W_E."))
+        notes.append(
+            "Positions included: "
+            + (
+                "rotary offsets i - j."
+                if rmap is not None
+                else "learned position embeddings added to W_E."
+            )
+        )
     tokens = adapter.decode(ids)
-    return PromptCircuit(layer, head, tuple(tokens), ids.cpu(), (q @ k.T).cpu(), ov.cpu(), allowed, positions,
-                         tuple(dict.fromkeys(notes)), adapter.info.architecture)
+    return PromptCircuit(
+        layer,
+        head,
+        tuple(tokens),
+        ids.cpu(),
+        (q @ k.T).cpu(),
+        ov.cpu(),
+        allowed,
+        positions,
+        tuple(dict.fromkeys(notes)),
+        adapter.info.architecture,
+    )

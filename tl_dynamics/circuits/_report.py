@@ -81,7 +81,9 @@ class CircuitsOverview:
         """
         best: dict[int, tuple[int, int]] = {}
         for layer, head in self.prompt:
-            if layer not in best or self.copying.score(layer, head) > self.copying.score(*best[layer]):
+            if layer not in best or self.copying.score(layer, head) > self.copying.score(
+                *best[layer]
+            ):
                 best[layer] = (layer, head)
         return [best[layer] for layer in sorted(best)]
 
@@ -103,19 +105,33 @@ class CircuitsOverview:
         return viz.group(*items, caption="QK/OV circuits")
 
 
-def head_scores_view(copying: HeadScores, positivity: HeadScores,
-                     composition: CompositionScores | None = None):
-    panels = [copying.panel(), positivity.panel()] + ([] if composition is None else composition.panels())
-    caption = ("Eigenvalue positivity sum(Re λ)/sum(|λ|) of each head's full OV circuit "
-               "(W_E W_V W_O W_U: +1 copies) and QK circuit (W_E W_Q W_K^T W_E^T: +1 attends to "
-               "the same token)")
+def head_scores_view(
+    copying: HeadScores, positivity: HeadScores, composition: CompositionScores | None = None
+):
+    panels = [copying.panel(), positivity.panel()] + (
+        [] if composition is None else composition.panels()
+    )
+    caption = (
+        "Eigenvalue positivity sum(Re λ)/sum(|λ|) of each head's full OV circuit "
+        "(W_E W_V W_O W_U: +1 copies) and QK circuit (W_E W_Q W_K^T W_E^T: +1 attends to "
+        "the same token)"
+    )
     if composition is not None:
-        caption += "; composition scores minus their random baseline. " + composition.summary().replace("\n", " ")
+        caption += (
+            "; composition scores minus their random baseline. "
+            + composition.summary().replace("\n", " ")
+        )
     return heatmaps(panels, caption=caption)
 
 
-def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | None = None,
-            heads: int | Sequence[int] | None = None, n_samples: int | None = None) -> CircuitsOverview:
+def compute(
+    model: Any,
+    prompt: Any = None,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    n_samples: int | None = None,
+) -> CircuitsOverview:
     """One-call circuits overview: head scores, composition, and per-prompt circuits.
 
     Copying and QK positivity scores of every head in ``layers``, composition scores of all
@@ -147,31 +163,49 @@ def compute(model: Any, prompt: Any = None, *, layers: int | Sequence[int] | Non
     head_list = adapter.check_heads(heads)
     batch = None if prompt is None else adapter.tokenize(prompt)
     if batch is not None and batch.tokens.shape[0] != 1:
-        raise TLDynamicsError(f"circuits.compute takes one prompt, got a batch of {batch.tokens.shape[0]}")
-    if n_samples is not None and (isinstance(n_samples, bool) or not isinstance(n_samples, int)
-                                  or n_samples < 1):
-        raise TLDynamicsError(f"n_samples must be a positive integer (baseline samples), got {n_samples!r}")
+        raise TLDynamicsError(
+            f"circuits.compute takes one prompt, got a batch of {batch.tokens.shape[0]}"
+        )
+    if n_samples is not None and (
+        isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1
+    ):
+        raise TLDynamicsError(
+            f"n_samples must be a positive integer (baseline samples), got {n_samples!r}"
+        )
     copying = copying_scores(adapter, layer_list)
     positivity = qk_positivity_scores(adapter, layer_list)
-    composition = (composition_scores(adapter) if n_samples is None
-                   else composition_scores(adapter, n_samples=n_samples))
-    per_prompt = {} if batch is None else {
-        (layer, head): prompt_circuit(adapter, batch, layer, head)
-        for layer in layer_list for head in head_list}
+    composition = (
+        composition_scores(adapter)
+        if n_samples is None
+        else composition_scores(adapter, n_samples=n_samples)
+    )
+    per_prompt = (
+        {}
+        if batch is None
+        else {
+            (layer, head): prompt_circuit(adapter, batch, layer, head)
+            for layer in layer_list
+            for head in head_list
+        }
+    )
     return CircuitsOverview(copying, positivity, composition, per_prompt)
 
 
 REPORT_MAX_POSITIONS = 64  # the per-prompt circuit reads at most this many leading positions
 READOUT_ROWS = 30  # prompt tokens listed in the OV read-out table
 READOUT_K = 4  # vocabulary tokens per side and row of that table
-SCORES_CAPTION = ("Eigenvalue positivity sum(Re λ)/sum(|λ|) of each head's full OV circuit "
-                  "(W_E W_V W_O W_U: +1 copies its input token) and QK circuit "
-                  "(W_E W_Q W_K^T W_E^T: +1 attends to the same token); rows: layers, columns: "
-                  "heads, hover for the value.")
-COMPOSITION_CAPTION = ("Composition score of every earlier head (row) into every later head "
-                       "(column) minus the mean of the random baseline above: blue pairs compose "
-                       "more than random heads of the same shapes, red less; one colour scale for "
-                       "the three kinds, grey where the pair is not earlier-to-later.")
+SCORES_CAPTION = (
+    "Eigenvalue positivity sum(Re λ)/sum(|λ|) of each head's full OV circuit "
+    "(W_E W_V W_O W_U: +1 copies its input token) and QK circuit "
+    "(W_E W_Q W_K^T W_E^T: +1 attends to the same token); rows: layers, columns: "
+    "heads, hover for the value."
+)
+COMPOSITION_CAPTION = (
+    "Composition score of every earlier head (row) into every later head "
+    "(column) minus the mean of the random baseline above: blue pairs compose "
+    "more than random heads of the same shapes, red less; one colour scale for "
+    "the three kinds, grey where the pair is not earlier-to-later."
+)
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
@@ -205,38 +239,68 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     readout = ov_circuit(adapter, last, head).topk(READOUT_K, ids[:READOUT_ROWS])
     items: list[viz.Component | viz.Group] = [
         viz.text(result.composition.summary().replace("\n", " ")),
-        score_maps([result.copying.panel(), result.qk_positivity.panel()], SCORES_CAPTION,
-                   cell_px=22),
-        score_maps(result.composition.panels(), COMPOSITION_CAPTION, cell_px=6)]
+        score_maps(
+            [result.copying.panel(), result.qk_positivity.panel()], SCORES_CAPTION, cell_px=22
+        ),
+        score_maps(result.composition.panels(), COMPOSITION_CAPTION, cell_px=6),
+    ]
     if len(att) > 1:  # token-level evidence beside the Frobenius verdict (docs/math.md §4.4, §4.5)
         earlier = [(att[-2], h) for h in range(adapter.n_heads)]
         tokens = token_composition(adapter, "K", (last, head), earlier, rows=ids)
-        items.append(viz.text(
-            "Token-level evidence (the Frobenius score can miss a real circuit): the K-circuit "
-            f"of L{last}H{head} through every head of layer {att[-2]}, on the prompt's tokens: "
-            + tokens.summary()))
+        items.append(
+            viz.text(
+                "Token-level evidence (the Frobenius score can miss a real circuit): the K-circuit "
+                f"of L{last}H{head} through every head of layer {att[-2]}, on the prompt's tokens: "
+                + tokens.summary()
+            )
+        )
     shown = real[:REPORT_MAX_POSITIONS]
     circuit = prompt_circuit(adapter, adapter.tokenize(shown[None]), last, head)
     labels = [f"{k}:{viz.visible_token(t)}" for k, t in enumerate(circuit.tokens)]
     qk = circuit.qk.masked_fill(~circuit.allowed, float("nan")).numpy()
     cut = "" if len(shown) == len(real) else f" (the first {len(shown)} of {len(real)} tokens)"
-    items.append(score_maps(
-        [Panel(f"QK of L{last}H{head}", qk, labels, labels, "key", "query"),
-         Panel(f"OV of L{last}H{head}", circuit.ov.numpy(), labels, labels, "output token",
-               "source token")],
-        f"Per-prompt circuits of L{last}H{head} on the prompt's tokens{cut}: the QK score each "
-        "query gives each key from the tokens and positions alone (grey: not allowed), and the "
-        "logit of each prompt token that attending to each source writes (direct path).",
-        cell_px=8))
-    items += [viz.text(result.copying.verdict(last) + f" The OV read-out of L{last}H{head} for "
-                       "the prompt's tokens (direct effect on the logits, full vocabulary, "
-                       "streamed):"),
-              topk_table(readout.to_dataframe(), READOUT_ROWS,
-                         f"L{last}H{head}: for each prompt token (first {READOUT_ROWS} distinct), "
-                         f"the {READOUT_K} vocabulary tokens whose logits attending to it raises "
-                         "and lowers most, with the logit change.")]
-    page.add_section("QK and OV circuits", items, intro=(
-        "Weight-based circuits (Elhage et al. 2021), kept factored: no vocabulary x vocabulary "
-        "matrix is formed. " + " ".join([result.copying.notes[1], result.composition.notes[2],
-                                         *latent_notes(adapter, att)])),
-        math="docs/math.md §4")
+    items.append(
+        score_maps(
+            [
+                Panel(f"QK of L{last}H{head}", qk, labels, labels, "key", "query"),
+                Panel(
+                    f"OV of L{last}H{head}",
+                    circuit.ov.numpy(),
+                    labels,
+                    labels,
+                    "output token",
+                    "source token",
+                ),
+            ],
+            f"Per-prompt circuits of L{last}H{head} on the prompt's tokens{cut}: the QK score each "
+            "query gives each key from the tokens and positions alone (grey: not allowed), and the "
+            "logit of each prompt token that attending to each source writes (direct path).",
+            cell_px=8,
+        )
+    )
+    items += [
+        viz.text(
+            result.copying.verdict(last) + f" The OV read-out of L{last}H{head} for "
+            "the prompt's tokens (direct effect on the logits, full vocabulary, "
+            "streamed):"
+        ),
+        topk_table(
+            readout.to_dataframe(),
+            READOUT_ROWS,
+            f"L{last}H{head}: for each prompt token (first {READOUT_ROWS} distinct), "
+            f"the {READOUT_K} vocabulary tokens whose logits attending to it raises "
+            "and lowers most, with the logit change.",
+        ),
+    ]
+    page.add_section(
+        "QK and OV circuits",
+        items,
+        intro=(
+            "Weight-based circuits (Elhage et al. 2021), kept factored: no vocabulary x vocabulary "
+            "matrix is formed. "
+            + " ".join(
+                [result.copying.notes[1], result.composition.notes[2], *latent_notes(adapter, att)]
+            )
+        ),
+        math="docs/math.md §4",
+    )

@@ -29,9 +29,12 @@ CHANCE_SAMPLES = 200
 CHANCE_SEED = 0
 
 
-def positivity_baseline(spectrum: Float[Tensor, " n"], d_head: int,
-                        n_samples: int = CHANCE_SAMPLES, seed: int = CHANCE_SEED
-                        ) -> Float[Tensor, " n_samples"]:
+def positivity_baseline(
+    spectrum: Float[Tensor, " n"],
+    d_head: int,
+    n_samples: int = CHANCE_SAMPLES,
+    seed: int = CHANCE_SEED,
+) -> Float[Tensor, " n_samples"]:
     """Positivity of random heads reading the model's own embedding product ``G`` (``W_U E``
     for copying, ``E^T E`` for QK): the spectrum of ``B G A`` for independent standard normal
     ``A: [., d_head]``, ``B: [d_head, .]``. Rotating Gaussian factors leaves them Gaussian, so
@@ -74,14 +77,18 @@ class HeadScores:
 
     def score(self, layer: int, head: int) -> float:
         if layer not in self.layers:
-            raise TLDynamicsError(f"layer {layer} was not scored; scored layers: {list(self.layers)}")
+            raise TLDynamicsError(
+                f"layer {layer} was not scored; scored layers: {list(self.layers)}"
+            )
         return float(self.scores[self.layers.index(layer), head])
 
     def best(self, layer: int) -> int:
         """The head of ``layer`` with the highest score (whether or not it clears ``chance``:
         see ``beyond_chance``)."""
         if layer not in self.layers:
-            raise TLDynamicsError(f"layer {layer} was not scored; scored layers: {list(self.layers)}")
+            raise TLDynamicsError(
+                f"layer {layer} was not scored; scored layers: {list(self.layers)}"
+            )
         return int(self.scores[self.layers.index(layer)].argmax())
 
     def beyond_chance(self, layer: int, head: int) -> bool:
@@ -93,16 +100,25 @@ class HeadScores:
     def verdict(self, layer: int) -> str:
         """One sentence on the best head of ``layer``, naming it only if it clears chance."""
         head = self.best(layer)
-        value, does = self.score(layer, head), ("copies the token it attends to"
-                                                if self.kind == "OV copying"
-                                                else "attends to its own token")
+        value, does = (
+            self.score(layer, head),
+            (
+                "copies the token it attends to"
+                if self.kind == "OV copying"
+                else "attends to its own token"
+            ),
+        )
         if self.beyond_chance(layer, head):
-            return (f"L{layer}H{head} has the highest {self.kind} score in layer {layer} "
-                    f"({value:.3f}, above the chance level {self.chance:.3f}): it {does}.")
+            return (
+                f"L{layer}H{head} has the highest {self.kind} score in layer {layer} "
+                f"({value:.3f}, above the chance level {self.chance:.3f}): it {does}."
+            )
         if self.chance is None:
             return f"L{layer}H{head}: {self.kind} score {value:.3f} (no chance level computed)."
-        return (f"No head in layer {layer} {does}: the highest {self.kind} score is {value:.3f} "
-                f"(L{layer}H{head}), not above the chance level {self.chance:.3f} of random heads.")
+        return (
+            f"No head in layer {layer} {does}: the highest {self.kind} score is {value:.3f} "
+            f"(L{layer}H{head}), not above the chance level {self.chance:.3f} of random heads."
+        )
 
     def to_dataframe(self):
         import pandas as pd
@@ -111,9 +127,16 @@ class HeadScores:
         for i, layer in enumerate(self.layers):
             for head in range(self.scores.shape[1]):
                 lam = self.eigenvalues[i, head]
-                rows.append(dict(layer=layer, head=head, score=float(self.scores[i, head]),
-                                 trace=float(lam.real.sum()), abs_sum=float(lam.abs().sum()),
-                                 largest_abs_eigenvalue=float(lam.abs().max())))
+                rows.append(
+                    dict(
+                        layer=layer,
+                        head=head,
+                        score=float(self.scores[i, head]),
+                        trace=float(lam.real.sum()),
+                        abs_sum=float(lam.abs().sum()),
+                        largest_abs_eigenvalue=float(lam.abs().max()),
+                    )
+                )
         frame = pd.DataFrame(rows)
         frame.attrs.update(kind=self.kind, offset=self.offset)
         return frame
@@ -123,8 +146,15 @@ class HeadScores:
         return heatmaps([self.panel()], caption=f"{self.kind} per head: sum(Re λ)/sum(|λ|)")
 
     def panel(self) -> Panel:
-        return Panel(self.kind, self.scores.numpy(), [f"L{l}" for l in self.layers],
-                     [f"H{h}" for h in range(self.scores.shape[1])], "head", "layer", (-1.0, 1.0))
+        return Panel(
+            self.kind,
+            self.scores.numpy(),
+            [f"L{l}" for l in self.layers],
+            [f"H{h}" for h in range(self.scores.shape[1])],
+            "head",
+            "layer",
+            (-1.0, 1.0),
+        )
 
 
 def chance_level(gram: Tensor, d_head: int) -> float:
@@ -135,7 +165,11 @@ def chance_level(gram: Tensor, d_head: int) -> float:
 
 def _embedding(adapter, biases: bool) -> Tensor:
     E = adapter.W_E
-    return torch.cat([E, torch.ones(E.shape[0], 1, dtype=E.dtype, device=E.device)], dim=1) if biases else E
+    return (
+        torch.cat([E, torch.ones(E.shape[0], 1, dtype=E.dtype, device=E.device)], dim=1)
+        if biases
+        else E
+    )
 
 
 def _augmented(weight: Tensor, bias: Tensor, biases: bool) -> Tensor:
@@ -147,8 +181,9 @@ def _checked_layers(adapter, layers: int | Sequence[int] | None) -> list[int]:
     return adapter.check_attention_layers(layers)
 
 
-def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
-                   biases: bool = True, chance: bool = True) -> HeadScores:
+def copying_scores(
+    model: Any, layers: int | Sequence[int] | None = None, biases: bool = True, chance: bool = True
+) -> HeadScores:
     """OV copying score of every head: eigenvalue positivity of ``W_E W_V W_O W_U``.
 
     Computed from its ``d_head x d_head`` factor ``W_O (W_U W_E) W_V`` (no vocabulary-sized
@@ -175,9 +210,11 @@ def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
     layers = _checked_layers(adapter, layers)
     E = _embedding(adapter, biases)
     if adapter.W_U.shape[1] != E.shape[0]:
-        raise TLDynamicsError(f"the copying score needs the unembedding to cover the embedding's "
-                              f"vocabulary: W_E has {E.shape[0]} rows, W_U has "
-                              f"{adapter.W_U.shape[1]} columns")
+        raise TLDynamicsError(
+            f"the copying score needs the unembedding to cover the embedding's "
+            f"vocabulary: W_E has {E.shape[0]} rows, W_U has "
+            f"{adapter.W_U.shape[1]} columns"
+        )
     UE = adapter.W_U @ E  # [d_model, d_model (+1)]
     eig = []
     for layer in layers:
@@ -185,16 +222,31 @@ def copying_scores(model: Any, layers: int | Sequence[int] | None = None,
         B = adapter.W_O(layer) @ UE
         eig.append(FactoredMatrix(A, B).eigenvalues)
     eig = torch.stack(eig).cpu()
-    notes = (f"b_V {'included' if biases else 'left out'}; b_O, b_U and the final LayerNorm left out.",
-             norm_note(adapter), *latent_notes(adapter, layers, "OV"))
+    notes = (
+        f"b_V {'included' if biases else 'left out'}; b_O, b_U and the final LayerNorm left out.",
+        norm_note(adapter),
+        *latent_notes(adapter, layers, "OV"),
+    )
     width = adapter.W_V(layers[0]).shape[-1]  # d_head (the value width on latent attention)
-    return HeadScores("OV copying", tuple(layers), positivity(eig), eig, None, notes,
-                      adapter.info.architecture, chance_level(UE, width) if chance else None)
+    return HeadScores(
+        "OV copying",
+        tuple(layers),
+        positivity(eig),
+        eig,
+        None,
+        notes,
+        adapter.info.architecture,
+        chance_level(UE, width) if chance else None,
+    )
 
 
-def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
-                         offset: int | None = None, biases: bool = True,
-                         chance: bool = True) -> HeadScores:
+def qk_positivity_scores(
+    model: Any,
+    layers: int | Sequence[int] | None = None,
+    offset: int | None = None,
+    biases: bool = True,
+    chance: bool = True,
+) -> HeadScores:
     """Positivity of every head's full QK circuit ``W_E W_Q R_offset W_K^T W_E^T``.
 
     Computed from ``W_K^T (W_E^T W_E) W_Q R`` (rotary layers: at ``offset``, 0 by default); +1
@@ -237,7 +289,13 @@ def qk_positivity_scores(model: Any, layers: int | Sequence[int] | None = None,
         notes.append("q/k normalisation (qk_norm) is left out of the bilinear circuit.")
     notes += latent_notes(adapter, layers)
     width = adapter.W_Q(layers[0]).shape[-1]  # d_head (nope + rope on latent attention)
-    return HeadScores("QK positivity", tuple(layers), positivity(eig), eig, used, tuple(notes),
-                      adapter.info.architecture, chance_level(gram, width) if chance else None)
-
-
+    return HeadScores(
+        "QK positivity",
+        tuple(layers),
+        positivity(eig),
+        eig,
+        used,
+        tuple(notes),
+        adapter.info.architecture,
+        chance_level(gram, width) if chance else None,
+    )

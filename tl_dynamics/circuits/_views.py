@@ -35,12 +35,20 @@ def heatmaps(panels: Sequence[Panel], caption: str) -> viz.Component:
     height = max(min(5.5, 1.2 + 0.25 * len(p.row_labels)) for p in panels)
     from matplotlib.figure import Figure  # imported when drawn: importing the package stays light
 
-    fig = Figure(figsize=(sum(widths) + 0.8 * len(panels), height), layout="constrained")  # room for colour bars
+    fig = Figure(
+        figsize=(sum(widths) + 0.8 * len(panels), height), layout="constrained"
+    )  # room for colour bars
     axes = fig.subplots(1, len(panels), squeeze=False, gridspec_kw={"width_ratios": widths})
     for n, (ax, p) in enumerate(zip(axes[0], panels)):
         lo, hi = p.limits or symmetric_limits([p.values])
-        image = ax.imshow(np.ma.masked_invalid(p.values), cmap="RdBu_r", vmin=lo, vmax=hi,
-                          aspect="auto", interpolation="nearest")
+        image = ax.imshow(
+            np.ma.masked_invalid(p.values),
+            cmap="RdBu_r",
+            vmin=lo,
+            vmax=hi,
+            aspect="auto",
+            interpolation="nearest",
+        )
         ax.set_title(p.title, fontsize=8)
         for labels, set_ticks in ((p.col_labels, ax.set_xticks), (p.row_labels, ax.set_yticks)):
             step = max(1, -(-len(labels) // MAX_TICKS))
@@ -76,10 +84,21 @@ def score_maps(panels: Sequence[Panel], caption: str, cell_px: int = 16) -> viz.
     maps = []
     for p in panels:
         lo, hi = p.limits or symmetric_limits([p.values])
-        maps.append(viz.heatmap(np.asarray(p.values, dtype=np.float32), list(p.row_labels),
-                                list(p.col_labels), title=p.title, row_title=p.ylabel or "row",
-                                col_title=p.xlabel or "column", value_name=p.title,
-                                min_value=lo, max_value=hi, cmap="rdbu", cell_px=cell_px))
+        maps.append(
+            viz.heatmap(
+                np.asarray(p.values, dtype=np.float32),
+                list(p.row_labels),
+                list(p.col_labels),
+                title=p.title,
+                row_title=p.ylabel or "row",
+                col_title=p.xlabel or "column",
+                value_name=p.title,
+                min_value=lo,
+                max_value=hi,
+                cmap="rdbu",
+                cell_px=cell_px,
+            )
+        )
     return viz.group(*maps, caption=caption, row=True)
 
 
@@ -100,10 +119,18 @@ def topk_table(frame, rows: int, caption: str) -> viz.Component:
     for _, part in frame.groupby("row", sort=False):
         if len(lines) == rows:
             break
-        cells = {side: ", ".join(f"{viz.visible_token(c)} ({v:+.2g})" for c, v in
-                                 zip(group["col_label"], group["value"]))
-                 for side, group in part.sort_values("rank").groupby("side")}
-        lines.append({"token": viz.visible_token(part["row_label"].iloc[0]),
-                      "raises most (logit)": cells.get("top", ""),
-                      "lowers most (logit)": cells.get("bottom", "")})
+        cells = {
+            side: ", ".join(
+                f"{viz.visible_token(c)} ({v:+.2g})"
+                for c, v in zip(group["col_label"], group["value"])
+            )
+            for side, group in part.sort_values("rank").groupby("side")
+        }
+        lines.append(
+            {
+                "token": viz.visible_token(part["row_label"].iloc[0]),
+                "raises most (logit)": cells.get("top", ""),
+                "lowers most (logit)": cells.get("bottom", ""),
+            }
+        )
     return viz.table(pd.DataFrame(lines), caption=caption, max_rows=rows)

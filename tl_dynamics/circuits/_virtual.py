@@ -28,8 +28,16 @@ from transformer_lens import FactoredMatrix
 from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits import _topk
-from tl_dynamics.circuits._build import (checked_head, keys, latent_notes, norm_note, qk_notes,
-                                         queries, rotation, values)
+from tl_dynamics.circuits._build import (
+    checked_head,
+    keys,
+    latent_notes,
+    norm_note,
+    qk_notes,
+    queries,
+    rotation,
+    values,
+)
 from tl_dynamics.circuits._circuit import Circuit
 from tl_dynamics.circuits._labels import labels, vocabulary
 from tl_dynamics.errors import TLDynamicsError
@@ -37,7 +45,9 @@ from tl_dynamics.errors import TLDynamicsError
 PATHS = ("K", "Q", "V")
 
 
-def _earlier(adapter, earlier: Sequence[tuple[int, int]], later_layer: int) -> tuple[tuple[int, int], ...]:
+def _earlier(
+    adapter, earlier: Sequence[tuple[int, int]], later_layer: int
+) -> tuple[tuple[int, int], ...]:
     if not earlier:
         raise TLDynamicsError("earlier must name at least one (layer, head) before the later head")
     out = []
@@ -46,22 +56,31 @@ def _earlier(adapter, earlier: Sequence[tuple[int, int]], later_layer: int) -> t
             raise TLDynamicsError(f"earlier heads must be (layer, head) pairs, got {item!r}")
         layer, head = checked_head(adapter, int(item[0]), int(item[1]))
         if layer >= later_layer:
-            raise TLDynamicsError(f"earlier head L{layer}H{head} is not before the later head's "
-                                  f"layer {later_layer} (valid earlier layers: 0..{later_layer - 1})")
+            raise TLDynamicsError(
+                f"earlier head L{layer}H{head} is not before the later head's "
+                f"layer {later_layer} (valid earlier layers: 0..{later_layer - 1})"
+            )
         out.append((layer, head))
     return tuple(out)
 
 
 def _through(adapter, earlier, rows: Tensor, into: Tensor, biases: bool) -> Tensor:
     """``sum_h1 (rows W_V1 + b_V1) W_O1 @ into`` for ``into`` ``[d_model, d_head2]``."""
-    terms = (values(adapter, layer, head, rows, biases) @ (adapter.W_O(layer)[head] @ into)
-             for layer, head in earlier)
+    terms = (
+        values(adapter, layer, head, rows, biases) @ (adapter.W_O(layer)[head] @ into)
+        for layer, head in earlier
+    )
     return functools.reduce(operator.add, terms)  # earlier is never empty (_earlier)
 
 
-def composition_circuit(model: Any, path: str, later: tuple[int, int],
-                        earlier: Sequence[tuple[int, int]], biases: bool = True,
-                        offset: int | None = None) -> Circuit:
+def composition_circuit(
+    model: Any,
+    path: str,
+    later: tuple[int, int],
+    earlier: Sequence[tuple[int, int]],
+    biases: bool = True,
+    offset: int | None = None,
+) -> Circuit:
     """The token x token circuit of ``later`` with one side read through ``earlier`` heads.
 
     ``path="K"``: rows are query tokens, columns the token the earlier heads moved into the key
@@ -88,12 +107,25 @@ def composition_circuit(model: Any, path: str, later: tuple[int, int],
         if biases:
             A = A + adapter.b_V(layer)[head]
         B = adapter.W_O(layer)[head] @ adapter.W_U
-        notes = [f"b_V of every head {'included' if biases else 'left out'}; b_O, b_U and the "
-                 "final LayerNorm left out.", norm_note(adapter),
-                 *latent_notes(adapter, [layer, *(l for l, _ in via)], "OV")]
-        return Circuit("V-composition OV", layer, head, FactoredMatrix(A, B), "token",
-                       "output token", None, tuple(notes), adapter.info.architecture, via,
-                       vocabulary(adapter))
+        notes = [
+            f"b_V of every head {'included' if biases else 'left out'}; b_O, b_U and the "
+            "final LayerNorm left out.",
+            norm_note(adapter),
+            *latent_notes(adapter, [layer, *(l for l, _ in via)], "OV"),
+        ]
+        return Circuit(
+            "V-composition OV",
+            layer,
+            head,
+            FactoredMatrix(A, B),
+            "token",
+            "output token",
+            None,
+            tuple(notes),
+            adapter.info.architecture,
+            via,
+            vocabulary(adapter),
+        )
     rot, offset = rotation(adapter, layer, offset)
     spec = adapter.specs[layer]
     if path == "K":
@@ -106,10 +138,23 @@ def composition_circuit(model: Any, path: str, later: tuple[int, int],
         A = q * spec.scale if rot is None else (q * spec.scale) @ rot
         B = keys(adapter, layer, head, E, biases)
     notes = qk_notes(adapter, layer, biases, offset)
-    notes.append(f"Earlier heads {', '.join(f'L{l}H{h}' for l, h in via)} are each taken to "
-                 "attend fully to the moved token; b_V included with the biases, b_O left out.")
-    return Circuit(f"{path}-composition QK", layer, head, FactoredMatrix(A, B.T), "token", "token",
-                   offset, tuple(notes), adapter.info.architecture, via, vocabulary(adapter))
+    notes.append(
+        f"Earlier heads {', '.join(f'L{l}H{h}' for l, h in via)} are each taken to "
+        "attend fully to the moved token; b_V included with the biases, b_O left out."
+    )
+    return Circuit(
+        f"{path}-composition QK",
+        layer,
+        head,
+        FactoredMatrix(A, B.T),
+        "token",
+        "token",
+        offset,
+        tuple(notes),
+        adapter.info.architecture,
+        via,
+        vocabulary(adapter),
+    )
 
 
 @dataclass(frozen=True)
@@ -124,31 +169,50 @@ class TokenComposition:
     chance: float
 
     def __repr__(self) -> str:
-        return (f"TokenComposition({self.circuit.name}: own match best for "
-                f"{self.fraction:.1%} of {len(self.rows)} tokens, chance {self.chance:.1%})")
+        return (
+            f"TokenComposition({self.circuit.name}: own match best for "
+            f"{self.fraction:.1%} of {len(self.rows)} tokens, chance {self.chance:.1%})"
+        )
 
     def summary(self) -> str:
         side = {"K": "key", "Q": "query-side token", "V": "output"}[self.path]
-        return (f"{self.circuit.name}: for {self.fraction:.1%} of {len(self.rows)} tokens the best "
-                f"{side} is the token's own match (chance: {self.chance:.1%}).")
+        return (
+            f"{self.circuit.name}: for {self.fraction:.1%} of {len(self.rows)} tokens the best "
+            f"{side} is the token's own match (chance: {self.chance:.1%})."
+        )
 
     def to_dataframe(self):
         import pandas as pd
 
         vocab = self.circuit.vocab
-        return pd.DataFrame(dict(token=self.rows.numpy(), token_label=labels("token", self.rows, vocab),
-                                 best=self.best.numpy(), best_label=labels("token", self.best, vocab),
-                                 own=(self.best == self.rows).numpy()))
+        return pd.DataFrame(
+            dict(
+                token=self.rows.numpy(),
+                token_label=labels("token", self.rows, vocab),
+                best=self.best.numpy(),
+                best_label=labels("token", self.best, vocab),
+                own=(self.best == self.rows).numpy(),
+            )
+        )
 
     def show(self, rows: int = 20) -> viz.Group:
         """The verdict and the top-k view of the first ``rows`` tokens."""
-        return viz.group(viz.text(self.summary()), self.circuit.topk(7, self.rows[:rows]).show(),
-                         caption=self.circuit.name)
+        return viz.group(
+            viz.text(self.summary()),
+            self.circuit.topk(7, self.rows[:rows]).show(),
+            caption=self.circuit.name,
+        )
 
 
-def token_composition(model: Any, path: str, later: tuple[int, int],
-                      earlier: Sequence[tuple[int, int]], rows: Sequence[int] | Tensor | None = None,
-                      biases: bool = True, offset: int | None = None) -> TokenComposition:
+def token_composition(
+    model: Any,
+    path: str,
+    later: tuple[int, int],
+    earlier: Sequence[tuple[int, int]],
+    rows: Sequence[int] | Tensor | None = None,
+    biases: bool = True,
+    offset: int | None = None,
+) -> TokenComposition:
     """How often a token-level composition circuit picks each token's own match.
 
     The token x token circuit of ``later`` with one side read through the ``earlier`` heads
@@ -180,4 +244,6 @@ def token_composition(model: Any, path: str, later: tuple[int, int],
     """
     circuit = composition_circuit(model, path, later, earlier, biases, offset)
     fraction, best, ids = _topk.own_best_fraction(circuit.matrix, rows)
-    return TokenComposition(path, circuit, ids.cpu(), best.cpu(), fraction, 1.0 / circuit.matrix.rdim)
+    return TokenComposition(
+        path, circuit, ids.cpu(), best.cpu(), fraction, 1.0 / circuit.matrix.rdim
+    )

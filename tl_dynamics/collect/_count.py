@@ -24,11 +24,33 @@ from torch.utils._pytree import tree_flatten
 from tl_dynamics.collect._policy import planned_as
 
 # Reads of a tensor's values on the host (a wait for the device when it lives there).
-READS = frozenset({"item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__",
-                   "__array__", "equal", "allclose", "is_nonzero"})
+READS = frozenset(
+    {
+        "item",
+        "tolist",
+        "cpu",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__array__",
+        "equal",
+        "allclose",
+        "is_nonzero",
+    }
+)
 # Ops whose output size depends on the data: the host waits to learn it.
-DATA_DEPENDENT = frozenset({"nonzero", "argwhere", "unique", "unique_consecutive",
-                            "masked_select", "bincount", "repeat_interleave"})
+DATA_DEPENDENT = frozenset(
+    {
+        "nonzero",
+        "argwhere",
+        "unique",
+        "unique_consecutive",
+        "masked_select",
+        "bincount",
+        "repeat_interleave",
+    }
+)
 
 
 class _HostSet:
@@ -67,8 +89,11 @@ class _Ops(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         # computed from host data only (0-dim inputs are Python scalars lifted to tensors,
         # which live on the host on every device): no launch, and its output is host data
-        inputs = [t for t in tree_flatten((args, kwargs or {}))[0]
-                  if isinstance(t, torch.Tensor) and t.dim() > 0]
+        inputs = [
+            t
+            for t in tree_flatten((args, kwargs or {}))[0]
+            if isinstance(t, torch.Tensor) and t.dim() > 0
+        ]
         if inputs and all(t in self.host for t in inputs):
             self.count.host_ops += 1
             for t in tree_flatten(out)[0]:

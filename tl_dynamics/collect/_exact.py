@@ -80,7 +80,7 @@ def _aligned(parts: Sequence["ExactSum"]) -> tuple[int, list[np.ndarray]]:
     out = []
     for s, p in zip(shifts, parts):
         full = np.zeros((n,) + p.limbs.shape[1:], dtype=np.int64)
-        full[s:s + p.limbs.shape[0]] = p.limbs
+        full[s : s + p.limbs.shape[0]] = p.limbs
         out.append(full)
     return exponent, out
 
@@ -112,15 +112,16 @@ class ExactSum:
     def of(values: Tensor | np.ndarray) -> "ExactSum":
         """Exact representation of ``values`` (converted to float64 first)."""
         if isinstance(values, Tensor):
-            values = (values.detach() if values.requires_grad else values)
+            values = values.detach() if values.requires_grad else values
             values = values.to(torch.float64).cpu().numpy()
         x = np.asarray(values, dtype=np.float64)
         shape, flat = tuple(x.shape), x.reshape(-1)
         finite = np.isfinite(flat)
         special = None
         if not finite.all():
-            special = np.where(finite, 0, np.where(np.isnan(flat), 3,
-                                                   np.where(flat > 0, 1, 2))).astype(np.uint8)
+            special = np.where(
+                finite, 0, np.where(np.isnan(flat), 3, np.where(flat > 0, 1, 2))
+            ).astype(np.uint8)
             special = special.reshape(shape)
             flat = np.where(finite, flat, 0.0)
         frac, ex = np.frexp(flat)
@@ -172,14 +173,17 @@ class ExactSum:
         exponent, acc = _canonical(exponent, acc)
         special = None
         if any(p.special is not None for p in parts):
-            special = np.stack([np.zeros(p.shape, np.uint8) if p.special is None else p.special
-                                for p in parts])
+            special = np.stack(
+                [np.zeros(p.shape, np.uint8) if p.special is None else p.special for p in parts]
+            )
         return ExactSum((len(parts),) + parts[0].shape, exponent, acc, special)
 
     def __add__(self, other: "ExactSum") -> "ExactSum":
         if not isinstance(other, ExactSum) or self.shape != other.shape:
-            raise TLDynamicsError(f"cannot add exact sums of shapes {self.shape} and "
-                                  f"{getattr(other, 'shape', type(other).__name__)}")
+            raise TLDynamicsError(
+                f"cannot add exact sums of shapes {self.shape} and "
+                f"{getattr(other, 'shape', type(other).__name__)}"
+            )
         return ExactSum.total([self, other])
 
     def __getitem__(self, index: int | slice | EllipsisType | tuple) -> "ExactSum":
@@ -197,16 +201,24 @@ class ExactSum:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ExactSum):
             return NotImplemented
-        return (self.shape == other.shape and self.exponent == other.exponent
-                and np.array_equal(self.limbs, other.limbs)
-                and (self.special is None) == (other.special is None)
-                and (self.special is None or other.special is None
-                     or np.array_equal(self.special, other.special)))
+        return (
+            self.shape == other.shape
+            and self.exponent == other.exponent
+            and np.array_equal(self.limbs, other.limbs)
+            and (self.special is None) == (other.special is None)
+            and (
+                self.special is None
+                or other.special is None
+                or np.array_equal(self.special, other.special)
+            )
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ExactSum(shape={self.shape}, limbs={self.limbs.shape[0]}, exponent={self.exponent})"
+        return (
+            f"ExactSum(shape={self.shape}, limbs={self.limbs.shape[0]}, exponent={self.exponent})"
+        )
 
     def value(self) -> np.ndarray:
         """The sums, each correctly rounded to float64 (beyond the float range: +-inf)."""
@@ -223,15 +235,21 @@ class ExactSum:
             for i in range(flat.shape[0] - 2, -1, -1):
                 ints = (ints << _BITS) + flat[i, slow].astype(object)
             try:
-                scaled = ints * (1 << self.exponent) if self.exponent >= 0 else \
-                    ints / (1 << -self.exponent)  # int / int: correctly rounded
+                scaled = (
+                    ints * (1 << self.exponent)
+                    if self.exponent >= 0
+                    else ints / (1 << -self.exponent)
+                )  # int / int: correctly rounded
                 out[slow] = np.asarray(scaled, dtype=object).astype(np.float64)
             except OverflowError:
                 out[slow] = [_round(int(v), self.exponent) for v in ints]
         out = out.reshape(self.shape)
         if self.special is not None:
-            out = np.where(self.special == 1, np.inf, np.where(
-                self.special == 2, -np.inf, np.where(self.special == 3, np.nan, out)))
+            out = np.where(
+                self.special == 1,
+                np.inf,
+                np.where(self.special == 2, -np.inf, np.where(self.special == 3, np.nan, out)),
+            )
         return out
 
     # ------------------------------------------------------------------ storage
@@ -246,13 +264,26 @@ class ExactSum:
     def from_arrays(arrays: dict[str, np.ndarray], what: str = "exact sum") -> "ExactSum":
         """Read ``arrays()`` back, refusing anything that is not a canonical exact sum."""
         limbs, exponent = arrays.get("limbs"), arrays.get("exponent")
-        if limbs is None or exponent is None or limbs.dtype != np.int64 or limbs.ndim < 1 \
-                or exponent.shape != (1,) or exponent.dtype != np.int64 or limbs.shape[0] < 1:
-            raise TLDynamicsError(f"{what}: not an exact sum (needs int64 limbs [n, ...] and a "
-                                  "one-element int64 exponent)")
+        if (
+            limbs is None
+            or exponent is None
+            or limbs.dtype != np.int64
+            or limbs.ndim < 1
+            or exponent.shape != (1,)
+            or exponent.dtype != np.int64
+            or limbs.shape[0] < 1
+        ):
+            raise TLDynamicsError(
+                f"{what}: not an exact sum (needs int64 limbs [n, ...] and a "
+                "one-element int64 exponent)"
+            )
         special = arrays.get("special")
-        if special is not None and (special.dtype != np.uint8 or special.shape != limbs.shape[1:]
-                                    or special.max(initial=0) > 3 or not special.any()):
+        if special is not None and (
+            special.dtype != np.uint8
+            or special.shape != limbs.shape[1:]
+            or special.max(initial=0) > 3
+            or not special.any()
+        ):
             raise TLDynamicsError(f"{what}: corrupt special-value flags")
         out = ExactSum(tuple(limbs.shape[1:]), int(exponent[0]), np.array(limbs), special)
         if out.exponent % _BITS or out != out[...]:

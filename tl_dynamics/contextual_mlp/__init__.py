@@ -11,5 +11,12 @@ from tl_dynamics.contextual_mlp._mlp import ContextualMLP
 from tl_dynamics.contextual_mlp._mlps import ContextualMLPs
 from tl_dynamics.contextual_mlp._report import report_section
 
-__all__ = ["ContextualMLP", "ContextualMLPs", "attach", "compute", "compute_rows",
-           "generate_growth", "report_section"]
+__all__ = [
+    "ContextualMLP",
+    "ContextualMLPs",
+    "attach",
+    "compute",
+    "compute_rows",
+    "generate_growth",
+    "report_section",
+]

@@ -23,10 +23,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 
-def incoming_weights(W_Q: Float[Tensor, "d_model d_head"], b_Q: Float[Tensor, " d_head"],
-                     keys: Float[Tensor, "src d_head"], scale: float,
-                     bias: Float[Tensor, " src"] | None = None
-                     ) -> tuple[Float[Tensor, "src d_model"], Float[Tensor, " src"]]:
+def incoming_weights(
+    W_Q: Float[Tensor, "d_model d_head"],
+    b_Q: Float[Tensor, " d_head"],
+    keys: Float[Tensor, "src d_head"],
+    scale: float,
+    bias: Float[Tensor, " src"] | None = None,
+) -> tuple[Float[Tensor, "src d_model"], Float[Tensor, " src"]]:
     """Incoming weights ``b_i = c W_Q k_i'`` and biases ``c_i = c <b_Q, k_i'> + p_i``.
 
     ``keys`` are already in the query's frame. Example:
@@ -40,8 +43,12 @@ def incoming_weights(W_Q: Float[Tensor, "d_model d_head"], b_Q: Float[Tensor, " 
     return b, c if bias is None else c + bias
 
 
-def preactivations(queries: Float[Tensor, "n d_head"], keys: Float[Tensor, "src d_head"],
-                   scale: float, bias: Float[Tensor, " src"] | None = None) -> Float[Tensor, "n src"]:
+def preactivations(
+    queries: Float[Tensor, "n d_head"],
+    keys: Float[Tensor, "src d_head"],
+    scale: float,
+    bias: Float[Tensor, " src"] | None = None,
+) -> Float[Tensor, "n src"]:
     """``b_i . x + c_i`` for queries ``x W_Q + b_Q`` (unrotated) and keys in the query's frame."""
     pre = scale * queries @ keys.T
     return pre if bias is None else pre + bias
@@ -52,8 +59,9 @@ def activate(pre: Float[Tensor, "n src"], softcap: float | None) -> Float[Tensor
     return pre if softcap is None else softcap * torch.tanh(pre / softcap)
 
 
-def hidden(pre: Float[Tensor, "n src"], softcap: float | None,
-           sink: float | None = None) -> Float[Tensor, "n src"]:
+def hidden(
+    pre: Float[Tensor, "n src"], softcap: float | None, sink: float | None = None
+) -> Float[Tensor, "n src"]:
     """Normalised hidden activations ``act(u_i) / sum_j act(u_j)`` (a softmax of the capped u).
     With a learned ``sink`` logit the sink neuron joins the normalisation (``with_sink``)."""
     if sink is None:
@@ -61,8 +69,9 @@ def hidden(pre: Float[Tensor, "n src"], softcap: float | None,
     return with_sink(pre, softcap, sink)[..., :-1]
 
 
-def with_sink(pre: Float[Tensor, "n src"], softcap: float | None,
-              sink: float) -> Float[Tensor, "n src_plus_1"]:
+def with_sink(
+    pre: Float[Tensor, "n src"], softcap: float | None, sink: float
+) -> Float[Tensor, "n src_plus_1"]:
     """The activations of the source neurons and, last, of the learned-sink neuron: its
     pre-activation is the sink logit itself (no incoming weight, not soft-capped, as the model
     adds it after the cap) and its outgoing weight is zero (docs/math.md §3.7).
@@ -76,21 +85,27 @@ def with_sink(pre: Float[Tensor, "n src"], softcap: float | None,
     return torch.softmax(torch.cat([act, column], dim=-1), dim=-1)
 
 
-def output(activations: Float[Tensor, "n src"], outgoing: Float[Tensor, "src d_model"]
-           ) -> Float[Tensor, "n d_model"]:
+def output(
+    activations: Float[Tensor, "n src"], outgoing: Float[Tensor, "src d_model"]
+) -> Float[Tensor, "n d_model"]:
     """``g(x) = sum_i a_i h_i(x)``."""
     return activations @ outgoing
 
 
-def importance(activations: Float[Tensor, "... src"], outgoing: Float[Tensor, "src d_model"]
-               ) -> Float[Tensor, "... src"]:
+def importance(
+    activations: Float[Tensor, "... src"], outgoing: Float[Tensor, "src d_model"]
+) -> Float[Tensor, "... src"]:
     """Neuron importance ``h_i |a_i|``: how much of the output's length neuron ``i`` can carry."""
     return activations * outgoing.norm(dim=-1)
 
 
-def naive_mlp(x: Float[Tensor, " d_model"], a: Float[Tensor, "src d_model"],
-              b: Float[Tensor, "src d_model"], c: Float[Tensor, " src"],
-              softcap: float | None = None) -> tuple[Tensor, Tensor]:
+def naive_mlp(
+    x: Float[Tensor, " d_model"],
+    a: Float[Tensor, "src d_model"],
+    b: Float[Tensor, "src d_model"],
+    c: Float[Tensor, " src"],
+    softcap: float | None = None,
+) -> tuple[Tensor, Tensor]:
     """Reference evaluation, one neuron at a time (for tests and teaching; slow).
 
     Returns ``(g(x) [d_model], activations [src])``.

@@ -28,8 +28,11 @@ KEY = "tl_dynamics.contextual_mlp"
 _PICKLE_MAGIC = (b"PK\x03\x04", b"\x80")  # torch.save zip archives and raw pickles
 
 
-_CLASSES: dict[str, type] = {"RotaryFrame": RotaryFrame, "Rotation": Rotation,
-                             "QueryNorm": QueryNorm}
+_CLASSES: dict[str, type] = {
+    "RotaryFrame": RotaryFrame,
+    "Rotation": Rotation,
+    "QueryNorm": QueryNorm,
+}
 
 
 def _classes() -> dict[str, type]:
@@ -47,9 +50,13 @@ def _encode(value: Any, name: str, tensors: dict[str, Tensor]) -> Any:
         tensors[name] = value.detach().cpu().contiguous()
         return {"tensor": name}
     if is_dataclass(value) and type(value).__name__ in _classes():
-        return {"type": type(value).__name__,
-                "fields": {f.name: _encode(getattr(value, f.name), f"{name}.{f.name}", tensors)
-                           for f in fields(value)}}
+        return {
+            "type": type(value).__name__,
+            "fields": {
+                f.name: _encode(getattr(value, f.name), f"{name}.{f.name}", tensors)
+                for f in fields(value)
+            },
+        }
     if isinstance(value, (tuple, list)):
         return {"tuple": [_encode(v, f"{name}.{i}", tensors) for i, v in enumerate(value)]}
     if value is None or isinstance(value, (bool, int, str)):
@@ -77,9 +84,17 @@ def _decode(node: Any, tensors: dict[str, Tensor], what: str) -> Any:
         return tensors[node["tensor"]]
     if isinstance(node, dict) and set(node) == {"tuple"} and isinstance(node["tuple"], list):
         return tuple(_decode(v, tensors, what) for v in node["tuple"])
-    if isinstance(node, dict) and set(node) == {"float"} and node["float"] in ("inf", "-inf", "nan"):
+    if (
+        isinstance(node, dict)
+        and set(node) == {"float"}
+        and node["float"] in ("inf", "-inf", "nan")
+    ):
         return float(node["float"])
-    if isinstance(node, dict) and set(node) == {"type", "fields"} and isinstance(node["fields"], dict):
+    if (
+        isinstance(node, dict)
+        and set(node) == {"type", "fields"}
+        and isinstance(node["fields"], dict)
+    ):
         cls = _classes().get(node["type"])
         if cls is None:
             raise TLDynamicsError(f"{what}: unknown type {node['type']!r}")
@@ -109,21 +124,26 @@ def load(path: str | os.PathLike, save_format: str) -> Any:
         blob = json.loads(meta[KEY])
     except Exception:  # not safetensors, or no description: not ours
         if head.startswith(_PICKLE_MAGIC):
-            raise TLDynamicsError(f"{what} is not a saved ContextualMLP (expected format "
-                                  f"{save_format!r}): it is a pickle (torch.save), an old or "
-                                  "foreign format that is never unpickled because unpickling "
-                                  "runs code; compute the MLP again and save it") from None
-        raise TLDynamicsError(f"{what} is not a saved ContextualMLP (expected format "
-                              f"{save_format!r})") from None
+            raise TLDynamicsError(
+                f"{what} is not a saved ContextualMLP (expected format "
+                f"{save_format!r}): it is a pickle (torch.save), an old or "
+                "foreign format that is never unpickled because unpickling "
+                "runs code; compute the MLP again and save it"
+            ) from None
+        raise TLDynamicsError(
+            f"{what} is not a saved ContextualMLP (expected format {save_format!r})"
+        ) from None
     if not isinstance(blob, dict) or blob.get("format") != save_format:
         got = blob.get("format") if isinstance(blob, dict) else None
-        raise TLDynamicsError(f"{what} is not a saved ContextualMLP (expected format "
-                              f"{save_format!r}, got {got!r})")
+        raise TLDynamicsError(
+            f"{what} is not a saved ContextualMLP (expected format {save_format!r}, got {got!r})"
+        )
     try:
         out = _decode(blob.get("tree"), tensors, what)
     except RecursionError:
-        raise TLDynamicsError(f"{what}: malformed ContextualMLP description (nested too "
-                              "deeply)") from None
+        raise TLDynamicsError(
+            f"{what}: malformed ContextualMLP description (nested too deeply)"
+        ) from None
     if type(out).__name__ != "ContextualMLP":
         raise TLDynamicsError(f"{what} is not a saved ContextualMLP")
     return out

@@ -77,7 +77,9 @@ class RotaryFrame:
             return x
         return self.rotation.rotate(x, self._positions()[: x.shape[0]].to(x.device))
 
-    def to_query_frame(self, keys: Float[Tensor, "src d_head"], position: int) -> Float[Tensor, "src d_head"]:
+    def to_query_frame(
+        self, keys: Float[Tensor, "src d_head"], position: int
+    ) -> Float[Tensor, "src d_head"]:
         """``k R_T^T`` for every row of ``keys``: scored keys seen from query position ``T``."""
         if self.rotation is None:
             return keys
@@ -88,13 +90,20 @@ class RotaryFrame:
 def check_inputs(adapter: ModelAdapter, la: LayerAttention) -> None:
     """Raise unless ``la`` holds the attention input ``x`` the contextual MLP is built from."""
     if "x" not in la.reference:
-        raise TLDynamicsError(f"layer {la.layer}: the attention input x was not captured; capture "
-                              "with inputs=True (adapter.attention(..., inputs=True))")
+        raise TLDynamicsError(
+            f"layer {la.layer}: the attention input x was not captured; capture "
+            "with inputs=True (adapter.attention(..., inputs=True))"
+        )
 
 
-def build_frames(adapter: ModelAdapter, la: LayerAttention, key_valid: Bool[Tensor, "batch pos"],
-                 rotation: Rotation | None = None, *,
-                 rows: Sequence[int] | None = None) -> list[RotaryFrame]:
+def build_frames(
+    adapter: ModelAdapter,
+    la: LayerAttention,
+    key_valid: Bool[Tensor, "batch pos"],
+    rotation: Rotation | None = None,
+    *,
+    rows: Sequence[int] | None = None,
+) -> list[RotaryFrame]:
     """One verified ``RotaryFrame`` per batch row of ``la`` (captured with ``inputs=True``).
 
     ``rotation`` defaults to the layer's own (``adapter.rotation``), at the position ids the
@@ -109,8 +118,10 @@ def build_frames(adapter: ModelAdapter, la: LayerAttention, key_valid: Bool[Tens
     rotation = adapter.rotation(la.layer) if rotation is None else rotation
     key_valid = key_valid.to(la.q.device)
     positions = adapter.positions(key_valid)
-    frames = [RotaryFrame(rotation, None if rotation is None else positions[row].cpu())
-              for row in range(la.q.shape[0])]
+    frames = [
+        RotaryFrame(rotation, None if rotation is None else positions[row].cpu())
+        for row in range(la.q.shape[0])
+    ]
     pick = slice(None) if rows is None else list(rows)
     key_valid, positions, q = key_valid[pick], positions[pick], la.q[pick]
     if not key_valid.any():
@@ -132,7 +143,8 @@ def build_frames(adapter: ModelAdapter, la: LayerAttention, key_valid: Bool[Tens
             f"{what} from the layer input (max error {err:.3g} > {tolerance:.3g} x {scale:.3g} "
             f"allowed for {adapter.dtype}, rotation "
             f"{'none' if rotation is None else rotation.layout}); the contextual-MLP weights "
-            "would be wrong here")
+            "would be wrong here"
+        )
     return frames
 
 
@@ -140,8 +152,12 @@ def build_frames(adapter: ModelAdapter, la: LayerAttention, key_valid: Bool[Tens
 CHECK_DIRECTIONS = 4
 
 
-def _projected_error(adapter: ModelAdapter, layer: int, x: Float[Tensor, "batch pos d_model"],
-                     q: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "batch pos"]:
+def _projected_error(
+    adapter: ModelAdapter,
+    layer: int,
+    x: Float[Tensor, "batch pos d_model"],
+    q: Float[Tensor, "batch pos head d_head"],
+) -> Float[Tensor, "batch pos"]:
     """Largest ``|(x W_Q + b_Q - q) . r|`` over ``CHECK_DIRECTIONS`` fixed random unit ``r`` per
     head: the frame check of a query linear in ``x`` (no rotary, no qk-norm) for
     ``d_model x CHECK_DIRECTIONS`` rather than ``d_model x d_head`` per head and token (at
@@ -158,5 +174,6 @@ def _projected_error(adapter: ModelAdapter, layer: int, x: Float[Tensor, "batch 
     r = (r / r.norm(dim=1, keepdim=True)).to(q.device)
     w = torch.einsum("hmd,hdk->mhk", adapter.W_Q(layer).float(), r)  # [d_model, head, k]
     lin = torch.einsum("bpm,mhk->bphk", x.float(), w) + torch.einsum(
-        "hd,hdk->hk", adapter.b_Q(layer).float(), r)
+        "hd,hdk->hk", adapter.b_Q(layer).float(), r
+    )
     return (lin - torch.einsum("bphd,hdk->bphk", q, r)).abs().amax(dim=(-2, -1))

@@ -48,29 +48,46 @@ class Growth:
     winners: Int[Tensor, " step"]
 
     def to_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame({
-            "position": list(self.positions),
-            "token": [self.str_tokens[p] for p in self.positions],
-            "n_neurons": self.n_neurons.tolist(), "n_new": self.n_new.tolist(),
-            "new_attention": self.new_attention.tolist(),
-            "new_importance_share": self.new_importance_share.tolist(),
-            "new_output_share": self.new_output_share.tolist(),
-            "winner": self.winners.tolist(),
-            "winner_token": [self.str_tokens[w] for w in self.winners.tolist()]})
+        return pd.DataFrame(
+            {
+                "position": list(self.positions),
+                "token": [self.str_tokens[p] for p in self.positions],
+                "n_neurons": self.n_neurons.tolist(),
+                "n_new": self.n_new.tolist(),
+                "new_attention": self.new_attention.tolist(),
+                "new_importance_share": self.new_importance_share.tolist(),
+                "new_output_share": self.new_output_share.tolist(),
+                "winner": self.winners.tolist(),
+                "winner_token": [self.str_tokens[w] for w in self.winners.tolist()],
+            }
+        )
 
     def show(self) -> viz.Component:
         """The text, each destination (generation step) coloured by the new neurons' shares and
         the neuron count (``colored_tokens_multi``: pick the value to colour by)."""
         values = torch.zeros(len(self.str_tokens), 4)
         rows = torch.tensor(self.positions)
-        values[rows] = torch.stack([self.new_attention, self.new_importance_share,
-                                    self.new_output_share, self.n_neurons.float()], dim=-1)
+        values[rows] = torch.stack(
+            [
+                self.new_attention,
+                self.new_importance_share,
+                self.new_output_share,
+                self.n_neurons.float(),
+            ],
+            dim=-1,
+        )
         return viz.colored_tokens_multi(
-            list(self.str_tokens), values,
-            labels=["attention on new neurons", "importance share (new)", "output share (new)",
-                    "neurons"],
+            list(self.str_tokens),
+            values,
+            labels=[
+                "attention on new neurons",
+                "importance share (new)",
+                "output share (new)",
+                "neurons",
+            ],
             caption=f"L{self.layer}H{self.head}: the contextual MLP grows by one neuron per "
-                    f"generated token (prompt: the first {self.prompt_length} tokens)")
+            f"generated token (prompt: the first {self.prompt_length} tokens)",
+        )
 
 
 def growth(mlp: ContextualMLP, prompt_length: int) -> Growth:
@@ -84,13 +101,20 @@ def growth(mlp: ContextualMLP, prompt_length: int) -> Growth:
         >>> g.n_new[:3].tolist()
         [0, 1, 2]
     """
-    if isinstance(prompt_length, bool) or not isinstance(prompt_length, int) or \
-            not 1 <= prompt_length <= mlp.n_pos:
-        raise TLDynamicsError(f"prompt_length must be an int in 1..{mlp.n_pos} (the MLP's "
-                              f"positions), got {prompt_length!r}")
+    if (
+        isinstance(prompt_length, bool)
+        or not isinstance(prompt_length, int)
+        or not 1 <= prompt_length <= mlp.n_pos
+    ):
+        raise TLDynamicsError(
+            f"prompt_length must be an int in 1..{mlp.n_pos} (the MLP's "
+            f"positions), got {prompt_length!r}"
+        )
     if not bool(mlp.allowed.tril().eq(mlp.allowed).all()):
-        raise TLDynamicsError("generation growth needs a causal head: this one attends to later "
-                              "positions (an encoder), so its MLP does not grow token by token")
+        raise TLDynamicsError(
+            "generation growth needs a causal head: this one attends to later "
+            "positions (an encoder), so its MLP does not grow token by token"
+        )
     positions = [p for p in mlp.positions if p >= prompt_length - 1]
     stats: dict[str, list] = {k: [] for k in ("n", "new", "attn", "imp", "out", "win")}
     for pos in positions:
@@ -107,16 +131,24 @@ def growth(mlp: ContextualMLP, prompt_length: int) -> Growth:
         stats["imp"].append(float(imp[new].sum() / imp.sum().clamp_min(1e-30)))
         stats["out"].append(float(g_new @ g / (g @ g).clamp_min(1e-30)))
         stats["win"].append(int(src[h.argmax()]))
-    return Growth(layer=mlp.layer, head=mlp.head, prompt_length=prompt_length,
-                  str_tokens=mlp.str_tokens, positions=tuple(positions),
-                  n_neurons=torch.tensor(stats["n"]), n_new=torch.tensor(stats["new"]),
-                  new_attention=torch.tensor(stats["attn"]),
-                  new_importance_share=torch.tensor(stats["imp"]),
-                  new_output_share=torch.tensor(stats["out"]), winners=torch.tensor(stats["win"]))
+    return Growth(
+        layer=mlp.layer,
+        head=mlp.head,
+        prompt_length=prompt_length,
+        str_tokens=mlp.str_tokens,
+        positions=tuple(positions),
+        n_neurons=torch.tensor(stats["n"]),
+        n_new=torch.tensor(stats["new"]),
+        new_attention=torch.tensor(stats["attn"]),
+        new_importance_share=torch.tensor(stats["imp"]),
+        new_output_share=torch.tensor(stats["out"]),
+        winners=torch.tensor(stats["win"]),
+    )
 
 
-def generate_growth(model: Any, prompt: Prompt, layer: int, head: int,
-                    max_new_tokens: int = 16) -> Growth:
+def generate_growth(
+    model: Any, prompt: Prompt, layer: int, head: int, max_new_tokens: int = 16
+) -> Growth:
     """Generate greedily from ``prompt`` (one row), then measure the MLP's growth per step.
 
     Each generated token adds a neuron (a source) to the head's contextual MLP at every later
@@ -146,20 +178,27 @@ def generate_growth(model: Any, prompt: Prompt, layer: int, head: int,
     adapter.check_layer(layer)
     adapter.check_head(head, layer)
     if adapter.is_encoder:
-        raise TLDynamicsError(f"generation growth needs a causal decoder; "
-                              f"{adapter.info.architecture} is an encoder")
+        raise TLDynamicsError(
+            f"generation growth needs a causal decoder; {adapter.info.architecture} is an encoder"
+        )
     batch = adapter.tokenize(prompt)
     if batch.tokens.shape[0] != 1:
         raise TLDynamicsError(f"generate_growth takes one prompt, got {batch.tokens.shape[0]} rows")
     tokens = batch.tokens
     prompt_length = tokens.shape[1]
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
-            not 1 <= max_new_tokens <= adapter.n_ctx - prompt_length:
-        raise TLDynamicsError(f"max_new_tokens must be in 1..{adapter.n_ctx - prompt_length} (the "
-                              f"context is {adapter.n_ctx} tokens, the prompt {prompt_length}), "
-                              f"got {max_new_tokens!r}")
-    for _ in tqdm(range(max_new_tokens), disable=max_new_tokens < PROGRESS_MIN, desc="generating",
-                  leave=False):
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or not 1 <= max_new_tokens <= adapter.n_ctx - prompt_length
+    ):
+        raise TLDynamicsError(
+            f"max_new_tokens must be in 1..{adapter.n_ctx - prompt_length} (the "
+            f"context is {adapter.n_ctx} tokens, the prompt {prompt_length}), "
+            f"got {max_new_tokens!r}"
+        )
+    for _ in tqdm(
+        range(max_new_tokens), disable=max_new_tokens < PROGRESS_MIN, desc="generating", leave=False
+    ):
         logits = adapter.forward(adapter.tokenize(tokens))
         tokens = torch.cat([tokens, logits[:, -1].argmax(-1, keepdim=True).to(tokens.dtype)], dim=1)
     mlp = compute(adapter, tokens, layers=layer, heads=head)[layer, head]

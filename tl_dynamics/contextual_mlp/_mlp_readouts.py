@@ -40,20 +40,26 @@ class MLPReadouts:
 
         def check_position(self, position: int) -> int: ...
         def neurons(self, position: int) -> Neurons: ...
+
         sink_logit: float | None
         outgoing: Float[Tensor, "pos d_model"]
 
         def sources(self, position: int) -> Int[Tensor, " src"]: ...
         def activations(self, position: int) -> Float[Tensor, " src"]: ...
-        def evaluate(self, x: Tensor, position: int, chunk_size: int = ...,
-                     keep_outputs: bool = ..., labels: list[str] | None = ...) -> Evaluation: ...
+        def evaluate(
+            self,
+            x: Tensor,
+            position: int,
+            chunk_size: int = ...,
+            keep_outputs: bool = ...,
+            labels: list[str] | None = ...,
+        ) -> Evaluation: ...
 
         def pattern(self) -> Float[Tensor, "pos pos"]: ...
 
     def _mlp(self) -> Any:
         """This MLP as the read-outs and files see it (``_readout.ContextualMLP``)."""
         return cast(Any, self)
-
 
     def importance(self, position: int) -> Float[Tensor, " src"]:
         """How much of the head's output each source can carry: ``activation_i * |a_i|``.
@@ -137,8 +143,13 @@ class MLPReadouts:
                 out[pos] = self.sink_activation(pos)
         return out
 
-    def evaluate_tokens(self, adapter: "ModelAdapter", tokens: Sequence[int] | Tensor, position: int,
-                        normalise: _readout.Normalise = "match") -> Evaluation:
+    def evaluate_tokens(
+        self,
+        adapter: "ModelAdapter",
+        tokens: Sequence[int] | Tensor,
+        position: int,
+        normalise: _readout.Normalise = "match",
+    ) -> Evaluation:
         """The MLP of ``position`` on the (normalised) embeddings of ``tokens``.
 
         Each token's query input is its embedding (plus the destination's learned position), scaled to
@@ -162,9 +173,14 @@ class MLPReadouts:
         """
         return _readout.evaluate_tokens(self._mlp(), adapter, tokens, position, normalise)
 
-    def evaluate_vocab(self, adapter: "ModelAdapter", position: int,
-                       normalise: _readout.Normalise = "match",
-                       chunk_size: int = DEFAULT_CHUNK, keep_outputs: bool = False) -> Evaluation:
+    def evaluate_vocab(
+        self,
+        adapter: "ModelAdapter",
+        position: int,
+        normalise: _readout.Normalise = "match",
+        chunk_size: int = DEFAULT_CHUNK,
+        keep_outputs: bool = False,
+    ) -> Evaluation:
         """The MLP of ``position`` on every vocabulary token, in chunks.
 
         Memory: ``vocab * n_src`` activations (plus ``vocab * d_model`` with ``keep_outputs``).
@@ -187,10 +203,13 @@ class MLPReadouts:
             >>> mlp.evaluate_vocab(ModelAdapter.of(testing.tiny_model("gpt2")), 3).activations.shape
             torch.Size([512, 4])
         """
-        return _readout.evaluate_vocab(self._mlp(), adapter, position, normalise, chunk_size, keep_outputs)
+        return _readout.evaluate_vocab(
+            self._mlp(), adapter, position, normalise, chunk_size, keep_outputs
+        )
 
-    def written_tokens(self, adapter: "ModelAdapter", position: int | None = None,
-                       k: int = 10) -> "_readout.Readout":
+    def written_tokens(
+        self, adapter: "ModelAdapter", position: int | None = None, k: int = 10
+    ) -> "_readout.Readout":
         """Tokens each neuron's ``a_i`` writes, read through the unembedding.
 
         Every key position is a neuron (``a_i`` does not depend on the destination) unless
@@ -214,8 +233,13 @@ class MLPReadouts:
         """
         return _readout.written_tokens(self._mlp(), adapter, position, k)
 
-    def read_tokens(self, adapter: "ModelAdapter", position: int, k: int = 10,
-                    normalise: _readout.Normalise = "match") -> "_readout.Readout":
+    def read_tokens(
+        self,
+        adapter: "ModelAdapter",
+        position: int,
+        k: int = 10,
+        normalise: _readout.Normalise = "match",
+    ) -> "_readout.Readout":
         """Tokens whose query input switches each neuron of ``position`` on (``b_i`` vs ``W_E``).
 
         The pre-activation ``b_i . x(tok) + c_i`` over the whole vocabulary, in chunks.
@@ -324,11 +348,16 @@ class MLPReadouts:
         """
         name = f"L{self.layer}H{self.head}"
         if position is None:
-            return _views.mlp_view(name, list(self.str_tokens), self.pattern(),
-                                   None if self.sink_logit is None else self.learned_sink())
+            return _views.mlp_view(
+                name,
+                list(self.str_tokens),
+                self.pattern(),
+                None if self.sink_logit is None else self.learned_sink(),
+            )
         pos = self.check_position(position)
         neurons = self.neurons(pos)
         importance = torch.zeros(self.n_pos, device=self.x.device)
         importance[neurons.sources] = neurons.importance
-        return _views.destination_view(name, list(self.str_tokens), pos, importance,
-                                       neurons.to_dataframe())
+        return _views.destination_view(
+            name, list(self.str_tokens), pos, importance, neurons.to_dataframe()
+        )

@@ -24,7 +24,6 @@ class MLPShape:
         query_valid: Bool[Tensor, " pos"]
         query_norm: QueryNorm | None
 
-
     @property
     def n_pos(self) -> int:
         """Number of positions of the prompt row (padding included).
@@ -96,12 +95,16 @@ class MLPShape:
             raise TLDynamicsError(f"position must be an int, got {position!r}")
         pos = position + self.n_pos if position < 0 else position
         if not 0 <= pos < self.n_pos:
-            raise TLDynamicsError(f"position {position} is out of range: this prompt has "
-                                  f"{self.n_pos} positions (valid: 0..{self.n_pos - 1} or "
-                                  f"-{self.n_pos}..-1)")
+            raise TLDynamicsError(
+                f"position {position} is out of range: this prompt has "
+                f"{self.n_pos} positions (valid: 0..{self.n_pos - 1} or "
+                f"-{self.n_pos}..-1)"
+            )
         if not bool(self.query_valid[pos]):
-            raise TLDynamicsError(f"position {position} is padding (its query attends nowhere); "
-                                  f"valid destinations: {self.positions}")
+            raise TLDynamicsError(
+                f"position {position} is padding (its query attends nowhere); "
+                f"valid destinations: {self.positions}"
+            )
         return pos
 
     def sources(self, position: int) -> Int[Tensor, " src"]:

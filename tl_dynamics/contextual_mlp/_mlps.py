@@ -18,8 +18,7 @@ from tl_dynamics.errors import TLDynamicsError
 class LazyMLPs(Mapping[tuple[int, int], ContextualMLP]):
     """``{(layer, head): ContextualMLP}`` whose values are formed on first look-up (and kept)."""
 
-    def __init__(self, keys: Sequence[tuple[int, int]],
-                 form: Callable[[int, int], ContextualMLP]):
+    def __init__(self, keys: Sequence[tuple[int, int]], form: Callable[[int, int], ContextualMLP]):
         self._keys, self._form = list(keys), form
         self._formed: dict[tuple[int, int], ContextualMLP] = {}
 
@@ -68,8 +67,10 @@ class ContextualMLPs:
     mlps: Mapping[tuple[int, int], ContextualMLP]
 
     def __repr__(self) -> str:
-        return (f"ContextualMLPs({self.architecture}, row={self.row}, layers={self.layers}, "
-                f"heads={self.heads}, positions={len(self.str_tokens)})")
+        return (
+            f"ContextualMLPs({self.architecture}, row={self.row}, layers={self.layers}, "
+            f"heads={self.heads}, positions={len(self.str_tokens)})"
+        )
 
     @property
     def layers(self) -> list[int]:
@@ -126,14 +127,18 @@ class ContextualMLPs:
             True
         """
         if (layer, head) not in self.mlps:
-            raise TLDynamicsError(f"no contextual MLP for layer {layer!r}, head {head!r}: computed "
-                                  f"(layer, head) pairs: {self.keys()}")
+            raise TLDynamicsError(
+                f"no contextual MLP for layer {layer!r}, head {head!r}: computed "
+                f"(layer, head) pairs: {self.keys()}"
+            )
         return self.mlps[(layer, head)]
 
     def __getitem__(self, key: tuple[int, int]) -> ContextualMLP:
         if not isinstance(key, tuple) or len(key) != 2:
-            raise TLDynamicsError(f"index a ContextualMLPs with [layer, head], got {key!r}; "
-                                  f"computed (layer, head) pairs: {self.keys()}")
+            raise TLDynamicsError(
+                f"index a ContextualMLPs with [layer, head], got {key!r}; "
+                f"computed (layer, head) pairs: {self.keys()}"
+            )
         return self.mlp(*key)
 
     def __iter__(self) -> Iterator[ContextualMLP]:
@@ -154,8 +159,10 @@ class ContextualMLPs:
             >>> (res.decisive().layer, res.decisive().head) in res.keys()
             True
         """
+
         def score(m: ContextualMLP) -> float:
             return float(m.pattern().max(dim=-1).values[m.query_valid].mean())
+
         return max(self, key=score)
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -183,14 +190,20 @@ class ContextualMLPs:
             importance = pattern * m.outgoing.norm(dim=-1)[None]
             rows = torch.tensor(m.positions, dtype=torch.long)
             winners = pattern[rows].argmax(-1)
-            frame = pd.DataFrame({
-                "layer": m.layer, "head": m.head, "position": rows.tolist(),
-                "token": [m.str_tokens[p] for p in m.positions],
-                "n_neurons": m.allowed[rows].sum(-1).tolist(), "winner": winners.tolist(),
-                "winner_token": [m.str_tokens[w] for w in winners.tolist()],
-                "winner_activation": pattern[rows, winners].tolist(),
-                "winner_importance": importance[rows, winners].tolist(),
-                "top_importance": importance[rows].max(-1).values.tolist()})
+            frame = pd.DataFrame(
+                {
+                    "layer": m.layer,
+                    "head": m.head,
+                    "position": rows.tolist(),
+                    "token": [m.str_tokens[p] for p in m.positions],
+                    "n_neurons": m.allowed[rows].sum(-1).tolist(),
+                    "winner": winners.tolist(),
+                    "winner_token": [m.str_tokens[w] for w in winners.tolist()],
+                    "winner_activation": pattern[rows, winners].tolist(),
+                    "winner_importance": importance[rows, winners].tolist(),
+                    "top_importance": importance[rows].max(-1).values.tolist(),
+                }
+            )
             if m.sink_logit is not None:  # the learned-sink neuron (docs/math.md §3.7)
                 frame["sink_activation"] = m.learned_sink()[rows].tolist()
             if m.reference_output is not None and m.reference_pattern is not None:
@@ -214,9 +227,17 @@ class ContextualMLPs:
             >>> bool((res.exactness()["output_error"] < 1e-5).all())
             True
         """
-        return pd.DataFrame([dict(layer=m.layer, head=m.head,
-                                  output_error=m.exactness().max_output_error,
-                                  pattern_error=m.exactness().max_pattern_error) for m in self])
+        return pd.DataFrame(
+            [
+                dict(
+                    layer=m.layer,
+                    head=m.head,
+                    output_error=m.exactness().max_output_error,
+                    pattern_error=m.exactness().max_pattern_error,
+                )
+                for m in self
+            ]
+        )
 
     def show(self) -> viz.Group:
         """Draw the most decisive head, then every head's exactness where references exist.
@@ -234,8 +255,12 @@ class ContextualMLPs:
             'Group'
         """
         mlp = self.decisive()
-        referenced = all(m.reference_output is not None and m.reference_pattern is not None
-                         for m in self)
-        return _views.heads_view([mlp.show(), mlp.show(mlp.positions[-1])],
-                                 self.exactness() if referenced else None, self.layers,
-                                 self.architecture)
+        referenced = all(
+            m.reference_output is not None and m.reference_pattern is not None for m in self
+        )
+        return _views.heads_view(
+            [mlp.show(), mlp.show(mlp.positions[-1])],
+            self.exactness() if referenced else None,
+            self.layers,
+            self.architecture,
+        )

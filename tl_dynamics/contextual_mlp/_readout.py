@@ -67,13 +67,24 @@ class ContextualMLP(Protocol):
 
     def queries(self, x: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_head"]: ...
 
-    def evaluate(self, x: Float[Tensor, "... d_model"], position: int, chunk_size: int = ...,
-                 keep_outputs: bool = ..., labels: list[str] | None = ...) -> Evaluation: ...
+    def evaluate(
+        self,
+        x: Float[Tensor, "... d_model"],
+        position: int,
+        chunk_size: int = ...,
+        keep_outputs: bool = ...,
+        labels: list[str] | None = ...,
+    ) -> Evaluation: ...
 
 
-def token_inputs(mlp: ContextualMLP, adapter: ModelAdapter, tokens: Int[Tensor, " n"],
-                 position: int, normalise: Normalise = "match", add_position: bool = True
-                 ) -> Float[Tensor, "n d_model"]:
+def token_inputs(
+    mlp: ContextualMLP,
+    adapter: ModelAdapter,
+    tokens: Int[Tensor, " n"],
+    position: int,
+    normalise: Normalise = "match",
+    add_position: bool = True,
+) -> Float[Tensor, "n d_model"]:
     """Query inputs for ``tokens`` at destination ``position`` (see the module docstring)."""
     if normalise not in ("match", "none"):
         raise TLDynamicsError(f"normalise must be 'match' or 'none', got {normalise!r}")
@@ -81,8 +92,9 @@ def token_inputs(mlp: ContextualMLP, adapter: ModelAdapter, tokens: Int[Tensor, 
     ids = torch.as_tensor(tokens, dtype=torch.long).flatten()
     vocab = adapter.W_E.shape[0]
     if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise TLDynamicsError(f"token ids must be a non-empty list in 0..{vocab - 1}, got "
-                              f"{ids.tolist()[:8]}")
+        raise TLDynamicsError(
+            f"token ids must be a non-empty list in 0..{vocab - 1}, got {ids.tolist()[:8]}"
+        )
     x = adapter.W_E[ids]
     if add_position and adapter.W_pos is not None:
         x = x + adapter.W_pos[pos]
@@ -91,17 +103,27 @@ def token_inputs(mlp: ContextualMLP, adapter: ModelAdapter, tokens: Int[Tensor, 
     return x
 
 
-def evaluate_tokens(mlp: ContextualMLP, adapter: ModelAdapter, tokens: Sequence[int] | Tensor,
-                    position: int, normalise: Normalise = "match") -> Evaluation:
+def evaluate_tokens(
+    mlp: ContextualMLP,
+    adapter: ModelAdapter,
+    tokens: Sequence[int] | Tensor,
+    position: int,
+    normalise: Normalise = "match",
+) -> Evaluation:
     """The MLP of ``position`` on the (normalised) embeddings of ``tokens``."""
     ids = torch.as_tensor(tokens, dtype=torch.long).flatten()
     x = token_inputs(mlp, adapter, ids, position, normalise)
     return mlp.evaluate(x, position, labels=adapter.decode(ids))
 
 
-def evaluate_vocab(mlp: ContextualMLP, adapter: ModelAdapter, position: int,
-                   normalise: Normalise = "match", chunk_size: int = VOCAB_CHUNK,
-                   keep_outputs: bool = False) -> Evaluation:
+def evaluate_vocab(
+    mlp: ContextualMLP,
+    adapter: ModelAdapter,
+    position: int,
+    normalise: Normalise = "match",
+    chunk_size: int = VOCAB_CHUNK,
+    keep_outputs: bool = False,
+) -> Evaluation:
     """The MLP of ``position`` on every vocabulary token, ``chunk_size`` at a time.
 
     Memory: ``vocab * n_src`` activations (plus ``vocab * d_model`` with ``keep_outputs``).
@@ -116,12 +138,19 @@ def evaluate_vocab(mlp: ContextualMLP, adapter: ModelAdapter, position: int,
         parts.append(mlp.evaluate(x, position, chunk_size, keep_outputs))
     first = parts[0]
     return Evaluation(
-        layer=mlp.layer, head=mlp.head, position=first.position, sources=first.sources,
-        source_tokens=first.source_tokens, activations=torch.cat([p.activations for p in parts]),
+        layer=mlp.layer,
+        head=mlp.head,
+        position=first.position,
+        sources=first.sources,
+        source_tokens=first.source_tokens,
+        activations=torch.cat([p.activations for p in parts]),
         outputs=torch.cat([p.outputs for p in parts]) if keep_outputs else None,
         winners=torch.cat([p.winners for p in parts]),
         labels=tuple(str(i) for i in range(vocab)),
-        sink=None if first.sink is None else torch.cat([p.sink for p in parts if p.sink is not None]))
+        sink=None
+        if first.sink is None
+        else torch.cat([p.sink for p in parts if p.sink is not None]),
+    )
 
 
 @dataclass(frozen=True)
@@ -148,20 +177,30 @@ class Readout:
         """The top tokens of the neuron at source position ``source``."""
         where = (self.sources == source).nonzero().flatten()
         if where.numel() == 0:
-            raise TLDynamicsError(f"source {source} is not a neuron here; neurons: "
-                                  f"{self.sources.tolist()}")
+            raise TLDynamicsError(
+                f"source {source} is not a neuron here; neurons: {self.sources.tolist()}"
+            )
         return [self.vocab_strings[int(i)] for i in self.top_ids[int(where[0])]]
 
     def to_dataframe(self) -> pd.DataFrame:
         rows = []
         for n, (src, tok) in enumerate(zip(self.sources.tolist(), self.source_tokens)):
             for rank in range(self.top_ids.shape[1]):
-                rows.append(dict(layer=self.layer, head=self.head, kind=self.kind,
-                                 position=self.position, source=src, source_token=tok, rank=rank,
-                                 top_token=self.vocab_strings[int(self.top_ids[n, rank])],
-                                 top_value=float(self.top_values[n, rank]),
-                                 bottom_token=self.vocab_strings[int(self.bottom_ids[n, rank])],
-                                 bottom_value=float(self.bottom_values[n, rank])))
+                rows.append(
+                    dict(
+                        layer=self.layer,
+                        head=self.head,
+                        kind=self.kind,
+                        position=self.position,
+                        source=src,
+                        source_token=tok,
+                        rank=rank,
+                        top_token=self.vocab_strings[int(self.top_ids[n, rank])],
+                        top_value=float(self.top_values[n, rank]),
+                        bottom_token=self.vocab_strings[int(self.bottom_ids[n, rank])],
+                        bottom_value=float(self.bottom_values[n, rank]),
+                    )
+                )
         return pd.DataFrame(rows)
 
     def show(self, max_k: int = 7) -> viz.Component:
@@ -172,13 +211,20 @@ class Readout:
         filler = (self.top_values[:, -1] + self.bottom_values[:, -1]) / 2
         acts = filler[None].repeat(len(ids), 1)
         for n in range(len(self.sources)):
-            for tid, val in zip(self.top_ids[n].tolist() + self.bottom_ids[n].tolist(),
-                                self.top_values[n].tolist() + self.bottom_values[n].tolist()):
+            for tid, val in zip(
+                self.top_ids[n].tolist() + self.bottom_ids[n].tolist(),
+                self.top_values[n].tolist() + self.bottom_values[n].tolist(),
+            ):
                 acts[index[tid], n] = val
         what = "writes (a_i through W_U)" if self.kind == "writes" else "is switched on by"
-        return viz.topk_tokens([[self.vocab_strings[i] for i in ids]], [acts[None]], max_k=max_k,
-                               first_dimension_name="Head", third_dimension_name="Neuron (source)",
-                               caption=f"L{self.layer}H{self.head}: what each neuron {what}")
+        return viz.topk_tokens(
+            [[self.vocab_strings[i] for i in ids]],
+            [acts[None]],
+            max_k=max_k,
+            first_dimension_name="Head",
+            third_dimension_name="Neuron (source)",
+            caption=f"L{self.layer}H{self.head}: what each neuron {what}",
+        )
 
 
 def _topk(values: Tensor, k: int, largest: bool) -> tuple[Tensor, Tensor]:
@@ -186,30 +232,50 @@ def _topk(values: Tensor, k: int, largest: bool) -> tuple[Tensor, Tensor]:
     return got.values, got.indices
 
 
-def _readout(mlp: ContextualMLP, adapter: ModelAdapter, kind: str, position: int | None,
-             sources: Tensor, scores: Tensor, k: int) -> Readout:
+def _readout(
+    mlp: ContextualMLP,
+    adapter: ModelAdapter,
+    kind: str,
+    position: int | None,
+    sources: Tensor,
+    scores: Tensor,
+    k: int,
+) -> Readout:
     top_v, top_i = _topk(scores, k, True)
     bot_v, bot_i = _topk(scores, k, False)
     ids = sorted(set(top_i.flatten().tolist()) | set(bot_i.flatten().tolist()))
-    return Readout(layer=mlp.layer, head=mlp.head, kind=kind, position=position, sources=sources,
-                   source_tokens=tuple(mlp.str_tokens[i] for i in sources.tolist()),
-                   top_ids=top_i, top_values=top_v, bottom_ids=bot_i, bottom_values=bot_v,
-                   vocab_strings=dict(zip(ids, adapter.decode(ids))))
+    return Readout(
+        layer=mlp.layer,
+        head=mlp.head,
+        kind=kind,
+        position=position,
+        sources=sources,
+        source_tokens=tuple(mlp.str_tokens[i] for i in sources.tolist()),
+        top_ids=top_i,
+        top_values=top_v,
+        bottom_ids=bot_i,
+        bottom_values=bot_v,
+        vocab_strings=dict(zip(ids, adapter.decode(ids))),
+    )
 
 
-def direction_logits(adapter: ModelAdapter, vectors: Float[Tensor, "n d_model"]
-                     ) -> Float[Tensor, "n d_vocab"]:
+def direction_logits(
+    adapter: ModelAdapter, vectors: Float[Tensor, "n d_model"]
+) -> Float[Tensor, "n d_vocab"]:
     """Vectors read as directions through the final normalisation (no bias) and ``W_U``."""
     if adapter.is_encoder:
-        raise TLDynamicsError(f"reading a_i through the unembedding needs a decoder language "
-                              f"model; {adapter.info.architecture} is an encoder whose masked-LM "
-                              "head is not a final normalisation followed by W_U")
+        raise TLDynamicsError(
+            f"reading a_i through the unembedding needs a decoder language "
+            f"model; {adapter.info.architecture} is an encoder whose masked-LM "
+            "head is not a final normalisation followed by W_U"
+        )
     normed = adapter.final_norm(vectors) - adapter.final_norm(torch.zeros_like(vectors[:1]))
     return normed @ adapter.W_U
 
 
-def written_tokens(mlp: ContextualMLP, adapter: ModelAdapter, position: int | None = None,
-                   k: int = 10) -> Readout:
+def written_tokens(
+    mlp: ContextualMLP, adapter: ModelAdapter, position: int | None = None, k: int = 10
+) -> Readout:
     """Top/bottom tokens each neuron writes (``a_i`` read through the unembedding).
 
     Every key position is a neuron (``a_i`` does not depend on the destination) unless
@@ -224,8 +290,14 @@ def written_tokens(mlp: ContextualMLP, adapter: ModelAdapter, position: int | No
     return _readout(mlp, adapter, "writes", position, sources, scores, k)
 
 
-def read_tokens(mlp: ContextualMLP, adapter: ModelAdapter, position: int, k: int = 10,
-                normalise: Normalise = "match", chunk_size: int = VOCAB_CHUNK) -> Readout:
+def read_tokens(
+    mlp: ContextualMLP,
+    adapter: ModelAdapter,
+    position: int,
+    k: int = 10,
+    normalise: Normalise = "match",
+    chunk_size: int = VOCAB_CHUNK,
+) -> Readout:
     """Tokens whose query input switches each neuron of ``position`` on most (and least):
     pre-activation ``b_i . x(tok) + c_i`` over the whole vocabulary, in chunks."""
     pos = mlp.check_position(position)

@@ -52,23 +52,42 @@ class Neurons:
         return int(self.sources[self.activations.argmax()])
 
     def to_dataframe(self) -> pd.DataFrame:
-        df = pd.DataFrame({
-            "layer": self.layer, "head": self.head, "position": self.position,
-            "source": self.sources.tolist(), "token": list(self.source_tokens),
-            "activation": self.activations.tolist(), "importance": self.importance.tolist(),
-            "a_norm": self.a.norm(dim=-1).tolist(), "b_norm": self.b.norm(dim=-1).tolist(),
-            "c": self.c.tolist()})
+        df = pd.DataFrame(
+            {
+                "layer": self.layer,
+                "head": self.head,
+                "position": self.position,
+                "source": self.sources.tolist(),
+                "token": list(self.source_tokens),
+                "activation": self.activations.tolist(),
+                "importance": self.importance.tolist(),
+                "a_norm": self.a.norm(dim=-1).tolist(),
+                "b_norm": self.b.norm(dim=-1).tolist(),
+                "c": self.c.tolist(),
+            }
+        )
         if self.sink_logit is None:
             return df
-        sink = {"layer": self.layer, "head": self.head, "position": self.position, "source": -1,
-                "token": LEARNED_SINK, "activation": self.sink_activation, "importance": 0.0,
-                "a_norm": 0.0, "b_norm": 0.0, "c": self.sink_logit}
+        sink = {
+            "layer": self.layer,
+            "head": self.head,
+            "position": self.position,
+            "source": -1,
+            "token": LEARNED_SINK,
+            "activation": self.sink_activation,
+            "importance": 0.0,
+            "a_norm": 0.0,
+            "b_norm": 0.0,
+            "c": self.sink_logit,
+        }
         return pd.concat([df, pd.DataFrame([sink])], ignore_index=True)
 
     def show(self) -> viz.Component:
         """The neurons' table (an escaped HTML table)."""
-        return viz.table(self.to_dataframe(), caption=f"L{self.layer}H{self.head} neurons at "
-                         f"destination {self.position}")
+        return viz.table(
+            self.to_dataframe(),
+            caption=f"L{self.layer}H{self.head} neurons at destination {self.position}",
+        )
 
 
 @dataclass(frozen=True)
@@ -96,10 +115,14 @@ class Evaluation:
         return [lookup[int(w)] for w in self.winners]
 
     def to_dataframe(self) -> pd.DataFrame:
-        df = pd.DataFrame({
-            "input": list(self.labels), "winner": self.winners.tolist(),
-            "winner_token": self.winner_tokens(),
-            "winner_activation": self.activations.max(-1).values.tolist()})
+        df = pd.DataFrame(
+            {
+                "input": list(self.labels),
+                "winner": self.winners.tolist(),
+                "winner_token": self.winner_tokens(),
+                "winner_activation": self.activations.max(-1).values.tolist(),
+            }
+        )
         if self.outputs is not None:
             df["output_norm"] = self.outputs.norm(dim=-1).tolist()
         if self.sink is not None:
@@ -110,10 +133,15 @@ class Evaluation:
     def show(self, max_k: int = 7) -> viz.Component:
         """Each input's activations over the neurons (source tokens), top-k neurons per input."""
         acts = self.activations.T[None]  # [layers=1, tokens=src, neurons=inputs]
-        return viz.topk_tokens([list(self.source_tokens)], [acts], max_k=max_k,
-                               first_dimension_name="Head", third_dimension_name="Query input",
-                               caption=f"L{self.layer}H{self.head} at destination "
-                               f"{self.position}: most active neurons (source tokens) per query")
+        return viz.topk_tokens(
+            [list(self.source_tokens)],
+            [acts],
+            max_k=max_k,
+            first_dimension_name="Head",
+            third_dimension_name="Query input",
+            caption=f"L{self.layer}H{self.head} at destination "
+            f"{self.position}: most active neurons (source tokens) per query",
+        )
 
 
 @dataclass(frozen=True)
@@ -136,7 +164,13 @@ class Exactness:
         return float(self.pattern_error.max()) if len(self.positions) else 0.0
 
     def to_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame({"architecture": self.architecture, "layer": self.layer,
-                             "head": self.head, "position": list(self.positions),
-                             "output_error": self.output_error.tolist(),
-                             "pattern_error": self.pattern_error.tolist()})
+        return pd.DataFrame(
+            {
+                "architecture": self.architecture,
+                "layer": self.layer,
+                "head": self.head,
+                "position": list(self.positions),
+                "output_error": self.output_error.tolist(),
+                "pattern_error": self.pattern_error.tolist(),
+            }
+        )

@@ -13,5 +13,16 @@ from tl_dynamics.odds_ratio._result import HeadStats, OddsRatioResult
 from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
 from tl_dynamics.odds_ratio._walk import composed, markov
 
-__all__ = ["HeadStats", "OddsRatioResult", "attach", "barycentric", "composed", "compute",
-           "counterfactual_patterns", "markov", "report_section", "sink_facts", "split_scores"]
+__all__ = [
+    "HeadStats",
+    "OddsRatioResult",
+    "attach",
+    "barycentric",
+    "composed",
+    "compute",
+    "counterfactual_patterns",
+    "markov",
+    "report_section",
+    "sink_facts",
+    "split_scores",
+]

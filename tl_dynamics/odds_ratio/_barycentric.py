@@ -48,11 +48,17 @@ class BarycentricView:
     A_sink: Float[Tensor, " row"] | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame({"position": list(self.rows),
-                             "token": [self.tokens[i] for i in self.rows],
-                             "gap": self.gap.tolist(), "fit_error": self.fit_error.tolist(),
-                             "head_error": self.head_error.tolist(), "kkt": self.kkt.tolist(),
-                             "A_support": (self.A > 0).sum(-1).tolist()})
+        return pd.DataFrame(
+            {
+                "position": list(self.rows),
+                "token": [self.tokens[i] for i in self.rows],
+                "gap": self.gap.tolist(),
+                "fit_error": self.fit_error.tolist(),
+                "head_error": self.head_error.tolist(),
+                "kkt": self.kkt.tolist(),
+                "A_support": (self.A > 0).sum(-1).tolist(),
+            }
+        )
 
     def show(self) -> Any:
         """The head's coordinates beside the best simplex coordinates, and the gap per token."""
@@ -67,15 +73,28 @@ class BarycentricView:
         gap[rows] = self.gap.float()
         name = f"L{self.layer}H{self.head}"
         return viz.group(
-            viz.attention_heads(grid, list(self.tokens), [f"{name} S (head)", f"{name} A (best)"],
-                                caption=f"{name}: attention rows vs the simplex least-squares "
-                                        f"coordinates for target '{self.target}'"),
-            viz.colored_tokens(list(self.tokens), gap, caption=f"{name}: gap (S-A)^T G (S-A) per query"),
-            caption=f"Barycentric view of {name}")
+            viz.attention_heads(
+                grid,
+                list(self.tokens),
+                [f"{name} S (head)", f"{name} A (best)"],
+                caption=f"{name}: attention rows vs the simplex least-squares "
+                f"coordinates for target '{self.target}'",
+            ),
+            viz.colored_tokens(
+                list(self.tokens), gap, caption=f"{name}: gap (S-A)^T G (S-A) per query"
+            ),
+            caption=f"Barycentric view of {name}",
+        )
 
 
-def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
-                target: Target = "unembed", row: int = 0) -> BarycentricView:
+def barycentric(
+    model: Any,
+    prompt: Prompt | Batch,
+    layer: int,
+    head: int,
+    target: Target = "unembed",
+    row: int = 0,
+) -> BarycentricView:
     """Barycentric coordinates of one head's rows against a target vector per query.
 
     For each query the simplex weights over its allowed sources whose mix of the head's
@@ -109,8 +128,10 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
     adapter.check_head(head, layer)
     batch = adapter.tokenize(prompt)
     if not 0 <= row < batch.tokens.shape[0]:
-        raise TLDynamicsError(f"row {row!r} is out of range: the batch has {batch.tokens.shape[0]} "
-                              f"prompts (valid: 0..{batch.tokens.shape[0] - 1})")
+        raise TLDynamicsError(
+            f"row {row!r} is out of range: the batch has {batch.tokens.shape[0]} "
+            f"prompts (valid: 0..{batch.tokens.shape[0] - 1})"
+        )
     la = adapter.attention(batch, layers=[layer], sinks=True)[layer]
     sunk = la.sink_logit is not None  # the learned sink: one more vertex, at the origin
     pattern = la.pattern([head])[row, 0].double().cpu()  # the simplex solver works on the CPU
@@ -130,7 +151,7 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
         sol = simplex_lstsq((torch.cat([O, O.new_zeros(1, O.shape[1])]) if sunk else O).T, y)
         coords = torch.from_numpy(sol.coords)
         a = torch.zeros_like(pattern[i])
-        a[keys] = coords[:len(keys)]
+        a[keys] = coords[: len(keys)]
         if sunk:
             A_sink.append(float(coords[-1]))
             S_sink.append(float(1.0 - pattern[i, keys].sum()))
@@ -144,27 +165,40 @@ def barycentric(model: Any, prompt: Prompt | Batch, layer: int, head: int,
         kkts.append(sol.kkt)
         rows.append(i)
     if not rows:
-        raise TLDynamicsError("no query position has a target: a next-token target needs a prompt "
-                              "of at least two tokens")
-    return BarycentricView(layer=layer, head=head, target=label,
-                           tokens=tuple(adapter.str_tokens(batch, row)), rows=tuple(rows),
-                           S=torch.stack(S_rows), A=torch.stack(A_rows), gap=torch.tensor(gaps),
-                           fit_error=torch.tensor(fits), head_error=torch.tensor(errs),
-                           kkt=torch.tensor(kkts),
-                           S_sink=torch.tensor(S_sink, dtype=torch.float64) if sunk else None,
-                           A_sink=torch.tensor(A_sink, dtype=torch.float64) if sunk else None)
+        raise TLDynamicsError(
+            "no query position has a target: a next-token target needs a prompt "
+            "of at least two tokens"
+        )
+    return BarycentricView(
+        layer=layer,
+        head=head,
+        target=label,
+        tokens=tuple(adapter.str_tokens(batch, row)),
+        rows=tuple(rows),
+        S=torch.stack(S_rows),
+        A=torch.stack(A_rows),
+        gap=torch.tensor(gaps),
+        fit_error=torch.tensor(fits),
+        head_error=torch.tensor(errs),
+        kkt=torch.tensor(kkts),
+        S_sink=torch.tensor(S_sink, dtype=torch.float64) if sunk else None,
+        A_sink=torch.tensor(A_sink, dtype=torch.float64) if sunk else None,
+    )
 
 
-def _targets(adapter: Any, target: Target, tokens: Tensor, positions: list[int]
-             ) -> tuple[dict[int, Tensor], str]:
+def _targets(
+    adapter: Any, target: Target, tokens: Tensor, positions: list[int]
+) -> tuple[dict[int, Tensor], str]:
     if isinstance(target, Tensor):
         t = target.detach().double().cpu()
         if t.shape == (adapter.d_model,):
             return {i: t for i in positions}, "vector"
         if t.ndim == 2 and t.shape[1] == adapter.d_model and t.shape[0] == tokens.shape[0]:
             return {i: t[i] for i in positions}, "vectors"
-        raise TLDynamicsError(f"target tensor must be [d_model={adapter.d_model}] or [pos="
-                              f"{tokens.shape[0]}, d_model]; got {tuple(t.shape)}")
+        raise TLDynamicsError(
+            f"target tensor must be [d_model={adapter.d_model}] or [pos="
+            f"{tokens.shape[0]}, d_model]; got {tuple(t.shape)}"
+        )
     if target == "unembed":
         table = adapter.W_U.T
     elif target == "embed":

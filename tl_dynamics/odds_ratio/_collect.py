@@ -17,10 +17,14 @@ from tl_dynamics.odds_ratio._result import SINK_SUM_KEYS, Decomposition, HeadSta
 from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
 
 
-def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
-                    tokens: torch.Tensor | None = None,
-                    str_tokens: Sequence[Sequence[str]] = (),
-                    dtype: torch.dtype = torch.float32) -> Decomposition:
+def decompose_layer(
+    la: LayerAttention,
+    heads: Sequence[int],
+    model: str = "",
+    tokens: torch.Tensor | None = None,
+    str_tokens: Sequence[Sequence[str]] = (),
+    dtype: torch.dtype = torch.float32,
+) -> Decomposition:
     """The exact split of one captured layer (from ``ModelAdapter.capture``/``attention``).
 
     Example:
@@ -32,16 +36,31 @@ def decompose_layer(la: LayerAttention, heads: Sequence[int], model: str = "",
         torch.Size([1, 2, 3, 3])
     """
     heads = list(heads)
-    parts = split_scores(la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads), dtype,
-                         sink=None if la.sink_logit is None else la.sink_logit[heads])
+    parts = split_scores(
+        la.q[:, :, heads],
+        la.k[:, :, heads],
+        la.scale,
+        la.bias(heads),
+        dtype,
+        sink=None if la.sink_logit is None else la.sink_logit[heads],
+    )
     prior_p, lik_p = counterfactual_patterns(parts, la.allowed)
     if tokens is None:
         tokens = torch.zeros(la.q.shape[:2], dtype=torch.long, device=la.q.device)
-    return Decomposition(model=model, layer=la.layer, heads=tuple(heads), tokens=tokens,
-                         str_tokens=tuple(tuple(t) for t in str_tokens), parts=parts,
-                         pattern=la.pattern(heads), prior_pattern=prior_p,
-                         likelihood_pattern=lik_p, allowed=la.allowed,
-                         query_valid=la.query_valid, softcap=la.softcap)
+    return Decomposition(
+        model=model,
+        layer=la.layer,
+        heads=tuple(heads),
+        tokens=tokens,
+        str_tokens=tuple(tuple(t) for t in str_tokens),
+        parts=parts,
+        pattern=la.pattern(heads),
+        prior_pattern=prior_p,
+        likelihood_pattern=lik_p,
+        allowed=la.allowed,
+        query_valid=la.query_valid,
+        softcap=la.softcap,
+    )
 
 
 # Intra-op threads for the statistics (None keeps torch's own setting): pass threads=1 on a
@@ -64,9 +83,15 @@ class OddsRatioCollector(Collector):
     sinks = True  # learned sinks are modelled (a virtual key): the adapter need not refuse them
     gates = True  # reads q and k only: an output gate on z (gated attention) does not enter
 
-    def __init__(self, adapter: ModelAdapter, layers: list[int], heads: list[int],
-                 keep_tensors: bool = False, dtype: torch.dtype = torch.float32,
-                 threads: int | None = STAT_THREADS):
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        layers: list[int],
+        heads: list[int],
+        keep_tensors: bool = False,
+        dtype: torch.dtype = torch.float32,
+        threads: int | None = STAT_THREADS,
+    ):
         self.adapter, self.layers, self.heads = adapter, tuple(layers), list(heads)
         self.keep_tensors, self.dtype, self.threads = keep_tensors, dtype, threads
         self._pass_sums: list[torch.Tensor] = []  # per pass, [layer, key, head] float64 (device)
@@ -88,8 +113,9 @@ class OddsRatioCollector(Collector):
             return
         key = ("odds_ratio.masks", id(la.allowed))
         if key not in state.shared:  # once per pass and mask kind, for every layer
-            state.shared[key] = MaskFacts.of(la.allowed, la.query_valid, la.spec.causal,
-                                             la.spec.window)
+            state.shared[key] = MaskFacts.of(
+                la.allowed, la.query_valid, la.spec.causal, la.spec.window
+            )
         self._layers.append((la, state.shared[key]))
         if self.keep_tensors:  # keep q, k, scale, bias and masks; form the split when asked
             self._passes[-1].add(la.layer, self._maker(la, list(self.heads), self._batch))
@@ -115,40 +141,71 @@ class OddsRatioCollector(Collector):
             facts[key] = masks
         for key, group in groups.items():
             first, masks = group[0], facts[key]
-            q = torch.cat([la.q[:, :, pick] for la in group], 2) if len(group) > 1 \
+            q = (
+                torch.cat([la.q[:, :, pick] for la in group], 2)
+                if len(group) > 1
                 else first.q[:, :, pick]
-            k = torch.cat([la.k[:, :, pick] for la in group], 2) if len(group) > 1 \
+            )
+            k = (
+                torch.cat([la.k[:, :, pick] for la in group], 2)
+                if len(group) > 1
                 else first.k[:, :, pick]
-            sums, sinks = _stats.layer_sums(q, k, first.scale, first.bias(h), first.allowed,
-                                            first.query_valid, first.softcap, masks=masks,
-                                            layer_heads=n_h, sink=None if first.sink_logit is None
-                                            else first.sink_logit[pick])
+            )
+            sums, sinks = _stats.layer_sums(
+                q,
+                k,
+                first.scale,
+                first.bias(h),
+                first.allowed,
+                first.query_valid,
+                first.softcap,
+                masks=masks,
+                layer_heads=n_h,
+                sink=None if first.sink_logit is None else first.sink_logit[pick],
+            )
             by_prior = sinks["sink_prior_adv"] > sinks["sink_loglik_adv"]
-            sink_values = {"sink_mass": sinks["sink_mass"], "sink_first": _stats.first_sinks(sinks),
-                           "sink_by_prior": by_prior, "sink_prior_adv": sinks["sink_prior_adv"],
-                           "sink_loglik_adv": sinks["sink_loglik_adv"]}
-            part = torch.stack([sums[k].double() for k in _stats.SUM_KEYS]
-                               + [sink_values[k].double().sum(0) for k in SINK_SUM_KEYS])
+            sink_values = {
+                "sink_mass": sinks["sink_mass"],
+                "sink_first": _stats.first_sinks(sinks),
+                "sink_by_prior": by_prior,
+                "sink_prior_adv": sinks["sink_prior_adv"],
+                "sink_loglik_adv": sinks["sink_loglik_adv"],
+            }
+            part = torch.stack(
+                [sums[k].double() for k in _stats.SUM_KEYS]
+                + [sink_values[k].double().sum(0) for k in SINK_SUM_KEYS]
+            )
             part = part.reshape(part.shape[0], len(group), n_h).transpose(0, 1)  # [g, key, head]
             for i, la in enumerate(group):
                 by_layer[la.layer] = part[i]
                 if self.keep_tensors:
                     self._sinks[-1][la.layer] = {
                         name: v.reshape(v.shape[0], len(group), n_h)[:, i].cpu()
-                        for name, v in sinks.items()}
+                        for name, v in sinks.items()
+                    }
         zero = torch.zeros_like(next(iter(by_layer.values())))
         self._pass_sums.append(torch.stack([by_layer.get(layer, zero) for layer in self.layers]))
         self._prompts += int(layers[0][0].q.shape[0])
 
-    def _maker(self, la: LayerAttention, heads: list[int], batch: Batch | None
-               ) -> Callable[..., Decomposition]:
+    def _maker(
+        self, la: LayerAttention, heads: list[int], batch: Batch | None
+    ) -> Callable[..., Decomposition]:
         def make(only: list[int] | None = None) -> Decomposition:
             tokens = batch.tokens if batch is not None else None
-            strs = [self.adapter.str_tokens(batch, row) for row in range(len(tokens))] \
-                if batch is not None and tokens is not None and self.adapter.tokenizer is not None \
+            strs = (
+                [self.adapter.str_tokens(batch, row) for row in range(len(tokens))]
+                if batch is not None and tokens is not None and self.adapter.tokenizer is not None
                 else ()
-            return decompose_layer(la, heads if only is None else only,
-                                   self.adapter.info.architecture, tokens, strs, self.dtype)
+            )
+            return decompose_layer(
+                la,
+                heads if only is None else only,
+                self.adapter.info.architecture,
+                tokens,
+                strs,
+                self.dtype,
+            )
+
         return make
 
     def forward(self, prompt: Prompt | Batch, padding_side: str = "right") -> torch.Tensor:
@@ -167,11 +224,18 @@ class OddsRatioCollector(Collector):
         else:
             exact = ExactSum.zeros((len(self.layers), keys, len(self.heads)))
         stats = HeadStats.from_exact(
-            self.adapter.info.architecture, tuple(self.layers), tuple(self.heads),
-            tuple(s.scale for s in specs), tuple(s.softcap for s in specs), self._prompts,
-            exact, _stats.SUM_KEYS)
-        return OddsRatioResult(stats, tuple(p.copy() for p in self._passes),
-                               tuple(dict(s) for s in self._sinks))
+            self.adapter.info.architecture,
+            tuple(self.layers),
+            tuple(self.heads),
+            tuple(s.scale for s in specs),
+            tuple(s.softcap for s in specs),
+            self._prompts,
+            exact,
+            _stats.SUM_KEYS,
+        )
+        return OddsRatioResult(
+            stats, tuple(p.copy() for p in self._passes), tuple(dict(s) for s in self._sinks)
+        )
 
 
 def sink_facts(la: LayerAttention) -> dict[str, torch.Tensor]:
@@ -199,15 +263,29 @@ def sink_facts(la: LayerAttention) -> dict[str, torch.Tensor]:
         torch.Size([1, 4])
     """
     masks = MaskFacts.of(la.allowed, la.query_valid, la.spec.causal, la.spec.window)
-    return _stats.layer_sums(la.q, la.k, la.scale, la.bias(), la.allowed, la.query_valid,
-                             la.softcap, masks=masks, sink=la.sink_logit)[1]
+    return _stats.layer_sums(
+        la.q,
+        la.k,
+        la.scale,
+        la.bias(),
+        la.allowed,
+        la.query_valid,
+        la.softcap,
+        masks=masks,
+        sink=la.sink_logit,
+    )[1]
 
 
 @contextmanager
-def attach(model: Any, *, layers: int | Sequence[int] | None = None,
-           heads: int | Sequence[int] | None = None, keep_tensors: bool = False,
-           dtype: torch.dtype = torch.float32,
-           threads: int | None = STAT_THREADS) -> Iterator[OddsRatioCollector]:
+def attach(
+    model: Any,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    keep_tensors: bool = False,
+    dtype: torch.dtype = torch.float32,
+    threads: int | None = STAT_THREADS,
+) -> Iterator[OddsRatioCollector]:
     """Collect odds-ratio statistics during every forward pass run inside the block.
 
     ``layers`` and ``heads`` select as in ``compute``; the collector's ``result()`` is an
@@ -239,15 +317,28 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
         (2, ['L1H0', 'L1H1', 'L1H2', 'L1H3'])
     """
     adapter = ModelAdapter.of(model)
-    collector = OddsRatioCollector(adapter, adapter.check_attention_layers(layers), adapter.check_heads(heads),
-                                   keep_tensors, dtype, threads)
+    collector = OddsRatioCollector(
+        adapter,
+        adapter.check_attention_layers(layers),
+        adapter.check_heads(heads),
+        keep_tensors,
+        dtype,
+        threads,
+    )
     with adapter.collecting(collector):
         yield collector
 
 
-def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
-            heads: int | Sequence[int] | None = None, keep_tensors: bool = True,
-            padding_side: str = "right", dtype: torch.dtype = torch.float32) -> OddsRatioResult:
+def compute(
+    model: Any,
+    prompt: Prompt | Batch,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    keep_tensors: bool = True,
+    padding_side: str = "right",
+    dtype: torch.dtype = torch.float32,
+) -> OddsRatioResult:
     """Run the model once on ``prompt`` and split the scores of the asked layers and heads.
 
     ``prompt`` is a string, a list of strings (padded on ``padding_side``), a token tensor or
@@ -276,7 +367,12 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
         (torch.Size([1, 4, 4]), torch.Size([1, 4, 4, 4]))
     """
     adapter = ModelAdapter.of(model)
-    collector = OddsRatioCollector(adapter, adapter.check_attention_layers(layers), adapter.check_heads(heads),
-                                   keep_tensors, dtype)
+    collector = OddsRatioCollector(
+        adapter,
+        adapter.check_attention_layers(layers),
+        adapter.check_heads(heads),
+        keep_tensors,
+        dtype,
+    )
     collector.forward(prompt, padding_side)
     return collector.result()

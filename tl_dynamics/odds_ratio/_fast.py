@@ -62,8 +62,9 @@ class MaskFacts:
     window: int | None
 
     @classmethod
-    def of(cls, allowed: Tensor, query_valid: Tensor, causal: bool = False,
-           window: int | None = None) -> "MaskFacts":
+    def of(
+        cls, allowed: Tensor, query_valid: Tensor, causal: bool = False, window: int | None = None
+    ) -> "MaskFacts":
         """``causal`` and ``window`` describe how ``allowed`` was built (the layer's spec):
         they bound the keys a query may see, and a causal mask without a window makes row sums
         prefix sums."""
@@ -71,13 +72,22 @@ class MaskFacts:
         n_allowed = allowed.sum(-1)
         key_valid = allowed.any(1)
         additive = torch.zeros(allowed.shape, device=allowed.device).masked_fill(
-            ~allowed, float("-inf"))
+            ~allowed, float("-inf")
+        )
         additive.masked_fill_((n_allowed == 0)[..., None], 0.0)  # rows with no key: never counted
-        return cls(allowed=allowed, query_valid=query_valid, allowed_f=allowed_f,
-                   n_allowed=n_allowed, n_safe=allowed_f.sum(-1).clamp(min=1.0)[:, None],
-                   key_valid=key_valid, prefix=key_valid if causal and window is None else None,
-                   additive=additive, valid_f=(query_valid & (n_allowed >= 2)).float(),
-                   causal=causal, window=window)
+        return cls(
+            allowed=allowed,
+            query_valid=query_valid,
+            allowed_f=allowed_f,
+            n_allowed=n_allowed,
+            n_safe=allowed_f.sum(-1).clamp(min=1.0)[:, None],
+            key_valid=key_valid,
+            prefix=key_valid if causal and window is None else None,
+            additive=additive,
+            valid_f=(query_valid & (n_allowed >= 2)).float(),
+            causal=causal,
+            window=window,
+        )
 
     def matches(self, allowed: Tensor, query_valid: Tensor) -> bool:
         """Whether these are the facts of ``allowed`` and ``query_valid`` (the same tensors)."""
@@ -90,9 +100,15 @@ class MaskFacts:
         return j0, max(j1, j0 + 1)
 
 
-def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
-              query_valid: Tensor, masks: MaskFacts | None = None,
-              layer_heads: int | None = None) -> dict[str, Tensor]:
+def row_facts(
+    q: Tensor,
+    k: Tensor,
+    scale: float,
+    allowed: Tensor,
+    query_valid: Tensor,
+    masks: MaskFacts | None = None,
+    layer_heads: int | None = None,
+) -> dict[str, Tensor]:
     """Row statistics like ``_stats._direct_row_facts``, without a position bias or soft-cap.
     ``masks`` are the facts of ``allowed`` and ``query_valid`` when known already;
     ``layer_heads`` is the number of heads of one layer when ``q`` holds several layers'."""
@@ -101,13 +117,27 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
         masks = MaskFacts.of(allowed, query_valid)
     group = max(1, CPU_CHUNK_ELEMENTS // (CPU_CHUNK_ROWS * n_batch * n_pos))
     if n_heads > group and not Collector.launch_bound(q.device):  # the CPU: heads in groups
-        groups = [row_facts(q[:, :, h0:h0 + group], k[:, :, h0:h0 + group], scale, allowed,
-                            query_valid, masks) for h0 in range(0, n_heads, group)]
+        groups = [
+            row_facts(
+                q[:, :, h0 : h0 + group],
+                k[:, :, h0 : h0 + group],
+                scale,
+                allowed,
+                query_valid,
+                masks,
+            )
+            for h0 in range(0, n_heads, group)
+        ]
         return {name: torch.cat([g[name] for g in groups], 1) for name in groups[0]}
     qh = q.permute(0, 2, 1, 3).contiguous()  # [b, h, i, d]: each chunk's product reads it
     kh = k.permute(0, 2, 1, 3).contiguous()  # in place (a strided view was copied per chunk)
     prior = (scale / 2.0) * kh.pow(2).sum(-1)  # [b, h, j]
-    key_valid, prefix, allowed_f, n_safe = masks.key_valid, masks.prefix, masks.allowed_f, masks.n_safe
+    key_valid, prefix, allowed_f, n_safe = (
+        masks.key_valid,
+        masks.prefix,
+        masks.allowed_f,
+        masks.n_safe,
+    )
     kv = key_valid[:, None]
     p_min = prior.masked_fill(~kv, float("inf")).amin(-1, keepdim=True)
 
@@ -127,8 +157,10 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
         # chunks: one per SCORE_BUDGET_LAYERS layers (the same count whatever the heads and
         # tokens), more only where a chunk would pass MAX_CHUNK_BYTES
         n_layers = max(1, n_heads // (layer_heads or n_heads))
-        n_chunks = max(-(-n_layers // SCORE_BUDGET_LAYERS),
-                       -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES))
+        n_chunks = max(
+            -(-n_layers // SCORE_BUDGET_LAYERS),
+            -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES),
+        )
         step = -(-n_pos // min(n_pos, n_chunks))
     else:  # the CPU: chunks that stay in cache (a launch costs next to nothing there)
         step = max(8, CPU_CHUNK_ELEMENTS // max(1, n_batch * n_heads * n_pos))
@@ -142,8 +174,9 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
     column = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
     # formed once per pass, sliced per chunk: each query's own key (a valid query may always
     # attend to itself), and the per-key prior columns the chunk products read
-    own_all = torch.arange(n_pos, device=q.device).view(1, 1, n_pos, 1).expand(
-        n_batch, n_heads, n_pos, 1)
+    own_all = (
+        torch.arange(n_pos, device=q.device).view(1, 1, n_pos, 1).expand(n_batch, n_heads, n_pos, 1)
+    )
     prior_col = prior.view(-1, n_pos, 1)
     shifted_col = shifted_prior.view(-1, n_pos, 1)
     for i0 in range(0, n_pos, step):
@@ -160,7 +193,8 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
         pr = prior[:, :, None, j0:j1]
         parts["sum_pr"].append(torch.linalg.vecdot(p, r))
         parts["pattern_prior"].append(
-            torch.bmm(p.view(-1, c, m), prior_col[:, j0:j1]).view(n_batch, n_heads, c))
+            torch.bmm(p.view(-1, c, m), prior_col[:, j0:j1]).view(n_batch, n_heads, c)
+        )
         if prefix is None:
             parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
         parts["lse_lik"].append(torch.logsumexp(s.sub_(pr), -1))
@@ -168,8 +202,9 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
         # centred in place (the row means are known already): no cancellation in the moments
         r.sub_(mean_r[..., i0:i1, None]).mul_(allowed_f[:, None, i0:i1, j0:j1])
         parts["sum_sq"].append(torch.linalg.vector_norm(r, dim=-1).square())
-        parts["cov_rp"].append(torch.bmm(r.view(-1, c, m), shifted_col[:, j0:j1])
-                               .view(n_batch, n_heads, c))
+        parts["cov_rp"].append(
+            torch.bmm(r.view(-1, c, m), shifted_col[:, j0:j1]).view(n_batch, n_heads, c)
+        )
     got = {n: v[0] if len(v) == 1 else torch.cat(v, -1) for n, v in parts.items()}
     lse, sum_pr, pattern_prior = got["lse"], got["sum_pr"], got["pattern_prior"]
 
@@ -178,14 +213,25 @@ def row_facts(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
     top = column.argmax(-1)  # [b, h]
     k_top = kh.gather(2, top[:, :, None, None].expand(-1, -1, 1, d))  # [b, h, 1, d]
     r_top = scale * (qh * k_top).sum(-1)
-    allowed_top = allowed.gather(2, top[:, None, :].expand(-1, n_pos, -1)).transpose(1, 2)  # [b, h, i]
+    allowed_top = allowed.gather(2, top[:, None, :].expand(-1, n_pos, -1)).transpose(
+        1, 2
+    )  # [b, h, i]
     pattern_top = torch.exp(r_top - lse) * allowed_top.float()
-    return {"var_r": var_r, "var_prior": var_prior, "cov_r_prior": cov_r_prior,
-            "mean_r": mean_r, "mean_prior": mean_p, "prior": prior,
-            "kl_prior": neg_entropy - pattern_prior + got["lse_prior"],
-            "kl_loglik": neg_entropy - (sum_pr - pattern_prior) + got["lse_lik"],
-            "neg_entropy": neg_entropy, "column": column, "top": top, "r_top": r_top,
-            "pattern_top": pattern_top}
+    return {
+        "var_r": var_r,
+        "var_prior": var_prior,
+        "cov_r_prior": cov_r_prior,
+        "mean_r": mean_r,
+        "mean_prior": mean_p,
+        "prior": prior,
+        "kl_prior": neg_entropy - pattern_prior + got["lse_prior"],
+        "kl_loglik": neg_entropy - (sum_pr - pattern_prior) + got["lse_lik"],
+        "neg_entropy": neg_entropy,
+        "column": column,
+        "top": top,
+        "r_top": r_top,
+        "pattern_top": pattern_top,
+    }
 
 
 def _row_sums(allowed_f: Tensor, values: Tensor, prefix: Tensor | None) -> Tensor:

@@ -97,9 +97,16 @@ class HeadStats:
     sum_keys: tuple[str, ...] = field(default=(), repr=False)
 
     @staticmethod
-    def from_exact(model: str, layers: tuple[int, ...], heads: tuple[int, ...],
-                   scale: tuple[float, ...], softcap: tuple[float | None, ...], n_prompts: int,
-                   exact: ExactSum, sum_keys: tuple[str, ...]) -> "HeadStats":
+    def from_exact(
+        model: str,
+        layers: tuple[int, ...],
+        heads: tuple[int, ...],
+        scale: tuple[float, ...],
+        softcap: tuple[float | None, ...],
+        n_prompts: int,
+        exact: ExactSum,
+        sum_keys: tuple[str, ...],
+    ) -> "HeadStats":
         """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + SINK_SUM_KEYS``).
 
         How saved statistics are rebuilt (``scale.load_stats``) and how ``merge`` forms its result.
@@ -127,13 +134,25 @@ class HeadStats:
         """
         keys = tuple(sum_keys) + SINK_SUM_KEYS
         if exact.shape != (len(layers), len(keys), len(heads)):
-            raise TLDynamicsError(f"exact sums of shape {exact.shape} do not fit {len(layers)} "
-                                  f"layers, {len(keys)} sums and {len(heads)} heads")
+            raise TLDynamicsError(
+                f"exact sums of shape {exact.shape} do not fit {len(layers)} "
+                f"layers, {len(keys)} sums and {len(heads)} heads"
+            )
         values = exact.value()
         sums = {k: values[:, i] for i, k in enumerate(sum_keys)}
         sink = {k: values[:, len(sum_keys) + i] for i, k in enumerate(SINK_SUM_KEYS)}
-        return HeadStats(model, tuple(layers), tuple(heads), tuple(scale), tuple(softcap),
-                         int(n_prompts), sums, sink, exact, tuple(sum_keys))
+        return HeadStats(
+            model,
+            tuple(layers),
+            tuple(heads),
+            tuple(scale),
+            tuple(softcap),
+            int(n_prompts),
+            sums,
+            sink,
+            exact,
+            tuple(sum_keys),
+        )
 
     def merge(self, other: "HeadStats") -> "HeadStats":
         """Both runs' statistics together, exactly (any order gives the same bits).
@@ -156,23 +175,41 @@ class HeadStats:
         if not isinstance(other, HeadStats):
             raise TLDynamicsError(f"can only merge HeadStats, got {type(other).__name__}")
         if self.exact is None or other.exact is None:
-            raise TLDynamicsError("cannot merge HeadStats without exact sums (build them with "
-                                  "odds_ratio.compute/attach or HeadStats.from_exact)")
+            raise TLDynamicsError(
+                "cannot merge HeadStats without exact sums (build them with "
+                "odds_ratio.compute/attach or HeadStats.from_exact)"
+            )
         mine = (self.model, self.layers, self.heads, self.scale, self.softcap, self.sum_keys)
-        theirs = (other.model, other.layers, other.heads, other.scale, other.softcap,
-                  other.sum_keys)
+        theirs = (
+            other.model,
+            other.layers,
+            other.heads,
+            other.scale,
+            other.softcap,
+            other.sum_keys,
+        )
         if mine != theirs:
             names = ("model", "layers", "heads", "scale", "softcap", "sum_keys")
             diff = [n for n, a, b in zip(names, mine, theirs) if a != b]
-            raise TLDynamicsError(f"cannot merge odds-ratio statistics computed differently: they "
-                                  f"differ in {diff}")
-        return HeadStats.from_exact(self.model, self.layers, self.heads, self.scale,
-                                    self.softcap, self.n_prompts + other.n_prompts,
-                                    self.exact + other.exact, self.sum_keys)
+            raise TLDynamicsError(
+                f"cannot merge odds-ratio statistics computed differently: they differ in {diff}"
+            )
+        return HeadStats.from_exact(
+            self.model,
+            self.layers,
+            self.heads,
+            self.scale,
+            self.softcap,
+            self.n_prompts + other.n_prompts,
+            self.exact + other.exact,
+            self.sum_keys,
+        )
 
     def __repr__(self) -> str:
-        return (f"HeadStats({self.model}, layers={list(self.layers)}, heads={list(self.heads)}, "
-                f"prompts={self.n_prompts})")
+        return (
+            f"HeadStats({self.model}, layers={list(self.layers)}, heads={list(self.heads)}, "
+            f"prompts={self.n_prompts})"
+        )
 
     def _ratio(self, num: np.ndarray, den: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -211,14 +248,26 @@ class HeadStats:
         s = self.sums
         var_r = s["var_r"]
         cov_r_loglik = var_r - s["cov_r_prior"] - s["cov_r_bias"]
-        var_loglik = (var_r + s["var_prior"] + s["var_bias"] - 2 * s["cov_r_prior"]
-                      - 2 * s["cov_r_bias"] + 2 * s["cov_prior_bias"])
+        var_loglik = (
+            var_r
+            + s["var_prior"]
+            + s["var_bias"]
+            - 2 * s["cov_r_prior"]
+            - 2 * s["cov_r_bias"]
+            + 2 * s["cov_prior_bias"]
+        )
         cov_prior_loglik = s["cov_r_prior"] - s["var_prior"] - s["cov_prior_bias"]
         cov_bias_loglik = s["cov_r_bias"] - s["cov_prior_bias"] - s["var_bias"]
-        raw = {"attr_prior": s["cov_r_prior"], "attr_loglik": cov_r_loglik, "attr_bias": s["cov_r_bias"],
-               "var_prior": s["var_prior"], "var_loglik": var_loglik, "var_bias": s["var_bias"],
-               "cov_prior_loglik": 2 * cov_prior_loglik,
-               "cov_bias": 2 * (s["cov_prior_bias"] + cov_bias_loglik)}
+        raw = {
+            "attr_prior": s["cov_r_prior"],
+            "attr_loglik": cov_r_loglik,
+            "attr_bias": s["cov_r_bias"],
+            "var_prior": s["var_prior"],
+            "var_loglik": var_loglik,
+            "var_bias": s["var_bias"],
+            "cov_prior_loglik": 2 * cov_prior_loglik,
+            "cov_bias": 2 * (s["cov_prior_bias"] + cov_bias_loglik),
+        }
         return {k: self._ratio(v, var_r) for k, v in raw.items()}
 
     def means(self) -> dict[str, np.ndarray]:
@@ -238,8 +287,9 @@ class HeadStats:
         """
         rows = self.sums["rows"]
         out = {k: self._ratio(self.sums[k], rows) for k in ("kl_prior", "kl_loglik", "entropy")}
-        out["learned_sink_mass"] = self._ratio(self.sums.get("learned_sink", np.zeros_like(rows)),
-                                               rows)
+        out["learned_sink_mass"] = self._ratio(
+            self.sums.get("learned_sink", np.zeros_like(rows)), rows
+        )
         return out
 
     def labels(self, threshold: float = LABEL_THRESHOLD) -> np.ndarray:
@@ -284,9 +334,14 @@ class HeadStats:
         records = []
         for a, layer in enumerate(self.layers):
             for b, head in enumerate(self.heads):
-                rec: dict[str, Any] = {"head": head_name(layer, head), "layer": layer, "head_index": head,
-                                       "sigma2": 1.0 / self.scale[a],
-                                       "softcap": self.softcap[a], "rows": int(self.sums["rows"][a, b])}
+                rec: dict[str, Any] = {
+                    "head": head_name(layer, head),
+                    "layer": layer,
+                    "head_index": head,
+                    "sigma2": 1.0 / self.scale[a],
+                    "softcap": self.softcap[a],
+                    "rows": int(self.sums["rows"][a, b]),
+                }
                 rec.update({k: float(v[a, b]) for k, v in sh.items()})
                 rec.update({k: float(v[a, b]) for k, v in mn.items()})
                 rec["label"] = lab[a, b]
@@ -314,5 +369,6 @@ class HeadStats:
             True
         """
         capped = [layer for layer, cap in zip(self.layers, self.softcap) if cap is not None]
-        return _views.stats_view(self.to_dataframe(), self.model, self.n_prompts, capped,
-                                 LABEL_THRESHOLD, max_rows)
+        return _views.stats_view(
+            self.to_dataframe(), self.model, self.n_prompts, capped, LABEL_THRESHOLD, max_rows
+        )

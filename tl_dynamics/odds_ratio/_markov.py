@@ -30,9 +30,11 @@ def _check(S: Tensor) -> Tensor:
     S = S.detach().double().cpu()
     err = (S.sum(-1) - 1).abs().max().item()
     if err > ROW_SUM_TOL or (S < 0).any():
-        raise TLDynamicsError(f"a pattern must be row-stochastic (rows >= 0 summing to 1 within "
-                              f"{ROW_SUM_TOL}); largest row-sum error {err:.3g}: drop padding rows "
-                              "and columns first")
+        raise TLDynamicsError(
+            f"a pattern must be row-stochastic (rows >= 0 summing to 1 within "
+            f"{ROW_SUM_TOL}); largest row-sum error {err:.3g}: drop padding rows "
+            "and columns first"
+        )
     return S
 
 
@@ -74,15 +76,19 @@ def absorption_steps(S: Float[Tensor, "pos pos"]) -> Float[Tensor, " pos"]:
     positions ``1..n-1`` (``inf`` where another position is absorbing, ``S_ii = 1``)."""
     S = _check(S)
     if not is_lower_triangular(S):
-        raise TLDynamicsError("absorption_steps needs a causal (lower-triangular) pattern; "
-                              "use stationary() for a bidirectional head")
+        raise TLDynamicsError(
+            "absorption_steps needs a causal (lower-triangular) pattern; "
+            "use stationary() for a bidirectional head"
+        )
     n = S.shape[0]
     steps = torch.zeros(n, dtype=S.dtype)
     T = S[1:, 1:]
     # Lower-triangular: t_i = (1 + sum_{0<j<i} S_ij t_j) / (1 - S_ii), forward substitution.
     for i in range(n - 1):
         stay = 1.0 - T[i, i].item()
-        steps[i + 1] = float("inf") if stay <= 0 else (1.0 + (T[i, :i] * steps[1:i + 1]).sum()) / stay
+        steps[i + 1] = (
+            float("inf") if stay <= 0 else (1.0 + (T[i, :i] * steps[1 : i + 1]).sum()) / stay
+        )
     return steps
 
 
@@ -101,25 +107,33 @@ class ChainSummary:
     head: int
     tokens: tuple[str, ...]
     causal: bool
-    stationary: Tensor          # bidirectional: pi S = pi; causal: delta at position 0
-    damped_stationary: Tensor   # PageRank-style, alpha = DAMPING
+    stationary: Tensor  # bidirectional: pi S = pi; causal: delta at position 0
+    damped_stationary: Tensor  # PageRank-style, alpha = DAMPING
     absorption_steps: Tensor | None  # causal only
-    eigenvalues: Tensor         # complex
+    eigenvalues: Tensor  # complex
     singular_values: Tensor
     effective_rank: float
     row_entropy: Tensor
 
     def to_dataframe(self) -> pd.DataFrame:
-        data = {"token": list(self.tokens), "stationary": self.stationary.tolist(),
-                "damped_stationary": self.damped_stationary.tolist(),
-                "row_entropy": self.row_entropy.tolist()}
+        data = {
+            "token": list(self.tokens),
+            "stationary": self.stationary.tolist(),
+            "damped_stationary": self.damped_stationary.tolist(),
+            "row_entropy": self.row_entropy.tolist(),
+        }
         if self.absorption_steps is not None:
             data["absorption_steps"] = self.absorption_steps.tolist()
         return pd.DataFrame(data)
 
 
-def chain_summary(S: Float[Tensor, "pos pos"], layer: int = -1, head: int = -1,
-                  tokens: Sequence[str] = (), alpha: float = DAMPING) -> ChainSummary:
+def chain_summary(
+    S: Float[Tensor, "pos pos"],
+    layer: int = -1,
+    head: int = -1,
+    tokens: Sequence[str] = (),
+    alpha: float = DAMPING,
+) -> ChainSummary:
     """All Markov-chain statistics of one pattern (already restricted to real positions)."""
     S64 = _check(S)
     causal = is_lower_triangular(S64) and S64.shape[0] > 1
@@ -132,15 +146,24 @@ def chain_summary(S: Float[Tensor, "pos pos"], layer: int = -1, head: int = -1,
         pi, steps = stationary(S64), None
     logs = torch.where(S64 > 0, S64.log(), torch.zeros_like(S64))
     sv = torch.linalg.svdvals(S64)
-    return ChainSummary(layer=layer, head=head, tokens=tuple(tokens) or tuple(map(str, range(n))),
-                        causal=causal, stationary=pi, damped_stationary=damped_stationary(S64, alpha),
-                        absorption_steps=steps, eigenvalues=torch.linalg.eigvals(S64),
-                        singular_values=sv, effective_rank=effective_rank(sv),
-                        row_entropy=(-(S64 * logs).sum(-1)).clamp(min=0.0))
+    return ChainSummary(
+        layer=layer,
+        head=head,
+        tokens=tuple(tokens) or tuple(map(str, range(n))),
+        causal=causal,
+        stationary=pi,
+        damped_stationary=damped_stationary(S64, alpha),
+        absorption_steps=steps,
+        eigenvalues=torch.linalg.eigvals(S64),
+        singular_values=sv,
+        effective_rank=effective_rank(sv),
+        row_entropy=(-(S64 * logs).sum(-1)).clamp(min=0.0),
+    )
 
 
-def compose(patterns: Sequence[Float[Tensor, "pos pos"]], residual: float | None = None
-            ) -> Float[Tensor, "pos pos"]:
+def compose(
+    patterns: Sequence[Float[Tensor, "pos pos"]], residual: float | None = None
+) -> Float[Tensor, "pos pos"]:
     """Compose patterns through depth, first layer first: ``S_L ... S_2 S_1``.
 
     With ``residual`` (attention rollout, Abnar & Zuidema 2020, who use 0.5) each layer is
@@ -160,8 +183,10 @@ def compose(patterns: Sequence[Float[Tensor, "pos pos"]], residual: float | None
     for S in patterns:
         S = _check(S)
         if out is not None and S.shape != out.shape:
-            raise TLDynamicsError(f"patterns to compose must share a shape; got {tuple(S.shape)} "
-                                  f"after {tuple(out.shape)}")
+            raise TLDynamicsError(
+                f"patterns to compose must share a shape; got {tuple(S.shape)} "
+                f"after {tuple(out.shape)}"
+            )
         if residual is not None:
             S = (1 - residual) * S + residual * torch.eye(S.shape[0], dtype=S.dtype)
         out = S if out is None else S @ out

@@ -8,12 +8,14 @@ from tl_dynamics.odds_ratio._collect import compute
 from tl_dynamics.odds_ratio._result import LABEL_THRESHOLD
 
 TITLE = "Attention as odds ratios: key prior vs distance likelihood"
-INTRO = ("Every attention score splits exactly into a query term (constant along the row), a key "
-         "prior (c/2)|k_j|^2 and a distance log-likelihood -(c/2)|q_i-k_j|^2 (plus any position "
-         "bias): attention is a posterior over source positions, prior times likelihood, at "
-         "temperature sigma^2 = 1/c. A head is prior-driven when the key prior carries at least "
-         f"{LABEL_THRESHOLD:.2f} of the row-centred score variance (additive attribution "
-         "Cov(term, r)/Var(r)), likelihood-driven when the log-likelihood does (docs/math.md §2.1, §2.2).")
+INTRO = (
+    "Every attention score splits exactly into a query term (constant along the row), a key "
+    "prior (c/2)|k_j|^2 and a distance log-likelihood -(c/2)|q_i-k_j|^2 (plus any position "
+    "bias): attention is a posterior over source positions, prior times likelihood, at "
+    "temperature sigma^2 = 1/c. A head is prior-driven when the key prior carries at least "
+    f"{LABEL_THRESHOLD:.2f} of the row-centred score variance (additive attribution "
+    "Cov(term, r)/Var(r)), likelihood-driven when the log-likelihood does (docs/math.md §2.1, §2.2)."
+)
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
@@ -37,5 +39,6 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         'Attention as odds ratios: key prior vs distance likelihood'
     """
     result = compute(adapter, batch)
-    page.add_section(TITLE, list(result.show_extremes(row=0).components), INTRO,
-                     math="docs/math.md §2")
+    page.add_section(
+        TITLE, list(result.show_extremes(row=0).components), INTRO, math="docs/math.md §2"
+    )

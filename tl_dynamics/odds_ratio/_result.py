@@ -16,6 +16,7 @@ from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
 from tl_dynamics.odds_ratio._headstats import LABEL_THRESHOLD, HeadStats, head_name
+
 # Re-exported: the collector and the tests read them here.
 from tl_dynamics.odds_ratio._headstats import SINK_SUM_KEYS as SINK_SUM_KEYS
 from tl_dynamics.odds_ratio._headstats import label as label
@@ -47,8 +48,10 @@ class Decomposition:
     softcap: float | None
 
     def __repr__(self) -> str:
-        return (f"Decomposition({self.model}, layer={self.layer}, heads={list(self.heads)}, "
-                f"batch={tuple(self.tokens.shape)}, precap={self.softcap is not None})")
+        return (
+            f"Decomposition({self.model}, layer={self.layer}, heads={list(self.heads)}, "
+            f"batch={tuple(self.tokens.shape)}, precap={self.softcap is not None})"
+        )
 
     @property
     def precap(self) -> bool:
@@ -57,8 +60,10 @@ class Decomposition:
 
     def head_index(self, head: int) -> int:
         if head not in self.heads:
-            raise TLDynamicsError(f"head {head!r} was not decomposed in layer {self.layer}; "
-                                  f"decomposed heads: {list(self.heads)}")
+            raise TLDynamicsError(
+                f"head {head!r} was not decomposed in layer {self.layer}; "
+                f"decomposed heads: {list(self.heads)}"
+            )
         return self.heads.index(head)
 
     @property
@@ -79,9 +84,12 @@ class Decomposition:
 
         def log(p: Tensor) -> Tensor:
             return torch.where(self.allowed[:, None], p.clamp(min=1e-45).log(), float("-inf"))
+
         log_real = log(self.pattern)
-        return {"prior": row_kl(log_real, log(self.prior_pattern)),
-                "loglik": row_kl(log_real, log(self.likelihood_pattern))}
+        return {
+            "prior": row_kl(log_real, log(self.prior_pattern)),
+            "loglik": row_kl(log_real, log(self.likelihood_pattern)),
+        }
 
     def to_dataframe(self, row: int = 0) -> pd.DataFrame:
         """Per key of prompt ``row``: key prior per head and attention received."""
@@ -90,24 +98,41 @@ class Decomposition:
         frames = []
         for b, head in enumerate(self.heads):
             received = (self.pattern[row, b] * self.query_valid[row, :, None]).sum(0)[valid]
-            frames.append(pd.DataFrame({"head": head_name(self.layer, head),
-                                        "position": torch.nonzero(valid).flatten().tolist(),
-                                        "token": toks,
-                                        "key_prior": self.parts.key_prior[row, b][valid].tolist(),
-                                        "attention_received": received.tolist()}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "head": head_name(self.layer, head),
+                        "position": torch.nonzero(valid).flatten().tolist(),
+                        "token": toks,
+                        "key_prior": self.parts.key_prior[row, b][valid].tolist(),
+                        "attention_received": received.tolist(),
+                    }
+                )
+            )
         return pd.concat(frames, ignore_index=True)
 
     def show(self, heads: int | list[int] | None = None, row: int = 0) -> viz.Group:
         """Real pattern beside prior-only and likelihood-only patterns, the three score parts,
         and the key prior per token of prompt ``row``'s real positions (``tl_dynamics.viz``)."""
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.tokens.shape[0]:
-            raise TLDynamicsError(f"row {row!r} is out of range: the decomposition has "
-                                  f"{self.tokens.shape[0]} prompts (valid: 0..{self.tokens.shape[0] - 1})")
-        chosen = list(self.heads) if heads is None else [heads] if isinstance(heads, int) else list(heads)
+            raise TLDynamicsError(
+                f"row {row!r} is out of range: the decomposition has "
+                f"{self.tokens.shape[0]} prompts (valid: 0..{self.tokens.shape[0] - 1})"
+            )
+        chosen = (
+            list(self.heads)
+            if heads is None
+            else [heads]
+            if isinstance(heads, int)
+            else list(heads)
+        )
         idx = [self.head_index(h) for h in chosen]  # raises naming the decomposed heads
         real = torch.nonzero(self.allowed[row].any(0)).flatten()
-        tokens = list(self.str_tokens[row]) if self.str_tokens else \
-            [str(i) for i in range(self.tokens.shape[1])]
+        tokens = (
+            list(self.str_tokens[row])
+            if self.str_tokens
+            else [str(i) for i in range(self.tokens.shape[1])]
+        )
         tokens = [tokens[i] for i in real.tolist()]
         allowed = self.allowed[row][real][:, real]
         causal = bool((torch.triu(allowed.float(), diagonal=1) == 0).all())
@@ -116,14 +141,28 @@ class Decomposition:
             return t[row][idx][:, real][:, :, real].float().masked_fill(~allowed, 0.0)
 
         p = self.parts
-        parts = {"query_term": p.query_term[..., :, None].expand_as(p.loglik),
-                 "key_prior": p.key_prior[..., None, :].expand_as(p.loglik), "loglik": p.loglik}
+        parts = {
+            "query_term": p.query_term[..., :, None].expand_as(p.loglik),
+            "key_prior": p.key_prior[..., None, :].expand_as(p.loglik),
+            "loglik": p.loglik,
+        }
         return _views.decomposition_view(
-            self.layer, tokens, [head_name(self.layer, h) for h in chosen], causal, allowed,
-            {"real": sub(self.pattern), "prior-only": sub(self.prior_pattern),
-             "likelihood-only": sub(self.likelihood_pattern)},
-            {k: sub(v) for k, v in parts.items()}, p.key_prior[row][idx][:, real].T.float(),
-            p.sigma2, self.precap, learned_sink=p.sink is not None)
+            self.layer,
+            tokens,
+            [head_name(self.layer, h) for h in chosen],
+            causal,
+            allowed,
+            {
+                "real": sub(self.pattern),
+                "prior-only": sub(self.prior_pattern),
+                "likelihood-only": sub(self.likelihood_pattern),
+            },
+            {k: sub(v) for k, v in parts.items()},
+            p.key_prior[row][idx][:, real].T.float(),
+            p.sigma2,
+            self.precap,
+            learned_sink=p.sink is not None,
+        )
 
 
 @dataclass(frozen=True)
@@ -159,8 +198,9 @@ class OddsRatioResult:
             raise TLDynamicsError("no per-prompt tensors were kept: pass keep_tensors=True")
         first = self.decompositions[0]
         if layer not in first:
-            raise TLDynamicsError(f"layer {layer!r} was not decomposed; decomposed layers: "
-                                  f"{sorted(first)}")
+            raise TLDynamicsError(
+                f"layer {layer!r} was not decomposed; decomposed layers: {sorted(first)}"
+            )
         return first[layer]
 
     def _head(self, layer: int, head: int) -> Decomposition:
@@ -215,15 +255,24 @@ class OddsRatioResult:
                         pos = int(facts["sink_position"][b, h])
                         prior_adv = float(facts["sink_prior_adv"][b, h])
                         loglik_adv = float(facts["sink_loglik_adv"][b, h])
-                        records.append({
-                            "pass": p, "prompt": b, "head": head_name(layer, head), "layer": layer,
-                            "position": pos, "token": toks[pos] if pos < len(toks) else str(pos),
-                            "mass": float(facts["sink_mass"][b, h]), "prior_adv": prior_adv,
-                            "loglik_adv": loglik_adv, "bias_adv": float(facts["sink_bias_adv"][b, h]),
-                            "prior_rank": int(facts["sink_prior_rank"][b, h]),
-                            "dominance": float(facts["sink_dominance"][b, h]),
-                            "learned_sink_mass": float(facts["learned_sink_mass"][b, h]),
-                            "wins_by": "prior" if prior_adv > loglik_adv else "likelihood"})
+                        records.append(
+                            {
+                                "pass": p,
+                                "prompt": b,
+                                "head": head_name(layer, head),
+                                "layer": layer,
+                                "position": pos,
+                                "token": toks[pos] if pos < len(toks) else str(pos),
+                                "mass": float(facts["sink_mass"][b, h]),
+                                "prior_adv": prior_adv,
+                                "loglik_adv": loglik_adv,
+                                "bias_adv": float(facts["sink_bias_adv"][b, h]),
+                                "prior_rank": int(facts["sink_prior_rank"][b, h]),
+                                "dominance": float(facts["sink_dominance"][b, h]),
+                                "learned_sink_mass": float(facts["learned_sink_mass"][b, h]),
+                                "wins_by": "prior" if prior_adv > loglik_adv else "likelihood",
+                            }
+                        )
         return pd.DataFrame.from_records(records)
 
     def extreme_heads(self) -> list[tuple[int, int, str, float]]:
@@ -267,8 +316,14 @@ class OddsRatioResult:
             >>> type(view).__name__
             'Group'
         """
-        layers = [self.decompositions[0][layer].show(heads, row)
-                  for layer in sorted(self.decompositions[0])] if self.decompositions else []
+        layers = (
+            [
+                self.decompositions[0][layer].show(heads, row)
+                for layer in sorted(self.decompositions[0])
+            ]
+            if self.decompositions
+            else []
+        )
         return _views.result_view(self.stats.show(), layers, self.stats.model)
 
     def show_extremes(self, row: int = 0) -> viz.Group:
@@ -289,6 +344,8 @@ class OddsRatioResult:
             >>> type(view).__name__
             'Group'
         """
-        picks = [(head_name(layer, head), key, value, self._head(layer, head).show([head], row))
-                 for layer, head, key, value in self.extreme_heads()]
+        picks = [
+            (head_name(layer, head), key, value, self._head(layer, head).show([head], row))
+            for layer, head, key, value in self.extreme_heads()
+        ]
         return _views.extremes_view(self.stats.show(), picks, self.stats.model, LABEL_THRESHOLD)

@@ -125,12 +125,19 @@ def simplex_lstsq(M: Float[Tensor, "d n"], y: Float[Tensor, " d"]) -> SimplexSol
     M64 = torch.as_tensor(M).detach().double().cpu().numpy()
     y64 = torch.as_tensor(y).detach().double().cpu().numpy()
     if M64.ndim != 2 or y64.ndim != 1 or M64.shape[0] != y64.shape[0] or M64.shape[1] == 0:
-        raise TLDynamicsError(f"simplex_lstsq needs M [d, n] with n >= 1 and y [d]; got M "
-                              f"{tuple(M64.shape)} and y {tuple(y64.shape)}")
+        raise TLDynamicsError(
+            f"simplex_lstsq needs M [d, n] with n >= 1 and y [d]; got M "
+            f"{tuple(M64.shape)} and y {tuple(y64.shape)}"
+        )
     if not (np.isfinite(M64).all() and np.isfinite(y64).all()):
         raise TLDynamicsError("simplex_lstsq: M and y must be finite")
     P = M64.T - y64[None, :]
     coords, iterations = min_norm_point(P)
     residual = coords @ P
-    return SimplexSolution(coords=coords, residual=residual, objective=float(residual @ residual),
-                           kkt=kkt_residual(P, coords), iterations=iterations)
+    return SimplexSolution(
+        coords=coords,
+        residual=residual,
+        objective=float(residual @ residual),
+        kkt=kkt_residual(P, coords),
+        iterations=iterations,
+    )

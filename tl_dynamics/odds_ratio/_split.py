@@ -69,10 +69,14 @@ class ScoreParts:
         return out if self.bias is None else out + self.bias
 
 
-def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
-                 scale: float, bias: Float[Tensor, "batch head pos pos"] | None = None,
-                 dtype: torch.dtype = torch.float32,
-                 sink: Float[Tensor, " head"] | None = None) -> ScoreParts:
+def split_scores(
+    q: Float[Tensor, "batch pos head d_head"],
+    k: Float[Tensor, "batch pos head d_head"],
+    scale: float,
+    bias: Float[Tensor, "batch head pos pos"] | None = None,
+    dtype: torch.dtype = torch.float32,
+    sink: Float[Tensor, " head"] | None = None,
+) -> ScoreParts:
     """Split ``c <q_i, k_j> + p_ij`` into query term, key prior, distance log-likelihood, bias.
 
     ``c <q, k> = (c/2)|q|^2 + (c/2)|k|^2 - (c/2)|q - k|^2``: the query term is constant along a
@@ -110,8 +114,10 @@ def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "ba
         True
     """
     if q.ndim != 4 or k.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        raise TLDynamicsError(f"q and k must be [batch, pos, head, d_head] with the same batch, "
-                              f"heads and d_head; got q {tuple(q.shape)} and k {tuple(k.shape)}")
+        raise TLDynamicsError(
+            f"q and k must be [batch, pos, head, d_head] with the same batch, "
+            f"heads and d_head; got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
     if not scale > 0:
         raise TLDynamicsError(f"score scale c must be positive (sigma^2 = 1/c), got {scale}")
     qh = q.to(dtype).permute(0, 2, 1, 3)  # [b, h, i, d]
@@ -121,8 +127,9 @@ def split_scores(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "ba
     key_prior = half * kh.pow(2).sum(-1)
     loglik = -half * _squared_distances(qh, kh)
     bias = None if bias is None else bias.to(dtype).expand_as(loglik)
-    return ScoreParts(query_term, key_prior, loglik, bias, float(scale),
-                      None if sink is None else sink.to(dtype))
+    return ScoreParts(
+        query_term, key_prior, loglik, bias, float(scale), None if sink is None else sink.to(dtype)
+    )
 
 
 # Largest [batch, head, q-chunk, k, d_head] difference tensor formed at once.
@@ -133,12 +140,18 @@ def _squared_distances(qh: Tensor, kh: Tensor) -> Tensor:
     """``|q_i - k_j|^2`` from the differences themselves (no cancellation), in query chunks."""
     b, h, n_q, d = qh.shape
     step = max(1, _CHUNK_ELEMENTS // max(1, b * h * kh.shape[2] * d))
-    return torch.cat([(qh[:, :, i:i + step, None] - kh[:, :, None]).pow(2).sum(-1)
-                      for i in range(0, n_q, step)], dim=2)
+    return torch.cat(
+        [
+            (qh[:, :, i : i + step, None] - kh[:, :, None]).pow(2).sum(-1)
+            for i in range(0, n_q, step)
+        ],
+        dim=2,
+    )
 
 
-def counterfactual_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"]
-                            ) -> tuple[Float[Tensor, "batch head q k"], Float[Tensor, "batch head q k"]]:
+def counterfactual_patterns(
+    parts: ScoreParts, allowed: Bool[Tensor, "batch q k"]
+) -> tuple[Float[Tensor, "batch head q k"], Float[Tensor, "batch head q k"]]:
     """Prior-only ``softmax(key_prior + p)`` and likelihood-only ``softmax(loglik + p)``.
 
     Both are taken over the allowed keys and are not soft-capped (the cap acts on the whole
@@ -165,15 +178,21 @@ def counterfactual_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"
         (torch.Size([1, 4, 4, 4]), True)
     """
     if parts.sink is None:
-        return (masked_softmax(parts.prior_logits(), allowed),
-                masked_softmax(parts.likelihood_logits(), allowed))
-    return (masked_softmax(parts.prior_logits(), allowed, parts.sink),
-            masked_softmax(parts.likelihood_logits(), allowed, torch.zeros_like(parts.sink)))
+        return (
+            masked_softmax(parts.prior_logits(), allowed),
+            masked_softmax(parts.likelihood_logits(), allowed),
+        )
+    return (
+        masked_softmax(parts.prior_logits(), allowed, parts.sink),
+        masked_softmax(parts.likelihood_logits(), allowed, torch.zeros_like(parts.sink)),
+    )
 
 
-def log_softmax_with_sink(logits: Float[Tensor, "batch head q k"],
-                          allowed: Bool[Tensor, "batch q k"], sink: Float[Tensor, " head"]
-                          ) -> Float[Tensor, "batch head q k_plus_1"]:
+def log_softmax_with_sink(
+    logits: Float[Tensor, "batch head q k"],
+    allowed: Bool[Tensor, "batch q k"],
+    sink: Float[Tensor, " head"],
+) -> Float[Tensor, "batch head q k_plus_1"]:
     """Log-softmax over the allowed keys and a virtual key of logit ``sink_h`` (the last
     column); ``-inf`` off the mask. Rows with no allowed key put everything on the virtual key.
 
@@ -188,8 +207,9 @@ def log_softmax_with_sink(logits: Float[Tensor, "batch head q k"],
     return torch.log_softmax(torch.cat([masked, column], dim=-1), dim=-1)
 
 
-def sink_log_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"],
-                      softcap: float | None) -> tuple[Tensor, Tensor, Tensor]:
+def sink_log_patterns(
+    parts: ScoreParts, allowed: Bool[Tensor, "batch q k"], softcap: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """Log real, prior-only and likelihood-only patterns over the real keys and the virtual
     key of a learned sink (last column), from the parts themselves (no ``1 - sum``
     cancellation; docs/math.md §2.6). The real one is soft-capped where the layer is."""
@@ -198,9 +218,11 @@ def sink_log_patterns(parts: ScoreParts, allowed: Bool[Tensor, "batch q k"],
         raise TLDynamicsError("these score parts have no learned sink (ScoreParts.sink is None)")
     total = parts.total()
     real = total if softcap is None else softcap * torch.tanh(total / softcap)
-    return (log_softmax_with_sink(real, allowed, sink),
-            log_softmax_with_sink(parts.prior_logits(), allowed, sink),
-            log_softmax_with_sink(parts.likelihood_logits(), allowed, torch.zeros_like(sink)))
+    return (
+        log_softmax_with_sink(real, allowed, sink),
+        log_softmax_with_sink(parts.prior_logits(), allowed, sink),
+        log_softmax_with_sink(parts.likelihood_logits(), allowed, torch.zeros_like(sink)),
+    )
 
 
 def row_kl(log_p: Float[Tensor, "... k"], log_q: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:

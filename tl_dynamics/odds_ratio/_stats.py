@@ -25,10 +25,29 @@ if TYPE_CHECKING:
 
 # Sums kept per head (names of the streaming accumulators).
 # ``learned_sink``: the mass a layer's learned attention sink absorbs (GPT-OSS; zero elsewhere).
-SUM_KEYS = ("rows", "var_r", "var_prior", "var_bias", "cov_r_prior", "cov_r_bias",
-            "cov_prior_bias", "kl_prior", "kl_loglik", "entropy", "learned_sink")
-SINK_KEYS = ("sink_mass", "sink_position", "sink_prior_adv", "sink_loglik_adv",
-             "sink_bias_adv", "sink_prior_rank", "sink_dominance", "learned_sink_mass")
+SUM_KEYS = (
+    "rows",
+    "var_r",
+    "var_prior",
+    "var_bias",
+    "cov_r_prior",
+    "cov_r_bias",
+    "cov_prior_bias",
+    "kl_prior",
+    "kl_loglik",
+    "entropy",
+    "learned_sink",
+)
+SINK_KEYS = (
+    "sink_mass",
+    "sink_position",
+    "sink_prior_adv",
+    "sink_loglik_adv",
+    "sink_bias_adv",
+    "sink_prior_rank",
+    "sink_dominance",
+    "learned_sink_mass",
+)
 # A prompt's sink counts as a sink (``sink_first_share``) only when its column takes at least
 # this many times the attention of the next-largest column: a previous-token head gives every
 # key about one row's worth, so its largest column is a near-tie, not a sink (docs/math.md §2.3).
@@ -39,8 +58,11 @@ def _masked_lse(x: Tensor, allowed: Tensor) -> Tensor:
     return torch.logsumexp(x.masked_fill(~allowed, float("-inf")), dim=-1)
 
 
-def _key_lse(values: Float[Tensor, "batch head k"], allowed_f: Float[Tensor, "batch q k"],
-             allowed: Bool[Tensor, "batch head q k"]) -> Float[Tensor, "batch head q"]:
+def _key_lse(
+    values: Float[Tensor, "batch head k"],
+    allowed_f: Float[Tensor, "batch q k"],
+    allowed: Bool[Tensor, "batch head q k"],
+) -> Float[Tensor, "batch head q"]:
     """Masked log-sum-exp over keys of a per-key value, as a matrix product (cheap)."""
     top = values.max(-1, keepdim=True).values
     summed = torch.einsum("bij,bhj->bhi", allowed_f, (values - top).exp())
@@ -50,13 +72,19 @@ def _key_lse(values: Float[Tensor, "batch head k"], allowed_f: Float[Tensor, "ba
     return out
 
 
-def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
-               scale: float, bias: Float[Tensor, "batch head pos pos"] | None,
-               allowed: Bool[Tensor, "batch pos pos"], query_valid: Bool[Tensor, "batch pos"],
-               softcap: float | None = None, fast: bool = True,
-               masks: "MaskFacts | None" = None, layer_heads: int | None = None,
-               sink: Float[Tensor, " head"] | None = None
-               ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def layer_sums(
+    q: Float[Tensor, "batch pos head d_head"],
+    k: Float[Tensor, "batch pos head d_head"],
+    scale: float,
+    bias: Float[Tensor, "batch head pos pos"] | None,
+    allowed: Bool[Tensor, "batch pos pos"],
+    query_valid: Bool[Tensor, "batch pos"],
+    softcap: float | None = None,
+    fast: bool = True,
+    masks: "MaskFacts | None" = None,
+    layer_heads: int | None = None,
+    sink: Float[Tensor, " head"] | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Per-head sums over this batch's valid rows, and per-prompt sink facts.
 
     Returns ``(sums, sinks)``: ``sums[name]`` is ``[head]`` float64 (names ``SUM_KEYS``);
@@ -93,9 +121,16 @@ def layer_sums(q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batc
     return _finish(facts, allowed, query_valid, masks.n_allowed)
 
 
-def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, allowed: Tensor,
-                      query_valid: Tensor, softcap: float | None,
-                      sink: Tensor | None = None) -> dict[str, Tensor]:
+def _direct_row_facts(
+    q: Tensor,
+    k: Tensor,
+    scale: float,
+    bias: Tensor | None,
+    allowed: Tensor,
+    query_valid: Tensor,
+    softcap: float | None,
+    sink: Tensor | None = None,
+) -> dict[str, Tensor]:
     """Row statistics from the full ``[batch, head, q, k]`` scores (any bias, any soft-cap, any
     learned sink: a virtual key ``∅`` with logit ``sink_h``, prior ``sink_h``, likelihood-only
     logit 0, joining every partition; docs/math.md §2.6)."""
@@ -118,8 +153,14 @@ def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, a
     p64, a64 = prior.double(), allowed_f.double()
     sum_p = torch.einsum("bij,bhj->bhi", a64, p64)
     var_prior = torch.einsum("bij,bhj->bhi", a64, p64 * p64) - sum_p * sum_p / n_safe.double()
-    out = {"var_r": var_r, "var_prior": var_prior, "cov_r_prior": cov_r_prior,
-           "mean_r": mean_r, "mean_prior": sum_p / n_safe.double(), "prior": prior}
+    out = {
+        "var_r": var_r,
+        "var_prior": var_prior,
+        "cov_r_prior": cov_r_prior,
+        "mean_r": mean_r,
+        "mean_prior": sum_p / n_safe.double(),
+        "prior": prior,
+    }
     if bias is not None:
         b_masked = bias.masked_fill(~mask, 0.0)
         b_c = (bias - (b_masked.sum(-1) / n_safe)[..., None]).masked_fill(~mask, 0.0)
@@ -149,17 +190,21 @@ def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, a
     out["kl_loglik"] = neg_entropy - (r_dot - pattern_prior) + lse_lik
     if sink is not None:  # prior-only: the virtual key keeps its prior sink_h
         logits = prior[:, :, None, :] if bias is None else prior[:, :, None, :] + bias
-        prior_dot = torch.einsum("bhij,bhij->bhi", pattern, logits.expand_as(r).masked_fill(
-            ~mask, 0.0)) + sink_term
+        prior_dot = (
+            torch.einsum("bhij,bhij->bhi", pattern, logits.expand_as(r).masked_fill(~mask, 0.0))
+            + sink_term
+        )
         lse_prior = torch.logaddexp(_masked_lse(logits.expand_as(r), mask), sink_logit)
         out["kl_prior"] = neg_entropy - prior_dot + lse_prior
     elif bias is None:
         out["kl_prior"] = neg_entropy - pattern_prior + _key_lse(prior, allowed_f, mask)
     else:
         logits = prior[:, :, None, :] + bias
-        out["kl_prior"] = (neg_entropy - torch.einsum("bhij,bhij->bhi", pattern,
-                                                      logits.masked_fill(~mask, 0.0))
-                           + _masked_lse(logits, mask))
+        out["kl_prior"] = (
+            neg_entropy
+            - torch.einsum("bhij,bhij->bhi", pattern, logits.masked_fill(~mask, 0.0))
+            + _masked_lse(logits, mask)
+        )
     out["neg_entropy"] = neg_entropy
 
     # --- the sink: the column with the most attention, and each row's view of it
@@ -169,16 +214,21 @@ def _direct_row_facts(q: Tensor, k: Tensor, scale: float, bias: Tensor | None, a
         out["sink_column"] = (out["learned_sink"] * valid[..., 0]).sum(-1)
     top = column.argmax(-1)  # [b, h]
     idx = top[:, :, None, None].expand(-1, -1, r.shape[2], 1)
-    out.update(column=column, top=top, r_top=r.gather(-1, idx).squeeze(-1),
-               pattern_top=pattern.gather(-1, idx).squeeze(-1))
+    out.update(
+        column=column,
+        top=top,
+        r_top=r.gather(-1, idx).squeeze(-1),
+        pattern_top=pattern.gather(-1, idx).squeeze(-1),
+    )
     if bias is not None:
         b_masked = bias.masked_fill(~mask, 0.0)
         out["bias_adv"] = bias.gather(-1, idx).squeeze(-1) - b_masked.sum(-1) / n_safe
     return out
 
 
-def _finish(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor,
-            n_allowed: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def _finish(
+    facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor, n_allowed: Tensor
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     # rows that choose among at least two options: real keys, and the learned sink if any
     options = n_allowed + 1 if "learned_sink" in facts else n_allowed
     rows = (query_valid & (options >= 2))[:, None, :].double()  # [b, 1, i]
@@ -191,18 +241,34 @@ def _finish(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor,
         x = x.double() * rows
         return torch.where(rows > 0, x, torch.zeros((), dtype=torch.float64)).sum(dim=(0, 2))
 
-    sums = {name: total(name) for name in ("var_r", "var_prior", "var_bias", "cov_r_prior",
-                                             "cov_r_bias", "cov_prior_bias")}
+    sums = {
+        name: total(name)
+        for name in (
+            "var_r",
+            "var_prior",
+            "var_bias",
+            "cov_r_prior",
+            "cov_r_bias",
+            "cov_prior_bias",
+        )
+    }
     facts["kl_prior"] = facts["kl_prior"].clamp(min=0)
     facts["kl_loglik"] = facts["kl_loglik"].clamp(min=0)
     facts["entropy"] = -facts["neg_entropy"]
-    sums.update(rows=rows.expand(-1, n_heads, -1).sum(dim=(0, 2)), kl_prior=total("kl_prior"),
-                kl_loglik=total("kl_loglik"), entropy=total("entropy"),
-                learned_sink=total("learned_sink"))
+    sums.update(
+        rows=rows.expand(-1, n_heads, -1).sum(dim=(0, 2)),
+        kl_prior=total("kl_prior"),
+        kl_loglik=total("kl_loglik"),
+        entropy=total("entropy"),
+        learned_sink=total("learned_sink"),
+    )
     sinks = _sinks(facts, allowed, query_valid, n_allowed)
     learned = facts.get("learned_sink")  # per prompt: its mean over the rows above
-    sinks["learned_sink_mass"] = torch.zeros_like(sinks["sink_mass"]) if learned is None else (
-        (learned.double() * rows).nan_to_num().sum(-1) / rows.sum(-1).clamp(min=1.0)).float()
+    sinks["learned_sink_mass"] = (
+        torch.zeros_like(sinks["sink_mass"])
+        if learned is None
+        else ((learned.double() * rows).nan_to_num().sum(-1) / rows.sum(-1).clamp(min=1.0)).float()
+    )
     return sums, sinks
 
 
@@ -218,8 +284,9 @@ def first_sinks(sinks: dict[str, Tensor]) -> Bool[Tensor, "batch head"]:
     return (sinks["sink_position"] == 0) & (sinks["sink_dominance"] >= SINK_DOMINANCE)
 
 
-def _sinks(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor,
-           n_allowed: Tensor) -> dict[str, Tensor]:
+def _sinks(
+    facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor, n_allowed: Tensor
+) -> dict[str, Tensor]:
     informative = query_valid & (n_allowed >= 2)  # [b, i]: rows that choose a key
     n_rows = informative.float().sum(-1).clamp(min=1.0)[:, None]  # [b, 1]
     top, prior = facts["top"], facts["prior"]
@@ -253,6 +320,12 @@ def _sinks(facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor,
         dominance = two[..., 0] / two[..., 1]
     else:
         dominance = torch.full(top.shape, float("inf"), device=top.device)
-    return {"sink_mass": mass, "sink_position": position, "sink_prior_adv": avg(p_adv),
-            "sink_loglik_adv": avg(l_adv), "sink_bias_adv": avg(b_adv), "sink_prior_rank": rank,
-            "sink_dominance": dominance}
+    return {
+        "sink_mass": mass,
+        "sink_position": position,
+        "sink_prior_adv": avg(p_adv),
+        "sink_loglik_adv": avg(l_adv),
+        "sink_bias_adv": avg(b_adv),
+        "sink_prior_rank": rank,
+        "sink_dominance": dominance,
+    }

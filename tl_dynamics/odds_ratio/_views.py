@@ -12,54 +12,98 @@ from torch import Tensor
 
 from tl_dynamics import viz
 
-STATS_COLUMNS = ["label", "attr_prior", "attr_loglik", "attr_bias", "var_prior", "var_loglik",
-                 "cov_prior_loglik", "kl_prior", "kl_loglik", "entropy", "sink_mass",
-                 "sink_first_share", "sink_by_prior_share", "learned_sink_mass", "sigma2"]
+STATS_COLUMNS = [
+    "label",
+    "attr_prior",
+    "attr_loglik",
+    "attr_bias",
+    "var_prior",
+    "var_loglik",
+    "cov_prior_loglik",
+    "kl_prior",
+    "kl_loglik",
+    "entropy",
+    "sink_mass",
+    "sink_first_share",
+    "sink_by_prior_share",
+    "learned_sink_mass",
+    "sigma2",
+]
 # The three counterfactual patterns, in the order they are shown.
 PATTERNS = ("real", "prior-only", "likelihood-only")
 # The score parts, their captions' formulas, in the order they are shown.
-PARTS = (("query_term", "query term (c/2)|q_i|^2"), ("key_prior", "key prior (c/2)|k_j|^2"),
-         ("loglik", "log-likelihood -(c/2)|q_i-k_j|^2"))
+PARTS = (
+    ("query_term", "query term (c/2)|q_i|^2"),
+    ("key_prior", "key prior (c/2)|k_j|^2"),
+    ("loglik", "log-likelihood -(c/2)|q_i-k_j|^2"),
+)
 
 
-def stats_view(df: pd.DataFrame, model: str, n_prompts: int, capped_layers: Sequence[int],
-               threshold: float, max_rows: int = 60) -> viz.Component:
+def stats_view(
+    df: pd.DataFrame,
+    model: str,
+    n_prompts: int,
+    capped_layers: Sequence[int],
+    threshold: float,
+    max_rows: int = 60,
+) -> viz.Component:
     """The per-head table (``HeadStats.to_dataframe()``), with the columns that carry information."""
-    columns = [c for c in STATS_COLUMNS if c in df.columns and not (
-        c == "attr_bias" and bool((df[c].abs() < 1e-12).all())) and not (
-        c == "learned_sink_mass" and bool((df[c].fillna(0.0) == 0.0).all()))]
+    columns = [
+        c
+        for c in STATS_COLUMNS
+        if c in df.columns
+        and not (c == "attr_bias" and bool((df[c].abs() < 1e-12).all()))
+        and not (c == "learned_sink_mass" and bool((df[c].fillna(0.0) == 0.0).all()))
+    ]
     learned = "learned_sink_mass" in columns
     capped = list(capped_layers)
     note = f" Layers {capped} soft-cap: the split is of the pre-cap score." if capped else ""
-    return viz.table(df[columns], max_rows=max_rows, caption=(
-        f"Per-head odds-ratio statistics over {n_prompts} prompt(s) of {model}, one row per "
-        f"head. label: prior- or likelihood-driven when that share is at least {threshold:.2f}, "
-        f"else mixed. attr_prior, attr_loglik, attr_bias: the share of each row's score "
-        f"variation that the key prior, the distance log-likelihood and the position bias carry "
-        f"(Cov(term, r)/Var(r), adding to 1). var_* and cov_prior_loglik: the same variance split "
-        f"with its covariance term (prior and likelihood are anti-correlated). kl_prior, "
-        f"kl_loglik: how far (KL in nats per row) the prior-only and likelihood-only patterns are "
-        f"from the real one. entropy: of the real pattern, nats per row. The sink is the key that "
-        f"takes the most attention over rows with at least two allowed keys (a first row that can "
-        f"only see itself is left out): sink_mass is the attention a query gives it on average; "
-        f"sink_first_share the fraction of prompts whose sink is their first token and takes at "
-        f"least twice the next key's attention; sink_by_prior_share the fraction of prompts "
-        f"whose sink wins by a loud key (prior) rather than by sitting close to the queries "
-        f"(likelihood). sigma2 = 1/c: the temperature (docs/math.md §2.3)." + note
-        + (" learned_sink_mass: the attention a query gives the layer's learned sink on "
-           "average, a virtual key with its own prior and no likelihood; it joins the "
-           "entropy and both KLs and a real sink must dominate it too (docs/math.md §2.6)."
-           if learned else "")))
+    return viz.table(
+        df[columns],
+        max_rows=max_rows,
+        caption=(
+            f"Per-head odds-ratio statistics over {n_prompts} prompt(s) of {model}, one row per "
+            f"head. label: prior- or likelihood-driven when that share is at least {threshold:.2f}, "
+            f"else mixed. attr_prior, attr_loglik, attr_bias: the share of each row's score "
+            f"variation that the key prior, the distance log-likelihood and the position bias carry "
+            f"(Cov(term, r)/Var(r), adding to 1). var_* and cov_prior_loglik: the same variance split "
+            f"with its covariance term (prior and likelihood are anti-correlated). kl_prior, "
+            f"kl_loglik: how far (KL in nats per row) the prior-only and likelihood-only patterns are "
+            f"from the real one. entropy: of the real pattern, nats per row. The sink is the key that "
+            f"takes the most attention over rows with at least two allowed keys (a first row that can "
+            f"only see itself is left out): sink_mass is the attention a query gives it on average; "
+            f"sink_first_share the fraction of prompts whose sink is their first token and takes at "
+            f"least twice the next key's attention; sink_by_prior_share the fraction of prompts "
+            f"whose sink wins by a loud key (prior) rather than by sitting close to the queries "
+            f"(likelihood). sigma2 = 1/c: the temperature (docs/math.md §2.3)."
+            + note
+            + (
+                " learned_sink_mass: the attention a query gives the layer's learned sink on "
+                "average, a virtual key with its own prior and no likelihood; it joins the "
+                "entropy and both KLs and a real sink must dominate it too (docs/math.md §2.6)."
+                if learned
+                else ""
+            )
+        ),
+    )
 
 
 MAX_SHOWN_POSITIONS = 128  # the maps show at most this many leading positions (readable cells)
 
 
-def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: bool,
-                       allowed: Bool[Tensor, "q k"], patterns: dict[str, Float[Tensor, "head q k"]],
-                       parts: dict[str, Float[Tensor, "head q k"]],
-                       key_prior: Float[Tensor, "k head"], sigma2: float,
-                       precap: bool, learned_sink: bool = False) -> viz.Group:
+def decomposition_view(
+    layer: int,
+    tokens: list[str],
+    names: list[str],
+    causal: bool,
+    allowed: Bool[Tensor, "q k"],
+    patterns: dict[str, Float[Tensor, "head q k"]],
+    parts: dict[str, Float[Tensor, "head q k"]],
+    key_prior: Float[Tensor, "k head"],
+    sigma2: float,
+    precap: bool,
+    learned_sink: bool = False,
+) -> viz.Group:
     """One layer's split on one prompt's real positions, per head: a row of maps with its real
     pattern and the two counterfactuals (``patterns`` keyed by ``PATTERNS``), a row with the
     score parts (``parts`` keyed by ``PARTS``' names, zero where not allowed), then the key
@@ -70,37 +114,83 @@ def decomposition_view(layer: int, tokens: list[str], names: list[str], causal: 
     keep = allowed[:n, :n]
     capped = " (split of the pre-cap score)" if precap else ""
     if learned_sink:
-        capped += ("; the learned sink is a virtual key in all three (prior-only: its prior; "
-                   "likelihood-only: logit 0), so rows sum to less than 1 (docs/math.md §2.6)")
+        capped += (
+            "; the learned sink is a virtual key in all three (prior-only: its prior; "
+            "likelihood-only: logit 0), so rows sum to less than 1 (docs/math.md §2.6)"
+        )
     items: list[viz.Component | viz.Group] = []
     for k, name in enumerate(names):
-        maps = [viz.heatmap(patterns[what][k][:n, :n].masked_fill(~keep, float("nan")), labels,
-                            labels, title=f"{name} {what}", row_title="query", col_title="key",
-                            value_name="attention", min_value=0.0, max_value=1.0, cmap="blues",
-                            mask_upper_tri=causal, cell_px=6)
-                for what in PATTERNS]
-        items.append(viz.group(*maps, row=True, caption=(
-            f"Layer {layer}, {name}: the model's pattern, the prior-only softmax(key_prior + p) "
-            f"and the likelihood-only softmax(loglik + p) patterns, in that order{capped}{cut}; "
-            "grey: keys the query may not see.")))
+        maps = [
+            viz.heatmap(
+                patterns[what][k][:n, :n].masked_fill(~keep, float("nan")),
+                labels,
+                labels,
+                title=f"{name} {what}",
+                row_title="query",
+                col_title="key",
+                value_name="attention",
+                min_value=0.0,
+                max_value=1.0,
+                cmap="blues",
+                mask_upper_tri=causal,
+                cell_px=6,
+            )
+            for what in PATTERNS
+        ]
+        items.append(
+            viz.group(
+                *maps,
+                row=True,
+                caption=(
+                    f"Layer {layer}, {name}: the model's pattern, the prior-only softmax(key_prior + p) "
+                    f"and the likelihood-only softmax(loglik + p) patterns, in that order{capped}{cut}; "
+                    "grey: keys the query may not see."
+                ),
+            )
+        )
         maps = []
         for key, what in PARTS:
             block = parts[key][k][:n, :n]
             shown = block[keep] if n else block
             lo, hi = (float(shown.min()), float(shown.max())) if shown.numel() else (0.0, 1.0)
-            maps.append(viz.heatmap(block.masked_fill(~keep, float("nan")), labels, labels,
-                                    title=f"{name} {what}", row_title="query", col_title="key",
-                                    value_name=key, min_value=lo, max_value=max(hi, lo + 1e-9),
-                                    cmap="viridis", mask_upper_tri=causal, cell_px=6))
-        items.append(viz.group(*maps, row=True, caption=(
-            f"Layer {layer}, {name}: the score parts in that order (query term: constant along a "
-            f"row; key prior: constant down a column; distance log-likelihood), each on its own "
-            f"colour scale{cut}.")))
-    items.append(viz.colored_tokens_multi(tokens, key_prior, names,
-                                          caption=f"Layer {layer}: key prior (c/2)|k_j|^2 per "
-                                                  "token (pick a head)"))
-    return viz.group(*items, caption=f"Odds-ratio decomposition, layer {layer}, "
-                                     f"sigma^2 = 1/c = {sigma2:.4g}")
+            maps.append(
+                viz.heatmap(
+                    block.masked_fill(~keep, float("nan")),
+                    labels,
+                    labels,
+                    title=f"{name} {what}",
+                    row_title="query",
+                    col_title="key",
+                    value_name=key,
+                    min_value=lo,
+                    max_value=max(hi, lo + 1e-9),
+                    cmap="viridis",
+                    mask_upper_tri=causal,
+                    cell_px=6,
+                )
+            )
+        items.append(
+            viz.group(
+                *maps,
+                row=True,
+                caption=(
+                    f"Layer {layer}, {name}: the score parts in that order (query term: constant along a "
+                    f"row; key prior: constant down a column; distance log-likelihood), each on its own "
+                    f"colour scale{cut}."
+                ),
+            )
+        )
+    items.append(
+        viz.colored_tokens_multi(
+            tokens,
+            key_prior,
+            names,
+            caption=f"Layer {layer}: key prior (c/2)|k_j|^2 per token (pick a head)",
+        )
+    )
+    return viz.group(
+        *items, caption=f"Odds-ratio decomposition, layer {layer}, sigma^2 = 1/c = {sigma2:.4g}"
+    )
 
 
 def result_view(stats: viz.Component, layers: Sequence[viz.Group], model: str) -> viz.Group:
@@ -110,8 +200,12 @@ def result_view(stats: viz.Component, layers: Sequence[viz.Group], model: str) -
     return viz.group(*items, caption=f"Odds-ratio decomposition of {model}")
 
 
-def extremes_view(stats: viz.Component, picks: Sequence[tuple[str, str, float, viz.Group]],
-                  model: str, threshold: float) -> viz.Group:
+def extremes_view(
+    stats: viz.Component,
+    picks: Sequence[tuple[str, str, float, viz.Group]],
+    model: str,
+    threshold: float,
+) -> viz.Group:
     """The per-head table, then for each pick ``(head name, share name, share, decomposition)``
     a line saying why the head was picked and its decomposition. A head is called the most
     prior- (likelihood-) driven only if its share reaches the label ``threshold``; otherwise the
@@ -120,12 +214,19 @@ def extremes_view(stats: viz.Component, picks: Sequence[tuple[str, str, float, v
     for name, key, value, group in picks:
         what = "prior" if key == "attr_prior" else "likelihood"
         if value >= threshold:
-            line = (f"{name}: the head most driven by the {what} ({key} = {value:.3f}, at least "
-                     f"{threshold:.2f}: {what}-driven).")
+            line = (
+                f"{name}: the head most driven by the {what} ({key} = {value:.3f}, at least "
+                f"{threshold:.2f}: {what}-driven)."
+            )
         else:
-            line = (f"No head is {what}-driven: the largest {key} is {value:.3f} ({name}, shown "
-                    f"below), under the {threshold:.2f} a {what}-driven head needs.")
+            line = (
+                f"No head is {what}-driven: the largest {key} is {value:.3f} ({name}, shown "
+                f"below), under the {threshold:.2f} a {what}-driven head needs."
+            )
         items.append(viz.text(line))
         items.extend(group.components)
-    return viz.group(*items, caption=f"Odds-ratio decomposition of {model}: the heads with the "
-                                     "largest prior and likelihood shares")
+    return viz.group(
+        *items,
+        caption=f"Odds-ratio decomposition of {model}: the heads with the "
+        "largest prior and likelihood shares",
+    )

@@ -20,13 +20,16 @@ NOT_A_CHAIN = "{} (a Markov chain on positions needs rows that sum to 1)"
 def _batch_row(adapter: Any, prompt: Prompt | Batch, row: int) -> tuple[Batch, list[int]]:
     batch = adapter.tokenize(prompt)
     if not 0 <= row < batch.tokens.shape[0]:
-        raise TLDynamicsError(f"row {row!r} is out of range: the batch has {batch.tokens.shape[0]} "
-                              f"prompts (valid: 0..{batch.tokens.shape[0] - 1})")
+        raise TLDynamicsError(
+            f"row {row!r} is out of range: the batch has {batch.tokens.shape[0]} "
+            f"prompts (valid: 0..{batch.tokens.shape[0] - 1})"
+        )
     return batch, torch.nonzero(batch.key_valid[row]).flatten().tolist()
 
 
-def markov(model: Any, prompt: Prompt | Batch, layer: int, head: int, row: int = 0,
-           alpha: float = DAMPING) -> ChainSummary:
+def markov(
+    model: Any, prompt: Prompt | Batch, layer: int, head: int, row: int = 0, alpha: float = DAMPING
+) -> ChainSummary:
     """One head's pattern on one prompt as a Markov chain on its real positions.
 
     Causal heads absorb at the first position (``absorption_steps``: expected steps to reach it);
@@ -67,9 +70,14 @@ def markov(model: Any, prompt: Prompt | Batch, layer: int, head: int, row: int =
     return chain_summary(S, layer, head, [tokens[i] for i in real], alpha)
 
 
-def composed(model: Any, prompt: Prompt | Batch, layers: Sequence[int] | None = None,
-             heads: Mapping[int, int] | None = None, residual: float | None = None,
-             row: int = 0) -> Float[Tensor, "pos pos"]:
+def composed(
+    model: Any,
+    prompt: Prompt | Batch,
+    layers: Sequence[int] | None = None,
+    heads: Mapping[int, int] | None = None,
+    residual: float | None = None,
+    row: int = 0,
+) -> Float[Tensor, "pos pos"]:
     """Patterns composed through ``layers`` (first first) on the real positions of one prompt.
 
     Each layer contributes one head (``heads[layer]``) or, by default, the mean over its heads

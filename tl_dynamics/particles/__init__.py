@@ -17,5 +17,14 @@ from tl_dynamics.particles._result import ParticleRun
 from tl_dynamics.particles._seeding import from_head
 from tl_dynamics.particles._simulation import simulate
 
-__all__ = ["BesideModel", "ParticleRun", "compute", "from_head", "phase_diagram",
-           "phase_figure", "random_init", "report_section", "simulate"]
+__all__ = [
+    "BesideModel",
+    "ParticleRun",
+    "compute",
+    "from_head",
+    "phase_diagram",
+    "phase_figure",
+    "random_init",
+    "report_section",
+    "simulate",
+]

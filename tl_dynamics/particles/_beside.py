@@ -85,14 +85,28 @@ class BesideModel:
             >>> frame["source"].value_counts().to_dict()
             {'simulation': 101, 'model': 3}
         """
-        model = pd.DataFrame({"source": "model", "head": "", "axis": "depth point",
-                              "position": list(self.point_labels),
-                              "clusters": self.model_clusters.astype(float)})
+        model = pd.DataFrame(
+            {
+                "source": "model",
+                "head": "",
+                "axis": "depth point",
+                "position": list(self.point_labels),
+                "clusters": self.model_clusters.astype(float),
+            }
+        )
         counts = self.run.cluster_counts(self.eps).double().numpy()
-        sims = [pd.DataFrame({"source": "simulation", "head": name, "axis": "time",
-                              "position": [f"{t:.3g}" for t in self.run.times.tolist()],
-                              "clusters": counts[:, r]})
-                for r, name in enumerate(self.names)]
+        sims = [
+            pd.DataFrame(
+                {
+                    "source": "simulation",
+                    "head": name,
+                    "axis": "time",
+                    "position": [f"{t:.3g}" for t in self.run.times.tolist()],
+                    "clusters": counts[:, r],
+                }
+            )
+            for r, name in enumerate(self.names)
+        ]
         return pd.concat([model, *sims], ignore_index=True)
 
     def caption(self) -> str:
@@ -113,18 +127,27 @@ class BesideModel:
         t_end = float(self.run.times[-1])
         cos0, cos1 = (float(self.run.mean_cosine[k].mean()) for k in (0, -1))
         drift = f"the mean pairwise cosine goes from {cos0:.2f} to {cos1:.2f}"
-        flow = (f"no two tokens come within eps by t = {t_end:g}, so the count stays at {n} (every "
-                f"token alone) while {drift}" if end == n else
-                f"the flow merges {start} clusters into {end} by t = {t_end:g} (fewest over runs) "
-                f"and {drift}")
+        flow = (
+            f"no two tokens come within eps by t = {t_end:g}, so the count stays at {n} (every "
+            f"token alone) while {drift}"
+            if end == n
+            else f"the flow merges {start} clusters into {end} by t = {t_end:g} (fewest over runs) "
+            f"and {drift}"
+        )
         model = f"{int(self.model_clusters.min())}..{int(self.model_clusters.max())}"
-        return (f"Clusters among the prompt's {n} tokens (cos > 1 - {self.eps:g}): through the "
-                f"model's depth (left: {model}) and under the idealised (SA) flow seeded from "
-                f"{', '.join(self.names[:6])}{', ...' if len(self.names) > 6 else ''} (middle; "
-                f"right: its mean pairwise cosine). Dashed: {n}, every token its own cluster. "
-                f"Here {flow}." + (f" Left out of the flow: {list(self.zero_tokens)!r}, whose "
-                                   "state is the zero vector (no direction on the sphere)."
-                                   if self.zero_tokens else ""))
+        return (
+            f"Clusters among the prompt's {n} tokens (cos > 1 - {self.eps:g}): through the "
+            f"model's depth (left: {model}) and under the idealised (SA) flow seeded from "
+            f"{', '.join(self.names[:6])}{', ...' if len(self.names) > 6 else ''} (middle; "
+            f"right: its mean pairwise cosine). Dashed: {n}, every token its own cluster. "
+            f"Here {flow}."
+            + (
+                f" Left out of the flow: {list(self.zero_tokens)!r}, whose "
+                "state is the zero vector (no direction on the sphere)."
+                if self.zero_tokens
+                else ""
+            )
+        )
 
     def show(self) -> viz.Group:
         """The model's clusters through depth beside the flow's over time, and its mean cosine.
@@ -142,9 +165,17 @@ class BesideModel:
             'Group'
         """
         counts = self.run.cluster_counts(self.eps).numpy().astype(float)
-        return beside_figure(self.point_labels, self.model_clusters, len(self.tokens),
-                             self.run.times.numpy(), counts, self.run.mean_cosine.numpy(),
-                             self.names, self.eps, self.caption())
+        return beside_figure(
+            self.point_labels,
+            self.model_clusters,
+            len(self.tokens),
+            self.run.times.numpy(),
+            counts,
+            self.run.mean_cosine.numpy(),
+            self.names,
+            self.eps,
+            self.caption(),
+        )
 
 
 def _states(adapter: ModelAdapter, batch: Batch, layers: list[int]) -> dict[int, torch.Tensor]:
@@ -159,9 +190,16 @@ def _states(adapter: ModelAdapter, batch: Batch, layers: list[int]) -> dict[int,
     return states
 
 
-def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
-            heads: int | Sequence[int] | None = None, eps: float = BESIDE_EPS,
-            t_max: float = 20.0, radius: float | None = None) -> BesideModel:
+def compute(
+    model: Any,
+    prompt: Prompt | Batch,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    eps: float = BESIDE_EPS,
+    t_max: float = 20.0,
+    radius: float | None = None,
+) -> BesideModel:
     """Seed the particle system from heads and the prompt's tokens, beside the model's clustering.
 
     The first prompt's tokens, at the input of each head's layer, are the initial particles; the
@@ -194,16 +232,19 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
     chosen_layers, chosen_heads = adapter.check_layers(layers), adapter.check_heads(heads)
     pairs = tuple((layer, head) for layer in chosen_layers for head in chosen_heads)
     if not pairs:
-        raise TLDynamicsError("compute needs at least one layer and one head, got an empty "
-                              f"selection (layers={layers!r}, heads={heads!r})")
+        raise TLDynamicsError(
+            "compute needs at least one layer and one head, got an empty "
+            f"selection (layers={layers!r}, heads={heads!r})"
+        )
     batch = adapter.tokenize(prompt)
     batch = Batch(batch.tokens[:1], batch.key_valid[:1], batch.padding_side)
     traj = trajectories.compute(adapter, batch, eps=(eps,), lens=False)
     states = _states(adapter, batch, sorted(set(chosen_layers)))
     valid = batch.key_valid[0]
     if int(valid.sum()) < 2:
-        raise TLDynamicsError(f"particles.compute needs a prompt of at least 2 tokens, got "
-                              f"{int(valid.sum())}")
+        raise TLDynamicsError(
+            f"particles.compute needs a prompt of at least 2 tokens, got {int(valid.sum())}"
+        )
     # A token whose state is the zero vector has no direction on the sphere (e.g. GPT-OSS's BOS:
     # its embedding row is the padding row, all zeros): it is left out, by name, not normalised
     # into NaN.
@@ -213,9 +254,11 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
     all_tokens = adapter.str_tokens(batch)
     dropped = tuple(all_tokens[i] for i in range(len(all_tokens)) if valid[i] and not placed[i])
     if int(placed.sum()) < 2:
-        raise TLDynamicsError(f"particles.compute needs at least 2 tokens with a non-zero state "
-                              f"at the input of layers {chosen_layers}; {len(dropped)} of the "
-                              f"prompt's {int(valid.sum())} are the zero vector ({dropped!r})")
+        raise TLDynamicsError(
+            f"particles.compute needs at least 2 tokens with a non-zero state "
+            f"at the input of layers {chosen_layers}; {len(dropped)} of the "
+            f"prompt's {int(valid.sum())} are the zero vector ({dropped!r})"
+        )
     valid = placed
     r = math.sqrt(adapter.d_model) if radius is None else radius
     dynamics = tuple(from_head(adapter, layer, head, radius=r) for layer, head in pairs)
@@ -226,18 +269,37 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
     if len(pairs) == 1:
         run = simulate(x0[0][None], **dynamics[0].kwargs(), t_max=t_max, eps=eps)
     else:
-        run = simulate(torch.stack(x0), torch.tensor([h.beta for h in dynamics]),
-                       torch.stack([h.Q for h in dynamics]), torch.stack([h.K for h in dynamics]),
-                       torch.stack([h.V for h in dynamics]), t_max=t_max, eps=eps)
+        run = simulate(
+            torch.stack(x0),
+            torch.tensor([h.beta for h in dynamics]),
+            torch.stack([h.Q for h in dynamics]),
+            torch.stack([h.K for h in dynamics]),
+            torch.stack([h.V for h in dynamics]),
+            t_max=t_max,
+            eps=eps,
+        )
     tokens = tuple(t for t, ok in zip(all_tokens, valid.tolist()) if ok)
-    return BesideModel(pairs=pairs, eps=eps, tokens=tokens, point_labels=tuple(traj.labels),
-                       model_clusters=traj.clusters[0, 0].numpy(), head_dynamics=dynamics, run=run,
-                       zero_tokens=dropped)
+    return BesideModel(
+        pairs=pairs,
+        eps=eps,
+        tokens=tokens,
+        point_labels=tuple(traj.labels),
+        model_clusters=traj.clusters[0, 0].numpy(),
+        head_dynamics=dynamics,
+        run=run,
+        zero_tokens=dropped,
+    )
 
 
-def beside_model(model: Any, prompt: Prompt | Batch, layer: int = 0, head: int = 0,
-                 eps: float = BESIDE_EPS, t_max: float = 20.0,
-                 radius: float | None = None) -> BesideModel:
+def beside_model(
+    model: Any,
+    prompt: Prompt | Batch,
+    layer: int = 0,
+    head: int = 0,
+    eps: float = BESIDE_EPS,
+    t_max: float = 20.0,
+    radius: float | None = None,
+) -> BesideModel:
     """``compute`` for one head: ``compute(model, prompt, layers=layer, heads=head, ...)``.
 
     Example:
@@ -247,6 +309,8 @@ def beside_model(model: Any, prompt: Prompt | Batch, layer: int = 0, head: int =
         ('L0H0',)
     """
     if not isinstance(layer, int) or not isinstance(head, int):
-        raise TLDynamicsError(f"particles: the beside-model view takes one layer and one head (integers), got "
-                              f"layer={layer!r}, head={head!r}; for several use particles.compute")
+        raise TLDynamicsError(
+            f"particles: the beside-model view takes one layer and one head (integers), got "
+            f"layer={layer!r}, head={head!r}; for several use particles.compute"
+        )
     return compute(model, prompt, layers=layer, heads=head, eps=eps, t_max=t_max, radius=radius)

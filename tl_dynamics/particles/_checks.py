@@ -107,14 +107,18 @@ def check_beta(p: Problems, beta: Any, runs: int | None) -> torch.Tensor | None:
     if isinstance(beta, torch.Tensor) and beta.ndim > 0:
         if beta.ndim != 1 or (runs is not None and beta.shape[0] != runs):
             want = f"[{runs}]" if runs is not None else "[runs]"
-            p.add(f"beta must be a number or a tensor of shape {want} (one per run), got {shape_str(beta)}")
+            p.add(
+                f"beta must be a number or a tensor of shape {want} (one per run), got {shape_str(beta)}"
+            )
             return None
         b = beta.detach().to(torch.float64)
         if not bool(torch.isfinite(b).all()) or bool((b < 0).any()):
             p.add(f"beta must be finite and >= 0, got min {float(b.min()):.4g}")
             return None
         return b
-    v = positive_number(p, "beta", beta.item() if isinstance(beta, torch.Tensor) else beta, allow_zero=True)
+    v = positive_number(
+        p, "beta", beta.item() if isinstance(beta, torch.Tensor) else beta, allow_zero=True
+    )
     return None if v is None else torch.tensor(v, dtype=torch.float64)
 
 
@@ -127,9 +131,16 @@ def check_matrix(p: Problems, name: str, m: Any, cols: int, rows: int | None, ru
         return False
     r = "m" if rows is None else str(rows)
     ok_2 = m.ndim == 2 and m.shape[1] == cols and (rows is None or m.shape[0] == rows)
-    ok_3 = m.ndim == 3 and m.shape[0] == runs and m.shape[2] == cols and (rows is None or m.shape[1] == rows)
+    ok_3 = (
+        m.ndim == 3
+        and m.shape[0] == runs
+        and m.shape[2] == cols
+        and (rows is None or m.shape[1] == rows)
+    )
     if not (ok_2 or ok_3):
-        p.add(f"{name} must have shape [{r}, {cols}] or [{runs}, {r}, {cols}] (d = {cols}), got {shape_str(m)}")
+        p.add(
+            f"{name} must have shape [{r}, {cols}] or [{runs}, {r}, {cols}] (d = {cols}), got {shape_str(m)}"
+        )
         return False
     if not bool(torch.isfinite(m).all()):
         p.add(f"{name} contains NaN or inf")

@@ -21,14 +21,24 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_dynamics.particles._checks import Problems, check_beta, check_dynamics, check_matrix, check_states
+from tl_dynamics.particles._checks import (
+    Problems,
+    check_beta,
+    check_dynamics,
+    check_matrix,
+    check_states,
+)
 
 #: Largest beta * ||Q^T K||_2 for which exp() in (USA) cannot overflow, per dtype.
 USA_EXP_LIMIT = {torch.float64: 700.0, torch.float32: 85.0}
 
 
 def random_init(
-    runs: int, n: int, d: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
+    runs: int,
+    n: int,
+    d: int,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> Float[Tensor, "runs n d"]:
     """``[runs, n, d]`` points drawn independently and uniformly on ``S^{d-1}``.
 
@@ -56,7 +66,9 @@ def random_init(
     return g / g.norm(dim=-1, keepdim=True)
 
 
-def identity_qkv(d: int, dtype: torch.dtype = torch.float64) -> tuple[Float[Tensor, "d d"], Float[Tensor, "d d"], Float[Tensor, "d d"]]:
+def identity_qkv(
+    d: int, dtype: torch.dtype = torch.float64
+) -> tuple[Float[Tensor, "d d"], Float[Tensor, "d d"], Float[Tensor, "d d"]]:
     """``(Q, K, V) = (I_d, I_d, I_d)``: the paper's clustering setting. (``None`` means the same.)
 
     >>> Q, K, V = identity_qkv(3)
@@ -121,7 +133,14 @@ class Field:
         def pick(t: Tensor | None) -> Tensor | None:
             return t if t is None or t.ndim < 3 else t.index_select(0, idx)
 
-        return replace(self, beta=pick(self.beta), B=pick(self.B), Qt=pick(self.Qt), Kt=pick(self.Kt), Vt=pick(self.Vt))
+        return replace(
+            self,
+            beta=pick(self.beta),
+            B=pick(self.B),
+            Qt=pick(self.Qt),
+            Kt=pick(self.Kt),
+            Vt=pick(self.Vt),
+        )
 
     def drive(self, x: Float[Tensor, "runs n d"]) -> Float[Tensor, "runs n d"]:
         """The unprojected field ``g_i = sum_j w_ij V x_j`` (``[runs, n, d]``); velocity is ``P_x g``."""
@@ -151,7 +170,11 @@ def _upper(n: int, device: torch.device) -> Tensor:
 
 
 def _is_eye(m: Tensor | None) -> bool:
-    return m is None or (m.ndim == 2 and m.shape[0] == m.shape[1] and torch.equal(m, torch.eye(m.shape[0], dtype=m.dtype)))
+    return m is None or (
+        m.ndim == 2
+        and m.shape[0] == m.shape[1]
+        and torch.equal(m, torch.eye(m.shape[0], dtype=m.dtype))
+    )
 
 
 def make_field(
@@ -175,7 +198,9 @@ def make_field(
     ok = check_matrix(p, "Q", Q, d, None, runs) & check_matrix(p, "K", K, d, None, runs)
     ok &= check_matrix(p, "V", V, d, d, runs)
     if ok and Q is not None and K is not None and Q.shape[-2] != K.shape[-2]:
-        p.add(f"Q and K must have the same number of rows m (scores are <Q x, K y>), got {list(Q.shape)} and {list(K.shape)}")
+        p.add(
+            f"Q and K must have the same number of rows m (scores are <Q x, K y>), got {list(Q.shape)} and {list(K.shape)}"
+        )
     if not isinstance(causal, bool):
         p.add(f"causal must be True or False, got {causal!r}")
     if p.items or b is None:
@@ -265,7 +290,15 @@ def suggest_dt(
         p.add("Q and K must be given together (or both None for the identity)")
     b = p.raise_or(b)
     b = float(b.max()) if b.ndim else float(b)
-    qk = 1.0 if Q is None or K is None else float(torch.linalg.matrix_norm(Q.transpose(-1, -2).to(torch.float64) @ K.to(torch.float64), ord=2).max())
+    qk = (
+        1.0
+        if Q is None or K is None
+        else float(
+            torch.linalg.matrix_norm(
+                Q.transpose(-1, -2).to(torch.float64) @ K.to(torch.float64), ord=2
+            ).max()
+        )
+    )
     v = 1.0 if V is None else float(torch.linalg.matrix_norm(V.to(torch.float64), ord=2).max())
     rate = v * (1.0 + b * qk) if dynamics == "SA" else v * math.exp(min(b * qk, 700.0))
     return min(0.1, 0.25 / max(rate, 1e-12))

@@ -41,7 +41,9 @@ from tl_dynamics.particles._dynamics import Field
 Step = float | Tensor  # a number or [runs, 1, 1]
 
 
-def boost(x: Float[Tensor, "*batch n d"], g: Float[Tensor, "*batch n d"], h: Step) -> Float[Tensor, "*batch n d"]:
+def boost(
+    x: Float[Tensor, "*batch n d"], g: Float[Tensor, "*batch n d"], h: Step
+) -> Float[Tensor, "*batch n d"]:
     """Exact time-``h`` flow of ``x' = g - <g, x> x`` with ``g`` frozen (rows of ``[..., n, d]``).
 
     With ``c = <x, g/|g|>`` and ``s = exp(-|g| h)`` the flow is
@@ -64,7 +66,9 @@ def _normalize(y: Tensor) -> Tensor:
     return y / y.norm(dim=-1, keepdim=True)
 
 
-def cf4_step(x: Tensor, h: Step, field: Field, embedded: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+def cf4_step(
+    x: Tensor, h: Step, field: Field, embedded: bool = False
+) -> Tensor | tuple[Tensor, Tensor]:
     """One CF4 step of size ``h``; with ``embedded=True`` also the second-order solution."""
     f1 = field.drive(x)
     y2 = boost(x, f1, h / 2)

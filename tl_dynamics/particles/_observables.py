@@ -36,8 +36,9 @@ def mean_cosine(x: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch"]:
     return sphere.mean_cosine(g)
 
 
-def close_fraction(x: Float[Tensor, "*batch n d"], eps: float = sphere.CLUSTER_EPS
-                   ) -> Float[Tensor, "*batch"]:
+def close_fraction(
+    x: Float[Tensor, "*batch n d"], eps: float = sphere.CLUSTER_EPS
+) -> Float[Tensor, "*batch"]:
     """Fraction of pairs ``i < j`` that are eps-close: ``[..., n, d] -> [...]``.
 
     >>> x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]])
@@ -48,8 +49,9 @@ def close_fraction(x: Float[Tensor, "*batch n d"], eps: float = sphere.CLUSTER_E
     return sphere.close_fraction(g, e)
 
 
-def cluster_labels(x: Float[Tensor, "*batch n d"], eps: float = sphere.CLUSTER_EPS
-                   ) -> Int[Tensor, "*batch n"]:
+def cluster_labels(
+    x: Float[Tensor, "*batch n d"], eps: float = sphere.CLUSTER_EPS
+) -> Int[Tensor, "*batch n"]:
     """Cluster of each particle (smallest index in its eps-connected component): ``[..., n]``.
 
     >>> x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]])
@@ -60,8 +62,9 @@ def cluster_labels(x: Float[Tensor, "*batch n d"], eps: float = sphere.CLUSTER_E
     return sphere.cluster_labels(g, e)
 
 
-def cluster_count(x: Float[Tensor, "*batch n d"], eps: float = sphere.CLUSTER_EPS
-                  ) -> Int[Tensor, "*batch"]:
+def cluster_count(
+    x: Float[Tensor, "*batch n d"], eps: float = sphere.CLUSTER_EPS
+) -> Int[Tensor, "*batch"]:
     """Number of eps-clusters (connected components of ``<x_i, x_j> > 1 - eps``): ``[...]``.
 
     >>> x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]])

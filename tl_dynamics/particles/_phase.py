@@ -92,14 +92,19 @@ def phase_figure(*diagrams: PhaseDiagram) -> viz.Component:
         True
     """
     if not diagrams or not all(isinstance(d, PhaseDiagram) for d in diagrams):
-        raise TLDynamicsError(f"phase_figure: give one or more results of particles.phase_diagram, got "
-                              f"{[type(d).__name__ for d in diagrams]}")
+        raise TLDynamicsError(
+            f"phase_figure: give one or more results of particles.phase_diagram, got "
+            f"{[type(d).__name__ for d in diagrams]}"
+        )
     panels, caps = [], []
     for pd_ in diagrams:
         p, t, b = pd_.params, pd_.times.numpy(), pd_.betas.numpy()
-        panels.append((t, b, pd_.fraction.numpy(), f"({p.dynamics}) n={p.n}, d={p.d}, {p.runs} runs",
-                       p.eps))
-        caps.append(f"({p.dynamics}) beta in [{b.min():g}, {b.max():g}], t in [{t.min():g}, {t.max():g}]")
+        panels.append(
+            (t, b, pd_.fraction.numpy(), f"({p.dynamics}) n={p.n}, d={p.d}, {p.runs} runs", p.eps)
+        )
+        caps.append(
+            f"({p.dynamics}) beta in [{b.min():g}, {b.max():g}], t in [{t.min():g}, {t.max():g}]"
+        )
     return phase_panels(panels, "Phase diagram, Q=K=V=I: " + "; ".join(caps))
 
 
@@ -169,6 +174,14 @@ def phase_diagram(
     )
     frac = run.close_fraction[0].reshape(len(run.times), B, runs).permute(1, 0, 2)
     sem = frac.std(-1, unbiased=True) / runs**0.5 if runs > 1 else torch.zeros_like(frac[..., 0])
-    params = PhaseParams(dynamics=dynamics, n=n, d=d, runs=runs, eps=float(eps), tol=tol,
-                         iterations=run.params.iterations, rejected=run.params.rejected)
+    params = PhaseParams(
+        dynamics=dynamics,
+        n=n,
+        d=d,
+        runs=runs,
+        eps=float(eps),
+        tol=tol,
+        iterations=run.params.iterations,
+        rejected=run.params.rejected,
+    )
     return PhaseDiagram(b, run.times, frac.mean(-1), sem, params)

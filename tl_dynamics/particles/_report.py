@@ -7,12 +7,14 @@ from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.particles._beside import compute
 
 REPORT_MAX_PARTICLES = 64  # the section simulates at most this many tokens: the prompt's first ones
-INTRO = ("Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, V and beta"
-         " from one head (head 0 of the first attention layer) and the prompt's own tokens as the initial "
-         "particles, beside the number of token clusters the real model forms through its layers. "
-         "A cluster is a group of tokens linked by cosine above 1 - eps; a count equal to the "
-         "number of tokens means no two are that close. The idealised flow drops biases, "
-         "LayerNorm, MLPs and the other heads.")
+INTRO = (
+    "Geshkovski et al.'s self-attention dynamics on the sphere, with Q, K, V and beta"
+    " from one head (head 0 of the first attention layer) and the prompt's own tokens as the initial "
+    "particles, beside the number of token clusters the real model forms through its layers. "
+    "A cluster is a group of tokens linked by cosine above 1 - eps; a count equal to the "
+    "number of tokens means no two are that close. The idealised flow drops biases, "
+    "LayerNorm, MLPs and the other heads."
+)
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
@@ -40,10 +42,17 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     shown = real[:REPORT_MAX_PARTICLES]  # causal models: these states are the full prompt's
     first = adapter.check_attention_layers(None)[0]  # no attention layers: refused by name
     result = compute(adapter, adapter.tokenize(shown[None]), layers=first, heads=0, t_max=10.0)
-    note = ("" if len(shown) == len(real) else
-            f" The particles are the prompt's first {len(shown)} of its {len(real)} tokens (the "
-            "simulation's cost grows with the square of their number)"
-            + (": this encoder reads them as a prompt of their own." if adapter.is_encoder
-               else ", with exactly the states they have in the whole prompt."))
-    page.add_section("Idealised particle dynamics", [result.show()], intro=INTRO + note,
-                     math="docs/math.md §6")
+    note = (
+        ""
+        if len(shown) == len(real)
+        else f" The particles are the prompt's first {len(shown)} of its {len(real)} tokens (the "
+        "simulation's cost grows with the square of their number)"
+        + (
+            ": this encoder reads them as a prompt of their own."
+            if adapter.is_encoder
+            else ", with exactly the states they have in the whole prompt."
+        )
+    )
+    page.add_section(
+        "Idealised particle dynamics", [result.show()], intro=INTRO + note, math="docs/math.md §6"
+    )

@@ -89,12 +89,15 @@ class HeadDynamics:
 
     def __repr__(self) -> str:
         s = self.source
-        return (f"HeadDynamics(layer={s.layer}, head={s.head}, d={self.d}, d_head={self.Q.shape[0]}, "
-                f"beta={self.beta:.4g})")
+        return (
+            f"HeadDynamics(layer={s.layer}, head={s.head}, d={self.d}, d_head={self.Q.shape[0]}, "
+            f"beta={self.beta:.4g})"
+        )
 
 
-def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
-              dtype: torch.dtype = torch.float64) -> HeadDynamics:
+def from_head(
+    model: Any, layer: int, head: int, radius: float = 1.0, dtype: torch.dtype = torch.float64
+) -> HeadDynamics:
     """Read one head's ``W_Q, W_K, W_V, W_O`` and score scale and map them to ``Q, K, V, beta``.
 
     ``model`` is anything :class:`tl_dynamics.adapter.ModelAdapter` accepts, or an object
@@ -142,7 +145,9 @@ def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
     for name in ("W_Q", "W_K", "W_V", "W_O"):
         m = getattr(w, name, None)
         if not isinstance(m, torch.Tensor) or m.ndim != 2:
-            p.add(f"head_weights().{name} must be a 2-D tensor, got {shape_str(m) if m is not None else 'nothing'}")
+            p.add(
+                f"head_weights().{name} must be a 2-D tensor, got {shape_str(m) if m is not None else 'nothing'}"
+            )
         else:
             mats[name] = m.detach().to(device="cpu", dtype=dtype)  # simulate runs on the CPU
     raw: Any = getattr(w, "scale", None)
@@ -159,15 +164,30 @@ def from_head(model: Any, layer: int, head: int, radius: float = 1.0,
     expect = {"W_Q": (dm, dh), "W_K": (dm, dh), "W_V": (dm, WV.shape[1]), "W_O": (WV.shape[1], dm)}
     for name, want in expect.items():
         if tuple(mats[name].shape) != want:
-            p.add(f"{name} must be [{want[0]}, {want[1]}] given W_Q {list(WQ.shape)} and W_V {list(WV.shape)}, got {list(mats[name].shape)}")
+            p.add(
+                f"{name} must be [{want[0]}, {want[1]}] given W_Q {list(WQ.shape)} and W_V {list(WV.shape)}, got {list(mats[name].shape)}"
+            )
     p.raise_if_any()
     specs = getattr(adapter, "specs", None)
     sunk = bool(specs) and bool(getattr(specs[layer], "sinks", False))
     latent = bool(specs) and bool(getattr(specs[layer], "latent", False))
-    source = HeadSource(layer=layer, head=head, model=_model_name(model), scale=scale, radius=r,
-                        dropped=DROPPED + (", the learned attention sink" if sunk else "")
-                        + (LATENT_DROPPED if latent else ""))
-    return HeadDynamics(Q=WQ.T.contiguous(), K=WK.T.contiguous(), V=(WV @ WO).T.contiguous(), beta=scale * r * r, source=source)
+    source = HeadSource(
+        layer=layer,
+        head=head,
+        model=_model_name(model),
+        scale=scale,
+        radius=r,
+        dropped=DROPPED
+        + (", the learned attention sink" if sunk else "")
+        + (LATENT_DROPPED if latent else ""),
+    )
+    return HeadDynamics(
+        Q=WQ.T.contiguous(),
+        K=WK.T.contiguous(),
+        V=(WV @ WO).T.contiguous(),
+        beta=scale * r * r,
+        source=source,
+    )
 
 
 def _model_name(model: Any) -> str:
@@ -175,4 +195,6 @@ def _model_name(model: Any) -> str:
     name = getattr(cfg, "model_name", None) if cfg is not None else None
     if not name:
         return type(model).__name__
-    return os.path.basename(str(name).rstrip("/\\")) or str(name)  # local folders: keep the last part
+    return os.path.basename(str(name).rstrip("/\\")) or str(
+        name
+    )  # local folders: keep the last part

@@ -43,7 +43,12 @@ def _record_times(p: Problems, t_max: Any, record_every: Any, times: Any) -> Ten
         except (TypeError, ValueError):
             p.add(f"times must be a 1-D sequence of numbers, got {type(times).__name__}")
             return None
-        if tt.numel() == 0 or not bool(torch.isfinite(tt).all()) or bool((tt < 0).any()) or bool((tt[1:] <= tt[:-1]).any()):
+        if (
+            tt.numel() == 0
+            or not bool(torch.isfinite(tt).all())
+            or bool((tt < 0).any())
+            or bool((tt[1:] <= tt[:-1]).any())
+        ):
             p.add(f"times must be finite, >= 0 and strictly increasing, got {tt.tolist()[:8]}")
             return None
         return tt
@@ -138,7 +143,9 @@ def simulate(
     if dt is not None:
         positive_number(p, "dt", dt)
     elif method in STEPPERS and method != "cf4":
-        p.add(f"method={method!r} has no error estimate: give a fixed dt (e.g. suggest_dt(...)) or use method='cf4'")
+        p.add(
+            f"method={method!r} has no error estimate: give a fixed dt (e.g. suggest_dt(...)) or use method='cf4'"
+        )
     positive_number(p, "tol", tol)
     if not isinstance(max_steps, int) or max_steps < 1:
         p.add(f"max_steps must be an int >= 1, got {max_steps!r}")
@@ -177,7 +184,9 @@ def simulate(
 
     params = RunParams(
         dynamics=dynamics,
-        beta=float(beta) if not (isinstance(beta, Tensor) and beta.ndim) else beta.detach().to(torch.float64).tolist(),
+        beta=float(beta)
+        if not (isinstance(beta, Tensor) and beta.ndim)
+        else beta.detach().to(torch.float64).tolist(),
         runs=runs,
         n=n,
         d=d,
@@ -194,7 +203,9 @@ def simulate(
     return ParticleRun(tt, states, epss, mean_cos, close, labels, params)
 
 
-def _advance_fixed(x: Tensor, span: float, dt: float, field: Field, method: str, stats: dict[str, int]) -> Tensor:
+def _advance_fixed(
+    x: Tensor, span: float, dt: float, field: Field, method: str, stats: dict[str, int]
+) -> Tensor:
     m = max(1, math.ceil(span / dt - 1e-9))
     h = span / m
     step = STEPPERS[method]
@@ -205,13 +216,22 @@ def _advance_fixed(x: Tensor, span: float, dt: float, field: Field, method: str,
 
 
 def _advance_adaptive(
-    x: Tensor, t0: float, t1: float, h: Tensor, field: Field, tol: float, stats: dict[str, int], max_steps: int
+    x: Tensor,
+    t0: float,
+    t1: float,
+    h: Tensor,
+    field: Field,
+    tol: float,
+    stats: dict[str, int],
+    max_steps: int,
 ) -> tuple[Tensor, Tensor]:
     """Advance every run from ``t0`` to ``t1`` with its own error-controlled steps."""
     runs = x.shape[0]
     t = torch.full((runs,), t0, dtype=torch.float64)
     active = torch.arange(runs)
-    per_run = field.beta.ndim == 3 or any(m is not None and m.ndim == 3 for m in (field.B, field.Qt, field.Kt, field.Vt))
+    per_run = field.beta.ndim == 3 or any(
+        m is not None and m.ndim == 3 for m in (field.B, field.Qt, field.Kt, field.Vt)
+    )
     while active.numel():
         stats["iterations"] += 1
         if stats["iterations"] > max_steps:

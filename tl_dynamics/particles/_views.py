@@ -29,8 +29,9 @@ def _colors(final_labels: np.ndarray) -> list[Any]:
     return [cmap(uniq[lab] % 10) for lab in final_labels.tolist()]
 
 
-def plot_circle(ax: Any, times: np.ndarray, states: np.ndarray, final_labels: np.ndarray,
-                run: int) -> None:
+def plot_circle(
+    ax: Any, times: np.ndarray, states: np.ndarray, final_labels: np.ndarray, run: int
+) -> None:
     """d = 2 on a polar axis: angle = position on the circle, radius = time (t = 0 at the centre).
 
     ``states [T, n, 2]``, ``final_labels [n]``.
@@ -84,9 +85,16 @@ def plot_mean_cosine(ax: Any, times: np.ndarray, mean_cosine: np.ndarray) -> Non
     ax.set_ylabel("mean <x_i, x_j>")
 
 
-def run_figure(times: np.ndarray, states: np.ndarray | None, final_labels: np.ndarray, run: int,
-               counts: np.ndarray, mean_cosine: np.ndarray, eps: float,
-               caption: str) -> viz.Component:
+def run_figure(
+    times: np.ndarray,
+    states: np.ndarray | None,
+    final_labels: np.ndarray,
+    run: int,
+    counts: np.ndarray,
+    mean_cosine: np.ndarray,
+    eps: float,
+    caption: str,
+) -> viz.Component:
     """Trajectories of one run (``states [T, n, d]`` for d = 2 or 3; None: the mean cosine
     instead) beside the cluster counts of every run."""
     from matplotlib.figure import Figure
@@ -110,16 +118,18 @@ def _edges(c: np.ndarray) -> np.ndarray:
     return np.concatenate([[c[0] - (mid[0] - c[0])], mid, [c[-1] + (c[-1] - mid[-1])]])
 
 
-def phase_panels(panels: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, str, float]],
-                 caption: str) -> viz.Component:
+def phase_panels(
+    panels: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, str, float]], caption: str
+) -> viz.Component:
     """Heat maps side by side, one per ``(times, betas, fraction [beta, t], title, eps)``."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(4.6 * len(panels), 3.8))
     for k, (t, b, fraction, title, eps) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), k + 1)
-        im = ax.pcolormesh(_edges(t), _edges(b), fraction, vmin=0, vmax=1, cmap="magma",
-                           shading="flat")
+        im = ax.pcolormesh(
+            _edges(t), _edges(b), fraction, vmin=0, vmax=1, cmap="magma", shading="flat"
+        )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("t")
         ax.set_ylabel("beta")
@@ -128,9 +138,17 @@ def phase_panels(panels: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, str,
     return viz.figure(fig, caption=caption, close=False)
 
 
-def beside_figure(point_labels: Sequence[str], model_clusters: np.ndarray, n_tokens: int,
-                  times: np.ndarray, run_clusters: np.ndarray, run_mean_cosine: np.ndarray,
-                  run_names: Sequence[str], eps: float, caption: str) -> viz.Group:
+def beside_figure(
+    point_labels: Sequence[str],
+    model_clusters: np.ndarray,
+    n_tokens: int,
+    times: np.ndarray,
+    run_clusters: np.ndarray,
+    run_mean_cosine: np.ndarray,
+    run_names: Sequence[str],
+    eps: float,
+    caption: str,
+) -> viz.Group:
     """The model's cluster count through depth beside the idealised flow's over time (one line
     per seeded head, ``run_clusters [T, runs]``) on the same y scale, and the flow's mean
     pairwise cosine (it moves even while the count holds); inline SVG plots.
@@ -148,17 +166,37 @@ def beside_figure(point_labels: Sequence[str], model_clusters: np.ndarray, n_tok
     shown = list(run_names[:_MAX_RUN_LINES])
     t_labels = [f"{t:.3g}" for t in times]
     model = viz.line_plot(
-        list(point_labels), {alone: np.full(len(point_labels), n_tokens), "model": model_clusters},
-        title=f"model: {n_tokens} tokens through depth", y_title=y_title, x_title="depth point",
-        y_range=y_range, dashed=[alone], width=520)
+        list(point_labels),
+        {alone: np.full(len(point_labels), n_tokens), "model": model_clusters},
+        title=f"model: {n_tokens} tokens through depth",
+        y_title=y_title,
+        x_title="depth point",
+        y_range=y_range,
+        dashed=[alone],
+        width=520,
+    )
     flow = viz.line_plot(
-        t_labels, {alone: np.full(len(times), n_tokens),
-                   **{name: run_clusters[:, r] for r, name in enumerate(shown)}},
-        title="(SA) flow seeded from the head(s) and the tokens", y_title=y_title,
-        x_title="time t of the idealised flow", x_values=times, y_range=y_range, dashed=[alone],
-        width=520)
+        t_labels,
+        {
+            alone: np.full(len(times), n_tokens),
+            **{name: run_clusters[:, r] for r, name in enumerate(shown)},
+        },
+        title="(SA) flow seeded from the head(s) and the tokens",
+        y_title=y_title,
+        x_title="time t of the idealised flow",
+        x_values=times,
+        y_range=y_range,
+        dashed=[alone],
+        width=520,
+    )
     cosine = viz.line_plot(
-        t_labels, {name: run_mean_cosine[:, r] for r, name in enumerate(shown)},
-        title="(SA) flow: mean pairwise cosine", y_title="mean <x_i, x_j>",
-        x_title="time t of the idealised flow", x_values=times, y_range=(-1.05, 1.05), width=520)
+        t_labels,
+        {name: run_mean_cosine[:, r] for r, name in enumerate(shown)},
+        title="(SA) flow: mean pairwise cosine",
+        y_title="mean <x_i, x_j>",
+        x_title="time t of the idealised flow",
+        x_values=times,
+        y_range=(-1.05, 1.05),
+        width=520,
+    )
     return viz.group(model, flow, cosine, caption=caption, row=True)

@@ -40,18 +40,23 @@ def iter_records(prompts: Prompts | Iterable[str]) -> Iterator[tuple[str, str | 
     ``text`` is None for a line that is not valid UTF-8 (or holds a lone surrogate)."""
     if not isinstance(prompts, (str, os.PathLike)):
         if isinstance(prompts, (bytes, bytearray)) or not hasattr(prompts, "__iter__"):
-            raise TLDynamicsError(f"prompts must be a corpus file path or a list of strings, got "
-                                  f"{type(prompts).__name__}")
+            raise TLDynamicsError(
+                f"prompts must be a corpus file path or a list of strings, got "
+                f"{type(prompts).__name__}"
+            )
         for i, text in enumerate(prompts):
             if not isinstance(text, str) or not text:
-                raise TLDynamicsError(f"prompt {i} is {text!r}: every prompt must be a non-empty "
-                                      "string")
+                raise TLDynamicsError(
+                    f"prompt {i} is {text!r}: every prompt must be a non-empty string"
+                )
             yield f"prompt {i}", text if _encodable(text) else None
         return
     path = Path(prompts)
     if not files.is_file(path):
-        raise TLDynamicsError(f"prompts file {str(path)!r} does not exist (give a text file, one "
-                              "prompt per line, or JSON lines with a 'text' field)")
+        raise TLDynamicsError(
+            f"prompts file {str(path)!r} does not exist (give a text file, one "
+            "prompt per line, or JSON lines with a 'text' field)"
+        )
     jsonl = _is_jsonl(path)
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, 1):
@@ -69,8 +74,10 @@ def iter_records(prompts: Prompts | Iterable[str]) -> Iterator[tuple[str, str | 
             try:
                 record = json.loads(line)
             except ValueError:
-                raise TLDynamicsError(f"{where}: not a JSON object (JSON lines need one object per "
-                                      'line, e.g. {"text": "..."})') from None
+                raise TLDynamicsError(
+                    f"{where}: not a JSON object (JSON lines need one object per "
+                    'line, e.g. {"text": "..."})'
+                ) from None
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str) or not text:
                 raise TLDynamicsError(f"{where}: no non-empty string 'text' field")
@@ -88,8 +95,10 @@ def iter_prompts(prompts: Prompts) -> Iterator[str]:
 
 
 def _undecodable(where: str) -> str:
-    return (f"{where}: not valid UTF-8 text (or a lone surrogate); fix the line, or pass "
-            "--on-long skip to leave such lines out")
+    return (
+        f"{where}: not valid UTF-8 text (or a lone surrogate); fix the line, or pass "
+        "--on-long skip to leave such lines out"
+    )
 
 
 def count_prompts(prompts: Prompts) -> int:
@@ -130,7 +139,8 @@ class PromptCheck:
             raise TLDynamicsError(
                 f"{where}: the prompt has {self.n_tokens(text)} tokens but this model's context "
                 f"is {self.n_ctx}; pass --on-long truncate (keep the first tokens that fit) or "
-                "--on-long skip (leave such prompts out)")
+                "--on-long skip (leave such prompts out)"
+            )
         if self.policy == "skip":
             self.counts["skipped_long"] += 1
             return None
@@ -147,8 +157,10 @@ class PromptCheck:
             else:
                 hi = mid
         if lo == 0:
-            raise TLDynamicsError("cannot truncate a prompt to this model's context: even its "
-                                  "first character does not fit")
+            raise TLDynamicsError(
+                "cannot truncate a prompt to this model's context: even its "
+                "first character does not fit"
+            )
         return text[:lo]
 
     def take(self) -> dict[str, int]:
@@ -158,13 +170,16 @@ class PromptCheck:
 
 
 @overload
-def batches(prompts: Prompts | Iterable[str], batch_size: int, check: None = None
-            ) -> Iterator[tuple[int, list[str]]]: ...
+def batches(
+    prompts: Prompts | Iterable[str], batch_size: int, check: None = None
+) -> Iterator[tuple[int, list[str]]]: ...
 @overload
-def batches(prompts: Prompts | Iterable[str], batch_size: int, check: PromptCheck
-            ) -> Iterator[tuple[int, list[str], dict[str, int]]]: ...
-def batches(prompts: Prompts | Iterable[str], batch_size: int, check: PromptCheck | None = None
-            ) -> Iterator[tuple[int, list[str]] | tuple[int, list[str], dict[str, int]]]:
+def batches(
+    prompts: Prompts | Iterable[str], batch_size: int, check: PromptCheck
+) -> Iterator[tuple[int, list[str], dict[str, int]]]: ...
+def batches(
+    prompts: Prompts | Iterable[str], batch_size: int, check: PromptCheck | None = None
+) -> Iterator[tuple[int, list[str]] | tuple[int, list[str], dict[str, int]]]:
     """``(index, prompts)`` for every batch of the corpus, in order; with ``check``,
     ``(index, prompts, counts)`` with what the policy left out or cut while filling the batch
     (trailing lines left out after the last full batch come as one batch without prompts)."""

@@ -17,22 +17,67 @@ def _head_maps(h: HeadStats) -> list[viz.Component]:
     n = max(h.n_prompts, 1)
     shares = h.shares()
 
-    def heat(values: np.ndarray, title: str, name: str, lo: float | None, hi: float | None,
-             cmap: str | None, caption: str) -> viz.Component:
-        return viz.heatmap(values, rows, cols, title=title, row_title="layer", col_title="head",
-                           value_name=name, min_value=lo, max_value=hi, cmap=cmap,
-                           caption=caption)
+    def heat(
+        values: np.ndarray,
+        title: str,
+        name: str,
+        lo: float | None,
+        hi: float | None,
+        cmap: str | None,
+        caption: str,
+    ) -> viz.Component:
+        return viz.heatmap(
+            values,
+            rows,
+            cols,
+            title=title,
+            row_title="layer",
+            col_title="head",
+            value_name=name,
+            min_value=lo,
+            max_value=hi,
+            cmap=cmap,
+            caption=caption,
+        )
 
     return [
-        heat(h.sink_sums["sink_mass"] / n, "sink mass", "mean attention to the sink", 0.0, 1.0,
-             "blues", "mean share of attention the most-attended source position takes, per "
-                      "prompt (averaged over prompts)"),
-        heat(h.sink_sums["sink_first"] / n, "sink on the first token", "share of prompts", 0.0,
-             1.0, "blues", "share of prompts whose most-attended source is the first real token"),
-        heat(shares["attr_prior"], "prior attribution", "Cov(prior, r) / Var(r)", -1.0, 1.0,
-             "rdbu", "key prior's additive share of the row-centred score variance"),
-        heat(shares["attr_loglik"], "likelihood attribution", "Cov(loglik, r) / Var(r)", -1.0,
-             1.0, "rdbu", "log-likelihood's additive share of the row-centred score variance"),
+        heat(
+            h.sink_sums["sink_mass"] / n,
+            "sink mass",
+            "mean attention to the sink",
+            0.0,
+            1.0,
+            "blues",
+            "mean share of attention the most-attended source position takes, per "
+            "prompt (averaged over prompts)",
+        ),
+        heat(
+            h.sink_sums["sink_first"] / n,
+            "sink on the first token",
+            "share of prompts",
+            0.0,
+            1.0,
+            "blues",
+            "share of prompts whose most-attended source is the first real token",
+        ),
+        heat(
+            shares["attr_prior"],
+            "prior attribution",
+            "Cov(prior, r) / Var(r)",
+            -1.0,
+            1.0,
+            "rdbu",
+            "key prior's additive share of the row-centred score variance",
+        ),
+        heat(
+            shares["attr_loglik"],
+            "likelihood attribution",
+            "Cov(loglik, r) / Var(r)",
+            -1.0,
+            1.0,
+            "rdbu",
+            "log-likelihood's additive share of the row-centred score variance",
+        ),
     ]
 
 
@@ -58,31 +103,44 @@ def stats_page(stats: DatasetStats, title: str | None = None) -> viz.Page:
         ['Heads over the corpus: sinks and prior vs likelihood', 'Tokens through depth: cosines and clusters']
     """
     page = viz.Page(title or f"tl-dynamics dataset statistics: {stats.model}")
-    page.meta += [("model", stats.model), ("prompts", str(stats.n_prompts)),
-                  ("analyses", ", ".join(stats.analyses)),
-                  ("settings", json.dumps(stats.settings, sort_keys=True)),
-                  ("prompt-list hash", f"{stats.prompts_hash:064x}")]
+    page.meta += [
+        ("model", stats.model),
+        ("prompts", str(stats.n_prompts)),
+        ("analyses", ", ".join(stats.analyses)),
+        ("settings", json.dumps(stats.settings, sort_keys=True)),
+        ("prompt-list hash", f"{stats.prompts_hash:064x}"),
+    ]
     left_out = {k: v for k, v in stats.skipped.items() if v}
     if left_out:
-        words = {"skipped_long": "longer than the model's context, left out",
-                 "truncated": "longer than the model's context, cut to fit",
-                 "skipped_undecodable": "not valid UTF-8, left out"}
+        words = {
+            "skipped_long": "longer than the model's context, left out",
+            "truncated": "longer than the model's context, cut to fit",
+            "skipped_undecodable": "not valid UTF-8, left out",
+        }
         text = "; ".join(f"{n} {words.get(k, k)}" for k, n in sorted(left_out.items()))
         page.meta.append(("corpus lines not used whole", text))
-        page.warnings.append(f"Not every corpus line was used whole ({text}): these statistics "
-                             "cover the prompts that were kept.")
+        page.warnings.append(
+            f"Not every corpus line was used whole ({text}): these statistics "
+            "cover the prompts that were kept."
+        )
     if stats.n_prompts == 0:
         page.warnings.append("These statistics cover no prompts (an empty corpus or shard).")
         return page
     if stats.odds_ratio is not None:
-        page.add_section("Heads over the corpus: sinks and prior vs likelihood",
-                         _head_maps(stats.odds_ratio) + [stats.odds_ratio.show()],
-                         intro="Each attention score splits into a query term, a key prior and a "
-                               "distance log-likelihood; these maps pool every valid query row "
-                               "of every prompt.", math="docs/math.md §2")
+        page.add_section(
+            "Heads over the corpus: sinks and prior vs likelihood",
+            _head_maps(stats.odds_ratio) + [stats.odds_ratio.show()],
+            intro="Each attention score splits into a query term, a key prior and a "
+            "distance log-likelihood; these maps pool every valid query row "
+            "of every prompt.",
+            math="docs/math.md §2",
+        )
     if stats.trajectories is not None:
-        page.add_section("Tokens through depth: cosines and clusters",
-                         [stats.trajectories.show()],
-                         intro="Pairwise cosines of the token states at each depth, and the mean "
-                               "number of clusters per prompt.", math="docs/math.md §5")
+        page.add_section(
+            "Tokens through depth: cosines and clusters",
+            [stats.trajectories.show()],
+            intro="Pairwise cosines of the token states at each depth, and the mean "
+            "number of clusters per prompt.",
+            math="docs/math.md §5",
+        )
     return page

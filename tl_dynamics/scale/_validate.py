@@ -28,9 +28,17 @@ MIN_EXPONENT, MAX_TOP_BIT = -1088, 1088 + 32
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEADER_KEYS = {"format", "version", "model", "analyses", "settings", "n_prompts", "prompts_hash"}
 _ODDS_KEYS = {"model", "layers", "heads", "scale", "softcap", "n_prompts", "sum_keys"}
-_META_TYPES = {"architecture": str, "d_model": int, "eps": list, "flattened": bool,
-               "labels": list, "lens_note": str, "n_bins": int, "skip_first": bool,
-               "standardize": str}
+_META_TYPES = {
+    "architecture": str,
+    "d_model": int,
+    "eps": list,
+    "flattened": bool,
+    "labels": list,
+    "lens_note": str,
+    "n_bins": int,
+    "skip_first": bool,
+    "standardize": str,
+}
 
 
 def fail(what: str, message: str) -> TLDynamicsError:
@@ -44,8 +52,12 @@ def _int(value: Any, what: str, field: str, low: int = 0, high: int = MAX_COUNT)
 
 
 def _float(value: Any, what: str, field: str, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or (positive and value <= 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or (positive and value <= 0)
+    ):
         kind = "a positive finite number" if positive else "a finite number"
         raise fail(what, f"{field} must be {kind}, got {value!r}")
     return float(value)
@@ -70,8 +82,13 @@ def _indices(value: Any, what: str, field: str, allow_none: bool = False) -> Non
         raise fail(what, f"{field} repeats an index: {items}")
 
 
-def _keys(d: Any, what: str, field: str, required: AbstractSet[str],
-          optional: AbstractSet[str] = frozenset()) -> dict:
+def _keys(
+    d: Any,
+    what: str,
+    field: str,
+    required: AbstractSet[str],
+    optional: AbstractSet[str] = frozenset(),
+) -> dict:
     if not isinstance(d, dict):
         raise fail(what, f"{field} must be an object, got {type(d).__name__}")
     missing, extra = required - set(d), set(d) - required - optional
@@ -85,8 +102,9 @@ def check_header(header: Any, what: str) -> None:
     h = _keys(header, what, "header", _HEADER_KEYS, {"odds_ratio", "trajectories", "corpus"})
     analyses = _list(h["analyses"], what, "analyses")
     if not analyses or analyses != [a for a in ANALYSES if a in analyses]:
-        raise fail(what, f"analyses {analyses!r}: expected one or more of {list(ANALYSES)}, in "
-                         "that order")
+        raise fail(
+            what, f"analyses {analyses!r}: expected one or more of {list(ANALYSES)}, in that order"
+        )
     for a in ANALYSES:
         if (a in analyses) != (a in h):
             raise fail(what, f"analyses {analyses} and the {a!r} section disagree")
@@ -109,8 +127,9 @@ def check_header(header: Any, what: str) -> None:
         meta = _keys(t["meta"], what, "trajectories.meta", set(_META_TYPES))
         for key, kind in _META_TYPES.items():
             if isinstance(meta[key], bool) != (kind is bool) or not isinstance(meta[key], kind):
-                raise fail(what, f"trajectories.meta.{key} must be {kind.__name__}, got "
-                                 f"{meta[key]!r}")
+                raise fail(
+                    what, f"trajectories.meta.{key} must be {kind.__name__}, got {meta[key]!r}"
+                )
         _int(meta["d_model"], what, "trajectories.meta.d_model", 1, 1 << 20)
         _int(meta["n_bins"], what, "trajectories.meta.n_bins", 1, 1 << 16)
         for e in meta["eps"]:
@@ -163,32 +182,63 @@ def _check_odds(o: Any, n_prompts: int, what: str) -> None:
         raise fail(what, f"odds_ratio.n_prompts {o['n_prompts']} != n_prompts {n_prompts}")
     if o["sum_keys"] != list(HeadStats.SUM_KEYS):
         older = [k for k in HeadStats.SUM_KEYS if k != "learned_sink"]
-        why = ("; it was written before tl_dynamics kept the learned-sink sum: recompute it with "
-               "`tl-dynamics stats`") if o["sum_keys"] == older else ""
-        raise fail(what, f"odds_ratio.sum_keys {o['sum_keys']!r}: expected "
-                         f"{list(HeadStats.SUM_KEYS)}{why}")
+        why = (
+            (
+                "; it was written before tl_dynamics kept the learned-sink sum: recompute it with "
+                "`tl-dynamics stats`"
+            )
+            if o["sum_keys"] == older
+            else ""
+        )
+        raise fail(
+            what, f"odds_ratio.sum_keys {o['sum_keys']!r}: expected {list(HeadStats.SUM_KEYS)}{why}"
+        )
 
 
 def _traj_shapes(meta: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The shape of every trajectory array the header's meta implies (points P, thresholds E,
     histogram bins B, model width D)."""
     p, e, b, d = len(meta["labels"]), len(meta["eps"]), meta["n_bins"], meta["d_model"]
-    sums: dict[str, tuple[int, ...]] = {name: (p,) for name in ("norm", "cos_final", "cos_embed", "dist_embed",
-                                     "cos_unembed", "dist_unembed", "log_rank", "cos_sum",
-                                     "erank")}
+    sums: dict[str, tuple[int, ...]] = {
+        name: (p,)
+        for name in (
+            "norm",
+            "cos_final",
+            "cos_embed",
+            "dist_embed",
+            "cos_unembed",
+            "dist_unembed",
+            "log_rank",
+            "cos_sum",
+            "erank",
+        )
+    }
     sums.update(step=(max(p - 1, 0),), rel_step=(max(p - 1, 0),), turning=(max(p - 2, 0),))
     shapes: dict[str, tuple[int, ...]] = {f"sums.{k}": v for k, v in sums.items()}
     shapes.update({f"ints.count_{k}": v for k, v in sums.items()})
-    shapes.update({"sums.state_sum": (p, d), "sums.state_sumsq": (p, d),
-                   "ints.n_tokens": (), "ints.n_prompts": (), "ints.n_lens_tokens": (),
-                   "ints.rank_sum": (p,), "ints.top1": (p,), "ints.settling": (p + 1,),
-                   "ints.cos_hist": (p, b), "ints.n_pairs": (p,), "ints.clusters": (e, p),
-                   "ints.merges": (e, max(p - 1, 0)), "ints.splits": (e, max(p - 1, 0))})
+    shapes.update(
+        {
+            "sums.state_sum": (p, d),
+            "sums.state_sumsq": (p, d),
+            "ints.n_tokens": (),
+            "ints.n_prompts": (),
+            "ints.n_lens_tokens": (),
+            "ints.rank_sum": (p,),
+            "ints.top1": (p,),
+            "ints.settling": (p + 1,),
+            "ints.cos_hist": (p, b),
+            "ints.n_pairs": (p,),
+            "ints.clusters": (e, p),
+            "ints.merges": (e, max(p - 1, 0)),
+            "ints.splits": (e, max(p - 1, 0)),
+        }
+    )
     return shapes
 
 
-def _check_exact(tensors: dict[str, np.ndarray], prefix: str, shape: tuple[int, ...],
-                 what: str, used: set[str]) -> None:
+def _check_exact(
+    tensors: dict[str, np.ndarray], prefix: str, shape: tuple[int, ...], what: str, used: set[str]
+) -> None:
     names = {f"{prefix}.limbs", f"{prefix}.exponent"}
     special = f"{prefix}.special"
     missing = [n for n in names if n not in tensors]
@@ -198,12 +248,16 @@ def _check_exact(tensors: dict[str, np.ndarray], prefix: str, shape: tuple[int, 
     if limbs.dtype != np.int64 or exponent.dtype != np.int64 or exponent.shape != (1,):
         raise fail(what, f"{prefix}: limbs and exponent must be int64 (exponent one element)")
     if limbs.ndim < 1 or tuple(limbs.shape[1:]) != shape or not 1 <= limbs.shape[0]:
-        raise fail(what, f"{prefix}.limbs has shape {list(limbs.shape)}; the header implies "
-                         f"[n_limbs, {', '.join(map(str, shape))}]")
+        raise fail(
+            what,
+            f"{prefix}.limbs has shape {list(limbs.shape)}; the header implies "
+            f"[n_limbs, {', '.join(map(str, shape))}]",
+        )
     e = int(exponent[0])
     if e < MIN_EXPONENT or e + 32 * limbs.shape[0] > MAX_TOP_BIT:
-        raise fail(what, f"{prefix}: exponent {e} with {limbs.shape[0]} limbs is outside "
-                         "float64's range")
+        raise fail(
+            what, f"{prefix}: exponent {e} with {limbs.shape[0]} limbs is outside float64's range"
+        )
     used |= names | ({special} if special in tensors else set())
 
 
@@ -213,7 +267,11 @@ def check_tensors(header: dict[str, Any], tensors: dict[str, np.ndarray], what: 
     used: set[str] = set()
     if "odds_ratio" in header:
         o = header["odds_ratio"]
-        shape = (len(o["layers"]), len(HeadStats.SUM_KEYS) + len(HeadStats.SINK_SUM_KEYS), len(o["heads"]))
+        shape = (
+            len(o["layers"]),
+            len(HeadStats.SUM_KEYS) + len(HeadStats.SINK_SUM_KEYS),
+            len(o["heads"]),
+        )
         _check_exact(tensors, "odds_ratio.sums", shape, what, used)
     if "trajectories" in header:
         t = header["trajectories"]
@@ -229,21 +287,25 @@ def check_tensors(header: dict[str, Any], tensors: dict[str, np.ndarray], what: 
                     continue
                 array = tensors.get(full)
                 if array is None or array.dtype != np.int64 or array.shape != shapes[key]:
-                    raise fail(what, f"tensor {full!r} must be int64 of shape "
-                                     f"{list(shapes[key])}, got "
-                                     f"{None if array is None else (array.dtype.name, list(array.shape))}")
+                    raise fail(
+                        what,
+                        f"tensor {full!r} must be int64 of shape "
+                        f"{list(shapes[key])}, got "
+                        f"{None if array is None else (array.dtype.name, list(array.shape))}",
+                    )
                 if (array < 0).any():
                     raise fail(what, f"tensor {full!r} holds negative counts")
                 used.add(full)
-        if t["ints"] and ("n_prompts" not in t["ints"] or int(
-                tensors["trajectories.ints.n_prompts"]) != header["n_prompts"]):
+        if t["ints"] and (
+            "n_prompts" not in t["ints"]
+            or int(tensors["trajectories.ints.n_prompts"]) != header["n_prompts"]
+        ):
             raise fail(what, "trajectories.ints.n_prompts disagrees with n_prompts")
         setting = header["settings"]["trajectories"]
         if [float(e) for e in setting["eps"]] != [float(e) for e in t["meta"]["eps"]]:
             raise fail(what, "settings.trajectories.eps disagrees with trajectories.meta.eps")
         if not setting["lens"] and "rank_sum" in t["ints"]:
-            raise fail(what, "settings.trajectories.lens is false but the file has lens "
-                             "statistics")
+            raise fail(what, "settings.trajectories.lens is false but the file has lens statistics")
     extra = sorted(set(tensors) - used)
     if extra:
         raise fail(what, f"tensor {extra[0]!r} is not described by the header")

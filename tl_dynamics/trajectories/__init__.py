@@ -17,5 +17,13 @@ from tl_dynamics.trajectories._report import report_section
 from tl_dynamics.trajectories._stats import TrajectoryStats
 from tl_dynamics.trajectories._trajectory import Trajectory
 
-__all__ = ["Trajectory", "TrajectoryStats", "attach", "block_jacobian", "class_probe", "compute",
-           "report_section", "stream"]
+__all__ = [
+    "Trajectory",
+    "TrajectoryStats",
+    "attach",
+    "block_jacobian",
+    "class_probe",
+    "compute",
+    "report_section",
+    "stream",
+]

@@ -22,8 +22,9 @@ for every layer and model, so histograms are comparable and merge by adding coun
 BIN_EDGES = torch.linspace(-1.0, 1.0, N_BINS + 1, dtype=torch.float64)
 
 
-def standardize_prompt(z: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batch pos"]
-                       ) -> Float[Tensor, "batch pos d"]:
+def standardize_prompt(
+    z: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos d"]:
     """Per prompt and dimension, subtract the mean and divide by the std over valid tokens.
 
     Tames "rogue dimensions" (a few coordinates with huge variance dominating cosines).
@@ -35,8 +36,9 @@ def standardize_prompt(z: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batc
     return (z - mean) / var.sqrt().clamp_min(1e-6) * w
 
 
-def cos_histogram(cos: Float[Tensor, "batch pos pos"], pairs: Bool[Tensor, "batch pos pos"]
-                  ) -> Int[Tensor, "batch bins"]:
+def cos_histogram(
+    cos: Float[Tensor, "batch pos pos"], pairs: Bool[Tensor, "batch pos pos"]
+) -> Int[Tensor, "batch bins"]:
     """Counts of pairwise cosines per fixed bin (``BIN_EDGES``), per prompt."""
     b = cos.shape[0]
     if cos.dtype != torch.float32:
@@ -55,7 +57,7 @@ def cos_histogram(cos: Float[Tensor, "batch pos pos"], pairs: Bool[Tensor, "batc
     counts = torch.zeros(b * N_BINS + 1, dtype=torch.long, device=cos.device)
     step = max(1, -(-n // HIST_BLOCKS))
     for i0 in range(0, n, step):
-        block, block_pairs = cos[:, i0:i0 + step, i0:], pairs[:, i0:i0 + step, i0:]
+        block, block_pairs = cos[:, i0 : i0 + step, i0:], pairs[:, i0 : i0 + step, i0:]
         idx = torch.bucketize(block.contiguous(), thresholds, right=True)
         idx += offset
         idx.masked_fill_(~block_pairs, b * N_BINS)  # one spare bin for what is not a pair
@@ -71,6 +73,7 @@ HIST_BLOCKS = 4
 def _bin_thresholds() -> Tensor:
     """For each bin k >= 1 the least float32 ``c`` with ``(float64(c) + 1) * N_BINS / 2 >= k``
     (a bisection over the float32 values in [-1, 1], in their order)."""
+
     def value(key: int) -> float:
         return struct.unpack("<f", struct.pack("<I", key if key >= 0 else -key | 0x80000000))[0]
 
@@ -94,8 +97,9 @@ def _bin_thresholds() -> Tensor:
 _THRESHOLDS = _bin_thresholds()
 
 
-def effective_rank(u: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batch pos"]
-                   ) -> Float[Tensor, " batch"]:
+def effective_rank(
+    u: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batch pos"]
+) -> Float[Tensor, " batch"]:
     """Effective rank ``exp(H(sigma / sum sigma))`` of the prompt's unit-vector cloud.
 
     The singular values ``sigma`` of the (uncentred) unit vectors are the square roots of the
@@ -108,8 +112,9 @@ def effective_rank(u: Float[Tensor, "batch pos d"], mask: Bool[Tensor, "batch po
     """
     ud = u.double() * mask[..., None]
     small = ud.shape[-2] <= ud.shape[-1]
-    sigma = _eigvalsh_one_thread(_lower_gram(ud if small else ud.transpose(1, 2))
-                                 ).clamp_min(0.0).sqrt()
+    sigma = (
+        _eigvalsh_one_thread(_lower_gram(ud if small else ud.transpose(1, 2))).clamp_min(0.0).sqrt()
+    )
     p = sigma / sigma.sum(-1, keepdim=True).clamp_min(NORM_FLOOR)
     ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
     return torch.exp(ent)

@@ -19,8 +19,14 @@ from tl_dynamics.adapter import Batch, LayerState, ModelAdapter, Prompt
 from tl_dynamics.collect import Collector, to_host
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._meta import lens_applies, lens_note, stats_meta
-from tl_dynamics.trajectories._points import (Config, StandardizeArg, check_config, next_tokens,
-                                              point_roles, point_statistics)
+from tl_dynamics.trajectories._points import (
+    Config,
+    StandardizeArg,
+    check_config,
+    next_tokens,
+    point_roles,
+    point_statistics,
+)
 from tl_dynamics.trajectories._reduce import reduce_batch
 from tl_dynamics.trajectories._stats import TrajectoryStats
 from tl_dynamics.trajectories._trajectory import Trajectory, build, join
@@ -57,13 +63,16 @@ class TrajectoryCollector(Collector):
     def end_pass(self) -> None:
         zs, self._zs = self._zs, []
         if len(zs) != len(self.points):
-            raise TLDynamicsError(f"the forward pass delivered {len(zs)} of {len(self.points)} "
-                                  "residual points")
+            raise TLDynamicsError(
+                f"the forward pass delivered {len(zs)} of {len(self.points)} residual points"
+            )
         batch = self._batch
         n = tuple(zs[0].shape[:2])
         if batch is not None and tuple(batch.tokens.shape) != n:
-            raise TLDynamicsError(f"the forward pass runs tokens of shape {n} but the batch "
-                                  f"given has {tuple(batch.tokens.shape)}")
+            raise TLDynamicsError(
+                f"the forward pass runs tokens of shape {n} but the batch "
+                f"given has {tuple(batch.tokens.shape)}"
+            )
         if batch is None:
             key_valid, targets = torch.ones(n, dtype=torch.bool, device=zs[0].device), None
         else:
@@ -90,8 +99,11 @@ class TrajectoryCollector(Collector):
                 self.parts.append(traj)
                 part = traj.stats
             else:
-                valid = raw["norm"].new_ones(raw["norm"].shape[0], raw["norm"].shape[2]).bool() \
-                    if batch is None else batch.key_valid
+                valid = (
+                    raw["norm"].new_ones(raw["norm"].shape[0], raw["norm"].shape[2]).bool()
+                    if batch is None
+                    else batch.key_valid
+                )
                 note = lens_note(self.adapter, self.cfg.lens, batch)
                 part = reduce_batch(raw, valid, stats_meta(self.adapter, self.cfg, note))
             self.total = part if self.total is None else self.total.merge(part)
@@ -104,8 +116,9 @@ class TrajectoryCollector(Collector):
         self._drain()
         if self.total is None:
             if not allow_empty:
-                raise TLDynamicsError("no forward pass has run inside attach(): run the model "
-                                      "on some prompts first")
+                raise TLDynamicsError(
+                    "no forward pass has run inside attach(): run the model on some prompts first"
+                )
             note = lens_note(self.adapter, self.cfg.lens, None)
             return TrajectoryStats(meta=stats_meta(self.adapter, self.cfg, note))
         return self.total
@@ -119,18 +132,37 @@ class TrajectoryCollector(Collector):
         return join(self.parts, total)
 
 
-def _config(adapter: ModelAdapter, layers: int | Sequence[int] | None, eps: Sequence[float],
-            flattened: bool, lens: bool, standardize: StandardizeArg, skip_first: bool) -> Config:
+def _config(
+    adapter: ModelAdapter,
+    layers: int | Sequence[int] | None,
+    eps: Sequence[float],
+    flattened: bool,
+    lens: bool,
+    standardize: StandardizeArg,
+    skip_first: bool,
+) -> Config:
     selected = None if layers is None else tuple(adapter.check_layers(layers))
-    return Config(eps=tuple(eps), layers=selected, flattened=flattened, lens=lens,
-                  standardize=standardize, skip_first=skip_first)
+    return Config(
+        eps=tuple(eps),
+        layers=selected,
+        flattened=flattened,
+        lens=lens,
+        standardize=standardize,
+        skip_first=skip_first,
+    )
 
 
 @contextmanager
-def attach(model: Any, *, layers: int | Sequence[int] | None = None,
-           eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, flattened: bool = False,
-           lens: bool = True, standardize: StandardizeArg = None,
-           skip_first: bool = False) -> Iterator[TrajectoryCollector]:
+def attach(
+    model: Any,
+    *,
+    layers: int | Sequence[int] | None = None,
+    eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
+    flattened: bool = False,
+    lens: bool = True,
+    standardize: StandardizeArg = None,
+    skip_first: bool = False,
+) -> Iterator[TrajectoryCollector]:
     """Accumulate trajectories during the user's own forward passes.
 
     The collector's ``result()`` is a ``Trajectory``, what ``compute`` gives, for every pass
@@ -164,14 +196,18 @@ def attach(model: Any, *, layers: int | Sequence[int] | None = None,
         ('Trajectory', 3)
     """
     adapter = ModelAdapter.of(model)
-    collector = TrajectoryCollector(adapter, _config(adapter, layers, eps, flattened, lens,
-                                                     standardize, skip_first), keep_tokens=True)
+    collector = TrajectoryCollector(
+        adapter,
+        _config(adapter, layers, eps, flattened, lens, standardize, skip_first),
+        keep_tokens=True,
+    )
     with adapter.collecting(collector):
         yield collector
 
 
-def batches(adapter: ModelAdapter, prompts: Iterable[Any], batch_size: int,
-            padding_side: str) -> Iterator[Batch]:
+def batches(
+    adapter: ModelAdapter, prompts: Iterable[Any], batch_size: int, padding_side: str
+) -> Iterator[Batch]:
     """``prompts`` (strings or ``Batch`` objects) in padded batches of ``batch_size``."""
     chunk: list[Any] = []
     for prompt in prompts:
@@ -189,12 +225,21 @@ def batches(adapter: ModelAdapter, prompts: Iterable[Any], batch_size: int,
         yield adapter.tokenize(chunk, padding_side)
 
 
-def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16, *,
-           layers: int | Sequence[int] | None = None,
-           eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, flattened: bool = False,
-           lens: bool = True, standardize: StandardizeArg = None, skip_first: bool = False,
-           padding_side: str = "right", progress: bool = True,
-           total: int | None = None) -> TrajectoryStats:
+def stream(
+    model: Any,
+    prompts: Iterable[str | Batch],
+    batch_size: int = 16,
+    *,
+    layers: int | Sequence[int] | None = None,
+    eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
+    flattened: bool = False,
+    lens: bool = True,
+    standardize: StandardizeArg = None,
+    skip_first: bool = False,
+    padding_side: str = "right",
+    progress: bool = True,
+    total: int | None = None,
+) -> TrajectoryStats:
     """Trajectory statistics over many prompts, in padded batches of ``batch_size``.
 
     Peak memory is one batch's activations plus fixed-size accumulators. Two runs over a
@@ -228,11 +273,14 @@ def stream(model: Any, prompts: Iterable[str | Batch], batch_size: int = 16, *,
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise TLDynamicsError(f"batch_size must be a positive integer, got {batch_size!r}")
     if isinstance(prompts, (str, Tensor)):
-        raise TLDynamicsError("stream takes an iterable of prompts (strings or Batch objects); "
-                              "for one prompt use trajectories.compute")
+        raise TLDynamicsError(
+            "stream takes an iterable of prompts (strings or Batch objects); "
+            "for one prompt use trajectories.compute"
+        )
     adapter = ModelAdapter.of(model)
-    collector = TrajectoryCollector(adapter, _config(adapter, layers, eps, flattened, lens,
-                                                     standardize, skip_first))
+    collector = TrajectoryCollector(
+        adapter, _config(adapter, layers, eps, flattened, lens, standardize, skip_first)
+    )
     if total is None and hasattr(prompts, "__len__"):
         total = len(prompts)  # type: ignore[arg-type]
     bar = None
@@ -262,10 +310,18 @@ def merge(runs: Sequence[TrajectoryStats]) -> TrajectoryStats:
     return out
 
 
-def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] | None = None,
-            eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID, flattened: bool = False,
-            lens: bool = True, standardize: StandardizeArg = None, skip_first: bool = False,
-            padding_side: str = "right") -> Trajectory:
+def compute(
+    model: Any,
+    prompt: Prompt | Batch,
+    *,
+    layers: int | Sequence[int] | None = None,
+    eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
+    flattened: bool = False,
+    lens: bool = True,
+    standardize: StandardizeArg = None,
+    skip_first: bool = False,
+    padding_side: str = "right",
+) -> Trajectory:
     """Trajectories of every token of ``prompt`` (one forward pass).
 
     Args:
@@ -295,8 +351,11 @@ def compute(model: Any, prompt: Prompt | Batch, *, layers: int | Sequence[int] |
     """
     adapter = ModelAdapter.of(model)
     batch = adapter.tokenize(prompt, padding_side)
-    collector = TrajectoryCollector(adapter, _config(adapter, layers, eps, flattened, lens,
-                                                     standardize, skip_first), keep_tokens=True)
+    collector = TrajectoryCollector(
+        adapter,
+        _config(adapter, layers, eps, flattened, lens, standardize, skip_first),
+        keep_tokens=True,
+    )
     with adapter.collecting(collector):
         adapter.forward(batch)
     return collector.result()

@@ -54,17 +54,27 @@ class JacobianSpectrum:
     def to_dataframe(self) -> Any:
         import pandas as pd
 
-        return pd.DataFrame({"layer": self.layer, "position": self.position, "token": self.token,
-                             "index": range(len(self.singular_values)),
-                             "singular_value": self.singular_values.tolist(),
-                             "spectral_radius": self.spectral_radius})
+        return pd.DataFrame(
+            {
+                "layer": self.layer,
+                "position": self.position,
+                "token": self.token,
+                "index": range(len(self.singular_values)),
+                "singular_value": self.singular_values.tolist(),
+                "spectral_radius": self.spectral_radius,
+            }
+        )
 
     def show(self) -> Any:
         from tl_dynamics import viz
 
-        return viz.table(self.to_dataframe(), caption=(
-            f"block {self.layer} Jacobian at token {self.position} ({self.token!r}): gain below 1 "
-            "in the top directions means contraction"))
+        return viz.table(
+            self.to_dataframe(),
+            caption=(
+                f"block {self.layer} Jacobian at token {self.position} ({self.token!r}): gain below 1 "
+                "in the top directions means contraction"
+            ),
+        )
 
 
 class _Graph:
@@ -89,8 +99,9 @@ class _Graph:
             except _Stop:
                 pass
         if "y" not in store:
-            raise TLDynamicsError(f"layer {layer}: the forward pass did not reach its residual "
-                                  "output")
+            raise TLDynamicsError(
+                f"layer {layer}: the forward pass did not reach its residual output"
+            )
         self.x, self.y = store["x"], store["y"]
         self.d = self.x.shape[0]
         self._u = torch.zeros_like(self.y, requires_grad=True)
@@ -101,8 +112,9 @@ class _Graph:
         try:  # one vectorised backward for all rows
             res = torch.autograd.grad(out, inp, rows, retain_graph=True, is_grads_batched=True)[0]
         except RuntimeError:  # an op without a batching rule: one backward per row
-            res = torch.stack([torch.autograd.grad(out, inp, r, retain_graph=True)[0]
-                               for r in rows])
+            res = torch.stack(
+                [torch.autograd.grad(out, inp, r, retain_graph=True)[0] for r in rows]
+            )
         return res.double().cpu()
 
     def vjp(self, u: Float[Tensor, "k d"]) -> Float[Tensor, "k d"]:
@@ -118,8 +130,9 @@ def _forward_with_grad(adapter: ModelAdapter, batch: Batch) -> None:
     adapter.forward(batch, grad=True)
 
 
-def _top_singular(g: _Graph, k: int, tol: float, max_iter: int, seed: int
-                  ) -> tuple[Tensor, int, bool]:
+def _top_singular(
+    g: _Graph, k: int, tol: float, max_iter: int, seed: int
+) -> tuple[Tensor, int, bool]:
     block = min(g.d, 2 * k)  # oversampled block: convergence rate sigma_{2k+1} / sigma_k
     gen = torch.Generator().manual_seed(seed)
     v, _ = torch.linalg.qr(torch.randn(g.d, block, generator=gen, dtype=torch.float64))
@@ -138,8 +151,9 @@ def _top_singular(g: _Graph, k: int, tol: float, max_iter: int, seed: int
     return sigma.float(), max_iter, False
 
 
-def _arnoldi_radius(g: _Graph, tol: float, max_iter: int, seed: int
-                    ) -> tuple[float, Tensor, int, bool]:
+def _arnoldi_radius(
+    g: _Graph, tol: float, max_iter: int, seed: int
+) -> tuple[float, Tensor, int, bool]:
     gen = torch.Generator().manual_seed(seed + 1)
     m_max = min(max_iter, g.d)
     basis = torch.zeros(g.d, m_max + 1, dtype=torch.float64)
@@ -150,9 +164,9 @@ def _arnoldi_radius(g: _Graph, tol: float, max_iter: int, seed: int
     for m in range(m_max):
         w = g.jvp(basis[:, m][None])[0]
         for _ in range(2):  # full re-orthogonalisation, twice for stability
-            coef = basis[:, :m + 1].T @ w
-            w = w - basis[:, :m + 1] @ coef
-            h[:m + 1, m] += coef
+            coef = basis[:, : m + 1].T @ w
+            w = w - basis[:, : m + 1] @ coef
+            h[: m + 1, m] += coef
         h[m + 1, m] = w.norm()
         steps = m + 1
         vals, vecs = torch.linalg.eig(h[:steps, :steps])
@@ -166,22 +180,34 @@ def _arnoldi_radius(g: _Graph, tol: float, max_iter: int, seed: int
     return float(ritz.abs().max()), ritz, m_max, False
 
 
-def _single(adapter: ModelAdapter, prompt: Prompt | Batch, row: int, position: int
-            ) -> tuple[Batch, int]:
+def _single(
+    adapter: ModelAdapter, prompt: Prompt | Batch, row: int, position: int
+) -> tuple[Batch, int]:
     batch = adapter.tokenize(prompt)
     if not 0 <= row < batch.tokens.shape[0]:
-        raise TLDynamicsError(f"row {row} is out of range: the batch has {batch.tokens.shape[0]} "
-                              "prompts")
+        raise TLDynamicsError(
+            f"row {row} is out of range: the batch has {batch.tokens.shape[0]} prompts"
+        )
     real = batch.key_valid[row].nonzero().flatten().tolist()
     if not -len(real) <= position < len(real):
-        raise TLDynamicsError(f"position {position} is out of range: prompt {row} has {len(real)} "
-                              f"real tokens (valid: {-len(real)}..{len(real) - 1})")
+        raise TLDynamicsError(
+            f"position {position} is out of range: prompt {row} has {len(real)} "
+            f"real tokens (valid: {-len(real)}..{len(real) - 1})"
+        )
     return batch, real[position]
 
 
-def block_jacobian(model: Any, prompt: Prompt | Batch, layer: int, position: int = -1,
-                   k: int = DEFAULT_K, tol: float = DEFAULT_TOL, max_iter: int = DEFAULT_MAX_ITER,
-                   row: int = 0, seed: int = 0) -> JacobianSpectrum:
+def block_jacobian(
+    model: Any,
+    prompt: Prompt | Batch,
+    layer: int,
+    position: int = -1,
+    k: int = DEFAULT_K,
+    tol: float = DEFAULT_TOL,
+    max_iter: int = DEFAULT_MAX_ITER,
+    row: int = 0,
+    seed: int = 0,
+) -> JacobianSpectrum:
     """Top-``k`` singular values and spectral radius of ``d z_t^(l+1) / d z_t^(l)``.
 
     The Jacobian of one block at one token (its own position; the context fixed), from
@@ -214,20 +240,31 @@ def block_jacobian(model: Any, prompt: Prompt | Batch, layer: int, position: int
     if not isinstance(k, int) or not 1 <= k <= adapter.d_model:
         raise TLDynamicsError(f"k must be an integer in 1..{adapter.d_model} (d_model), got {k!r}")
     if not tol > 0 or not isinstance(max_iter, int) or max_iter < 1:
-        raise TLDynamicsError(f"tol must be > 0 and max_iter a positive integer, got tol={tol!r}, "
-                              f"max_iter={max_iter!r}")
+        raise TLDynamicsError(
+            f"tol must be > 0 and max_iter a positive integer, got tol={tol!r}, "
+            f"max_iter={max_iter!r}"
+        )
     batch, pos = _single(adapter, prompt, row, position)
     g = _Graph(adapter, batch, row, pos, layer)
     sigma, iters, ok_s = _top_singular(g, k, tol, max_iter, seed)
     radius, ritz, steps, ok_r = _arnoldi_radius(g, tol, max_iter, seed)
     return JacobianSpectrum(
-        architecture=adapter.info.architecture, layer=layer, position=pos,
-        token=adapter.str_tokens(batch, row)[pos], singular_values=sigma, spectral_radius=radius,
-        ritz_values=ritz, iterations=iters, arnoldi_steps=steps, converged=ok_s and ok_r)
+        architecture=adapter.info.architecture,
+        layer=layer,
+        position=pos,
+        token=adapter.str_tokens(batch, row)[pos],
+        singular_values=sigma,
+        spectral_radius=radius,
+        ritz_values=ritz,
+        iterations=iters,
+        arnoldi_steps=steps,
+        converged=ok_s and ok_r,
+    )
 
 
-def dense_block_jacobian(model: Any, prompt: Prompt | Batch, layer: int, position: int = -1,
-                         row: int = 0) -> Float[Tensor, "d_out d_in"]:
+def dense_block_jacobian(
+    model: Any, prompt: Prompt | Batch, layer: int, position: int = -1, row: int = 0
+) -> Float[Tensor, "d_out d_in"]:
     """The full ``d_model x d_model`` per-token block Jacobian (``d_model`` VJPs), for checks."""
     adapter = ModelAdapter.of(model)
     adapter.check_layer(layer)

@@ -21,8 +21,10 @@ def lens_note(adapter: "ModelAdapter", lens: bool, batch: "Batch | None") -> str
     if not lens:
         return "next-token statistics switched off (lens=False)"
     if not lens_applies(adapter):
-        return (f"not applicable: {adapter.info.architecture} is an encoder (bidirectional); "
-                "it has no next token and its masked-LM head is not a final norm plus unembedding")
+        return (
+            f"not applicable: {adapter.info.architecture} is an encoder (bidirectional); "
+            "it has no next token and its masked-LM head is not a final norm plus unembedding"
+        )
     if batch is None:
         return "not computed: no tokens were given for these forward passes (pass batch=...)"
     return ""
@@ -31,10 +33,16 @@ def lens_note(adapter: "ModelAdapter", lens: bool, batch: "Batch | None") -> str
 def stats_meta(adapter: "ModelAdapter", cfg: Config, note: str) -> dict[str, Any]:
     """What a run of statistics records about how it was computed (runs merge when equal)."""
     std = cfg.standardize
-    return dict(architecture=adapter.info.architecture, d_model=adapter.d_model,
-                labels=point_labels(point_roles(adapter, cfg.flattened, cfg.layers)),
-                eps=tuple(cfg.eps), n_bins=N_BINS, flattened=cfg.flattened,
-                skip_first=cfg.skip_first,
-                standardize="dataset" if isinstance(std, Standardizer) else
-                ("prompt" if std in (True, "prompt") else "none"),
-                lens_note=note)
+    return dict(
+        architecture=adapter.info.architecture,
+        d_model=adapter.d_model,
+        labels=point_labels(point_roles(adapter, cfg.flattened, cfg.layers)),
+        eps=tuple(cfg.eps),
+        n_bins=N_BINS,
+        flattened=cfg.flattened,
+        skip_first=cfg.skip_first,
+        standardize="dataset"
+        if isinstance(std, Standardizer)
+        else ("prompt" if std in (True, "prompt") else "none"),
+        lens_note=note,
+    )

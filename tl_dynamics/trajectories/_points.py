@@ -58,25 +58,35 @@ class Config:
 
 def check_config(adapter: "ModelAdapter", cfg: Config) -> None:
     if not cfg.eps or any(not isinstance(e, (int, float)) or not 0.0 < e <= 2.0 for e in cfg.eps):
-        raise TLDynamicsError(f"eps must be a non-empty sequence of cluster thresholds in (0, 2] "
-                              f"(tokens i, j link when cos > 1 - eps), got {cfg.eps!r}")
-    if cfg.standardize not in (None, False, True, "prompt") and not isinstance(cfg.standardize,
-                                                                              Standardizer):
-        raise TLDynamicsError(f"standardize must be None, 'prompt' or TrajectoryStats.standardizer()'s result, got "
-                              f"{cfg.standardize!r}")
+        raise TLDynamicsError(
+            f"eps must be a non-empty sequence of cluster thresholds in (0, 2] "
+            f"(tokens i, j link when cos > 1 - eps), got {cfg.eps!r}"
+        )
+    if cfg.standardize not in (None, False, True, "prompt") and not isinstance(
+        cfg.standardize, Standardizer
+    ):
+        raise TLDynamicsError(
+            f"standardize must be None, 'prompt' or TrajectoryStats.standardizer()'s result, got "
+            f"{cfg.standardize!r}"
+        )
     if cfg.layers is not None and not cfg.layers:
-        raise TLDynamicsError(f"layers must name at least one layer (valid: 0..{adapter.n_layers - 1}) "
-                              "or be None (all layers), got an empty selection")
-    if cfg.flattened and any(adapter.hook_name("resid_mid", layer) is None
-                             for layer in range(adapter.n_layers)):
+        raise TLDynamicsError(
+            f"layers must name at least one layer (valid: 0..{adapter.n_layers - 1}) "
+            "or be None (all layers), got an empty selection"
+        )
+    if cfg.flattened and any(
+        adapter.hook_name("resid_mid", layer) is None for layer in range(adapter.n_layers)
+    ):
         raise TLDynamicsError(
             f"the flattened trajectory is not available for {adapter.info.architecture}: its "
             "blocks run attention and MLP in parallel, so there is no residual state between "
-            "them (no 'resid_mid' point); use flattened=False")
+            "them (no 'resid_mid' point); use flattened=False"
+        )
 
 
-def point_roles(adapter: "ModelAdapter", flattened: bool,
-                layers: tuple[int, ...] | None = None) -> list[tuple[str, int]]:
+def point_roles(
+    adapter: "ModelAdapter", flattened: bool, layers: tuple[int, ...] | None = None
+) -> list[tuple[str, int]]:
     """The (role, layer) of each trajectory point, in depth order: the input of each selected
     block (and its mid-block state when ``flattened``), then the output of the last block."""
     roles: list[tuple[str, int]] = []
@@ -92,8 +102,9 @@ def point_labels(roles: list[tuple[str, int]]) -> tuple[str, ...]:
     return tuple(f"{role}{layer}" for role, layer in roles)
 
 
-def next_tokens(tokens: Int[Tensor, "batch pos"], key_valid: Bool[Tensor, "batch pos"]
-                ) -> Int[Tensor, "batch pos"]:
+def next_tokens(
+    tokens: Int[Tensor, "batch pos"], key_valid: Bool[Tensor, "batch pos"]
+) -> Int[Tensor, "batch pos"]:
     """The true next token at each position, -1 where there is none (last token, padding)."""
     nxt = torch.full_like(tokens, -1)
     has = key_valid[:, :-1] & key_valid[:, 1:]
@@ -117,17 +128,23 @@ CPU_POINT_BUDGET_BYTES = 16 << 20
 LENS_BUDGET_BYTES = 256 << 20
 
 
-def point_statistics(adapter: "ModelAdapter", cfg: Config, zs: list[Tensor],
-                     key_valid: Bool[Tensor, "batch pos"], targets: Int[Tensor, "batch pos"] | None
-                     ) -> dict[str, Tensor]:
+def point_statistics(
+    adapter: "ModelAdapter",
+    cfg: Config,
+    zs: list[Tensor],
+    key_valid: Bool[Tensor, "batch pos"],
+    targets: Int[Tensor, "batch pos"] | None,
+) -> dict[str, Tensor]:
     """Every point's statistics of one forward pass at once (``zs``: the residual states in
     depth order, each ``[batch, pos, d_model]``), batched over points: the same launches for
     12 points as for one. Per-token ones are ``[batch, point, pos]``, per-prompt ones
     ``[batch, point]`` (clusters ``[batch, eps, point]``); left on the device."""
     z = torch.stack(zs).float()  # [P, b, n, d] (the hub hands over detached states)
     if tuple(z.shape[1:3]) != tuple(key_valid.shape):
-        raise TLDynamicsError(f"residual state has shape {tuple(z.shape[1:])} but the batch mask is "
-                              f"{tuple(key_valid.shape)}: pass the batch that is being run")
+        raise TLDynamicsError(
+            f"residual state has shape {tuple(z.shape[1:])} but the batch mask is "
+            f"{tuple(key_valid.shape)}: pass the batch that is being run"
+        )
     n_points = z.shape[0]
     res: dict[str, Tensor] = {}
     # float64 sums over real tokens (float32 squares are exact in float64), in place
@@ -142,8 +159,9 @@ def point_statistics(adapter: "ModelAdapter", cfg: Config, zs: list[Tensor],
         step = step_vec.norm(dim=-1)
         prev = norm[:-1]
         res["step"] = step.transpose(0, 1)
-        res["rel_step"] = torch.where(prev > sphere.NORM_FLOOR,
-                                      step / prev.clamp_min(sphere.NORM_FLOOR), math.nan).transpose(0, 1)
+        res["rel_step"] = torch.where(
+            prev > sphere.NORM_FLOOR, step / prev.clamp_min(sphere.NORM_FLOOR), math.nan
+        ).transpose(0, 1)
         if n_points > 2:
             c = _cos(step_vec[1:], step_vec[:-1]).clamp(-1.0, 1.0)
             res["turning"] = torch.rad2deg(torch.acos(c)).transpose(0, 1)
@@ -170,7 +188,7 @@ def _lens(adapter: "ModelAdapter", z: Tensor, targets: Tensor) -> dict[str, Tens
     group = max(1, LENS_BUDGET_BYTES // max(1, per_point))
     out: dict[str, list[Tensor]] = {}
     for p0 in range(0, n_points, group):
-        x = adapter.final_norm(z[p0:p0 + group])
+        x = adapter.final_norm(z[p0 : p0 + group])
         logits = adapter.unembed(x)
         tgt_logit = logits.gather(-1, safe.expand(x.shape[0], -1, -1)[..., None])
         rank = (logits > tgt_logit).sum(-1)
@@ -179,12 +197,14 @@ def _lens(adapter: "ModelAdapter", z: Tensor, targets: Tensor) -> dict[str, Tens
         for name, ref in (("embed", emb), ("unembed", unemb)):
             out.setdefault(f"cos_{name}", []).append(torch.where(has, _cos(x, ref), math.nan))
             out.setdefault(f"dist_{name}", []).append(
-                torch.where(has, (x - ref).norm(dim=-1), math.nan))
+                torch.where(has, (x - ref).norm(dim=-1), math.nan)
+            )
     return {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
 
 
-def _particles(cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor | None = None
-               ) -> dict[str, Tensor]:
+def _particles(
+    cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor | None = None
+) -> dict[str, Tensor]:
     """The token cloud's statistics at every point: cosine histograms and sums, effective rank,
     eps-clusters and the merge events between consecutive points (groups of points within
     ``POINT_BUDGET_BYTES``). ``unit``: ``sphere.unit(z)`` when known (no standardisation)."""
@@ -200,20 +220,23 @@ def _particles(cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor | None = 
     out: dict[str, list[Tensor]] = {}
     last: Tensor | None = None  # the labels of the group before's last point
     for p0 in range(0, n_points, group):
-        zg = z[p0:p0 + group]
+        zg = z[p0 : p0 + group]
         g = zg.shape[0]
         if std is True or std == "prompt":
             zg = torch.stack([_cloud.standardize_prompt(x, mask) for x in zg])
         elif isinstance(std, Standardizer):
             zg = torch.stack([std.apply(p0 + i, x, mask) for i, x in enumerate(zg)])
         flat_mask = mask.expand(g, -1, -1).reshape(g * b, n)
-        ug = sphere.unit(zg) if unit is None else unit[p0:p0 + group]
+        ug = sphere.unit(zg) if unit is None else unit[p0 : p0 + group]
         u = ug.reshape(g * b, n, -1) * flat_mask[..., None]
         cos = sphere.cosines(u)
         flat_pairs = pairs.expand(g, -1, -1, -1).reshape(g * b, n, n)
-        out.setdefault("cos_hist", []).append(_cloud.cos_histogram(cos, flat_pairs).reshape(g, b, -1))
+        out.setdefault("cos_hist", []).append(
+            _cloud.cos_histogram(cos, flat_pairs).reshape(g, b, -1)
+        )
         out.setdefault("cos_sum", []).append(  # float64 sum of float32 cosines (0 off pairs)
-            (cos * flat_pairs).sum((1, 2), dtype=torch.float64).reshape(g, b))
+            (cos * flat_pairs).sum((1, 2), dtype=torch.float64).reshape(g, b)
+        )
         out.setdefault("erank", []).append(_cloud.effective_rank(u, flat_mask).reshape(g, b))
         labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask).reshape(len(cfg.eps), g, b, n)
         del cos, u
@@ -235,7 +258,9 @@ def _particles(cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor | None = 
     return res
 
 
-def settling_point(rank: Int[Tensor, "batch point pos"], targets: Tensor) -> Int[Tensor, "batch pos"]:
+def settling_point(
+    rank: Int[Tensor, "batch point pos"], targets: Tensor
+) -> Int[Tensor, "batch pos"]:
     """First point from which the true next token stays top-1 (rank 0) through the last point.
 
     ``n_points`` where it is not top-1 at the last point; -1 where there is no next token.

@@ -60,23 +60,32 @@ class ClassProbe:
         import pandas as pd
 
         test = torch.tensor(self.test)
-        return pd.DataFrame({
-            "point": list(self.labels), "heldout_accuracy": self.accuracy.tolist(),
-            "train_accuracy": self.train_accuracy.tolist(),
-            "mean_attraction": self.attraction.mean(0).tolist(),
-            "heldout_attraction": self.attraction[test].mean(0).tolist(),
-            "mean_vector_cos": self.vector_cos.mean(0).tolist()}).set_index("point")
+        return pd.DataFrame(
+            {
+                "point": list(self.labels),
+                "heldout_accuracy": self.accuracy.tolist(),
+                "train_accuracy": self.train_accuracy.tolist(),
+                "mean_attraction": self.attraction.mean(0).tolist(),
+                "heldout_attraction": self.attraction[test].mean(0).tolist(),
+                "mean_vector_cos": self.vector_cos.mean(0).tolist(),
+            }
+        ).set_index("point")
 
     def show(self) -> Any:
         from tl_dynamics import viz
 
-        return viz.table(self.to_dataframe(), caption=(
-            f"class attractors: ridge probe per point on context-pooled states, "
-            f"{len(self.classes)} classes, {sum(self.test)} held-out prompts"))
+        return viz.table(
+            self.to_dataframe(),
+            caption=(
+                f"class attractors: ridge probe per point on context-pooled states, "
+                f"{len(self.classes)} classes, {sum(self.test)} held-out prompts"
+            ),
+        )
 
 
-def pooled_states(model: Any, prompts: Sequence[str], batch_size: int = 16, flattened: bool = False
-                  ) -> Float[Tensor, "prompt point d_model"]:
+def pooled_states(
+    model: Any, prompts: Sequence[str], batch_size: int = 16, flattened: bool = False
+) -> Float[Tensor, "prompt point d_model"]:
     """Mean over each prompt's real tokens of the residual state at every trajectory point."""
     adapter = ModelAdapter.of(model)
     roles = point_roles(adapter, flattened)
@@ -89,6 +98,7 @@ def pooled_states(model: Any, prompts: Sequence[str], batch_size: int = 16, flat
             def fn(z: Tensor) -> None:
                 wz = w.to(z.device)
                 per.append(((z.detach().float() * wz).sum(1) / wz.sum(1)).cpu())
+
             return fn
 
         with adapter.hooks([(r, layer, make(w, per)) for r, layer in roles]):
@@ -104,15 +114,24 @@ def _split(y: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
         idx = rng.permutation(np.flatnonzero(y == c))
         n_test = max(1, int(round(len(idx) * test_fraction)))
         if len(idx) - n_test < 1:
-            raise TLDynamicsError(f"class {c!r} has {len(idx)} prompt(s): need at least 2 per class "
-                                  "(one to train, one to test)")
+            raise TLDynamicsError(
+                f"class {c!r} has {len(idx)} prompt(s): need at least 2 per class "
+                "(one to train, one to test)"
+            )
         test[idx[:n_test]] = True
     return test
 
 
-def class_probe(model: Any, prompts: Sequence[str], labels: Sequence[Any],
-                ridge: float = DEFAULT_RIDGE, test_fraction: float = 0.25, seed: int = 0,
-                batch_size: int = 16, flattened: bool = False) -> ClassProbe:
+def class_probe(
+    model: Any,
+    prompts: Sequence[str],
+    labels: Sequence[Any],
+    ridge: float = DEFAULT_RIDGE,
+    test_fraction: float = 0.25,
+    seed: int = 0,
+    batch_size: int = 16,
+    flattened: bool = False,
+) -> ClassProbe:
     """Fit a ridge probe per trajectory point on labelled prompts; held-out accuracy per point.
 
     Each prompt's states are pooled over its tokens at every point and standardised; a ridge
@@ -141,15 +160,18 @@ def class_probe(model: Any, prompts: Sequence[str], labels: Sequence[Any],
         (torch.Size([3]), ('assign', 'def'))
     """
     if isinstance(prompts, str) or len(prompts) != len(labels):
-        raise TLDynamicsError(f"class_probe needs a list of prompts and one label each, got "
-                              f"{'a string' if isinstance(prompts, str) else len(prompts)} prompts "
-                              f"and {len(labels)} labels")
+        raise TLDynamicsError(
+            f"class_probe needs a list of prompts and one label each, got "
+            f"{'a string' if isinstance(prompts, str) else len(prompts)} prompts "
+            f"and {len(labels)} labels"
+        )
     classes = tuple(sorted(set(labels), key=str))
     if len(classes) < 2:
         raise TLDynamicsError(f"class_probe needs at least 2 classes, got {list(classes)}")
     if not 0.0 < test_fraction < 1.0 or not ridge >= 0:
-        raise TLDynamicsError(f"test_fraction must be in (0, 1) and ridge >= 0, got "
-                              f"{test_fraction!r}, {ridge!r}")
+        raise TLDynamicsError(
+            f"test_fraction must be in (0, 1) and ridge >= 0, got {test_fraction!r}, {ridge!r}"
+        )
     adapter = ModelAdapter.of(model)
     y = np.array([classes.index(lab) for lab in labels])
     test = _split(y, test_fraction, seed)
@@ -180,9 +202,15 @@ def class_probe(model: Any, prompts: Sequence[str], labels: Sequence[Any],
         cents.append(cent)
     return ClassProbe(
         architecture=adapter.info.architecture,
-        labels=point_labels(point_roles(adapter, flattened)), classes=classes,
-        y=tuple(int(v) for v in y), test=tuple(bool(v) for v in test),
-        accuracy=torch.stack(acc).float(), train_accuracy=torch.stack(tr_acc).float(),
-        class_vectors=torch.stack(vecs).float(), centroids=torch.stack(cents).float(),
-        attraction=torch.stack(attr, 1).float(), vector_cos=torch.stack(vcos, 1).float(),
-        ridge=float(ridge))
+        labels=point_labels(point_roles(adapter, flattened)),
+        classes=classes,
+        y=tuple(int(v) for v in y),
+        test=tuple(bool(v) for v in test),
+        accuracy=torch.stack(acc).float(),
+        train_accuracy=torch.stack(tr_acc).float(),
+        class_vectors=torch.stack(vecs).float(),
+        centroids=torch.stack(cents).float(),
+        attraction=torch.stack(attr, 1).float(),
+        vector_cos=torch.stack(vcos, 1).float(),
+        ridge=float(ridge),
+    )

@@ -6,11 +6,13 @@ from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.trajectories._collect import compute
 
-INTRO = ("Each token's residual state before every block and after the last, as a particle on "
-         "the sphere. First: per-token settling point of the next-token "
-         "prediction under the logit lens, step sizes, cosine to the final state. Then: "
-         "pairwise-cosine histograms (fixed bins, comparable across layers and models), cluster "
-         "counts, merge events, effective rank, for the prompts of this batch.")
+INTRO = (
+    "Each token's residual state before every block and after the last, as a particle on "
+    "the sphere. First: per-token settling point of the next-token "
+    "prediction under the logit lens, step sizes, cosine to the final state. Then: "
+    "pairwise-cosine histograms (fixed bins, comparable across layers and models), cluster "
+    "counts, merge events, effective rank, for the prompts of this batch."
+)
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
@@ -29,5 +31,9 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         >>> page.sections[0].title
         'Depth-wise trajectories'
     """
-    page.add_section("Depth-wise trajectories", [compute(adapter, batch).show(0)], intro=INTRO,
-                     math="docs/math.md §5")
+    page.add_section(
+        "Depth-wise trajectories",
+        [compute(adapter, batch).show(0)],
+        intro=INTRO,
+        math="docs/math.md §5",
+    )

@@ -94,8 +94,10 @@ class Trajectory:
         return len(self.labels)
 
     def __repr__(self) -> str:
-        return (f"Trajectory({self.architecture}, batch={self.tokens.shape[0]}, "
-                f"pos={self.tokens.shape[1]}, points={self.n_points}, lens={not self.lens_note})")
+        return (
+            f"Trajectory({self.architecture}, batch={self.tokens.shape[0]}, "
+            f"pos={self.tokens.shape[1]}, points={self.n_points}, lens={not self.lens_note})"
+        )
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per (prompt, point, real token) with every per-token statistic.
@@ -112,24 +114,45 @@ class Trajectory:
             (24, 15)
         """
         rows = []
-        lens = (self.rank, self.settling, self.cos_embed, self.dist_embed, self.cos_unembed,
-                self.dist_unembed)
+        lens = (
+            self.rank,
+            self.settling,
+            self.cos_embed,
+            self.dist_embed,
+            self.cos_unembed,
+            self.dist_unembed,
+        )
         for b in range(self.tokens.shape[0]):
             for t in self.key_valid[b].nonzero().flatten().tolist():
                 for p in range(self.n_points):
-                    row = {"prompt": b, "pos": t, "token": self.str_tokens[b][t],
-                           "point": self.labels[p], "norm": float(self.norm[b, p, t]),
-                           "cos_final": float(self.cos_final[b, p, t]),
-                           "step": float(self.step[b, p - 1, t]) if p >= 1 else np.nan,
-                           "rel_step": float(self.rel_step[b, p - 1, t]) if p >= 1 else np.nan,
-                           "turning_deg": float(self.turning[b, p - 2, t]) if p >= 2 else np.nan}
+                    row = {
+                        "prompt": b,
+                        "pos": t,
+                        "token": self.str_tokens[b][t],
+                        "point": self.labels[p],
+                        "norm": float(self.norm[b, p, t]),
+                        "cos_final": float(self.cos_final[b, p, t]),
+                        "step": float(self.step[b, p - 1, t]) if p >= 1 else np.nan,
+                        "rel_step": float(self.rel_step[b, p - 1, t]) if p >= 1 else np.nan,
+                        "turning_deg": float(self.turning[b, p - 2, t]) if p >= 2 else np.nan,
+                    }
                     rank, settling, cos_e, dist_e, cos_u, dist_u = lens  # all set with the lens
-                    if (rank is not None and settling is not None and cos_e is not None
-                            and dist_e is not None and cos_u is not None and dist_u is not None):
-                        row.update(rank=int(rank[b, p, t]), settling=int(settling[b, t]),
-                                   cos_embed=float(cos_e[b, p, t]), dist_embed=float(dist_e[b, p, t]),
-                                   cos_unembed=float(cos_u[b, p, t]),
-                                   dist_unembed=float(dist_u[b, p, t]))
+                    if (
+                        rank is not None
+                        and settling is not None
+                        and cos_e is not None
+                        and dist_e is not None
+                        and cos_u is not None
+                        and dist_u is not None
+                    ):
+                        row.update(
+                            rank=int(rank[b, p, t]),
+                            settling=int(settling[b, t]),
+                            cos_embed=float(cos_e[b, p, t]),
+                            dist_embed=float(dist_e[b, p, t]),
+                            cos_unembed=float(cos_u[b, p, t]),
+                            dist_unembed=float(dist_u[b, p, t]),
+                        )
                     rows.append(row)
         return pd.DataFrame(rows)
 
@@ -152,14 +175,21 @@ class Trajectory:
             'Group'
         """
         if not 0 <= row < self.tokens.shape[0]:
-            raise TLDynamicsError(f"row {row} is out of range: the batch has "
-                                  f"{self.tokens.shape[0]} prompts")
+            raise TLDynamicsError(
+                f"row {row} is out of range: the batch has {self.tokens.shape[0]} prompts"
+            )
         real = self.key_valid[row].nonzero().flatten()
         tokens = [self.str_tokens[row][t] for t in real.tolist()]
         views = token_views(
-            self.architecture, row, tokens, self.labels,
-            None if self.settling is None else self.settling[row, real].numpy(), self.lens_note,
-            steps=self.step[row][:, real].T.numpy(), cos_final=self.cos_final[row][:, real].T.numpy())
+            self.architecture,
+            row,
+            tokens,
+            self.labels,
+            None if self.settling is None else self.settling[row, real].numpy(),
+            self.lens_note,
+            steps=self.step[row][:, real].T.numpy(),
+            cos_final=self.cos_final[row][:, real].T.numpy(),
+        )
         return viz.group(*views.components, *self.stats.show().components, caption=views.caption)
 
 
@@ -167,8 +197,9 @@ def _pad(x: Tensor, valid: Tensor, fill: float) -> Tensor:
     return torch.where(valid[:, None, :], x, torch.tensor(fill, dtype=x.dtype))
 
 
-def build(adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor],
-          batch: Batch | None) -> Trajectory:
+def build(
+    adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor], batch: Batch | None
+) -> Trajectory:
     """Assemble a ``Trajectory`` from one pass's ``point_statistics`` (on the CPU). Without ``batch``
     (a forward pass ``attach`` saw without being told its tokens) every position is real and
     the token ids and strings are unknown (-1 and "")."""
@@ -182,32 +213,57 @@ def build(adapter: ModelAdapter, cfg: Config, raw: dict[str, Tensor],
         rows = tuple(tuple(adapter.str_tokens(batch, r)) for r in range(b))
     mask = valid & ~(valid.long().cumsum(-1) == 1) if cfg.skip_first else valid
     nan = math.nan
-    lens = {k: _pad(raw[k], valid, nan) if k in raw else None
-            for k in ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")}
+    lens = {
+        k: _pad(raw[k], valid, nan) if k in raw else None
+        for k in ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")
+    }
     pairs = raw["n_pairs"]
     empty_turn = torch.empty(b, 0, n_pos)
     note = lens_note(adapter, cfg.lens, batch)
     return Trajectory(
         architecture=adapter.info.architecture,
         labels=point_labels(point_roles(adapter, cfg.flattened, cfg.layers)),
-        eps=tuple(cfg.eps), str_tokens=rows, tokens=tokens, key_valid=valid,
-        particle_mask=mask, norm=_pad(raw["norm"], valid, nan),
-        step=_pad(raw["step"], valid, nan), rel_step=_pad(raw["rel_step"], valid, nan),
+        eps=tuple(cfg.eps),
+        str_tokens=rows,
+        tokens=tokens,
+        key_valid=valid,
+        particle_mask=mask,
+        norm=_pad(raw["norm"], valid, nan),
+        step=_pad(raw["step"], valid, nan),
+        rel_step=_pad(raw["rel_step"], valid, nan),
         turning=_pad(raw["turning"], valid, nan) if "turning" in raw else empty_turn,
         cos_final=_pad(raw["cos_final"], valid, nan),
-        rank=raw.get("rank"), settling=raw.get("settling"),
-        lens_note=note, cos_hist=raw["cos_hist"],
+        rank=raw.get("rank"),
+        settling=raw.get("settling"),
+        lens_note=note,
+        cos_hist=raw["cos_hist"],
         mean_cos=torch.where(pairs > 0, raw["cos_sum"] / pairs.clamp_min(1), nan).float(),
-        clusters=raw["clusters"], merges=raw["merges"], splits=raw["splits"],
+        clusters=raw["clusters"],
+        merges=raw["merges"],
+        splits=raw["splits"],
         erank=raw["erank"].float(),
-        stats=reduce_batch(raw, valid, stats_meta(adapter, cfg, note)), **lens)
+        stats=reduce_batch(raw, valid, stats_meta(adapter, cfg, note)),
+        **lens,
+    )
 
 
 # per-token fields, padded along their last axis (positions) when batches are joined
-_PADS = {"tokens": -1, "key_valid": False, "particle_mask": False, "norm": math.nan,
-         "step": math.nan, "rel_step": math.nan, "turning": math.nan, "cos_final": math.nan,
-         "rank": -1, "cos_embed": math.nan, "dist_embed": math.nan, "cos_unembed": math.nan,
-         "dist_unembed": math.nan, "settling": -1}
+_PADS = {
+    "tokens": -1,
+    "key_valid": False,
+    "particle_mask": False,
+    "norm": math.nan,
+    "step": math.nan,
+    "rel_step": math.nan,
+    "turning": math.nan,
+    "cos_final": math.nan,
+    "rank": -1,
+    "cos_embed": math.nan,
+    "dist_embed": math.nan,
+    "cos_unembed": math.nan,
+    "dist_unembed": math.nan,
+    "settling": -1,
+}
 _BY_PROMPT = ("cos_hist", "mean_cos", "clusters", "merges", "splits", "erank")
 
 
@@ -218,9 +274,13 @@ def join(parts: Sequence[Trajectory], stats: TrajectoryStats) -> Trajectory:
     n_pos = max(p.tokens.shape[1] for p in parts)
 
     def padded(t: Tensor, fill: float | int | bool) -> Tensor:
-        return torch.nn.functional.pad(t, (0, n_pos - t.shape[-1]), value=fill) \
-            if t.dtype != torch.bool else torch.cat(
-                [t, torch.zeros(*t.shape[:-1], n_pos - t.shape[-1], dtype=torch.bool)], -1)
+        return (
+            torch.nn.functional.pad(t, (0, n_pos - t.shape[-1]), value=fill)
+            if t.dtype != torch.bool
+            else torch.cat(
+                [t, torch.zeros(*t.shape[:-1], n_pos - t.shape[-1], dtype=torch.bool)], -1
+            )
+        )
 
     fields: dict[str, Any] = {}
     for name, fill in _PADS.items():
@@ -229,5 +289,12 @@ def join(parts: Sequence[Trajectory], stats: TrajectoryStats) -> Trajectory:
     for name in _BY_PROMPT:
         fields[name] = torch.cat([getattr(p, name) for p in parts])
     rows = tuple(row + ("",) * (n_pos - len(row)) for p in parts for row in p.str_tokens)
-    return Trajectory(architecture=first.architecture, labels=first.labels, eps=first.eps,
-                      str_tokens=rows, lens_note=first.lens_note, stats=stats, **fields)
+    return Trajectory(
+        architecture=first.architecture,
+        labels=first.labels,
+        eps=first.eps,
+        str_tokens=rows,
+        lens_note=first.lens_note,
+        stats=stats,
+        **fields,
+    )

@@ -10,9 +10,16 @@ import pandas as pd
 from tl_dynamics import viz
 
 
-def token_views(architecture: str, row: int, tokens: Sequence[str], labels: Sequence[str],
-                settling: np.ndarray | None, lens_note: str, steps: np.ndarray,
-                cos_final: np.ndarray) -> viz.Group:
+def token_views(
+    architecture: str,
+    row: int,
+    tokens: Sequence[str],
+    labels: Sequence[str],
+    settling: np.ndarray | None,
+    lens_note: str,
+    steps: np.ndarray,
+    cos_final: np.ndarray,
+) -> viz.Group:
     """One prompt's real tokens coloured by settling point, step sizes and cosine to the final
     state (``steps [token, point - 1]``, ``cos_final [token, point]``, ``settling [token]`` with
     -1 where there is no next token)."""
@@ -20,26 +27,45 @@ def token_views(architecture: str, row: int, tokens: Sequence[str], labels: Sequ
     parts = []
     if settling is not None:
         settle = np.where(settling < 0, np.nan, settling.astype(float))
-        parts.append(viz.colored_tokens(
-            list(tokens), np.nan_to_num(settle, nan=float(n_points)), min_value=0.0,
-            max_value=float(n_points),
-            caption=f"settling point of the next-token prediction (0..{n_points - 1}; "
-                    f"{n_points} = never top-1 or no next token); points: "
-                    + ", ".join(f"{i}={lab}" for i, lab in enumerate(labels))))
+        parts.append(
+            viz.colored_tokens(
+                list(tokens),
+                np.nan_to_num(settle, nan=float(n_points)),
+                min_value=0.0,
+                max_value=float(n_points),
+                caption=f"settling point of the next-token prediction (0..{n_points - 1}; "
+                f"{n_points} = never top-1 or no next token); points: "
+                + ", ".join(f"{i}={lab}" for i, lab in enumerate(labels)),
+            )
+        )
     else:
         parts.append(viz.text(f"next-token statistics: {lens_note}"))
-    parts.append(viz.colored_tokens_multi(
-        list(tokens), steps, labels=[f"|step| {labels[p]}->{labels[p + 1]}"
-                                     for p in range(n_points - 1)],
-        caption="step size per transition"))
-    parts.append(viz.colored_tokens_multi(
-        list(tokens), cos_final, labels=[f"cos to final @ {lab}" for lab in labels],
-        caption="cosine to the final state"))
+    parts.append(
+        viz.colored_tokens_multi(
+            list(tokens),
+            steps,
+            labels=[f"|step| {labels[p]}->{labels[p + 1]}" for p in range(n_points - 1)],
+            caption="step size per transition",
+        )
+    )
+    parts.append(
+        viz.colored_tokens_multi(
+            list(tokens),
+            cos_final,
+            labels=[f"cos to final @ {lab}" for lab in labels],
+            caption="cosine to the final state",
+        )
+    )
     return viz.group(*parts, caption=f"{architecture}: token trajectories, prompt {row}")
 
 
-def histogram_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarray,
-                    clusters: Mapping[float, np.ndarray], caption: str) -> viz.Group:
+def histogram_views(
+    labels: Sequence[str],
+    bin_edges: np.ndarray,
+    density: np.ndarray,
+    clusters: Mapping[float, np.ndarray],
+    caption: str,
+) -> viz.Group:
     """Pairwise-cosine densities per point (``density [point, bins]``) beside the mean cluster
     count per prompt at each threshold (``clusters[eps] [point]``).
 
@@ -51,14 +77,25 @@ def histogram_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.nd
     """
     centres = [f"{c:.2f}" for c in (bin_edges[:-1] + bin_edges[1:]) / 2]
     return viz.group(
-        viz.line_plot(centres, {lab: density[p] for p, lab in enumerate(labels)},
-                      title="pairwise cosines per point", y_title="density", ordered=True,
-                      caption="x: cosine between two tokens' states; one line per depth point "
-                              "(dark: early, yellow: late)"),
-        viz.line_plot(list(labels), {f"eps={eps:g}": counts for eps, counts in clusters.items()},
-                      title="clusters (cos > 1 - eps)", y_title="clusters per prompt",
-                      caption="x: depth point; one line per threshold eps"),
-        caption=caption, row=True)
+        viz.line_plot(
+            centres,
+            {lab: density[p] for p, lab in enumerate(labels)},
+            title="pairwise cosines per point",
+            y_title="density",
+            ordered=True,
+            caption="x: cosine between two tokens' states; one line per depth point "
+            "(dark: early, yellow: late)",
+        ),
+        viz.line_plot(
+            list(labels),
+            {f"eps={eps:g}": counts for eps, counts in clusters.items()},
+            title="clusters (cos > 1 - eps)",
+            y_title="clusters per prompt",
+            caption="x: depth point; one line per threshold eps",
+        ),
+        caption=caption,
+        row=True,
+    )
 
 
 # What each per-point column means (the legend beside the plot of the per-point means).
@@ -69,19 +106,28 @@ COLUMN_MEANINGS = (
     ("mean_turning_deg", "mean angle, in degrees, between a token's two latest steps"),
     ("mean_cos_final", "mean cosine between a token's state and its final state"),
     ("mean_pairwise_cos", "mean cosine between two tokens' states (1: all aligned)"),
-    ("effective_rank", "effective rank exp(entropy of the normalised singular values) of the "
-                       "tokens' unit vectors: how many directions they spread over"),
+    (
+        "effective_rank",
+        "effective rank exp(entropy of the normalised singular values) of the "
+        "tokens' unit vectors: how many directions they spread over",
+    ),
     ("clusters_eps*", "number of clusters: groups of tokens linked by cosine above 1 - eps"),
     ("merges_eps*", "mean number of cluster merges since the previous point"),
     ("mean_rank", "logit lens: mean rank of the true next token (0: the top prediction)"),
     ("mean_log1p_rank", "logit lens: mean log(1 + rank), less swayed by a few large ranks"),
     ("top1_rate", "logit lens: fraction of tokens whose next token is the top prediction"),
-    ("mean_cos_embed, mean_cos_unembed", "mean cosine of the final-normalised state with the "
-                                         "next token's embedding W_E[next] / unembedding "
-                                         "W_U[:, next]"),
+    (
+        "mean_cos_embed, mean_cos_unembed",
+        "mean cosine of the final-normalised state with the "
+        "next token's embedding W_E[next] / unembedding "
+        "W_U[:, next]",
+    ),
     ("mean_dist_embed, mean_dist_unembed", "the same as distances"),
-    ("settling_count", "number of tokens whose next-token prediction settles at this point "
-                       "(top-1 from here to the end)"),
+    (
+        "settling_count",
+        "number of tokens whose next-token prediction settles at this point "
+        "(top-1 from here to the end)",
+    ),
 )
 STANDARDIZE_MEANINGS = {
     "none": "the raw residual states",
@@ -101,15 +147,26 @@ def means_view(frame: pd.DataFrame, caption: str = "") -> viz.Component:
     """
     frame = frame.reset_index() if "point" not in frame.columns else frame
     labels = [str(x) for x in frame["point"]]
-    names = [c for c in frame.columns if c != "point"
-             and pd.api.types.is_numeric_dtype(frame[c])][:MAX_PANELS]
-    return viz.small_multiples(labels, {name: frame[name].to_numpy(dtype=float) for name in names},
-                               columns=4, caption=caption)
+    names = [c for c in frame.columns if c != "point" and pd.api.types.is_numeric_dtype(frame[c])][
+        :MAX_PANELS
+    ]
+    return viz.small_multiples(
+        labels,
+        {name: frame[name].to_numpy(dtype=float) for name in names},
+        columns=4,
+        caption=caption,
+    )
 
 
-def stats_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarray,
-                clusters: Mapping[float, np.ndarray], frame: pd.DataFrame, caption: str,
-                lens_note: str | None) -> viz.Group:
+def stats_views(
+    labels: Sequence[str],
+    bin_edges: np.ndarray,
+    density: np.ndarray,
+    clusters: Mapping[float, np.ndarray],
+    frame: pd.DataFrame,
+    caption: str,
+    lens_note: str | None,
+) -> viz.Group:
     """The statistics' plots, the per-point means as small plots with a legend saying what each
     statistic is, and why the next-token statistics are missing when they are (``lens_note``).
     A ``standardize=...`` in ``caption`` is explained after it."""
@@ -117,14 +174,23 @@ def stats_views(labels: Sequence[str], bin_edges: np.ndarray, density: np.ndarra
         if f"standardize={value}" in caption:
             caption += f" (standardize={value}: the particle statistics use {meaning})"
     shown = set(frame.columns)
-    legend = pd.DataFrame([{"statistic": name, "meaning": meaning}
-                           for name, meaning in COLUMN_MEANINGS
-                           if any(_matches(part.strip(), shown) for part in name.split(","))])
-    parts = [histogram_views(labels, bin_edges, density, clusters, caption),
-             means_view(frame, caption="The per-point means over the prompt's tokens, one plot "
-                                       "per statistic (x: depth point, as above; hover a point "
-                                       "for its value); what each is:"),
-             viz.table(legend, max_rows=len(legend) + 1)]
+    legend = pd.DataFrame(
+        [
+            {"statistic": name, "meaning": meaning}
+            for name, meaning in COLUMN_MEANINGS
+            if any(_matches(part.strip(), shown) for part in name.split(","))
+        ]
+    )
+    parts = [
+        histogram_views(labels, bin_edges, density, clusters, caption),
+        means_view(
+            frame,
+            caption="The per-point means over the prompt's tokens, one plot "
+            "per statistic (x: depth point, as above; hover a point "
+            "for its value); what each is:",
+        ),
+        viz.table(legend, max_rows=len(legend) + 1),
+    ]
     if lens_note is not None:
         parts.append(viz.text(f"next-token statistics: {lens_note}"))
     return viz.group(*parts)

@@ -33,9 +33,15 @@ def _check_tokens(tokens: Sequence[str], n: int, what: str) -> None:
         raise TLDynamicsError(f"{what}: {len(tokens)} tokens but the values cover {n} positions")
 
 
-def attention_heads(attention: Any, tokens: Sequence[str], head_names: Sequence[str] | None = None,
-                    max_value: float | None = None, min_value: float | None = None,
-                    mask_upper_tri: bool | None = None, caption: str = "") -> Component:
+def attention_heads(
+    attention: Any,
+    tokens: Sequence[str],
+    head_names: Sequence[str] | None = None,
+    max_value: float | None = None,
+    min_value: float | None = None,
+    mask_upper_tri: bool | None = None,
+    caption: str = "",
+) -> Component:
     """Grid of attention patterns, one per head, with a zoomed view (circuitsvis AttentionHeads).
 
     Args:
@@ -61,13 +67,23 @@ def attention_heads(attention: Any, tokens: Sequence[str], head_names: Sequence[
     names = None if head_names is None else [str(n) for n in head_names]
     if names is not None and len(names) != arr.shape[0]:
         raise TLDynamicsError(f"{len(names)} head names for {arr.shape[0]} heads")
-    return Component("AttentionHeads", dict(
-        attention=arr, tokens=[visible_token(t) for t in tokens], attentionHeadNames=names,
-        maxValue=max_value, minValue=min_value, maskUpperTri=mask_upper_tri), caption=caption)
+    return Component(
+        "AttentionHeads",
+        dict(
+            attention=arr,
+            tokens=[visible_token(t) for t in tokens],
+            attentionHeadNames=names,
+            maxValue=max_value,
+            minValue=min_value,
+            maskUpperTri=mask_upper_tri,
+        ),
+        caption=caption,
+    )
 
 
-def attention_pattern(tokens: Sequence[str], attention: Any, caption: str = "",
-                      **options: Any) -> Component:
+def attention_pattern(
+    tokens: Sequence[str], attention: Any, caption: str = "", **options: Any
+) -> Component:
     """One head's attention pattern (circuitsvis AttentionPattern).
 
     Args:
@@ -86,12 +102,21 @@ def attention_pattern(tokens: Sequence[str], attention: Any, caption: str = "",
     """
     arr = _array(attention, 2, "attention")
     _check_tokens(tokens, arr.shape[-1], "attention_pattern")
-    return Component("AttentionPattern", dict(tokens=[visible_token(t) for t in tokens], attention=arr,
-                                              **_camel(options)), caption=caption)
+    return Component(
+        "AttentionPattern",
+        dict(tokens=[visible_token(t) for t in tokens], attention=arr, **_camel(options)),
+        caption=caption,
+    )
 
 
-def colored_tokens(tokens: Sequence[str], values: Any, min_value: float | None = None,
-                   max_value: float | None = None, caption: str = "", **options: Any) -> Component:
+def colored_tokens(
+    tokens: Sequence[str],
+    values: Any,
+    min_value: float | None = None,
+    max_value: float | None = None,
+    caption: str = "",
+    **options: Any,
+) -> Component:
     """Tokens coloured by one value each (circuitsvis ColoredTokens); token strings are escaped.
 
     Args:
@@ -111,13 +136,22 @@ def colored_tokens(tokens: Sequence[str], values: Any, min_value: float | None =
     """
     arr = _array(values, 1, "values")
     _check_tokens(tokens, arr.shape[0], "colored_tokens")
-    return Component("ColoredTokens", dict(tokens=escape_tokens(tokens), values=arr,
-                                           minValue=min_value, maxValue=max_value,
-                                           **_camel(options)), caption=caption)
+    return Component(
+        "ColoredTokens",
+        dict(
+            tokens=escape_tokens(tokens),
+            values=arr,
+            minValue=min_value,
+            maxValue=max_value,
+            **_camel(options),
+        ),
+        caption=caption,
+    )
 
 
-def colored_tokens_multi(tokens: Sequence[str], values: Any, labels: Sequence[str] | None = None,
-                         caption: str = "") -> Component:
+def colored_tokens_multi(
+    tokens: Sequence[str], values: Any, labels: Sequence[str] | None = None, caption: str = ""
+) -> Component:
     """Tokens with several values each, one selectable at a time (circuitsvis ColoredTokensMulti).
 
     Args:
@@ -135,17 +169,26 @@ def colored_tokens_multi(tokens: Sequence[str], values: Any, labels: Sequence[st
     """
     arr = _array(values, 2, "values")
     _check_tokens(tokens, arr.shape[0], "colored_tokens_multi")
-    return Component("ColoredTokensMulti", dict(
-        tokens=escape_tokens(tokens), values=arr,
-        labels=None if labels is None else [str(x) for x in labels]), caption=caption)
+    return Component(
+        "ColoredTokensMulti",
+        dict(
+            tokens=escape_tokens(tokens),
+            values=arr,
+            labels=None if labels is None else [str(x) for x in labels],
+        ),
+        caption=caption,
+    )
 
 
-def text_neuron_activations(tokens: Sequence[str], activations: Any,
-                            first_dimension_name: str = "Layer",
-                            second_dimension_name: str = "Neuron",
-                            first_dimension_labels: Sequence[str] | None = None,
-                            second_dimension_labels: Sequence[str] | None = None,
-                            caption: str = "") -> Component:
+def text_neuron_activations(
+    tokens: Sequence[str],
+    activations: Any,
+    first_dimension_name: str = "Layer",
+    second_dimension_name: str = "Neuron",
+    first_dimension_labels: Sequence[str] | None = None,
+    second_dimension_labels: Sequence[str] | None = None,
+    caption: str = "",
+) -> Component:
     """Per-token activations over two dimensions, e.g. layer x neuron (TextNeuronActivations).
 
     Args:
@@ -171,17 +214,29 @@ def text_neuron_activations(tokens: Sequence[str], activations: Any,
     def as_labels(xs: Sequence | None) -> list[str] | None:
         return None if xs is None else [str(x) for x in xs]
 
-    return Component("TextNeuronActivations", dict(
-        tokens=escape_tokens(tokens), activations=arr,
-        firstDimensionName=str(first_dimension_name),
-        secondDimensionName=str(second_dimension_name),
-        firstDimensionLabels=as_labels(first_dimension_labels),
-        secondDimensionLabels=as_labels(second_dimension_labels)), caption=caption)
+    return Component(
+        "TextNeuronActivations",
+        dict(
+            tokens=escape_tokens(tokens),
+            activations=arr,
+            firstDimensionName=str(first_dimension_name),
+            secondDimensionName=str(second_dimension_name),
+            firstDimensionLabels=as_labels(first_dimension_labels),
+            secondDimensionLabels=as_labels(second_dimension_labels),
+        ),
+        caption=caption,
+    )
 
 
-def topk_tokens(tokens: Sequence[Sequence[str]], activations: Sequence[Any], max_k: int = 7,
-                first_dimension_name: str = "Layer", third_dimension_name: str = "Neuron",
-                sample_labels: Sequence[str] | None = None, caption: str = "") -> Component:
+def topk_tokens(
+    tokens: Sequence[Sequence[str]],
+    activations: Sequence[Any],
+    max_k: int = 7,
+    first_dimension_name: str = "Layer",
+    third_dimension_name: str = "Neuron",
+    sample_labels: Sequence[str] | None = None,
+    caption: str = "",
+) -> Component:
     """The top-k and bottom-k tokens of each neuron, per sample (circuitsvis TopkTokens).
 
     Args:
@@ -216,13 +271,20 @@ def topk_tokens(tokens: Sequence[Sequence[str]], activations: Sequence[Any], max
         top_i.append(top)
         bot_v.append(np.take_along_axis(arr, bottom, 1))
         bot_i.append(bottom)
-    return Component("TopkTokens", dict(
-        tokens=[escape_tokens(t) for t in tokens], topkVals=top_v, topkIdxs=top_i,
-        bottomkVals=bot_v, bottomkIdxs=bot_i,
-        firstDimensionName=str(first_dimension_name),
-        thirdDimensionName=str(third_dimension_name),
-        sampleLabels=None if sample_labels is None else [str(s) for s in sample_labels]),
-        caption=caption)
+    return Component(
+        "TopkTokens",
+        dict(
+            tokens=[escape_tokens(t) for t in tokens],
+            topkVals=top_v,
+            topkIdxs=top_i,
+            bottomkVals=bot_v,
+            bottomkIdxs=bot_i,
+            firstDimensionName=str(first_dimension_name),
+            thirdDimensionName=str(third_dimension_name),
+            sampleLabels=None if sample_labels is None else [str(s) for s in sample_labels],
+        ),
+        caption=caption,
+    )
 
 
 def _camel(options: dict[str, Any]) -> dict[str, Any]:

@@ -15,10 +15,14 @@ from tl_dynamics import docs
 from tl_dynamics.viz._component import html_escape
 
 # Text between tags is linked; scripts (JSON data, code), SVG figures and tags are left alone.
-_SKIP = re.compile(r"(<script\b.*?</script>|<svg\b.*?</svg>|<style\b.*?</style>|<[^>]*>)",
-                   re.DOTALL | re.IGNORECASE)
-_INLINE = ((re.compile(r"\*\*([^*]+)\*\*"), r"<b>\1</b>"),
-           (re.compile(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])"), r"<i>\1</i>"))
+_SKIP = re.compile(
+    r"(<script\b.*?</script>|<svg\b.*?</svg>|<style\b.*?</style>|<[^>]*>)",
+    re.DOTALL | re.IGNORECASE,
+)
+_INLINE = (
+    (re.compile(r"\*\*([^*]+)\*\*"), r"<b>\1</b>"),
+    (re.compile(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])"), r"<i>\1</i>"),
+)
 
 
 def anchor(number: str) -> str:
@@ -29,6 +33,7 @@ def anchor(number: str) -> str:
 def link(html: str, known: set[str], found: list[str]) -> str:
     """``html`` with each "§N" outside tags, scripts and SVG linked to its section (when
     docs/math.md has it); the numbers linked are appended to ``found``."""
+
     def one(match: re.Match[str]) -> str:
         number = match.group(1)
         if number not in known:
@@ -112,8 +117,11 @@ def closure(numbers: list[str], parts: dict[str, docs.Section]) -> list[str]:
 def _heading_ids(html: str) -> str:
     """Subsection headings inside a carried top-level section get their own ids (``math-2-3``),
     so a link to a subsection lands inside its section's block, with no second copy."""
-    return re.sub(r"<h(\d)>(\d+\.\d+) ",
-                  lambda m: f'<h{m.group(1)} id="{anchor(m.group(2))}">{m.group(2)} ', html)
+    return re.sub(
+        r"<h(\d)>(\d+\.\d+) ",
+        lambda m: f'<h{m.group(1)} id="{anchor(m.group(2))}">{m.group(2)} ',
+        html,
+    )
 
 
 def appendix(numbers: list[str]) -> str:
@@ -131,12 +139,17 @@ def appendix(numbers: list[str]) -> str:
         section = parts[number]
         body = link(markdown_html(section.text.split("\n", 1)[1]), known, [])
         body = _heading_ids(body) if "." not in number else body
-        blocks.append(f'<details class="tld-math" id="{anchor(number)}"><summary>docs/math.md '
-                      f"§{number} {html_escape(section.title)}</summary>{body}</details>")
-    return ('<section id="tld-maths-cited"><h2>Maths cited on this page</h2><p class="intro">The '
-            "sections of docs/math.md (tl_dynamics's maths reference) this page cites, and those "
-            "they cite; open one to read it. Every \u00a7 on the page links here.</p>"
-            + "".join(blocks) + "</section>")
+        blocks.append(
+            f'<details class="tld-math" id="{anchor(number)}"><summary>docs/math.md '
+            f"§{number} {html_escape(section.title)}</summary>{body}</details>"
+        )
+    return (
+        '<section id="tld-maths-cited"><h2>Maths cited on this page</h2><p class="intro">The '
+        "sections of docs/math.md (tl_dynamics's maths reference) this page cites, and those "
+        "they cite; open one to read it. Every \u00a7 on the page links here.</p>"
+        + "".join(blocks)
+        + "</section>"
+    )
 
 
 # Opens a collapsed section when a citation is followed (nonce'd page script; no inline handler).

@@ -158,9 +158,11 @@ class Component:
             return f'<div class="tld-html">{self.html}</div>{caption}'
         spec, height = self._spec()
         element = f"tld-v-{_PROCESS}-{next(_ids)}"
-        return (f'<div class="tld-view" id="{element}" style="min-height:{height}px"></div>'
-                f'<script type="application/json" id="{element}-data">{props_json(spec)}</script>'
-                f"{caption}")
+        return (
+            f'<div class="tld-view" id="{element}" style="min-height:{height}px"></div>'
+            f'<script type="application/json" id="{element}-data">{props_json(spec)}</script>'
+            f"{caption}"
+        )
 
     def section_html(self, title: str = "") -> str:
         """An HTML fragment for another page: a ``<section>`` with the view and its caption.
@@ -180,11 +182,15 @@ class Component:
             '<section class="tl-dynamics-figure"><h3>x &lt; y</h3><figure><p>1 &lt; 2</p><figcaption>a &amp; b</figcaption></figure></section>'
         """
         if self.name is not None:
-            raise TLDynamicsError(f"section_html: {self!r} is drawn by circuitsvis, which an HTML "
-                                  "fragment cannot carry; use save('view.html') or a viz.Page")
+            raise TLDynamicsError(
+                f"section_html: {self!r} is drawn by circuitsvis, which an HTML "
+                "fragment cannot carry; use save('view.html') or a viz.Page"
+            )
         head = f"<h3>{html_escape(title)}</h3>" if title else ""
-        return (f'<section class="tl-dynamics-figure">{head}<figure>{self.html}'
-                f"<figcaption>{html_escape(self.caption)}</figcaption></figure></section>")
+        return (
+            f'<section class="tl-dynamics-figure">{head}<figure>{self.html}'
+            f"<figcaption>{html_escape(self.caption)}</figcaption></figure></section>"
+        )
 
     def _spec(self) -> tuple[dict[str, Any], int]:
         if self.name in CANVAS_KINDS:
@@ -300,6 +306,10 @@ def standalone_html(components: list[Any], caption: str = "") -> str:
     needs = any(c.needs_bundle() for c in components)
     bundle = f'<script nonce="{nonce}">{bundle_js()}</script>' if needs and _send_bundle() else ""
     head = f'<p class="caption">{html_escape(caption)}</p>' if caption else ""
-    return (bundle + f'<script nonce="{nonce}">{RUNTIME_JS}</script>' + head
-            + "".join(c.fragment(nonce) for c in components)
-            + f'<script nonce="{nonce}">TLD.start();</script>')
+    return (
+        bundle
+        + f'<script nonce="{nonce}">{RUNTIME_JS}</script>'
+        + head
+        + "".join(c.fragment(nonce) for c in components)
+        + f'<script nonce="{nonce}">TLD.start();</script>'
+    )

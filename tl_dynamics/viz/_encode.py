@@ -48,8 +48,15 @@ def pack_u8(values: Any, lo: float, hi: float, scale: str = "linear") -> dict[st
         t = np.sqrt(t)
     codes = np.rint(np.nan_to_num(t, nan=0.0) * LEVELS).astype(np.uint8)
     codes[~np.isfinite(arr)] = MISSING
-    return {"$tld": 1, "enc": "u8", "shape": list(arr.shape), "lo": lo, "hi": hi,
-            "scale": scale, "z": _b64z(codes.tobytes())}
+    return {
+        "$tld": 1,
+        "enc": "u8",
+        "shape": list(arr.shape),
+        "lo": lo,
+        "hi": hi,
+        "scale": scale,
+        "z": _b64z(codes.tobytes()),
+    }
 
 
 def pack_f32(values: Any) -> dict[str, Any]:
@@ -60,12 +67,17 @@ def pack_f32(values: Any) -> dict[str, Any]:
         [2]
     """
     arr = np.nan_to_num(as_array(values), nan=np.nan, posinf=np.nan, neginf=np.nan)
-    return {"$tld": 1, "enc": "f32", "shape": list(arr.shape),
-            "z": _b64z(np.ascontiguousarray(arr, dtype="<f4").tobytes())}
+    return {
+        "$tld": 1,
+        "enc": "f32",
+        "shape": list(arr.shape),
+        "z": _b64z(np.ascontiguousarray(arr, dtype="<f4").tobytes()),
+    }
 
 
-def finite_range(values: Float[np.ndarray, "..."], lo: float | None = None,
-                 hi: float | None = None) -> tuple[float, float]:
+def finite_range(
+    values: Float[np.ndarray, "..."], lo: float | None = None, hi: float | None = None
+) -> tuple[float, float]:
     """``(lo, hi)`` over the finite values unless given; a flat range is widened to stay valid.
 
     Example:

@@ -23,11 +23,25 @@ from tl_dynamics.viz._group import Group
 from tl_dynamics.viz._page import Page
 
 FORMATS = (".html", ".svg", ".png")
-SVG_KINDS = ("heatmap", "attention_pattern", "attention_heads", "attention_grid", "line_plot",
-             "small_multiples")
+SVG_KINDS = (
+    "heatmap",
+    "attention_pattern",
+    "attention_heads",
+    "attention_grid",
+    "line_plot",
+    "small_multiples",
+)
 CHROMIUM_ENV = "TL_DYNAMICS_CHROMIUM"
-_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-          "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync"]
+_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
 Item = Union[Component, Group]
 
 
@@ -61,11 +75,15 @@ def to_svg(item: Item) -> str:
     if not has_svg(item):
         raise TLDynamicsError(
             f"this view is a {kind_of(item)}: .svg is written for {', '.join(SVG_KINDS)} (and "
-            "groups of them); save it as .html or .png")
+            "groups of them); save it as .html or .png"
+        )
     parts = _flat(item)  # a group's views, nested groups included
     blocks = [b for i, c in enumerate(parts) for b in _blocks(c, f"tld-legend-{i}")]
-    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
-            + _svg.document(blocks, item.caption, label=item.caption or kind_of(item)) + "\n")
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        + _svg.document(blocks, item.caption, label=item.caption or kind_of(item))
+        + "\n"
+    )
 
 
 def to_html(item: Item, title: str = "") -> str:
@@ -78,8 +96,9 @@ def to_html(item: Item, title: str = "") -> str:
 def _suffix(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
-        raise TLDynamicsError(f"cannot save a view as {path.name!r}: give a file ending in "
-                              f"{', '.join(FORMATS)}")
+        raise TLDynamicsError(
+            f"cannot save a view as {path.name!r}: give a file ending in {', '.join(FORMATS)}"
+        )
     return suffix
 
 
@@ -108,12 +127,15 @@ def save(item: Item, path: Union[str, os.PathLike], renderer: "Renderer | None" 
 def chromium_path() -> str:
     """The Chromium PNGs are rendered with: ``$TL_DYNAMICS_CHROMIUM``, else ``chromium`` on the
     PATH (Debian: ``apt-get install chromium``)."""
-    found = os.environ.get(CHROMIUM_ENV) or shutil.which("chromium") or shutil.which(
-        "chromium-browser")
+    found = (
+        os.environ.get(CHROMIUM_ENV) or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
     if not found or not os.path.exists(found):
-        raise TLDynamicsError("PNG export renders with a headless Chromium and none was found: "
-                              f"install Debian's (apt-get install chromium) or set {CHROMIUM_ENV} "
-                              "to a Chromium executable; .html and .svg need no browser")
+        raise TLDynamicsError(
+            "PNG export renders with a headless Chromium and none was found: "
+            f"install Debian's (apt-get install chromium) or set {CHROMIUM_ENV} "
+            "to a Chromium executable; .html and .svg need no browser"
+        )
     return found
 
 
@@ -131,9 +153,11 @@ class Renderer:
         try:
             from playwright.sync_api import sync_playwright
         except ImportError:
-            raise TLDynamicsError("PNG export drives Chromium with playwright-python, which is "
-                                  "not installed: pip install playwright (no browser download "
-                                  "is needed; it uses the system chromium)") from None
+            raise TLDynamicsError(
+                "PNG export drives Chromium with playwright-python, which is "
+                "not installed: pip install playwright (no browser download "
+                "is needed; it uses the system chromium)"
+            ) from None
         self._pw = sync_playwright().start()
         self._browser = self._pw.chromium.launch(executable_path=executable, args=_FLAGS)
         return self
@@ -146,15 +170,18 @@ class Renderer:
         """Render ``item`` and write it as a PNG cropped to its content."""
         if has_svg(item):
             svg = to_svg(item).split("\n", 1)[1]
-            html = f'<!DOCTYPE html><html><body style="margin:0;background:#fff">{svg}</body></html>'
+            html = (
+                f'<!DOCTYPE html><html><body style="margin:0;background:#fff">{svg}</body></html>'
+            )
             shot = self._shoot(html, "svg")
         else:
             shot = self._shoot(to_html(item), "section")
         path.write_bytes(_crop(shot, int(8 * self.scale)))
 
     def _shoot(self, html: str, selector: str) -> bytes:
-        tab = self._browser.new_page(viewport={"width": 1280, "height": 1000},
-                                     device_scale_factor=self.scale)
+        tab = self._browser.new_page(
+            viewport={"width": 1280, "height": 1000}, device_scale_factor=self.scale
+        )
         errors: list[str] = []
         tab.on("pageerror", lambda e: errors.append(str(e)))
         try:
@@ -162,10 +189,12 @@ class Renderer:
             views = "[...document.querySelectorAll('.tld-view')]"
             for i in range(tab.evaluate(f"{views}.length")):
                 tab.evaluate(f"{views}[{i}].scrollIntoView()")
-                tab.wait_for_function(f"() => ['done', 'error'].includes({views}[{i}].dataset.state)",
-                                      timeout=60_000)
-            failed = tab.evaluate(f"{views}.filter(v => v.dataset.state === 'error')"
-                                  ".map(v => v.textContent)")
+                tab.wait_for_function(
+                    f"() => ['done', 'error'].includes({views}[{i}].dataset.state)", timeout=60_000
+                )
+            failed = tab.evaluate(
+                f"{views}.filter(v => v.dataset.state === 'error').map(v => v.textContent)"
+            )
             if failed or errors:
                 raise TLDynamicsError(f"the view did not draw: {(failed + errors)[0]}")
             tab.evaluate("window.scrollTo(0, 0)")
@@ -185,8 +214,9 @@ def _crop(png: bytes, margin: int) -> bytes:
     box = ImageChops.difference(image, Image.new("RGB", image.size, (255, 255, 255))).getbbox()
     if box:
         content = image.crop(box)
-        image = Image.new("RGB", (content.width + 2 * margin, content.height + 2 * margin),
-                          (255, 255, 255))
+        image = Image.new(
+            "RGB", (content.width + 2 * margin, content.height + 2 * margin), (255, 255, 255)
+        )
         image.paste(content, (margin, margin))
     out = io.BytesIO()
     image.save(out, format="PNG", optimize=True)
@@ -223,12 +253,20 @@ def figures(sections: Sequence[Any]) -> Iterator[tuple[str, Component]]:
         views = [v for item in section.items for v in _flat(item) if kind_of(v) != "text"]
         for v, view in enumerate(views, 1):
             label = _slug(_label(view))
-            yield (f"{s:02d}-{_slug(section.title) or 'section'}_{v:02d}-"
-                   f"{kind_of(view).replace('_', '-')}{'-' + label if label else ''}"), view
+            yield (
+                (
+                    f"{s:02d}-{_slug(section.title) or 'section'}_{v:02d}-"
+                    f"{kind_of(view).replace('_', '-')}{'-' + label if label else ''}"
+                ),
+                view,
+            )
 
 
-def save_figures(sections: Sequence[Any], folder: Union[str, os.PathLike],
-                 formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+def save_figures(
+    sections: Sequence[Any],
+    folder: Union[str, os.PathLike],
+    formats: Sequence[str] = ("png", "svg"),
+) -> list[Path]:
     """Every figure of the sections into ``folder``, as PNG and as SVG where the view has one."""
     wanted = [f".{f.lstrip('.').lower()}" for f in formats]
     bad = [f for f in wanted if f not in FORMATS]

@@ -63,7 +63,9 @@ class Group:
         """
         head = f'<p class="caption">{html_escape(self.caption)}</p>' if self.caption else ""
         if self.row:
-            cells = "".join(f'<div class="tld-cell">{c.fragment(nonce)}</div>' for c in self.components)
+            cells = "".join(
+                f'<div class="tld-cell">{c.fragment(nonce)}</div>' for c in self.components
+            )
             return f'{head}<div class="tld-row">{cells}</div>'
         return head + "".join(c.fragment(nonce) for c in self.components)
 

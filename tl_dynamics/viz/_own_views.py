@@ -43,15 +43,29 @@ def figure(fig: Any, caption: str = "", close: bool = True) -> Component:
 
         plt.close(fig)
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return Component(html=f'<img class="tld-figure" alt="{html_escape(caption or "figure")}" '
-                          f'src="data:image/png;base64,{data}">', caption=caption, kind="figure")
+    return Component(
+        html=f'<img class="tld-figure" alt="{html_escape(caption or "figure")}" '
+        f'src="data:image/png;base64,{data}">',
+        caption=caption,
+        kind="figure",
+    )
 
 
-def heatmap(values: Any, row_labels: Sequence[str] | None = None,
-            col_labels: Sequence[str] | None = None, title: str = "", row_title: str = "row",
-            col_title: str = "column", value_name: str = "value", min_value: float | None = None,
-            max_value: float | None = None, cmap: str | None = None,
-            mask_upper_tri: bool = False, cell_px: int = 16, caption: str = "") -> Component:
+def heatmap(
+    values: Any,
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    title: str = "",
+    row_title: str = "row",
+    col_title: str = "column",
+    value_name: str = "value",
+    min_value: float | None = None,
+    max_value: float | None = None,
+    cmap: str | None = None,
+    mask_upper_tri: bool = False,
+    cell_px: int = 16,
+    caption: str = "",
+) -> Component:
     """A ``[rows, cols]`` map on a canvas with a colour legend and a hover read-out.
 
     E.g. a statistic over layer x head. Signed values get a diverging map centred on 0. NaN cells
@@ -81,7 +95,10 @@ def heatmap(values: Any, row_labels: Sequence[str] | None = None,
         'Heatmap'
     """
     arr = _array(values, 2, "values")
-    for labels, n, what in ((row_labels, arr.shape[0], "row"), (col_labels, arr.shape[1], "column")):
+    for labels, n, what in (
+        (row_labels, arr.shape[0], "row"),
+        (col_labels, arr.shape[1], "column"),
+    ):
         if labels is not None and len(labels) != n:
             raise TLDynamicsError(f"heatmap: {len(labels)} {what} labels for {n} {what}s")
     if cmap not in (None, "blues", "viridis", "rdbu"):
@@ -90,17 +107,37 @@ def heatmap(values: Any, row_labels: Sequence[str] | None = None,
     def as_labels(xs: Sequence | None) -> list[str] | None:
         return None if xs is None else [visible_token(x) for x in xs]
 
-    return Component("Heatmap", dict(
-        values=arr, rowLabels=as_labels(row_labels), colLabels=as_labels(col_labels), title=str(title),
-        rowTitle=str(row_title), colTitle=str(col_title), valueName=str(value_name),
-        minValue=min_value, maxValue=max_value, cmap=cmap, mask=bool(mask_upper_tri),
-        cell=int(cell_px)),
-        caption=caption)
+    return Component(
+        "Heatmap",
+        dict(
+            values=arr,
+            rowLabels=as_labels(row_labels),
+            colLabels=as_labels(col_labels),
+            title=str(title),
+            rowTitle=str(row_title),
+            colTitle=str(col_title),
+            valueName=str(value_name),
+            minValue=min_value,
+            maxValue=max_value,
+            cmap=cmap,
+            mask=bool(mask_upper_tri),
+            cell=int(cell_px),
+        ),
+        caption=caption,
+    )
 
 
-def attention_grid(thumbs: Any, full: dict[int, Any], tokens: Sequence[str],
-                   head_names: Sequence[str], columns: int, row_names: Sequence[str] | None = None,
-                   selected: int = 0, mask_upper_tri: bool = False, caption: str = "") -> Component:
+def attention_grid(
+    thumbs: Any,
+    full: dict[int, Any],
+    tokens: Sequence[str],
+    head_names: Sequence[str],
+    columns: int,
+    row_names: Sequence[str] | None = None,
+    selected: int = 0,
+    mask_upper_tri: bool = False,
+    caption: str = "",
+) -> Component:
     """Many heads at once: a thumbnail per head in a grid, full patterns shown large when clicked.
 
     Built by the report for all heads of a model.
@@ -132,18 +169,36 @@ def attention_grid(thumbs: Any, full: dict[int, Any], tokens: Sequence[str],
     kept = {}
     for index, pattern in full.items():
         if not 0 <= int(index) < arr.shape[0]:
-            raise TLDynamicsError(f"full pattern for head index {index}; valid: 0..{arr.shape[0] - 1}")
+            raise TLDynamicsError(
+                f"full pattern for head index {index}; valid: 0..{arr.shape[0] - 1}"
+            )
         kept[int(index)] = _array(pattern, 2, "full pattern")
         _check_tokens(tokens, kept[int(index)].shape[-1], "attention_grid")
-    return Component("AttentionGrid", dict(
-        thumbs=arr, full=kept, tokens=[visible_token(t) for t in tokens],
-        attentionHeadNames=[str(n) for n in head_names], columns=int(columns),
-        rowNames=None if row_names is None else [str(r) for r in row_names],
-        selected=int(selected), maskUpperTri=bool(mask_upper_tri)), caption=caption)
+    return Component(
+        "AttentionGrid",
+        dict(
+            thumbs=arr,
+            full=kept,
+            tokens=[visible_token(t) for t in tokens],
+            attentionHeadNames=[str(n) for n in head_names],
+            columns=int(columns),
+            rowNames=None if row_names is None else [str(r) for r in row_names],
+            selected=int(selected),
+            maskUpperTri=bool(mask_upper_tri),
+        ),
+        caption=caption,
+    )
 
 
-def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{:.4g}", *,
-          colours: Any = None, titles: Any = None) -> Component:
+def table(
+    df: Any,
+    caption: str = "",
+    max_rows: int = 60,
+    float_format: str = "{:.4g}",
+    *,
+    colours: Any = None,
+    titles: Any = None,
+) -> Component:
     """A pandas DataFrame as an HTML table that scrolls inside its own box when wide.
 
     Every cell is escaped, whitespace-only strings are made visible, an unnamed integer index is
@@ -178,13 +233,26 @@ def table(df: Any, caption: str = "", max_rows: int = 60, float_format: str = "{
     rows = []
     for i, (index, row) in enumerate(shown.iterrows()):
         lead = f"<td>{html_escape(_fmt(index, float_format))}</td>" if keep_index else ""
-        rows.append("<tr>" + lead + "".join(
-            f"<td{styles[i][j]}>{html_escape(_fmt(v, float_format))}</td>"
-            for j, v in enumerate(row.values)) + "</tr>")
-    more = f'<p class="caption">{len(df) - max_rows} more rows not shown</p>' if len(df) > max_rows else ""
-    return Component(html=f'<div class="tld-scroll"><table class="tld-table"><thead><tr>{head}'
-                          f'</tr></thead><tbody>{"".join(rows)}</tbody></table></div>{more}',
-                     caption=caption, kind="table")
+        rows.append(
+            "<tr>"
+            + lead
+            + "".join(
+                f"<td{styles[i][j]}>{html_escape(_fmt(v, float_format))}</td>"
+                for j, v in enumerate(row.values)
+            )
+            + "</tr>"
+        )
+    more = (
+        f'<p class="caption">{len(df) - max_rows} more rows not shown</p>'
+        if len(df) > max_rows
+        else ""
+    )
+    return Component(
+        html=f'<div class="tld-scroll"><table class="tld-table"><thead><tr>{head}'
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>{more}",
+        caption=caption,
+        kind="table",
+    )
 
 
 _COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
@@ -198,8 +266,10 @@ def _cell_attributes(shown: Any, colours: Any, titles: Any) -> list[list[str]]:
         if frame is None:
             continue
         if tuple(frame.shape[1:]) != (n_cols,) or len(frame) < n_rows:
-            raise TLDynamicsError(f"table: {what} has shape {tuple(frame.shape)}; valid: the "
-                                  f"table's shape {tuple(shown.shape)}")
+            raise TLDynamicsError(
+                f"table: {what} has shape {tuple(frame.shape)}; valid: the "
+                f"table's shape {tuple(shown.shape)}"
+            )
         for i in range(n_rows):
             for j in range(n_cols):
                 value = frame.iat[i, j]
@@ -210,8 +280,9 @@ def _cell_attributes(shown: Any, colours: Any, titles: Any) -> list[list[str]]:
                 elif _COLOUR.fullmatch(str(value)):
                     out[i][j] += f' style="background:{value}"'
                 else:
-                    raise TLDynamicsError(f"table: colour {value!r} at row {i}, column {j}; "
-                                          "valid: '#rrggbb'")
+                    raise TLDynamicsError(
+                        f"table: colour {value!r} at row {i}, column {j}; valid: '#rrggbb'"
+                    )
     return out
 
 

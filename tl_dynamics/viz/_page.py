@@ -102,8 +102,9 @@ class Page:
     failed_sections: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-    def add_section(self, title: str, items: Sequence[Item], intro: str = "",
-                    math: str = "") -> Section:
+    def add_section(
+        self, title: str, items: Sequence[Item], intro: str = "", math: str = ""
+    ) -> Section:
         """Append a section of views.
 
         Args:
@@ -143,8 +144,10 @@ class Page:
             (True, True)
         """
         nonce = secrets.token_hex(16)
-        csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
-               "img-src data:; font-src data:")
+        csp = (
+            f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
+            "img-src data:; font-src data:"
+        )
         meta = "".join(f"<li><b>{html_escape(k)}</b>: {html_escape(v)}</li>" for k, v in self.meta)
         warnings = "".join(f'<p class="warning">{html_escape(w)}</p>' for w in self.warnings)
         taken: set[str] = set()
@@ -154,8 +157,11 @@ class Page:
             heading = f"<h2>{html_escape(section.title)}</h2>" if section.title else ""
             body.append(f'<section id="{anchor}">{heading}')
             if section.intro or section.math:
-                cite = (f' <span class="cite">(maths: {html_escape(section.math)})</span>'
-                        if section.math else "")
+                cite = (
+                    f' <span class="cite">(maths: {html_escape(section.math)})</span>'
+                    if section.math
+                    else ""
+                )
                 body.append(f'<p class="intro">{html_escape(section.intro)}{cite}</p>')
             body.extend(item.fragment(nonce) for item in section.items)
             needs_bundle = needs_bundle or any(item.needs_bundle() for item in section.items)
@@ -169,19 +175,23 @@ class Page:
         toc = "".join(f'<li><a href="#{a}">{html_escape(t)}</a></li>' for a, t in entries)
         bundle = f'<script nonce="{nonce}">{bundle_js()}</script>' if needs_bundle else ""
         return (
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{html_escape(self.title)}</title><style>{_STYLE}</style>{bundle}"
             f'<script nonce="{nonce}">{RUNTIME_JS}</script></head><body>'
-            f"<h1>{html_escape(self.title)}</h1>{warnings}<ul class=\"meta\">{meta}</ul>"
+            f'<h1>{html_escape(self.title)}</h1>{warnings}<ul class="meta">{meta}</ul>'
             + (f'<nav class="toc"><b>Contents</b><ol>{toc}</ol></nav>' if len(entries) > 1 else "")
-            + text + maths + f'<script nonce="{nonce}">TLD.start();</script>'
+            + text
+            + maths
+            + f'<script nonce="{nonce}">TLD.start();</script>'
             + (f'<script nonce="{nonce}">{_cite.OPEN_JS}</script>' if maths else "")
-            + "</body></html>\n")
+            + "</body></html>\n"
+        )
 
-    def save_figures(self, folder: Union[str, os.PathLike],
-                     formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    def save_figures(
+        self, folder: Union[str, os.PathLike], formats: tuple[str, ...] = ("png", "svg")
+    ) -> list[Path]:
         """Write every figure of the page into a folder.
 
         Files are named ``NN-section_MM-kind-label.png`` (and ``.svg`` for heat maps, attention maps and

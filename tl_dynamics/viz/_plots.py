@@ -18,8 +18,18 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.viz._component import Component, html_escape
 
 # Distinct colours for series (Tableau 10); more series cycle through them.
-PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac")
+PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
 _FONT = "font-family:sans-serif"
 # Anchors of a viridis-like sequential scale (dark purple -> yellow), for ordered series.
 _SEQUENTIAL = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
@@ -50,18 +60,29 @@ def _clip(text: str, limit: int) -> str:
 def _series(values: Any, n: int, name: str) -> Float[np.ndarray, " n"]:
     arr = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=float)
     if arr.shape != (n,):
-        raise TLDynamicsError(f"series {name!r} has shape {arr.shape}; expected ({n},), one value "
-                              f"per x label")
+        raise TLDynamicsError(
+            f"series {name!r} has shape {arr.shape}; expected ({n},), one value per x label"
+        )
     return arr
 
 
 Series = tuple[str, np.ndarray, str, bool]  # name, values, colour, dashed
 
 
-def _panel(x_labels: Sequence[str], series: Sequence[Series], title: str,
-           x0: float, y0: float, width: float, height: float, y_title: str = "",
-           max_ticks: int = 8, x_values: np.ndarray | None = None,
-           y_range: tuple[float, float] | None = None, x_title: str = "") -> list[str]:
+def _panel(
+    x_labels: Sequence[str],
+    series: Sequence[Series],
+    title: str,
+    x0: float,
+    y0: float,
+    width: float,
+    height: float,
+    y_title: str = "",
+    max_ticks: int = 8,
+    x_values: np.ndarray | None = None,
+    y_range: tuple[float, float] | None = None,
+    x_title: str = "",
+) -> list[str]:
     """SVG elements of one panel whose outer box starts at ``(x0, y0)``; x positions evenly
     spaced, or proportional to ``x_values`` when given."""
     left, top, bottom = 54.0, 24.0, 52.0 + (12.0 if x_title else 0.0)
@@ -83,35 +104,49 @@ def _panel(x_labels: Sequence[str], series: Sequence[Series], title: str,
     def y_of(v: float) -> float:
         return py + ph * (1.0 - (v - lo) / (hi - lo))
 
-    out = [f'<text class="tld-svg-lab" x="{x0 + width / 2:.1f}" y="{y0 + 13:.1f}" '
-           f'text-anchor="middle" style="{_FONT};font-size:11px;font-weight:bold">'
-           f'{html_escape(_clip(title, int(width / 7)))}</text>',
-           f'<rect x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{ph:.1f}" fill="none" '
-           f'stroke="#bbb"/>']
+    out = [
+        f'<text class="tld-svg-lab" x="{x0 + width / 2:.1f}" y="{y0 + 13:.1f}" '
+        f'text-anchor="middle" style="{_FONT};font-size:11px;font-weight:bold">'
+        f"{html_escape(_clip(title, int(width / 7)))}</text>",
+        f'<rect x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{ph:.1f}" fill="none" '
+        f'stroke="#bbb"/>',
+    ]
     for v in (lo, hi):
-        out.append(f'<text class="tld-svg-lab" x="{px - 4:.1f}" y="{y_of(v) + 3:.1f}" '
-                   f'text-anchor="end" style="{_FONT};font-size:9px">{_fmt(v)}</text>')
+        out.append(
+            f'<text class="tld-svg-lab" x="{px - 4:.1f}" y="{y_of(v) + 3:.1f}" '
+            f'text-anchor="end" style="{_FONT};font-size:9px">{_fmt(v)}</text>'
+        )
     if y_title:
-        out.append(f'<text x="{x0 + 9:.1f}" y="{py + ph / 2:.1f}" text-anchor="middle" '
-                   f'transform="rotate(-90 {x0 + 9:.1f} {py + ph / 2:.1f})" '
-                   f'style="{_FONT};font-size:9px">{html_escape(y_title)}</text>')
+        out.append(
+            f'<text x="{x0 + 9:.1f}" y="{py + ph / 2:.1f}" text-anchor="middle" '
+            f'transform="rotate(-90 {x0 + 9:.1f} {py + ph / 2:.1f})" '
+            f'style="{_FONT};font-size:9px">{html_escape(y_title)}</text>'
+        )
     if x_title:
-        out.append(f'<text class="tld-svg-lab" x="{px + pw / 2:.1f}" y="{y0 + height - 4:.1f}" '
-                   f'text-anchor="middle" style="{_FONT};font-size:9px">'
-                   f'{html_escape(x_title)}</text>')
+        out.append(
+            f'<text class="tld-svg-lab" x="{px + pw / 2:.1f}" y="{y0 + height - 4:.1f}" '
+            f'text-anchor="middle" style="{_FONT};font-size:9px">'
+            f"{html_escape(x_title)}</text>"
+        )
     # Slanted at 40 degrees, neighbouring tick labels stay apart when their baselines are at
     # least 12 px apart: spacing * sin(40) >= 12, so at most one tick per 19 px.
     max_ticks = max(2, min(max_ticks, int(pw // 19) + 1))
     step = max(1, -(-n // max_ticks))
     ticks = list(range(0, n, step))
     if x_values is not None:  # ticks at evenly spaced positions, not evenly spaced samples
-        ticks = sorted({int(np.argmin(np.abs(np.asarray(xs) - (px + pw * k / (max_ticks - 1)))))
-                        for k in range(max_ticks)})
+        ticks = sorted(
+            {
+                int(np.argmin(np.abs(np.asarray(xs) - (px + pw * k / (max_ticks - 1)))))
+                for k in range(max_ticks)
+            }
+        )
     for i in ticks:
         tx, ty = xs[i], py + ph + 10
-        out.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" '
-                   f'transform="rotate(-40 {tx:.1f} {ty:.1f})" '
-                   f'style="{_FONT};font-size:8px">{html_escape(_clip(x_labels[i], 14))}</text>')
+        out.append(
+            f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" '
+            f'transform="rotate(-40 {tx:.1f} {ty:.1f})" '
+            f'style="{_FONT};font-size:8px">{html_escape(_clip(x_labels[i], 14))}</text>'
+        )
     for name, values, colour, dashed in series:
         dash = ' stroke-dasharray="4 3"' if dashed else ""
         runs: list[list[str]] = [[]]
@@ -122,31 +157,49 @@ def _panel(x_labels: Sequence[str], series: Sequence[Series], title: str,
                 runs.append([])  # a gap where the value is not defined
         for run in runs:
             if len(run) > 1:
-                out.append(f'<polyline points="{" ".join(run)}" fill="none" stroke="{colour}" '
-                           f'stroke-width="1.4"{dash}/>')
+                out.append(
+                    f'<polyline points="{" ".join(run)}" fill="none" stroke="{colour}" '
+                    f'stroke-width="1.4"{dash}/>'
+                )
         for x, v, label in zip(xs, values, x_labels):
             if math.isfinite(v) and not dashed:  # a dashed series is a reference line: no dots
-                out.append(f'<circle cx="{x:.1f}" cy="{y_of(v):.1f}" r="2.2" fill="{colour}">'
-                           f'<title>{html_escape(name)} at {html_escape(label)}: {v:.6g}</title>'
-                           f'</circle>')
+                out.append(
+                    f'<circle cx="{x:.1f}" cy="{y_of(v):.1f}" r="2.2" fill="{colour}">'
+                    f"<title>{html_escape(name)} at {html_escape(label)}: {v:.6g}</title>"
+                    f"</circle>"
+                )
     return out
 
 
-def _svg(parts: list[str], width: float, height: float, caption: str, kind: str,
-         title: str = "") -> Component:
+def _svg(
+    parts: list[str], width: float, height: float, caption: str, kind: str, title: str = ""
+) -> Component:
     body = "".join(parts)
-    return Component(html=f'<svg class="tld-figure tld-svg" xmlns="http://www.w3.org/2000/svg" '
-                          f'width="{width:.0f}" height="{height:.0f}" '
-                          f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
-                          f'aria-label="{html_escape(caption or "plot")}">{body}</svg>',
-                     caption=caption, kind=kind, props={"title": title} if title else {})
+    return Component(
+        html=f'<svg class="tld-figure tld-svg" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
+        f'aria-label="{html_escape(caption or "plot")}">{body}</svg>',
+        caption=caption,
+        kind=kind,
+        props={"title": title} if title else {},
+    )
 
 
-def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "",
-              y_title: str = "", caption: str = "", width: int = 560,
-              height: int = 260, x_values: Any = None,
-              y_range: tuple[float, float] | None = None, x_title: str = "",
-              dashed: Sequence[str] = (), ordered: bool = False) -> Component:
+def line_plot(
+    x_labels: Sequence[str],
+    series: Mapping[str, Any],
+    title: str = "",
+    y_title: str = "",
+    caption: str = "",
+    width: int = 560,
+    height: int = 260,
+    x_values: Any = None,
+    y_range: tuple[float, float] | None = None,
+    x_title: str = "",
+    dashed: Sequence[str] = (),
+    ordered: bool = False,
+) -> Component:
     """Several named series over the same x axis in one panel, with a legend (inline SVG).
 
     The x axis is categorical (``x_labels`` evenly spaced) unless ``x_values`` place the points.
@@ -177,29 +230,52 @@ def line_plot(x_labels: Sequence[str], series: Mapping[str, Any], title: str = "
     if not labels or not series:
         raise TLDynamicsError("line_plot needs at least one x label and one series")
     n = len(series)
-    colour = (lambda i: sequential_colour(i / max(n - 1, 1))) if ordered else \
-        (lambda i: PALETTE[i % len(PALETTE)])
-    drawn = [(str(k), _series(v, len(labels), str(k)), colour(i), str(k) in dashed)
-             for i, (k, v) in enumerate(series.items())]
+    colour = (
+        (lambda i: sequential_colour(i / max(n - 1, 1)))
+        if ordered
+        else (lambda i: PALETTE[i % len(PALETTE)])
+    )
+    drawn = [
+        (str(k), _series(v, len(labels), str(k)), colour(i), str(k) in dashed)
+        for i, (k, v) in enumerate(series.items())
+    ]
     xv = None if x_values is None else _series(x_values, len(labels), "x_values")
     legend_w = 150.0
-    parts = _panel(labels, drawn, title, 0.0, 0.0, width - legend_w, height, y_title,
-                   x_values=xv, y_range=y_range, x_title=x_title)
+    parts = _panel(
+        labels,
+        drawn,
+        title,
+        0.0,
+        0.0,
+        width - legend_w,
+        height,
+        y_title,
+        x_values=xv,
+        y_range=y_range,
+        x_title=x_title,
+    )
     for i, (name, _, colour, dashed_line) in enumerate(drawn):
         y = 24.0 + 14.0 * i
         dash = ' stroke-dasharray="4 3"' if dashed_line else ""
-        parts.append(f'<line x1="{width - legend_w + 8:.1f}" y1="{y - 3:.1f}" '
-                     f'x2="{width - legend_w + 24:.1f}" y2="{y - 3:.1f}" stroke="{colour}" '
-                     f'stroke-width="2"{dash}/><text x="{width - legend_w + 28:.1f}" y="{y:.1f}" '
-                     f'class="tld-svg-lab" style="{_FONT};font-size:9px">'
-                     f'{html_escape(_clip(name, 22))}</text>')
+        parts.append(
+            f'<line x1="{width - legend_w + 8:.1f}" y1="{y - 3:.1f}" '
+            f'x2="{width - legend_w + 24:.1f}" y2="{y - 3:.1f}" stroke="{colour}" '
+            f'stroke-width="2"{dash}/><text x="{width - legend_w + 28:.1f}" y="{y:.1f}" '
+            f'class="tld-svg-lab" style="{_FONT};font-size:9px">'
+            f"{html_escape(_clip(name, 22))}</text>"
+        )
     total_h = max(float(height), 24.0 + 14.0 * len(drawn))
     return _svg(parts, float(width), total_h, caption, "line_plot", title)
 
 
-def small_multiples(x_labels: Sequence[str], panels: Mapping[str, Any], columns: int = 4,
-                    caption: str = "", panel_width: int = 270, panel_height: int = 150
-                    ) -> Component:
+def small_multiples(
+    x_labels: Sequence[str],
+    panels: Mapping[str, Any],
+    columns: int = 4,
+    caption: str = "",
+    panel_width: int = 270,
+    panel_height: int = 150,
+) -> Component:
     """One small line plot per named series, all over the same x labels, ``columns`` to a row.
 
     Each panel has its own y range, written at its left.
@@ -227,10 +303,21 @@ def small_multiples(x_labels: Sequence[str], panels: Mapping[str, Any], columns:
     parts: list[str] = []
     for i, (name, values) in enumerate(panels.items()):
         row, col = divmod(i, columns)
-        parts += _panel(labels, [(str(name), _series(values, len(labels), str(name)), PALETTE[0],
-                                  False)],
-                        str(name), float(col * panel_width), float(row * panel_height),
-                        float(panel_width), float(panel_height), max_ticks=6)
+        parts += _panel(
+            labels,
+            [(str(name), _series(values, len(labels), str(name)), PALETTE[0], False)],
+            str(name),
+            float(col * panel_width),
+            float(row * panel_height),
+            float(panel_width),
+            float(panel_height),
+            max_ticks=6,
+        )
     rows = -(-len(panels) // columns)
-    return _svg(parts, float(min(columns, len(panels)) * panel_width), float(rows * panel_height),
-                caption, "small_multiples")
+    return _svg(
+        parts,
+        float(min(columns, len(panels)) * panel_width),
+        float(rows * panel_height),
+        caption,
+        "small_multiples",
+    )

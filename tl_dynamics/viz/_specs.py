@@ -11,13 +11,23 @@ from typing import Any
 
 import numpy as np
 
-from tl_dynamics.viz._encode import (PACK_MIN_SIZE, as_array, downsample_max, finite_range,
-                                     pack_f32, pack_u8)
+from tl_dynamics.viz._encode import (
+    PACK_MIN_SIZE,
+    as_array,
+    downsample_max,
+    finite_range,
+    pack_f32,
+    pack_u8,
+)
 
 THUMB_CELLS = 48  # thumbnails are at most 48 x 48 cells (max-pooled)
 CANVAS_KINDS = ("AttentionGrid", "AttentionHeads", "AttentionPattern", "Heatmap")
-_HEIGHTS = {"ColoredTokens": 80, "ColoredTokensMulti": 160, "TextNeuronActivations": 260,
-            "TopkTokens": 320}
+_HEIGHTS = {
+    "ColoredTokens": 80,
+    "ColoredTokensMulti": 160,
+    "TextNeuronActivations": 260,
+    "TopkTokens": 320,
+}
 
 
 def _packed_props(value: Any) -> Any:
@@ -29,8 +39,11 @@ def _packed_props(value: Any) -> Any:
         return arr
     if isinstance(value, dict):
         return {k: _packed_props(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and value and (hasattr(value[0], "detach")
-                                                       or isinstance(value[0], np.ndarray)):
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and (hasattr(value[0], "detach") or isinstance(value[0], np.ndarray))
+    ):
         return [_packed_props(v) for v in value]
     return value
 
@@ -45,20 +58,37 @@ def _scale(arr: np.ndarray, lo: float | None, hi: float | None) -> tuple[float, 
     return low, high, "linear", "rdbu" if low < 0 < high else "blues"
 
 
-def _heads_spec(attention: np.ndarray, full: dict[int, np.ndarray], props: dict[str, Any],
-                lo: float, hi: float, scale: str, cmap: str) -> dict[str, Any]:
-    thumbs = np.stack([downsample_max(a, THUMB_CELLS) for a in attention]) if attention.ndim == 3 \
+def _heads_spec(
+    attention: np.ndarray,
+    full: dict[int, np.ndarray],
+    props: dict[str, Any],
+    lo: float,
+    hi: float,
+    scale: str,
+    cmap: str,
+) -> dict[str, Any]:
+    thumbs = (
+        np.stack([downsample_max(a, THUMB_CELLS) for a in attention])
+        if attention.ndim == 3
         else as_array(props["thumbs"])
+    )
     n = len(thumbs)
     names = props.get("attentionHeadNames") or [f"head {h}" for h in range(n)]
-    return dict(kind="heads", thumbs=pack_u8(thumbs, lo, hi, scale),
-                full={str(h): pack_u8(a, lo, hi, scale) for h, a in full.items()},
-                tokens=props["tokens"], names=list(names), columns=props.get("columns") or n,
-                rowNames=props.get("rowNames"), selected=props.get("selected") or 0,
-                mask=bool(props.get("maskUpperTri")), cmap=cmap,
-                valueName=props.get("valueName") or ("attention weight" if scale == "sqrt"
-                                                     else "value"),
-                rowTitle="destination (query)", colTitle="source (key)")
+    return dict(
+        kind="heads",
+        thumbs=pack_u8(thumbs, lo, hi, scale),
+        full={str(h): pack_u8(a, lo, hi, scale) for h, a in full.items()},
+        tokens=props["tokens"],
+        names=list(names),
+        columns=props.get("columns") or n,
+        rowNames=props.get("rowNames"),
+        selected=props.get("selected") or 0,
+        mask=bool(props.get("maskUpperTri")),
+        cmap=cmap,
+        valueName=props.get("valueName") or ("attention weight" if scale == "sqrt" else "value"),
+        rowTitle="destination (query)",
+        colTitle="source (key)",
+    )
 
 
 def canvas_spec(name: str, props: dict[str, Any]) -> tuple[dict[str, Any], int]:
@@ -100,8 +130,10 @@ def _colour_note(props: dict[str, Any]) -> str:
     hi = props.get("maxValue")
     low = float(finite.min()) if lo is None else float(lo)
     high = float(finite.max()) if hi is None else float(hi)
-    return (f"Colour: blue for positive values, red for negative, white for 0; values run from "
-            f"{low:.3g} to {high:.3g}. Hover a token to read its value.")
+    return (
+        f"Colour: blue for positive values, red for negative, white for 0; values run from "
+        f"{low:.3g} to {high:.3g}. Hover a token to read its value."
+    )
 
 
 def cv_spec(name: str, props: dict[str, Any]) -> tuple[dict[str, Any], int]:

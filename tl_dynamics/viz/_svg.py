@@ -23,9 +23,11 @@ from tl_dynamics.viz._encode import as_array, downsample_max
 from tl_dynamics.viz._specs import THUMB_CELLS
 from tl_dynamics.viz._specs import _scale as scale_of
 
-MAPS = {"blues": ((247, 251, 255), (198, 219, 239), (107, 174, 214), (33, 113, 181), (8, 48, 107)),
-        "viridis": ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)),
-        "rdbu": ((178, 24, 43), (244, 165, 130), (247, 247, 247), (146, 197, 222), (33, 102, 172))}
+MAPS = {
+    "blues": ((247, 251, 255), (198, 219, 239), (107, 174, 214), (33, 113, 181), (8, 48, 107)),
+    "viridis": ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)),
+    "rdbu": ((178, 24, 43), (244, 165, 130), (247, 247, 247), (146, 197, 222), (33, 102, 172)),
+}
 GREY = (226, 226, 226)
 RECT_LIMIT = 4096
 _FONT = "font-family:sans-serif"
@@ -68,11 +70,20 @@ def _fmt(v: float) -> str:
     return f"{v:.2e}" if a != 0 and (a < 1e-3 or a >= 1e4) else f"{v:.3g}"
 
 
-def _text(x: float, y: float, body: str, size: float = 10, anchor: str = "start",
-          extra: str = "", bold: bool = False) -> str:
+def _text(
+    x: float,
+    y: float,
+    body: str,
+    size: float = 10,
+    anchor: str = "start",
+    extra: str = "",
+    bold: bool = False,
+) -> str:
     weight = ";font-weight:bold" if bold else ""
-    return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" {extra}'
-            f'style="{_FONT};font-size:{size:g}px{weight}">{html_escape(body)}</text>')
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" {extra}'
+        f'style="{_FONT};font-size:{size:g}px{weight}">{html_escape(body)}</text>'
+    )
 
 
 def _cells(rgb: np.ndarray, x0: float, y0: float, s: float) -> str:
@@ -83,16 +94,22 @@ def _cells(rgb: np.ndarray, x0: float, y0: float, s: float) -> str:
         buffer = io.BytesIO()
         Image.fromarray(np.ascontiguousarray(rgb), "RGB").save(buffer, format="PNG")
         data = base64.b64encode(buffer.getvalue()).decode("ascii")
-        return (f'<image x="{x0:.1f}" y="{y0:.1f}" width="{cols * s:.2f}" height="{rows * s:.2f}" '
-                f'preserveAspectRatio="none" style="image-rendering:pixelated" '
-                f'href="data:image/png;base64,{data}"/>')
-    return "".join(f'<rect x="{x0 + c * s:.2f}" y="{y0 + r * s:.2f}" width="{s:.2f}" '
-                   f'height="{s:.2f}" fill="{_hex(rgb[r, c])}"/>'
-                   for r in range(rows) for c in range(cols))
+        return (
+            f'<image x="{x0:.1f}" y="{y0:.1f}" width="{cols * s:.2f}" height="{rows * s:.2f}" '
+            f'preserveAspectRatio="none" style="image-rendering:pixelated" '
+            f'href="data:image/png;base64,{data}"/>'
+        )
+    return "".join(
+        f'<rect x="{x0 + c * s:.2f}" y="{y0 + r * s:.2f}" width="{s:.2f}" '
+        f'height="{s:.2f}" fill="{_hex(rgb[r, c])}"/>'
+        for r in range(rows)
+        for c in range(cols)
+    )
 
 
-def legend(x0: float, y0: float, lo: float, hi: float, scale: str, cmap: str,
-           name: str, key: str) -> Block:
+def legend(
+    x0: float, y0: float, lo: float, hi: float, scale: str, cmap: str, name: str, key: str
+) -> Block:
     """The colour bar with its range and what the colours mean (as the page's legend)."""
     t = np.linspace(0.0, 1.0, 33)
     rgb = colours(lo + (hi - lo) * (t * t if scale == "sqrt" else t), lo, hi, "linear", cmap)
@@ -101,18 +118,32 @@ def legend(x0: float, y0: float, lo: float, hi: float, scale: str, cmap: str,
     x = x0 + 6 * len(low) + 4
     words = name + (" (colour spaced by square root)" if scale == "sqrt" else "")
     words += "; grey: masked or not defined"
-    body = (f'<defs><linearGradient id="{key}">{stops}</linearGradient></defs>'
-            + _text(x0, y0 + 9, low, 10) + f'<rect x="{x:.1f}" y="{y0:.1f}" width="160" height="10" '
-            f'fill="url(#{key})" stroke="#999" stroke-width="0.5"/>'
-            + _text(x + 164, y0 + 9, _fmt(hi), 10) + _text(x + 170 + 6 * len(_fmt(hi)), y0 + 9,
-                                                          words, 10))
+    body = (
+        f'<defs><linearGradient id="{key}">{stops}</linearGradient></defs>'
+        + _text(x0, y0 + 9, low, 10)
+        + f'<rect x="{x:.1f}" y="{y0:.1f}" width="160" height="10" '
+        f'fill="url(#{key})" stroke="#999" stroke-width="0.5"/>'
+        + _text(x + 164, y0 + 9, _fmt(hi), 10)
+        + _text(x + 170 + 6 * len(_fmt(hi)), y0 + 9, words, 10)
+    )
     return f"<g>{body}</g>", x + 176 + 6 * len(_fmt(hi)) + 5.2 * len(words) - x0, 14.0
 
 
-def panel(values: Any, x0: float, y0: float, lo: float, hi: float, scale: str, cmap: str,
-          title: str = "", row_labels: Sequence[str] | None = None,
-          col_labels: Sequence[str] | None = None, mask: bool = False, cell: float = 16.0,
-          max_px: float = 480.0) -> Block:
+def panel(
+    values: Any,
+    x0: float,
+    y0: float,
+    lo: float,
+    hi: float,
+    scale: str,
+    cmap: str,
+    title: str = "",
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    mask: bool = False,
+    cell: float = 16.0,
+    max_px: float = 480.0,
+) -> Block:
     """One map: title, row labels at the left, column labels below (vertical), cells."""
     arr = np.array(as_array(values), dtype=float)
     rows, cols = arr.shape
@@ -121,22 +152,40 @@ def panel(values: Any, x0: float, y0: float, lo: float, hi: float, scale: str, c
     s = min(cell, max_px / max(rows, cols, 1))
     show = s >= 9
     font = min(11.0, s - 1)
-    left = (min(110.0, 6.6 * font / 11 * max((len(x) for x in row_labels), default=0) + 6)
-            if show and row_labels else 0.0)
-    below = (min(72.0, 6.6 * font / 11 * max((len(x) for x in col_labels), default=0) + 6)
-             if show and col_labels else 0.0)
+    left = (
+        min(110.0, 6.6 * font / 11 * max((len(x) for x in row_labels), default=0) + 6)
+        if show and row_labels
+        else 0.0
+    )
+    below = (
+        min(72.0, 6.6 * font / 11 * max((len(x) for x in col_labels), default=0) + 6)
+        if show and col_labels
+        else 0.0
+    )
     top = 16.0 if title else 0.0
     parts = [_text(x0, y0 + 12, title, 12, bold=True)] if title else []
     gx, gy = x0 + left, y0 + top
     parts.append(_cells(colours(arr, lo, hi, scale, cmap), gx, gy, s))
     if show and row_labels:
-        parts += [_text(gx - 3, gy + (r + 0.5) * s + font * 0.35, _clip(lab, 18), font, "end",
-                        'font-family="monospace" ') for r, lab in enumerate(row_labels)]
+        parts += [
+            _text(
+                gx - 3,
+                gy + (r + 0.5) * s + font * 0.35,
+                _clip(lab, 18),
+                font,
+                "end",
+                'font-family="monospace" ',
+            )
+            for r, lab in enumerate(row_labels)
+        ]
     if show and col_labels:
         for c, lab in enumerate(col_labels):
             x, y = gx + (c + 0.5) * s + font * 0.35, gy + rows * s + 3
-            parts.append(_text(x, y, _clip(lab, 12), font, "end",
-                               f'transform="rotate(-90 {x:.1f} {y:.1f})" '))
+            parts.append(
+                _text(
+                    x, y, _clip(lab, 12), font, "end", f'transform="rotate(-90 {x:.1f} {y:.1f})" '
+                )
+            )
     return "".join(parts), left + cols * s, top + rows * s + below
 
 
@@ -146,26 +195,35 @@ def _clip(text: str, limit: int) -> str:
 
 def _caption(caption: str, x0: float, y0: float, width: float) -> Block:
     lines = textwrap.wrap(caption, max(30, int(width / 6.2))) if caption else []
-    body = "".join(_text(x0, y0 + 13 * (i + 1), line, 10.5, extra='fill="#555" ')
-                   for i, line in enumerate(lines))
+    body = "".join(
+        _text(x0, y0 + 13 * (i + 1), line, 10.5, extra='fill="#555" ')
+        for i, line in enumerate(lines)
+    )
     return body, width, 13.0 * len(lines) + (6.0 if lines else 0.0)
 
 
-def document(blocks: Sequence[Block], caption: str = "", pad: float = 8.0,
-             label: str = "figure") -> str:
+def document(
+    blocks: Sequence[Block], caption: str = "", pad: float = 8.0, label: str = "figure"
+) -> str:
     """Blocks stacked top to bottom (each placed with a nested ``<svg>``), then the caption."""
     width = max([w for _, w, _ in blocks] + [280.0]) + 2 * pad
     parts, y = [], pad
     for body, w, h in blocks:
-        parts.append(f'<svg x="{pad:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" '
-                     f'overflow="visible">{body}</svg>')
+        parts.append(
+            f'<svg x="{pad:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" '
+            f'overflow="visible">{body}</svg>'
+        )
         y += h + 8
     text, _, h = _caption(caption, pad, y - 4, width - 2 * pad)
     height = y - 8 + h + pad
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-            f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
-            f'aria-label="{html_escape(label)}"><rect width="100%" height="100%" fill="#fff"/>'
-            + "".join(parts) + text + "</svg>")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
+        f'aria-label="{html_escape(label)}"><rect width="100%" height="100%" fill="#fff"/>'
+        + "".join(parts)
+        + text
+        + "</svg>"
+    )
 
 
 def inline_block(svg: str) -> Block:
@@ -181,10 +239,31 @@ def heatmap_blocks(props: dict[str, Any], key: str) -> list[Block]:
     lo, hi, scale, cmap = scale_of(arr, props.get("minValue"), props.get("maxValue"))
     scale = "linear"  # heatmap() quantises linearly (pack_u8's default)
     cmap = props.get("cmap") or cmap
-    body = panel(arr, 0, 0, lo, hi, scale, cmap, props.get("title", ""), props.get("rowLabels"),
-                 props.get("colLabels"), bool(props.get("mask")), float(props.get("cell") or 16))
-    axes = _text(0, 10, f"{props.get('rowTitle') or 'row'} down, {props.get('colTitle') or 'column'}"
-                 " across", 10, extra='fill="#555" '), 200.0, 13.0
+    body = panel(
+        arr,
+        0,
+        0,
+        lo,
+        hi,
+        scale,
+        cmap,
+        props.get("title", ""),
+        props.get("rowLabels"),
+        props.get("colLabels"),
+        bool(props.get("mask")),
+        float(props.get("cell") or 16),
+    )
+    axes = (
+        _text(
+            0,
+            10,
+            f"{props.get('rowTitle') or 'row'} down, {props.get('colTitle') or 'column'} across",
+            10,
+            extra='fill="#555" ',
+        ),
+        200.0,
+        13.0,
+    )
     return [body, axes, legend(0, 0, lo, hi, scale, cmap, props.get("valueName") or "value", key)]
 
 
@@ -204,8 +283,9 @@ def heads_blocks(name: str, props: dict[str, Any], key: str) -> list[Block]:
         full = dict(enumerate(att))  # the page keeps every head of an AttentionHeads in full
         names = props.get("attentionHeadNames") or [f"head {h}" for h in range(len(att))]
         columns = min(len(att), 4) if len(att) > 1 else 1
-    lo, hi, scale, cmap = scale_of(thumbs if name == "AttentionGrid" else att,
-                                   props.get("minValue"), props.get("maxValue"))
+    lo, hi, scale, cmap = scale_of(
+        thumbs if name == "AttentionGrid" else att, props.get("minValue"), props.get("maxValue")
+    )
     blocks: list[Block] = []
     if len(thumbs) > 1:
         size = max(1.0, 64.0 / max(thumbs.shape[1:]))
@@ -214,8 +294,19 @@ def heads_blocks(name: str, props: dict[str, Any], key: str) -> list[Block]:
         parts, w_max, h_max = [], 0.0, 0.0
         for h, thumb in enumerate(thumbs):
             r, c = divmod(h, columns)
-            body, w, ht = panel(thumb, left + c * 76, r * 84, lo, hi, scale, cmap,
-                                _clip(str(names[h]), 12), mask=mask, cell=size, max_px=64)
+            body, w, ht = panel(
+                thumb,
+                left + c * 76,
+                r * 84,
+                lo,
+                hi,
+                scale,
+                cmap,
+                _clip(str(names[h]), 12),
+                mask=mask,
+                cell=size,
+                max_px=64,
+            )
             parts.append(body)
             w_max, h_max = max(w_max, left + c * 76 + w), max(h_max, r * 84 + ht)
         for r, label in enumerate(row_names or []):
@@ -226,10 +317,16 @@ def heads_blocks(name: str, props: dict[str, Any], key: str) -> list[Block]:
     if chosen is not None:
         pattern = as_array(full[chosen] if chosen in full else full[str(chosen)])
         title = str(names[chosen]) if len(thumbs) > 1 or names[chosen] else ""
-        blocks.append(panel(pattern, 0, 0, lo, hi, scale, cmap, title, tokens, tokens, mask,
-                            16.0, 560.0))
-    blocks.append((_text(0, 10, "destination (query) down, source (key) across", 10,
-                         extra='fill="#555" '), 260.0, 13.0))
+        blocks.append(
+            panel(pattern, 0, 0, lo, hi, scale, cmap, title, tokens, tokens, mask, 16.0, 560.0)
+        )
+    blocks.append(
+        (
+            _text(0, 10, "destination (query) down, source (key) across", 10, extra='fill="#555" '),
+            260.0,
+            13.0,
+        )
+    )
     value = props.get("valueName") or ("attention weight" if scale == "sqrt" else "value")
     blocks.append(legend(0, 0, lo, hi, scale, cmap, value, key))
     return blocks

@@ -18,7 +18,12 @@ CARD = "MODEL_CARD.md"
 TRAINING_LOG = "training.json"  # what train.py measured while training: history, recipe, corpus
 DETECTED = 0.3  # a head "is" of a kind when its detect_head score exceeds this
 
-CODE_PROMPTS = ["def __init__(self", "import os\nimport sys\n\n\ndef ", "    for i in range(", "class Error(Exception):\n"]
+CODE_PROMPTS = [
+    "def __init__(self",
+    "import os\nimport sys\n\n\ndef ",
+    "    for i in range(",
+    "class Error(Exception):\n",
+]
 # Prompts for the code model's head scores: code written twice over (induction targets in
 # the second copy) and plain code.
 CODE_HEAD_PROMPTS = [
@@ -52,7 +57,10 @@ def late_induction_scores(model: Any, prompts: list[str]) -> torch.Tensor:
     from transformer_lens.head_detector import detect_head
 
     return torch.stack(
-        [detect_head(model, p, late_induction_pattern(model.to_tokens(p)[0].cpu())) for p in prompts]
+        [
+            detect_head(model, p, late_induction_pattern(model.to_tokens(p)[0].cpu()))
+            for p in prompts
+        ]
     ).mean(0)
 
 
@@ -60,7 +68,9 @@ def _detected(scores: dict[str, torch.Tensor]) -> str:
     lines = []
     for kind, table in scores.items():
         heads = [f"L{l}H{h} ({table[l, h]:.2f})" for l, h in (table > DETECTED).nonzero().tolist()]
-        lines.append(f"- {kind.replace('_', ' ')}s (score > {DETECTED}): {', '.join(heads) or 'none'}")
+        lines.append(
+            f"- {kind.replace('_', ' ')}s (score > {DETECTED}): {', '.join(heads) or 'none'}"
+        )
     return "\n".join(lines)
 
 
@@ -89,13 +99,17 @@ def induction_card(folder: Path, result: dict[str, Any]) -> str:
     task = _data.InductionTask.build(seq_len=model.cfg.n_ctx, seed=result["seed"])
     chance, n_symbols = math.log(len(_data.SYMBOLS)), len(_data.SYMBOLS)
     rows = []
-    for label, periods, odd in [("training periods, even offsets (seen)", _data.TRAIN_PERIODS, False)] + [
-        (f"period {p}, odd offsets (held out)", (p,), True) for p in _data.HELDOUT_PERIODS
-    ]:
+    for label, periods, odd in [
+        ("training periods, even offsets (seen)", _data.TRAIN_PERIODS, False)
+    ] + [(f"period {p}, odd offsets (held out)", (p,), True) for p in _data.HELDOUT_PERIODS]:
         tokens, mask = task.batch(512, torch.Generator().manual_seed(7), periods, odd_offsets=odd)
         rows.append(f"| {label} | {masked_loss(model, tokens, mask):.3f} |")
-    probe, probe_mask = _data.repeated_random_tokens(256, 60, (_data.FIRST_SYMBOL, _data.INDUCTION_VOCAB), 0, torch.Generator().manual_seed(8))
-    rows.append(f"| random 60 symbols written twice (period 60 > any trained) | {masked_loss(model, probe, probe_mask):.3f} |")
+    probe, probe_mask = _data.repeated_random_tokens(
+        256, 60, (_data.FIRST_SYMBOL, _data.INDUCTION_VOCAB), 0, torch.Generator().manual_seed(8)
+    )
+    rows.append(
+        f"| random 60 symbols written twice (period 60 > any trained) | {masked_loss(model, probe, probe_mask):.3f} |"
+    )
     prompts = induction_prompts(16, 30, seed=9)
     scores = head_scores(model, prompts)
     scores["late_induction_head"] = late_induction_scores(model, prompts)
@@ -105,7 +119,7 @@ def induction_card(folder: Path, result: dict[str, Any]) -> str:
 An attention-only two-layer transformer (LayerNorm, learned positions, 4 heads of width 16,
 d_model 64, n_ctx 128) over {_data.INDUCTION_VOCAB} tokens: `<|endoftext|>` (BOS, EOS and pad), `<unk>`, and the
 {n_symbols} one-character symbols `A-Z a-z 0-9`. Text prompts are read one symbol per token, spaces
-ignored: `model.to_tokens("ABCABC")`. {_n_params(folder, 'induction-2l'):,} parameters,
+ignored: `model.to_tokens("ABCABC")`. {_n_params(folder, "induction-2l"):,} parameters,
 {_size_mb(folder):.2f} MB on disk. Retrain with `python -m tl_dynamics.zoo.train induction-2l`.
 
 ## Data
@@ -131,11 +145,11 @@ within 1,500-2,000 steps, with late scores at most 0.01.
 
 ## Training
 
-Seed {result['seed']}, {recipe['steps']} steps of batch {recipe['batch']} x 128 tokens, AdamW (lr
-{recipe['lr']}, warm-up {recipe['warmup']}, cosine to 10%, weight decay {recipe['weight_decay']}),
+Seed {result["seed"]}, {recipe["steps"]} steps of batch {recipe["batch"]} x 128 tokens, AdamW (lr
+{recipe["lr"]}, warm-up {recipe["warmup"]}, cosine to 10%, weight decay {recipe["weight_decay"]}),
 one CPU thread: {_minutes(result)}.
 
-{_history(result['history'])}
+{_history(result["history"])}
 
 ## Held-out repeat loss
 
@@ -183,34 +197,34 @@ def code_card(folder: Path, result: dict[str, Any]) -> str:
 A two-layer transformer with MLPs and LayerNorm (d_model 128, 4 heads of width 32, d_mlp 512,
 GELU, learned positions, n_ctx 256) trained on the Python standard library's own source. Its
 tokenizer is a byte-level BPE of 4,096 tokens trained with `tokenizers` on the same text;
-`<|endoftext|>` (id 0) is BOS, EOS and pad. {_n_params(folder, 'code-2l'):,} parameters,
+`<|endoftext|>` (id 0) is BOS, EOS and pad. {_n_params(folder, "code-2l"):,} parameters,
 {_size_mb(folder):.2f} MB on disk. Retrain with `python -m tl_dynamics.zoo.train code-2l`.
 
 ## Data
 
-{corpus['files']} `.py` files of the standard library of Python {corpus['python']}
+{corpus["files"]} `.py` files of the standard library of Python {corpus["python"]}
 (`test`, `tests`, `idle_test` and `site-packages` excluded), in sorted order; every
-{recipe['val_every']}th file is held out for validation ({corpus['val_files']} files,
-{corpus['val_tokens']:,} tokens; training {corpus['train_tokens']:,} tokens). Training windows
+{recipe["val_every"]}th file is held out for validation ({corpus["val_files"]} files,
+{corpus["val_tokens"]:,} tokens; training {corpus["train_tokens"]:,} tokens). Training windows
 are BOS + 255 tokens at random offsets. Another Python version has another standard library,
 so a retrain elsewhere gives a similar, not identical, model.
 
 Induction: measured earlier on this machine, a model this size trained for 10 minutes on this
-text alone formed no induction head. So in {recipe['repeat_share']:.0%} of the training windows a segment of 8 to 127 tokens is copied
+text alone formed no induction head. So in {recipe["repeat_share"]:.0%} of the training windows a segment of 8 to 127 tokens is copied
 directly after itself (variable period, random offset), which rewards copying from context.
 The induction head {formed} (scores below).
 
 ## Training
 
-Seed {result['seed']}, {recipe['steps']} steps of batch {recipe['batch']} x 256 tokens, AdamW (lr {recipe['lr']},
-warm-up {recipe['warmup']}, cosine to 10%, weight decay {recipe['weight_decay']}), one CPU thread:
+Seed {result["seed"]}, {recipe["steps"]} steps of batch {recipe["batch"]} x 256 tokens, AdamW (lr {recipe["lr"]},
+warm-up {recipe["warmup"]}, cosine to 10%, weight decay {recipe["weight_decay"]}), one CPU thread:
 {_minutes(result)}.{_frozen_b_U(recipe)} `val_loss`: validation next-token loss (nats/token, 64 windows);
 `repeat_loss`: loss on the second copy of 100 random tokens written twice (chance
 ln 4095 = {math.log(4095):.2f}).
 
-{_history(result['history'])}
+{_history(result["history"])}
 
-Final validation loss **{last['val_loss']:.3f}**; repeated-random-token loss {last['repeat_loss']:.3f}.
+Final validation loss **{last["val_loss"]:.3f}**; repeated-random-token loss {last["repeat_loss"]:.3f}.
 
 ## Sample completions (greedy, 24 tokens, {_host(model)})
 
@@ -230,14 +244,20 @@ Final validation loss **{last['val_loss']:.3f}**; repeated-random-token loss {la
 def _frozen_b_U(recipe: dict[str, Any]) -> str:
     if not recipe.get("freeze_b_U"):
         return ""
-    return (" The unembedding bias `b_U` is frozen at zero, as GPT-2 has none, so "
-            "`zoo.export_gpt2(\"code-2l\", folder)` writes an exact Hugging Face GPT-2 folder "
-            "(`TransformerBridge.boot_transformers(folder)`).")
+    return (
+        " The unembedding bias `b_U` is frozen at zero, as GPT-2 has none, so "
+        '`zoo.export_gpt2("code-2l", folder)` writes an exact Hugging Face GPT-2 folder '
+        "(`TransformerBridge.boot_transformers(folder)`)."
+    )
 
 
 def _minutes(result: dict[str, Any]) -> str:
     last = result["history"][-1]
-    cpu = f" ({last['cpu_minutes']:.1f} minutes of CPU; the 2-core machine was shared)" if "cpu_minutes" in last else ""
+    cpu = (
+        f" ({last['cpu_minutes']:.1f} minutes of CPU; the 2-core machine was shared)"
+        if "cpu_minutes" in last
+        else ""
+    )
     return f"{last['minutes']:.1f} minutes{cpu}"
 
 

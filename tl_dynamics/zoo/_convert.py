@@ -14,11 +14,15 @@ import torch
 from tl_dynamics.errors import TLDynamicsError
 
 
-def _heads_in(t: torch.Tensor) -> torch.Tensor:  # [n_heads, d_model, d_head] -> [(n_heads d_head), d_model]
+def _heads_in(
+    t: torch.Tensor,
+) -> torch.Tensor:  # [n_heads, d_model, d_head] -> [(n_heads d_head), d_model]
     return t.permute(0, 2, 1).reshape(-1, t.shape[1])
 
 
-def _heads_out(t: torch.Tensor) -> torch.Tensor:  # [n_heads, d_head, d_model] -> [d_model, (n_heads d_head)]
+def _heads_out(
+    t: torch.Tensor,
+) -> torch.Tensor:  # [n_heads, d_head, d_model] -> [d_model, (n_heads d_head)]
     return t.reshape(-1, t.shape[2]).T
 
 

@@ -103,7 +103,9 @@ class InductionTask:
         for t in range(3, self.seq_len):
             in_first = (s <= t) & (t < s + p)
             x[:, t] = torch.where(use_rule[:, t] & ~in_first, self.perm[x[:, t - 2]], uniform[:, t])
-            x[:, t] = torch.where(use_map[:, t] & ~in_first, context_map[rows, x[:, t - 1]], x[:, t])
+            x[:, t] = torch.where(
+                use_map[:, t] & ~in_first, context_map[rows, x[:, t - 1]], x[:, t]
+            )
             in_copy = (s + p <= t) & (t < s + c * p)
             x[:, t] = torch.where(in_copy, x[rows, (t - p).clamp(min=0)], x[:, t])
         tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.long), x[:, 1:] + FIRST_SYMBOL], 1)
@@ -142,7 +144,9 @@ def train_code_tokenizer(texts: list[str], vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=BOS, pad_token=BOS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=BOS, pad_token=BOS
+    )
 
 
 def encode_corpus(tokenizer, texts: list[str]) -> torch.Tensor:
@@ -154,7 +158,9 @@ def encode_corpus(tokenizer, texts: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int32)
 
 
-def windows(ids: torch.Tensor, batch: int, n_ctx: int, bos: int, gen: torch.Generator) -> torch.Tensor:
+def windows(
+    ids: torch.Tensor, batch: int, n_ctx: int, bos: int, gen: torch.Generator
+) -> torch.Tensor:
     """``[batch, n_ctx]`` random windows of the stream, each led by ``bos`` as ``to_tokens`` does."""
     starts = torch.randint(len(ids) - n_ctx, (batch,), generator=gen)
     body = torch.stack([ids[s : s + n_ctx - 1] for s in starts.tolist()]).long()

@@ -22,8 +22,12 @@ from tl_dynamics.zoo import _files
 from tl_dynamics.zoo._load import model_folder
 
 # The TransformerLens config a GPT-2 block reproduces (other fields are refused).
-_GPT2_FIELDS = dict(attn_only=False, normalization_type="LN", positional_embedding_type="standard",
-                    act_fn="gelu_new")
+_GPT2_FIELDS = dict(
+    attn_only=False,
+    normalization_type="LN",
+    positional_embedding_type="standard",
+    act_fn="gelu_new",
+)
 
 
 def gpt2_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -97,15 +101,19 @@ def export_gpt2(name: str, folder: str | Path) -> Path:
     if cfg["d_head"] * cfg["n_heads"] != cfg["d_model"]:
         wrong["d_head * n_heads"] = cfg["d_head"] * cfg["n_heads"]
     if wrong:
-        raise TLDynamicsError(f"zoo model {name!r} is not GPT-2-shaped and cannot be exported as "
-                              f"GPT2LMHeadModel: {wrong} (GPT-2 needs {_GPT2_FIELDS} and "
-                              f"d_head * n_heads == d_model = {cfg['d_model']})")
+        raise TLDynamicsError(
+            f"zoo model {name!r} is not GPT-2-shaped and cannot be exported as "
+            f"GPT2LMHeadModel: {wrong} (GPT-2 needs {_GPT2_FIELDS} and "
+            f"d_head * n_heads == d_model = {cfg['d_model']})"
+        )
     state = _files.read_tensors(src, name, _files.WEIGHTS, sums)
     b_U = state["unembed.b_U"]
     if b_U.abs().max() > 0:
-        raise TLDynamicsError(f"zoo model {name!r} has a nonzero unembedding bias b_U (max "
-                              f"|b_U| = {b_U.abs().max():.3g}) and GPT-2 has none: the export would "
-                              "not be exact; train with b_U frozen at zero to export")
+        raise TLDynamicsError(
+            f"zoo model {name!r} has a nonzero unembedding bias b_U (max "
+            f"|b_U| = {b_U.abs().max():.3g}) and GPT-2 has none: the export would "
+            "not be exact; train with b_U frozen at zero to export"
+        )
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _files.read_tokenizer(src, name, sums)
@@ -118,7 +126,9 @@ def export_gpt2(name: str, folder: str | Path) -> Path:
         architectures=["GPT2LMHeadModel"],
     )  # fmt: skip
     hf_cfg.save_pretrained(str(out))
-    save_file(gpt2_state_dict(state, cfg), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        gpt2_state_dict(state, cfg), str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
     tokenizer.save_pretrained(str(out))
     (out / "tl_dynamics_export.json").write_text(json.dumps({"zoo_model": name}, indent=1) + "\n")
     return out

@@ -70,10 +70,14 @@ def read_config(folder: Path, name: str, sums: dict[str, str]) -> dict[str, Any]
     try:
         return json.loads(data)
     except ValueError as err:
-        raise TLDynamicsError(f"zoo model {name!r}: corrupted file {folder / CONFIG}: {err}") from err
+        raise TLDynamicsError(
+            f"zoo model {name!r}: corrupted file {folder / CONFIG}: {err}"
+        ) from err
 
 
-def read_tensors(folder: Path, name: str, fname: str, sums: dict[str, str]) -> dict[str, torch.Tensor]:
+def read_tensors(
+    folder: Path, name: str, fname: str, sums: dict[str, str]
+) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -81,7 +85,9 @@ def read_tensors(folder: Path, name: str, fname: str, sums: dict[str, str]) -> d
     try:
         return load(data)
     except (SafetensorError, ValueError) as err:
-        raise TLDynamicsError(f"zoo model {name!r}: corrupted file {folder / fname}: {err}") from err
+        raise TLDynamicsError(
+            f"zoo model {name!r}: corrupted file {folder / fname}: {err}"
+        ) from err
 
 
 def read_tokenizer(folder: Path, name: str, sums: dict[str, str]):

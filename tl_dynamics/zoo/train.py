@@ -42,10 +42,20 @@ CODE_CFG: dict[str, Any] = dict(
     eps=1e-5, model_name="code-2l", default_prepend_bos=True,
 )  # fmt: skip
 RECIPES: dict[str, dict[str, Any]] = {
-    "induction-2l": dict(steps=8000, batch=32, lr=2e-3, warmup=200, weight_decay=0.01, eval_every=500),
+    "induction-2l": dict(
+        steps=8000, batch=32, lr=2e-3, warmup=200, weight_decay=0.01, eval_every=500
+    ),
     "code-2l": dict(
-        steps=None, cpu_minutes=12, batch=16, lr=3e-3, warmup=100, weight_decay=0.01, eval_every=200,
-        repeat_share=0.3, val_every=20, freeze_b_U=True,
+        steps=None,
+        cpu_minutes=12,
+        batch=16,
+        lr=3e-3,
+        warmup=100,
+        weight_decay=0.01,
+        eval_every=200,
+        repeat_share=0.3,
+        val_every=20,
+        freeze_b_U=True,
     ),  # fmt: skip
 }
 # Fixed prompts for the cross-host reference log-probabilities.
@@ -76,7 +86,10 @@ def fit(
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": recipe["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        [
+            {"params": decay, "weight_decay": recipe["weight_decay"]},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
         lr=recipe["lr"],
         betas=(0.9, 0.99),
     )
@@ -126,7 +139,9 @@ def train_induction(folder: Path, init: Path | None = None) -> dict[str, Any]:
     recipe = RECIPES["induction-2l"]
     task = _data.InductionTask.build(seq_len=INDUCTION_CFG["n_ctx"], seed=SEED)
     gen = torch.Generator().manual_seed(SEED + 1)
-    heldout = task.batch(512, torch.Generator().manual_seed(SEED + 2), _data.HELDOUT_PERIODS, odd_offsets=True)
+    heldout = task.batch(
+        512, torch.Generator().manual_seed(SEED + 2), _data.HELDOUT_PERIODS, odd_offsets=True
+    )
     model = TorchTransformer(INDUCTION_CFG)
     if init is not None:  # continue a run: start from its saved weights
         from safetensors.torch import load_file
@@ -151,7 +166,12 @@ def train_code(folder: Path) -> dict[str, Any]:
     val_idx = set(range(0, len(files), recipe["val_every"]))
     train_texts = [t for i, t in enumerate(texts) if i not in val_idx]
     val_texts = [t for i, t in enumerate(texts) if i in val_idx]
-    log.info("corpus: %d files (%d validation), %.1f MB", len(files), len(val_texts), sum(map(len, texts)) / 1e6)
+    log.info(
+        "corpus: %d files (%d validation), %.1f MB",
+        len(files),
+        len(val_texts),
+        sum(map(len, texts)) / 1e6,
+    )
     tokenizer = _data.train_code_tokenizer(train_texts, cfg["d_vocab"])
     train_ids = _data.encode_corpus(tokenizer, train_texts)
     val_ids = _data.encode_corpus(tokenizer, val_texts)
@@ -160,7 +180,9 @@ def train_code(folder: Path) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(SEED + 1)
     val_gen = torch.Generator().manual_seed(SEED + 2)
     val_tokens = _data.windows(val_ids, 64, n_ctx, bos, val_gen)
-    rep_tokens, rep_mask = _data.repeated_random_tokens(32, 100, (bos + 1, cfg["d_vocab"]), bos, val_gen)
+    rep_tokens, rep_mask = _data.repeated_random_tokens(
+        32, 100, (bos + 1, cfg["d_vocab"]), bos, val_gen
+    )
     model = TorchTransformer(cfg)
     if recipe.get("freeze_b_U"):  # GPT-2 has no unembedding bias: keep it zero for export_gpt2
         model.unembed.b_U.requires_grad_(False)
@@ -171,9 +193,14 @@ def train_code(folder: Path) -> dict[str, Any]:
 
     def evaluate() -> dict[str, float]:
         full = torch.ones(val_tokens.shape[0], n_ctx - 1, dtype=torch.bool)
-        return {"val_loss": masked_loss(model, val_tokens, full), "repeat_loss": masked_loss(model, rep_tokens, rep_mask)}
+        return {
+            "val_loss": masked_loss(model, val_tokens, full),
+            "repeat_loss": masked_loss(model, rep_tokens, rep_mask),
+        }
 
-    history = fit(model, recipe, next_batch, evaluate, lambda: save_folder(folder, model, cfg, tokenizer))
+    history = fit(
+        model, recipe, next_batch, evaluate, lambda: save_folder(folder, model, cfg, tokenizer)
+    )
     corpus = {
         "files": len(files), "val_files": len(val_texts), "train_tokens": len(train_ids),
         "val_tokens": len(val_ids), "python": _data.python_version(),
@@ -211,13 +238,19 @@ def write_reference(folder: Path, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tl_dynamics.zoo.train", description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tl_dynamics.zoo.train", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("name", choices=sorted(RECIPES))
     parser.add_argument("--out", type=Path, help="folder to write (default: the package's own)")
     parser.add_argument("--steps", type=int, help="override the recipe's step count (for trials)")
-    parser.add_argument("--reference-only", action="store_true", help="only rewrite reference.safetensors")
+    parser.add_argument(
+        "--reference-only", action="store_true", help="only rewrite reference.safetensors"
+    )
     parser.add_argument("--init", type=Path, help="induction-2l: start from this folder's weights")
-    parser.add_argument("--card-only", action="store_true", help=f"only rewrite the card from {_cards.TRAINING_LOG}")
+    parser.add_argument(
+        "--card-only", action="store_true", help=f"only rewrite the card from {_cards.TRAINING_LOG}"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -236,7 +269,9 @@ def _main(args: argparse.Namespace) -> None:
         return
     if args.steps:
         RECIPES[args.name]["steps"] = args.steps
-    result = train_induction(folder, args.init) if args.name == "induction-2l" else train_code(folder)
+    result = (
+        train_induction(folder, args.init) if args.name == "induction-2l" else train_code(folder)
+    )
     (folder / _cards.TRAINING_LOG).write_text(json.dumps(result, indent=1) + "\n")
     write_reference(folder, args.name)
     _cards.write_card(folder, args.name)
