@@ -52,11 +52,20 @@ def attention_section(
     """Per-head statistics, thumbnails of every head, full patterns for the heads singled out
     (and for ``heads``, ``(layer, head)`` pairs), streamed one layer at a time.
 
+    Args:
+        page: The page the section is added to.
+        adapter: The model's adapter.
+        batch: One prompt (``ModelAdapter.tokenize``); the first row is shown.
+        layers: The layers shown (None: every attention layer).
+        heads: ``(layer, head)`` pairs whose full pattern is shown besides those singled out.
+
     Example:
         >>> from tl_dynamics import testing, viz
-        >>> ad = ModelAdapter(testing.tiny_model("gpt2"))                   # doctest: +SKIP
-        >>> page = viz.Page("attention")                                   # doctest: +SKIP
-        >>> attention_section(page, ad, ad.tokenize("a b a b"), heads=[(1, 0)])  # doctest: +SKIP
+        >>> ad = ModelAdapter(testing.cached_model("gpt2"))
+        >>> page = viz.Page("attention")
+        >>> attention_section(page, ad, ad.tokenize("a b a b"), heads=[(1, 0)])
+        >>> "L1H0" in page.to_html()
+        True
     """
     chosen = adapter.check_attention_layers(layers)
     forced = checked_heads(heads, adapter)

@@ -55,7 +55,11 @@ def cli_main(argv: list[str] | None = None) -> int:
     """Run ``tl-dynamics heads`` with ``argv`` (its arguments); returns the exit status.
 
     Example:
-        >>> cli_main(["--model", "induction-2l", "--no-causal"])  # doctest: +SKIP
+        >>> import contextlib, io
+        >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
+        ...     status = cli_main(["--model", "induction-2l", "--no-causal", "--device", "cpu"])
+        >>> status, "induction" in printed.getvalue()
+        (0, True)
     """
     args = cli_parser().parse_args(argv)
     from tl_dynamics import atlas, models, viz

@@ -264,8 +264,13 @@ def write_report(
     """Write the standalone offline report page; returns its path.
 
     Example:
+        >>> import pathlib, tempfile
         >>> from tl_dynamics import testing, report
-        >>> report.write_report("/tmp/r.html", testing.tiny_model("gpt2"), "x = 1")  # doctest: +SKIP
+        >>> out = pathlib.Path(tempfile.mkdtemp()) / "r.html"
+        >>> report.write_report(out, testing.cached_model("gpt2"), "x = 1", threads=1) == out
+        True
+        >>> out.read_text().startswith("<!DOCTYPE html>")
+        True
     """
     return build_report(
         model, prompt, label, progress=progress, layers=layers, heads=heads, threads=threads

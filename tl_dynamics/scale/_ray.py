@@ -105,18 +105,21 @@ def ray_stats(
         The merged ``DatasetStats``.
 
     Example:
-        An empty corpus needs no worker; a real one starts a Ray cluster (tens of seconds, so
-        those lines are skipped here):
+        An empty corpus needs no worker; a real one runs on a local Ray cluster (starting it
+        takes some seconds) and gives the bytes of a single-process run:
 
         >>> import functools
         >>> from tl_dynamics import scale, testing
         >>> loader = functools.partial(testing.cached_model, "gpt2")
         >>> scale.ray_stats(loader, [], model_name="tiny-gpt2").n_prompts
         0
-        >>> import ray                                                       # doctest: +SKIP
-        >>> ray.init(num_cpus=2)                                             # doctest: +SKIP
-        >>> stats = scale.ray_stats(loader, ["a = 1"] * 40, model_name="tiny-gpt2")  # doctest: +SKIP
-        >>> stats == scale.run_stats(loader(), ["a = 1"] * 40, model_name="tiny-gpt2")  # doctest: +SKIP
+        >>> import ray
+        >>> _ = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        >>> stats = scale.ray_stats(loader, ["a = 1"] * 8, model_name="tiny-gpt2", batch_size=4)
+        >>> ray.shutdown()
+        >>> single = scale.run_stats(loader(), ["a = 1"] * 8, model_name="tiny-gpt2",
+        ...                          batch_size=4, progress=False)
+        >>> stats == single
         True
     """
     try:
