@@ -99,9 +99,10 @@ class Hub:
         if not collector.sinks:
             refuse_sinks(ad.specs, layers, ad.info.architecture)
         gated = [layer for layer in layers if ad.specs[layer].gate is not None]
-        if gated and not getattr(collector, "gates", False):  # it does not model an output gate
+        if gated and not collector.gates:  # it does not model an output gate
             raise gate_refusal(ad.specs[gated[0]], ad.info.architecture, type(collector).__name__)
-        if getattr(collector, "query_frames", collector.inputs):  # it forms queries from x
+        frames = collector.inputs if collector.query_frames is None else collector.query_frames
+        if frames:  # it forms queries from x
             for layer in layers:
                 ad.query_norm(layer)  # refuses a query that is not N(x W_Q) rotated (_postrope)
         for role, layer in collector.points:

@@ -25,7 +25,11 @@ class Collector(ABC):
     - ``inputs``: whether it needs the attention input ``x`` (``reference["x"]``);
     - ``reference``: whether it needs the model's own scores, pattern, ``z`` and output;
     - ``sinks``: whether it models learned attention sinks (otherwise such layers are refused
-      when it is attached).
+      when it is attached);
+    - ``gates``: whether it models an output gate on ``z`` (gated attention), or reads nothing
+      the gate enters (otherwise gated layers are refused when it is attached);
+    - ``query_frames``: whether it forms queries from the attention input ``x`` (None: as
+      ``inputs``), so layers whose query is not ``x W_Q``, normalised and rotated, are refused.
 
     An exception raised by a collector's own code reaches the caller as itself (with a note
     naming the hook point), after every hook is removed.
@@ -56,6 +60,8 @@ class Collector(ABC):
     inputs: bool = False
     reference: bool = False
     sinks: bool = False
+    gates: bool = False
+    query_frames: bool | None = None
 
     def start_pass(self, batch: Any) -> None:  # noqa: B027 (optional hook, empty by default)
         """A forward pass starts; ``batch`` (a ``tl_dynamics.adapter.Batch``) holds its tokens
