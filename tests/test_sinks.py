@@ -382,3 +382,32 @@ def test_barycentric_rows_gain_the_origin_and_markov_chains_refuse_by_name(gpt_o
             ),
         ):
             call()
+
+
+def test_the_corpus_page_maps_the_learned_sinks_mass(gpt_oss):
+    """The statistics page (``tl-dynamics report --stats``) adds a learned-sink map where heads
+    have learned sinks, with the mass the corpus run measured, and none elsewhere."""
+    from tl_dynamics import scale
+
+    prompts = ["a b a b", "x = 1", "def f(x): return x", "c d c d"]
+    stats = scale.run_stats(
+        gpt_oss,
+        prompts,
+        analyses=["odds_ratio"],
+        batch_size=2,
+        progress=False,
+        model_name="tiny-gpt-oss",
+    )
+    mass = stats.odds_ratio.means()["learned_sink_mass"]
+    assert (mass > 0).all() and (mass < 1).all()
+    caption = "attention that the head&#x27;s learned sink logit takes"
+    assert caption in scale.stats_page(stats).to_html()
+    plain = scale.run_stats(
+        testing.tiny_model("gpt2"),
+        prompts,
+        analyses=["odds_ratio"],
+        batch_size=2,
+        progress=False,
+        model_name="tiny-gpt2",
+    )
+    assert caption not in scale.stats_page(plain).to_html()

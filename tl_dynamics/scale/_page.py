@@ -40,7 +40,22 @@ def _head_maps(h: HeadStats) -> list[viz.Component]:
             caption=caption,
         )
 
-    return [
+    learned = h.means()["learned_sink_mass"]
+    maps = []
+    if np.nan_to_num(learned).any():  # learned attention sinks (GPT-OSS): the mass they absorb
+        maps.append(
+            heat(
+                learned,
+                "learned sink",
+                "mean mass the learned sink absorbs",
+                0.0,
+                1.0,
+                "blues",
+                "mean share of each row's attention that the head's learned sink logit takes "
+                "(a virtual key in every softmax denominator, docs/math.md §2.6)",
+            )
+        )
+    return maps + [
         heat(
             h.sink_sums["sink_mass"] / n,
             "sink mass",
