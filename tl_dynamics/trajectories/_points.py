@@ -172,7 +172,7 @@ def point_statistics(
     res["cos_final"] = torch.where(defined, cos_final, math.nan).transpose(0, 1)
     if targets is not None:
         res.update(_lens(adapter, z, targets))
-    res.update(_particles(cfg, z, key_valid, unit if cfg.standardize in (None, False) else None))
+    res.update(_particles(cfg, z, key_valid, unit))
     if "rank" in res and targets is not None:  # the lens ran: it needs the targets
         res["settling"] = settling_point(res["rank"], targets)
     return res
@@ -202,12 +202,10 @@ def _lens(adapter: "ModelAdapter", z: Tensor, targets: Tensor) -> dict[str, Tens
     return {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
 
 
-def _particles(
-    cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor | None = None
-) -> dict[str, Tensor]:
+def _particles(cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor) -> dict[str, Tensor]:
     """The token cloud's statistics at every point: cosine histograms and sums, effective rank,
     eps-clusters and the merge events between consecutive points (groups of points within
-    ``POINT_BUDGET_BYTES``). ``unit``: ``sphere.unit(z)`` when known (no standardisation)."""
+    ``POINT_BUDGET_BYTES``). ``unit`` is ``sphere.unit(z)``, used where nothing is standardised."""
     n_points, b, n, _ = z.shape
     mask = key_valid
     if cfg.skip_first:
@@ -223,11 +221,12 @@ def _particles(
         zg = z[p0 : p0 + group]
         g = zg.shape[0]
         if std is True or std == "prompt":
-            zg = torch.stack([_cloud.standardize_prompt(x, mask) for x in zg])
+            ug = sphere.unit(torch.stack([_cloud.standardize_prompt(x, mask) for x in zg]))
         elif isinstance(std, Standardizer):
-            zg = torch.stack([std.apply(p0 + i, x, mask) for i, x in enumerate(zg)])
+            ug = sphere.unit(torch.stack([std.apply(p0 + i, x, mask) for i, x in enumerate(zg)]))
+        else:
+            ug = unit[p0 : p0 + group]
         flat_mask = mask.expand(g, -1, -1).reshape(g * b, n)
-        ug = sphere.unit(zg) if unit is None else unit[p0 : p0 + group]
         u = ug.reshape(g * b, n, -1) * flat_mask[..., None]
         cos = sphere.cosines(u)
         flat_pairs = pairs.expand(g, -1, -1, -1).reshape(g * b, n, n)
