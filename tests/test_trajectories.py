@@ -590,3 +590,40 @@ def test_cloud_blocks_equal_the_whole_matrix(n, d):
         assert torch.equal(
             hist[b], torch.bincount(bins.clamp(0, _cloud.N_BINS - 1), minlength=_cloud.N_BINS)
         )
+
+
+def test_cpu_bins_equal_the_float64_floor_near_every_edge():
+    """``_cloud.bins`` (the CPU's arithmetic binning with a correction) against the float64
+    floor on every float32 within 65,536 steps of each bin edge (at -1, 0 and 1 too) and on
+    random cosines (it was checked once on every float32 in [-1, 1]); the float32 floor alone
+    is one bin high on some of them."""
+    from tl_dynamics.trajectories import _cloud
+
+    edges = [-1.0 + 2.0 * k / _cloud.N_BINS for k in range(_cloud.N_BINS + 1)]
+    bits = torch.tensor(edges, dtype=torch.float32).view(torch.int32).long()
+    near = (bits[:, None] + torch.arange(-65536, 65537)).flatten()
+    near = torch.cat([near, near | (1 << 31)])  # the same magnitudes, negative (and 0, -0)
+    c = near.to(torch.int32).view(torch.float32)
+    c = torch.cat([c[(c >= -1.0) & (c <= 1.0)], torch.rand(100_000) * 2 - 1])
+    floor = ((c.double() + 1.0) * (_cloud.N_BINS / 2.0)).floor().long().clamp(0, _cloud.N_BINS - 1)
+    assert torch.equal(_cloud.bins(c), floor)
+    assert torch.equal(_cloud.bins(c), torch.bucketize(c, _cloud._THRESHOLDS, right=True))
+    plain = ((c + 1.0) * (_cloud.N_BINS / 2.0)).floor().long().clamp(0, _cloud.N_BINS - 1)
+    assert (plain >= floor).all() and (plain > floor).any()  # never low, sometimes high
+
+
+def test_pair_cosine_sum_from_the_gram():
+    """``rank_and_pair_sum``'s pair sum, ``(|sum u|^2 - trace Gram) / 2``, equals the float64
+    sum of every pair's cosine ``i < j`` over the tokens kept, on both sides of the Gram."""
+    from tl_dynamics.trajectories import _cloud
+
+    gen = torch.Generator().manual_seed(1)
+    for n, d in ((40, 30), (30, 40), (300, 200)):
+        mask = torch.rand(2, n, generator=gen) > 0.3
+        u = sphere.unit(torch.randn(2, n, d, generator=gen) + 0.5) * mask[..., None]
+        ud = u.double()
+        erank, pair_sum = _cloud.rank_and_pair_sum(ud)
+        cos = ud @ ud.transpose(1, 2)
+        want = (cos * sphere.pair_mask(mask)).sum((1, 2))
+        torch.testing.assert_close(pair_sum, want, rtol=1e-12, atol=1e-9)
+        torch.testing.assert_close(erank, _cloud.effective_rank(u, mask), rtol=0, atol=0)

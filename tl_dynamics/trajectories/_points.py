@@ -139,46 +139,95 @@ def point_statistics(
     depth order, each ``[batch, pos, d_model]``), batched over points: the same launches for
     12 points as for one. Per-token ones are ``[batch, point, pos]``, per-prompt ones
     ``[batch, point]`` (clusters ``[batch, eps, point]``); left on the device."""
-    z = torch.stack(zs).float()  # [P, b, n, d] (the hub hands over detached states)
-    if tuple(z.shape[1:3]) != tuple(key_valid.shape):
+    n_points, (b, n, d) = len(zs), tuple(zs[0].shape)
+    if (b, n) != tuple(key_valid.shape):
         raise TLDynamicsError(
-            f"residual state has shape {tuple(z.shape[1:])} but the batch mask is "
+            f"residual state has shape {(b, n, d)} but the batch mask is "
             f"{tuple(key_valid.shape)}: pass the batch that is being run"
         )
-    n_points = z.shape[0]
-    res: dict[str, Tensor] = {}
-    # float64 sums over real tokens (float32 squares are exact in float64), in place
-    zd = z.double().mul_(key_valid.double()[None, :, :, None])
-    res["state_sum"] = zd.sum((1, 2))
-    res["state_sumsq"] = zd.square_().sum((1, 2))
-    del zd
-    norm = z.norm(dim=-1)  # [P, b, n]
-    res["norm"] = norm.transpose(0, 1)
-    if n_points > 1:
-        step_vec = z[1:] - z[:-1]
-        step = step_vec.norm(dim=-1)
-        prev = norm[:-1]
-        res["step"] = step.transpose(0, 1)
-        res["rel_step"] = torch.where(
-            prev > sphere.NORM_FLOOR, step / prev.clamp_min(sphere.NORM_FLOOR), math.nan
-        ).transpose(0, 1)
-        if n_points > 2:
-            c = _cos(step_vec[1:], step_vec[:-1]).clamp(-1.0, 1.0)
-            res["turning"] = torch.rad2deg(torch.acos(c)).transpose(0, 1)
-        del step_vec
-    unit = sphere.unit(z)
-    cos_final = (unit * unit[-1]).sum(-1)
-    defined = (norm > sphere.NORM_FLOOR) & (norm[-1:] > sphere.NORM_FLOOR)
-    res["cos_final"] = torch.where(defined, cos_final, math.nan).transpose(0, 1)
+    # a GPU takes every point in one sequence of launches; the CPU takes groups of points
+    # whose temporaries stay below glibc's mmap threshold (a fresh mapping for every larger one,
+    # page-faulted in at every pass: 70,000 faults per pass at 1 x 1,024 tokens, 13 points)
+    if Collector.launch_bound(zs[0].device):
+        group = n_points
+    else:
+        group = max(1, CPU_POINT_BUDGET_BYTES // max(1, 4 * b * n * d))
+    z = _Points(zs, group)
+    res = _elementwise(z, key_valid)
     if targets is not None:
         res.update(_lens(adapter, z, targets))
-    res.update(_particles(cfg, z, key_valid, unit))
+    res.update(_particles(cfg, z, key_valid))
     if "rank" in res and targets is not None:  # the lens ran: it needs the targets
         res["settling"] = settling_point(res["rank"], targets)
     return res
 
 
-def _lens(adapter: "ModelAdapter", z: Tensor, targets: Tensor) -> dict[str, Tensor]:
+class _Points:
+    """The residual states of a pass as ``[point, batch, pos, d]`` float32, stacked a group of
+    points at a time (``group``: every point at once where that is the plan)."""
+
+    def __init__(self, zs: list[Tensor], group: int):
+        self.zs, self.group = zs, group
+        self.whole = torch.stack(zs).float() if group >= len(zs) else None
+        self.shape = (len(zs), *zs[0].shape)
+        self.device = zs[0].device
+
+    def __getitem__(self, points: slice) -> Tensor:
+        if self.whole is not None:
+            return self.whole[points]
+        picked = self.zs[points]
+        if len(picked) == 1:  # a view where no conversion is needed
+            return picked[0].float()[None]
+        return torch.stack(picked).float()
+
+
+def _elementwise(z: _Points, key_valid: Tensor) -> dict[str, Tensor]:
+    """Per-token statistics of every point (norms, steps, turning angles, cosine to the last
+    point) and the float64 state sums, in groups of ``z.group`` points."""
+    n_points = z.shape[0]
+    z_last = z[n_points - 1 : n_points][0]
+    last, last_defined = sphere.unit(z_last), z_last.norm(dim=-1) > sphere.NORM_FLOOR
+    kv = key_valid.double()[None, :, :, None]
+    out: dict[str, list[Tensor]] = {}
+    for p0 in range(0, n_points, z.group):
+        p1 = min(n_points, p0 + z.group)
+        ext = z[p0 : min(n_points, p1 + 2)]  # two points more: the steps and turns from p1 - 1
+        zg = ext[: p1 - p0]
+        # float64 sums over real tokens (float32 squares are exact in float64), in place
+        zd = zg.double().mul_(kv)
+        out.setdefault("state_sum", []).append(zd.sum((1, 2)))
+        out.setdefault("state_sumsq", []).append(zd.square_().sum((1, 2)))
+        del zd
+        norm = ext.norm(dim=-1)  # [points, b, n]
+        out.setdefault("norm", []).append(norm[: p1 - p0])
+        unit = sphere.unit(zg)
+        defined = (norm[: p1 - p0] > sphere.NORM_FLOOR) & last_defined
+        cos_final = (unit * last).sum(-1)
+        out.setdefault("cos_final", []).append(torch.where(defined, cos_final, math.nan))
+        del unit
+        n_steps = min(p1, n_points - 1) - p0  # steps p0 .. from point p to p + 1
+        if n_steps > 0:
+            step_vec = ext[1:] - ext[:-1]
+            step = step_vec[:n_steps].norm(dim=-1)
+            prev = norm[:n_steps]
+            out.setdefault("step", []).append(step)
+            out.setdefault("rel_step", []).append(
+                torch.where(
+                    prev > sphere.NORM_FLOOR, step / prev.clamp_min(sphere.NORM_FLOOR), math.nan
+                )
+            )
+            n_turns = min(p1, n_points - 2) - p0
+            if n_turns > 0:
+                c = _cos(step_vec[1 : n_turns + 1], step_vec[:n_turns]).clamp(-1.0, 1.0)
+                out.setdefault("turning", []).append(torch.rad2deg(torch.acos(c)))
+    res: dict[str, Tensor] = {}
+    for name, parts in out.items():
+        got = torch.cat(parts)
+        res[name] = got if name.startswith("state_") else got.transpose(0, 1)
+    return res
+
+
+def _lens(adapter: "ModelAdapter", z: _Points, targets: Tensor) -> dict[str, Tensor]:
     """Next-token statistics of every point, in groups of points within ``LENS_BUDGET_BYTES``."""
     n_points, b, n = z.shape[:3]
     has = targets >= 0
@@ -202,10 +251,10 @@ def _lens(adapter: "ModelAdapter", z: Tensor, targets: Tensor) -> dict[str, Tens
     return {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
 
 
-def _particles(cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor) -> dict[str, Tensor]:
+def _particles(cfg: Config, z: _Points, key_valid: Tensor) -> dict[str, Tensor]:
     """The token cloud's statistics at every point: cosine histograms and sums, effective rank,
     eps-clusters and the merge events between consecutive points (groups of points within
-    ``POINT_BUDGET_BYTES``). ``unit`` is ``sphere.unit(z)``, used where nothing is standardised."""
+    ``POINT_BUDGET_BYTES``)."""
     n_points, b, n, _ = z.shape
     mask = key_valid
     if cfg.skip_first:
@@ -225,7 +274,7 @@ def _particles(cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor) -> dict[
         elif isinstance(std, Standardizer):
             ug = sphere.unit(torch.stack([std.apply(p0 + i, x, mask) for i, x in enumerate(zg)]))
         else:
-            ug = unit[p0 : p0 + group]
+            ug = sphere.unit(zg)
         flat_mask = mask.expand(g, -1, -1).reshape(g * b, n)
         u = ug.reshape(g * b, n, -1) * flat_mask[..., None]
         cos = sphere.cosines(u)
@@ -233,10 +282,9 @@ def _particles(cfg: Config, z: Tensor, key_valid: Tensor, unit: Tensor) -> dict[
         out.setdefault("cos_hist", []).append(
             _cloud.cos_histogram(cos, flat_pairs).reshape(g, b, -1)
         )
-        out.setdefault("cos_sum", []).append(  # float64 sum of float32 cosines (0 off pairs)
-            (cos * flat_pairs).sum((1, 2), dtype=torch.float64).reshape(g, b)
-        )
-        out.setdefault("erank", []).append(_cloud.effective_rank(u, flat_mask).reshape(g, b))
+        erank, cos_sum = _cloud.rank_and_pair_sum(u.double())  # u is zero off the mask
+        out.setdefault("cos_sum", []).append(cos_sum.reshape(g, b))
+        out.setdefault("erank", []).append(erank.reshape(g, b))
         labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask).reshape(len(cfg.eps), g, b, n)
         del cos, u
         out.setdefault("clusters", []).append(sphere.count_clusters(labels))  # [E, g, b]
