@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from torch import Tensor
 
+from tl_dynamics.adapter import _unhooked
 from tl_dynamics.errors import TLDynamicsError
 
 HookFn = Callable[[Tensor], None]
@@ -66,6 +67,9 @@ def registered(
 
     try:
         for name, fn in hooks:
+            if _unhooked.is_point(name):  # torch hooks on a module the host does not hook
+                torch_handles.extend(_unhooked.register(model, name, wrap(name, fn)))
+                continue
             if name not in hook_dict:
                 raise TLDynamicsError(
                     f"hook point {name!r} does not exist on this {architecture} model"
