@@ -146,7 +146,7 @@ def host_info(model: Any) -> HostInfo:
     # hybrids: the first softmax-attention layer names the family (all of them share it)
     hooked = [block.attn for i, block in enumerate(blocks) if layer_kind(model, i) == ATTENTION]
     if not hooked:  # Mamba, RWKV, or a hybrid whose attention TransformerLens does not hook
-        family = unhooked_family(model, architecture) or "none"  # read by torch hooks (_unhooked)
+        family = unhooked_family(model) or "none"  # read by torch hooks (_unhooked)
     else:
         orig = hooked[0].original_component
         family = VERIFIED_HF_ATTENTION.get(_attention_name(orig))

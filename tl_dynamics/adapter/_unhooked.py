@@ -70,21 +70,14 @@ def hf_attention(model: Any, layer: int) -> Any:
     return module if "Attention" in type(module).__name__ else None
 
 
-def unhooked_family(model: Any, architecture: str) -> str | None:
-    """The family of the first unhooked attention module, or None where the model has none;
-    an unverified one is refused by name."""
+def unhooked_family(model: Any) -> str | None:
+    """The family of the first unhooked attention module, or None where the model has none or
+    it is not verified (its layers then keep the kind ``"unhooked_attention"``, which no
+    attention analysis reads, while the residual-stream analyses run)."""
     for layer in range(len(model.blocks)):
         module = hf_attention(model, layer)
-        if module is None:
-            continue
-        name = type(module).__name__
-        if name not in UNHOOKED_ATTENTION:
-            raise TLDynamicsError(
-                f"unsupported architecture {architecture!r}: its attention module {name} is "
-                "wrapped by TransformerLens without query, key or pattern hooks and has not been "
-                f"verified to reproduce exactly; verified: {sorted(UNHOOKED_ATTENTION)}"
-            )
-        return UNHOOKED_ATTENTION[name]
+        if module is not None:
+            return UNHOOKED_ATTENTION.get(type(module).__name__)
     return None
 
 
