@@ -196,3 +196,19 @@ def test_an_unverified_unhooked_module_is_not_read(models, monkeypatch):
     assert [spec.kind for spec in adapter.specs] == ["state_space", "unhooked_attention"]
     with pytest.raises(TLDynamicsError, match="not verified to be read exactly"):
         adapter.attention(testing.PROMPTS[0])
+
+
+def test_under_sdpa_the_recomputation_stays_exact_and_pattern_patches_are_refused():
+    """SDPA returns no attention weights: q/k/v still come from the projections, so the
+    recomputed pattern equals the eager Hugging Face twin's; a pattern patch says what to do."""
+    model = boot_tiny("NemotronHForCausalLM")
+    model.original_model.set_attn_implementation("sdpa")
+    adapter = ModelAdapter(model)
+    hf = testing.hf_truth_errors(adapter, testing.hf_twin(model), testing.PROMPTS, "left")
+    assert max(hf.values()) <= EXACT_TOL, hf
+    assert "pattern" not in adapter.attention(testing.PROMPTS[0], reference=True)[1].reference
+    message = "load the model with attn_implementation='eager' to patch it"
+    with pytest.raises(TLDynamicsError, match=re.escape(message)):
+        with adapter.patch([("pattern", 1, lambda p: p)]):
+            adapter.forward(adapter.tokenize(testing.PROMPTS[0]))
+    assert _torch_hooks(model) == 0

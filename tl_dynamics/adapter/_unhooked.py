@@ -93,6 +93,14 @@ def unhooked_spec(model: Any, layer: int, architecture: str) -> LayerSpec:
             f"unsupported {architecture}: layer {layer} runs {impl!r} attention; the adapter "
             "reproduces eager and SDPA attention only"
         )
+    d_head = int(module.head_dim)
+    shape = (module.q_proj.out_features // d_head, d_head)
+    if shape != (int(model.cfg.n_heads), int(model.cfg.d_head)):
+        raise TLDynamicsError(
+            f"unsupported {architecture}: {where} has {shape[0]} heads of width {shape[1]} "
+            f"(its q_proj) but TransformerLens's config says {model.cfg.n_heads} of width "
+            f"{model.cfg.d_head}"
+        )
     rotary = getattr(module, "rotary_emb", None)
     rotary_dim = None
     if rotary is not None:
@@ -144,6 +152,7 @@ def point_name(role: str, layer: int) -> str | None:
 
 
 def is_point(name: str) -> bool:
+    """Whether the hook name ``name`` is a point of this module (``point_name``)."""
     return f".{_POINT}." in name
 
 
@@ -242,7 +251,8 @@ def register_patch(model: Any, name: str, fn: HookFn) -> list[Any]:
         if not (isinstance(out, tuple) and isinstance(out[1], Tensor)) or v is None:
             raise TLDynamicsError(
                 f"patching the pattern of {type(module).__name__} needs eager attention (the "
-                "module returns no attention weights under SDPA)"
+                "module returns no attention weights under SDPA); load the model with "
+                "attn_implementation='eager' to patch it"
             )
         pattern = fn(out[1])
         if pattern is None:
