@@ -212,3 +212,25 @@ def test_under_sdpa_the_recomputation_stays_exact_and_pattern_patches_are_refuse
         with adapter.patch([("pattern", 1, lambda p: p)]):
             adapter.forward(adapter.tokenize(testing.PROMPTS[0]))
     assert _torch_hooks(model) == 0
+
+
+def test_attached_analyses_read_the_unhooked_layer_in_the_users_own_pass(models):
+    """odds_ratio.attach and contextual_mlp.attach on one padded call of the model itself: the
+    same statistics as compute, and each head's contextual MLP reproduces its output."""
+    model = models["RecurrentGemmaForCausalLM"]
+    adapter = ModelAdapter(model)
+    batch = adapter.tokenize(testing.PROMPTS, "left")
+    with (
+        odds_ratio.attach(model) as ratios,
+        contextual_mlp.attach(model, layers=1, heads=[0, 3], reference=True) as mlps,
+    ):
+        model(batch.tokens, attention_mask=batch.key_valid.long())
+    attached = ratios.result().to_dataframe()
+    computed = odds_ratio.compute(model, batch).to_dataframe()
+    assert attached.index.tolist() == ["L1H0", "L1H1", "L1H2", "L1H3"]
+    numbers = attached.select_dtypes("number").columns
+    assert (attached[numbers] - computed[numbers]).abs().max().max() <= 1e-5
+    found = mlps.result()
+    assert found.keys() == [(1, 0), (1, 3)]
+    assert all(found[key].exactness().max_output_error <= EXACT_TOL for key in found.keys())
+    assert _torch_hooks(model) == 0
