@@ -1,5 +1,6 @@
 """Hook registration: attach only our own hooks and remove exactly those on exit, even when the
-forward pass raises. Knows hook points by name only (names come from ``AdapterBase.hook_name``).
+forward pass raises. Knows hook points by name only (names come from ``AdapterBase.hook_name``);
+names of ``_unhooked`` points become torch hooks on the Hugging Face module they name.
 
 A *probe* pass (the short forward pass that reads a rotation) is invisible to every other
 tl_dynamics hook on the model: collectors and patches attached around it neither see nor

@@ -71,7 +71,11 @@ def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -
     try:
         for name, fn in named:
             if is_point(name):
-                torch_handles.extend(register_patch(adapter.model, name, wrap(name, fn)))
+                torch_handles.extend(
+                    register_patch(
+                        adapter.model, name, wrap(name, fn), lambda: probing(adapter.model)
+                    )
+                )
                 continue
             point = hook_dict[name]
             before = list(point.fwd_hooks)

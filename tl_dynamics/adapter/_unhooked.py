@@ -224,11 +224,14 @@ def register(model: Any, name: str, fn: HookFn) -> list[Any]:
     return [module.register_forward_hook(weights)]  # pattern, scores
 
 
-def register_patch(model: Any, name: str, fn: HookFn) -> list[Any]:
+def register_patch(
+    model: Any, name: str, fn: HookFn, standby: Callable[[], bool] = lambda: False
+) -> list[Any]:
     """Torch hooks that replace the activation at ``name`` by ``fn(activation)`` (None keeps
     it): ``z`` (the input of ``o_proj``) and ``pattern`` (the module's output is recomputed as
     ``o_proj((pattern @ v) per head)``, through ``o_proj`` so a ``z`` patch applies after it,
-    as on hooked hosts). Other roles are refused."""
+    as on hooked hosts). Other roles are refused. While ``standby()`` (a probe pass) nothing
+    is patched."""
     module, role = _parse(model, name)
     d = int(module.head_dim)
     if role == "z":
@@ -248,6 +251,8 @@ def register_patch(model: Any, name: str, fn: HookFn) -> list[Any]:
 
     def patch_pattern(_m: Any, _i: Any, out: Any) -> Any:
         v = seen.pop("v", None)
+        if standby():
+            return None
         if not (isinstance(out, tuple) and isinstance(out[1], Tensor)) or v is None:
             raise TLDynamicsError(
                 f"patching the pattern of {type(module).__name__} needs eager attention (the "
