@@ -168,8 +168,7 @@ def hf_truth_errors(
     outs: dict[int, torch.Tensor] = {}
     handles = []
     for layer in adapter.attention_layers:  # hybrids: the softmax-attention layers only
-        o_proj = adapter.model.blocks[layer].attn.o.original_component
-        target = twin_modules[names[id(o_proj)]]
+        target = twin_modules[names[id(_output_projection(adapter, layer))]]
         handles.append(
             target.register_forward_hook(
                 lambda _m, _i, out, layer=layer: outs.__setitem__(layer, out.detach().float())
@@ -199,3 +198,21 @@ def hf_truth_errors(
             out = la.head_outputs().sum(2) + la.b_O
             worst["out"] = max(worst["out"], _masked_max(out - outs[layer], rows[:, :, None]))
     return worst
+
+
+def _output_projection(adapter: ModelAdapter, layer: int) -> Any:
+    """The Hugging Face output projection of ``layer``: the bridge's ``attn.o`` wraps it; where
+    the bridge wraps the attention without hooks (RecurrentGemma, NemotronH) it is the module's
+    own ``o_proj``, reached through the same paths."""
+    attn = getattr(adapter.model.blocks[layer], "attn", None)
+    if attn is not None:
+        return attn.o.original_component
+    inside = f"model.layers.{layer}."
+    found = [
+        module
+        for name, module in adapter.model.original_model.named_modules()
+        if _strip(name).startswith(inside) and _strip(name).endswith(".o_proj")
+    ]
+    if not found:
+        raise TLDynamicsError(f"hf_truth_errors: no output projection found in layer {layer}")
+    return found[0]

@@ -21,6 +21,7 @@ from tl_dynamics.adapter._postrope import refuse_query_map
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
 from tl_dynamics.adapter._rotation import PROBE_POSITIONS, read_rotation
+from tl_dynamics.adapter._unhooked import unhooked_param
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -47,7 +48,8 @@ class AdapterBase(AdapterCore):
                 return latent_weight(
                     self.model, layer, name, bias_shape, self.n_heads, lambda: self.latent(layer)
                 )
-            w = _weights.attn_param(self.model, layer, name)
+            read = unhooked_param if self.specs[layer].unhooked else _weights.attn_param
+            w = read(self.model, layer, name)
             if w is None:
                 if bias_shape is None:
                     raise TLDynamicsError(

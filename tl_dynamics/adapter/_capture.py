@@ -1,5 +1,6 @@
 """Hook registration: attach only our own hooks and remove exactly those on exit, even when the
-forward pass raises. Knows hook points by name only (names come from ``AdapterBase.hook_name``).
+forward pass raises. Knows hook points by name only (names come from ``AdapterBase.hook_name``);
+names of ``_unhooked`` points become torch hooks on the Hugging Face module they name.
 
 A *probe* pass (the short forward pass that reads a rotation) is invisible to every other
 tl_dynamics hook on the model: collectors and patches attached around it neither see nor
@@ -13,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from torch import Tensor
 
+from tl_dynamics.adapter import _unhooked
 from tl_dynamics.errors import TLDynamicsError
 
 HookFn = Callable[[Tensor], None]
@@ -66,6 +68,9 @@ def registered(
 
     try:
         for name, fn in hooks:
+            if _unhooked.is_point(name):  # torch hooks on a module the host does not hook
+                torch_handles.extend(_unhooked.register(model, name, wrap(name, fn)))
+                continue
             if name not in hook_dict:
                 raise TLDynamicsError(
                     f"hook point {name!r} does not exist on this {architecture} model"

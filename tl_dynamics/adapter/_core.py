@@ -21,6 +21,7 @@ from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differen
 from tl_dynamics.adapter._host import host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._postrope import POSTROPE_HOOKS
 from tl_dynamics.adapter._spec import HostInfo
+from tl_dynamics.adapter._unhooked import point_name
 from tl_dynamics.errors import TLDynamicsError
 
 # role -> hook name template per host; the only place hook strings are spelled.
@@ -155,6 +156,9 @@ class AdapterCore:
                     f"unknown hook role {role!r}; valid: "
                     f"{sorted(set(_BLOCK_HOOKS) | set(_HOST_HOOKS['bridge']))}"
                 )
+            if self.specs[layer].unhooked and not role.startswith("resid"):  # torch hooks
+                names.append(point_name(role, layer))  # on the Hugging Face module (_unhooked)
+                continue
             name = f"blocks.{layer}.{template}"
             unnormalised = self.post_norm == "post" or name not in hooks
             if role == "x" and self.info.host == "hooked" and unnormalised:

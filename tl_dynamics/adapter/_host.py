@@ -34,6 +34,7 @@ from tl_dynamics.adapter._flags import (
 )
 from tl_dynamics.adapter._kinds import ATTENTION, layer_kind
 from tl_dynamics.adapter._spec import HostInfo, LayerSpec
+from tl_dynamics.adapter._unhooked import unhooked_family, unhooked_spec
 from tl_dynamics.compat import detect_host, tl_major_version, tl_version
 from tl_dynamics.errors import TLDynamicsError
 
@@ -145,7 +146,7 @@ def host_info(model: Any) -> HostInfo:
     # hybrids: the first softmax-attention layer names the family (all of them share it)
     hooked = [block.attn for i, block in enumerate(blocks) if layer_kind(model, i) == ATTENTION]
     if not hooked:  # Mamba, RWKV, or a hybrid whose attention TransformerLens does not hook
-        family = "none"
+        family = unhooked_family(model) or "none"  # read by torch hooks (_unhooked)
     else:
         orig = hooked[0].original_component
         family = VERIFIED_HF_ATTENTION.get(_attention_name(orig))
@@ -185,6 +186,9 @@ def layer_specs(model: Any, info: HostInfo) -> list[LayerSpec]:
     specs = []
     for layer in range(len(model.blocks)):
         kind = layer_kind(model, layer)
+        if kind == "unhooked_attention" and info.family != "none":
+            specs.append(unhooked_spec(model, layer, info.architecture))
+            continue
         specs.append(
             bridge_spec(model, info, layer)
             if kind == ATTENTION

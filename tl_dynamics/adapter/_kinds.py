@@ -8,10 +8,12 @@ the Hugging Face module it wraps, never from a config default.
 
 Kinds: ``"attention"`` (softmax attention the bridge hooks: ``blocks[i].attn``),
 ``"linear_attention"`` (gated delta rule), ``"state_space"`` (Mamba mixers), ``"conv"`` (short
-convolutions), ``"rwkv"`` (RWKV time mixing), ``"recurrent"`` (RG-LRU), and
-``"unhooked_attention"``: softmax attention that TransformerLens wraps without query, key or
-pattern hooks (NemotronH's attention inside its mixer bridge; RecurrentGemma's local attention),
-so nothing it scores can be read.
+convolutions), ``"rwkv"`` (RWKV time mixing), ``"recurrent"`` (RG-LRU), ``"mlp"`` (NemotronH's
+MLP and mixture-of-experts layers, which mix no tokens), and ``"unhooked_attention"``: softmax
+attention that TransformerLens wraps without query, key or pattern hooks (NemotronH's attention
+inside its mixer bridge; RecurrentGemma's local attention). The verified ones
+(``_unhooked.UNHOOKED_ATTENTION``) are read with torch hooks on the Hugging Face module and
+become attention layers (``LayerSpec.unhooked``); others keep this kind, with nothing read.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ KIND_WHAT = {
     "conv": "a short convolution, no attention pattern",
     "rwkv": "RWKV time mixing, no softmax pattern",
     "recurrent": "a recurrent (RG-LRU) block, no attention pattern",
+    "mlp": "a feed-forward (MLP or mixture-of-experts) layer, no token mixing",
     "unhooked_attention": "softmax attention that TransformerLens wraps without query, key or "
-    "pattern hooks, so its scores cannot be read",
+    "pattern hooks, in a module not verified to be read exactly with torch hooks",
     "unknown": "a token mixer of unknown type",
 }
 _MIXER_NAMES = {"linear_attn": "linear_attention", "conv": "conv", "time_mix": "rwkv"}
@@ -64,7 +67,9 @@ def layer_kind(model: Any, layer: int) -> str:
     mixer = getattr(block, "mixer", None)
     if mixer is not None:
         wrapped = type(getattr(mixer, "original_component", None)).__name__
-        return "unhooked_attention" if "Attention" in wrapped else "state_space"
+        if "Attention" in wrapped:
+            return "unhooked_attention"
+        return "mlp" if "MLP" in wrapped or "MoE" in wrapped else "state_space"  # NemotronH -, E
     hf = _hf_layer(model, layer)
     temporal = type(getattr(hf, "temporal_block", None)).__name__  # RecurrentGemma
     if "Attention" in temporal:

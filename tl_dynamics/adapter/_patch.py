@@ -19,6 +19,7 @@ from torch import Tensor
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._capture import probing
 from tl_dynamics.adapter._mla import latent_z_patch
+from tl_dynamics.adapter._unhooked import is_point, register_patch
 from tl_dynamics.errors import TLDynamicsError
 
 PatchFn = Callable[[Tensor], "Tensor | None"]
@@ -40,6 +41,7 @@ def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -
     named = adapter.named_hooks(patches)
     hook_dict = adapter.model.hook_dict
     owned: list[tuple[Any, Any]] = []
+    torch_handles: list[Any] = []  # unhooked attention (_unhooked)
 
     def wrap(name: str, fn: PatchFn):
         def hook(activation: Tensor, hook: Any = None) -> Tensor | None:
@@ -68,6 +70,13 @@ def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -
 
     try:
         for name, fn in named:
+            if is_point(name):
+                torch_handles.extend(
+                    register_patch(
+                        adapter.model, name, wrap(name, fn), lambda: probing(adapter.model)
+                    )
+                )
+                continue
             point = hook_dict[name]
             before = list(point.fwd_hooks)
             point.add_hook(wrap(name, fn), dir="fwd")
@@ -77,3 +86,5 @@ def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -
         for point, handle in owned:
             handle.hook.remove()
             point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
+        for handle in torch_handles:
+            handle.remove()

@@ -57,6 +57,9 @@ class LayerSpec:
             are read from the norm's hooks, and ``query_norm`` refuses the layer.
         clip: ``clip_qkv`` (OLMo, OLMoE, MPT): q, k and v clamped to ``[-clip, clip]`` after
             their projections (after the hooks fire), or None.
+        unhooked: the host wraps this softmax attention without query, key or pattern hooks
+            (RecurrentGemma, NemotronH; ``_unhooked``): what it scores is read with torch hooks
+            on the Hugging Face module, its weights from the module's projections.
     """
 
     layer: int
@@ -77,6 +80,7 @@ class LayerSpec:
     gate: str | None = None
     postrope: bool = False
     clip: float | None = None
+    unhooked: bool = False
 
     @property
     def is_attention(self) -> bool:
