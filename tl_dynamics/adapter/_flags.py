@@ -32,8 +32,6 @@ REFUSED_ATTENTION = {
     "Gemma4TextAttention": "q, k and v are each RMS-normalised, head widths and rotary differ "
     "between sliding and full layers, and later layers can reuse an earlier "
     "layer's keys and values",
-    "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
-    "experts",
 }
 
 # Hugging Face config flags (read from the wrapped model's config).
