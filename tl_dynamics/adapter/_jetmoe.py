@@ -37,6 +37,7 @@ __all__ = [
     "ROUTED_WEIGHTS",
     "ROUTER_WHAT",
     "routed_queries",
+    "routed_patch_refusal",
     "routed_qkv",
     "routed_refusal",
     "routed_weight",
@@ -68,6 +69,15 @@ def routed_refusal(spec: Any, architecture: str, what: str) -> TLDynamicsError:
         f"{what}: layer {spec.layer} of {architecture} has {ROUTER_WHAT}, so W_Q and W_O depend "
         "on the token and the head's output is not pattern @ v times a fixed matrix; it does not "
         "model the routing (the pattern, z and head outputs are exact: ModelAdapter.attention)"
+    )
+
+
+def routed_patch_refusal(spec: Any, architecture: str) -> TLDynamicsError:
+    """What ``ModelAdapter.patch`` raises for ``z`` on such a layer."""
+    return TLDynamicsError(
+        f"cannot patch z of layer {spec.layer} of {architecture}: it has {ROUTER_WHAT}, and "
+        "TransformerLens runs the Hugging Face module whole, hooking neither z nor a pattern "
+        "the module would use"
     )
 
 
