@@ -125,6 +125,43 @@ def _targets(probes: Probes) -> dict[str, Tensor | None]:
     return {"repeated": second, "unrepeated": first}
 
 
+def _causal_columns(
+    adapter: ModelAdapter,
+    probes: Probes,
+    real: Any,
+    layers: list[int],
+    heads: list[int],
+    deltas: dict[str, np.ndarray],
+    notes: list[str],
+) -> float:
+    """Fill ``deltas`` with the interventions' loss changes, note how they ran, return the
+    clean loss."""
+    targets = _targets(probes)
+    main = next(iter(targets))
+    found, losses, shared = _causal(
+        adapter, probes, real.captures, {layer: heads for layer in layers}, targets
+    )
+    deltas.update({kind: found[(kind, main)] for kind in KINDS})
+    if "unrepeated" in targets:
+        deltas["mean_unrepeated"] = found[("mean", "unrepeated")]
+    clean = losses[main]
+    where = (
+        "on the second copy of the repeated probes"
+        if main == "repeated"
+        else "on the given prompts"
+    )
+    notes.append(
+        f"clean next-token loss {where}: {clean:.3f} nats; "
+        + (
+            "earlier layers run once per layer of variants"
+            if shared
+            else "every variant re-runs the whole model (this host does not let a "
+            "hook grow the batch)"
+        )
+    )
+    return clean
+
+
 def compute(
     model: Any,
     prompts: Prompt | Batch | None = None,
@@ -201,33 +238,12 @@ def compute(
     if causal and adapter.is_encoder:
         notes.append("causal evidence not run: an encoder has no next-token loss")
     elif causal:
-        targets = _targets(probes)
-        main = next(iter(targets))
-        found, losses, shared = _causal(
-            adapter,
-            probes,
-            real.captures,
-            {layer: chosen_heads for layer in chosen_layers},
-            targets,
-        )
-        deltas.update({kind: found[(kind, main)] for kind in KINDS})
-        if "unrepeated" in targets:
-            deltas["mean_unrepeated"] = found[("mean", "unrepeated")]
-        clean = losses[main]
-        where = (
-            "on the second copy of the repeated probes"
-            if main == "repeated"
-            else "on the given prompts"
-        )
-        notes.append(
-            f"clean next-token loss {where}: {clean:.3f} nats; "
-            + (
-                "earlier layers run once per layer of variants"
-                if shared
-                else "every variant re-runs the whole model (this host does not let a "
-                "hook grow the batch)"
+        try:  # refused where the host cannot patch z or the pattern (delegated attention)
+            clean = _causal_columns(
+                adapter, probes, real, chosen_layers, chosen_heads, deltas, notes
             )
-        )
+        except TLDynamicsError as exc:
+            notes.append(f"causal evidence not run: {exc}")
     probe_info = {
         "n_seq": n_seq,
         "seq_len": seq_len,
