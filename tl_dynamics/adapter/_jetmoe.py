@@ -62,7 +62,7 @@ def routed_refusal(spec: Any, architecture: str, what: str) -> TLDynamicsError:
 
     Example:
         >>> from types import SimpleNamespace as NS
-        >>> str(routed_refusal(NS(layer=0), "JetMoeForCausalLM", "W_Q"))[:68]
+        >>> str(routed_refusal(NS(layer=0), "JetMoeForCausalLM", "W_Q"))[:69]
         'W_Q: layer 0 of JetMoeForCausalLM has router-chosen attention experts'
     """
     return TLDynamicsError(
