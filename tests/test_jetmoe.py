@@ -149,3 +149,23 @@ def test_report_shows_the_patterns_and_names_router_chosen_experts(jetmoe):
     assert "causal evidence not run: cannot patch z" in atlas
     patterns = html.rsplit("Attention patterns", 1)[1].split("</section>", 1)[0]
     assert "Not shown for this model" not in patterns
+
+
+def test_delegated_pattern_patches_are_refused_and_the_atlas_says_so():
+    """Where the bridge runs the Hugging Face module whole (Llama 4 here, JetMoE above), its
+    hook_pattern fires after the module used the pattern: a patched pattern would change nothing
+    (measured: the logits are unchanged), so ModelAdapter.patch refuses it and the atlas notes
+    that its causal evidence was not run, leaving the loss columns empty."""
+    from tl_dynamics import atlas
+
+    adapter = ModelAdapter(boot_tiny("Llama4ForCausalLM", no_rope_layers=[1, 0]))
+    message = (
+        "cannot patch the pattern of layer 0 of Llama4ForCausalLM: TransformerLens runs its "
+        "Hugging Face attention module whole and fires hook_pattern after the module"
+    )
+    with pytest.raises(TLDynamicsError, match=re.escape(message)):
+        with adapter.patch([("pattern", 0, lambda p: torch.zeros_like(p))]):
+            pass
+    result = atlas.compute(adapter, testing.PROMPTS[0])
+    assert any(note.startswith("causal evidence not run: " + message) for note in result.notes)
+    assert all(torch.tensor(d).isnan().all() for d in result.delta_loss.values())

@@ -125,6 +125,18 @@ def _targets(probes: Probes) -> dict[str, Tensor | None]:
     return {"repeated": second, "unrepeated": first}
 
 
+def _unpatchable(adapter: ModelAdapter, layers: list[int]) -> str | None:
+    """Why the host cannot patch the heads' ``z`` or pattern in ``layers`` (``ModelAdapter.patch``
+    refuses before any pass: no such hook, or a hook whose edits the host discards), or None."""
+    keep = [(role, layer, lambda t: None) for layer in layers for role in ("z", "pattern")]
+    try:
+        with adapter.patch(keep):
+            pass
+    except TLDynamicsError as exc:
+        return str(exc)
+    return None
+
+
 def _causal_columns(
     adapter: ModelAdapter,
     probes: Probes,
@@ -237,13 +249,10 @@ def compute(
     clean = float("nan")
     if causal and adapter.is_encoder:
         notes.append("causal evidence not run: an encoder has no next-token loss")
+    elif causal and (why := _unpatchable(adapter, chosen_layers)) is not None:
+        notes.append(f"causal evidence not run: {why}")  # e.g. delegated attention
     elif causal:
-        try:  # refused where the host cannot patch z or the pattern (delegated attention)
-            clean = _causal_columns(
-                adapter, probes, real, chosen_layers, chosen_heads, deltas, notes
-            )
-        except TLDynamicsError as exc:
-            notes.append(f"causal evidence not run: {exc}")
+        clean = _causal_columns(adapter, probes, real, chosen_layers, chosen_heads, deltas, notes)
     probe_info = {
         "n_seq": n_seq,
         "seq_len": seq_len,
