@@ -147,6 +147,7 @@ def test_report_shows_the_patterns_and_names_router_chosen_experts(jetmoe):
     assert notes and all("router-chosen attention experts" in note for note in notes), notes
     atlas = html.rsplit("What each head does", 1)[1].split("</section>", 1)[0]
     assert "causal evidence not run: cannot patch z" in atlas
+    assert "The causal columns are left out: cannot patch z of layer 0" in html
     patterns = html.rsplit("Attention patterns", 1)[1].split("</section>", 1)[0]
     assert "Not shown for this model" not in patterns
 

@@ -314,14 +314,20 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         if len(natural) == len(real)
         else f"the report's prompt (its first {len(natural)} of {len(real)} tokens)"
     )
-    cost = (
-        f"Numbers under a role: the change in next-token loss when the head is mean-ablated on "
-        f"{cut}."
-        if causal
-        else f"The causal columns are left out of the report for {n_heads} heads (more than "
-        f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them. Sinks and "
-        f"locality are read on {cut}."
-    )
+    not_run = [n.split(": ", 1)[1] for n in result.notes if n.startswith("causal evidence not run")]
+    if not_run:  # the host cannot patch these heads (delegated attention), or an encoder
+        cost = f"The causal columns are left out: {not_run[0]}."
+    elif causal:
+        cost = (
+            f"Numbers under a role: the change in next-token loss when the head is mean-ablated "
+            f"on {cut}."
+        )
+    else:
+        cost = (
+            f"The causal columns are left out of the report for {n_heads} heads (more than "
+            f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them. Sinks and "
+            f"locality are read on {cut}."
+        )
     page.add_section(
         "What each head does",
         [result.show()],
