@@ -24,8 +24,9 @@ def reconstruction_errors(
     """Largest differences between the adapter's recomputation and the model's cached activations.
 
     Over valid query rows: ``scores`` (where the scores hook holds logits; NaN otherwise),
-    ``pattern``, ``z``, ``out`` (head outputs summed plus ``b_O`` against the attention output;
-    NaN where the model hooks that output only after a post-norm), ``scores_hook_is_pattern``
+    ``pattern``, ``z`` (NaN where the model hooks no ``z``), ``out`` (head outputs summed plus
+    ``b_O`` against the attention output; NaN where the model hooks that output only after a
+    post-norm), ``scores_hook_is_pattern``
     (1.0 where the cache's scores equal its pattern).
 
     Args:
@@ -46,7 +47,7 @@ def reconstruction_errors(
     worst = {
         "scores": float("nan"),
         "pattern": 0.0,
-        "z": 0.0,
+        "z": float("nan"),
         "out": float("nan"),
         "scores_hook_is_pattern": 0.0,
     }
@@ -65,7 +66,8 @@ def reconstruction_errors(
         elif torch.equal(ref["scores"], ref["pattern"]):
             worst["scores_hook_is_pattern"] = 1.0
         z = la.z(pattern=pattern)
-        worst["z"] = max(worst["z"], _masked_max(z - ref["z"], rows[:, :, None, None]))
+        if "z" in ref:  # absent where the host hooks no z (JetMoE: its heads' z is not hooked)
+            worst["z"] = _nan_max(worst["z"], _masked_max(z - ref["z"], rows[:, :, None, None]))
         if "out" in ref:  # absent where the attention output is only hooked after a post-norm
             out = la.head_outputs(z=z).sum(2) + la.b_O
             worst["out"] = _nan_max(worst["out"], _masked_max(out - ref["out"], rows[:, :, None]))
@@ -171,7 +173,9 @@ def hf_truth_errors(
         target = twin_modules[names[id(_output_projection(adapter, layer))]]
         handles.append(
             target.register_forward_hook(
-                lambda _m, _i, out, layer=layer: outs.__setitem__(layer, out.detach().float())
+                lambda _m, _i, out, layer=layer: outs.__setitem__(
+                    layer, (out[0] if isinstance(out, tuple) else out).detach().float()
+                )
             )
         )
     try:
@@ -205,8 +209,9 @@ def _output_projection(adapter: ModelAdapter, layer: int) -> Any:
     the bridge wraps the attention without hooks (RecurrentGemma, NemotronH) it is the module's
     own ``o_proj``, reached through the same paths."""
     attn = getattr(adapter.model.blocks[layer], "attn", None)
-    if attn is not None:
-        return attn.o.original_component
+    if attn is not None:  # JetMoE: no o projection, the module's own output
+        o_proj = getattr(attn, "o", None)
+        return (attn if o_proj is None else o_proj).original_component
     inside = f"model.layers.{layer}."
     found = [
         module

@@ -15,6 +15,7 @@ from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import check_attention
 from tl_dynamics.adapter._core import AdapterCore
 from tl_dynamics.adapter._gate import gate_refusal
+from tl_dynamics.adapter._jetmoe import ROUTED_WEIGHTS, routed_queries, routed_weight
 from tl_dynamics.adapter._mla import LatentFactors, latent_weight, read_latent
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._postrope import refuse_query_map
@@ -42,14 +43,20 @@ class AdapterBase(AdapterCore):
 
         if name in ("W_V", "b_V") and self.specs[layer].gate is not None:  # gated: no fixed OV
             raise gate_refusal(self.specs[layer], self.info.architecture, name)
+        routed = self.specs[layer].gate == "router"  # JetMoE: W_Q, W_O chosen per token
+        if routed and name in ROUTED_WEIGHTS:
+            raise gate_refusal(self.specs[layer], self.info.architecture, name)
 
         def compute() -> Tensor:
             if self.specs[layer].latent:  # low-rank q/k/v factors, gains folded in
                 return latent_weight(
                     self.model, layer, name, bias_shape, self.n_heads, lambda: self.latent(layer)
                 )
-            read = unhooked_param if self.specs[layer].unhooked else _weights.attn_param
-            w = read(self.model, layer, name)
+            if routed:
+                w = routed_weight(self.model, layer, name, self.n_heads)
+            else:
+                read = unhooked_param if self.specs[layer].unhooked else _weights.attn_param
+                w = read(self.model, layer, name)
             if w is None:
                 if bias_shape is None:
                     raise TLDynamicsError(
@@ -258,8 +265,10 @@ class AdapterBase(AdapterCore):
         """The queries of every head before rotary for attention inputs ``x`` (as W_Q reads
         them, e.g. ``LayerAttention.reference["x"]``): ``x W_Q + b_Q``, normalised by the
         model's own query norm on qk-norm layers (``query_norm``)."""
-        q = torch.einsum("...m,hmd->...hd", x.float(), self.W_Q(layer)) + self.b_Q(layer)
         spec = self.specs[layer]
+        if spec.gate == "router":  # JetMoE: each token's query expert, by its router (_jetmoe)
+            return routed_queries(self.model, layer, x, self.n_kv_heads)
+        q = torch.einsum("...m,hmd->...hd", x.float(), self.W_Q(layer)) + self.b_Q(layer)
         norm = None if spec.postrope else self._query_norm(layer)  # postrope: after rotary
         q = q if norm is None else norm.apply_heads(q, x.float())
         return q if spec.clip is None else q.clamp(-spec.clip, spec.clip)  # clip_qkv: after norm

@@ -29,7 +29,7 @@ RECONSTRUCTING_BRIDGES = {
     "_BitNetAttentionBridge",
 }
 # Bridge attention class that runs the HF module and fires hook_attn_scores on its weights.
-DELEGATING_BRIDGES = {"AttentionBridge"}
+DELEGATING_BRIDGES = {"AttentionBridge", "_JetMoeAttentionBridge"}  # JetMoE: _jetmoe
 
 
 def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:

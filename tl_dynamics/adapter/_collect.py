@@ -16,8 +16,10 @@ from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._gate import layer_gate, sub_norm_gate
 from tl_dynamics.adapter._host import alibi_slopes, mpt_alibi_slopes
+from tl_dynamics.adapter._jetmoe import routed_qkv, unfixed_W_O
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._postrope import postrope_qk
+from tl_dynamics.adapter._routed import routed_layer
 from tl_dynamics.adapter._scored import scored_qkv
 from tl_dynamics.adapter._spec import LayerSpec
 from tl_dynamics.errors import TLDynamicsError
@@ -62,6 +64,8 @@ def assemble(
     pass's memo (masks are formed once there)."""
     shared = {} if shared is None else shared
     spec = adapter.specs[layer]
+    if spec.gate == "router":  # JetMoE: q from each token's query expert, k/v shared (_jetmoe)
+        routed_qkv(adapter, spec, st)
     missing = [r for r in ("q", "k", "v") if r not in st]
     if missing:
         raise TLDynamicsError(f"layer {layer}: the forward pass did not fire the {missing} hooks")
@@ -120,7 +124,9 @@ def assemble(
         q = q if "rot_q" in st else q.clamp(-spec.clip, spec.clip)
         k = k if "rot_k" in st else k.clamp(-spec.clip, spec.clip)
         v = v.clamp(-spec.clip, spec.clip)
-    W_O, b_O = adapter.W_O(layer), adapter.b_O(layer)
+    routed = spec.gate == "router"  # JetMoE: an output expert per query (_jetmoe)
+    W_O = unfixed_W_O(adapter, q.device) if routed else adapter.W_O(layer)
+    b_O = adapter.b_O(layer)
     reference = {r: st[r].float() for r in REFERENCE_ROLES if r in st}
     if "x" in st:
         reference["x"] = adapter.attention_input(layer, st["x"].float())
@@ -145,7 +151,7 @@ def assemble(
     )
     if spec.gate == "sub_norm":  # BitNet: the norm over all heads of z, as a multiplier (_gate)
         la = replace(la, gate=sub_norm_gate(adapter, layer, la.z()))
-    return la
+    return routed_layer(adapter, la, st) if routed else la
 
 
 def refuse_sinks(specs: Sequence[LayerSpec], layers: Sequence[int], architecture: str) -> None:

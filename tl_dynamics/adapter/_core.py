@@ -19,6 +19,7 @@ from tl_dynamics.adapter._checks import (
 )
 from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
 from tl_dynamics.adapter._host import host_info, hooked_post_norm, layer_specs
+from tl_dynamics.adapter._jetmoe import ROUTED_HOOKS, ROUTED_NAMES
 from tl_dynamics.adapter._postrope import POSTROPE_HOOKS
 from tl_dynamics.adapter._spec import HostInfo
 from tl_dynamics.adapter._unhooked import point_name
@@ -41,7 +42,8 @@ _BLOCK_HOOKS = {
     "resid_mid": "hook_resid_mid",
     "resid_post": "hook_resid_post",
     **POSTROPE_HOOKS,
-}  # gate: gate logits (_gate); _postrope
+    **ROUTED_HOOKS,
+}  # gate: gate logits (_gate); _postrope; _jetmoe
 _HOST_HOOKS = {
     "bridge": {"out": "attn.o.hook_out", "x": "attn.q.hook_in"},
     "hooked": {"out": "hook_attn_out", "x": "ln1.hook_normalized"},
@@ -165,6 +167,8 @@ class AdapterCore:
                 name = f"blocks.{layer}.hook_resid_pre"  # no input norm: W_Q reads the stream
             if role == "x" and self.specs[layer].latent:  # latent attention: no q projection
                 name = f"blocks.{layer}.attn.hook_in"
+            if role in ROUTED_NAMES and self.specs[layer].gate == "router":  # no q, o (_jetmoe)
+                name = f"blocks.{layer}.{ROUTED_NAMES[role]}"
             name = _sae.spliced_output(hooks, name) or name  # an SAE in the stream: what flows on
             post_normed = role == "out" and self.post_norm is not None  # no head-output sum hook
             names.append(None if post_normed or name not in hooks else name)

@@ -12,6 +12,9 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
+import torch
+
+from tl_dynamics.compat import tl_major_version
 from tl_dynamics.errors import HostDiffersWarning, TLDynamicsError
 
 __all__ = [
@@ -32,8 +35,6 @@ REFUSED_ATTENTION = {
     "Gemma4TextAttention": "q, k and v are each RMS-normalised, head widths and rotary differ "
     "between sliding and full layers, and later layers can reuse an earlier "
     "layer's keys and values",
-    "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
-    "experts",
 }
 
 # Hugging Face config flags (read from the wrapped model's config).
@@ -173,7 +174,30 @@ def host_differences(model: Any, family: str, architecture: str) -> list[str]:
             "the flag, so its patterns differ from the Hugging Face model's; the adapter "
             "reproduces TransformerLens"
         )
+    if family == "hunyuan_v1_dense" and tl_major_version() < 4 and _gains_split_pairs(model):
+        found.append(
+            f"{architecture} normalises q and k after rotary (Hugging Face), but TransformerLens "
+            "3.x normalises them before rotary; this model's q/k norm gains differ within rotated "
+            "pairs, so the two orders score differently and its patterns differ from the Hugging "
+            "Face model's (TransformerLens 4.x follows Hugging Face); the adapter reproduces "
+            "TransformerLens"
+        )
     return found
+
+
+def _gains_split_pairs(model: Any) -> bool:
+    """Whether a HunYuan q/k norm's gain differs between the two dimensions of a rotated pair
+    ``(k, k + d_head / 2)``: only then do "normalise, rotate" and "rotate, normalise" differ
+    (an RMS norm's own scale is rotation invariant)."""
+    for block in model.blocks:
+        orig = getattr(getattr(block, "attn", None), "original_component", None)
+        for name in ("query_layernorm", "key_layernorm"):
+            weight = getattr(getattr(orig, name, None), "weight", None)
+            if weight is not None:
+                first, second = weight.detach().reshape(-1, 2, weight.shape[-1] // 2).unbind(1)
+                if not torch.equal(first, second):
+                    return True
+    return False
 
 
 def check_host_version(family: str, architecture: str, major: int) -> None:
@@ -186,13 +210,6 @@ def check_host_version(family: str, architecture: str, major: int) -> None:
         ...
         tl_dynamics.errors.TLDynamicsError: unsupported CohereForCausalLM on TransformerLens 3.x: its bridge rotates Cohere's queries and keys with neither layout of its own cos/sin tables, and its attention pattern differs from the Hugging Face model's (by 0.97 on a tiny random model); TransformerLens 4.x computes it exactly and the adapter reproduces it there
     """
-    if family == "hunyuan_v1_dense" and major < 4:
-        raise TLDynamicsError(
-            f"unsupported {architecture} on TransformerLens 3.x: its bridge fires hook_rot_q after "
-            "HunYuan's q/k norm, which comes after rotary, so its rotated queries cannot verify the "
-            "layer's rotation (TransformerLens 4.x fires them before the norm, and the adapter is "
-            "exact there)"
-        )
     if family in ("cohere", "cohere2") and major < 4:
         raise TLDynamicsError(
             f"unsupported {architecture} on TransformerLens 3.x: its bridge rotates Cohere's "

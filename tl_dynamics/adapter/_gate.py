@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tl_dynamics.adapter._jetmoe import ROUTED_ROLES, ROUTER_WHAT, routed_refusal
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = ["GATE_WHAT", "gate_refusal", "gate_roles", "layer_gate", "output_gate", "sub_norm_gate"]
@@ -41,6 +42,7 @@ GATE_WHAT = {
     "z_i = (sum_j p_ij v_j) * softplus(x_i W_g), one gate per head or per entry",
     "sub_norm": "an RMSNorm over all heads (attn_sub_norm) divides z by its root mean square "
     "over every head and scales it by a gain, z_i = (sum_j p_ij v_j) * w / rms_i",
+    "router": ROUTER_WHAT,  # JetMoE (_jetmoe): the router weight multiplies z, W_O per token
 }
 # the Hugging Face attention module's gate projection, by gate kind (module gates only)
 _MODULE_GATES = {"gate_proj": "gate_proj", "g_proj": "g_proj"}
@@ -64,7 +66,7 @@ def output_gate(model: Any, orig: Any = None) -> str | None:
         return "g_proj"
     if name == "BitNetAttention":
         return "sub_norm"
-    return None
+    return "router" if name == "JetMoeAttention" else None
 
 
 def layer_gate(adapter: Any, spec: Any, st: dict[str, Tensor]) -> Tensor | None:
@@ -72,7 +74,7 @@ def layer_gate(adapter: Any, spec: Any, st: dict[str, Tensor]) -> Tensor | None:
     hooks: the hooked logits (``sigmoid``), or the attention input ``x`` through the module's
     own gate projection (``gate_proj``, ``g_proj``); None on an ungated layer."""
     kind = getattr(spec, "gate", None)
-    if kind in (None, "sub_norm"):  # sub_norm: formed from z once the layer is assembled
+    if kind in (None, "sub_norm", "router"):  # formed from z / the routing once assembled
         return None
     role = "x" if kind in _MODULE_GATES else "gate"
     if role not in st:
@@ -94,6 +96,8 @@ def gate_roles(spec: Any) -> list[str]:
     """The hook roles a gated layer needs to form its gate (none on an ungated layer, and none
     for ``sub_norm``, formed from ``z`` itself: ``sub_norm_gate``)."""
     kind = getattr(spec, "gate", None)
+    if kind == "router":  # JetMoE: its input, router logits and shared k/v (_jetmoe)
+        return list(ROUTED_ROLES)
     return [] if kind in (None, "sub_norm") else ["x" if kind in _MODULE_GATES else "gate"]
 
 
@@ -109,6 +113,8 @@ def sub_norm_gate(adapter: Any, layer: int, z: Tensor) -> Tensor:
 
 def gate_refusal(spec: Any, architecture: str, what: str) -> TLDynamicsError:
     """The refusal of ``what`` (an analysis or a weight) on a gated layer."""
+    if spec.gate == "router":
+        return routed_refusal(spec, architecture, what)
     return TLDynamicsError(
         f"{what}: layer {spec.layer} of {architecture} has gated attention ({GATE_WHAT[spec.gate]}),"
         " so the head's output is not pattern @ v times a fixed matrix; it does not model the "

@@ -120,6 +120,7 @@ VERIFIED_HF_ATTENTION = {
     "AfmoeAttention": "afmoe",
     "LagunaAttention": "laguna",
     "BitNetAttention": "bitnet",  # attn_sub_norm over all heads of z, as a multiplier (_gate)
+    "JetMoeAttention": "jetmoe",  # router-chosen query and output experts (_jetmoe)
 }
 
 

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._capture import probing
+from tl_dynamics.adapter._jetmoe import routed_patch_refusal
 from tl_dynamics.adapter._mla import latent_z_patch
 from tl_dynamics.adapter._unhooked import is_point, register_patch
 from tl_dynamics.errors import TLDynamicsError
@@ -27,7 +28,10 @@ PatchFn = Callable[[Tensor], "Tensor | None"]
 
 @contextmanager
 def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -> Iterator[None]:
-    """Attach replacing hooks ``(role, layer, fn)``; remove exactly these on exit."""
+    """Attach replacing hooks ``(role, layer, fn)``; remove exactly these on exit. A patch the
+    host would discard is refused (``refuse_discarded``)."""
+    for role, layer, _ in patches:
+        refuse_discarded(adapter, role, adapter.check_layer(layer))
     patches = [
         (
             role,
@@ -88,3 +92,28 @@ def patched(adapter: AdapterBase, patches: Sequence[tuple[str, int, PatchFn]]) -
             point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
         for handle in torch_handles:
             handle.remove()
+
+
+def refuse_discarded(adapter: AdapterBase, role: str, layer: int) -> None:
+    """Refuse a patch whose replacement the host would not use: the pattern of a layer whose
+    bridge runs the Hugging Face module whole and fires ``hook_pattern`` after it (its edits are
+    discarded: the output is unchanged), and ``z`` of a JetMoE layer (no hook holds it). Layers
+    read without TransformerLens hooks (``_unhooked``) recompute their output from a patched
+    pattern, so they patch."""
+    spec = adapter.specs[layer]
+    if role == "z" and spec.gate == "router":
+        raise routed_patch_refusal(spec, adapter.info.architecture)
+    inside = getattr(getattr(adapter.model.blocks[layer], "attn", None), "original_component", None)
+    if (
+        role == "pattern"
+        and spec.scores_hook == "pattern"
+        and spec.is_attention
+        and not spec.unhooked
+    ):
+        if not getattr(inside, "accepts_pattern_fn", False):  # TransformerLens native: inside
+            raise TLDynamicsError(
+                f"cannot patch the pattern of layer {layer} of {adapter.info.architecture}: "
+                "TransformerLens runs its Hugging Face attention module whole and fires "
+                "hook_pattern after the module has used the pattern, so a patched pattern "
+                "would not change the layer's output"
+            )

@@ -21,6 +21,7 @@ from typing import Any
 from torch import Tensor
 
 from tl_dynamics.adapter._gate import gate_roles
+from tl_dynamics.adapter._jetmoe import routed_refusal
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = ["POSTROPE_HOOKS", "extra_roles", "postrope_qk", "postrope_refusal", "refuse_query_map"]
@@ -68,6 +69,8 @@ def refuse_query_map(spec: Any, architecture: str) -> None:
     the query frame can invert."""
     if getattr(spec, "postrope", False):
         raise postrope_refusal(spec.layer, architecture)
+    if getattr(spec, "gate", None) == "router":  # JetMoE: the query expert depends on x
+        raise routed_refusal(spec, architecture, "ModelAdapter.query_norm")
     if getattr(spec, "clip", None) is not None:
         raise TLDynamicsError(
             f"layer {spec.layer} of {architecture} clamps q, k and v to [-{spec.clip}, "

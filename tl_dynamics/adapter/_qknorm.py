@@ -173,6 +173,8 @@ def read_query_norm(
         bias = None if biases[0] is None else torch.stack([b.detach().float() for b in biases])
         return QueryNorm("head", weight, float(norms[0].eps), 0.0, center=True, bias=bias)
     module = per_head if per_head is not None else getattr(hf_attn, "q_norm", None)
+    if module is None:  # HunYuan's query_layernorm (normalised before rotary on TL 3.x)
+        module = getattr(hf_attn, "query_layernorm", None)
     # weightless RMS norms: Llama 4's one qk_norm for q and k, NanoChat's q_norm
     shared = module if module is not None else getattr(hf_attn, "qk_norm", None)
     shared = getattr(shared, "original_component", None) or shared  # a bridge wrapper: its module

@@ -52,7 +52,8 @@ class LayerSpec:
             with a rotation (it preserves the sum of squares), so the order does not matter.
         gate: the output gate multiplying ``z`` (``_gate.GATE_WHAT``: ``"sigmoid"`` on Qwen3-Next
             and Qwen3.5, ``"gate_proj"`` on AFMoE, ``"g_proj"`` on Laguna, ``"sub_norm"`` on
-            BitNet), or None.
+            BitNet, ``"router"`` on JetMoE: each slot's router weight, its query and output
+            projections chosen per token, ``_jetmoe``), or None.
         postrope: q and k are normalised after rotary (HunYuan; ``_postrope``): the scored q/k
             are read from the norm's hooks, and ``query_norm`` refuses the layer.
         clip: ``clip_qkv`` (OLMo, OLMoE, MPT): q, k and v clamped to ``[-clip, clip]`` after

@@ -125,6 +125,55 @@ def _targets(probes: Probes) -> dict[str, Tensor | None]:
     return {"repeated": second, "unrepeated": first}
 
 
+def _unpatchable(adapter: ModelAdapter, layers: list[int]) -> str | None:
+    """Why the host cannot patch the heads' ``z`` or pattern in ``layers`` (``ModelAdapter.patch``
+    refuses before any pass: no such hook, or a hook whose edits the host discards), or None."""
+    keep = [(role, layer, lambda t: None) for layer in layers for role in ("z", "pattern")]
+    try:
+        with adapter.patch(keep):
+            pass
+    except TLDynamicsError as exc:
+        return str(exc)
+    return None
+
+
+def _causal_columns(
+    adapter: ModelAdapter,
+    probes: Probes,
+    real: Any,
+    layers: list[int],
+    heads: list[int],
+    deltas: dict[str, np.ndarray],
+    notes: list[str],
+) -> float:
+    """Fill ``deltas`` with the interventions' loss changes, note how they ran, return the
+    clean loss."""
+    targets = _targets(probes)
+    main = next(iter(targets))
+    found, losses, shared = _causal(
+        adapter, probes, real.captures, {layer: heads for layer in layers}, targets
+    )
+    deltas.update({kind: found[(kind, main)] for kind in KINDS})
+    if "unrepeated" in targets:
+        deltas["mean_unrepeated"] = found[("mean", "unrepeated")]
+    clean = losses[main]
+    where = (
+        "on the second copy of the repeated probes"
+        if main == "repeated"
+        else "on the given prompts"
+    )
+    notes.append(
+        f"clean next-token loss {where}: {clean:.3f} nats; "
+        + (
+            "earlier layers run once per layer of variants"
+            if shared
+            else "every variant re-runs the whole model (this host does not let a "
+            "hook grow the batch)"
+        )
+    )
+    return clean
+
+
 def compute(
     model: Any,
     prompts: Prompt | Batch | None = None,
@@ -200,34 +249,10 @@ def compute(
     clean = float("nan")
     if causal and adapter.is_encoder:
         notes.append("causal evidence not run: an encoder has no next-token loss")
+    elif causal and (why := _unpatchable(adapter, chosen_layers)) is not None:
+        notes.append(f"causal evidence not run: {why}")  # e.g. delegated attention
     elif causal:
-        targets = _targets(probes)
-        main = next(iter(targets))
-        found, losses, shared = _causal(
-            adapter,
-            probes,
-            real.captures,
-            {layer: chosen_heads for layer in chosen_layers},
-            targets,
-        )
-        deltas.update({kind: found[(kind, main)] for kind in KINDS})
-        if "unrepeated" in targets:
-            deltas["mean_unrepeated"] = found[("mean", "unrepeated")]
-        clean = losses[main]
-        where = (
-            "on the second copy of the repeated probes"
-            if main == "repeated"
-            else "on the given prompts"
-        )
-        notes.append(
-            f"clean next-token loss {where}: {clean:.3f} nats; "
-            + (
-                "earlier layers run once per layer of variants"
-                if shared
-                else "every variant re-runs the whole model (this host does not let a "
-                "hook grow the batch)"
-            )
-        )
+        clean = _causal_columns(adapter, probes, real, chosen_layers, chosen_heads, deltas, notes)
     probe_info = {
         "n_seq": n_seq,
         "seq_len": seq_len,
@@ -289,14 +314,20 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         if len(natural) == len(real)
         else f"the report's prompt (its first {len(natural)} of {len(real)} tokens)"
     )
-    cost = (
-        f"Numbers under a role: the change in next-token loss when the head is mean-ablated on "
-        f"{cut}."
-        if causal
-        else f"The causal columns are left out of the report for {n_heads} heads (more than "
-        f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them. Sinks and "
-        f"locality are read on {cut}."
-    )
+    not_run = [n.split(": ", 1)[1] for n in result.notes if n.startswith("causal evidence not run")]
+    if not_run:  # the host cannot patch these heads (delegated attention), or an encoder
+        cost = f"The causal columns are left out: {not_run[0]}."
+    elif causal:
+        cost = (
+            f"Numbers under a role: the change in next-token loss when the head is mean-ablated "
+            f"on {cut}."
+        )
+    else:
+        cost = (
+            f"The causal columns are left out of the report for {n_heads} heads (more than "
+            f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them. Sinks and "
+            f"locality are read on {cut}."
+        )
     page.add_section(
         "What each head does",
         [result.show()],
