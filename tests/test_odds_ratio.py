@@ -277,6 +277,28 @@ def test_fast_path_is_exact_when_key_priors_span_far():
     torch.testing.assert_close(fast["column"], direct["column"], rtol=1e-4, atol=1e-4)
 
 
+def test_cpu_likelihood_partition_falls_back_where_the_product_underflows():
+    """On the CPU the likelihood-only log-partition comes from the pattern by one product,
+    ``lse - P_min + log sum_j p_ij exp(-(P_j - P_min))``. Here the rows from 3 on put all their
+    weight on key 3, whose prior is 223 nats above the rest: every term of that sum underflows
+    in float32, so the chunk must take the masked log-sum-exp (the product alone gives -inf),
+    and equal the direct path."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 12, 1, 8, generator=gen)
+    k = torch.randn(1, 12, 1, 8, generator=gen)
+    k[0, 3, 0] = 30.0 * torch.eye(8)[0]  # prior 0.25 * 900 = 225
+    q[0, 3:, 0] = 20.0 * torch.eye(8)[0]  # r = 300 on key 3, about +-10 elsewhere
+    allowed = torch.ones(1, 12, 12, dtype=torch.bool).tril()
+    valid = torch.ones(1, 12, dtype=torch.bool)
+    fast = _fast.row_facts(q, k, 0.5, allowed, valid, _fast.MaskFacts.of(allowed, valid, True))
+    direct = _stats._direct_row_facts(q, k, 0.5, None, allowed, valid, None)
+    assert torch.isfinite(fast["kl_loglik"]).all()
+    for key in ("kl_prior", "kl_loglik", "neg_entropy"):
+        torch.testing.assert_close(
+            fast[key][..., 1:].double(), direct[key][..., 1:].double(), rtol=1e-4, atol=1e-4
+        )
+
+
 def test_attach_streams_over_the_users_own_forward_passes():
     adapter = adapter_for("gpt2-like" if HAS_HOOKED else "gpt2")
     model = adapter.model

@@ -42,6 +42,9 @@ CPU_CHUNK_ELEMENTS = 1 << 19
 # 1 x 1,024 tokens and 0.48 s at 4 x 256 with 8-row chunks over all heads, 0.66 s and 0.31 s
 # with 64-row chunks over groups of 8 heads; 32 to 128 rows were within 10% of that)
 CPU_CHUNK_ROWS = 64
+# The smallest ``sum_j p_ij w_j`` the CPU's likelihood log-partition trusts (``_Scratch.lse_lik``):
+# terms lost to float32 underflow (< 1.4e-45 each) are then below 1e-11 of the sum at 4,096 keys.
+LIK_FLOOR = 2.0**-100
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,6 +184,7 @@ def row_facts(
     prior_col = prior.view(-1, n_pos, 1)
     shifted_col = shifted_prior.view(-1, n_pos, 1)
     scratch = _Scratch(not Collector.launch_bound(q.device), n_batch * n_heads * step * n_pos, qs)
+    scratch.key_weights(shifted_prior, p_min, kv)
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
         j0, j1 = masks.band(i0, i1, n_pos)
@@ -192,7 +196,8 @@ def row_facts(
         s = torch.add(r, add, out=scratch.get(1, shape))
         log_p = torch.log_softmax(s, dim=-1, out=scratch.get(2, shape))
         own = own_all[:, :, i0:i1] if j0 == 0 else (own_all[:, :, i0:i1] - j0)
-        parts["lse"].append((r.gather(-1, own) - log_p.gather(-1, own)).squeeze(-1))
+        lse_c = (r.gather(-1, own) - log_p.gather(-1, own)).squeeze(-1)
+        parts["lse"].append(lse_c)
         p = log_p.exp_()  # the pattern, in place of its log
         pr = prior[:, :, None, j0:j1]
         parts["sum_pr"].append(scratch.vecdot(p, r))
@@ -201,7 +206,7 @@ def row_facts(
         )
         if prefix is None:
             parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
-        parts["lse_lik"].append(scratch.logsumexp_(s.sub_(pr)))
+        parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, j0, j1))
         column[..., j0:j1] += torch.matmul(valid_f[:, None, None, i0:i1], p).squeeze(-2)
         # centred in place (the row means are known already): no cancellation in the moments
         r.sub_(mean_r[..., i0:i1, None]).mul_(allowed_f[:, None, i0:i1, j0:j1])
@@ -260,6 +265,30 @@ class _Scratch:
         if not self.reuse:
             return torch.linalg.vecdot(a, b)
         return torch.mul(a, b, out=self.get(3, tuple(a.shape))).sum(-1)
+
+    def key_weights(self, shifted_prior: Tensor, p_min: Tensor, key_valid: Tensor) -> None:
+        """Per key ``w_j = exp(-(P_j - P_min))`` (0 at keys not valid), for ``lse_lik``."""
+        if self.reuse:
+            w = torch.exp(-shifted_prior).masked_fill_(~key_valid, 0.0)
+            self.w_col, self.p_min = w.view(-1, w.shape[-1], 1), p_min
+
+    def lse_lik(self, s: Tensor, prior: Tensor, p: Tensor, lse: Tensor, j0: int, j1: int) -> Tensor:
+        """``log sum_j A_ij exp(r_ij - P_j)`` of a chunk (``s``: its masked scores, ``p`` its
+        pattern, ``lse`` its rows' log-partitions, keys ``j0 .. j1 - 1``).
+
+        On the CPU, from the pattern by one product and no pass of exponentials:
+        ``exp(r_ij - P_j) = exp(lse_i - P_min) p_ij w_j``, so the log-partition is
+        ``lse_i - P_min + log sum_j p_ij w_j``, a sum of positive terms (no cancellation). Where
+        a row's sum falls below ``LIK_FLOOR`` (its mass on keys whose products underflow in
+        float32), the chunk takes the masked log-sum-exp of ``s - P`` instead, exact for any
+        spread of the priors. Elsewhere always the latter (it needs no read of the device)."""
+        if not self.reuse:
+            return torch.logsumexp(s.sub_(prior), -1)
+        b, h, c, m = p.shape
+        lik = torch.bmm(p.view(-1, c, m), self.w_col[:, j0:j1]).view(b, h, c)
+        if bool((lik < LIK_FLOOR).any()):
+            return self.logsumexp_(s.sub_(prior))
+        return lik.log_().add_(lse - self.p_min)
 
     def logsumexp_(self, x: Tensor) -> Tensor:
         """``torch.logsumexp(x, -1)`` for rows with a finite maximum, overwriting ``x``: the
