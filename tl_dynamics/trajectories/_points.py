@@ -151,7 +151,7 @@ def point_statistics(
     if Collector.launch_bound(zs[0].device):
         group = n_points
     else:
-        group = max(1, CPU_POINT_BUDGET_BYTES // max(1, 4 * b * n * d))
+        group = max(1, CPU_POINT_BUDGET_BYTES // max(1, 8 * b * n * d))  # their float64 sums
     z = _Points(zs, group)
     res = _elementwise(z, key_valid)
     if targets is not None:
