@@ -145,19 +145,21 @@ def row_facts(
     kv = key_valid[:, None]
     p_min = prior.masked_fill(~kv, float("inf")).amin(-1, keepdim=True)
 
-    # row means of r through the keys (no [b, h, i, j] pass)
-    sum_k = _row_sums(allowed_f, kh, prefix)
+    launch_bound = Collector.launch_bound(q.device)
     d = kh.shape[-1]
-    sum_r = scale * (qh * sum_k).sum(-1)
+    # a GPU: row means of r through the keys (no [b, h, i, j] pass); the CPU sums each chunk's
+    # rows instead (one pass over a chunk in cache, against a float64 prefix sum of the keys)
+    mean_r = (
+        scale * (qh * _row_sums(allowed_f, kh, prefix)).sum(-1) / n_safe if launch_bound else None
+    )
     p64 = prior.double()
     sum_p = _row_sums(allowed_f, p64, prefix)
     var_prior = _row_sums(allowed_f, p64 * p64, prefix) - sum_p * sum_p / n_safe.double()
     mean_p = sum_p / n_safe.double()
     additive, valid_f = masks.additive, masks.valid_f
 
-    mean_r = sum_r / n_safe
     shifted_prior = prior - p_min
-    if Collector.launch_bound(q.device):
+    if launch_bound:
         # chunks: one per SCORE_BUDGET_LAYERS layers (the same count whatever the heads and
         # tokens), more only where a chunk would pass MAX_CHUNK_BYTES
         n_layers = max(1, n_heads // (layer_heads or n_heads))
@@ -172,6 +174,7 @@ def row_facts(
     qs = (qh * scale).reshape(n_batch * n_heads, n_pos, d)
     kt = kh.reshape(n_batch * n_heads, n_pos, d).transpose(1, 2)
     names = ("sum_sq", "cov_rp", "sum_pr", "lse", "pattern_prior", "lse_lik", "lse_prior")
+    names += ("mean_r",) if mean_r is None else ()
     parts: dict[str, list[Tensor]] = {n: [] for n in names}
     if prefix is not None:  # causal, no window: each row's keys are a prefix, one pass for all
         parts["lse_prior"].append(torch.logcumsumexp(prior.masked_fill(~kv, float("-inf")), -1))
@@ -183,7 +186,7 @@ def row_facts(
     )
     prior_col = prior.view(-1, n_pos, 1)
     shifted_col = shifted_prior.view(-1, n_pos, 1)
-    scratch = _Scratch(not Collector.launch_bound(q.device), n_batch * n_heads * step * n_pos, qs)
+    scratch = _Scratch(not launch_bound, n_batch * n_heads * step * n_pos, qs)
     scratch.key_weights(shifted_prior, p_min, kv)
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
@@ -209,13 +212,20 @@ def row_facts(
         parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, j0, j1))
         column[..., j0:j1] += torch.matmul(valid_f[:, None, None, i0:i1], p).squeeze(-2)
         # centred in place (the row means are known already): no cancellation in the moments
-        r.sub_(mean_r[..., i0:i1, None]).mul_(allowed_f[:, None, i0:i1, j0:j1])
+        allowed_c = allowed_f[:, None, i0:i1, j0:j1]
+        if mean_r is None:
+            mean_c = scratch.vecdot(r, allowed_c) / n_safe[..., i0:i1]
+            parts["mean_r"].append(mean_c)
+        else:
+            mean_c = mean_r[..., i0:i1]
+        r.sub_(mean_c[..., None]).mul_(allowed_c)
         parts["sum_sq"].append(torch.linalg.vector_norm(r, dim=-1).square())
         parts["cov_rp"].append(
             torch.bmm(r.view(-1, c, m), shifted_col[:, j0:j1]).view(n_batch, n_heads, c)
         )
     got = {n: v[0] if len(v) == 1 else torch.cat(v, -1) for n, v in parts.items()}
     lse, sum_pr, pattern_prior = got["lse"], got["sum_pr"], got["pattern_prior"]
+    mean_r = got["mean_r"] if mean_r is None else mean_r
 
     var_r, cov_r_prior = got["sum_sq"].double(), got["cov_rp"].double()
     neg_entropy = sum_pr - lse
@@ -288,7 +298,7 @@ class _Scratch:
         lik = torch.bmm(p.view(-1, c, m), self.w_col[:, j0:j1]).view(b, h, c)
         if bool((lik < LIK_FLOOR).any()):
             return self.logsumexp_(s.sub_(prior))
-        return lik.log_().add_(lse - self.p_min)
+        return (lik.double().log_() + (lse.double() - self.p_min.double())).float()
 
     def logsumexp_(self, x: Tensor) -> Tensor:
         """``torch.logsumexp(x, -1)`` for rows with a finite maximum, overwriting ``x``: the

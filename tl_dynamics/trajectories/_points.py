@@ -153,10 +153,10 @@ def point_statistics(
     else:
         group = max(1, CPU_POINT_BUDGET_BYTES // max(1, 8 * b * n * d))  # their float64 sums
     z = _Points(zs, group)
-    res = _elementwise(z, key_valid)
+    res, unit = _elementwise(z, key_valid)
     if targets is not None:
         res.update(_lens(adapter, z, targets))
-    res.update(_particles(cfg, z, key_valid))
+    res.update(_particles(cfg, z, key_valid, unit))
     if "rank" in res and targets is not None:  # the lens ran: it needs the targets
         res["settling"] = settling_point(res["rank"], targets)
     return res
@@ -166,9 +166,11 @@ class _Points:
     """The residual states of a pass as ``[point, batch, pos, d]`` float32, stacked a group of
     points at a time (``group``: every point at once where that is the plan)."""
 
-    def __init__(self, zs: list[Tensor], group: int):
+    def __init__(self, zs: list[Tensor], group: int, whole: Tensor | None = None):
         self.zs, self.group = zs, group
-        self.whole = torch.stack(zs).float() if group >= len(zs) else None
+        if whole is None and group >= len(zs):
+            whole = torch.stack(zs).float()
+        self.whole = whole
         self.shape = (len(zs), *zs[0].shape)
         self.device = zs[0].device
 
@@ -181,14 +183,16 @@ class _Points:
         return torch.stack(picked).float()
 
 
-def _elementwise(z: _Points, key_valid: Tensor) -> dict[str, Tensor]:
+def _elementwise(z: _Points, key_valid: Tensor) -> tuple[dict[str, Tensor], _Points]:
     """Per-token statistics of every point (norms, steps, turning angles, cosine to the last
-    point) and the float64 state sums, in groups of ``z.group`` points."""
+    point) and the float64 state sums, in groups of ``z.group`` points; and every point's unit
+    vectors (``sphere.unit``, from the same norms)."""
     n_points = z.shape[0]
     z_last = z[n_points - 1 : n_points][0]
     last, last_defined = sphere.unit(z_last), z_last.norm(dim=-1) > sphere.NORM_FLOOR
     kv = key_valid.double()[None, :, :, None]
     out: dict[str, list[Tensor]] = {}
+    units: list[Tensor] = []
     for p0 in range(0, n_points, z.group):
         p1 = min(n_points, p0 + z.group)
         ext = z[p0 : min(n_points, p1 + 2)]  # two points more: the steps and turns from p1 - 1
@@ -200,16 +204,16 @@ def _elementwise(z: _Points, key_valid: Tensor) -> dict[str, Tensor]:
         del zd
         norm = ext.norm(dim=-1)  # [points, b, n]
         out.setdefault("norm", []).append(norm[: p1 - p0])
-        unit = sphere.unit(zg)
+        unit = zg / norm[: p1 - p0, ..., None].clamp_min(sphere.NORM_FLOOR)  # sphere.unit
+        units.append(unit)
         defined = (norm[: p1 - p0] > sphere.NORM_FLOOR) & last_defined
         cos_final = (unit * last).sum(-1)
         out.setdefault("cos_final", []).append(torch.where(defined, cos_final, math.nan))
-        del unit
         n_steps = min(p1, n_points - 1) - p0  # steps p0 .. from point p to p + 1
         if n_steps > 0:
             step_vec = ext[1:] - ext[:-1]
-            step = step_vec[:n_steps].norm(dim=-1)
-            prev = norm[:n_steps]
+            step_all = step_vec.norm(dim=-1)
+            step, prev = step_all[:n_steps], norm[:n_steps]
             out.setdefault("step", []).append(step)
             out.setdefault("rel_step", []).append(
                 torch.where(
@@ -217,14 +221,20 @@ def _elementwise(z: _Points, key_valid: Tensor) -> dict[str, Tensor]:
                 )
             )
             n_turns = min(p1, n_points - 2) - p0
-            if n_turns > 0:
-                c = _cos(step_vec[1 : n_turns + 1], step_vec[:n_turns]).clamp(-1.0, 1.0)
-                out.setdefault("turning", []).append(torch.rad2deg(torch.acos(c)))
+            if n_turns > 0:  # _cos of consecutive steps, from the norms above
+                na, nb = step_all[1 : n_turns + 1], step_all[:n_turns]
+                c = (step_vec[1 : n_turns + 1] * step_vec[:n_turns]).sum(-1) / (na * nb).clamp_min(
+                    sphere.NORM_FLOOR
+                )
+                c = torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
+                out.setdefault("turning", []).append(torch.rad2deg(torch.acos(c.clamp(-1.0, 1.0))))
     res: dict[str, Tensor] = {}
     for name, parts in out.items():
         got = torch.cat(parts)
         res[name] = got if name.startswith("state_") else got.transpose(0, 1)
-    return res
+    if z.whole is not None:
+        return res, _Points(list(units[0]), z.group, whole=units[0])
+    return res, _Points([u for group in units for u in group.unbind(0)], z.group)
 
 
 def _lens(adapter: "ModelAdapter", z: _Points, targets: Tensor) -> dict[str, Tensor]:
@@ -251,10 +261,11 @@ def _lens(adapter: "ModelAdapter", z: _Points, targets: Tensor) -> dict[str, Ten
     return {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
 
 
-def _particles(cfg: Config, z: _Points, key_valid: Tensor) -> dict[str, Tensor]:
+def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dict[str, Tensor]:
     """The token cloud's statistics at every point: cosine histograms and sums, effective rank,
     eps-clusters and the merge events between consecutive points (groups of points within
-    ``POINT_BUDGET_BYTES``)."""
+    ``POINT_BUDGET_BYTES``). ``unit`` holds ``sphere.unit(z)``, used where nothing is
+    standardised."""
     n_points, b, n, _ = z.shape
     mask = key_valid
     if cfg.skip_first:
@@ -267,14 +278,15 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor) -> dict[str, Tensor]:
     out: dict[str, list[Tensor]] = {}
     last: Tensor | None = None  # the labels of the group before's last point
     for p0 in range(0, n_points, group):
-        zg = z[p0 : p0 + group]
-        g = zg.shape[0]
         if std is True or std == "prompt":
+            zg = z[p0 : p0 + group]
             ug = sphere.unit(torch.stack([_cloud.standardize_prompt(x, mask) for x in zg]))
         elif isinstance(std, Standardizer):
+            zg = z[p0 : p0 + group]
             ug = sphere.unit(torch.stack([std.apply(p0 + i, x, mask) for i, x in enumerate(zg)]))
         else:
-            ug = sphere.unit(zg)
+            ug = unit[p0 : p0 + group]
+        g = ug.shape[0]
         flat_mask = mask.expand(g, -1, -1).reshape(g * b, n)
         u = ug.reshape(g * b, n, -1) * flat_mask[..., None]
         cos = sphere.cosines(u)
