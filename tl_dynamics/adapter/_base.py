@@ -15,6 +15,12 @@ from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import check_attention
 from tl_dynamics.adapter._core import AdapterCore
 from tl_dynamics.adapter._gate import gate_refusal
+from tl_dynamics.adapter._gemma4 import (
+    gemma4_weight,
+    kv_shared_refusal,
+    layer_d_head,
+    vnorm_refusal,
+)
 from tl_dynamics.adapter._mla import LatentFactors, latent_weight, read_latent
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._postrope import refuse_query_map
@@ -41,13 +47,22 @@ class AdapterBase(AdapterCore):
 
         if name in ("W_V", "b_V") and self.specs[layer].gate is not None:  # gated: no fixed OV
             raise gate_refusal(self.specs[layer], self.info.architecture, name)
+        if name in ("W_V", "b_V") and self.specs[layer].vnorm:  # Gemma 4: no fixed OV either
+            raise vnorm_refusal(layer, self.info.architecture, name)
+        source = self.specs[layer].kv_from
+        if name[-1] in "KV" and source is not None:  # Gemma 4: an earlier layer's keys, values
+            raise kv_shared_refusal(layer, source, self.info.architecture, name)
 
         def compute() -> Tensor:
             if self.specs[layer].latent:  # low-rank q/k/v factors, gains folded in
                 return latent_weight(
                     self.model, layer, name, bias_shape, self.n_heads, lambda: self.latent(layer)
                 )
-            w = _weights.attn_param(self.model, layer, name)
+            w = (
+                gemma4_weight(self.model, layer, name, self.n_heads)
+                if self.info.family == "gemma4"  # the bridge cannot split per-layer widths
+                else _weights.attn_param(self.model, layer, name)
+            )
             if w is None:
                 if bias_shape is None:
                     raise TLDynamicsError(
@@ -71,16 +86,31 @@ class AdapterBase(AdapterCore):
         return self._attn_weight(self.check_layer(layer), "W_O")
 
     def b_Q(self, layer: int) -> Float[Tensor, "head d_head"]:
-        return self._attn_weight(self.check_layer(layer), "b_Q", (self.n_heads, self.d_head))
+        return self._attn_weight(
+            self.check_layer(layer), "b_Q", (self.n_heads, self.head_width(layer))
+        )
 
     def b_K(self, layer: int) -> Float[Tensor, "head d_head"]:
-        return self._attn_weight(self.check_layer(layer), "b_K", (self.n_heads, self.d_head))
+        return self._attn_weight(
+            self.check_layer(layer), "b_K", (self.n_heads, self.head_width(layer))
+        )
 
     def b_V(self, layer: int) -> Float[Tensor, "head d_head"]:
-        return self._attn_weight(self.check_layer(layer), "b_V", (self.n_heads, self.d_head))
+        return self._attn_weight(
+            self.check_layer(layer), "b_V", (self.n_heads, self.head_width(layer))
+        )
 
     def b_O(self, layer: int) -> Float[Tensor, " d_model"]:
         return self._attn_weight(self.check_layer(layer), "b_O", (self.d_model,))
+
+    def head_width(self, layer: int) -> int:
+        """The query/key head width of ``layer``: ``d_head`` except where layers differ
+        (Gemma 4's sliding and full layers, ``_gemma4``)."""
+        return (
+            layer_d_head(self.model, layer, self.d_head)
+            if self.info.family == "gemma4"
+            else self.d_head
+        )
 
     def query_norm(self, layer: int) -> QueryNorm | None:
         """The query normalisation of ``layer`` on qk-norm architectures (``None`` elsewhere).
@@ -113,7 +143,7 @@ class AdapterBase(AdapterCore):
                 f"layer {layer} of {self.info.architecture}",
                 gemma_gain=self.info.host == "bridge" and self.info.family == "gemma3",
                 n_heads=self.n_heads,
-                d_head=self.d_head,
+                d_head=self.head_width(layer),
                 W_Q=self.W_Q(layer),
                 b_Q=self.b_Q(layer),
             )

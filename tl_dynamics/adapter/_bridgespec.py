@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from tl_dynamics.adapter._gate import output_gate
+from tl_dynamics.adapter._gemma4 import kv_source
 from tl_dynamics.adapter._mla import LATENT_BRIDGES
 from tl_dynamics.adapter._spec import HostInfo, LayerSpec, RotaryStyle
 from tl_dynamics.errors import TLDynamicsError
@@ -132,6 +133,8 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
             or getattr(getattr(hf_cfg, "attn_config", None), "clip_qkv", None)
         )
         else None,
+        vnorm=getattr(orig, "v_norm", None) is not None or family == "gemma4",  # _gemma4
+        kv_from=kv_source(model, orig, layer),
     )
 
 

@@ -15,6 +15,7 @@ from tl_dynamics.adapter import _rotary
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._gate import layer_gate, sub_norm_gate
+from tl_dynamics.adapter._gemma4 import shared_kv
 from tl_dynamics.adapter._host import alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._postrope import postrope_qk
@@ -62,6 +63,7 @@ def assemble(
     pass's memo (masks are formed once there)."""
     shared = {} if shared is None else shared
     spec = adapter.specs[layer]
+    shared_kv(spec, st, shared, {s.kv_from for s in adapter.specs if s.kv_from is not None})
     missing = [r for r in ("q", "k", "v") if r not in st]
     if missing:
         raise TLDynamicsError(f"layer {layer}: the forward pass did not fire the {missing} hooks")

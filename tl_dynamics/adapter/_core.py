@@ -19,6 +19,7 @@ from tl_dynamics.adapter._checks import (
 )
 from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
 from tl_dynamics.adapter._host import host_info, hooked_post_norm, layer_specs
+from tl_dynamics.adapter._gemma4 import normed_hook, require_kv_sources
 from tl_dynamics.adapter._postrope import POSTROPE_HOOKS
 from tl_dynamics.adapter._spec import HostInfo
 from tl_dynamics.errors import TLDynamicsError
@@ -116,7 +117,8 @@ class AdapterCore:
         """Like ``check_layers`` for attention analyses: None means every attention layer, and a
         layer of another type (or a model with none) is a TLDynamicsError naming it."""
         chosen = self.attention_layers if layers is None else self.check_layers(layers)
-        return check_attention(self.specs, chosen, self.info.architecture)
+        check_attention(self.specs, chosen, self.info.architecture)
+        return require_kv_sources(self.specs, chosen, self.info.architecture)  # Gemma 4
 
     def check_heads(self, heads: int | Sequence[int] | None) -> list[int]:
         """None (all heads), one head index or a non-empty sequence of them."""
@@ -150,6 +152,7 @@ class AdapterCore:
         hooks, names = self.model.hook_dict, []
         for role, layer in wanted:
             template = _HOST_HOOKS[self.info.host].get(role) or _BLOCK_HOOKS.get(role)
+            template = normed_hook(self.specs[layer], role) or template  # Gemma 4: normed q/k/v
             if template is None:
                 raise TLDynamicsError(
                     f"unknown hook role {role!r}; valid: "

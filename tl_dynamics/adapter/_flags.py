@@ -29,9 +29,6 @@ _Rule = tuple[str, Callable[[Any], bool], str]
 # Hugging Face attention modules TransformerLens runs whose attention the recipe does not model,
 # with what they do (a refusal says so instead of "not verified").
 REFUSED_ATTENTION = {
-    "Gemma4TextAttention": "q, k and v are each RMS-normalised, head widths and rotary differ "
-    "between sliding and full layers, and later layers can reuse an earlier "
-    "layer's keys and values",
     "JetMoeAttention": "a mixture of attention heads: a router picks each token's query and output "
     "experts",
 }

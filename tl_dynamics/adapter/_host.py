@@ -119,6 +119,7 @@ VERIFIED_HF_ATTENTION = {
     "AfmoeAttention": "afmoe",
     "LagunaAttention": "laguna",
     "BitNetAttention": "bitnet",  # attn_sub_norm over all heads of z, as a multiplier (_gate)
+    "Gemma4TextAttention": "gemma4",  # q, k, v normalised; widths per layer (_gemma4)
 }
 
 

@@ -57,6 +57,11 @@ class LayerSpec:
             are read from the norm's hooks, and ``query_norm`` refuses the layer.
         clip: ``clip_qkv`` (OLMo, OLMoE, MPT): q, k and v clamped to ``[-clip, clip]`` after
             their projections (after the hooks fire), or None.
+        vnorm: q, k and v are each RMS-normalised per head (Gemma 4; ``_gemma4``): q/k/v are
+            read from the norms' hooks, and ``W_V`` (no fixed OV map) refuses the layer.
+        kv_from: the earlier layer whose keys and values this one scores (Gemma 4's
+            ``num_kv_shared_layers``), or None: its ``W_K``/``W_V`` refuse, and it is collected
+            together with that layer.
     """
 
     layer: int
@@ -77,6 +82,8 @@ class LayerSpec:
     gate: str | None = None
     postrope: bool = False
     clip: float | None = None
+    vnorm: bool = False
+    kv_from: int | None = None
 
     @property
     def is_attention(self) -> bool:
