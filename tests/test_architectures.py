@@ -130,8 +130,12 @@ if compat.tl_major_version() >= 4:
         "CohereForCausalLM",
         "Cohere2ForCausalLM",
         "cohere-qk-norm",
-        "HunYuanDenseV1ForCausalLM",
-    }  # q/k normalised after rotary (_postrope)
+        "HunYuanDenseV1ForCausalLM",  # q/k normalised after rotary (_postrope)
+        # q, k, v normalised, widths per layer, keys shared across layers (_gemma4)
+        "Gemma4ForCausalLM",
+        "gemma4-k-eq-v",
+        "gemma4-shared-kv",
+    }
 
 # One tiny config for every family: each key is passed only where the config class takes it.
 _TINY = dict(
@@ -203,6 +207,7 @@ _EXTRA = {
     "ModernBertDecoderForCausalLM": dict(local_attention=8),  # layer 1: sliding window 4
     # gates from their own projections; one sliding (rotary) and one full layer (NoPE on AFMoE)
     "AfmoeForCausalLM": dict(layer_types=["sliding_attention", "full_attention"]),
+    "Gemma4ForCausalLM": dict(global_head_dim=32),  # full layers twice the sliding width
     "LagunaForCausalLM": dict(layer_types=["sliding_attention", "full_attention"]),
 }
 
@@ -323,9 +328,22 @@ VARIANTS = {
     "mpt-clip-qkv": ("MptForCausalLM", dict(attn_config=dict(clip_qkv=0.5))),
     "llama4-nope-layer": ("Llama4ForCausalLM", dict(no_rope_layers=[1, 0])),
     "laguna-gate-per-entry": ("LagunaForCausalLM", dict(gating=False)),
+    # Gemma 4: keys shared with values on full layers; the last layer reuses layer 1's keys
+    "gemma4-k-eq-v": (
+        "Gemma4ForCausalLM",
+        dict(attention_k_eq_v=True, num_global_key_value_heads=1),
+    ),
+    "gemma4-shared-kv": (
+        "Gemma4ForCausalLM",
+        dict(
+            num_hidden_layers=3,
+            num_kv_shared_layers=1,
+            layer_types=["sliding_attention", "full_attention", "full_attention"],
+        ),
+    ),
 }
 # Rows refused with the reason (test_refused_variant_says_why), by their registry name.
-REFUSED_ROWS = {"gemma4": ("Gemma4ForCausalLM", {}), "jetmoe": ("JetMoeForCausalLM", {})}
+REFUSED_ROWS = {"jetmoe": ("JetMoeForCausalLM", {})}
 # Rows where the adapter follows the host it reads, and the host itself is not the Hugging Face
 # model: checked against the host only, with the reason.
 HOST_NOT_HF = {
@@ -342,7 +360,6 @@ def test_variant_is_exact_or_refused_by_name(variant):
 @pytest.mark.parametrize(
     "variant, reason",
     [
-        ("gemma4", "Gemma4TextAttention: q, k and v are each RMS-normalised"),
         ("jetmoe", "JetMoeAttention: a mixture of attention heads"),
     ],
 )

@@ -99,7 +99,7 @@ def vnorm_refusal(layer: int, architecture: str, what: str) -> TLDynamicsError:
 
     Example:
         >>> str(vnorm_refusal(1, "Gemma4ForCausalLM", "W_V"))[:64]
-        'W_V: layer 1 of Gemma4ForCausalLM RMS-normalises each head value'
+        'W_V: layer 1 of Gemma4ForCausalLM RMS-normalises each head'
     """
     return TLDynamicsError(
         f"{what}: layer {layer} of {architecture} RMS-normalises each head's value "
