@@ -114,7 +114,8 @@ def test_keys_shared_with_values_are_exact():
 
 def test_a_layer_reusing_an_earlier_layers_keys_scores_them_exactly():
     """num_kv_shared_layers=1: layer 2 scores layer 1's keys and values (same type, same
-    rotation), fires no key or value hook, and its key/value weights refuse by name."""
+    rotation), fires no key or value hook (the adapter reads layer 1's, also when layer 2 is
+    asked alone), and its key/value weights refuse by name."""
     model = _tiny("gemma4-shared-kv")
     check_exact_or_refused("Gemma4ForCausalLM", model, row="gemma4-shared-kv")
     adapter = ModelAdapter(model)
@@ -135,13 +136,10 @@ def test_a_layer_reusing_an_earlier_layers_keys_scores_them_exactly():
         ),
     ):
         adapter.W_K(2)
-    with pytest.raises(
-        TLDynamicsError,
-        match=re.escape(
-            "layer 2 of Gemma4ForCausalLM scores the keys and values that layer 1 computed "
-            "(num_kv_shared_layers; TransformerLens fires no key or value hook on layer 2): ask "
-            "for layer 1 with it (layers=[1, 2]) or for every layer (layers=None)"
-        ),
-    ):
-        adapter.attention(testing.PROMPTS[0], layers=[2])
+    # asked alone, layer 2 still gets layer 1's keys (its hooks are added to the pass)
+    alone = adapter.attention(testing.PROMPTS, layers=[2], reference=True)
+    assert list(alone) == [2] and torch.equal(alone[2].k, layers[1].k)
+    assert torch.equal(alone[2].pattern(), layers[2].pattern())
+    mlps = contextual_mlp.compute(model, testing.PROMPTS[0], layers=2)  # the report's layer
+    assert all(m.exactness().max_output_error <= EXACT_TOL for m in mlps)
     assert adapter.W_Q(2).shape == (4, 64, 32)  # its own query projection

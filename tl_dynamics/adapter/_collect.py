@@ -63,7 +63,7 @@ def assemble(
     pass's memo (masks are formed once there)."""
     shared = {} if shared is None else shared
     spec = adapter.specs[layer]
-    shared_kv(spec, st, shared, {s.kv_from for s in adapter.specs if s.kv_from is not None})
+    shared_kv(spec, st, shared)  # Gemma 4: keys and values of an earlier layer
     missing = [r for r in ("q", "k", "v") if r not in st]
     if missing:
         raise TLDynamicsError(f"layer {layer}: the forward pass did not fire the {missing} hooks")

@@ -19,7 +19,7 @@ from tl_dynamics.adapter._checks import (
 )
 from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
 from tl_dynamics.adapter._host import host_info, hooked_post_norm, layer_specs
-from tl_dynamics.adapter._gemma4 import normed_hook, require_kv_sources
+from tl_dynamics.adapter._gemma4 import normed_hook
 from tl_dynamics.adapter._postrope import POSTROPE_HOOKS
 from tl_dynamics.adapter._spec import HostInfo
 from tl_dynamics.errors import TLDynamicsError
@@ -117,8 +117,7 @@ class AdapterCore:
         """Like ``check_layers`` for attention analyses: None means every attention layer, and a
         layer of another type (or a model with none) is a TLDynamicsError naming it."""
         chosen = self.attention_layers if layers is None else self.check_layers(layers)
-        check_attention(self.specs, chosen, self.info.architecture)
-        return require_kv_sources(self.specs, chosen, self.info.architecture)  # Gemma 4
+        return check_attention(self.specs, chosen, self.info.architecture)
 
     def check_heads(self, heads: int | Sequence[int] | None) -> list[int]:
         """None (all heads), one head index or a non-empty sequence of them."""

@@ -125,38 +125,30 @@ def kv_source(model: Any, orig: Any, layer: int) -> int | None:
     )
 
 
-def require_kv_sources(specs: Any, layers: list[int], architecture: str) -> list[int]:
-    """``layers`` if each layer that reuses another's keys and values comes with that layer
-    (the adapter reads them from its hooks in the same pass), else a TLDynamicsError.
+def kv_source_roles(specs: Any, layers: set[int]) -> list[tuple[str, int]]:
+    """The ``(role, layer)`` hooks to add so that every layer in ``layers`` that reuses another
+    layer's keys and values gets them: that layer's ``k`` and ``v`` (its norms' hooks).
 
     Example:
         >>> from types import SimpleNamespace as NS
-        >>> specs = [NS(kv_from=None), NS(kv_from=None), NS(kv_from=0)]
-        >>> require_kv_sources(specs, [0, 2], "Gemma4ForCausalLM")
-        [0, 2]
-        >>> require_kv_sources(specs, [2], "Gemma4ForCausalLM")
-        Traceback (most recent call last):
-        ...
-        tl_dynamics.errors.TLDynamicsError: layer 2 of Gemma4ForCausalLM scores the keys and values that layer 0 computed (num_kv_shared_layers; TransformerLens fires no key or value hook on layer 2): ask for layer 0 with it (layers=[0, 2]) or for every layer (layers=None)
+        >>> kv_source_roles([NS(kv_from=None), NS(kv_from=None), NS(kv_from=0)], {2})
+        [('k', 0), ('v', 0)]
     """
-    for layer in layers:
-        source = getattr(specs[layer], "kv_from", None)
-        if source is not None and source not in layers:
-            raise TLDynamicsError(
-                f"layer {layer} of {architecture} scores the keys and values that layer {source} "
-                f"computed (num_kv_shared_layers; TransformerLens fires no key or value hook on "
-                f"layer {layer}): ask for layer {source} with it (layers="
-                f"{sorted({source, *layers})}) or for every layer (layers=None)"
-            )
-    return layers
+    sources = sorted({specs[layer].kv_from for layer in layers} - {None})
+    return [(role, source) for source in sources for role in ("k", "v")]
 
 
-def shared_kv(spec: Any, st: dict[str, Tensor], shared: dict, producers: set[int]) -> None:
-    """Keep a producer layer's normalised keys and values (``st["k"]``, ``st["v"]``) in the
-    pass's memo, and give a layer that reuses them (``spec.kv_from``) those tensors as its own
-    ``k``/``v`` (it rotates them with its own tables, the same as its source's: same type)."""
-    if spec.layer in producers and "k" in st:
-        shared[("gemma4_kv", spec.layer)] = (st["k"], st["v"])
+def keep_kv(specs: Any, layer: int, st: dict[str, Tensor], shared: dict) -> None:
+    """Keep the keys and values ``st["k"]``, ``st["v"]`` of a layer that others reuse in the
+    pass's memo ``shared`` (the hub calls it as each layer ends, collected or not)."""
+    if "k" in st and "v" in st and any(spec.kv_from == layer for spec in specs):
+        shared[("gemma4_kv", layer)] = (st["k"], st["v"])
+
+
+def shared_kv(spec: Any, st: dict[str, Tensor], shared: dict) -> None:
+    """Give a layer that reuses another's keys and values (``spec.kv_from``) the normalised,
+    unrotated ``k``/``v`` that layer fired (``keep_kv``) as its own; it rotates them with its own
+    tables, the same as its source's (Hugging Face shares keys within one layer type)."""
     source = getattr(spec, "kv_from", None)
     if source is not None:
         kv = shared.get(("gemma4_kv", source))
