@@ -18,7 +18,7 @@ from tl_dynamics import report
 # The layer types an analysis may decline, as its message names them (docs/math.md §1.6-1.9):
 # latent attention, learned sinks, gated attention (BitNet's sub-norm included), q/k normalised
 # after rotary (HunYuan), q/k/v clamped after their projections (clip_qkv), values RMS-normalised
-# per head and keys and values reused from an earlier layer (Gemma 4, docs/math.md §1.10).
+# per head and keys and values reused from an earlier layer (Gemma 4, docs/math.md §1.6).
 LAYER_TYPES = (
     "multi-head latent attention",
     "learned attention sinks",

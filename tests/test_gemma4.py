@@ -1,4 +1,4 @@
-"""Gemma 4 (docs/math.md §1.10): q, k and v each RMS-normalised per head, head widths and rotary
+"""Gemma 4 (docs/math.md §1.6): q, k and v each RMS-normalised per head, head widths and rotary
 per layer type, keys shared with values (``attention_k_eq_v``) and keys and values reused from
 an earlier layer (``num_kv_shared_layers``). Checked against the Hugging Face modules
 themselves: the adapter's q, k and v against the module's own projections and norms, the

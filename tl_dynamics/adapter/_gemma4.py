@@ -1,7 +1,7 @@
 """Gemma 4: q, k and v each RMS-normalised per head, head widths that differ by layer, and
 layers that reuse an earlier layer's keys and values.
 
-Gemma 4's attention (``Gemma4TextAttention``, docs/math.md §1.10) scores
+Gemma 4's attention (``Gemma4TextAttention``, docs/math.md §1.6) scores
 
     q_ih = R_i N_q(x_i W_Q^h),   k_jh = R_j N_k(x_j W_K^h),   v_jh = N_v(x_j W_V^h)
     s_ij = <q_ih, k_jh>            (scale 1: the module's ``scaling``)
@@ -61,10 +61,8 @@ def normed_hook(spec: Any, role: str) -> str | None:
 def layer_d_head(model: Any, layer: int, default: int) -> int:
     """The head width of ``layer``: the Hugging Face module's own ``head_dim`` on Gemma 4
     (sliding and full layers differ), ``default`` (the model's ``d_head``) elsewhere."""
-    orig = getattr(model.blocks[layer].attn, "original_component", None)
-    if type(orig).__name__ == "Gemma4TextAttention":
-        return int(orig.head_dim)
-    return default
+    orig: Any = getattr(model.blocks[layer].attn, "original_component", None)
+    return int(orig.head_dim) if type(orig).__name__ == "Gemma4TextAttention" else default
 
 
 def gemma4_weight(model: Any, layer: int, name: str, n_heads: int) -> Tensor | None:
@@ -98,7 +96,7 @@ def vnorm_refusal(layer: int, architecture: str, what: str) -> TLDynamicsError:
     """The refusal of ``what`` (an analysis or a weight) on a layer whose values are normalised.
 
     Example:
-        >>> str(vnorm_refusal(1, "Gemma4ForCausalLM", "W_V"))[:64]
+        >>> str(vnorm_refusal(1, "Gemma4ForCausalLM", "W_V"))[:58]
         'W_V: layer 1 of Gemma4ForCausalLM RMS-normalises each head'
     """
     return TLDynamicsError(
