@@ -135,6 +135,7 @@ if compat.tl_major_version() >= 4:
         "Gemma4ForCausalLM",
         "gemma4-k-eq-v",
         "gemma4-shared-kv",
+        "gemma4-bidirectional",
     }
 
 # One tiny config for every family: each key is passed only where the config class takes it.
@@ -333,6 +334,8 @@ VARIANTS = {
         "Gemma4ForCausalLM",
         dict(attention_k_eq_v=True, num_global_key_value_heads=1),
     ),
+    # every token attends both ways; Hugging Face's window is inclusive there (|i - j| <= w)
+    "gemma4-bidirectional": ("Gemma4ForCausalLM", dict(use_bidirectional_attention="all")),
     "gemma4-shared-kv": (
         "Gemma4ForCausalLM",
         dict(

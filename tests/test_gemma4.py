@@ -143,3 +143,17 @@ def test_a_layer_reusing_an_earlier_layers_keys_scores_them_exactly():
     mlps = contextual_mlp.compute(model, testing.PROMPTS[0], layers=2)  # the report's layer
     assert all(m.exactness().max_output_error <= EXACT_TOL for m in mlps)
     assert adapter.W_Q(2).shape == (4, 64, 32)  # its own query projection
+
+
+def test_a_bidirectional_sliding_layer_sees_keys_up_to_its_window_inclusive():
+    """use_bidirectional_attention="all": Hugging Face halves the window (w // 2 + 1) and allows
+    |i - j| <= w there; the adapter's mask is that set, and it is the host's pattern support."""
+    model = _tiny("gemma4-bidirectional")
+    adapter = ModelAdapter(model)
+    window = model.blocks[0].attn.original_component.sliding_window
+    assert window == 3 and not adapter.specs[0].causal and adapter.is_encoder
+    la = adapter.attention(testing.PROMPTS[0], layers=[0], reference=True)[0]
+    i = torch.arange(la.allowed.shape[-1])
+    assert torch.equal(la.allowed[0], (i[:, None] - i[None]).abs() <= window)
+    assert torch.equal(la.reference["pattern"][0] > 0, la.allowed.expand_as(la.pattern())[0])
+    assert (la.pattern() - la.reference["pattern"]).abs().max() <= EXACT_TOL

@@ -65,6 +65,21 @@ def layer_d_head(model: Any, layer: int, default: int) -> int:
     return int(orig.head_dim) if type(orig).__name__ == "Gemma4TextAttention" else default
 
 
+def gemma4_window(orig: Any, window: int | None) -> int | None:
+    """The window ``w`` of the adapter's mask (``|i - j| < w`` on a bidirectional layer) for a
+    layer whose module keeps ``window``: on Gemma 4 with ``use_bidirectional_attention="all"``
+    Hugging Face allows ``|i - j| <= sliding_window`` (inclusive), so ``w`` is one more there.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> class Gemma4TextAttention(NS): ...
+        >>> gemma4_window(Gemma4TextAttention(is_causal=False), 3), gemma4_window(NS(), 3)
+        (4, 3)
+    """
+    bidirectional = type(orig).__name__ == "Gemma4TextAttention" and not orig.is_causal
+    return window + 1 if window and bidirectional else window
+
+
 def gemma4_weight(model: Any, layer: int, name: str, n_heads: int) -> Tensor | None:
     """``W_Q``/``W_K``/``W_V`` (``[head, d_model, d_head]``, key/value heads not yet expanded),
     ``W_O`` (``[head, d_head, d_model]``) or a bias (None where the module has none) of a Gemma 4
