@@ -121,8 +121,13 @@ MUST_BE_EXACT |= {
     "laguna-gate-per-entry",
     "BitNetForCausalLM",  # attn_sub_norm as a multiplier on z (adapter/_gate.py)
     "olmoe-clip-qkv",
-    "mpt-clip-qkv",
-}  # q, k, v clamped after the hooks fire
+    "mpt-clip-qkv",  # q, k, v clamped after the hooks fire
+    # q, k, v normalised, widths per layer, keys shared across layers (_gemma4)
+    "Gemma4ForCausalLM",
+    "gemma4-k-eq-v",
+    "gemma4-shared-kv",
+    "gemma4-bidirectional",
+}
 # Exact on the TransformerLens 4.x bridge; the 3.9 bridge's rotated queries are not reproduced
 # by its own cos/sin tables there, so the adapter refuses them (by name) on 3.9.
 if compat.tl_major_version() >= 4:
@@ -130,13 +135,8 @@ if compat.tl_major_version() >= 4:
         "CohereForCausalLM",
         "Cohere2ForCausalLM",
         "cohere-qk-norm",
-        "HunYuanDenseV1ForCausalLM",  # q/k normalised after rotary (_postrope)
-        # q, k, v normalised, widths per layer, keys shared across layers (_gemma4)
-        "Gemma4ForCausalLM",
-        "gemma4-k-eq-v",
-        "gemma4-shared-kv",
-        "gemma4-bidirectional",
-    }
+        "HunYuanDenseV1ForCausalLM",
+    }  # q/k normalised after rotary (_postrope)
 
 # One tiny config for every family: each key is passed only where the config class takes it.
 _TINY = dict(
