@@ -157,3 +157,34 @@ def test_a_bidirectional_sliding_layer_sees_keys_up_to_its_window_inclusive():
     assert torch.equal(la.allowed[0], (i[:, None] - i[None]).abs() <= window)
     assert torch.equal(la.reference["pattern"][0] > 0, la.allowed.expand_as(la.pattern())[0])
     assert (la.pattern() - la.reference["pattern"]).abs().max() <= EXACT_TOL
+
+
+def _lens_error(model):
+    """The logit lens on the last resid_post against the model's own logits, and without the
+    soft-cap (what the lens gave before it read ``final_softcap``)."""
+    adapter = ModelAdapter(model)
+    batch, last = adapter.tokenize(testing.PROMPTS[0]), []
+    with adapter.hooks([("resid_post", adapter.n_layers - 1, last.append)]):
+        logits = adapter.forward(batch).float()
+    uncapped = adapter.final_norm(last[0]) @ adapter.W_U + adapter.b_U
+    lens = adapter.logit_lens(last[0])
+    return adapter.final_softcap, (lens - logits).abs().max(), (uncapped - logits).abs().max()
+
+
+@pytest.mark.parametrize("name", ["Gemma4ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"])
+def test_the_logit_lens_soft_caps_logits_as_the_model_does(name):
+    """final_logit_softcapping (Gemma 2, 3 and 4): logits = cap * tanh(l / cap); the lens (and the
+    trajectories' lens, through ModelAdapter.unembed) equals the model's logits only with it."""
+    cap, err, uncapped_err = _lens_error(boot_tiny(name, final_logit_softcapping=3.0))
+    assert cap == 3.0 and err <= EXACT_TOL and uncapped_err > 0.1
+
+
+def test_a_hooked_transformers_output_soft_cap_is_read_too():
+    from tl_dynamics.compat import has_hooked_transformer
+
+    if not has_hooked_transformer():
+        pytest.skip("HookedTransformer was removed in TransformerLens 4.0")
+    cap, err, uncapped_err = _lens_error(
+        testing.tiny_hooked("gpt2-like", output_logits_soft_cap=2.0)
+    )
+    assert cap == 2.0 and err <= EXACT_TOL and uncapped_err > 0.1

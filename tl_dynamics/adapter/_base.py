@@ -217,8 +217,25 @@ class AdapterBase(AdapterCore):
             return ln(resid.to(self.dtype)).float()
 
     def unembed(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
-        """``x @ W_U + b_U`` (x already normalised)."""
-        return x.float() @ self.W_U + self.b_U
+        """``x @ W_U + b_U`` (x already normalised), soft-capped where the model caps its logits
+        (``cap * tanh(l / cap)``, ``final_softcap``: Gemma 2, 3 and 4)."""
+        logits = x.float() @ self.W_U + self.b_U
+        cap = self.final_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
+
+    @property
+    def final_softcap(self) -> float | None:
+        """The soft-cap the model applies to its output logits, or None: Hugging Face's
+        ``final_logit_softcapping`` on a bridge, ``output_logits_soft_cap`` on a
+        HookedTransformer."""
+        if self.info.host == "hooked":
+            cap = getattr(self.model.cfg, "output_logits_soft_cap", None)
+        else:
+            hf = getattr(getattr(self.model, "original_model", None), "config", None)
+            cap = getattr(hf, "final_logit_softcapping", None) or getattr(
+                getattr(hf, "text_config", None), "final_logit_softcapping", None
+            )
+        return float(cap) if cap and cap > 0 else None
 
     def logit_lens(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         """Logits read from a residual-stream state as the model's own head would: final
