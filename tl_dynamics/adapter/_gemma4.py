@@ -24,6 +24,14 @@ The value norm makes what a head writes ``sum_j p_ij N_v(x_j W_V^h) W_O^h``: per
 output ``v_j W_O`` is exact (read from the hooks), but no fixed matrix ``W_V W_O`` maps the
 residual to it, so ``W_V``/``b_V`` and what is built from them (the OV circuits, particles
 seeded from a head) refuse such a layer by name (``vnorm_refusal``).
+
+A layer that reuses an earlier layer's keys and values (``num_kv_shared_layers``;
+``LayerSpec.kv_from``, ``kv_source``) has no key or value projection, norm or hook: the hub hooks
+the source layer's ``k``/``v`` in the same pass (``kv_source_roles``), keeps them (``keep_kv``)
+and gives them to the later layer (``shared_kv``), which rotates them with its own tables (the
+source has the same layer type, so the same rotation); its ``W_K``/``W_V`` refuse by name
+(``kv_shared_refusal``). With ``use_bidirectional_attention="all"`` Hugging Face's sliding window
+is inclusive (``gemma4_window``).
 """
 
 from __future__ import annotations
@@ -34,7 +42,19 @@ from torch import Tensor
 
 from tl_dynamics.errors import TLDynamicsError
 
-__all__ = ["NORMED_HOOKS", "gemma4_weight", "layer_d_head", "normed_hook", "vnorm_refusal"]
+__all__ = [
+    "NORMED_HOOKS",
+    "gemma4_weight",
+    "gemma4_window",
+    "keep_kv",
+    "kv_shared_refusal",
+    "kv_source",
+    "kv_source_roles",
+    "layer_d_head",
+    "normed_hook",
+    "shared_kv",
+    "vnorm_refusal",
+]
 
 # role -> bridge hook (after the block prefix) on layers whose q, k and v are normalised
 # (``LayerSpec.vnorm``): the normalised, unrotated q, k and v, ``[batch, pos, head, d_head]``
