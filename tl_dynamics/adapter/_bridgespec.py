@@ -133,7 +133,7 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
             or getattr(getattr(hf_cfg, "attn_config", None), "clip_qkv", None)
         )
         else None,
-        vnorm=getattr(orig, "v_norm", None) is not None or family == "gemma4",  # _gemma4
+        vnorm=family == "gemma4",  # q, k, v read from their norms (_gemma4)
         kv_from=kv_source(model, orig, layer),
     )
 
