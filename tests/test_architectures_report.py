@@ -18,7 +18,8 @@ from tl_dynamics import report
 # The layer types an analysis may decline, as its message names them (docs/math.md §1.6-1.9):
 # latent attention, learned sinks, gated attention (BitNet's sub-norm included), q/k normalised
 # after rotary (HunYuan), q/k/v clamped after their projections (clip_qkv), router-chosen
-# query and output experts (JetMoE, §1.10).
+# query and output experts (JetMoE, §1.10), values RMS-normalised per head and keys and values
+# reused from an earlier layer (Gemma 4, docs/math.md §1.6).
 LAYER_TYPES = (
     "multi-head latent attention",
     "learned attention sinks",
@@ -26,6 +27,8 @@ LAYER_TYPES = (
     "normalises q and k after rotary",
     "clamps q, k and v",
     "router-chosen attention experts",
+    "RMS-normalises each head",
+    "keys and values",
 )
 # Hybrids with Mamba-2 layers run Hugging Face's pure-torch Mamba-2 path on the CPU (no CUDA
 # kernels): one report takes 25 s (Bamba) and 55 s (Falcon-H1) on a tiny model, too slow for

@@ -16,6 +16,12 @@ from tl_dynamics.adapter._checks import check_attention
 from tl_dynamics.adapter._core import AdapterCore
 from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._jetmoe import ROUTED_WEIGHTS, routed_queries, routed_weight
+from tl_dynamics.adapter._gemma4 import (
+    gemma4_weight,
+    kv_shared_refusal,
+    layer_d_head,
+    vnorm_refusal,
+)
 from tl_dynamics.adapter._mla import LatentFactors, latent_weight, read_latent
 from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._postrope import refuse_query_map
@@ -46,6 +52,11 @@ class AdapterBase(AdapterCore):
         routed = self.specs[layer].gate == "router"  # JetMoE: W_Q, W_O chosen per token
         if routed and name in ROUTED_WEIGHTS:
             raise gate_refusal(self.specs[layer], self.info.architecture, name)
+        if name in ("W_V", "b_V") and self.specs[layer].vnorm:  # Gemma 4: no fixed OV either
+            raise vnorm_refusal(layer, self.info.architecture, name)
+        source = self.specs[layer].kv_from
+        if name[-1] in "KV" and source is not None:  # Gemma 4: an earlier layer's keys, values
+            raise kv_shared_refusal(layer, source, self.info.architecture, name)
 
         def compute() -> Tensor:
             if self.specs[layer].latent:  # low-rank q/k/v factors, gains folded in
@@ -54,6 +65,8 @@ class AdapterBase(AdapterCore):
                 )
             if routed:
                 w = routed_weight(self.model, layer, name, self.n_heads)
+            elif self.info.family == "gemma4":  # the bridge cannot split per-layer widths
+                w = gemma4_weight(self.model, layer, name, self.n_heads)
             else:
                 read = unhooked_param if self.specs[layer].unhooked else _weights.attn_param
                 w = read(self.model, layer, name)
@@ -80,16 +93,31 @@ class AdapterBase(AdapterCore):
         return self._attn_weight(self.check_layer(layer), "W_O")
 
     def b_Q(self, layer: int) -> Float[Tensor, "head d_head"]:
-        return self._attn_weight(self.check_layer(layer), "b_Q", (self.n_heads, self.d_head))
+        return self._attn_weight(
+            self.check_layer(layer), "b_Q", (self.n_heads, self.head_width(layer))
+        )
 
     def b_K(self, layer: int) -> Float[Tensor, "head d_head"]:
-        return self._attn_weight(self.check_layer(layer), "b_K", (self.n_heads, self.d_head))
+        return self._attn_weight(
+            self.check_layer(layer), "b_K", (self.n_heads, self.head_width(layer))
+        )
 
     def b_V(self, layer: int) -> Float[Tensor, "head d_head"]:
-        return self._attn_weight(self.check_layer(layer), "b_V", (self.n_heads, self.d_head))
+        return self._attn_weight(
+            self.check_layer(layer), "b_V", (self.n_heads, self.head_width(layer))
+        )
 
     def b_O(self, layer: int) -> Float[Tensor, " d_model"]:
         return self._attn_weight(self.check_layer(layer), "b_O", (self.d_model,))
+
+    def head_width(self, layer: int) -> int:
+        """The query/key head width of ``layer``: ``d_head`` except where layers differ
+        (Gemma 4's sliding and full layers, ``_gemma4``)."""
+        return (
+            layer_d_head(self.model, layer, self.d_head)
+            if self.info.family == "gemma4"
+            else self.d_head
+        )
 
     def query_norm(self, layer: int) -> QueryNorm | None:
         """The query normalisation of ``layer`` on qk-norm architectures (``None`` elsewhere).
@@ -122,7 +150,7 @@ class AdapterBase(AdapterCore):
                 f"layer {layer} of {self.info.architecture}",
                 gemma_gain=self.info.host == "bridge" and self.info.family == "gemma3",
                 n_heads=self.n_heads,
-                d_head=self.d_head,
+                d_head=self.head_width(layer),
                 W_Q=self.W_Q(layer),
                 b_Q=self.b_Q(layer),
             )
@@ -196,8 +224,25 @@ class AdapterBase(AdapterCore):
             return ln(resid.to(self.dtype)).float()
 
     def unembed(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
-        """``x @ W_U + b_U`` (x already normalised)."""
-        return x.float() @ self.W_U + self.b_U
+        """``x @ W_U + b_U`` (x already normalised), soft-capped where the model caps its logits
+        (``cap * tanh(l / cap)``, ``final_softcap``: Gemma 2, 3 and 4)."""
+        logits = x.float() @ self.W_U + self.b_U
+        cap = self.final_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
+
+    @property
+    def final_softcap(self) -> float | None:
+        """The soft-cap the model applies to its output logits, or None: Hugging Face's
+        ``final_logit_softcapping`` on a bridge, ``output_logits_soft_cap`` on a
+        HookedTransformer."""
+        if self.info.host == "hooked":
+            cap = getattr(self.model.cfg, "output_logits_soft_cap", None)
+        else:
+            hf = getattr(getattr(self.model, "original_model", None), "config", None)
+            cap = getattr(hf, "final_logit_softcapping", None) or getattr(
+                getattr(hf, "text_config", None), "final_logit_softcapping", None
+            )
+        return float(cap) if cap and cap > 0 else None
 
     def logit_lens(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         """Logits read from a residual-stream state as the model's own head would: final

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from tl_dynamics.adapter._gate import output_gate
+from tl_dynamics.adapter._gemma4 import gemma4_window, kv_source
 from tl_dynamics.adapter._mla import LATENT_BRIDGES
 from tl_dynamics.adapter._spec import HostInfo, LayerSpec, RotaryStyle
 from tl_dynamics.errors import TLDynamicsError
@@ -65,7 +66,7 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
 
     cap = getattr(orig, "attn_logit_softcapping", None)
     if hasattr(orig, "sliding_window"):
-        window = orig.sliding_window
+        window = gemma4_window(orig, orig.sliding_window)  # Gemma 4 bidirectional: inclusive
     elif hasattr(orig, "attention_type"):
         window = None
         if orig.attention_type == "local":  # GPT-Neo: the window is in the model's config
@@ -132,6 +133,8 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
             or getattr(getattr(hf_cfg, "attn_config", None), "clip_qkv", None)
         )
         else None,
+        vnorm=family == "gemma4",  # q, k, v read from their norms (_gemma4)
+        kv_from=kv_source(model, orig, layer),
     )
 
 

@@ -15,6 +15,7 @@ from tl_dynamics.adapter import _rotary
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._gate import layer_gate, sub_norm_gate
+from tl_dynamics.adapter._gemma4 import shared_kv
 from tl_dynamics.adapter._host import alibi_slopes, mpt_alibi_slopes
 from tl_dynamics.adapter._jetmoe import routed_qkv, unfixed_W_O
 from tl_dynamics.adapter._layer import LayerAttention
@@ -66,6 +67,7 @@ def assemble(
     spec = adapter.specs[layer]
     if spec.gate == "router":  # JetMoE: q from each token's query expert, k/v shared (_jetmoe)
         routed_qkv(adapter, spec, st)
+    shared_kv(spec, st, shared)  # Gemma 4: keys and values of an earlier layer
     missing = [r for r in ("q", "k", "v") if r not in st]
     if missing:
         raise TLDynamicsError(f"layer {layer}: the forward pass did not fire the {missing} hooks")

@@ -20,6 +20,7 @@ from tl_dynamics.adapter._checks import (
 from tl_dynamics.adapter._flags import query_scaling_context, warn_host_differences
 from tl_dynamics.adapter._host import host_info, hooked_post_norm, layer_specs
 from tl_dynamics.adapter._jetmoe import ROUTED_HOOKS, ROUTED_NAMES
+from tl_dynamics.adapter._gemma4 import normed_hook
 from tl_dynamics.adapter._postrope import POSTROPE_HOOKS
 from tl_dynamics.adapter._spec import HostInfo
 from tl_dynamics.adapter._unhooked import point_name
@@ -153,6 +154,7 @@ class AdapterCore:
         hooks, names = self.model.hook_dict, []
         for role, layer in wanted:
             template = _HOST_HOOKS[self.info.host].get(role) or _BLOCK_HOOKS.get(role)
+            template = normed_hook(self.specs[layer], role) or template  # Gemma 4: normed q/k/v
             if template is None:
                 raise TLDynamicsError(
                     f"unknown hook role {role!r}; valid: "

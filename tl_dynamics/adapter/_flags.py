@@ -31,11 +31,7 @@ _Rule = tuple[str, Callable[[Any], bool], str]
 
 # Hugging Face attention modules TransformerLens runs whose attention the recipe does not model,
 # with what they do (a refusal says so instead of "not verified").
-REFUSED_ATTENTION = {
-    "Gemma4TextAttention": "q, k and v are each RMS-normalised, head widths and rotary differ "
-    "between sliding and full layers, and later layers can reuse an earlier "
-    "layer's keys and values",
-}
+REFUSED_ATTENTION: dict[str, str] = {}  # none left (Gemma 4 and JetMoE are modelled now)
 
 # Hugging Face config flags (read from the wrapped model's config).
 _HF_CONFIG_RULES: list[_Rule] = [

@@ -121,6 +121,7 @@ VERIFIED_HF_ATTENTION = {
     "LagunaAttention": "laguna",
     "BitNetAttention": "bitnet",  # attn_sub_norm over all heads of z, as a multiplier (_gate)
     "JetMoeAttention": "jetmoe",  # router-chosen query and output experts (_jetmoe)
+    "Gemma4TextAttention": "gemma4",  # q, k, v normalised; widths per layer (_gemma4)
 }
 
 

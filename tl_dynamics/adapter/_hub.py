@@ -21,6 +21,7 @@ from tl_dynamics.adapter import _capture
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble, refuse_sinks
 from tl_dynamics.adapter._gate import gate_refusal
+from tl_dynamics.adapter._gemma4 import keep_kv, kv_source_roles
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._postrope import extra_roles
 from tl_dynamics.collect import Collector
@@ -161,6 +162,8 @@ class Hub:
                 if any(c.inputs and layer in c.layers for c in self.collectors):
                     roles.append("x")
             wanted += [(role, layer) for role in dict.fromkeys(roles)]
+        shared_kv = kv_source_roles(ad.specs, {la for c in self.collectors for la in c.layers})
+        wanted += [w for w in shared_kv if w not in wanted]  # Gemma 4: another layer's keys
         hooks = [
             (name, self._store(role, layer))
             for (role, layer), name in zip(wanted, ad.hook_names(wanted))
@@ -228,6 +231,7 @@ class Hub:
             c for c in self.collectors if layer in c.layers or any(l == layer for _, l in c.points)
         ]
         batch = state.batch
+        keep_kv(self.adapter.specs, layer, stash, state.shared)  # for a later layer (Gemma 4)
         attention = None
         if any(layer in c.layers for c in wanting):
             attention = assemble(self.adapter, layer, stash, batch, state.shared)

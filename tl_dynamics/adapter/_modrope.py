@@ -48,16 +48,21 @@ def module_rotated_queries(adapter: Any, layer: int, got: dict[str, Tensor]) -> 
     """Store as ``got["rot_q"]`` the probe's queries rotated by the module's own rotary function
     (where the probe captured the attention input ``x`` and the module's tables), so that the
     layer's ``Rotation`` is verified against it (``_rotation``); nothing where the function is
-    missing or takes other arguments."""
+    missing or takes other arguments (it takes q and k, or one tensor)."""
     orig = adapter.model.blocks[layer].attn.original_component
     rotate = getattr(sys.modules.get(type(orig).__module__), "apply_rotary_pos_emb", None)
     if rotate is None or "x" not in got or "cos" not in got:
         return
     q = adapter.unrotated_queries(layer, adapter.attention_input(layer, got["x"].float()))
     q_heads = q.transpose(1, 2)  # the module's [batch, head, pos, d_head]
+    cos, sin = got["cos"].float(), got["sin"].float()
     try:
         with torch.no_grad():
-            rotated, _ = rotate(q_heads, q_heads, got["cos"].float(), got["sin"].float())
+            rotated, _ = rotate(q_heads, q_heads, cos, sin)
     except (TypeError, ValueError, RuntimeError):
-        return
+        try:  # one tensor at a time (Gemma 4: ``apply_rotary_pos_emb(x, cos, sin)``)
+            with torch.no_grad():
+                rotated = rotate(q_heads, cos, sin)
+        except (TypeError, ValueError, RuntimeError):
+            return
     got["rot_q"] = rotated.transpose(1, 2)

@@ -68,7 +68,7 @@ def key_norm(adapter: Any, layer: int) -> QueryNorm:
         f"layer {layer} of {adapter.info.architecture} (key norm)",
         gemma_gain=False,
         n_heads=adapter.n_kv_heads,
-        d_head=adapter.d_head,
+        d_head=adapter.head_width(layer),
         W_Q=None,
         b_Q=None,
     )

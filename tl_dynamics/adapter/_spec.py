@@ -61,6 +61,11 @@ class LayerSpec:
         unhooked: the host wraps this softmax attention without query, key or pattern hooks
             (RecurrentGemma, NemotronH; ``_unhooked``): what it scores is read with torch hooks
             on the Hugging Face module, its weights from the module's projections.
+        vnorm: q, k and v are each RMS-normalised per head (Gemma 4; ``_gemma4``): q/k/v are
+            read from the norms' hooks, and ``W_V`` (no fixed OV map) refuses the layer.
+        kv_from: the earlier layer whose keys and values this one scores (Gemma 4's
+            ``num_kv_shared_layers``), or None: its ``W_K``/``W_V`` refuse, and it is collected
+            together with that layer.
     """
 
     layer: int
@@ -82,6 +87,8 @@ class LayerSpec:
     postrope: bool = False
     clip: float | None = None
     unhooked: bool = False
+    vnorm: bool = False
+    kv_from: int | None = None
 
     @property
     def is_attention(self) -> bool:
