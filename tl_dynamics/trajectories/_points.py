@@ -171,8 +171,8 @@ class _Points:
         if whole is None and group >= len(zs):
             whole = torch.stack(zs).float()
         self.whole = whole
-        self.shape = (len(zs), *zs[0].shape)
-        self.device = zs[0].device
+        self.shape = tuple(whole.shape) if whole is not None else (len(zs), *zs[0].shape)
+        self.device = zs[0].device if whole is None else whole.device
 
     def __getitem__(self, points: slice) -> Tensor:
         if self.whole is not None:
@@ -233,7 +233,7 @@ def _elementwise(z: _Points, key_valid: Tensor) -> tuple[dict[str, Tensor], _Poi
         got = torch.cat(parts)
         res[name] = got if name.startswith("state_") else got.transpose(0, 1)
     if z.whole is not None:
-        return res, _Points(list(units[0]), z.group, whole=units[0])
+        return res, _Points([], z.group, whole=units[0])
     return res, _Points([u for group in units for u in group.unbind(0)], z.group)
 
 
