@@ -139,18 +139,17 @@ class OddsRatioCollector(Collector):
             key = (la.scale, id(masks)) if fast else ("one", la.layer)
             groups.setdefault(key, []).append(la)
             facts[key] = masks
+        # a GPU joins the layers' heads into one tensor; the CPU hands them over side by side
+        # and joins one group of heads at a time (the whole pass's q and k were a fresh 37 MB
+        # mapping each at 1 x 1,024 tokens)
+        join = Collector.launch_bound(layers[0][0].q.device)
         for key, group in groups.items():
             first, masks = group[0], facts[key]
-            q = (
-                torch.cat([la.q[:, :, pick] for la in group], 2)
-                if len(group) > 1
-                else first.q[:, :, pick]
-            )
-            k = (
-                torch.cat([la.k[:, :, pick] for la in group], 2)
-                if len(group) > 1
-                else first.k[:, :, pick]
-            )
+            q = [la.q[:, :, pick] for la in group]
+            k = [la.k[:, :, pick] for la in group]
+            if join or len(group) == 1:
+                q = torch.cat(q, 2) if len(group) > 1 else q[0]
+                k = torch.cat(k, 2) if len(group) > 1 else k[0]
             sums, sinks = _stats.layer_sums(
                 q,
                 k,

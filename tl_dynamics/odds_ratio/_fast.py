@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -105,8 +106,8 @@ class MaskFacts:
 
 
 def row_facts(
-    q: Tensor,
-    k: Tensor,
+    q: "Tensor | Sequence[Tensor]",
+    k: "Tensor | Sequence[Tensor]",
     scale: float,
     allowed: Tensor,
     query_valid: Tensor,
@@ -115,16 +116,19 @@ def row_facts(
 ) -> dict[str, Tensor]:
     """Row statistics like ``_stats._direct_row_facts``, without a position bias or soft-cap.
     ``masks`` are the facts of ``allowed`` and ``query_valid`` when known already;
-    ``layer_heads`` is the number of heads of one layer when ``q`` holds several layers'."""
-    n_batch, n_pos, n_heads, _ = q.shape
+    ``layer_heads`` is the number of heads of one layer when ``q`` holds several layers' (one
+    tensor, or the layers' tensors side by side: on the CPU each group of heads is joined
+    alone, never the whole pass)."""
+    first = q if isinstance(q, Tensor) else q[0]
+    n_batch, n_pos, n_heads = first.shape[0], first.shape[1], n_heads_of(q)
     if masks is None or not masks.matches(allowed, query_valid):
         masks = MaskFacts.of(allowed, query_valid)
     group = max(1, CPU_CHUNK_ELEMENTS // (CPU_CHUNK_ROWS * n_batch * n_pos))
-    if n_heads > group and not Collector.launch_bound(q.device):  # the CPU: heads in groups
+    if n_heads > group and not Collector.launch_bound(first.device):  # the CPU: heads in groups
         groups = [
             row_facts(
-                q[:, :, h0 : h0 + group],
-                k[:, :, h0 : h0 + group],
+                heads(q, h0, h0 + group),
+                heads(k, h0, h0 + group),
                 scale,
                 allowed,
                 query_valid,
@@ -133,6 +137,7 @@ def row_facts(
             for h0 in range(0, n_heads, group)
         ]
         return {name: torch.cat([g[name] for g in groups], 1) for name in groups[0]}
+    q, k = heads(q, 0, n_heads), heads(k, 0, n_heads)
     qh = q.permute(0, 2, 1, 3).contiguous()  # [b, h, i, d]: each chunk's product reads it
     kh = k.permute(0, 2, 1, 3).contiguous()  # in place (a strided view was copied per chunk)
     prior = (scale / 2.0) * kh.pow(2).sum(-1)  # [b, h, j]
@@ -251,6 +256,30 @@ def row_facts(
         "r_top": r_top,
         "pattern_top": pattern_top,
     }
+
+
+def as_float(x: "Tensor | Sequence[Tensor]") -> "Tensor | list[Tensor]":
+    """``x.float()``, part by part where ``x`` is several layers' tensors."""
+    return x.float() if isinstance(x, Tensor) else [t.float() for t in x]
+
+
+def n_heads_of(x: "Tensor | Sequence[Tensor]") -> int:
+    """The heads of ``x`` (``[batch, pos, head, d]``, or several such side by side)."""
+    return x.shape[2] if isinstance(x, Tensor) else sum(t.shape[2] for t in x)
+
+
+def heads(x: "Tensor | Sequence[Tensor]", h0: int, h1: int) -> Tensor:
+    """Heads ``h0 .. h1 - 1`` of ``x``: a ``[batch, pos, head, d]`` tensor, or several layers'
+    side by side along heads (joined here, only the heads asked for)."""
+    if isinstance(x, Tensor):
+        return x[:, :, h0:h1]
+    picked, start = [], 0
+    for part in x:
+        lo, hi = max(h0, start), min(h1, start + part.shape[2])
+        if lo < hi:
+            picked.append(part[:, :, lo - start : hi - start])
+        start += part.shape[2]
+    return picked[0] if len(picked) == 1 else torch.cat(picked, 2)
 
 
 class _Scratch:

@@ -14,7 +14,7 @@ fewer than two allowed keys (the first position of a causal head) carry no infor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from jaxtyping import Bool, Float
@@ -73,8 +73,8 @@ def _key_lse(
 
 
 def layer_sums(
-    q: Float[Tensor, "batch pos head d_head"],
-    k: Float[Tensor, "batch pos head d_head"],
+    q: Float[Tensor, "batch pos head d_head"] | Sequence[Tensor],
+    k: Float[Tensor, "batch pos head d_head"] | Sequence[Tensor],
     scale: float,
     bias: Float[Tensor, "batch head pos pos"] | None,
     allowed: Bool[Tensor, "batch pos pos"],
@@ -110,14 +110,24 @@ def layer_sums(
     """
     from tl_dynamics.odds_ratio import _fast
 
-    q, k = q.float(), k.float()
+    q, k = _fast.as_float(q), _fast.as_float(k)
     if masks is None or not masks.matches(allowed, query_valid):
         masks = _fast.MaskFacts.of(allowed, query_valid)
     facts = None
     if fast and bias is None and softcap is None and sink is None:
         facts = _fast.row_facts(q, k, scale, allowed, query_valid, masks, layer_heads)
     if facts is None:
-        facts = _direct_row_facts(q, k, scale, bias, allowed, query_valid, softcap, sink)
+        n = _fast.n_heads_of(q)
+        facts = _direct_row_facts(
+            _fast.heads(q, 0, n),
+            _fast.heads(k, 0, n),
+            scale,
+            bias,
+            allowed,
+            query_valid,
+            softcap,
+            sink,
+        )
     return _finish(facts, allowed, query_valid, masks.n_allowed)
 
 
