@@ -114,6 +114,33 @@ def test_batched_labels_equal_single_ones():
     assert counts[0, 0] == len(set(batched[0, 0].tolist()) - {-1})
 
 
+def test_grid_on_both_plans_equals_union_find_slice_by_slice():
+    """``cluster_labels_grid`` over prompts and thresholds where some (threshold, prompt) slices
+    have no pair closer than the threshold (the CPU settles those from the closest pair alone)
+    and others chain: every slice equals union-find, with and without a mask, on the CPU's plan
+    and a GPU's."""
+    from tl_dynamics.collect._policy import planned_as
+
+    x = sphere.unit(torch.randn(4, 30, 16, generator=gen(4), dtype=torch.float64)).float()
+    x[1, 3:] = x[1, 2]  # one clump of 28 points: links at every eps
+    x[2, 5:9] = x[2, 4]  # a clump of 5 in a spread prompt
+    cos = sphere.cosines(x)
+    eps = (0.001, 0.02, 0.3, 1.5)  # 1 - 1.5 < 0: no shortcut on thresholds below zero
+    for mask in (None, torch.rand(4, 30, generator=gen(5)) > 0.2):
+        for plan in (False, True):
+            with planned_as(launch_bound=plan):
+                grid = sphere.cluster_labels_grid(cos, eps, mask)
+                grid_no_neg = sphere.cluster_labels_grid(cos, eps[:3], mask)
+            for e, b in itertools.product(range(len(eps)), range(4)):
+                valid = None if mask is None else mask[b].tolist()
+                assert grid[e, b].tolist() == union_find(cos[b], eps[e], valid), (plan, e, b)
+                if e < 3:
+                    assert torch.equal(grid_no_neg[e, b], grid[e, b])
+            if mask is None:  # both kinds of slice are exercised
+                assert int(sphere.count_clusters(grid[0, 0])) == 30
+                assert int(sphere.count_clusters(grid[0, 1])) == 3
+
+
 def brute_events(before: list[int], after: list[int]) -> tuple[int, int]:
     pairs = {(a, b) for a, b in zip(before, after) if a >= 0}
     k_before = len({a for a in before if a >= 0})

@@ -207,8 +207,10 @@ def cluster_labels_grid(
 ) -> Int[Tensor, "eps *batch n"]:
     """``cluster_labels`` at several thresholds at once.
 
-    Every threshold and batch element is propagated together (the same launches for four
-    thresholds as for one), with one read from the device every ``CHECK_EVERY`` rounds.
+    On a GPU every threshold and batch element is propagated together (the same launches for
+    four thresholds as for one), with one read from the device every ``CHECK_EVERY`` rounds. On
+    the CPU, thresholds and prompts with no pair that close are settled from the closest pair
+    alone, and only the others propagate (the same labels).
 
     Args:
         cos: Pairwise cosines, ``[*batch, n, n]``.
@@ -231,37 +233,78 @@ def cluster_labels_grid(
     lead, n = cos.shape[:-2], cos.shape[-1]
     flat = cos.reshape(-1, n, n)
     thresholds = torch.tensor([1.0 - e for e in eps], dtype=cos.dtype, device=cos.device)
-    adj = flat[None] > thresholds[:, None, None, None]  # [eps, batch, n, n]
+    # narrow ints while propagating: the [batch, n, n] minimum is the cost, and it scales with
+    # the width (int16 below 32,768 points; benchmarks/trajectories_bench.py --kernel)
+    width = torch.int16 if n < (1 << 15) - 1 else torch.int32
+    if Collector.launch_bound(cos.device):  # every threshold and prompt in one propagation
+        adj = _links(flat[None] > thresholds[:, None, None, None], mask, n)
+        labels = torch.arange(n, dtype=width, device=cos.device).expand(adj.shape[0], n)
+        labels = _propagate(adj, labels, CHECK_EVERY, 1)
+    else:
+        labels = _cpu_labels(flat, thresholds, mask, width)
+    labels = labels.long().reshape(len(eps), *lead, n)
+    return labels if mask is None else torch.where(mask, labels, -1)
+
+
+def _links(adj: Tensor, mask: Tensor | None, n: int) -> Tensor:
+    """``adj [eps, batch, n, n]`` (cosine above the threshold) restricted to pairs of real
+    points, each point linked to itself, as ``[eps * batch, n, n]``."""
     if mask is not None:  # the pairs of real points, formed once for every threshold
         m = mask.reshape(-1, n)
         adj &= (m[:, :, None] & m[:, None, :])[None]
     adj = adj.reshape(-1, n, n)
     adj.diagonal(dim1=-2, dim2=-1).fill_(True)  # every point links to itself (no [n, n] eye)
-    # narrow ints while propagating: the [batch, n, n] minimum is the cost, and it scales with
-    # the width (int16 below 32,768 points; benchmarks/trajectories_bench.py --kernel)
-    width = torch.int16 if n < (1 << 15) - 1 else torch.int32
-    labels = torch.arange(n, dtype=width, device=cos.device).expand(adj.shape[0], n)
-    # reading "did anything change?" waits for a GPU: there, every CHECK_EVERY rounds. On the
-    # CPU, where a launch costs next to nothing, the first round is each row's first neighbour
-    # (no [eps, batch, n, n] labels written) and each round follows labels JUMPS times: fewer
-    # rounds of the [eps, batch, n, n] minimum (14 points of 1,024 tokens: 0.20 s -> 0.11 s).
-    # Either way labels only fall and stay a node of the same cluster, so the fixed point is
-    # the same: every point labelled with its cluster's smallest index.
-    launch_bound = Collector.launch_bound(cos.device)
-    every, jumps = (CHECK_EVERY, 1) if launch_bound else (1, JUMPS)
+    return adj
+
+
+def _cpu_labels(
+    flat: Tensor, thresholds: Tensor, mask: Tensor | None, width: torch.dtype
+) -> Tensor:
+    """``cluster_labels_grid`` on the CPU, where reading a value costs nothing: a (threshold,
+    prompt) slice with no pair closer than the threshold is all singletons, found from each
+    prompt's closest pair (one pass, no links formed); on the others the first round is each
+    row's first neighbour (no [n, n] labels written) and each round follows labels ``JUMPS``
+    times. Labels only fall and stay a node of the same cluster, so the fixed point is the one
+    the GPU's propagation reaches (tests/test_collect.py compares them)."""
+    n_eps, (n_batch, n) = len(thresholds), (flat.shape[0], flat.shape[-1])
+    labels = torch.arange(n, dtype=width).repeat(n_eps * n_batch, 1)
+    todo = torch.arange(n_eps * n_batch)
+    if (mask is None or bool(mask.all())) and float(thresholds.min()) >= 0.0:
+        closest = torch.tril(flat, -1).amax((-2, -1))  # zeros above: below any threshold >= 0
+        todo = (closest[None, :] > thresholds[:, None]).flatten().nonzero().flatten()
+        if len(todo) == 0:
+            return labels
+    e, b = todo // n_batch, todo % n_batch
+    m = None if mask is None else mask.reshape(-1, n)[b]
+    adj = _links((flat[b] > thresholds[e][:, None, None])[None], m, n)
+    sub = adj.view(torch.uint8).argmax(-1).to(width)  # labels 0..n-1: the first True per row
+    for _ in range(JUMPS):
+        sub = torch.gather(sub, 1, sub.long())
+    # a slice whose first neighbours are the points themselves has no link j < i in any row:
+    # a round of minima would change nothing, it is done
+    going = (sub != labels[: len(todo)]).any(-1).nonzero().flatten()
+    if len(going):
+        sub[going] = _propagate(adj[going], sub[going], 1, JUMPS)
+    labels[todo] = sub
+    return labels
+
+
+def _propagate(adj: Tensor, labels: Tensor, every: int, jumps: int) -> Tensor:
+    """Minimum-label propagation over ``adj [batch, n, n]`` from ``labels [batch, n]`` (each
+    a point of its own cluster) to the fixed point: every point labelled with its cluster's
+    smallest index. Reads "did anything change?" every ``every`` rounds; follows labels
+    ``jumps`` times per round. Labels only fall and stay a node of the same cluster, so the
+    fixed point is the same whatever the start, ``every`` and ``jumps``."""
+    n = adj.shape[-1]
     for r in range(n + 1):
-        if r == 0 and not launch_bound:  # labels are 0..n-1: the first True of each row
-            new = adj.view(torch.uint8).argmax(-1).to(width)
-        else:
-            new = torch.where(adj, labels[:, None, :], n).amin(-1)
+        new = torch.where(adj, labels[:, None, :], n).amin(-1)
         for _ in range(jumps):
             new = torch.gather(new, 1, new.long())
         if (r + 1) % every == 0 or r == n:
             if torch.equal(new, labels):
                 break
         labels = new
-    labels = labels.long().reshape(len(eps), *lead, n)
-    return labels if mask is None else torch.where(mask, labels, -1)
+    return labels
 
 
 def count_clusters(labels: Int[Tensor, "*batch n"]) -> Int[Tensor, "*batch"]:
