@@ -121,16 +121,31 @@ class Peak:
 CLOCK = "wall"  # or "cpu": the main thread's CPU time (with --threads 1 all of the work)
 
 
-def measure(fn: Callable[[], Any], device: str) -> tuple[float, int]:
+def measure(fn: Callable[[], Any], device: str) -> float:
+    """The time of one call, in the steady state a run over a corpus is in: no memory sampler
+    beside it and no ``malloc_trim`` before it (a trimmed heap page-faults every temporary in
+    afresh: 0.1-0.3 s more per call at 1 x 1,024 tokens on the CPU, most of it for the rows that
+    keep more temporaries)."""
     clock = time.thread_time if CLOCK == "cpu" else time.perf_counter
-    with torch.no_grad(), Peak(device) as peak:
+    with torch.no_grad():
         start = clock()
         out = fn()
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         elapsed = clock() - start
     del out
-    return elapsed, peak.extra
+    return elapsed
+
+
+def peak_memory(fn: Callable[[], Any], device: str) -> int:
+    """The peak memory of one call above what was in use before it (bytes), heap trimmed first
+    so the peak is the call's own."""
+    with torch.no_grad(), Peak(device) as peak:
+        out = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    del out
+    return peak.extra
 
 
 def run_rows(
@@ -140,18 +155,25 @@ def run_rows(
     device: str,
     warm: dict[str, Callable[[], Any]] | None = None,
 ) -> None:
-    """Median time and memory of every row over ``repeats`` interleaved rounds, after one
-    warm-up call of each (of ``warm``'s rows instead where given: the same analyses on a short
-    input, for rows too slow to run twice)."""
+    """Median time of every row over ``repeats`` interleaved rounds, after one warm-up call of
+    each, then each row's peak memory from one more call. With ``warm`` (the same analyses on a
+    short input, for rows too slow to run twice) the warm-up runs those, and time and memory
+    come from the same calls (heap trimmed before each, as ``peak_memory`` does)."""
     for fn in (warm or rows).values():  # warm-up
         measure(fn, device)
     times: dict[str, list[float]] = {name: [] for name in rows}
     mems: dict[str, list[int]] = {name: [] for name in rows}
     for _ in range(repeats):
         for name, fn in rows.items():
-            t, m = measure(fn, device)
-            times[name].append(t)
-            mems[name].append(m)
+            if warm is None:
+                times[name].append(measure(fn, device))
+            else:  # rows too slow to run once more: time and memory from the same call
+                clock = time.thread_time if CLOCK == "cpu" else time.perf_counter
+                start = clock()
+                mems[name].append(peak_memory(fn, device))
+                times[name].append(clock() - start)
+    if warm is None:
+        mems = {name: [peak_memory(fn, device)] for name, fn in rows.items()}  # after the times
     base_t = statistics.median(times["plain forward"])
     base_m = max(statistics.median(mems["plain forward"]), 1 << 20)
     print(f"\n## {title}  (load average {os.getloadavg()[0]:.2f}, clock {CLOCK})")
