@@ -272,7 +272,7 @@ def heads(x: "Tensor | Sequence[Tensor]", h0: int, h1: int) -> Tensor:
     """Heads ``h0 .. h1 - 1`` of ``x``: a ``[batch, pos, head, d]`` tensor, or several layers'
     side by side along heads (joined here, only the heads asked for)."""
     if isinstance(x, Tensor):
-        return x[:, :, h0:h1]
+        return x if (h0, h1) == (0, x.shape[2]) else x[:, :, h0:h1]
     picked, start = [], 0
     for part in x:
         lo, hi = max(h0, start), min(h1, start + part.shape[2])
