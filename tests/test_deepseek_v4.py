@@ -38,7 +38,8 @@ def _refusal(model) -> str:
 def test_deepseek_v4_is_refused_by_layer_type_and_the_message_holds_on_the_model():
     model = boot_tiny("DeepseekV4ForCausalLM", **DSV4)
     assert _refusal(model) == (
-        "unsupported architecture 'DeepseekV4ForCausalLM': DeepSeek V4 keeps hc_mult=4 residual "
+        "unsupported architecture 'DeepseekV4ForCausalLM': hc_mult=4 residual streams (mHC) and "
+        "keys pooled over blocks of tokens (layers 1, 2); DeepSeek V4 keeps hc_mult=4 residual "
         "streams per token, which hyper-connections (mHC) collapse into each block's input and "
         "mix after it with weights computed from the streams themselves, so there is no single "
         "residual stream for the analyses to read (TransformerLens's bridge gives its blocks no "
@@ -79,7 +80,7 @@ def test_deepseek_v4_with_only_sliding_layers_is_refused_for_its_streams_and_val
     model = boot_tiny("DeepseekV4ForCausalLM", layer_types=["sliding_attention"] * 2)
     message = _refusal(model)
     assert "hc_mult=4 residual streams" in message
-    assert "compress" not in message
+    assert "compress" not in message and "pooled" not in message
     assert re.search(
         r"; attention on layers 0, 1 \(sliding_attention\) scores tokens, but", message
     )
@@ -89,13 +90,12 @@ def test_deepseek_v4_with_only_sliding_layers_is_refused_for_its_streams_and_val
 def test_hrm_text_is_refused_as_recurrent_and_its_layers_run_several_times_per_forward():
     model = boot_tiny("HrmTextForCausalLM")
     assert _refusal(model) == (
-        "unsupported architecture 'HrmTextForCausalLM': HRM-Text is recurrent, not a single "
-        "stack of layers: its TransformerBridge has two stacks of 2 layers (L_blocks and "
-        "H_blocks, no blocks[i]), and each forward runs the L stack H_cycles*L_cycles = 6 times "
-        "and the H stack H_cycles = 2 times, each run's input adding the other stack's state, "
-        "so every layer's hooks fire once per run with no run index and no pass of layers over "
-        "one residual stream exists for the analyses to read; the adapter refuses rather than "
-        "return attention from one of those runs"
+        "unsupported architecture 'HrmTextForCausalLM': HRM-Text is recurrent: each forward "
+        "runs its L stack H_cycles*L_cycles = 6 times and its H stack H_cycles = 2 times "
+        "(TransformerBridge's L_blocks and H_blocks of 2 layers each, no blocks[i]), each run's "
+        "input adding the other stack's state, so every layer's hooks fire once per run with no "
+        "run index and no pass of layers over one residual stream exists for the analyses to "
+        "read; the adapter refuses rather than return attention from one of those runs"
     )
     assert not hasattr(model, "blocks")
     inner = model.original_model.model

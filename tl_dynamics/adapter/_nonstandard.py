@@ -62,8 +62,13 @@ def _deepseek_v4(cfg: Any, architecture: str) -> TLDynamicsError:
             "input from those streams and writes through values that are its rotated keys "
             "rotated back at the query's position, which the analyses do not model"
         )
+    pooled = [i for i, t in enumerate(types) if t in _COMPRESSED]
+    headline = f"hc_mult={cfg.hc_mult} residual streams (mHC)" + (
+        f" and keys pooled over blocks of tokens ({_layers(pooled)})" if pooled else ""
+    )
     return TLDynamicsError(
-        f"unsupported architecture {architecture!r}: DeepSeek V4 keeps hc_mult={cfg.hc_mult} "
+        f"unsupported architecture {architecture!r}: {headline}; DeepSeek V4 keeps "
+        f"hc_mult={cfg.hc_mult} "
         "residual streams per token, which hyper-connections (mHC) collapse into each block's "
         "input and mix after it with weights computed from the streams themselves, so there is "
         "no single residual stream for the analyses to read (TransformerLens's bridge gives its "
@@ -75,14 +80,13 @@ def _deepseek_v4(cfg: Any, architecture: str) -> TLDynamicsError:
 def _hrm_text(cfg: Any, architecture: str) -> TLDynamicsError:
     h_cycles, l_cycles = int(cfg.H_cycles), int(cfg.L_cycles)
     return TLDynamicsError(
-        f"unsupported architecture {architecture!r}: HRM-Text is recurrent, not a single stack "
-        "of layers: its TransformerBridge has two stacks of "
-        f"{cfg.num_layers_per_stack} layers (L_blocks and H_blocks, no blocks[i]), and each "
-        f"forward runs the L stack H_cycles*L_cycles = {h_cycles * l_cycles} times and the H "
-        f"stack H_cycles = {h_cycles} times, each run's input adding the other stack's state, "
-        "so every layer's hooks fire once per run with no run index and no pass of layers over "
-        "one residual stream exists for the analyses to read; the adapter refuses rather than "
-        "return attention from one of those runs"
+        f"unsupported architecture {architecture!r}: HRM-Text is recurrent: each forward runs "
+        f"its L stack H_cycles*L_cycles = {h_cycles * l_cycles} times and its H stack H_cycles "
+        f"= {h_cycles} times (TransformerBridge's L_blocks and H_blocks of "
+        f"{cfg.num_layers_per_stack} layers each, no blocks[i]), each run's input adding the "
+        "other stack's state, so every layer's hooks fire once per run with no run index and "
+        "no pass of layers over one residual stream exists for the analyses to read; the "
+        "adapter refuses rather than return attention from one of those runs"
     )
 
 
