@@ -33,6 +33,7 @@ from tl_dynamics.adapter._flags import (
     check_host_version,
 )
 from tl_dynamics.adapter._kinds import ATTENTION, layer_kind
+from tl_dynamics.adapter._nonstandard import structure_refusal
 from tl_dynamics.adapter._spec import HostInfo, LayerSpec
 from tl_dynamics.adapter._unhooked import unhooked_family, unhooked_spec
 from tl_dynamics.compat import detect_host, tl_major_version, tl_version
@@ -139,6 +140,9 @@ def host_info(model: Any) -> HostInfo:
     architecture = str(
         getattr(model.cfg, "architecture", None) or type(model.original_model).__name__
     )
+    refusal = structure_refusal(model, architecture)  # DeepSeek V4 (mHC), HRM-Text (recurrent)
+    if refusal is not None:
+        raise refusal
     blocks = getattr(model, "blocks", None)
     if not blocks:  # e.g. T5 and other encoder-decoders: no decoder-style blocks
         raise TLDynamicsError(
