@@ -282,7 +282,7 @@ def _cpu_labels(
         sub = torch.gather(sub, 1, sub.long())
     # a slice whose first neighbours are the points themselves has no link j < i in any row:
     # a round of minima would change nothing, it is done
-    going = (sub != labels[: len(todo)]).any(-1).nonzero().flatten()
+    going = (sub != torch.arange(n, dtype=width)).any(-1).nonzero().flatten()
     if len(going):
         sub[going] = _propagate(adj[going], sub[going], 1, JUMPS)
     labels[todo] = sub

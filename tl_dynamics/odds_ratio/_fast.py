@@ -191,8 +191,7 @@ def row_facts(
     )
     prior_col = prior.view(-1, n_pos, 1)
     shifted_col = shifted_prior.view(-1, n_pos, 1)
-    scratch = _Scratch(not launch_bound, n_batch * n_heads * step * n_pos, qs)
-    scratch.key_weights(shifted_prior, p_min, kv)
+    scratch = _Scratch(not launch_bound, n_batch * n_heads * step * n_pos, qs, shifted_prior, kv)
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
         j0, j1 = masks.band(i0, i1, n_pos)
@@ -214,7 +213,7 @@ def row_facts(
         )
         if prefix is None:
             parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
-        parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, j0, j1))
+        parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, p_min, j0, j1))
         column[..., j0:j1] += torch.matmul(valid_f[:, None, None, i0:i1], p).squeeze(-2)
         # centred in place (the row means are known already): no cancellation in the moments
         allowed_c = allowed_f[:, None, i0:i1, j0:j1]
@@ -288,9 +287,12 @@ class _Scratch:
     against 48 us for the same pass in place). Elsewhere ``get`` gives None (allocate: a GPU's
     caching allocator costs nothing, and each buffer view would be one more launch)."""
 
-    def __init__(self, reuse: bool, size: int, like: Tensor):
+    def __init__(self, reuse: bool, size: int, like: Tensor, shifted_prior: Tensor, kv: Tensor):
         self.reuse, self.size, self.like = reuse, size, like
         self.buffers: dict[int, Tensor] = {}
+        if reuse:  # per key w_j = exp(-(P_j - P_min)), 0 at keys not valid (``lse_lik``)
+            w = torch.exp(-shifted_prior).masked_fill_(~kv, 0.0)
+            self.w_col = w.view(-1, w.shape[-1], 1)
 
     def get(self, slot: int, shape: tuple[int, ...]) -> Tensor | None:
         if not self.reuse:
@@ -305,15 +307,11 @@ class _Scratch:
             return torch.linalg.vecdot(a, b)
         return torch.mul(a, b, out=self.get(3, tuple(a.shape))).sum(-1)
 
-    def key_weights(self, shifted_prior: Tensor, p_min: Tensor, key_valid: Tensor) -> None:
-        """Per key ``w_j = exp(-(P_j - P_min))`` (0 at keys not valid), for ``lse_lik``."""
-        if self.reuse:
-            w = torch.exp(-shifted_prior).masked_fill_(~key_valid, 0.0)
-            self.w_col, self.p_min = w.view(-1, w.shape[-1], 1), p_min
-
-    def lse_lik(self, s: Tensor, prior: Tensor, p: Tensor, lse: Tensor, j0: int, j1: int) -> Tensor:
+    def lse_lik(
+        self, s: Tensor, prior: Tensor, p: Tensor, lse: Tensor, p_min: Tensor, j0: int, j1: int
+    ) -> Tensor:
         """``log sum_j A_ij exp(r_ij - P_j)`` of a chunk (``s``: its masked scores, ``p`` its
-        pattern, ``lse`` its rows' log-partitions, keys ``j0 .. j1 - 1``).
+        pattern, ``lse`` its rows' log-partitions, ``p_min`` the least prior, keys ``j0 .. j1 - 1``).
 
         On the CPU, from the pattern by one product and no pass of exponentials:
         ``exp(r_ij - P_j) = exp(lse_i - P_min) p_ij w_j``, so the log-partition is
@@ -327,13 +325,11 @@ class _Scratch:
         lik = torch.bmm(p.view(-1, c, m), self.w_col[:, j0:j1]).view(b, h, c)
         if bool((lik < LIK_FLOOR).any()):
             return self.logsumexp_(s.sub_(prior))
-        return (lik.double().log_() + (lse.double() - self.p_min.double())).float()
+        return (lik.double().log_() + (lse.double() - p_min.double())).float()
 
     def logsumexp_(self, x: Tensor) -> Tensor:
         """``torch.logsumexp(x, -1)`` for rows with a finite maximum, overwriting ``x``: the
         same operations (``amax``, ``(x - max).exp_()``, ``sum``, ``log_``, ``add_``) in place."""
-        if not self.reuse:
-            return torch.logsumexp(x, -1)
         top = x.amax(-1, keepdim=True)
         return x.sub_(top).exp_().sum(-1).log_().add_(top.squeeze(-1))
 

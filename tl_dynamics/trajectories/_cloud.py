@@ -54,26 +54,22 @@ def cos_histogram(
     n = cos.shape[-1]
     thresholds = _THRESHOLDS.to(cos.device)
     step = max(1, -(-n // HIST_BLOCKS))
-    if not Collector.launch_bound(cos.device):  # the CPU: arithmetic bins, a bincount per block
-        offset = (N_BINS * torch.arange(b, dtype=torch.int32))[:, None, None]
-        total = torch.zeros(b * N_BINS + 1, dtype=torch.long)
-        for i0 in range(0, n, step):
-            block, block_pairs = cos[:, i0 : i0 + step, i0:], pairs[:, i0 : i0 + step, i0:]
-            idx = bins(block)
-            if b > 1:
-                idx += offset
-            idx.masked_fill_(~block_pairs, b * N_BINS)  # one spare bin for what is not a pair
-            total += torch.bincount(idx.flatten(), minlength=b * N_BINS + 1)
-        return total[:-1].reshape(b, N_BINS)
+    # the CPU bins by arithmetic (``bins``) and counts with a bincount; a GPU bins with
+    # ``bucketize`` and counts in place (a bincount would wait for the device)
+    cpu = not Collector.launch_bound(cos.device)
     offset = (N_BINS * torch.arange(b, device=cos.device))[:, None, None]
     counts = torch.zeros(b * N_BINS + 1, dtype=torch.long, device=cos.device)
     for i0 in range(0, n, step):
         block, block_pairs = cos[:, i0 : i0 + step, i0:], pairs[:, i0 : i0 + step, i0:]
-        idx = torch.bucketize(block.contiguous(), thresholds, right=True)
-        idx += offset
+        idx = bins(block) if cpu else torch.bucketize(block.contiguous(), thresholds, right=True)
+        if b > 1:
+            idx += offset.to(idx.dtype)
         idx.masked_fill_(~block_pairs, b * N_BINS)  # one spare bin for what is not a pair
-        flat = idx.flatten()  # counted in place: a bincount would wait for the device
-        counts.scatter_add_(0, flat, torch.ones_like(flat))
+        flat = idx.flatten()
+        if cpu:
+            counts += torch.bincount(flat, minlength=b * N_BINS + 1)
+        else:
+            counts.scatter_add_(0, flat, torch.ones_like(flat))
     return counts[:-1].reshape(b, N_BINS)
 
 

@@ -112,9 +112,11 @@ def next_tokens(
     return nxt
 
 
-def _cos(a: Tensor, b: Tensor) -> Tensor:
-    """Cosine along the last axis; NaN where either vector is zero (no direction)."""
-    na, nb = a.norm(dim=-1), b.norm(dim=-1)
+def _cos(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = None) -> Tensor:
+    """Cosine along the last axis; NaN where either vector is zero (no direction). ``na`` and
+    ``nb`` are the vectors' norms where known already."""
+    na = a.norm(dim=-1) if na is None else na
+    nb = b.norm(dim=-1) if nb is None else nb
     c = (a * b).sum(-1) / (na * nb).clamp_min(sphere.NORM_FLOOR)
     return torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
 
@@ -221,12 +223,9 @@ def _elementwise(z: _Points, key_valid: Tensor) -> tuple[dict[str, Tensor], _Poi
                 )
             )
             n_turns = min(p1, n_points - 2) - p0
-            if n_turns > 0:  # _cos of consecutive steps, from the norms above
-                na, nb = step_all[1 : n_turns + 1], step_all[:n_turns]
-                c = (step_vec[1 : n_turns + 1] * step_vec[:n_turns]).sum(-1) / (na * nb).clamp_min(
-                    sphere.NORM_FLOOR
-                )
-                c = torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
+            if n_turns > 0:  # consecutive steps, with the norms above
+                after, before = slice(1, n_turns + 1), slice(0, n_turns)
+                c = _cos(step_vec[after], step_vec[before], step_all[after], step_all[before])
                 out.setdefault("turning", []).append(torch.rad2deg(torch.acos(c.clamp(-1.0, 1.0))))
     res: dict[str, Tensor] = {}
     for name, parts in out.items():
