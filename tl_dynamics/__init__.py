@@ -1,7 +1,8 @@
 """tl_dynamics: attention and the residual stream as a dynamical system, for TransformerLens.
 
 ``tl_dynamics.load_model(name_or_folder)`` loads a shipped model, a tiny random one, a Hugging
-Face or TransformerLens checkpoint folder, or a hub name (see ``tl_dynamics.models``).
+Face or TransformerLens checkpoint folder, or a hub name (see ``tl_dynamics.models``);
+``tl_dynamics.show_versions()`` prints what it runs on (paste it into a bug report).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -9,16 +10,22 @@ from typing import TYPE_CHECKING, Any
 from tl_dynamics.errors import TLDynamicsError
 
 if TYPE_CHECKING:  # imported on first use at run time (``__getattr__`` below)
+    from tl_dynamics.compat import show_versions
     from tl_dynamics.models import load_model
 
 __version__ = "0.1.0"
-__all__ = ["TLDynamicsError", "__version__", "load_model"]
+__all__ = ["TLDynamicsError", "__version__", "load_model", "show_versions"]
 
 
 def __getattr__(name: str) -> Any:
-    """``load_model`` is imported on first use (it pulls in torch and transformers)."""
+    """``load_model`` and ``show_versions`` are imported on first use (they pull in torch and
+    transformers)."""
     if name == "load_model":
         from tl_dynamics.models import load_model
 
         return load_model
+    if name == "show_versions":
+        from tl_dynamics.compat import show_versions
+
+        return show_versions
     raise AttributeError(f"module 'tl_dynamics' has no attribute {name!r}")
