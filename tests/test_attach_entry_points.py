@@ -211,6 +211,30 @@ def test_a_hook_firing_outside_a_pass_is_an_error_never_dropped():
         collector.result()
 
 
+@pytest.mark.parametrize("host", HOSTS)
+def test_a_pass_that_stops_before_its_end_is_refused_by_name(host):
+    """``stop_at_layer`` through ``model(...)`` (refused when the call returns) or through
+    ``run_with_cache`` (on a bridge it returns without a word: refused at the next pass, or when
+    the block ends); a refused pass is not collected, and the passes after it are."""
+    model = model_of(host)
+    tokens, mask = inputs(model)
+    with torch.no_grad(), odds_ratio.attach(model) as collector:
+        with pytest.raises(TLDynamicsError, match="stopped before its end"):
+            model(tokens, stop_at_layer=1)
+        try:  # a HookedTransformer's run_with_cache calls the model itself: refused at once
+            model.run_with_cache(tokens, stop_at_layer=1)
+        except TLDynamicsError as refusal:
+            assert "stopped before its end" in str(refusal)
+        else:  # a bridge's calls self.forward: refused by the next pass
+            with pytest.raises(TLDynamicsError, match="stopped before its end"):
+                model(tokens, attention_mask=mask)
+        model(tokens, attention_mask=mask)
+    assert_identical(digest("odds_ratio", collector), reference(host, "odds_ratio"), host)
+    with pytest.raises(TLDynamicsError, match="stopped before its end"):
+        with odds_ratio.attach(model):
+            model.run_with_cache(tokens, stop_at_layer=1)
+
+
 def test_hooks_are_gone_after_every_entry_point():
     model = model_of("hf")
     tokens, mask = inputs(model)

@@ -65,7 +65,13 @@ def body_hooks(
     them, with ``fn(args, kwargs)`` for "pre" and ``fn()`` for "post")."""
     if host == "hooked":
         return _hooked_hooks(model, begin, end)
-    body = model.original_model
+    body = getattr(model, "original_model", None)
+    if body is None:
+        raise TLDynamicsError(
+            f"this {type(model).__name__} wraps no module (original_model) whose call starts "
+            "its forward passes, so attach() cannot follow them; boot it with "
+            "boot_transformers or boot_native"
+        )
 
     def start(args: tuple, kwargs: dict) -> None:
         tokens = args[0] if args else kwargs.get("input_ids")
