@@ -61,6 +61,7 @@ def single(prompts, out=None, **kw):
 
 def on_ray(dataset, out=None, **kw):
     kw.setdefault("batches_per_task", 1)
+    kw.setdefault("keep_workers", True)  # one pair of model-loading actors for the module
     return scale.ray_stats(
         LOADER, dataset, out, model_name=NAME, batch_size=BATCH, progress=False, **kw
     )
@@ -167,7 +168,7 @@ def test_each_actor_computes_on_its_gpu_share(cluster, tmp_path):
     out, ref = tmp_path / "gpu.safetensors", tmp_path / "one.safetensors"
     scale.run_stats(NAME, CORPUS, ref, batch_size=BATCH, progress=False, device="cuda")
     actor = ray.remote(_ray_worker.StatsActor).options(num_gpus=0.5)
-    placed = actor.remote(NAME, NAME, {"batch_size": BATCH, "padding_side": "right"}, 1, "cuda")
+    placed = actor.remote(NAME, 1, "cuda")
     assert ray.get(placed.device.remote()).startswith("cuda:0/")
     scale.ray_stats(
         NAME,

@@ -78,6 +78,30 @@ def _resources(ray: Any, num_workers: int, num_cpus: float | None, num_gpus: flo
     return 1.0 if total >= num_workers + 1 else max(0.0, (total - 1) / num_workers)
 
 
+_POOL: dict[Any, list[Any]] = {}  # kept actors: (session, how they were made) -> actors
+
+
+def _actors(
+    ray: Any, n: int, made: tuple[Any, ...], cpus: float, gpus: float
+) -> tuple[list[Any], Any]:
+    """``n`` actors, the kept ones first (``keep_workers``), and the key they are kept under."""
+    import pickle
+
+    from ray import cloudpickle
+
+    session = ray.get_runtime_context().get_job_id()
+    for old in [k for k in _POOL if k[0] != session]:  # a past session's actors are gone
+        del _POOL[old]
+    try:
+        key: Any = (session, cloudpickle.dumps(made), cpus, gpus)
+    except (pickle.PicklingError, TypeError):  # not comparable: never shared
+        key = None
+    pool = _POOL.setdefault(key, []) if key is not None else []
+    actor = ray.remote(StatsActor).options(num_cpus=cpus, num_gpus=gpus)
+    pool.extend(actor.remote(*made) for _ in range(n - len(pool)))
+    return pool[:n], key
+
+
 def ray_stats(
     model_loader: Callable[[], Any] | str,
     dataset: Any,
@@ -102,6 +126,7 @@ def ray_stats(
     dtype: Any = None,
     num_gpus: float | None = None,
     num_cpus: float | None = None,
+    keep_workers: bool = False,
 ) -> DatasetStats:
     """``run_stats`` on a Ray cluster: ``num_workers`` actors read the data and compute; the
     driver merges their exact partial statistics (its memory does not grow with the corpus).
@@ -142,6 +167,9 @@ def ray_stats(
             ``device`` is CUDA, else 0).
         num_cpus: CPUs reserved per actor (default 1, less where the actors would take the
             whole cluster and leave Ray Data's reading tasks none).
+        keep_workers: Keep the actors, their models loaded, for the next ``ray_stats`` call
+            with the same loader, placement and resources in this Ray session (they hold
+            their CPUs/GPUs until ``ray.shutdown()``); default: end them when done.
 
     Returns:
         The merged ``DatasetStats``.
@@ -198,25 +226,23 @@ def ray_stats(
     base, start = None, 0
     if resume and checkpoint is not None and checkpoint.is_file():
         base, start = read_checkpoint(checkpoint, settings, model_name)
-    actor = ray.remote(StatsActor).options(
-        num_cpus=_resources(ray, num_workers, num_cpus, gpus), num_gpus=gpus
-    )
-    actors = [
-        actor.remote(model_loader, model_name, settings, threads, device, dtype)
-        for _ in range(num_workers)
-    ]
+    cpus = _resources(ray, num_workers, num_cpus, gpus)
+    actors, key = _actors(ray, num_workers, (model_loader, threads, device, dtype), cpus, gpus)
     bar = new_bar(progress, None, 0 if base is None else base.n_prompts)
     order = data.context.execution_options
     kept_order, order.preserve_order = order.preserve_order, True
     try:
-        plan = Plan(batch_size, batches_per_task, checkpoint_every, start, base)
+        plan = Plan(
+            model_name, settings, batch_size, batches_per_task, checkpoint_every, start, base
+        )
         merged = Driver(ray, actors, plan, checkpoint, bar).run(data.iter_internal_ref_bundles())
     finally:
         order.preserve_order = kept_order
         if bar is not None:
             bar.close()
-        for a in actors:
-            ray.kill(a)
+        if not keep_workers:
+            for a in _POOL.pop(key, None) or actors:
+                ray.kill(a)
     if out_path is not None:
         save_stats(merged, out_path)
         for stale in _checkpoints(out_path):

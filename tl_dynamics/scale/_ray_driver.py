@@ -27,11 +27,21 @@ _ROW = re.compile(re.escape(ROW) + r"(\d+)")
 class Plan:
     """Batch size, batches per task, checkpoint spacing, and where a resumed run starts."""
 
+    name: str
+    settings: dict[str, Any]
     batch_size: int
     group: int
     checkpoint_every: int
     start: int = 0  # the first batch to compute (a checkpoint's next_batch)
     base: DatasetStats | None = None  # the checkpoint's statistics
+
+    @property
+    def on_long(self) -> str:
+        return self.settings.get("on_long", "error")
+
+    @property
+    def task(self) -> tuple[str, dict[str, Any]]:
+        return self.name, self.settings
 
     def rows(self, g: int) -> tuple[int, int]:
         """Kept rows ``[first, stop)`` of group ``g`` (without the corpus end)."""
@@ -128,7 +138,9 @@ class Driver:
     def _read(self, bundle: Any) -> None:
         for entry, piece in zip(bundle.blocks, bundle.slices):
             cut = None if piece is None else (piece.start_offset, piece.end_offset)
-            self.checks.append(tuple(self._submit("check", entry.ref, cut, returns=2)))
+            self.checks.append(
+                tuple(self._submit("check", entry.ref, cut, self.plan.on_long, returns=2))
+            )
 
     def _summary(self, summary_ref: Any, kept: Any) -> None:
         summary = self._get(summary_ref)
@@ -173,7 +185,7 @@ class Driver:
             refs = [b.kept for b in self.blocks if b.offset < stop and b.offset + b.n > first]
             offset = next(b.offset for b in self.blocks if b.offset + b.n > first)
             b0 = self.plan.start + self.emitted * self.plan.group
-            ref = self._submit("run", b0, b0 + self.plan.group, offset, *refs)
+            ref = self._submit("run", *self.plan.task, b0, b0 + self.plan.group, offset, *refs)
             self.running[ref] = self.emitted
             self.emitted += 1
             while self.blocks and self.blocks[0].offset + self.blocks[0].n <= stop:
@@ -223,7 +235,7 @@ class Driver:
     def _result(self) -> DatasetStats:
         stats = self.prefix
         if stats is None:  # nothing at all: the empty statistics, from an actor
-            data, _ = self._get(self._submit("run", 0, 0, 0))
+            data, _ = self._get(self._submit("run", *self.plan.task, 0, 0, 0))
             stats = from_bytes(data, "a Ray worker's partial statistics")[0]
         total = dict(stats.skipped)
         for counts in self.skips.values():  # rows left out after the last batch

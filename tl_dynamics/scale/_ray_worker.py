@@ -16,6 +16,7 @@ import io
 from pathlib import Path
 from typing import Any, Callable
 
+from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.collect import torch_threads
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._corpus import PromptCheck, _encodable, file_records, is_jsonl, token_counter
@@ -57,20 +58,19 @@ def block_records(block: Any, piece: tuple[int, int] | None) -> Any:
 
 
 class StatsActor:
-    """One model on its device (loaded once), checking blocks and computing batch groups."""
+    """One model on its device, loaded once (an actor may serve several runs: the run's name
+    and settings come with every call)."""
 
     def __init__(
         self,
         loader: Callable[[], Any] | str,
-        name: str,
-        settings: dict[str, Any],
         threads: int | None,
         device: Any = None,
         dtype: Any = None,
     ):
         from tl_dynamics import devices
 
-        self.name, self.settings, self.threads = name, settings, threads
+        self.threads = threads
         where = devices.Placement(
             devices.resolve_device(device or "cpu"), devices.resolve_dtype(dtype)
         )
@@ -83,29 +83,27 @@ class StatsActor:
                 self.model = loader()
             if device is not None or dtype is not None:
                 self.model = devices.place(self.model, where)
-        probe = ShardRunner(self.model, name, settings, threads)  # refuses a model without
-        probe.close()  # a tokenizer here, before any block is read
-        self.check_ = PromptCheck(
-            settings.get("on_long", "error"), probe.adapter.n_ctx, token_counter(probe.adapter)
-        )
+        self.adapter = ModelAdapter.of(self.model)
 
     def device(self) -> str:
         """Where the model is (for tests and logs)."""
         param = next(iter(self.model.parameters()), None)
         return "none" if param is None else f"{param.device}/{param.dtype}"
 
-    def check(self, block: Any, piece: tuple[int, int] | None) -> tuple[dict[str, Any], list[str]]:
+    def check(
+        self, block: Any, piece: tuple[int, int] | None, on_long: str
+    ) -> tuple[dict[str, Any], list[str]]:
         """The block's summary for the driver, and its kept texts (left in the object store)."""
         kept: list[str] = []
         skips: list[tuple[int, str]] = []  # (kept rows before it in this block, counter)
         n_raw, error = 0, None
-        self.check_.take()
+        check = PromptCheck(on_long, self.adapter.n_ctx, token_counter(self.adapter))
         try:
             with torch_threads(self.threads):
                 for where, text in block_records(block, piece):
                     n_raw += 1
-                    used = self.check_(where, text)
-                    key = next((k for k, n in self.check_.take().items() if n), None)
+                    used = check(where, text)
+                    key = next((k for k, n in check.take().items() if n), None)
                     if key is not None:  # left out or cut: counted where the batch stands
                         skips.append((len(kept), key))
                     if used is not None:
@@ -124,16 +122,18 @@ class StatsActor:
         """The hash of the first ``n`` kept texts of a block (a resumed run's check)."""
         return prompt_hash(kept[:n])
 
-    def run(self, first: int, stop: int, offset: int, *kept: list[str]) -> tuple[bytes, int]:
+    def run(
+        self, name: str, settings: dict[str, Any], first: int, stop: int, offset: int, *kept: Any
+    ) -> tuple[bytes, int]:
         """Statistics of batches ``[first, stop)``; ``kept`` are the kept texts of consecutive
         blocks, the first starting at kept row ``offset``."""
-        size = self.settings["batch_size"]
+        size = settings["batch_size"]
         rows: list[str] = []
         for part in kept:
             rows.extend(part)
         rows = rows[first * size - offset : stop * size - offset]
         with torch_threads(self.threads):
-            runner = ShardRunner(self.model, self.name, self.settings, self.threads)
+            runner = ShardRunner(self.model, name, settings, self.threads)
             try:
                 for start in range(0, len(rows), size):
                     runner.add(rows[start : start + size])
