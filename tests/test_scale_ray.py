@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tl_dynamics import load_model, scale, testing
+from tl_dynamics import cli, load_model, scale, testing
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale import _corpus, _ray_worker
 
@@ -159,6 +159,22 @@ def test_interrupted_run_resumes_to_the_same_bytes(cluster, whole, tmp_path):
     single(CORPUS, again, max_batches=2, checkpoint_every=1)
     on_ray(CORPUS, again, resume=True)
     assert again.read_bytes() == whole.read_bytes()
+
+
+def test_cli_ray_joins_the_cluster_and_names_long_lines(cluster, tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(["a = 1", LONG, "b = 2"] * 3) + "\n")
+    ref, out = tmp_path / "ref.safetensors", tmp_path / "cli.safetensors"
+    scale.run_stats(NAME, corpus, ref, batch_size=BATCH, progress=False, on_long="skip")
+    argv = ["stats", "--model", NAME, "--prompts", str(corpus), "--batch-size", str(BATCH)]
+    argv += ["--ray", "auto", "--workers", "2", "--no-progress"]
+    assert cli.main([*argv, "--out", str(tmp_path / "e.safetensors")]) == 2
+    assert "corpus.txt:2: the prompt has" in capsys.readouterr().err
+    assert cli.main([*argv, "--out", str(out), "--on-long", "skip"]) == 0
+    assert "skipped_long 3" in capsys.readouterr().out
+    assert out.read_bytes() == ref.read_bytes()
+    assert cli.main([*argv, "--out", str(out), "--max-batches", "1"]) == 2
+    assert "--max-batches is not available with --ray" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(

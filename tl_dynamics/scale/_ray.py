@@ -217,7 +217,8 @@ def ray_stats(
         device = "cuda"
     out_path = None if out is None else Path(out)
     if out_path is not None:  # before any work, as run_stats
-        files.check_output(out_path, example="stats.safetensors")
+        source = dataset if isinstance(dataset, (str, os.PathLike)) else None
+        files.check_output(out_path, example="stats.safetensors", inputs=[("--prompts", source)])
         _refuse_stale_checkpoints(out_path, resume)
     checkpoint = None if out_path is None else out_path.with_name(out_path.name + ".partial")
     if not ray.is_initialized():
