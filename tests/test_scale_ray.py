@@ -5,14 +5,13 @@ one. Ray is an optional extra: without it every test here skips."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from tl_dynamics import cli, load_model, scale, testing
+from tl_dynamics import cli, scale, testing
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale import _corpus, _ray_worker
 
@@ -27,7 +26,7 @@ CORPUS = [
 ]
 LONG = "x = 1 + " * 40  # more tokens than the tiny model's context (64)
 BATCH = 4
-LOADER = functools.partial(load_model, NAME)
+LOADER = NAME  # a model name: the actors the CLI test makes are the same (kept) ones
 
 
 @pytest.fixture(scope="module")

@@ -189,6 +189,7 @@ def _on_ray(args: argparse.Namespace, out: Any, threads: Any, batch_size: int, e
             device=device,
             dtype=None if args.dtype == "auto" else args.dtype,
             num_gpus=args.gpus_per_worker,
+            keep_workers=True,  # they end with this process (or with the cluster it started)
             **_common(args),
         )
     finally:

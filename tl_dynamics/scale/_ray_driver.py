@@ -20,6 +20,7 @@ from tl_dynamics.scale._format import DatasetStats, prompt_hash, save_stats
 from tl_dynamics.scale._read import from_bytes
 from tl_dynamics.scale._ray_worker import ROW
 
+SPLIT = 8192  # rows of a block per check task
 _ROW = re.compile(re.escape(ROW) + r"(\d+)")
 
 
@@ -72,7 +73,7 @@ class Driver:
 
     def __post_init__(self) -> None:
         self.load = [0] * len(self.actors)
-        self.checks: deque[tuple[Any, Any]] = deque()  # (summary, kept) references, in order
+        self.checks: deque[Any] = deque()  # the blocks' summaries (references), in order
         self.blocks: deque[_Block] = deque()
         self.running: dict[Any, int] = {}  # a task's reference -> its group
         self.done: dict[int, DatasetStats] = {}
@@ -118,14 +119,14 @@ class Driver:
                             self._emit(final=True)
                         break
                     self._read(bundle)
-                waiting = ([self.checks[0][0]] if self.checks else []) + list(self.running)
+                waiting = ([self.checks[0]] if self.checks else []) + list(self.running)
                 if not waiting:
                     if ended:
                         break
                     continue
                 ready, _ = self.ray.wait(waiting, num_returns=1)
-                if self.checks and ready[0] == self.checks[0][0]:
-                    self._summary(*self.checks.popleft())
+                if self.checks and ready[0] == self.checks[0]:
+                    self._summary(self.checks.popleft())
                     if ended and not self.checks:
                         self._emit(final=True)
                 else:
@@ -136,13 +137,19 @@ class Driver:
         return self._result()
 
     def _read(self, bundle: Any) -> None:
+        """Check every block of a bundle where it lies (a long one in pieces of ``SPLIT`` rows,
+        so that one big block is read by every actor, not by one)."""
         for entry, piece in zip(bundle.blocks, bundle.slices):
-            cut = None if piece is None else (piece.start_offset, piece.end_offset)
-            self.checks.append(
-                tuple(self._submit("check", entry.ref, cut, self.plan.on_long, returns=2))
-            )
+            rows = getattr(entry.metadata, "num_rows", None)
+            start, stop = (0, rows) if piece is None else (piece.start_offset, piece.end_offset)
+            if stop is None:
+                self.checks.append(self._submit("check", entry.ref, None, self.plan.on_long))
+                continue
+            for first in range(start, max(stop, start + 1), SPLIT):
+                cut = (first, min(stop, first + SPLIT))
+                self.checks.append(self._submit("check", entry.ref, cut, self.plan.on_long))
 
-    def _summary(self, summary_ref: Any, kept: Any) -> None:
+    def _summary(self, summary_ref: Any) -> None:
         summary = self._get(summary_ref)
         if summary["error"] is not None:  # the first error in input order stops the run
             message = _ROW.sub(
@@ -157,17 +164,18 @@ class Driver:
             if position + offset >= self.plan.start * self.plan.batch_size:
                 counts = self.skips.setdefault(group, {})
                 counts[key] = counts.get(key, 0) + 1
-        self._check_resumed(offset, summary, kept)
-        if summary["n_kept"]:
-            self.blocks.append(_Block(offset, summary["n_kept"], kept))
+        for n, kept, digest in summary["chunks"]:
+            self._check_resumed(offset, n, kept, digest)
+            self.blocks.append(_Block(offset, n, kept))
+            offset += n
         self._emit(final=False)
 
-    def _check_resumed(self, offset: int, summary: dict[str, Any], kept: Any) -> None:
+    def _check_resumed(self, offset: int, n: int, kept: Any, digest: int) -> None:
         need = self.plan.start * self.plan.batch_size
-        if self.checked or not summary["n_kept"]:
+        if self.checked or not n:
             return
-        take = min(summary["n_kept"], need - offset)
-        part = summary["hash"] if take == summary["n_kept"] else None
+        take = min(n, need - offset)
+        part = digest if take == n else None
         if part is None:
             part = self._get(self._submit("hash_prefix", kept, take))
         self.seen = [self.seen[0] + take, prompt_hash([], self.seen[1] + part)]

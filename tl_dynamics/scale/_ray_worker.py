@@ -23,6 +23,7 @@ from tl_dynamics.scale._corpus import PromptCheck, _encodable, file_records, is_
 from tl_dynamics.scale._format import prompt_hash, to_bytes
 from tl_dynamics.scale._shard import ShardRunner
 
+CHUNK = 2048  # kept rows per object
 ROW = "\x00row\x00"  # stands for "row I" in a message until the driver knows the block's offset
 
 
@@ -90,10 +91,11 @@ class StatsActor:
         param = next(iter(self.model.parameters()), None)
         return "none" if param is None else f"{param.device}/{param.dtype}"
 
-    def check(
-        self, block: Any, piece: tuple[int, int] | None, on_long: str
-    ) -> tuple[dict[str, Any], list[str]]:
-        """The block's summary for the driver, and its kept texts (left in the object store)."""
+    def check(self, block: Any, piece: tuple[int, int] | None, on_long: str) -> dict[str, Any]:
+        """The block's summary for the driver; the kept texts stay in the object store, in
+        chunks of ``CHUNK`` rows (so a task needs only the chunks its batches lie in)."""
+        import ray
+
         kept: list[str] = []
         skips: list[tuple[int, str]] = []  # (kept rows before it in this block, counter)
         n_raw, error = 0, None
@@ -110,13 +112,14 @@ class StatsActor:
                         kept.append(used)
         except TLDynamicsError as exc:
             error = str(exc)
+        chunks = [kept[i : i + CHUNK] for i in range(0, len(kept), CHUNK)]
         return {
             "n_raw": n_raw,
             "n_kept": len(kept),
             "skips": skips,
-            "hash": prompt_hash(kept),
+            "chunks": [(len(c), ray.put(c), prompt_hash(c)) for c in chunks],
             "error": error,
-        }, kept
+        }
 
     def hash_prefix(self, kept: list[str], n: int) -> int:
         """The hash of the first ``n`` kept texts of a block (a resumed run's check)."""
