@@ -80,7 +80,8 @@ class Driver:
         self.skips: dict[int, dict[str, int]] = {}  # group -> counts of rows left out or cut
         self.prefix, self.folded, self.since = self.plan.base, 0, 0
         self.kept_total = self.raw_total = 0
-        self.emitted = 0
+        self.emitted, self.ended = 0, False
+        self.window = 2 * len(self.actors)  # tasks in flight: what the driver holds is bounded
         # a resumed run: the kept rows before its first batch must be the checkpoint's
         self.seen, self.checked = [0, 0], self.plan.start == 0
 
@@ -107,28 +108,28 @@ class Driver:
 
     # ------------------------------------------------------------------ the loop
     def run(self, bundles: Iterable[Any]) -> DatasetStats:
-        stream, ended = iter(bundles), False
-        window = 2 * len(self.actors)
+        stream = iter(bundles)
         try:
             while True:
-                while not ended and len(self.checks) < window and len(self.running) < window:
+                while (
+                    not self.ended
+                    and len(self.checks) < self.window
+                    and len(self.running) < self.window
+                ):
                     bundle = next(stream, None)
                     if bundle is None:
-                        ended = True
-                        if not self.checks:
-                            self._emit(final=True)
+                        self.ended = True
                         break
                     self._read(bundle)
+                self._emit()
                 waiting = ([self.checks[0]] if self.checks else []) + list(self.running)
                 if not waiting:
-                    if ended:
+                    if self.ended:
                         break
                     continue
                 ready, _ = self.ray.wait(waiting, num_returns=1)
                 if self.checks and ready[0] == self.checks[0]:
                     self._summary(self.checks.popleft())
-                    if ended and not self.checks:
-                        self._emit(final=True)
                 else:
                     self._finish(ready[0])
         except BaseException:
@@ -168,7 +169,6 @@ class Driver:
             self._check_resumed(offset, n, kept, digest)
             self.blocks.append(_Block(offset, n, kept))
             offset += n
-        self._emit(final=False)
 
     def _check_resumed(self, offset: int, n: int, kept: Any, digest: int) -> None:
         need = self.plan.start * self.plan.batch_size
@@ -182,11 +182,13 @@ class Driver:
         if offset + take >= need:
             self._compare()
 
-    def _emit(self, final: bool) -> None:
-        """Send every group whose rows are all numbered (at the end: the last, shorter one)."""
+    def _emit(self) -> None:
+        """Send the groups whose rows are all numbered (at the end: the last, shorter one), as
+        long as fewer than ``window`` tasks are in flight."""
+        final = self.ended and not self.checks
         if final and not self.checked:
             self._compare()  # the data ended before the checkpoint's rows
-        while True:
+        while len(self.running) < self.window:
             first, stop = self.plan.rows(self.emitted)
             if first >= self.kept_total or (stop > self.kept_total and not final):
                 break
