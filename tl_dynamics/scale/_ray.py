@@ -87,14 +87,12 @@ def _actors(
     """``n`` actors, the kept ones first (``keep_workers``), and the key they are kept under."""
     import pickle
 
-    from ray import cloudpickle
-
     session = ray.get_runtime_context().get_job_id()
     for old in [k for k in _POOL if k[0] != session]:  # a past session's actors are gone
         del _POOL[old]
     try:
-        key: Any = (session, cloudpickle.dumps(made), cpus, gpus)
-    except (pickle.PicklingError, TypeError):  # not comparable: never shared
+        key: Any = (session, pickle.dumps(made), cpus, gpus)
+    except (pickle.PicklingError, TypeError, AttributeError):  # a lambda: never shared
         key = None
     pool = _POOL.setdefault(key, []) if key is not None else []
     actor = ray.remote(StatsActor).options(num_cpus=cpus, num_gpus=gpus)

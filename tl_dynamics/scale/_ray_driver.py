@@ -140,15 +140,18 @@ class Driver:
     def _read(self, bundle: Any) -> None:
         """Check every block of a bundle where it lies (a long one in pieces of ``SPLIT`` rows,
         so that one big block is read by every actor, not by one)."""
-        for entry, piece in zip(bundle.blocks, bundle.slices):
-            rows = getattr(entry.metadata, "num_rows", None)
+        pieces = getattr(bundle, "slices", None) or [None] * len(bundle.blocks)
+        for entry, piece in zip(bundle.blocks, pieces):
+            # a BlockEntry (Ray >= 2.5x) or a (ref, metadata) pair (older Ray)
+            ref, meta = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry
+            rows = getattr(meta, "num_rows", None)
             start, stop = (0, rows) if piece is None else (piece.start_offset, piece.end_offset)
             if stop is None:
-                self.checks.append(self._submit("check", entry.ref, None, self.plan.on_long))
+                self.checks.append(self._submit("check", ref, None, self.plan.on_long))
                 continue
             for first in range(start, max(stop, start + 1), SPLIT):
                 cut = (first, min(stop, first + SPLIT))
-                self.checks.append(self._submit("check", entry.ref, cut, self.plan.on_long))
+                self.checks.append(self._submit("check", ref, cut, self.plan.on_long))
 
     def _summary(self, summary_ref: Any) -> None:
         summary = self._get(summary_ref)
