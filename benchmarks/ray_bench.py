@@ -85,6 +85,7 @@ def child(args: argparse.Namespace) -> None:
         before = _status("VmRSS")
         wall, cpu = time.perf_counter(), time.process_time()
         stats = scale.ray_stats(args.model, paths, out, **common)
+        ray.shutdown()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     result.update(
         prompts=stats.n_prompts,

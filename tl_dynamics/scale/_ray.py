@@ -107,7 +107,7 @@ def ray_stats(
     *,
     model_name: str,
     num_workers: int = 2,
-    batches_per_task: int = 8,
+    batches_per_task: int | None = 8,
     analyses: Sequence[str] = ANALYSES,
     batch_size: int = 16,
     layers: int | Sequence[int] | None = None,
@@ -144,7 +144,7 @@ def ray_stats(
         model_name: The name recorded in the file (use the name a ``run_stats`` run used to get
             the same bytes).
         num_workers: Ray actors, each with its own model.
-        batches_per_task: Consecutive batches per Ray task.
+        batches_per_task: Consecutive batches per Ray task (None: 8).
         analyses: As in ``run_stats``.
         batch_size: As in ``run_stats``.
         layers: As in ``run_stats``.
@@ -195,6 +195,7 @@ def ray_stats(
     except ImportError:
         raise TLDynamicsError("ray_stats needs Ray Data: pip install 'tl-dynamics[ray]'") from None
     settings = make_settings(analyses, batch_size, padding_side, layers, heads, eps, lens, on_long)
+    batches_per_task = 8 if batches_per_task is None else batches_per_task
     for value, what in ((num_workers, "num_workers"), (batches_per_task, "batches_per_task")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TLDynamicsError(f"{what} must be a positive integer, got {value!r}")

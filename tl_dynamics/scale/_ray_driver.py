@@ -135,6 +135,10 @@ class Driver:
         except BaseException:
             self._drain()  # what finished is checkpointed before the error goes up
             raise
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:  # stops Ray Data's executor when the run ends early
+                close()
         return self._result()
 
     def _read(self, bundle: Any) -> None:
