@@ -85,7 +85,6 @@ def child(args: argparse.Namespace) -> None:
         before = _status("VmRSS")
         wall, cpu = time.perf_counter(), time.process_time()
         stats = scale.ray_stats(args.model, paths, out, **common)
-        ray.shutdown()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     result.update(
         prompts=stats.n_prompts,
@@ -97,6 +96,10 @@ def child(args: argparse.Namespace) -> None:
         load=round(os.getloadavg()[0], 2),
     )
     print(json.dumps(result), flush=True)
+    if args.engine == "ray":
+        import ray
+
+        ray.shutdown()  # before the interpreter exits (Ray Data's threads stop cleanly)
 
 
 def _measure(engine: str, paths: list[Path], out: Path, model: str, workers: int) -> dict:
