@@ -99,7 +99,9 @@ def child(args: argparse.Namespace) -> None:
     if args.engine == "ray":
         import ray
 
-        ray.shutdown()  # before the interpreter exits (Ray Data's threads stop cleanly)
+        ray.shutdown()
+        sys.stderr.flush()
+        os._exit(0)  # Ray Data's executor thread may outlive shutdown and trip at exit
 
 
 def _measure(engine: str, paths: list[Path], out: Path, model: str, workers: int) -> dict:
