@@ -69,6 +69,21 @@ def _dataset(ray: Any, dataset: Any) -> Any:
     return dataset
 
 
+def _bundles(data: Any) -> tuple[Any, Any]:
+    """The dataset's block references as Ray Data streams them, and its executor to stop at
+    the end (``iter_internal_ref_bundles`` runs the same call but leaves the executor
+    running); on a Ray without it, the public iterator alone."""
+    run = getattr(data, "_execute_to_iterator", None)
+    if run is not None:
+        try:
+            bundles, _, executor = run(capture_executor=False)
+        except TypeError:  # another signature: the public iterator
+            pass
+        else:
+            return bundles, executor if hasattr(executor, "shutdown") else None
+    return data.iter_internal_ref_bundles(), None
+
+
 def _resources(ray: Any, num_workers: int, num_cpus: float | None, num_gpus: float) -> float:
     """CPUs per actor: 1 by default, less where the actors would otherwise take every CPU of
     the cluster and leave none for Ray Data's reading tasks."""
@@ -235,7 +250,12 @@ def ray_stats(
         plan = Plan(
             model_name, settings, batch_size, batches_per_task, checkpoint_every, start, base
         )
-        merged = Driver(ray, actors, plan, checkpoint, bar).run(data.iter_internal_ref_bundles())
+        bundles, executor = _bundles(data)
+        try:
+            merged = Driver(ray, actors, plan, checkpoint, bar).run(bundles)
+        finally:
+            if executor is not None:  # its threads would outlive the run (and ray.shutdown)
+                executor.shutdown(force=True)
     finally:
         order.preserve_order = kept_order
         if bar is not None:
