@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def corpus(n: int, folder: Path, n_files: int) -> list[Path]:
+def corpus(n: int, folder: Path, n_files: int, terms: int = 9) -> list[Path]:
     """``n`` code-like prompts of varied length in ``n_files`` JSON-lines files (deterministic;
     the lengths cycle, so a longer corpus does not have longer prompts)."""
     paths = [folder / f"part{f:03d}.jsonl" for f in range(n_files)]
@@ -37,7 +37,7 @@ def corpus(n: int, folder: Path, n_files: int) -> list[Path]:
         with path.open("w") as out:
             for i in range(f * per, min(n, (f + 1) * per)):
                 k = i % 997
-                body = " + ".join(f"x{j} * {k % (j + 3)}" for j in range(2 + k % 9))
+                body = " + ".join(f"x{j} * {k % (j + 3)}" for j in range(2 + k % terms))
                 text = f"def f{k}(x0, x1):\n    return {body}  # {i % 7}"
                 out.write(json.dumps({"text": text}) + "\n")
     return paths
@@ -135,7 +135,8 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")] if args.mode == "memory" else [args.prompts]
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:
-            paths = corpus(n, Path(tmp), args.files)
+            # the tiny models' context is 64 tokens: shorter prompts for them
+            paths = corpus(n, Path(tmp), args.files, 9 if "code" in model else 3)
             ray_out, one_out = Path(tmp) / "ray.safetensors", Path(tmp) / "one.safetensors"
             row = _measure("ray", paths, ray_out, model, args.workers)
             print(json.dumps(row), flush=True)
