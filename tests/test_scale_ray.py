@@ -34,7 +34,16 @@ def cluster():
     root = str(Path(__file__).resolve().parents[1])  # the workers import this checkout too
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = root + ("" if old is None else os.pathsep + old)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    for attempt in (1, 2):  # on a loaded machine a local cluster can time out starting
+        try:
+            ray.init(
+                num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR"
+            )
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
         yield
