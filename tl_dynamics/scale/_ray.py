@@ -141,8 +141,10 @@ def ray_stats(
     num_cpus: float | None = None,
     keep_workers: bool = False,
 ) -> DatasetStats:
-    """``run_stats`` on a Ray cluster: ``num_workers`` actors read the data and compute; the
-    driver merges their exact partial statistics (its memory does not grow with the corpus).
+    """``run_stats`` on a Ray cluster: the workers read the data and compute, the driver merges.
+
+    ``num_workers`` actors each load the model once; the driver merges their exact partial
+    statistics as they arrive (its memory does not grow with the corpus).
 
     Ray must be initialised by the caller (``ray.init(...)``). The bytes equal those of a
     ``run_stats`` run over the same rows in the same order with the same model name and
