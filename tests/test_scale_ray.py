@@ -194,6 +194,7 @@ def test_each_actor_computes_on_its_gpu_share(cluster, tmp_path):
     actor = ray.remote(_ray_worker.StatsActor).options(num_gpus=0.5)
     placed = actor.remote(NAME, 1, "cuda")
     assert ray.get(placed.device.remote()).startswith("cuda:0/")
+    ray.kill(placed)  # its half GPU back before the run's two actors ask for theirs
     scale.ray_stats(
         NAME,
         CORPUS,
