@@ -10,7 +10,7 @@ JSON-lines files, and reports the driver's peak resident memory (VmHWM) and its 
 memory before the run (after Ray, torch and the library are imported). ``throughput`` times
 ``run_stats`` in one process (one torch thread) and ``ray_stats`` with 2 workers (one torch
 thread each) over the same corpus; the actors load the model before the clock starts (a
-warm-up run on 2 batches, ``keep_workers=True``), and ``run_stats`` is timed after its model
+warm-up run on a 2-batch file, ``keep_workers=True``, which also starts Ray Data's reader), and ``run_stats`` is timed after its model
 is loaded. Both compute the same bytes (checked). Each prints one JSON line per measurement.
 """
 
@@ -81,7 +81,9 @@ def child(args: argparse.Namespace) -> None:
         ray.data.DataContext.get_current().enable_progress_bars = False
         common = dict(model_name=args.model, num_workers=args.workers, batch_size=16)
         common.update(progress=False, keep_workers=True, num_cpus=1.0)
-        scale.ray_stats(args.model, ["def f(): pass"] * 32, **common)  # actors load the model
+        warm = out.with_name("warm.jsonl")  # the actors load the model, Ray Data's reader
+        warm.write_text('{"text": "def f(): pass"}\n' * 32)  # process starts: before the clock
+        scale.ray_stats(args.model, [warm], **common)
         before = _status("VmRSS")
         wall, cpu = time.perf_counter(), time.process_time()
         stats = scale.ray_stats(args.model, paths, out, **common)
