@@ -1,5 +1,5 @@
 """Dataset scale: exact sums, the statistics file, and byte-identical results for one process,
-torchrun (gloo, 2 processes), Ray Data (2 workers) and an interrupted-then-resumed run."""
+torchrun (gloo, 2 processes) and an interrupted-then-resumed run (Ray: tests/test_scale_ray.py)."""
 
 from __future__ import annotations
 
@@ -338,28 +338,6 @@ def test_torchrun_on_cuda_byte_identical_to_one_process(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert dist.read_bytes() == one.read_bytes()
-
-
-@pytest.mark.slow
-def test_ray_data_two_workers_byte_identical(whole, tmp_path):
-    ray = pytest.importorskip("ray")
-    from tl_dynamics import load_model
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        dataset = ray.data.from_items([{"text": t} for t in CORPUS])
-        stats = scale.ray_stats(
-            functools.partial(load_model, NAME),
-            dataset,
-            tmp_path / "ray.safetensors",
-            model_name=NAME,
-            batch_size=BATCH,
-            num_workers=2,
-        )
-    finally:
-        ray.shutdown()
-    assert stats.n_prompts == len(CORPUS)
-    assert (tmp_path / "ray.safetensors").read_bytes() == whole.read_bytes()
 
 
 @requires_hooked

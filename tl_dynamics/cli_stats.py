@@ -8,10 +8,11 @@ import os
 import re
 import sys
 import time
+from typing import Any
 
 from tl_dynamics import _args, devices, files, sphere
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.scale import DatasetStats, load_stats, run_stats, stats_page
+from tl_dynamics.scale import DatasetStats, load_stats, ray_stats, run_stats, stats_page
 
 
 def _ints(text: str | None, what: str) -> list[int] | None:
@@ -87,6 +88,22 @@ def stats_parser() -> argparse.ArgumentParser:
         "or keep the tokens that fit (truncate); both are counted in the file",
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="run on a Ray cluster (extra tl-dynamics[ray]): 'local' starts one here, 'auto' "
+        "joins the running one, or ray://HOST:PORT; workers read the corpus and compute, "
+        "the driver merges (same bytes)",
+    )
+    p.add_argument("--workers", type=int, default=2, help="Ray actors, one model each")
+    p.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=None,
+        help="with --ray: GPUs per actor, e.g. 0.5 for two per GPU (default 1 with "
+        "--device cuda, else 0)",
+    )
     devices.add_options(
         p
     )  # under torchrun: auto/cuda = cuda:LOCAL_RANK (NCCL), cuda:N shared (gloo)
@@ -106,29 +123,13 @@ def cli_main(argv: list[str]) -> int:
         checkpoint_every = _args.positive_arg(args.checkpoint_every, "--checkpoint-every")
         if args.max_batches is not None and args.max_batches < 0:
             raise TLDynamicsError(f"--max-batches {args.max_batches}: give 0 or more")
-        if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:  # torchrun: run_stats checks it
-            devices.resolve_device(args.device, "--device")  # before the model loads
         devices.resolve_dtype(args.dtype, "--dtype")
-        stats = run_stats(
-            args.model,
-            args.prompts,
-            out,
-            analyses=[a.strip() for a in args.analyses.split(",") if a.strip()],
-            batch_size=batch_size,
-            layers=_ints(args.layers, "--layers"),
-            heads=_ints(args.heads, "--heads"),
-            eps=_floats(args.eps, "--eps"),
-            lens=not args.no_lens,
-            padding_side=args.padding_side,
-            resume=args.resume,
-            checkpoint_every=checkpoint_every,
-            max_batches=args.max_batches,
-            progress=not args.no_progress,
-            threads=threads,
-            on_long=args.on_long,
-            device=args.device,
-            dtype=args.dtype,
-        )
+        if args.ray is not None:
+            stats = _on_ray(args, out, threads, batch_size, checkpoint_every)
+        else:
+            if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:  # torchrun: run_stats checks
+                devices.resolve_device(args.device, "--device")  # before the model loads
+            stats = _run(args, out, threads, batch_size, checkpoint_every)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
@@ -140,6 +141,76 @@ def cli_main(argv: list[str]) -> int:
             + (f" (corpus lines not used whole: {left})" if left else "")
         )
     return 0
+
+
+def _common(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "analyses": [a.strip() for a in args.analyses.split(",") if a.strip()],
+        "layers": _ints(args.layers, "--layers"),
+        "heads": _ints(args.heads, "--heads"),
+        "eps": _floats(args.eps, "--eps"),
+        "lens": not args.no_lens,
+        "padding_side": args.padding_side,
+        "progress": not args.no_progress,
+        "on_long": args.on_long,
+    }
+
+
+def _on_ray(args: argparse.Namespace, out: Any, threads: Any, batch_size: int, every: int) -> Any:
+    """``--ray``: ``ray_stats`` on the cluster named (joined here, or started when ``local``)."""
+    if args.max_batches is not None:
+        raise TLDynamicsError("--max-batches is not available with --ray (stop and --resume)")
+    workers = _args.positive_arg(args.workers, "--workers")
+    device = None if args.device == "auto" else args.device
+    if device not in (None, "cpu", "cuda"):
+        raise TLDynamicsError(
+            f"--device {args.device!r} with --ray: valid are auto, cpu and cuda (Ray gives "
+            "each worker its own GPU)"
+        )
+    try:
+        import ray
+    except ImportError:
+        raise TLDynamicsError("--ray needs Ray Data: pip install 'tl-dynamics[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        address = None if args.ray == "local" else args.ray
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        return ray_stats(
+            args.model,
+            args.prompts,
+            out,
+            model_name=args.model,
+            num_workers=workers,
+            batch_size=batch_size,
+            threads=threads,
+            resume=args.resume,
+            checkpoint_every=every,
+            device=device,
+            dtype=None if args.dtype == "auto" else args.dtype,
+            num_gpus=args.gpus_per_worker,
+            keep_workers=True,  # they end with this process (or with the cluster it started)
+            **_common(args),
+        )
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run(args: argparse.Namespace, out: Any, threads: Any, batch_size: int, every: int) -> Any:
+    return run_stats(
+        args.model,
+        args.prompts,
+        out,
+        batch_size=batch_size,
+        resume=args.resume,
+        checkpoint_every=every,
+        max_batches=args.max_batches,
+        threads=threads,
+        device=args.device,
+        dtype=args.dtype,
+        **_common(args),
+    )
 
 
 def report_main(argv: list[str]) -> int:

@@ -3,7 +3,8 @@ corpus, exact across batches, processes (``torchrun``), Ray Data workers and res
 
 ``run_stats`` streams a corpus and writes one statistics file (docs/stats-format.md);
 ``load_stats``/``save_stats`` read and write it bit-exactly; ``merge_stats`` merges files of the
-same model and settings; ``ray_stats`` runs the same reduction as a Ray Data stage;
+same model and settings; ``ray_stats`` runs it on a Ray cluster (the workers read the data
+and compute, the driver merges);
 ``stats_page`` renders a file as an offline HTML page (``tl-dynamics report --stats FILE``).
 """
 

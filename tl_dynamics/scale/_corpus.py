@@ -23,7 +23,7 @@ Prompts = str | os.PathLike | Sequence[str]
 ON_LONG = ("error", "skip", "truncate")
 
 
-def _is_jsonl(path: Path) -> bool:
+def is_jsonl(path: Path) -> bool:
     return path.suffix.lower() in (".jsonl", ".ndjson", ".json")
 
 
@@ -57,31 +57,39 @@ def iter_records(prompts: Prompts | Iterable[str]) -> Iterator[tuple[str, str | 
             f"prompts file {str(path)!r} does not exist (give a text file, one "
             "prompt per line, or JSON lines with a 'text' field)"
         )
-    jsonl = _is_jsonl(path)
     with path.open("rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            where = f"{path}:{number}"
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError:
-                yield where, None
-                continue
-            if not line.strip():
-                continue
-            if not jsonl:
-                yield where, line
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise TLDynamicsError(
-                    f"{where}: not a JSON object (JSON lines need one object per "
-                    'line, e.g. {"text": "..."})'
-                ) from None
-            text = record.get("text") if isinstance(record, dict) else None
-            if not isinstance(text, str) or not text:
-                raise TLDynamicsError(f"{where}: no non-empty string 'text' field")
-            yield where, text if _encodable(text) else None
+        yield from file_records(str(path), handle, is_jsonl(path))
+
+
+def file_records(
+    name: str, lines: Iterable[bytes], jsonl: bool
+) -> Iterator[tuple[str, str | None]]:
+    """``iter_records`` of a file's raw lines (``bytes`` ending in ``\\n``, as iterating a file
+    opened in binary mode gives them), named ``name`` in ``"FILE:LINE"``; a Ray worker parses
+    the bytes of a file it read with this, so both read a file alike."""
+    for number, raw in enumerate(lines, 1):
+        where = f"{name}:{number}"
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            yield where, None
+            continue
+        if not line.strip():
+            continue
+        if not jsonl:
+            yield where, line
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            raise TLDynamicsError(
+                f"{where}: not a JSON object (JSON lines need one object per "
+                'line, e.g. {"text": "..."})'
+            ) from None
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str) or not text:
+            raise TLDynamicsError(f"{where}: no non-empty string 'text' field")
+        yield where, text if _encodable(text) else None
 
 
 def iter_prompts(prompts: Prompts) -> Iterator[str]:
