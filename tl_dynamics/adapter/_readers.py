@@ -230,7 +230,7 @@ def window(module: Any, layer: int, config: Any) -> int | None:
         >>> cfg = NS(sliding_window=4, layer_types=["sliding_attention", "full_attention"])
         >>> window(NS(sliding_window=4), 0, cfg), window(NS(), 1, cfg)
         (4, None)
-        >>> window(NS(), 0, NS(sliding_window=4)), window(NS(is_sliding=False, sliding_window=4), 0, cfg)
+        >>> window(NS(), 0, NS(sliding_window=4)), window(NS(is_sliding=False, sliding_window=4), 1, cfg)
         (4, None)
     """
     own = lookup(module, "sliding_window")
