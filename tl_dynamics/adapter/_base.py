@@ -347,7 +347,7 @@ class AdapterBase(AdapterCore):
             device = model_device(self.model)
             tokens = torch.randint(
                 0,
-                self.W_E.shape[0],
+                int(self.model.W_E.shape[0]),  # the rows only: no float32 copy
                 (2, min(PROBE_POSITIONS, self.n_ctx)),
                 generator=torch.Generator().manual_seed(0),
             ).to(device)

@@ -78,7 +78,15 @@ def verify(adapter: Any) -> None:
                 what = "z (relative to its largest entry)"
             if err > tol:
                 raise _refusal(adapter, layer, what, err, tol, tokens.shape[1])
+    _drop_weight_copies(adapter)
     _VERIFIED[model] = key
+
+
+def _drop_weight_copies(adapter: Any) -> None:
+    """Forget the float32 weight copies the probe read (embedding, ``W_Q``, ``W_O``, ...): the
+    adapter reads them again when an analysis asks; rotations and the probe's tables stay."""
+    for key in [k for k, v in adapter._cache.items() if isinstance(v, torch.Tensor)]:
+        del adapter._cache[key]
 
 
 def _worst(got: torch.Tensor, want: torch.Tensor | None) -> float:
