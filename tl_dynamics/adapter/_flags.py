@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from tl_dynamics.adapter._readers import required
 from tl_dynamics.compat import tl_major_version
 from tl_dynamics.errors import HostDiffersWarning, TLDynamicsError
 
@@ -156,7 +157,10 @@ def host_differences(model: Any, family: str, architecture: str) -> list[str]:
     """
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
     found = []
-    if family in ("gpt2", "gpt_bigcode") and getattr(hf_cfg, "scale_attn_weights", True) is False:
+    unscaled = family in ("gpt2", "gpt_bigcode") and required(
+        hf_cfg, "scale_attn_weights", "whether q.k is scaled"
+    )
+    if unscaled is False:
         found.append(
             f"{architecture} sets scale_attn_weights=False (Hugging Face does not scale "
             "q.k), but TransformerLens scores with d_head**-0.5 anyway, so its patterns "

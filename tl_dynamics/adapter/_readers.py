@@ -300,3 +300,20 @@ def clip(config: Any) -> float | None:
     ``[-clip, clip]``; None (no clamp) where the config has none."""
     value = optional(config, "clip_qkv") or optional(optional(config, "attn_config"), "clip_qkv")
     return float(value) if value else None
+
+
+# families whose text config always has final_logit_softcapping (None or 0 where not capped)
+FINAL_SOFTCAP = {"gemma2", "gemma3", "gemma4", "vaultgemma", "nanochat"}
+
+
+def final_softcap(model: Any, host: str, family: str) -> float | None:
+    """The soft-cap on the output logits: ``output_logits_soft_cap`` of a HookedTransformer
+    (``<= 0``: none), the text config's ``final_logit_softcapping`` on a bridge (absent on
+    families without one; required on ``FINAL_SOFTCAP``)."""
+    if host == "hooked":
+        cap = required(model.cfg, "output_logits_soft_cap", "logit soft-cap; <= 0: none")
+    elif family in FINAL_SOFTCAP:
+        cap = required(text_config(model), "final_logit_softcapping", "logit soft-cap")
+    else:
+        cap = optional(text_config(model), "final_logit_softcapping")
+    return float(cap) if cap and cap > 0 else None
