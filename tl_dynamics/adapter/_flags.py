@@ -157,10 +157,10 @@ def host_differences(model: Any, family: str, architecture: str) -> list[str]:
     """
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
     found = []
-    unscaled = family in ("gpt2", "gpt_bigcode") and required(
+    scaled = family not in ("gpt2", "gpt_bigcode") or required(
         hf_cfg, "scale_attn_weights", "whether q.k is scaled"
     )
-    if unscaled is False:
+    if not scaled:
         found.append(
             f"{architecture} sets scale_attn_weights=False (Hugging Face does not scale "
             "q.k), but TransformerLens scores with d_head**-0.5 anyway, so its patterns "
