@@ -151,3 +151,24 @@ def test_self_check_probes_once_per_model_and_weights(monkeypatch):
         next(iter(model.parameters())).mul_(1.01)  # weights edited in place
     ModelAdapter(model)
     assert len(calls) == 2
+
+
+def test_self_check_stands_by_while_an_analysis_is_attached(monkeypatch):
+    from tl_dynamics.collect import Collector
+
+    class Passes(Collector):
+        points = (("resid_post", 0),)
+        seen = 0
+
+        def on_layer(self, state):
+            Passes.seen += 1
+
+    model = testing.tiny_model("gpt2")
+    adapter = ModelAdapter(model)
+    with torch.no_grad():
+        next(iter(model.parameters())).mul_(1.01)  # would be probed again
+    with adapter.collecting(Passes()):
+        ModelAdapter(model)  # the attached collector sees no probe pass
+    assert Passes.seen == 0
+    ModelAdapter(model)  # detached: probed now
+    assert Passes.seen == 0
