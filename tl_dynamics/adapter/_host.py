@@ -249,7 +249,7 @@ def _hooked_spec(model: Any, layer: int) -> LayerSpec:
         alibi="relative" if pos_type == "alibi" else "none",
         scores_hook="logits",
         qk_norm=getattr(attn, "q_norm", None) is not None,
-        sinks=bool(getattr(cfg, "use_attention_sinks", False)),
+        sinks=bool(required(cfg, "use_attention_sinks", "learned attention sinks")),
     )
 
 
@@ -258,7 +258,7 @@ def hooked_post_norm(model: Any) -> str | None:
     ``"both"`` (``use_normalization_before_and_after``, e.g. Gemma 2) or ``"post"`` (OLMo 2
     post-norm, whose attention reads the unnormalised stream); None elsewhere."""
     cfg = model.cfg
-    if getattr(cfg, "use_normalization_before_and_after", False):
+    if required(cfg, "use_normalization_before_and_after", "attention output normalised"):
         return "both"
     try:
         from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
