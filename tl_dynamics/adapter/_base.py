@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics.adapter import _capture, _weights
+from tl_dynamics.adapter import _capture, _readers, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import check_attention
 from tl_dynamics.adapter._core import AdapterCore
@@ -235,14 +235,7 @@ class AdapterBase(AdapterCore):
         """The soft-cap the model applies to its output logits, or None: Hugging Face's
         ``final_logit_softcapping`` on a bridge, ``output_logits_soft_cap`` on a
         HookedTransformer."""
-        if self.info.host == "hooked":
-            cap = getattr(self.model.cfg, "output_logits_soft_cap", None)
-        else:
-            hf = getattr(getattr(self.model, "original_model", None), "config", None)
-            cap = getattr(hf, "final_logit_softcapping", None) or getattr(
-                getattr(hf, "text_config", None), "final_logit_softcapping", None
-            )
-        return float(cap) if cap and cap > 0 else None
+        return _readers.final_softcap(self.model, self.info.host, self.info.family)
 
     def logit_lens(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         """Logits read from a residual-stream state as the model's own head would: final
@@ -347,7 +340,7 @@ class AdapterBase(AdapterCore):
             device = model_device(self.model)
             tokens = torch.randint(
                 0,
-                self.W_E.shape[0],
+                int(self.model.W_E.shape[0]),  # the rows only: no float32 copy
                 (2, min(PROBE_POSITIONS, self.n_ctx)),
                 generator=torch.Generator().manual_seed(0),
             ).to(device)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from tl_dynamics.adapter import _readers
 from tl_dynamics.adapter._gate import output_gate
 from tl_dynamics.adapter._gemma4 import gemma4_window, kv_source
 from tl_dynamics.adapter._mla import LATENT_BRIDGES
+from tl_dynamics.adapter._readers import optional, required
 from tl_dynamics.adapter._spec import HostInfo, LayerSpec, RotaryStyle
 from tl_dynamics.errors import TLDynamicsError
 
@@ -47,37 +49,27 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
     family = info.family
     if family == "native":
         return _native_spec(model, layer, orig)
+    d_head = int(model.cfg.d_head)
     if family == "gptneo":
         scale = 1.0  # GPT-Neo does not scale its scores
-    elif family in ("gptj", "codegen"):
-        scale = 1.0 / float(orig.scale_attn)
-    elif family in ("bloom", "falcon"):
-        scale = float(orig.inv_norm_factor)
-    elif family == "mpt":
-        scale = float(orig.softmax_scale)
-    elif family == "openai_gpt":  # the first GPT: scores divided by sqrt(d_head) iff scale=True
-        scale = model.cfg.d_head**-0.5 if bool(orig.scale) else 1.0
-    elif kind == "JointQKVAttentionBridge":  # GPT-2: the bridge ignores scale_attn_weights
-        scale = model.cfg.d_head**-0.5 / (
-            layer + 1 if getattr(hf_cfg, "scale_attn_by_inverse_layer_idx", False) else 1
-        )
-    else:
-        scale = float(getattr(orig, "scaling", None) or orig.self.scaling)
-
-    cap = getattr(orig, "attn_logit_softcapping", None)
-    if hasattr(orig, "sliding_window"):
-        window = gemma4_window(orig, orig.sliding_window)  # Gemma 4 bidirectional: inclusive
-    elif hasattr(orig, "attention_type"):
+    elif kind == "JointQKVAttentionBridge" and family not in _readers.FIXED_SCALE | {
+        "mpt",
+        "openai_gpt",
+    }:  # GPT-2: the bridge ignores scale_attn_weights
+        inverse = family == "gpt2" and required(
+            hf_cfg, "scale_attn_by_inverse_layer_idx", "divide scores by l + 1"
+        )  # GPT-BigCode has no such option
+        scale = d_head**-0.5 / (layer + 1 if inverse else 1)
+    else:  # by meaning: a multiplier or a divisor, per family (_readers.SCALES)
+        scale = _readers.scale(orig, family, d_head)
+    text = _readers.text_config(model)
+    cap = _readers.softcap(orig, text)
+    if family == "gptneo":  # "local" layers take the config's window
         window = None
-        if orig.attention_type == "local":  # GPT-Neo: the window is in the model's config
-            if hf_cfg is None:
-                raise TLDynamicsError(
-                    f"layer {layer} of {info.architecture} uses local attention "
-                    "but the model has no config giving its window"
-                )
-            window = hf_cfg.window_size
-    else:
-        window = getattr(hf_cfg, "sliding_window", None)
+        if required(orig, "attention_type", "global or local") == "local":
+            window = required(hf_cfg, "window_size", "the local attention's window")
+    else:  # per layer, layer types honoured (_readers.window)
+        window = gemma4_window(orig, _readers.window(orig, layer, text))  # Gemma 4: inclusive
 
     rotary: RotaryStyle = "none"
     rotary_dim, base = None, None
@@ -87,29 +79,26 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
     elif family == "llama4":  # complex rotary on adjacent pairs with the model's own frequencies
         if orig.use_rope:
             rotary, rotary_dim = "interleaved", int(orig.head_dim)
-    elif family in ("gptj", "codegen"):
-        rotary, rotary_dim, base = "interleaved", int(orig.rotary_dim or model.cfg.d_head), 10000.0
+    elif family in ("gptj", "codegen"):  # base 10000 is in their code, not an attribute
+        width = required(orig, "rotary_dim", "rotated width; None: the whole head")
+        rotary, rotary_dim, base = "interleaved", int(width or d_head), _readers.rotary_base(family)
     elif family == "afmoe" and not orig.is_local_attention:
         pass  # AFMoE rotates its sliding layers only; the full layers are NoPE
-    elif model.cfg.positional_embedding_type == "rotary" and getattr(orig, "use_rope", True):
+    elif model.cfg.positional_embedding_type == "rotary" and _readers.rotates(orig):
         rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
     # (SmolLM3 / Llama 4 NoPE layers set use_rope=False: their q and k are scored unrotated)
 
     alibi: Literal["none", "key", "falcon", "mpt"] = "none"
     if family == "bloom" or family == "mpt":
         alibi = "key" if family == "bloom" else "mpt"
-    elif family == "falcon" and bool(getattr(hf_cfg, "alibi", False)):
+    elif family == "falcon" and bool(required(hf_cfg, "alibi", "ALiBi instead of rotary")):
         alibi = "falcon"  # the bias reaches the scores twice, in HF and in TransformerLens
     # BERT: BertLMHeadModel (is_decoder=True) is causal, BertForMaskedLM is not.
-    causal = bool(
-        getattr(orig, "is_causal", getattr(getattr(orig, "self", None), "is_causal", True))
-    )
-    if family == "bert":
-        causal = bool(getattr(hf_cfg, "is_decoder", False))
+    causal = _readers.causal(orig, family, hf_cfg)
     return LayerSpec(
         layer=layer,
         scale=scale,
-        softcap=float(cap) if cap else None,
+        softcap=cap,
         window=int(window) if window else None,
         causal=causal,
         rotary=rotary,
@@ -127,12 +116,7 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         or family in ("olmo_hybrid", "nanochat", "afmoe", "laguna"),
         gate=output_gate(model, orig),
         postrope=bool(getattr(model.cfg, "qk_norm_after_rope", False)),
-        clip=float(clip)
-        if (
-            clip := getattr(hf_cfg, "clip_qkv", None)
-            or getattr(getattr(hf_cfg, "attn_config", None), "clip_qkv", None)
-        )
-        else None,
+        clip=_readers.clip(hf_cfg),
         vnorm=family == "gemma4",  # q, k, v read from their norms (_gemma4)
         kv_from=kv_source(model, orig, layer),
     )
@@ -141,22 +125,22 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
 def _native_spec(model: Any, layer: int, orig: Any) -> LayerSpec:
     """``NativeAttention`` (TransformerLens 4.x ``boot_native``): scores ``q k^T / scale``,
     soft-cap, causal mask from cfg, adjacent-pair RoPE from its own cos/sin tables."""
-    rotary = getattr(orig, "rotary", None)
-    if rotary is not None and float(getattr(rotary, "position_scale", 1.0)) != 1.0:
+    rotary = optional(orig, "rotary")  # None: no rotary
+    if rotary is not None and float(required(rotary, "position_scale", "RoPE scaling")) != 1.0:
         raise TLDynamicsError(
             f"layer {layer}: native rotary with rope_scaling (position_scale "
             f"{rotary.position_scale}) is not supported"
         )
-    cap = float(getattr(orig, "attn_scores_soft_cap", -1.0))
+    cap = float(required(orig, "attn_scores_soft_cap", "soft-cap; <= 0: none"))
     return LayerSpec(
         layer=layer,
-        scale=1.0 / float(orig.scale),
+        scale=1.0 / float(required(orig, "scale", "divisor of q.k")),
         softcap=cap if cap > 0 else None,
         window=None,
-        causal=bool(orig.causal),
+        causal=bool(required(orig, "causal", "causal mask")),
         rotary="interleaved" if rotary is not None else "none",
-        rotary_dim=int(rotary.rotary_dim) if rotary is not None else None,
-        rotary_base=float(rotary.effective_base) if rotary is not None else None,
+        rotary_dim=int(required(rotary, "rotary_dim", "rotated width")) if rotary else None,
+        rotary_base=float(required(rotary, "effective_base", "base")) if rotary else None,
         alibi="none",
         scores_hook="pattern",
         qk_norm=False,

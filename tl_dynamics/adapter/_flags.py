@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from tl_dynamics.adapter._readers import required
 from tl_dynamics.compat import tl_major_version
 from tl_dynamics.errors import HostDiffersWarning, TLDynamicsError
 
@@ -125,14 +126,14 @@ def check_hooked_flags(model: Any) -> None:
     name = str(getattr(cfg, "original_architecture", None) or "HookedTransformer")
     _check(cfg, _HOOKED_RULES, "HookedTransformer config", name)
     pos_type = cfg.positional_embedding_type
-    cap = getattr(cfg, "attn_scores_soft_cap", -1.0)
+    cap = required(cfg, "attn_scores_soft_cap", "soft-cap; <= 0: none")
     if pos_type == "alibi" and cap and cap > 0:
         raise TLDynamicsError(
             f"unsupported {name}: HookedTransformer config attn_scores_soft_cap={cap} with ALiBi "
             "(it soft-caps q.k and adds ALiBi after the cap, while the recipe caps the sum); "
             "the adapter refuses rather than return attention that ignores it"
         )
-    normed = bool(getattr(cfg, "use_qk_norm", False)) or any(
+    normed = bool(required(cfg, "use_qk_norm", "q/k normalised")) or any(
         getattr(block.attn, "q_norm", None) is not None for block in model.blocks
     )
     if normed and pos_type != "rotary":
@@ -156,7 +157,10 @@ def host_differences(model: Any, family: str, architecture: str) -> list[str]:
     """
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
     found = []
-    if family in ("gpt2", "gpt_bigcode") and getattr(hf_cfg, "scale_attn_weights", True) is False:
+    scaled = family not in ("gpt2", "gpt_bigcode") or required(
+        hf_cfg, "scale_attn_weights", "whether q.k is scaled"
+    )
+    if not scaled:
         found.append(
             f"{architecture} sets scale_attn_weights=False (Hugging Face does not scale "
             "q.k), but TransformerLens scores with d_head**-0.5 anyway, so its patterns "

@@ -34,6 +34,7 @@ from tl_dynamics.adapter._flags import (
 )
 from tl_dynamics.adapter._kinds import ATTENTION, layer_kind
 from tl_dynamics.adapter._nonstandard import structure_refusal
+from tl_dynamics.adapter._readers import required
 from tl_dynamics.adapter._spec import HostInfo, LayerSpec
 from tl_dynamics.adapter._unhooked import unhooked_family, unhooked_spec
 from tl_dynamics.compat import detect_host, tl_major_version, tl_version
@@ -233,13 +234,14 @@ def _hooked_spec(model: Any, layer: int) -> LayerSpec:
         )
     # cfg.attn_types alone is not used; the window lives in the causal mask, which a
     # bidirectional HookedTransformer does not apply at all
-    local = getattr(attn, "attn_type", "global") == "local" and cfg.attention_dir == "causal"
-    cap = getattr(cfg, "attn_scores_soft_cap", -1.0)
+    attn_type = required(attn, "attn_type", "global or local")
+    local = attn_type == "local" and cfg.attention_dir == "causal"
+    cap = required(cfg, "attn_scores_soft_cap", "soft-cap; <= 0: none")
     return LayerSpec(
         layer=layer,
-        scale=1.0 / float(attn.attn_scale),
+        scale=1.0 / float(required(attn, "attn_scale", "divisor of q.k")),
         softcap=float(cap) if cap and cap > 0 else None,
-        window=int(cfg.window_size) if local else None,
+        window=int(required(cfg, "window_size", "local window")) if local else None,
         causal=cfg.attention_dir == "causal",
         rotary="hooked" if pos_type == "rotary" else "none",
         rotary_dim=cfg.rotary_dim if pos_type == "rotary" else None,
@@ -247,7 +249,7 @@ def _hooked_spec(model: Any, layer: int) -> LayerSpec:
         alibi="relative" if pos_type == "alibi" else "none",
         scores_hook="logits",
         qk_norm=getattr(attn, "q_norm", None) is not None,
-        sinks=bool(getattr(cfg, "use_attention_sinks", False)),
+        sinks=bool(required(cfg, "use_attention_sinks", "learned attention sinks")),
     )
 
 
@@ -256,7 +258,7 @@ def hooked_post_norm(model: Any) -> str | None:
     ``"both"`` (``use_normalization_before_and_after``, e.g. Gemma 2) or ``"post"`` (OLMo 2
     post-norm, whose attention reads the unnormalised stream); None elsewhere."""
     cfg = model.cfg
-    if getattr(cfg, "use_normalization_before_and_after", False):
+    if required(cfg, "use_normalization_before_and_after", "attention output normalised"):
         return "both"
     try:
         from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from tl_dynamics.adapter import _batch, _capture
+from tl_dynamics.adapter import _batch, _capture, _selfcheck
 from tl_dynamics.adapter._base import AdapterBase
 from tl_dynamics.adapter._batch import Batch, Prompt
 from tl_dynamics.adapter._calls import Calls
@@ -31,8 +31,14 @@ class ModelAdapter(AdapterBase):
     every analysis entry point takes a model or an adapter (``ModelAdapter.of``). An architecture
     or flag it cannot reproduce exactly is refused at construction with a ``TLDynamicsError``.
 
+    At construction it checks itself (``_selfcheck``): one probe of at most 8 tokens, whose
+    recomputed pattern and ``z`` must match the model's own on every attention layer; a layer
+    that does not is refused by name. The probe runs once per model (and weights).
+
     Args:
         model: A TransformerLens model (``HookedTransformer`` on 3.x, ``TransformerBridge``).
+        verify: Run the self-check (default). ``False`` skips it: nothing then checks that the
+            adapter's reading of each layer reproduces the model's values.
 
     Example:
         >>> from tl_dynamics import testing
@@ -43,6 +49,11 @@ class ModelAdapter(AdapterBase):
         >>> bool((la.pattern() - la.reference["pattern"]).abs().max() < 1e-5)
         True
     """
+
+    def __init__(self, model: Any, verify: bool = True):
+        super().__init__(model)
+        if verify:
+            _selfcheck.verify(self)
 
     @classmethod
     def of(cls, model: Any) -> "ModelAdapter":

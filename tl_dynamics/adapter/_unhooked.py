@@ -32,7 +32,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from tl_dynamics.adapter import _readers
 from tl_dynamics.adapter._kinds import _hf_layer
+from tl_dynamics.adapter._readers import required
 from tl_dynamics.adapter._spec import LayerSpec
 from tl_dynamics.errors import TLDynamicsError
 
@@ -87,7 +89,7 @@ def unhooked_spec(model: Any, layer: int, architecture: str) -> LayerSpec:
     where = f"layer {layer} of {architecture}"
     if module is None or type(module).__name__ not in UNHOOKED_ATTENTION:
         raise TLDynamicsError(f"{where}: no verified unhooked attention module")
-    impl = getattr(getattr(module, "config", None), "_attn_implementation", "eager")
+    impl = required(module, "config._attn_implementation", "eager, sdpa, ...")
     if impl not in ("eager", "sdpa", None):
         raise TLDynamicsError(
             f"unsupported {architecture}: layer {layer} runs {impl!r} attention; the adapter "
@@ -104,19 +106,18 @@ def unhooked_spec(model: Any, layer: int, architecture: str) -> LayerSpec:
     rotary = getattr(module, "rotary_emb", None)
     rotary_dim = None
     if rotary is not None:
-        if getattr(rotary, "rope_type", "default") != "default":
+        if required(rotary, "rope_type", "default or a scaled RoPE") != "default":
             raise TLDynamicsError(
                 f"unsupported {architecture}: {where} uses rope type {rotary.rope_type!r}; "
                 "only the default rotary is verified"
             )
         rotary_dim = 2 * int(rotary.inv_freq.numel())
-    window = getattr(module, "sliding_window", None)
     return LayerSpec(
         layer=layer,
-        scale=float(module.scaling),
+        scale=_readers.scale(module, "*", d_head),
         softcap=None,
-        window=int(window) if window else None,
-        causal=bool(getattr(module, "is_causal", True)),
+        window=_readers.window(module, layer, _readers.text_config(model)),
+        causal=_readers.causal(module, "*", None),
         rotary="half" if rotary is not None else "none",
         rotary_dim=rotary_dim,
         rotary_base=None,
