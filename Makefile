@@ -112,4 +112,5 @@ $(GPU_VENV)/.installed: benchmarks/gpu/dry-run-requirements.txt benchmarks/gpu/d
 gpu-dry-run: gpu-wheels $(GPU_VENV)/.installed
 	rm -rf $(GPU_DRY_OUT)
 	GPU_CHECK_PYTHON=$(GPU_VENV)/bin/python GPU_CHECK_DEVICE=cpu TL_DYNAMICS_GPU_SCALE=tiny \
+	  TL_DYNAMICS_TEST_DEVICE=cpu GPU_CHECK_BUDGET_SCALE=3 GPU_CHECK_SITE=$(CURDIR)/$(GPU_DRY_OUT)-site \
 	  bash benchmarks/gpu_check.sh $(GPU_DRY_OUT)
