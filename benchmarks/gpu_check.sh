@@ -16,6 +16,8 @@
 # GPU_CHECK_BUDGET_SCALE (1; the dry run's slower CPU takes more), TL_DYNAMICS_GPU_SCALE=tiny
 # (the shapes scaled down: `make gpu-dry-run`).
 set -u
+# (all of it is one function, parsed before it runs: editing this file mid-run changes nothing)
+main() {
 OUTDIR=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -31,12 +33,12 @@ WORK=$(mktemp -d /tmp/tl-gpu-check.XXXXXX)
 ROOT=$WORK/models
 ORDER=(install tests attach-gpt2 attach-1b attach-8b report-8b heads-1b stats-gpt2)
 declare -A BUDGET=(
-  [install]=20 [tests]=100 [attach-gpt2]=50 [attach-1b]=50 [attach-8b]=70
-  [report-8b]=120 [heads-1b]=50 [stats-gpt2]=55
+  [install]=30 [tests]=150 [attach-gpt2]=55 [attach-1b]=45 [attach-8b]=65
+  [report-8b]=110 [heads-1b]=40 [stats-gpt2]=45
 )
 declare -A WHAT=(
   [install]="the wheelhouse into $SITE, then import each package"
-  [tests]="tests/test_device.py, tests/test_device_options.py, the torchrun-on-CUDA test"
+  [tests]="tests/test_device.py, tests/test_device_options.py, the torchrun-on-CUDA test, test_fused.py on CUDA"
   [attach-gpt2]="GPT-2-small fp32, each analysis attached <= 1.3x, all three <= 1.5x"
   [attach-1b]="Llama-3.2-1B shape bf16, all three attached <= 1.2x"
   [attach-8b]="Llama-3-8B shape bf16, 1 x 4,096, all three <= 1.3x within 80 GB"
@@ -117,7 +119,9 @@ for part in "${PARTS[@]}"; do
   tests)
     tests=(tests/test_device.py tests/test_device_options.py
       "tests/test_scale.py::test_torchrun_on_cuda_byte_identical_to_one_process")
-    [ -f tests/test_fused.py ] && tests+=(tests/test_fused.py)
+    # the CUDA tests of the fused statistics (their CPU compile test runs in the normal suite)
+    tests+=(tests/test_fused.py::test_attached_forward_adds_no_host_sync_on_cuda
+      tests/test_fused.py::test_compiled_collector_equals_eager_on_cuda)
     step tests "$OUTDIR/tests.log" "$PY" -m pytest "${tests[@]}" -q -p no:cacheprovider -rs
     say "    $(grep -E '(passed|failed|error|skipped)' "$OUTDIR/tests.log" | tail -1)"
     ;;
@@ -126,7 +130,7 @@ for part in "${PARTS[@]}"; do
     b=$(budget "$part")
     step "$part" "$OUTDIR/bench.log" "$PY" benchmarks/gpu_bench.py --only "$part" \
       --device "$DEVICE" --repeats "$REPEATS" --threads 4 --timeout "$((b - 5))" --root "$ROOT" \
-      --rows "$ROWS" --out "$WORK/$part.md" >/dev/null
+      --rows "$ROWS" --out "$WORK/$part.md"
     if ! grep -q "^ROW | $part |" "$ROWS"; then
       echo "ROW | $part | no figure | ${WHAT[$part]} | ${STATUS[$part]} |" >>"$ROWS"
     fi
@@ -157,3 +161,5 @@ say ""
 say "$(sed -n '/^| step/,/^Tests:/p' "$OUTDIR/gpu-check.md")"
 say "files in $OUTDIR: $(cd "$OUTDIR" && ls | tr '\n' ' ')"
 rm -rf "$WORK"
+}
+main "$@"

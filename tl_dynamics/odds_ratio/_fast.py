@@ -113,18 +113,22 @@ def row_facts(
     query_valid: Tensor,
     masks: MaskFacts | None = None,
     layer_heads: int | None = None,
+    launch_bound: bool | None = None,
 ) -> dict[str, Tensor]:
     """Row statistics like ``_stats._direct_row_facts``, without a position bias or soft-cap.
     ``masks`` are the facts of ``allowed`` and ``query_valid`` when known already;
     ``layer_heads`` is the number of heads of one layer when ``q`` holds several layers' (one
     tensor, or the layers' tensors side by side: on the CPU each group of heads is joined
-    alone, never the whole pass)."""
+    alone, never the whole pass). ``launch_bound`` picks the plan (None: the device's,
+    ``Collector.launch_bound``; a compiled caller decides it outside the compiled region)."""
     first = q if isinstance(q, Tensor) else q[0]
     n_batch, n_pos, n_heads = first.shape[0], first.shape[1], n_heads_of(q)
     if masks is None or not masks.matches(allowed, query_valid):
         masks = MaskFacts.of(allowed, query_valid)
+    if launch_bound is None:
+        launch_bound = Collector.launch_bound(first.device)
     group = max(1, CPU_CHUNK_ELEMENTS // (CPU_CHUNK_ROWS * n_batch * n_pos))
-    if n_heads > group and not Collector.launch_bound(first.device):  # the CPU: heads in groups
+    if n_heads > group and not launch_bound:  # the CPU: heads in groups
         groups = [
             row_facts(
                 heads(q, h0, h0 + group),
@@ -150,7 +154,6 @@ def row_facts(
     kv = key_valid[:, None]
     p_min = prior.masked_fill(~kv, float("inf")).amin(-1, keepdim=True)
 
-    launch_bound = Collector.launch_bound(q.device)
     d = kh.shape[-1]
     # a GPU: row means of r through the keys (no [b, h, i, j] pass); the CPU sums each chunk's
     # rows instead (one pass over a chunk in cache, against a float64 prefix sum of the keys)
