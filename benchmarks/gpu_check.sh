@@ -33,8 +33,8 @@ WORK=$(mktemp -d /tmp/tl-gpu-check.XXXXXX)
 ROOT=$WORK/models
 ORDER=(install tests attach-gpt2 attach-1b attach-8b report-8b heads-1b stats-gpt2)
 declare -A BUDGET=(
-  [install]=30 [tests]=150 [attach-gpt2]=55 [attach-1b]=45 [attach-8b]=65
-  [report-8b]=110 [heads-1b]=40 [stats-gpt2]=45
+  [install]=30 [tests]=120 [attach-gpt2]=70 [attach-1b]=45 [attach-8b]=65
+  [report-8b]=110 [heads-1b]=40 [stats-gpt2]=60
 )
 declare -A WHAT=(
   [install]="the wheelhouse into $SITE, then import each package"
