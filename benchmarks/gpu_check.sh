@@ -7,7 +7,7 @@
 # PYTHONPATH), runs the GPU tests, then every part of benchmarks/gpu_bench.py, each under its own
 # time budget (`timeout`): a part that runs out of time or memory is recorded as such and the
 # next one runs. The budgets add up to at most 9 minutes; they are printed first. OUTDIR gets at
-# most 6 files: gpu-check.md (summary table, then each part's markdown), gpu-check.log (this
+# most 6 files (exit status 1 if a step did not run to its end): gpu-check.md (summary table, then each part's markdown), gpu-check.log (this
 # console), tests.log, bench.log (every part's output), install.log, env.txt.
 #
 # Environment: GPU_CHECK_PARTS (default: all, in the order below) picks steps, e.g.
@@ -161,5 +161,11 @@ say ""
 say "$(sed -n '/^| step/,/^Tests:/p' "$OUTDIR/gpu-check.md")"
 say "files in $OUTDIR: $(cd "$OUTDIR" && ls | tr '\n' ' ')"
 rm -rf "$WORK"
+# exit status: 0 when every step ran to its end (a part's MISSES verdict is a figure, not a
+# failure), 1 when one failed or ran out of time or memory
+for part in "${PARTS[@]}"; do
+  [[ ${STATUS[$part]:-} == ok* ]] || return 1
+done
+return 0
 }
 main "$@"
