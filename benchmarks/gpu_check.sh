@@ -122,13 +122,21 @@ for part in "${PARTS[@]}"; do
     # the CUDA tests of the fused statistics (their CPU compile test runs in the normal suite)
     tests+=(tests/test_fused.py::test_attached_forward_adds_no_host_sync_on_cuda
       tests/test_fused.py::test_compiled_collector_equals_eager_on_cuda)
-    step tests "$OUTDIR/tests.log" "$PY" -m pytest "${tests[@]}" -q -p no:cacheprovider -rs
+    # the statistics eager here (no compile per test shape); test_fused.py compiles its own
+    step tests "$OUTDIR/tests.log" env TL_DYNAMICS_COMPILE=never \
+      "$PY" -m pytest "${tests[@]}" -q -p no:cacheprovider -rs
     say "    $(grep -E '(passed|failed|error|skipped)' "$OUTDIR/tests.log" | tail -1)"
     ;;
   attach-* | report-* | heads-* | stats-*)
     echo "===== $part =====" >>"$OUTDIR/bench.log"
     b=$(budget "$part")
-    step "$part" "$OUTDIR/bench.log" "$PY" benchmarks/gpu_bench.py --only "$part" \
+    # statistics compiled from a shape's second pass (TL_DYNAMICS_COMPILE=auto), except for the
+    # corpus of many lengths (GPU_CHECK_STATS_COMPILE, default never: a compile per recurring
+    # length could take its whole budget; auto measures the compiled statistics there)
+    compile=${TL_DYNAMICS_COMPILE:-auto}
+    [ "$part" = stats-gpt2 ] && compile=${GPU_CHECK_STATS_COMPILE:-never}
+    step "$part" "$OUTDIR/bench.log" env TL_DYNAMICS_COMPILE="$compile" \
+      "$PY" benchmarks/gpu_bench.py --only "$part" \
       --device "$DEVICE" --repeats "$REPEATS" --threads 4 --timeout "$((b - 5))" --root "$ROOT" \
       --rows "$ROWS" --out "$WORK/$part.md"
     if ! grep -q "^ROW | $part |" "$ROWS"; then

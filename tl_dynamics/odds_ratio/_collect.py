@@ -12,7 +12,7 @@ from tl_dynamics.adapter import Batch, LayerAttention, LayerState, ModelAdapter,
 from tl_dynamics.collect import Collector, ExactSum, torch_threads
 from tl_dynamics.odds_ratio import _stats
 from tl_dynamics.odds_ratio._fast import MaskFacts
-from tl_dynamics.odds_ratio._fused import GROUP_SUMS, stacked
+from tl_dynamics.odds_ratio._fused import pass_group_sums, stacked
 from tl_dynamics.odds_ratio._lazy import LazyDecompositions
 from tl_dynamics.odds_ratio._result import SINK_SUM_KEYS, Decomposition, HeadStats, OddsRatioResult
 from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
@@ -151,10 +151,14 @@ class OddsRatioCollector(Collector):
             if join or len(group) == 1:
                 q = torch.cat(q, 2) if len(group) > 1 else q[0]
                 k = torch.cat(k, 2) if len(group) > 1 else k[0]
-            if join and key[0] != "one":  # a GPU: one pure function, compiled (_fused.py)
-                part, sinks = GROUP_SUMS(
-                    first.q.device, q, k, masks, first.scale, n_h, len(group), True
-                )
+            # a GPU: one pure function of the joined tensors (_fused.py)
+            if (
+                join
+                and key[0] != "one"
+                and isinstance(q, torch.Tensor)
+                and isinstance(k, torch.Tensor)
+            ):
+                part, sinks = pass_group_sums(q, k, masks, first.scale, n_h, len(group))
                 self._keep(group, part, sinks, by_layer)
                 continue
             sums, sinks = _stats.layer_sums(

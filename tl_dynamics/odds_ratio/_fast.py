@@ -170,12 +170,7 @@ def row_facts(
     if launch_bound:
         # chunks: one per SCORE_BUDGET_LAYERS layers (the same count whatever the heads and
         # tokens), more only where a chunk would pass MAX_CHUNK_BYTES
-        n_layers = max(1, n_heads // (layer_heads or n_heads))
-        n_chunks = max(
-            -(-n_layers // SCORE_BUDGET_LAYERS),
-            -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES),
-        )
-        step = -(-n_pos // min(n_pos, n_chunks))
+        step = -(-n_pos // min(n_pos, launch_chunks(n_batch, n_heads, n_pos, layer_heads)))
     else:  # the CPU: chunks that stay in cache (a launch costs next to nothing there)
         step = max(8, CPU_CHUNK_ELEMENTS // max(1, n_batch * n_heads * n_pos))
     # [batch * head, pos, d] with the scale folded into q once: each chunk's scores are one bmm
@@ -258,6 +253,17 @@ def row_facts(
         "r_top": r_top,
         "pattern_top": pattern_top,
     }
+
+
+def launch_chunks(n_batch: int, n_heads: int, n_pos: int, layer_heads: int | None) -> int:
+    """The query chunks of the launch-bound plan: one per ``SCORE_BUDGET_LAYERS`` layers (the
+    same count whatever the heads and tokens), more only where a chunk would pass
+    ``MAX_CHUNK_BYTES``."""
+    n_layers = max(1, n_heads // (layer_heads or n_heads))
+    return max(
+        -(-n_layers // SCORE_BUDGET_LAYERS),
+        -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES),
+    )
 
 
 def as_float(x: "Tensor | Sequence[Tensor]") -> "Tensor | list[Tensor]":

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from tl_dynamics.collect import Collector
 from tl_dynamics.odds_ratio import _stats
-from tl_dynamics.odds_ratio._fast import MaskFacts
+from tl_dynamics.odds_ratio._fast import MaskFacts, launch_chunks
 from tl_dynamics.odds_ratio._headstats import SINK_SUM_KEYS
 
 
@@ -74,3 +74,17 @@ def stacked(
 
 # compiled on a GPU; eager on the CPU (its own plan, in cache-sized chunks: benchmarks/README.md)
 GROUP_SUMS = Collector.fused(group_sums)
+# the compiled graph unrolls the chunk loop: past this many chunks (GPT-2-small has 6 at 1 x 1,024,
+# the Llama-1B shape 32 at 1 x 2,048, the 8B shape 256 at 1 x 4,096) it runs eagerly
+MAX_COMPILED_CHUNKS = 8
+
+
+def pass_group_sums(
+    q: Tensor, k: Tensor, masks: MaskFacts, scale: float, layer_heads: int, n_layers: int
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``group_sums`` with the launch-bound plan, through ``GROUP_SUMS`` where its chunk loop
+    is short enough to compile (``MAX_COMPILED_CHUNKS``), else eagerly."""
+    n_batch, n_pos, n_heads = q.shape[0], q.shape[1], q.shape[2]
+    if launch_chunks(n_batch, n_heads, n_pos, layer_heads) > MAX_COMPILED_CHUNKS:
+        return group_sums(q, k, masks, scale, layer_heads, n_layers, True)
+    return GROUP_SUMS(q.device, q, k, masks, scale, layer_heads, n_layers, True)
