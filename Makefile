@@ -120,3 +120,37 @@ test-tl3: $(VENV3)/.installed chromium
 notebooks: $(VENV)/.installed $(VENV3)/.installed chromium
 	$(VENV)/bin/python scripts/notebook_outputs.py
 	$(VENV3)/bin/python scripts/notebook_outputs.py notebooks/sae.ipynb
+
+# ---- The GPU check (issue 33; benchmarks/README.md "GPU check: how to run it") ----------------
+# `make gpu-wheels`: what the air-gapped GPU machine lacks (benchmarks/gpu/wheels.txt), as CPython
+# 3.12 manylinux wheels in .gpu-wheels/ (git-ignored, <= 64 MiB; carried there with the repo).
+# `make gpu-dry-run`: benchmarks/gpu_check.sh on the CPU, shapes scaled down, in .venv-gpu-dry (the
+# machine's versions: torch 2.11.0, transformers 5.17.0; the CUDA build of torch, about 3.8 GB to
+# download) with the wheelhouse installed --no-deps over it, as the machine does.
+GPU_WHEELS := .gpu-wheels
+GPU_VENV := .venv-gpu-dry
+GPU_DRY_OUT ?= .gpu-dry-out
+# the CPU's budgets: the GPU's times this (the shapes are tiny, but 2 loaded cores are slow)
+GPU_DRY_SCALE ?= 4
+GPU_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+.PHONY: gpu-wheels gpu-dry-run
+
+gpu-wheels: $(GPU_WHEELS)/.complete
+
+$(GPU_WHEELS)/.complete: benchmarks/gpu/wheels.txt benchmarks/gpu/device-packages.txt benchmarks/gpu/wheels.py
+	rm -rf $(GPU_WHEELS)
+	$(PYTHON) benchmarks/gpu/wheels.py download $(GPU_WHEELS)
+	touch $@
+
+$(GPU_VENV)/.installed: benchmarks/gpu/dry-run-requirements.txt benchmarks/gpu/device-packages.txt
+	rm -rf $(GPU_VENV)
+	$(GPU_PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q -r benchmarks/gpu/dry-run-requirements.txt
+	$(GPU_VENV)/bin/python benchmarks/gpu/wheels.py extras | xargs -r $(GPU_VENV)/bin/pip uninstall -y -q
+	touch $@
+
+gpu-dry-run: gpu-wheels $(GPU_VENV)/.installed
+	rm -rf $(GPU_DRY_OUT)
+	GPU_CHECK_PYTHON=$(GPU_VENV)/bin/python GPU_CHECK_DEVICE=cpu TL_DYNAMICS_GPU_SCALE=tiny \
+	  TL_DYNAMICS_TEST_DEVICE=cpu GPU_CHECK_BUDGET_SCALE=$(GPU_DRY_SCALE) GPU_CHECK_SITE=$(CURDIR)/$(GPU_DRY_OUT)-site \
+	  bash benchmarks/gpu_check.sh $(GPU_DRY_OUT)

@@ -390,6 +390,9 @@ def main() -> None:
             run_rows(
                 f"{args.shape}, attach, batch {batch} x {n_pos}", rows, args.repeats, args.device
             )
+        if args.device.startswith("cuda"):  # weights and the largest row together
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            print(f"\npeak CUDA memory allocated in this process: {peak:.1f} GiB")
         return
     if "ops" in only:
         op_rows(Path(args.root), args.device)

@@ -6,10 +6,12 @@ say) is recorded as failed and the others still run:
   1 x 1,024 (targets: each analysis attached <= 1.3x a plain forward, all three <= 1.5x);
 - ``attach-1b``: ``cost_bench.py --shape llama-1b``, bfloat16, 1 x 2,048 and 8 x 512 (<= 1.2x);
 - ``attach-8b``: ``cost_bench.py --shape llama-8b``, bfloat16, 1 x 4,096 (fits in 80 GB, <= 1.3x);
-- ``report-8b``: ``tl-dynamics report --device cuda`` on the 8B shape at 2,048 tokens (<= 120 s
-  for the command, page <= 30 MB);
-- ``heads-1b``: ``tl-dynamics heads --device cuda`` on the 1B shape (<= 3x one run_with_cache
-  plus one forward per ablated head, both measured here on the atlas's own probe tokens);
+- ``report-8b``: the ``tl-dynamics report`` command's work on the 8B shape at 2,048 tokens, in
+  one process from its start: the weights drawn on the device (never written to disk), then
+  ``report.build_report`` and ``page.write`` (<= 120 s, page <= 30 MB);
+- ``heads-1b``: ``atlas.compute`` (what ``tl-dynamics heads`` runs) on the 1B shape, drawn on the
+  device (<= 3x one run_with_cache plus one forward per ablated head, both measured here on the
+  atlas's own probe tokens);
 - ``stats-gpt2``: ``run_stats`` on the GPT-2-small shape, 1,000 prompts x 256 tokens, both
   analyses (>= 70% of the plain forward's prompts per second over the same batches), and the
   ``tl-dynamics stats --device cuda`` command on the same corpus.
@@ -18,10 +20,12 @@ say) is recorded as failed and the others still run:
     python benchmarks/gpu_bench.py --device cuda --only report-8b --only heads-1b  # some parts
     python benchmarks/gpu_bench.py --device cpu --tiny --repeats 1                 # CPU smoke
 
-``--tiny`` runs every part on the shapes' 2-layer, d_model-256 versions with short inputs (128
-tokens for the report, 40 prompts x 64 tokens for the statistics): a check that the driver
-works, not a measurement. Model folders are written once under ``--root`` (the 8B shape's
-bfloat16 weights are 16 GB).
+``--tiny`` (or ``TL_DYNAMICS_GPU_SCALE=tiny`` in the environment: ``make gpu-dry-run``) runs every
+part on the shapes' 2-layer, d_model-256 versions with short inputs (128 tokens for the report,
+40 prompts x 64 tokens for the statistics): a check that the driver works, not a measurement.
+Only the GPT-2-small shape is written to a folder under ``--root`` (for the ``stats`` command);
+the Llama shapes are drawn on the device (``shapes.build``). Each part prints one summary line,
+``ROW | part | measured | target | verdict |``, that ``benchmarks/gpu_check.sh`` gathers.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+STARTED = time.perf_counter()  # the report part counts from its process start
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PARTS = ("attach-gpt2", "attach-1b", "attach-8b", "report-8b", "heads-1b", "stats-gpt2")
@@ -71,7 +77,7 @@ def _run(argv: list[str], timeout: float) -> tuple[int, str, float]:
             proc.stdout + ("" if proc.returncode == 0 else "\n" + proc.stderr[-4000:]),
         )
     except subprocess.TimeoutExpired as exc:
-        code, text = -1, f"timed out after {timeout:.0f} s\n{(exc.stdout or b'')[-2000:]!r}"
+        code, text = 124, f"timed out after {timeout:.0f} s\n{(exc.stdout or b'')[-2000:]!r}"
     return code, text, time.perf_counter() - start
 
 
@@ -102,84 +108,146 @@ def _prompt_ids(n: int, vocab: int) -> str:
     return " ".join(str(rng.randrange(1, vocab)) for _ in range(n))
 
 
-def part_report(args: argparse.Namespace) -> str:
-    import shapes
+ROWS: list[str] = []  # this run's summary lines (main appends them to --rows)
 
-    folder = shapes.folder("llama-8b", args.root, args.tiny, _gen_device(args))
-    n_pos = 128 if args.tiny else 2048
-    out = Path(args.root) / "report-8b.html"
-    argv = [
-        sys.executable,
-        "-m",
-        "tl_dynamics",
-        "report",
-        "--model",
-        str(folder),
-        "--device",
-        args.device,
-        "--prompt-ids",
-        _prompt_ids(n_pos, 500),
-        "--out",
-        str(out),
-    ]
-    code, text, wall = _run(argv, args.timeout)
-    size = out.stat().st_size / 1e6 if code == 0 and out.exists() else float("nan")
-    ok = code == 0 and wall <= 120 and size <= 30
+
+def _row(part: str, measured: str, target: str, ok: bool, code: int, text: str = "") -> None:
+    """One summary line of a part: what it measured against its target, or why it has no
+    figure (out of time, out of memory, failed)."""
+    if code == 124:
+        verdict = "TIMEOUT"
+    elif "OutOfMemoryError" in text or "out of memory" in text:
+        verdict = "OUT OF MEMORY"
+    elif code != 0:
+        verdict = f"FAILED (exit {code})"
+    else:
+        verdict = "meets" if ok else "MISSES"
+    line = f"ROW | {part} | {measured} | {target} | {verdict} |"
+    ROWS.append(line)
+    print(line, file=sys.stderr, flush=True)
+
+
+def _child(name: str, args: argparse.Namespace) -> list[str]:
+    argv = [sys.executable, str(HERE / "gpu_bench.py"), name, "--device", args.device]
+    argv += ["--root", args.root, "--threads", str(args.threads)]
+    return argv + (["--tiny"] if args.tiny else [])
+
+
+def _last_json(text: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return {}
+    return {}
+
+
+def _sync(args: argparse.Namespace) -> None:
+    if args.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def attach_rows(part: str, code: int, text: str) -> None:
+    """The summary line of an ``attach-*`` part, read off cost_bench's tables: the ratios
+    (``x plain``) of each token shape, and the peak CUDA memory where it prints one."""
+    tables: list[tuple[str, dict[str, float]]] = []
+    for line in text.splitlines():
+        if line.startswith("## "):
+            tables.append((line[3:].split("  (")[0], {}))
+        elif line.startswith("| ") and tables and line.split("|")[3].strip().endswith("x"):
+            cells = [c.strip() for c in line.split("|")[1:-1]]
+            tables[-1][1][cells[0]] = float(cells[2].rstrip("x"))
+    peak = re.search(r"peak CUDA memory allocated in this process: ([0-9.]+) GiB", text)
+    measured, ok = [], bool(tables)
+    for title, ratios in tables:
+        three = next((v for k, v in ratios.items() if k.startswith("all three")), float("nan"))
+        each = [v for k, v in ratios.items() if ".attach" in k and "result()" not in k]
+        shape = title.split("batch ")[-1]
+        if part == "attach-gpt2":
+            ok &= three <= 1.5 and all(v <= 1.3 for v in each)
+            measured.append(
+                f"{shape}: each {'/'.join(f'{v:.2f}' for v in each)}x, all {three:.2f}x"
+            )
+        else:
+            ok &= three <= (1.2 if part == "attach-1b" else 1.3)
+            measured.append(f"{shape}: all three {three:.2f}x")
+    if peak:
+        measured.append(f"peak {float(peak.group(1)):.1f} GiB")
+        ok &= part != "attach-8b" or float(peak.group(1)) * 2**30 <= 80e9
+    _row(part, "; ".join(measured) or "no table", TARGETS[part], ok, code, text)
+
+
+def part_report(args: argparse.Namespace) -> str:
+    code, text, wall = _run(_child("_report", args), args.timeout)
+    numbers = _last_json(text)
+    total, size = numbers.get("total_s", float("nan")), numbers.get("page_mb", float("nan"))
+    ok = code == 0 and total <= 120 and size <= 30
+    _row(
+        "report-8b",
+        f"{total:.1f} s from the script's start (draw {numbers.get('draw_s', float('nan')):.1f} s, "
+        f"report {numbers.get('report_s', float('nan')):.1f} s), page {size:.1f} MB",
+        TARGETS["report-8b"],
+        ok,
+        code,
+        text,
+    )
     return (
-        f"`tl-dynamics report --model <llama-8b{'-tiny' if args.tiny else ''} folder> --device "
-        f"{args.device} --prompt-ids <{n_pos} ids>`: exit {code}, **{wall:.1f} s** wall "
-        f"(process start, load and build), page **{size:.1f} MB** "
-        f"({'meets' if ok else 'MISSES'} the target)\n\n```\n{text.strip()[-3000:]}\n```\n"
+        f"`report.build_report` on the llama-8b{'-tiny' if args.tiny else ''} shape, "
+        f"{numbers.get('tokens', '?')} prompt ids, device {args.device}: exit {code}, "
+        f"**{total:.1f} s** from the script's start (imports, weights drawn on the device, build, "
+        f"write), page **{size:.1f} MB** ({'meets' if ok else 'MISSES'} the target)\n\n"
+        f"```\n{text.strip()[-3000:]}\n```\n"
+    )
+
+
+def report_child(args: argparse.Namespace, started: float) -> None:
+    """(A child process.) What ``tl-dynamics report`` does, on the 8B shape drawn on the
+    device: build the page, write it; prints one JSON line of timings."""
+    import shapes
+    from tl_dynamics import report
+
+    start = time.perf_counter()
+    model = shapes.build("llama-8b", args.root, args.device, tiny=args.tiny)
+    _sync(args)
+    drawn = time.perf_counter()
+    n_pos = 128 if args.tiny else 2048
+    ids = [int(i) for i in _prompt_ids(n_pos, 500).split()]
+    page = report.build_report(
+        model, ids, "llama-8b shape, random weights", progress=lambda m: print(m, file=sys.stderr)
+    )
+    out = page.write(Path(args.root) / "report-8b.html")
+    done = time.perf_counter()
+    print(
+        json.dumps(
+            {
+                "tokens": n_pos,
+                "draw_s": drawn - start,
+                "report_s": done - drawn,
+                "total_s": done - started,
+                "page_mb": Path(out).stat().st_size / 1e6,
+                "failed_sections": list(getattr(page, "failed_sections", [])),
+            }
+        )
     )
 
 
 def part_heads(args: argparse.Namespace) -> str:
-    import shapes
-
-    folder = shapes.folder("llama-1b", args.root, args.tiny, _gen_device(args))
-    code, text, wall = _run(
-        [
-            sys.executable,
-            "-m",
-            "tl_dynamics",
-            "heads",
-            "--model",
-            str(folder),
-            "--device",
-            args.device,
-        ],
-        args.timeout,
-    )
-    ref_code, ref, _ = _run(
-        [
-            sys.executable,
-            str(HERE / "gpu_bench.py"),
-            "_heads_reference",
-            "--device",
-            args.device,
-            "--root",
-            args.root,
-        ]
-        + (["--tiny"] if args.tiny else []),
-        args.timeout,
-    )
-    line = ref.strip().splitlines()[-1] if ref.strip() else "{}"
-    try:
-        numbers = json.loads(line)
-    except ValueError:
-        numbers = {}
-    budget = 3 * numbers.get("reference_s", float("nan"))
+    code, text, wall = _run(_child("_heads_reference", args), args.timeout)
+    numbers = _last_json(text)
+    reference = numbers.get("reference_s", float("nan"))
     atlas_s = numbers.get("atlas_s", float("nan"))
+    ratio = atlas_s / reference
+    _row("heads-1b", f"{ratio:.2f}x ({atlas_s:.2f} s)", TARGETS["heads-1b"], ratio <= 3, code, text)
     return (
-        f"`tl-dynamics heads --model <llama-1b{'-tiny' if args.tiny else ''} folder> --device "
-        f"{args.device}`: exit {code}, {wall:.1f} s wall (with process start and load).\n\n"
-        f"In one process (model loaded, exit {ref_code}): `atlas.compute` **{atlas_s:.2f} s**; "
+        f"llama-1b{'-tiny' if args.tiny else ''} shape drawn on {args.device} (exit {code}, "
+        f"{wall:.1f} s wall): `atlas.compute` **{atlas_s:.2f} s**; "
         f"one run_with_cache {numbers.get('cache_s', float('nan')):.3f} s + "
         f"{numbers.get('heads', '?')} ablated heads x one forward "
-        f"{numbers.get('forward_s', float('nan')):.4f} s = "
-        f"{numbers.get('reference_s', float('nan')):.2f} s; ratio "
-        f"**{atlas_s / numbers.get('reference_s', float('nan')):.2f}x** (target <= 3x: "
-        f"{'meets' if atlas_s <= budget else 'MISSES'}); probe tokens "
+        f"{numbers.get('forward_s', float('nan')):.4f} s = {reference:.2f} s; ratio "
+        f"**{ratio:.2f}x** (target <= 3x: {'meets' if ratio <= 3 else 'MISSES'}); probe tokens "
         f"{numbers.get('tokens')}\n\n```\n{text.strip()[-2500:]}\n```\n"
     )
 
@@ -190,10 +258,10 @@ def heads_reference(args: argparse.Namespace) -> None:
     import torch
 
     import shapes
-    from tl_dynamics import atlas, load_model
+    from tl_dynamics import atlas
 
-    model = load_model(str(shapes.folder("llama-1b", args.root, args.tiny)), device=args.device)
-    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    model = shapes.build("llama-1b", args.root, args.device, tiny=args.tiny)
+    sync = lambda: _sync(args)  # noqa: E731
     atlas.compute(model, n_seq=2, seq_len=8)  # warm-up
     sync()
     start = time.perf_counter()
@@ -245,18 +313,16 @@ def corpus(n_prompts: int, n_tokens: int) -> list[str]:
 
 
 def part_stats(args: argparse.Namespace) -> str:
-    code, text, _ = _run(
-        [
-            sys.executable,
-            str(HERE / "gpu_bench.py"),
-            "_stats",
-            "--device",
-            args.device,
-            "--root",
-            args.root,
-        ]
-        + (["--tiny"] if args.tiny else []),
-        args.timeout,
+    code, text, _ = _run(_child("_stats", args), args.timeout)
+    numbers = _last_json(text)
+    share, cli = numbers.get("share", float("nan")), numbers.get("cli_code", "?")
+    _row(
+        "stats-gpt2",
+        f"{share:.0%} of the forward's prompts/s; `tl-dynamics stats` exit {cli}",
+        TARGETS["stats-gpt2"],
+        share >= 0.7 and cli == 0,
+        code,
+        text,
     )
     return f"exit {code}\n\n{text.strip()[-4000:]}\n"
 
@@ -276,7 +342,7 @@ def stats_child(args: argparse.Namespace) -> None:
     adapter = ModelAdapter(model)
     texts = corpus(n_prompts, n_tokens)
     lengths = [len(adapter.tokenize(t).tokens[0]) for t in texts[:50]]
-    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    sync = lambda: _sync(args)  # noqa: E731
 
     def forward_all() -> None:
         with torch.no_grad():
@@ -333,6 +399,7 @@ def stats_child(args: argparse.Namespace) -> None:
         f"{'meets' if share >= 0.7 else 'MISSES'}). The command on the same corpus (JSON lines): exit {cli_code}, {cli_wall:.1f} s wall with start and load: "
         f"{cli_text.strip().splitlines()[-1] if cli_text.strip() else ''}"
     )
+    print(json.dumps({"share": share, "rates": rates, "cli_code": cli_code, "cli_s": cli_wall}))
 
 
 def _gen_device(args: argparse.Namespace) -> str:
@@ -342,15 +409,24 @@ def _gen_device(args: argparse.Namespace) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "child", nargs="?", choices=["_heads_reference", "_stats"], help=argparse.SUPPRESS
+        "child",
+        nargs="?",
+        choices=["_heads_reference", "_stats", "_report"],
+        help=argparse.SUPPRESS,
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--only", action="append", choices=PARTS)
-    parser.add_argument("--tiny", action="store_true", help="2-layer shapes, short inputs (smoke)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        default=os.environ.get("TL_DYNAMICS_GPU_SCALE") == "tiny",
+        help="2-layer shapes, short inputs (smoke; also TL_DYNAMICS_GPU_SCALE=tiny)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per part")
     parser.add_argument("--out", default=None, help="markdown file (default: print only)")
+    parser.add_argument("--rows", default=None, help="append each part's summary line here")
     parser.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "tl_dynamics_bench"))
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
@@ -359,6 +435,8 @@ def main() -> None:
         return heads_reference(args)
     if args.child == "_stats":
         return stats_child(args)
+    if args.child == "_report":
+        return report_child(args, STARTED)
     Path(args.root).mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -378,6 +456,7 @@ def main() -> None:
                 part
             ]
             code, text, _ = _cost_bench(args, shape)
+            attach_rows(part, code, text)
             body = f"exit {code}\n{text.strip()}\n"
         else:
             body = {"report-8b": part_report, "heads-1b": part_heads, "stats-gpt2": part_stats}[
@@ -391,6 +470,12 @@ def main() -> None:
             "",
         ]
         print(lines[-4][:2000], file=sys.stderr, flush=True)
+    if ROWS:
+        lines += ["## Summary", "", "| part | measured | target | verdict |", "|---|---|---|---|"]
+        lines += [row[len("ROW ") :] for row in ROWS]
+        if args.rows:
+            with open(args.rows, "a") as rows:
+                rows.write("".join(row + "\n" for row in ROWS))
     text = "\n".join(lines)
     if args.out:
         Path(args.out).write_text(text)

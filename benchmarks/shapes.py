@@ -10,8 +10,8 @@
 ``folder(name, root)`` writes the model (config, ``model.safetensors``, the tiny test tokenizer)
 once and returns its folder, so ``tl-dynamics report --model FOLDER`` loads it like any Hugging Face
 folder (``--dtype auto`` reads bfloat16 from its config); ``build(name, root, device)`` boots it
-with ``TransformerBridge.boot_transformers``. Weights are drawn on ``device`` (seconds on a GPU
-for the 8B shape; its bfloat16 weights are 16 GB on disk). ``tiny=True`` keeps a shape's head
+with ``TransformerBridge.boot_transformers``, its weights drawn on ``device`` in its dtype and
+never written (seconds on a GPU for the 8B shape, whose bfloat16 weights would be 16 GB on disk). ``tiny=True`` keeps a shape's head
 structure (query and key/value heads, rotary, dtype) at 2 layers, d_model 256 and a 1,024-token
 vocabulary: the CPU smoke test of every benchmark.
 
@@ -155,8 +155,62 @@ def folder(
     return out
 
 
-def build(name: str, root: str | os.PathLike, device: str = "cpu", tiny: bool = False) -> Any:
-    """The shape booted with ``TransformerBridge.boot_transformers`` on ``device`` in its dtype."""
+def draw(name: str, tiny: bool = False, device: str = "cpu", seed: int = 0) -> Any:
+    """The shape's Hugging Face model with random weights drawn straight on ``device`` in the
+    shape's dtype (no float32 copy first, nothing written to disk: the 8B shape's 16 GB of
+    bfloat16 weights are drawn on the GPU in seconds)."""
+    import transformers
+
+    config_cls, model_cls, _, want = SHAPES[name]
+    config = getattr(transformers, config_cls)(**fields(name, tiny))
+    config.torch_dtype = want
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(want)
+    try:
+        with torch.device(device):
+            model = getattr(transformers, model_cls)(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.to(want).eval()
+
+
+def config_folder(name: str, root: str | os.PathLike, tiny: bool = False) -> Path:
+    """A folder with the shape's ``config.json`` and the test tokenizer, and no weights."""
+    import transformers
+
+    out = Path(root) / f"{name}{'-tiny' if tiny else ''}-config"
+    if not (out / "config.json").exists():
+        config_cls, _, _, want = SHAPES[name]
+        config = getattr(transformers, config_cls)(**fields(name, tiny))
+        config.torch_dtype = want
+        config.save_pretrained(out)
+        testing.tokenizer().save_pretrained(out)
+    return out
+
+
+def build(
+    name: str,
+    root: str | os.PathLike,
+    device: str = "cpu",
+    tiny: bool = False,
+    in_memory: bool = True,
+) -> Any:
+    """The shape booted with ``TransformerBridge.boot_transformers`` on ``device`` in its dtype:
+    ``in_memory`` (the default), its weights drawn on ``device`` (``draw``) and handed over as
+    ``hf_model`` beside a folder holding only the config and tokenizer; otherwise loaded from
+    ``folder``."""
+    if in_memory:
+        return (
+            testing.bridge_class()
+            .boot_transformers(
+                str(config_folder(name, root, tiny)),
+                hf_model=draw(name, tiny, device),
+                device=device,
+                dtype=dtype(name),
+            )
+            .eval()
+        )
     path = folder(name, root, tiny, device if device.startswith("cuda") else "cpu")
     return (
         testing.bridge_class().boot_transformers(str(path), device=device, dtype=dtype(name)).eval()

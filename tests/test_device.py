@@ -10,6 +10,7 @@ or the CPU. Without a CUDA device the whole module is skipped.
 
 import dataclasses
 import os
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -88,8 +89,8 @@ def tensors(obj, path: str = "", out: dict | None = None, seen: set | None = Non
     seen.add(id(obj))
     if dataclasses.is_dataclass(obj):
         items = [(f.name, getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
-    elif isinstance(obj, dict):
-        items = [(repr(k), v) for k, v in obj.items()]
+    elif isinstance(obj, Mapping):  # dicts, and lazy mappings formed on look-up (LazyMLPs)
+        items = [(repr(k), obj[k]) for k in obj]
     elif isinstance(obj, (list, tuple)):
         items = [(str(i), v) for i, v in enumerate(obj)]
     elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("tl_dynamics"):

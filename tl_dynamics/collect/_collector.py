@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Sequence
 
+from tl_dynamics.collect._fused import Fused
 from tl_dynamics.collect._policy import launch_bound
 from tl_dynamics.errors import TLDynamicsError
 
@@ -55,6 +56,9 @@ class Collector(ABC):
     # pieces (the CPU): ``tl_dynamics/collect/_policy.py``. A static method, so that collectors
     # and the kernels they call (``sphere``, the analyses' statistics) share one rule.
     launch_bound = staticmethod(launch_bound)
+    # A pure per-pass function of the collected tensors, run compiled where that pays (a GPU):
+    # ``Collector.fused(fn)``, ``tl_dynamics/collect/_fused.py``.
+    fused = Fused
 
     layers: Sequence[int] = ()
     points: Sequence[tuple[str, int]] = ()

@@ -12,6 +12,7 @@ from tl_dynamics.adapter import Batch, LayerAttention, LayerState, ModelAdapter,
 from tl_dynamics.collect import Collector, ExactSum, torch_threads
 from tl_dynamics.odds_ratio import _stats
 from tl_dynamics.odds_ratio._fast import MaskFacts
+from tl_dynamics.odds_ratio._fused import pass_group_sums, stacked
 from tl_dynamics.odds_ratio._lazy import LazyDecompositions
 from tl_dynamics.odds_ratio._result import SINK_SUM_KEYS, Decomposition, HeadStats, OddsRatioResult
 from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
@@ -150,6 +151,16 @@ class OddsRatioCollector(Collector):
             if join or len(group) == 1:
                 q = torch.cat(q, 2) if len(group) > 1 else q[0]
                 k = torch.cat(k, 2) if len(group) > 1 else k[0]
+            # a GPU: one pure function of the joined tensors (_fused.py)
+            if (
+                join
+                and key[0] != "one"
+                and isinstance(q, torch.Tensor)
+                and isinstance(k, torch.Tensor)
+            ):
+                part, sinks = pass_group_sums(q, k, masks, first.scale, n_h, len(group))
+                self._keep(group, part, sinks, by_layer)
+                continue
             sums, sinks = _stats.layer_sums(
                 q,
                 k,
@@ -162,29 +173,28 @@ class OddsRatioCollector(Collector):
                 layer_heads=n_h,
                 sink=None if first.sink_logit is None else first.sink_logit[pick],
             )
-            by_prior = sinks["sink_prior_adv"] > sinks["sink_loglik_adv"]
-            sink_values = {
-                "sink_mass": sinks["sink_mass"],
-                "sink_first": _stats.first_sinks(sinks),
-                "sink_by_prior": by_prior,
-                "sink_prior_adv": sinks["sink_prior_adv"],
-                "sink_loglik_adv": sinks["sink_loglik_adv"],
-            }
-            part = torch.stack(
-                [sums[k].double() for k in _stats.SUM_KEYS]
-                + [sink_values[k].double().sum(0) for k in SINK_SUM_KEYS]
-            )
-            part = part.reshape(part.shape[0], len(group), n_h).transpose(0, 1)  # [g, key, head]
-            for i, la in enumerate(group):
-                by_layer[la.layer] = part[i]
-                if self.keep_tensors:
-                    self._sinks[-1][la.layer] = {
-                        name: v.reshape(v.shape[0], len(group), n_h)[:, i].cpu()
-                        for name, v in sinks.items()
-                    }
+            part = stacked(sums, sinks, len(group), n_h)
+            self._keep(group, part, sinks, by_layer)
         zero = torch.zeros_like(next(iter(by_layer.values())))
         self._pass_sums.append(torch.stack([by_layer.get(layer, zero) for layer in self.layers]))
         self._prompts += int(layers[0][0].q.shape[0])
+
+    def _keep(
+        self,
+        group: list[LayerAttention],
+        part: torch.Tensor,
+        sinks: dict[str, torch.Tensor],
+        by_layer: dict[int, torch.Tensor],
+    ) -> None:
+        """A group's ``[layer, key, head]`` sums by layer, and its sink facts if kept."""
+        n_h = len(self.heads)
+        for i, la in enumerate(group):
+            by_layer[la.layer] = part[i]
+            if self.keep_tensors:
+                self._sinks[-1][la.layer] = {
+                    name: v.reshape(v.shape[0], len(group), n_h)[:, i].cpu()
+                    for name, v in sinks.items()
+                }
 
     def _maker(
         self, la: LayerAttention, heads: list[int], batch: Batch | None

@@ -113,18 +113,22 @@ def row_facts(
     query_valid: Tensor,
     masks: MaskFacts | None = None,
     layer_heads: int | None = None,
+    launch_bound: bool | None = None,
 ) -> dict[str, Tensor]:
     """Row statistics like ``_stats._direct_row_facts``, without a position bias or soft-cap.
     ``masks`` are the facts of ``allowed`` and ``query_valid`` when known already;
     ``layer_heads`` is the number of heads of one layer when ``q`` holds several layers' (one
     tensor, or the layers' tensors side by side: on the CPU each group of heads is joined
-    alone, never the whole pass)."""
+    alone, never the whole pass). ``launch_bound`` picks the plan (None: the device's,
+    ``Collector.launch_bound``; a compiled caller decides it outside the compiled region)."""
     first = q if isinstance(q, Tensor) else q[0]
     n_batch, n_pos, n_heads = first.shape[0], first.shape[1], n_heads_of(q)
     if masks is None or not masks.matches(allowed, query_valid):
         masks = MaskFacts.of(allowed, query_valid)
+    if launch_bound is None:
+        launch_bound = Collector.launch_bound(first.device)
     group = max(1, CPU_CHUNK_ELEMENTS // (CPU_CHUNK_ROWS * n_batch * n_pos))
-    if n_heads > group and not Collector.launch_bound(first.device):  # the CPU: heads in groups
+    if n_heads > group and not launch_bound:  # the CPU: heads in groups
         groups = [
             row_facts(
                 heads(q, h0, h0 + group),
@@ -150,7 +154,6 @@ def row_facts(
     kv = key_valid[:, None]
     p_min = prior.masked_fill(~kv, float("inf")).amin(-1, keepdim=True)
 
-    launch_bound = Collector.launch_bound(q.device)
     d = kh.shape[-1]
     # a GPU: row means of r through the keys (no [b, h, i, j] pass); the CPU sums each chunk's
     # rows instead (one pass over a chunk in cache, against a float64 prefix sum of the keys)
@@ -167,12 +170,7 @@ def row_facts(
     if launch_bound:
         # chunks: one per SCORE_BUDGET_LAYERS layers (the same count whatever the heads and
         # tokens), more only where a chunk would pass MAX_CHUNK_BYTES
-        n_layers = max(1, n_heads // (layer_heads or n_heads))
-        n_chunks = max(
-            -(-n_layers // SCORE_BUDGET_LAYERS),
-            -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES),
-        )
-        step = -(-n_pos // min(n_pos, n_chunks))
+        step = -(-n_pos // min(n_pos, launch_chunks(n_batch, n_heads, n_pos, layer_heads)))
     else:  # the CPU: chunks that stay in cache (a launch costs next to nothing there)
         step = max(8, CPU_CHUNK_ELEMENTS // max(1, n_batch * n_heads * n_pos))
     # [batch * head, pos, d] with the scale folded into q once: each chunk's scores are one bmm
@@ -255,6 +253,17 @@ def row_facts(
         "r_top": r_top,
         "pattern_top": pattern_top,
     }
+
+
+def launch_chunks(n_batch: int, n_heads: int, n_pos: int, layer_heads: int | None) -> int:
+    """The query chunks of the launch-bound plan: one per ``SCORE_BUDGET_LAYERS`` layers (the
+    same count whatever the heads and tokens), more only where a chunk would pass
+    ``MAX_CHUNK_BYTES``."""
+    n_layers = max(1, n_heads // (layer_heads or n_heads))
+    return max(
+        -(-n_layers // SCORE_BUDGET_LAYERS),
+        -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES),
+    )
 
 
 def as_float(x: "Tensor | Sequence[Tensor]") -> "Tensor | list[Tensor]":

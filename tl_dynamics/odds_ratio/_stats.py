@@ -84,6 +84,7 @@ def layer_sums(
     masks: "MaskFacts | None" = None,
     layer_heads: int | None = None,
     sink: Float[Tensor, " head"] | None = None,
+    launch_bound: bool | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Per-head sums over this batch's valid rows, and per-prompt sink facts.
 
@@ -107,6 +108,7 @@ def layer_sums(
     then enters the entropy and both divergences (over the real keys and the virtual one), the
     sink's dominance, ``learned_sink`` and ``learned_sink_mass``, and a row with one real key
     still chooses (between it and the sink). Such layers take the direct path.
+    ``launch_bound`` picks the fast path's plan (None: the device's).
     """
     from tl_dynamics.odds_ratio import _fast
 
@@ -115,7 +117,7 @@ def layer_sums(
         masks = _fast.MaskFacts.of(allowed, query_valid)
     facts = None
     if fast and bias is None and softcap is None and sink is None:
-        facts = _fast.row_facts(q, k, scale, allowed, query_valid, masks, layer_heads)
+        facts = _fast.row_facts(q, k, scale, allowed, query_valid, masks, layer_heads, launch_bound)
     if facts is None:
         n = _fast.n_heads_of(q)
         facts = _direct_row_facts(
