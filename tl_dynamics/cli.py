@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import __version__, _args, devices, files
+from tl_dynamics import _args, devices, files
 from tl_dynamics.errors import TLDynamicsError
 
 _HEAD = re.compile(r"^(?:L(\d+)H(\d+)|(\d+)\.(\d+))$", re.IGNORECASE)
@@ -26,14 +26,26 @@ def _architectures() -> str:
     return ", ".join(models.tiny_architectures())
 
 
+class _Versions(argparse.Action):
+    """``--version``: ``tl_dynamics.show_versions()`` (read only when asked: it imports torch)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        from tl_dynamics import compat
+
+        compat.show_versions()
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     from tl_dynamics import compat
 
     parser = argparse.ArgumentParser(prog="tl-dynamics", description=(__doc__ or "").split("\n")[0])
     parser.add_argument(
         "--version",
-        action="version",
-        version=f"tl-dynamics {__version__} (TransformerLens {compat.tl_version()})",
+        action=_Versions,
+        nargs=0,
+        help="print the versions of tl-dynamics, Python, torch, transformers and "
+        "TransformerLens, and the device torch sees, then exit",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser(

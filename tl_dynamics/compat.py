@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import platform
 from importlib import metadata
 from typing import Any, Literal
 
@@ -25,14 +26,27 @@ HOSTS: tuple[Host, ...] = ("hooked", "bridge")
 
 __all__ = [
     "HOSTS",
+    "TESTED_ON",
     "Host",
     "bridge_class",
     "default_host",
     "detect_host",
     "has_hooked_transformer",
+    "show_versions",
     "tl_major_version",
     "tl_version",
+    "versions",
+    "versions_line",
 ]
+
+# The versions the test suite last passed with: the pins of requirements/lock-tl4.txt and
+# lock-tl3.txt (tests/test_versions.py holds this table to the lock files, so `make lock`
+# followed by a green `make test` is what moves it). Error messages about host internals name them.
+TESTED_ON: dict[str, str] = {
+    "torch": "2.13.0",
+    "transformers": "5.24.0",
+    "transformer-lens": "4.3.0 and 3.9.0",
+}
 
 
 def tl_version() -> str:
@@ -91,3 +105,57 @@ def detect_host(model: Any) -> Host:
         f"expected a TransformerLens model (HookedTransformer or TransformerBridge), "
         f"got an object of type {type(model).__module__}.{type(model).__name__}"
     )
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def versions() -> dict[str, str]:
+    """What this session runs on: tl-dynamics, Python, torch, transformers, TransformerLens and
+    the device torch would use first (``cuda:0`` and its name, else ``cpu``).
+
+    Example:
+        >>> sorted(versions())
+        ['device', 'python', 'tl-dynamics', 'torch', 'transformer-lens', 'transformers']
+    """
+    import torch
+
+    from tl_dynamics import __version__
+
+    if torch.cuda.is_available():
+        device = f"cuda:0 ({torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda})"
+    else:
+        device = "cpu (no CUDA device visible to torch)"
+    return {
+        "tl-dynamics": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": _dist_version("transformers"),
+        "transformer-lens": tl_version(),
+        "device": device,
+    }
+
+
+def versions_line() -> str:
+    """``versions()`` on one line (the report's header, error messages)."""
+    return ", ".join(f"{name} {value}" for name, value in versions().items())
+
+
+def show_versions() -> None:
+    """Print ``versions()``, one per line, with the versions the tests last passed with: paste
+    it into a bug report (``tl-dynamics --version`` prints the same).
+
+    Example:
+        >>> show_versions()  # doctest: +ELLIPSIS
+        tl-dynamics      0.1.0
+        ...
+        tested with      ...
+    """
+    for name, value in versions().items():
+        print(f"{name:<16} {value}")  # noqa: T201 (this function's job is to print)
+    tested = ", ".join(f"{name} {value}" for name, value in TESTED_ON.items())
+    print(f"{'tested with':<16} {tested}")  # noqa: T201

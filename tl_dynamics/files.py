@@ -5,7 +5,9 @@ its output path first with ``check_output``: not empty, not a directory, not one
 inputs (compared as files, so a symlink or a hard link to an input is caught), in a folder that
 exists or can be created and is writable. ``write_bytes``/``write_text`` then write through a
 temporary file in the same folder and ``os.replace`` it into place, so a reader never sees half
-a file and an interrupted write leaves the old file whole.
+a file and an interrupted write leaves the old file whole. ``check_output`` creates (and removes)
+such a temporary file itself, so a folder that takes no files fails before any work; any later
+failure to write is a ``TLDynamicsError`` naming the path.
 """
 
 from __future__ import annotations
@@ -100,13 +102,40 @@ def check_output(
         )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise TLDynamicsError(f"{what} {text!r}: the folder {parent} is not writable")
+    _probe(parent, path.name, f"{what} {text!r}")
     return path
+
+
+def _probe(folder: Path, name: str, what: str) -> None:
+    """Create (and remove) the kind of temporary file ``write_bytes`` will write, so a folder
+    that refuses files (``/proc``, a read-only mount that ``os.access`` calls writable, a full
+    disk's inodes) is an error before any work, not after it."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise TLDynamicsError(
+            f"{what}: cannot create a file in {folder} ({exc.strerror or exc}); choose "
+            "another output folder"
+        ) from None
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (a temporary file in the same folder, then
-    ``os.replace``); missing parent folders are created."""
+    ``os.replace``); missing parent folders are created. A failure to write (a read-only
+    folder, ``/proc``, a full disk) is a ``TLDynamicsError`` naming the path, and leaves neither
+    a partial file nor the temporary one behind (an existing file at ``path`` stays whole)."""
     path = Path(path)
+    try:
+        return _write_atomically(path, data)
+    except OSError as exc:
+        raise TLDynamicsError(
+            f"could not write {path} ({exc.strerror or exc}); nothing was written there"
+        ) from exc
+
+
+def _write_atomically(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -28,6 +28,7 @@ from typing import Any
 
 from tl_dynamics import compat, devices, testing, zoo
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics._installs import no_installs
 
 DEFAULT_MODEL = "code-2l"
 TINY_PREFIX = "tiny-random"
@@ -94,6 +95,7 @@ def load_model(
     return resolve(name_or_folder, devices.placement(device, dtype)).model
 
 
+@no_installs  # reading a model never installs a package (tl_dynamics/_installs.py)
 def resolve(
     name: str | os.PathLike | None = None, where: devices.Placement | None = None
 ) -> LoadedModel:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from tl_dynamics import viz
+from tl_dynamics import compat, viz
 from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, trajectories
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.collect import Analysis, torch_threads
@@ -213,6 +213,7 @@ def _build(
             ),
             ("runs on", f"{batch.tokens.device}, {str(adapter.dtype).removeprefix('torch.')}"),
             ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)"),
+            ("versions", compat.versions_line()),
         ],
     )
     warning = unknown_token_warning(adapter, batch)
