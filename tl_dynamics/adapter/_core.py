@@ -65,7 +65,8 @@ def refuse_non_model(model: Any) -> None:
     )
     raise TLDynamicsError(
         f"expected a TransformerLens model (HookedTransformer or TransformerBridge) or a "
-        f"ModelAdapter, got {type(model).__name__}{hint}"
+        f"ModelAdapter, got an object of type {type(model).__module__}.{type(model).__name__}"
+        f"{hint}"
     )
 
 
