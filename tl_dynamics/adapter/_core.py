@@ -63,10 +63,15 @@ def refuse_non_model(model: Any) -> None:
         if isinstance(model, (str, PathLike))
         else "; load one with tl_dynamics.load_model(name_or_folder)"
     )
+    kind = type(model)
+    what = (
+        kind.__name__
+        if kind.__module__ == "builtins" or isinstance(model, PathLike)
+        else f"an object of type {kind.__module__}.{kind.__name__}"
+    )
     raise TLDynamicsError(
         f"expected a TransformerLens model (HookedTransformer or TransformerBridge) or a "
-        f"ModelAdapter, got an object of type {type(model).__module__}.{type(model).__name__}"
-        f"{hint}"
+        f"ModelAdapter, got {what}{hint}"
     )
 
 
