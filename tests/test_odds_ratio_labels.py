@@ -10,6 +10,7 @@ import torch
 
 from tl_dynamics import odds_ratio, zoo
 from tl_dynamics.adapter import ModelAdapter, shuffled_weights
+from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _labels, _stats
 
 
@@ -163,3 +164,24 @@ def test_the_view_and_the_table_show_the_agreement_next_to_the_shares(induction)
     # the agreement columns sit right after the attribution shares
     assert html.index("attr_loglik") < html.index("agree_prior") < html.index("agree_loglik")
     assert html.index("agree_loglik") < html.index("var_prior")
+
+
+def test_the_notebooks_label_claims(induction):
+    """notebooks/odds_ratio.ipynb: on the README's prompt L1H1-L1H3 need both (their likelihood
+    shares 1.0 to 1.2), L1H0 is mixed, the layer-0 heads likelihood-driven; on its four sentences
+    all-MiniLM-L6-v2 has exactly four prior-driven heads, L0H8, L0H11, L5H4, L5H7."""
+    frame = odds_ratio.compute(induction, "KQZ7XMBW2RKQZ7XMBW2R", keep_tensors=False).to_dataframe()
+    assert list(frame["label"]) == ["likelihood-driven"] * 4 + ["mixed"] + ["needs both"] * 3
+    assert frame.loc[["L1H1", "L1H2", "L1H3"], "attr_loglik"].between(0.95, 1.25).all()
+    try:
+        minilm = ModelAdapter(zoo.load("minilm"))
+    except TLDynamicsError as exc:  # the optional package is missing
+        pytest.skip(f"real encoder unavailable: {exc}")
+    sentences = [
+        "The cat sat on the mat because it was warm.",
+        "Paris is the capital of France, and Berlin is the capital of Germany.",
+        "She poured the coffee into a mug and added some milk.",
+        "The quick brown fox jumps over the lazy dog.",
+    ]
+    labels = odds_ratio.compute(minilm, sentences, keep_tensors=False).to_dataframe()["label"]
+    assert sorted(labels[labels == "prior-driven"].index) == ["L0H11", "L0H8", "L5H4", "L5H7"]
