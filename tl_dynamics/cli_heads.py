@@ -144,9 +144,7 @@ def selection(
     parts = [p for p in re.split(r"[\s,]+", heads_text.strip()) if p]
     if parts and all(p.isascii() and p.isdigit() for p in parts):
         return layers, [int(p) for p in parts], None
-    from tl_dynamics.cli import parse_heads  # the report's parsing (cli imports this lazily)
-
-    pairs = set(parse_heads(heads_text))
+    pairs = set(_args.head_pairs(heads_text))  # as `tl-dynamics report --heads` reads them
     if layers is not None and any(layer not in layers for layer, _ in pairs):
         raise TLDynamicsError(
             f"--heads {heads_text!r} names heads outside --layers {layers_text!r}: add their "

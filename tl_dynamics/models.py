@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import compat, devices, testing, zoo
+from tl_dynamics import _args, compat, devices, testing, zoo
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics._installs import no_installs
 
@@ -145,7 +145,7 @@ def resolve(
         prompt = CODE_PROMPT if getattr(model, "tokenizer", None) is not None else ID_PROMPT
         return LoadedModel(model, f"{folder} (local folder)", prompt)
     _refuse_local_non_folder(name, folder)
-    _refuse_near_shipped(name)
+    _args.refuse_near_name(name, [*shipped_names(), TINY_PREFIX], list(shipped_names()))
     return LoadedModel(_load_hub(name, where), f"{name} (loaded by TransformerLens)", CODE_PROMPT)
 
 
@@ -154,21 +154,6 @@ def _is_dir(path: Path) -> bool:
         return path.is_dir()
     except OSError:  # a symlink loop, a name too long
         return False
-
-
-def _refuse_near_shipped(name: str) -> None:
-    """A name a typo away from a shipped one (``induction_2l``) is an error naming it, before
-    any hub attempt (which would print transformers' OSError about a repository)."""
-    import difflib
-
-    names = [*shipped_names(), TINY_PREFIX]
-    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.8)
-    if close and "/" not in name:
-        raise TLDynamicsError(
-            f"model {name!r} is not a shipped model, a folder or a tiny-random model: did you "
-            f"mean {close[0]!r}? (shipped: {', '.join(shipped_names())}; a hub name is tried "
-            "only when no shipped name is this close)"
-        )
 
 
 def _refuse_local_non_folder(name: str, folder: Path) -> None:
