@@ -114,7 +114,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         return 2
     frame = result.to_dataframe()
     if pairs is not None:  # L<l>H<h>: exactly the heads named
-        frame = frame[[(a, b) in pairs for a, b in zip(frame["layer"], frame["head"])]]
+        named = zip(frame["layer"], frame["head"])
+        frame = frame.iloc[[i for i, pair in enumerate(named) if pair in pairs]]
     print(
         f"Head atlas of {loaded.label} ({time.perf_counter() - start:.1f} s; a role needs its "
         f"score at least {result.margin} above the weight-shuffled control)"

@@ -156,7 +156,7 @@ class Trajectory:
                     rows.append(row)
         frame = pd.DataFrame(rows)
         if len(frame):  # sorts in depth order (resid_pre0 before resid_post1)
-            frame["point"] = in_depth_order(self.labels, frame["point"])
+            frame["point"] = in_depth_order(self.labels, [r["point"] for r in rows])
         return frame
 
     def show(self, row: int = 0) -> viz.Group:
