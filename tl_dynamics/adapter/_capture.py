@@ -33,11 +33,14 @@ def registered(
     hooks: Sequence[tuple[str, HookFn]],
     on_forward_end: Callable[[], None] | None = None,
     probe: bool = False,
-    on_forward_start: Callable[[tuple, dict], None] | None = None,
+    module_hooks: Sequence[tuple[Any, str, Callable]] = (),
 ) -> Iterator[None]:
     """Attach ``fn(activation)`` at each named hook point of ``model``; remove exactly these on
-    exit, call ``on_forward_start(args, kwargs)`` before each forward pass (with the model's own
-    call arguments) and ``on_forward_end()`` after it.
+    exit, and call ``on_forward_end()`` after each call of the model itself (``model(...)``).
+
+    ``module_hooks``: ``(module, "pre" | "post", fn)``, torch hooks on other modules (where a
+    pass starts and ends, ``_pass``): ``fn(args, kwargs)`` before the module runs, ``fn()``
+    after it returns.
 
     ``probe=True``: these hooks belong to a probe pass run inside the block; while it runs,
     every other tl_dynamics hook on the model stands by (and these fire only then).
@@ -79,15 +82,8 @@ def registered(
             before = list(point.fwd_hooks)
             point.add_hook(wrap(name, fn), dir="fwd")
             owned.extend((point, h) for h in point.fwd_hooks if all(h is not b for b in before))
-        if on_forward_start is not None:
-            torch_handles.append(
-                model.register_forward_pre_hook(
-                    lambda _module, args, kwargs: (
-                        None if probing(model) != probe else on_forward_start(args, kwargs)
-                    ),
-                    with_kwargs=True,
-                )
-            )
+        for module, kind, fn in module_hooks:
+            torch_handles.append(_module_hook(model, module, kind, fn, probe))
         if on_forward_end is not None:
             torch_handles.append(
                 model.register_forward_hook(
@@ -105,3 +101,13 @@ def registered(
             point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
         for handle in torch_handles:
             handle.remove()
+
+
+def _module_hook(model: Any, module: Any, kind: str, fn: Callable, probe: bool) -> Any:
+    """A torch hook on ``module`` that calls ``fn`` unless a probe pass of the other kind runs."""
+    if kind == "pre":
+        return module.register_forward_pre_hook(
+            lambda _module, args, kwargs: None if probing(model) != probe else fn(args, kwargs),
+            with_kwargs=True,
+        )
+    return module.register_forward_hook(lambda *_: None if probing(model) != probe else fn())

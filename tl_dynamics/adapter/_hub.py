@@ -2,19 +2,22 @@
 layer, one ``LayerState`` (the layer's ``LayerAttention``, assembled once, with its memoised
 scores and log-softmax; the pass's masks; the residual points), handed to each in turn.
 
-The adapter knows where a pass starts and ends (the model's own forward pre- and post-hooks), and
-its ``Batch``: the one ``ModelAdapter.forward`` ran, or else the token ids and ``attention_mask``
-the model was called with (text is tokenised as the model tokenises it). Collectors get that
-batch in ``start_pass``; nothing else carries a padding mask to them."""
+A pass is what the adapter's own hooks see (``_pass``): it starts when the model's body is called
+(the wrapped module of a bridge, the first block of a ``HookedTransformer``), whichever entry
+point called it (``model(...)``, ``forward``, ``run_with_cache``, ``run_with_hooks``,
+``generate``), and ends when the body returns. Its ``Batch`` is the one ``ModelAdapter.forward``
+ran, or else the token ids the body runs and the ``attention_mask`` it is given. Collectors get
+that batch in ``start_pass``; nothing else carries a padding mask to them. A hook that fires
+outside a pass, a pass that never reaches its end and a pass through a KV cache are refused by
+name (``TLDynamicsError``)."""
 
 from __future__ import annotations
 
 import weakref
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-import torch
 from torch import Tensor
 
 from tl_dynamics.adapter import _capture
@@ -23,6 +26,7 @@ from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble, refuse_sinks
 from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._gemma4 import keep_kv, kv_source_roles
 from tl_dynamics.adapter._layer import LayerAttention
+from tl_dynamics.adapter._pass import Call, batch_of, body_hooks, cache_refusal, unfinished_refusal
 from tl_dynamics.adapter._postrope import extra_roles
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
@@ -127,17 +131,21 @@ class Hub:
             return
         if not self.collectors:
             self.adapter = adapter
+        unfinished = False
         try:
             self.check(collector)
             self.collectors.append(collector)
             self._register()
             yield
+            unfinished = self._pass is not None  # the block ends normally inside a pass
         finally:
             if any(c is collector for c in self.collectors):
                 self.collectors.remove(collector)
                 self._register()
             if not self.collectors:
                 self.adapter = None
+        if unfinished:
+            raise unfinished_refusal()
 
     def _register(self) -> None:
         if self._hooks is not None:
@@ -165,24 +173,53 @@ class Hub:
         shared_kv = kv_source_roles(ad.specs, {la for c in self.collectors for la in c.layers})
         wanted += [w for w in shared_kv if w not in wanted]  # Gemma 4: another layer's keys
         hooks = [
-            (name, self._store(role, layer))
+            (name, self._guarded(self._store(role, layer)))
             for (role, layer), name in zip(wanted, ad.hook_names(wanted))
             if name is not None
         ]
         stack = ExitStack()
+        body = body_hooks(
+            ad.model, ad.info.host, self._guarded(self._begin), self._guarded(self._end)
+        )
         stack.enter_context(
             _capture.registered(
-                ad.model, ad.info.architecture, hooks, self._end, on_forward_start=self._start
+                ad.model, ad.info.architecture, hooks, self._returned, module_hooks=body
             )
         )
         self._hooks = stack
 
     # ------------------------------------------------------------------ a pass
-    def _start(self, args: tuple, kwargs: dict) -> None:
-        if self._pass is not None:  # a pass that never ended (an exception inside the model)
-            self._pass = None
-        batch = self.pending if self.pending is not None else self._batch_of(args, kwargs)
+    def _begin(self, call: Call) -> None:
+        """The body of a forward pass is called (``_pass``): a pass starts, whichever entry
+        point ran it, with the batch the body runs."""
+        unfinished, self._pass = self._pass, None
+        if call.cache is not None:
+            raise cache_refusal(call.cache)
+        if call.embedded_elsewhere:
+            raise TLDynamicsError(
+                "this forward pass runs a residual stream embedded outside it from other tokens "
+                "(TransformerLens 3.x's HookedTransformer.generate embeds the tokens itself and "
+                "runs each step with forward(residual, start_at_layer=0)), so the token ids it "
+                "scores are unknown and attach() refuses it: generate outside attach(), then "
+                "run model(tokens) on the generated sequence inside it"
+            )
+        if unfinished is not None:
+            raise unfinished_refusal()
+        batch = self.pending if self.pending is not None else batch_of(call)
         self._open(batch)
+
+    def _guarded(self, fn: Callable) -> Callable:
+        """``fn``, dropping the open pass when it raises: a pass that a refusal or an error
+        stopped is not collected, and is not reported unfinished by the next one."""
+
+        def run(*args: Any) -> Any:
+            try:
+                return fn(*args)
+            except BaseException:
+                self._pass = None
+                raise
+
+        return run
 
     def _open(self, batch: Batch | None) -> _Pass:
         self._pass = _Pass(batch)
@@ -190,30 +227,22 @@ class Hub:
             c.start_pass(batch)
         return self._pass
 
-    def _batch_of(self, args: tuple, kwargs: dict) -> Batch | None:
-        """The Batch of a call the user made: token ids (with ``attention_mask`` when given)
-        or text, tokenised as the model does; None for anything else."""
-        x = args[0] if args else kwargs.get("input", kwargs.get("tokens"))
-        mask = kwargs.get("attention_mask")
-        ad = self.adapter
-        if isinstance(x, Tensor) and not x.is_floating_point() and x.ndim in (1, 2):
-            tokens = x if x.ndim == 2 else x[None]
-            if mask is None:
-                return Batch(tokens, torch.ones_like(tokens, dtype=torch.bool), "right")
-            valid = mask.reshape(tokens.shape).bool()
-            side = "right" if bool(valid[:, 0].all()) else "left"  # one read, at the pass start
-            return Batch(tokens, valid, side)
-        if isinstance(x, (str, list, tuple)) and ad.tokenizer is not None:
-            side = kwargs.get("padding_side") or getattr(ad.tokenizer, "padding_side", "right")
-            try:
-                return ad.tokenize(x, padding_side=side)
-            except TLDynamicsError:
-                return None
-        return None
+    def _returned(self) -> None:
+        """The model's own call returned: a pass still open never reached its end."""
+        if self._pass is not None:
+            self._pass = None
+            raise unfinished_refusal()
 
     def _store(self, role: str, layer: int):
         def fn(activation: Tensor) -> None:
-            state = self._pass if self._pass is not None else self._open(None)
+            state = self._pass
+            if state is None:
+                raise TLDynamicsError(
+                    f"a tl_dynamics hook ({role!r} of layer {layer}) fired outside a forward "
+                    "pass the adapter saw start: attach() collects whole forward passes of the "
+                    "model (model(...), forward, run_with_cache, run_with_hooks, generate), not "
+                    "a block or layer run on its own"
+                )
             if state.current is not None and state.current != layer:
                 self._flush(state)
             state.current = layer

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Sequence
 
 from tl_dynamics.collect._policy import launch_bound
+from tl_dynamics.errors import TLDynamicsError
 
 
 class Collector(ABC):
@@ -75,6 +76,21 @@ class Collector(ABC):
 
     def end_pass(self) -> None:  # noqa: B027 (optional hook, empty by default)
         """The forward pass has returned (every layer was delivered)."""
+
+    @staticmethod
+    def no_passes(analysis: str) -> TLDynamicsError:
+        """The one error of every attached analysis asked for a result before any forward pass
+        ran inside its ``attach()`` block: no data is never a number.
+
+        Example:
+            >>> str(Collector.no_passes("odds_ratio")).split(";")[0]
+            'odds_ratio.attach(): no forward pass has run inside attach()'
+        """
+        return TLDynamicsError(
+            f"{analysis}.attach(): no forward pass has run inside attach(); run the model on some "
+            "prompts inside the block (model(tokens), forward, run_with_cache, run_with_hooks "
+            "or generate)"
+        )
 
 
 class Analysis(ABC):

@@ -113,9 +113,7 @@ class ContextualMLPCollector(Collector):
 
     def _check_pass(self, forward_pass: int) -> None:
         if not self._passes:
-            raise TLDynamicsError(
-                "nothing was collected: run a forward pass inside the attach block"
-            )
+            raise Collector.no_passes("contextual_mlp")
         if (
             isinstance(forward_pass, bool)
             or not isinstance(forward_pass, int)

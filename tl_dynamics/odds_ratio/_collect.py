@@ -213,8 +213,12 @@ class OddsRatioCollector(Collector):
         with self.adapter.collecting(self):
             return self.adapter.forward(batch)
 
-    def result(self) -> OddsRatioResult:
-        """Everything collected so far (copies: collecting more does not change it)."""
+    def result(self, *, allow_empty: bool = False) -> OddsRatioResult:
+        """Everything collected so far (copies: collecting more does not change it). Before any
+        forward pass this raises (inside ``attach`` it is a forgotten model call: no data is
+        never a number) unless ``allow_empty`` (an empty shard's zero sums, ``scale``)."""
+        if not self._pass_sums and not allow_empty:
+            raise Collector.no_passes("odds_ratio")
         specs = [self.adapter.specs[layer] for layer in self.layers]
         keys = len(_stats.SUM_KEYS) + len(SINK_SUM_KEYS)
         if self._pass_sums:  # one read from the device for every pass so far

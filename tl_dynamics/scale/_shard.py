@@ -124,7 +124,7 @@ class ShardRunner:
             self.settings,
             self.n_prompts,
             self.hash,
-            None if self._odds is None else self._odds.result().stats,
+            None if self._odds is None else self._odds.result(allow_empty=True).stats,
             self._traj,
             dict(self.skipped),
         )

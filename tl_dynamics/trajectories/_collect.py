@@ -116,9 +116,7 @@ class TrajectoryCollector(Collector):
         self._drain()
         if self.total is None:
             if not allow_empty:
-                raise TLDynamicsError(
-                    "no forward pass has run inside attach(): run the model on some prompts first"
-                )
+                raise Collector.no_passes("trajectories")
             note = lens_note(self.adapter, self.cfg.lens, None)
             return TrajectoryStats(meta=stats_meta(self.adapter, self.cfg, note))
         return self.total

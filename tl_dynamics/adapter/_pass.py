@@ -1,0 +1,148 @@
+"""Where a forward pass starts and ends on each host, and what it runs, read from the module that
+every entry point has to call (``_hub.py`` turns these into a pass's start and end).
+
+TransformerLens's own entry points do not all go through the model's ``__call__``:
+``run_with_cache`` and ``run_with_hooks`` on a bridge call ``self.forward`` (so the model's
+forward pre- and post-hooks never fire), ``HookedTransformer.generate`` calls ``self.forward``.
+Every one of them runs the *body*, though, through its ``__call__``:
+
+- a ``TransformerBridge`` (3.x and 4.x, booted from transformers or natively) calls the wrapped
+  module (``original_model``) with the token ids, the ``attention_mask`` it applies and its KV
+  cache arguments; its forward hook fires when that module returns;
+- a ``HookedTransformer`` embeds the tokens (``embed``) and calls ``blocks[0]`` with the
+  ``attention_mask`` it applies (its own, for a left-padding tokenizer) and the block's KV cache
+  entry; ``blocks[-1]``'s forward hook fires when the last block returns.
+
+So a pass starts when the body is called, with what the body is called with, and ends when the
+body returns, whichever wrapper called it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from tl_dynamics.adapter._batch import Batch
+from tl_dynamics.errors import TLDynamicsError
+
+# the arguments through which a KV cache (or a recurrent state) enters the body
+CACHE_ARGUMENTS = ("past_key_values", "cache_params", "past_kv_cache_entry")
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the body of one forward pass was called with.
+
+    Args:
+        tokens: The token ids ``[batch, pos]`` (or ``[pos]``); None for a pass run on
+            embeddings or a residual stream.
+        attention_mask: The mask the model applies, as given to the body (None: none).
+        cache: The name of the KV-cache argument the pass reads or fills (None: no cache).
+        embedded_elsewhere: The residual stream was embedded outside the pass from other token
+            ids than it runs (``HookedTransformer.generate``): its token ids are unknown.
+    """
+
+    tokens: Tensor | None
+    attention_mask: Tensor | None
+    cache: str | None = None
+    embedded_elsewhere: bool = False
+
+
+def _cache_of(kwargs: dict) -> str | None:
+    for name in CACHE_ARGUMENTS:
+        if kwargs.get(name) is not None:
+            return name
+    return "use_cache" if kwargs.get("use_cache") is True else None
+
+
+def body_hooks(
+    model: Any, host: str, begin: Callable[[Call], None], end: Callable[[], None]
+) -> list[tuple[Any, str, Callable]]:
+    """``(module, "pre" | "post", fn)``: the torch hooks that call ``begin(Call)`` when the body
+    of a forward pass is called and ``end()`` when it returns (``_capture.registered`` attaches
+    them, with ``fn(args, kwargs)`` for "pre" and ``fn()`` for "post")."""
+    if host == "hooked":
+        return _hooked_hooks(model, begin, end)
+    body = getattr(model, "original_model", None)
+    if body is None:
+        raise TLDynamicsError(
+            f"this {type(model).__name__} wraps no module (original_model) whose call starts "
+            "its forward passes, so attach() cannot follow them; boot it with "
+            "boot_transformers or boot_native"
+        )
+
+    def start(args: tuple, kwargs: dict) -> None:
+        tokens = args[0] if args else kwargs.get("input_ids")
+        begin(Call(tokens, kwargs.get("attention_mask"), _cache_of(kwargs)))
+
+    return [(body, "pre", start), (body, "post", end)]
+
+
+def _hooked_hooks(
+    model: Any, begin: Callable[[Call], None], end: Callable[[], None]
+) -> list[tuple[Any, str, Callable]]:
+    embedded: list[Tensor] = []  # the token ids embedded since the last pass started
+
+    def embed(args: tuple, kwargs: dict) -> None:
+        tokens = args[0] if args else kwargs.get("tokens")
+        if isinstance(tokens, Tensor):
+            embedded[:] = [tokens if tokens.ndim == 2 else tokens[None]]
+
+    def start(args: tuple, kwargs: dict) -> None:
+        residual = args[0] if args else kwargs.get("resid_pre")
+        tokens = embedded[0] if embedded else None
+        embedded.clear()
+        shape = tuple(residual.shape[:2]) if isinstance(residual, Tensor) else None
+        elsewhere = tokens is not None and tuple(tokens.shape) != shape
+        begin(
+            Call(
+                None if elsewhere else tokens,
+                kwargs.get("attention_mask"),
+                _cache_of(kwargs),
+                elsewhere,
+            )
+        )
+
+    return [
+        (model.embed, "pre", embed),
+        (model.blocks[0], "pre", start),
+        (model.blocks[len(model.blocks) - 1], "post", end),
+    ]
+
+
+def batch_of(call: Call) -> Batch | None:
+    """The ``Batch`` a pass's body runs: its token ids, valid where its ``attention_mask`` is 1
+    (everywhere without one); None for a pass run on embeddings or a residual stream."""
+    x, mask = call.tokens, call.attention_mask
+    if not isinstance(x, Tensor) or x.is_floating_point() or x.ndim not in (1, 2):
+        return None
+    tokens = x if x.ndim == 2 else x[None]
+    if mask is None:
+        return Batch(tokens, torch.ones_like(tokens, dtype=torch.bool), "right")
+    valid = mask.reshape(tokens.shape).bool()
+    side = "right" if bool(valid[:, 0].all()) else "left"  # one read, at the pass start
+    return Batch(tokens, valid, side)
+
+
+def cache_refusal(argument: str) -> TLDynamicsError:
+    """The refusal of a pass that reads or fills a KV cache (docs/math.md §3.6)."""
+    return TLDynamicsError(
+        f"a forward pass with the KV cache ({argument}; generate's default, "
+        "use_past_kv_cache=True) inside attach(): a cached step runs only the new tokens, whose "
+        "queries are scored against keys and values of earlier steps that the adapter's hooks "
+        "do not see again, so attach() refuses it rather than score them against the new keys "
+        "alone (docs/math.md §3.6); pass use_past_kv_cache=False to generate (each step is then "
+        "collected as model(sequence so far) collects it), or run model(tokens) on the "
+        "generated sequence inside attach()"
+    )
+
+
+def unfinished_refusal() -> TLDynamicsError:
+    """The refusal of a pass that started and never reached its end."""
+    return TLDynamicsError(
+        "a forward pass inside attach() stopped before its end (stop_at_layer, or an exception "
+        "raised inside the model and caught inside the block): attach() collects whole passes, "
+        "so it was not collected; run the whole model"
+    )
