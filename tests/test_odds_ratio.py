@@ -357,7 +357,8 @@ def test_planted_heads_get_the_right_label_and_sink_mechanism(kind, expected):
     sums, sinks = _stats.layer_sums(q, k, 0.5, None, allowed, torch.ones(1, n, dtype=torch.bool))
     attr_prior = float(sums["cov_r_prior"] / sums["var_r"])
     attr_loglik = 1.0 - attr_prior
-    assert _result.label(attr_prior, attr_loglik) == expected
+    agree = [float(sums[k] / sums["top_real"]) for k in ("top_prior", "top_loglik")]
+    assert _result.label(attr_prior, attr_loglik, *agree) == expected
     if kind == "loud":
         assert int(sinks["sink_position"]) == 3 and int(sinks["sink_prior_rank"]) == 0
         assert float(sinks["sink_prior_adv"]) > float(sinks["sink_loglik_adv"])
@@ -365,7 +366,7 @@ def test_planted_heads_get_the_right_label_and_sink_mechanism(kind, expected):
         assert kl_prior < kl_loglik
     else:
         assert float(sums["kl_loglik"]) < float(sums["kl_prior"])
-    assert _result.label(0.5, 0.5) == "mixed"
+    assert _result.label(0.5, 0.5, 1.0, 1.0) == "mixed"
 
 
 def test_permuting_the_tokens_of_a_bidirectional_head_permutes_the_result():

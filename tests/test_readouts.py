@@ -206,8 +206,13 @@ def test_odds_ratio_headlines_need_the_label_threshold(induction):
     assert "the head most driven by the likelihood" in text
     # the positive branch of the prior line (a planted prior-driven head is tested in test_odds_ratio)
     group = result.show_extremes().components[-1:]
-    view = _views.extremes_view(group[0], [("L9H9", "attr_prior", 0.9, viz_group())], "m", 2 / 3)
+    pick = ("L9H9", "attr_prior", 0.9, "prior-driven", 0.8, viz_group())
+    view = _views.extremes_view(group[0], [pick], "m", (2 / 3, 0.5))
     assert "L9H9: the head most driven by the prior" in view.components[1]._repr_html_()
+    # a share over the threshold whose counterfactual misses is not called driven (issue 30)
+    pick = ("L9H9", "attr_loglik", 1.15, "needs both", 0.005, viz_group())
+    line = _views.extremes_view(group[0], [pick], "m", (2 / 3, 0.5)).components[1]._repr_html_()
+    assert "No head is likelihood-driven" in line and "does not reproduce it (needs both)" in line
 
 
 def viz_group():

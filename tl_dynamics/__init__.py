@@ -17,9 +17,31 @@ __version__ = "0.1.0"
 __all__ = ["TLDynamicsError", "__version__", "load_model", "show_versions"]
 
 
+# Subpackages reachable as attributes after ``import tl_dynamics`` (``tl_dynamics.docs.math("2.3")``,
+# as the README shows), each imported on first use.
+SUBMODULES = (
+    "adapter",
+    "atlas",
+    "circuits",
+    "collect",
+    "contextual_mlp",
+    "docs",
+    "errors",
+    "models",
+    "odds_ratio",
+    "particles",
+    "report",
+    "scale",
+    "testing",
+    "trajectories",
+    "viz",
+    "zoo",
+)
+
+
 def __getattr__(name: str) -> Any:
-    """``load_model`` and ``show_versions`` are imported on first use (they pull in torch and
-    transformers)."""
+    """``load_model``, ``show_versions`` and the subpackages are imported on first use (they pull
+    in torch and transformers)."""
     if name == "load_model":
         from tl_dynamics.models import load_model
 
@@ -28,4 +50,8 @@ def __getattr__(name: str) -> Any:
         from tl_dynamics.compat import show_versions
 
         return show_versions
+    if name in SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"tl_dynamics.{name}")
     raise AttributeError(f"module 'tl_dynamics' has no attribute {name!r}")

@@ -75,3 +75,50 @@ def check_vocab(ids: list[int], d_vocab: int, what: str = "--prompt-ids") -> lis
             f"(valid: 0..{d_vocab - 1})"
         )
     return ids
+
+
+# A head as ``tl-dynamics report --heads`` and ``tl-dynamics heads --heads`` write it.
+HEAD = re.compile(r"^(?:L(\d+)H(\d+)|(\d+)\.(\d+))$", re.IGNORECASE)
+
+
+def head_pairs(text: str) -> list[tuple[int, int]]:
+    """``"L3H4,L5H1"`` or ``"3.4 5.1"`` as ``[(3, 4), (5, 1)]``; anything else names the part.
+
+    >>> head_pairs("L3H4, 5.1")
+    [(3, 4), (5, 1)]
+    """
+    heads = []
+    for part in (p for p in re.split(r"[\s,]+", text.strip()) if p):
+        match = HEAD.match(part)
+        if not match:
+            raise TLDynamicsError(
+                f"--heads {part!r}: write a head as L<layer>H<head> or "
+                "<layer>.<head>, e.g. L3H4 or 3.4"
+            )
+        a, b, c, d = match.groups()
+        heads.append((int(a or c), int(b or d)))
+    if not heads:
+        raise TLDynamicsError("--heads is empty: e.g. --heads L3H4")
+    return heads
+
+
+def refuse_near_name(name: str, names: list[str], shipped: list[str]) -> None:
+    """A model name a typo away from one of ``names`` (``induction_2l``) is an error naming the
+    close one, before any hub attempt (which would print transformers' OSError about a
+    repository); a name with ``/`` (a hub repository) is left alone.
+
+    >>> refuse_near_name("gpt2", ["code-2l", "induction-2l"], ["code-2l"])
+    >>> refuse_near_name("induction_2l", ["code-2l", "induction-2l"], ["code-2l", "induction-2l"])
+    Traceback (most recent call last):
+    ...
+    tl_dynamics.errors.TLDynamicsError: model 'induction_2l' is not a shipped model, a folder or a tiny-random model: did you mean 'induction-2l'? (shipped: code-2l, induction-2l; a hub name is tried only when no shipped name is this close)
+    """
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.8)
+    if close and "/" not in name:
+        raise TLDynamicsError(
+            f"model {name!r} is not a shipped model, a folder or a tiny-random model: did you "
+            f"mean {close[0]!r}? (shipped: {', '.join(shipped)}; a hub name is tried only when "
+            "no shipped name is this close)"
+        )

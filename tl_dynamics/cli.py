@@ -17,8 +17,6 @@ from typing import Any
 from tl_dynamics import _args, devices, files
 from tl_dynamics.errors import TLDynamicsError
 
-_HEAD = re.compile(r"^(?:L(\d+)H(\d+)|(\d+)\.(\d+))$", re.IGNORECASE)
-
 
 def _architectures() -> str:
     from tl_dynamics import models
@@ -160,19 +158,7 @@ def parse_ints(text: str, what: str) -> list[int]:
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:
-    heads = []
-    for part in (p for p in re.split(r"[\s,]+", text.strip()) if p):
-        match = _HEAD.match(part)
-        if not match:
-            raise TLDynamicsError(
-                f"--heads {part!r}: write a head as L<layer>H<head> or "
-                "<layer>.<head>, e.g. L3H4 or 3.4"
-            )
-        a, b, c, d = match.groups()
-        heads.append((int(a or c), int(b or d)))
-    if not heads:
-        raise TLDynamicsError("--heads is empty: e.g. --heads L3H4")
-    return heads
+    return _args.head_pairs(text)
 
 
 def parse_sections(text: str) -> list[str]:

@@ -4,6 +4,7 @@ table, and an HTML page with ``--out``."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -45,6 +46,17 @@ def cli_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seq-len", type=int, default=None, help="length of each random sequence")
     parser.add_argument("--n-seq", type=int, default=None, help="number of repeated probes")
+    parser.add_argument(
+        "--layers",
+        default=None,
+        help='layers whose heads are measured, e.g. "0,1" (default all), as atlas.compute takes',
+    )
+    parser.add_argument(
+        "--heads",
+        default=None,
+        help='heads measured: indices in every measured layer, e.g. "1,3", or heads as '
+        '`tl-dynamics report` names them, e.g. "L1H3,L1H1" (default all)',
+    )
     parser.add_argument("--no-causal", action="store_true", help="skip the interventions")
     parser.add_argument("--out", default=None, help="also write an offline HTML page here")
     devices.add_options(parser)
@@ -80,10 +92,18 @@ def cli_main(argv: list[str] | None = None) -> int:
                 "--prompt is empty: give some text, or leave --prompt out for "
                 "the repeated random token probes"
             )
+        layers, heads, pairs = selection(args.layers, args.heads)
         where = devices.placement(args.device, args.dtype, cli=True)
         loaded = models.resolve(args.model, where)
         sizes = {k: v for k, v in (("n_seq", n_seq), ("seq_len", seq_len)) if v is not None}
-        result = atlas.compute(loaded.model, args.prompt, causal=not args.no_causal, **sizes)
+        result = atlas.compute(
+            loaded.model,
+            args.prompt,
+            layers=layers,
+            heads=heads,
+            causal=not args.no_causal,
+            **sizes,
+        )
         path = None
         if out is not None:
             page = viz.Page(f"Head atlas: {loaded.label}")
@@ -93,6 +113,9 @@ def cli_main(argv: list[str] | None = None) -> int:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
     frame = result.to_dataframe()
+    if pairs is not None:  # L<l>H<h>: exactly the heads named
+        named = zip(frame["layer"], frame["head"])
+        frame = frame.iloc[[i for i, pair in enumerate(named) if pair in pairs]]
     print(
         f"Head atlas of {loaded.label} ({time.perf_counter() - start:.1f} s; a role needs its "
         f"score at least {result.margin} above the weight-shuffled control)"
@@ -104,3 +127,29 @@ def cli_main(argv: list[str] | None = None) -> int:
     if path is not None:
         print(f"wrote {path}")
     return 0
+
+
+def selection(
+    layers_text: str | None, heads_text: str | None
+) -> tuple[list[int] | None, list[int] | None, set[tuple[int, int]] | None]:
+    """``--layers`` and ``--heads`` as ``atlas.compute`` takes them, and the exact heads named
+    when ``--heads`` names them as ``L<layer>H<head>`` (their layers, and their head indices in
+    those layers; the table keeps only the pairs named).
+
+    >>> selection("0,1", "2"), selection(None, "L1H3,L1H1")
+    (([0, 1], [2], None), ([1], [1, 3], {(1, 1), (1, 3)}))
+    """
+    layers = _args.token_ids(layers_text, "--layers") if layers_text is not None else None
+    if heads_text is None:
+        return layers, None, None
+    parts = [p for p in re.split(r"[\s,]+", heads_text.strip()) if p]
+    if parts and all(p.isascii() and p.isdigit() for p in parts):
+        return layers, [int(p) for p in parts], None
+    pairs = set(_args.head_pairs(heads_text))  # as `tl-dynamics report --heads` reads them
+    if layers is not None and any(layer not in layers for layer, _ in pairs):
+        raise TLDynamicsError(
+            f"--heads {heads_text!r} names heads outside --layers {layers_text!r}: add their "
+            "layers or drop them"
+        )
+    chosen = sorted({layer for layer, _ in pairs}) if layers is None else layers
+    return chosen, sorted({head for _, head in pairs}), pairs

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import compat, devices, testing, zoo
+from tl_dynamics import _args, compat, devices, testing, zoo
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics._installs import no_installs
 
@@ -145,6 +145,7 @@ def resolve(
         prompt = CODE_PROMPT if getattr(model, "tokenizer", None) is not None else ID_PROMPT
         return LoadedModel(model, f"{folder} (local folder)", prompt)
     _refuse_local_non_folder(name, folder)
+    _args.refuse_near_name(name, [*shipped_names(), TINY_PREFIX], list(shipped_names()))
     return LoadedModel(_load_hub(name, where), f"{name} (loaded by TransformerLens)", CODE_PROMPT)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
@@ -9,7 +11,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.errors import TLDynamicsError, UnknownTokenWarning
 
 Prompt = Union[str, Sequence[str], Tensor]
 PADDING_SIDES = ("left", "right")
@@ -121,6 +123,7 @@ def tokenize(
             if len(texts) > 1
             else torch.ones_like(tokens, dtype=torch.bool)
         )
+        _warn_unknown(model.tokenizer, texts, tokens, key_valid)
     if tokens.shape[1] == 0:
         raise TLDynamicsError("prompt is empty: it has zero tokens")
     if tokens.shape[1] > n_ctx:
@@ -129,6 +132,34 @@ def tokenize(
             f"is {n_ctx} tokens (valid: 1..{n_ctx})"
         )
     return Batch(tokens=tokens, key_valid=key_valid, padding_side=padding_side)
+
+
+def _warn_unknown(tokenizer: Any, texts: list[str], tokens: Tensor, key_valid: Tensor) -> None:
+    """``UnknownTokenWarning`` naming the characters (else the words) of each text that the
+    tokenizer maps to its unknown token; nothing where it has none, or where that id doubles as
+    BOS, EOS or padding (GPT-2's byte-level BPE keeps every character)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    others = {getattr(tokenizer, f"{n}_token_id", None) for n in ("bos", "eos", "pad")}
+    if not isinstance(unk, int) or unk in others:
+        return
+    hit = ((tokens == unk) & key_valid).any(-1).tolist()
+    for text, has_unk in zip(texts, hit):
+        if not has_unk:
+            continue
+
+        def unknown(piece: str) -> bool:
+            return unk in tokenizer.encode(piece, add_special_tokens=False)
+
+        culprits = [c for c in sorted(set(text)) if unknown(c)]
+        culprits = culprits or [w for w in dict.fromkeys(text.split()) if unknown(w)]
+        shown = ", ".join(repr(c) for c in culprits[:12]) + (" ..." if len(culprits) > 12 else "")
+        warnings.warn(
+            f"the tokenizer maps {shown} in the prompt {text[:60]!r} to its unknown token "
+            f"{getattr(tokenizer, 'unk_token', '<unk>')!r}: the model sees a placeholder there "
+            "(adapter.str_tokens shows what was kept); use characters in its vocabulary",
+            UnknownTokenWarning,
+            stacklevel=4,
+        )
 
 
 def _padding_mask(model: Any, tokens: Tensor, padding_side: str) -> Tensor:

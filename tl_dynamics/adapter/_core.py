@@ -4,6 +4,7 @@ layer and head indices, hook names, and the cache of what is read from the weigh
 
 from __future__ import annotations
 
+from os import PathLike
 from typing import Any, Callable, Sequence
 
 import torch
@@ -51,11 +52,35 @@ _HOST_HOOKS = {
 }
 
 
+def refuse_non_model(model: Any) -> None:
+    """A ``TLDynamicsError`` for anything but a TransformerLens model, naming what was given and
+    how to load one (``ModelAdapter("induction-2l")`` is refused: ``tl_dynamics.load_model``
+    loads by name or folder)."""
+    if hasattr(model, "cfg") and hasattr(model, "named_parameters"):
+        return
+    hint = (
+        f"; to load one by name or folder: tl_dynamics.load_model({str(model)!r})"
+        if isinstance(model, (str, PathLike))
+        else "; load one with tl_dynamics.load_model(name_or_folder)"
+    )
+    kind = type(model)
+    what = (
+        kind.__name__
+        if kind.__module__ == "builtins" or isinstance(model, PathLike)
+        else f"an object of type {kind.__module__}.{kind.__name__}"
+    )
+    raise TLDynamicsError(
+        f"expected a TransformerLens model (HookedTransformer or TransformerBridge) or a "
+        f"ModelAdapter, got {what}{hint}"
+    )
+
+
 class AdapterCore:
     """What the model is: host, layer specs, dimensions, index checks and hook names, and the
     weights cache (``AdapterBase`` adds weights and rotations, see ``ModelAdapter``)."""
 
     def __init__(self, model: Any):
+        refuse_non_model(model)  # a name or folder: load it first (the same words as ``of``)
         self.model = model
         check_materialised(model)
         self._info = host_info(model)

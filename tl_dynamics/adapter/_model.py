@@ -7,7 +7,6 @@ What the model is and holds (specs, weights, rotations) is read by ``AdapterBase
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from os import PathLike
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -15,13 +14,13 @@ from torch import Tensor
 
 from tl_dynamics.adapter import _batch, _capture, _selfcheck
 from tl_dynamics.adapter._base import AdapterBase
+from tl_dynamics.adapter._core import refuse_non_model
 from tl_dynamics.adapter._batch import Batch, Prompt
 from tl_dynamics.adapter._calls import Calls
 from tl_dynamics.adapter._hub import hub_of
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._patch import patched
 from tl_dynamics.collect import Collector
-from tl_dynamics.errors import TLDynamicsError
 
 
 class ModelAdapter(AdapterBase):
@@ -75,17 +74,7 @@ class ModelAdapter(AdapterBase):
         """
         if isinstance(model, ModelAdapter):
             return model
-        if not (hasattr(model, "cfg") and hasattr(model, "named_parameters")):
-            hint = (
-                f"; to load one by name or folder: tl_dynamics.load_model({str(model)!r})"
-                if isinstance(model, (str, PathLike))
-                else "; load one with tl_dynamics.load_model(name_or_folder)"
-            )
-            raise TLDynamicsError(
-                f"expected a TransformerLens model (HookedTransformer or "
-                f"TransformerBridge) or a ModelAdapter, got "
-                f"{type(model).__name__}{hint}"
-            )
+        refuse_non_model(model)
         return cls(model)
 
     @property

@@ -155,6 +155,15 @@ class Exactness:
     output_error: Float[Tensor, " n"]
     pattern_error: Float[Tensor, " n"]
 
+    def __repr__(self) -> str:
+        """Short: the head, how many destinations, and the two largest errors (not the tensors)."""
+        return (
+            f"Exactness({self.architecture}, L{self.layer}H{self.head}, "
+            f"destinations={len(self.positions)}, "
+            f"output_error {list(self.output_error.shape)} max {self.max_output_error:.3g}, "
+            f"pattern_error {list(self.pattern_error.shape)} max {self.max_pattern_error:.3g})"
+        )
+
     @property
     def max_output_error(self) -> float:
         return float(self.output_error.max()) if len(self.positions) else 0.0

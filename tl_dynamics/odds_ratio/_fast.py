@@ -176,17 +176,14 @@ def row_facts(
     # [batch * head, pos, d] with the scale folded into q once: each chunk's scores are one bmm
     qs = (qh * scale).reshape(n_batch * n_heads, n_pos, d)
     kt = kh.reshape(n_batch * n_heads, n_pos, d).transpose(1, 2)
-    names = ("sum_sq", "cov_rp", "sum_pr", "lse", "pattern_prior", "lse_lik", "lse_prior")
+    names = ("sum_sq", "cov_rp", "sum_pr", "pattern_prior", "lse_lik", "lse_prior")
+    names += ("logp_top", "r_top_row", "top_j")
     names += ("mean_r",) if mean_r is None else ()
     parts: dict[str, list[Tensor]] = {n: [] for n in names}
     if prefix is not None:  # causal, no window: each row's keys are a prefix, one pass for all
         parts["lse_prior"].append(torch.logcumsumexp(prior.masked_fill(~kv, float("-inf")), -1))
     column = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
-    # formed once per pass, sliced per chunk: each query's own key (a valid query may always
-    # attend to itself), and the per-key prior columns the chunk products read
-    own_all = (
-        torch.arange(n_pos, device=q.device).view(1, 1, n_pos, 1).expand(n_batch, n_heads, n_pos, 1)
-    )
+    # formed once per pass, sliced per chunk: the per-key prior columns the chunk products read
     prior_col = prior.view(-1, n_pos, 1)
     shifted_col = shifted_prior.view(-1, n_pos, 1)
     scratch = _Scratch(not launch_bound, n_batch * n_heads * step * n_pos, qs, shifted_prior, kv)
@@ -200,9 +197,14 @@ def row_facts(
         add = additive[:, None, i0:i1, j0:j1]
         s = torch.add(r, add, out=scratch.get(1, shape))
         log_p = torch.log_softmax(s, dim=-1, out=scratch.get(2, shape))
-        own = own_all[:, :, i0:i1] if j0 == 0 else (own_all[:, :, i0:i1] - j0)
-        lse_c = (r.gather(-1, own) - log_p.gather(-1, own)).squeeze(-1)
-        parts["lse"].append(lse_c)
+        # each row's top key under the real pattern: its log-mass, score and index (the row's
+        # log-partition is r - log p at any allowed key; the top one loses no precision)
+        logp_top, top_j = log_p.max(-1, keepdim=True)
+        r_top_row = r.gather(-1, top_j)
+        parts["logp_top"].append(logp_top)
+        parts["r_top_row"].append(r_top_row)
+        parts["top_j"].append(top_j if j0 == 0 else top_j + j0)
+        lse_c = (r_top_row - logp_top).squeeze(-1) if scratch.reuse else None
         p = log_p.exp_()  # the pattern, in place of its log
         pr = prior[:, :, None, j0:j1]
         parts["sum_pr"].append(scratch.vecdot(p, r))
@@ -225,8 +227,10 @@ def row_facts(
         parts["cov_rp"].append(
             torch.bmm(r.view(-1, c, m), shifted_col[:, j0:j1]).view(n_batch, n_heads, c)
         )
-    got = {n: v[0] if len(v) == 1 else torch.cat(v, -1) for n, v in parts.items()}
-    lse, sum_pr, pattern_prior = got["lse"], got["sum_pr"], got["pattern_prior"]
+    # per-row values are [b, h, c] or (the top key's) [b, h, c, 1]: joined along the rows
+    got = {n: v[0] if len(v) == 1 else torch.cat(v, 2) for n, v in parts.items()}
+    sum_pr, pattern_prior = got["sum_pr"], got["pattern_prior"]
+    lse = (got["r_top_row"] - got["logp_top"]).squeeze(-1)
     mean_r = got["mean_r"] if mean_r is None else mean_r
 
     var_r, cov_r_prior = got["sum_sq"].double(), got["cov_rp"].double()
@@ -252,6 +256,7 @@ def row_facts(
         "top": top,
         "r_top": r_top,
         "pattern_top": pattern_top,
+        "tops": row_tops(got, prior, lse, got["lse_prior"], got["lse_lik"]),
     }
 
 
@@ -264,6 +269,18 @@ def launch_chunks(n_batch: int, n_heads: int, n_pos: int, layer_heads: int | Non
         -(-n_layers // SCORE_BUDGET_LAYERS),
         -(-(4 * n_batch * n_heads * n_pos * n_pos) // MAX_CHUNK_BYTES),
     )
+
+
+def row_tops(
+    got: dict[str, Tensor], prior: Tensor, lse: Tensor, lse_prior: Tensor, lse_lik: Tensor
+) -> Tensor:
+    """``[b, h, i, 3]``: the mass the real, the prior-only and the likelihood-only pattern put
+    on each row's top key under the real pattern (docs/math.md §2.2, agreement), from that key's
+    log-mass ``logp_top``, score ``r_top_row`` and index ``top_j`` (``[b, h, i, 1]`` each)."""
+    p_top = prior.gather(-1, got["top_j"].squeeze(-1))
+    r_top = got["r_top_row"].squeeze(-1)
+    logs = (got["logp_top"].squeeze(-1), p_top - lse_prior, r_top - p_top - lse_lik)
+    return torch.stack(logs, -1).exp()
 
 
 def as_float(x: "Tensor | Sequence[Tensor]") -> "Tensor | list[Tensor]":
@@ -317,7 +334,14 @@ class _Scratch:
         return torch.mul(a, b, out=self.get(3, tuple(a.shape))).sum(-1)
 
     def lse_lik(
-        self, s: Tensor, prior: Tensor, p: Tensor, lse: Tensor, p_min: Tensor, j0: int, j1: int
+        self,
+        s: Tensor,
+        prior: Tensor,
+        p: Tensor,
+        lse: Tensor | None,
+        p_min: Tensor,
+        j0: int,
+        j1: int,
     ) -> Tensor:
         """``log sum_j A_ij exp(r_ij - P_j)`` of a chunk (``s``: its masked scores, ``p`` its
         pattern, ``lse`` its rows' log-partitions, ``p_min`` the least prior, keys ``j0 .. j1 - 1``).
@@ -328,7 +352,7 @@ class _Scratch:
         a row's sum falls below ``LIK_FLOOR`` (its mass on keys whose products underflow in
         float32), the chunk takes the masked log-sum-exp of ``s - P`` instead, exact for any
         spread of the priors. Elsewhere always the latter (it needs no read of the device)."""
-        if not self.reuse:
+        if not self.reuse or lse is None:
             return torch.logsumexp(s.sub_(prior), -1)
         b, h, c, m = p.shape
         lik = torch.bmm(p.view(-1, c, m), self.w_col[:, j0:j1]).view(b, h, c)

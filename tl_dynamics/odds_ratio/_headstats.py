@@ -12,13 +12,8 @@ from tl_dynamics import viz
 from tl_dynamics.collect import ExactSum
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
+from tl_dynamics.odds_ratio._labels import AGREE_THRESHOLD, LABEL_THRESHOLD, label
 from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SUM_KEYS
-
-# A head is "prior-driven" when the key prior's additive share of the row-centred score
-# variance, Cov(prior, r) / Var(r), is at least LABEL_THRESHOLD, "likelihood-driven" when the
-# log-likelihood's share is, and "mixed" otherwise. The shares (prior, loglik, bias) add up to
-# one, so 2/3 means the term explains at least twice as much as the others together.
-LABEL_THRESHOLD = 2.0 / 3.0
 
 # Per-head running sums kept exactly (``HeadStats.exact``, axis 1): the row sums, then the sinks.
 SINK_SUM_KEYS = ("sink_mass", "sink_first", "sink_by_prior", "sink_prior_adv", "sink_loglik_adv")
@@ -26,15 +21,6 @@ SINK_SUM_KEYS = ("sink_mass", "sink_first", "sink_by_prior", "sink_prior_adv", "
 
 def head_name(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
-
-
-def label(attr_prior: float, attr_loglik: float, threshold: float = LABEL_THRESHOLD) -> str:
-    """``prior-driven``, ``likelihood-driven`` or ``mixed`` from the additive shares."""
-    if attr_prior >= threshold:
-        return "prior-driven"
-    if attr_loglik >= threshold:
-        return "likelihood-driven"
-    return "mixed"
 
 
 @dataclass(frozen=True)
@@ -52,7 +38,7 @@ class HeadStats:
     prior and the log-likelihood are strongly anti-correlated along a row:
     ``var_*`` + ``cov_prior_loglik`` + ``cov_bias`` (the covariance terms shown) add to one;
     the additive attribution ``attr_* = Cov(term, r) / Var(r)`` also adds to one, term by
-    term, and is what ``label`` uses.
+    term, and is what ``label`` uses, with the counterfactuals' ``agreement()``.
 
     ``exact`` holds the same sums exactly (``[layer, key, head]``, keys ``sum_keys`` then
     ``SINK_SUM_KEYS``), so ``merge`` is order-independent and bit-identical: merging the
@@ -292,35 +278,69 @@ class HeadStats:
         )
         return out
 
-    def labels(self, threshold: float = LABEL_THRESHOLD) -> np.ndarray:
-        """Each head's label from its additive shares.
+    def agreement(self) -> dict[str, np.ndarray]:
+        """Whether each part alone reproduces the head (docs/math.md §2.2, ``_labels``).
+
+        Returns:
+            ``{name: [len(layers), len(heads)] array}``: ``top_real``, the mean mass of the real
+            pattern on each row's top key; ``agree_prior`` and ``agree_loglik``, the mass the
+            prior-only and the likelihood-only pattern put on that key over the real pattern's
+            (pooled over rows; a part reproduces the head at ``AGREE_THRESHOLD`` = 1/2 or more).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> ag = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.agreement()
+            >>> sorted(ag), bool((ag["top_real"] <= 1).all())
+            (['agree_loglik', 'agree_prior', 'top_real'], True)
+        """
+        s = self.sums
+        return {
+            "top_real": self._ratio(s["top_real"], s["rows"]),
+            "agree_prior": self._ratio(s["top_prior"], s["top_real"]),
+            "agree_loglik": self._ratio(s["top_loglik"], s["top_real"]),
+        }
+
+    def labels(
+        self, threshold: float = LABEL_THRESHOLD, agree: float = AGREE_THRESHOLD
+    ) -> np.ndarray:
+        """Each head's label from its additive shares and its counterfactuals' agreement.
 
         Args:
             threshold: the share a term needs for its label (default 2/3).
+            agree: the agreement its counterfactual pattern needs (default 1/2).
 
         Returns:
             ``[len(layers), len(heads)]`` object array of ``"prior-driven"``,
-            ``"likelihood-driven"`` or ``"mixed"``.
+            ``"likelihood-driven"``, ``"mixed"`` or ``"needs both"`` (neither part alone
+            reproduces the head; ``_labels.label``).
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
             >>> labs = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.labels()
-            >>> labs.shape, set(labs.flat) <= {"prior-driven", "likelihood-driven", "mixed"}
+            >>> labs.shape, set(labs.flat) <= {"prior-driven", "likelihood-driven", "mixed",
+            ...                                "needs both"}
             ((2, 4), True)
         """
-        sh = self.shares()
+        sh, ag = self.shares(), self.agreement()
         out = np.empty(sh["attr_prior"].shape, dtype=object)
         for idx in np.ndindex(out.shape):
-            out[idx] = label(float(sh["attr_prior"][idx]), float(sh["attr_loglik"][idx]), threshold)
+            out[idx] = label(
+                float(sh["attr_prior"][idx]),
+                float(sh["attr_loglik"][idx]),
+                float(ag["agree_prior"][idx]),
+                float(ag["agree_loglik"][idx]),
+                threshold,
+                agree,
+            )
         return out
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per head: shares, KLs, entropy, label and sink summary.
+        """One row per head: shares, agreement, KLs, entropy, label and sink summary.
 
         Returns:
             A pandas DataFrame indexed by head name (``"L1H0"``), with ``layer``, ``head_index``,
-            ``sigma2``, ``softcap``, ``rows``, the ``shares()``, the ``means()``, ``label`` and the
-            per-prompt sink means (``sink_mass``, ``sink_first_share``, ...).
+            ``sigma2``, ``softcap``, ``rows``, the ``shares()``, the ``agreement()``, the
+            ``means()``, ``label`` and the per-prompt sink means (``sink_mass``, ...).
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
@@ -328,7 +348,7 @@ class HeadStats:
             >>> frame.index[:2].tolist(), frame.shape[0]
             (['L0H0', 'L0H1'], 8)
         """
-        sh, mn, lab = self.shares(), self.means(), self.labels()
+        sh, ag, mn, lab = self.shares(), self.agreement(), self.means(), self.labels()
         n = max(self.n_prompts, 1)
         sk = self.sink_sums
         records = []
@@ -343,6 +363,7 @@ class HeadStats:
                     "rows": int(self.sums["rows"][a, b]),
                 }
                 rec.update({k: float(v[a, b]) for k, v in sh.items()})
+                rec.update({k: float(v[a, b]) for k, v in ag.items()})
                 rec.update({k: float(v[a, b]) for k, v in mn.items()})
                 rec["label"] = lab[a, b]
                 rec["sink_mass"] = float(sk["sink_mass"][a, b] / n)
@@ -370,5 +391,10 @@ class HeadStats:
         """
         capped = [layer for layer, cap in zip(self.layers, self.softcap) if cap is not None]
         return _views.stats_view(
-            self.to_dataframe(), self.model, self.n_prompts, capped, LABEL_THRESHOLD, max_rows
+            self.to_dataframe(),
+            self.model,
+            self.n_prompts,
+            capped,
+            (LABEL_THRESHOLD, AGREE_THRESHOLD),
+            max_rows,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.odds_ratio._collect import compute
-from tl_dynamics.odds_ratio._result import LABEL_THRESHOLD
+from tl_dynamics.odds_ratio._labels import AGREE_THRESHOLD, LABEL_THRESHOLD
 
 TITLE = "Attention as odds ratios: key prior vs distance likelihood"
 INTRO = (
@@ -14,7 +14,10 @@ INTRO = (
     "bias): attention is a posterior over source positions, prior times likelihood, at "
     "temperature sigma^2 = 1/c. A head is prior-driven when the key prior carries at least "
     f"{LABEL_THRESHOLD:.2f} of the row-centred score variance (additive attribution "
-    "Cov(term, r)/Var(r)), likelihood-driven when the log-likelihood does (docs/math.md §2.1, §2.2)."
+    "Cov(term, r)/Var(r)) and the prior-only pattern alone reproduces the head (it keeps at least "
+    f"{AGREE_THRESHOLD:.2f} of the real pattern's mass on the key the head attends to most), "
+    "likelihood-driven likewise; a head that neither part alone reproduces needs both "
+    "(docs/math.md §2.1, §2.2)."
 )
 
 
@@ -23,7 +26,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
 
     The per-head table of every head, and the decomposition of the heads with the largest
     prior and likelihood shares on the first prompt (named prior- or likelihood-driven only when
-    their share reaches ``LABEL_THRESHOLD``).
+    they carry that label: share and agreement, ``_labels``).
 
     Args:
         page: the ``viz.Page`` to add the section to.

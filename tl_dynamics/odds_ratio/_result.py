@@ -15,11 +15,12 @@ from torch import Tensor
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
-from tl_dynamics.odds_ratio._headstats import LABEL_THRESHOLD, HeadStats, head_name
+from tl_dynamics.odds_ratio._headstats import HeadStats, head_name
+from tl_dynamics.odds_ratio._labels import AGREE_THRESHOLD, LABEL_THRESHOLD
 
 # Re-exported: the collector and the tests read them here.
 from tl_dynamics.odds_ratio._headstats import SINK_SUM_KEYS as SINK_SUM_KEYS
-from tl_dynamics.odds_ratio._headstats import label as label
+from tl_dynamics.odds_ratio._labels import label as label
 from tl_dynamics.odds_ratio._split import ScoreParts, row_kl, sink_log_patterns
 
 
@@ -279,7 +280,8 @@ class OddsRatioResult:
         """The heads with the largest ``attr_prior`` and the largest ``attr_loglik``.
 
         The largest share, whatever its value. Whether the head is prior- or likelihood-driven is
-        its label (``LABEL_THRESHOLD``); ``show_extremes`` says so in words.
+        its label (``LABEL_THRESHOLD`` and the agreement of its counterfactual,
+        ``AGREE_THRESHOLD``); ``show_extremes`` says so in words.
 
         Returns:
             Two tuples ``(layer, head, share name, share)``, for ``"attr_prior"`` then
@@ -329,8 +331,8 @@ class OddsRatioResult:
     def show_extremes(self, row: int = 0) -> viz.Group:
         """The per-head table and the split of the two extreme heads on one prompt.
 
-        The most prior-driven and the most likelihood-driven head (``extreme_heads``); needs kept
-        tensors.
+        The heads with the largest prior and likelihood shares (``extreme_heads``), called prior-
+        or likelihood-driven only when they carry that label; needs kept tensors.
 
         Args:
             row: which prompt of the first kept pass to draw.
@@ -344,8 +346,21 @@ class OddsRatioResult:
             >>> type(view).__name__
             'Group'
         """
-        picks = [
-            (head_name(layer, head), key, value, self._head(layer, head).show([head], row))
-            for layer, head, key, value in self.extreme_heads()
-        ]
-        return _views.extremes_view(self.stats.show(), picks, self.stats.model, LABEL_THRESHOLD)
+        labels, agreement = self.stats.labels(), self.stats.agreement()
+        picks = []
+        for layer, head, key, value in self.extreme_heads():
+            a, b = self.stats.layers.index(layer), self.stats.heads.index(head)
+            agree = agreement["agree_prior" if key == "attr_prior" else "agree_loglik"][a, b]
+            picks.append(
+                (
+                    head_name(layer, head),
+                    key,
+                    value,
+                    str(labels[a, b]),
+                    float(agree),
+                    self._head(layer, head).show([head], row),
+                )
+            )
+        return _views.extremes_view(
+            self.stats.show(), picks, self.stats.model, (LABEL_THRESHOLD, AGREE_THRESHOLD)
+        )

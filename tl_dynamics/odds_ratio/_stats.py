@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 # Sums kept per head (names of the streaming accumulators).
 # ``learned_sink``: the mass a layer's learned attention sink absorbs (GPT-OSS; zero elsewhere).
+# ``top_*``: the mass the real, prior-only and likelihood-only patterns put on each row's top key
+# under the real pattern (the agreement of the counterfactuals, docs/math.md §2.2).
 SUM_KEYS = (
     "rows",
     "var_r",
@@ -37,6 +39,9 @@ SUM_KEYS = (
     "kl_loglik",
     "entropy",
     "learned_sink",
+    "top_real",
+    "top_prior",
+    "top_loglik",
 )
 SINK_KEYS = (
     "sink_mass",
@@ -200,24 +205,37 @@ def _direct_row_facts(
         lse_lik = torch.logaddexp(lse_lik, torch.zeros_like(lse_lik))
         out["learned_sink"] = absorbed
     out["kl_loglik"] = neg_entropy - (r_dot - pattern_prior) + lse_lik
+    logits = (prior[:, :, None, :] if bias is None else prior[:, :, None, :] + bias).expand_as(r)
     if sink is not None:  # prior-only: the virtual key keeps its prior sink_h
-        logits = prior[:, :, None, :] if bias is None else prior[:, :, None, :] + bias
         prior_dot = (
-            torch.einsum("bhij,bhij->bhi", pattern, logits.expand_as(r).masked_fill(~mask, 0.0))
-            + sink_term
+            torch.einsum("bhij,bhij->bhi", pattern, logits.masked_fill(~mask, 0.0)) + sink_term
         )
-        lse_prior = torch.logaddexp(_masked_lse(logits.expand_as(r), mask), sink_logit)
+        lse_prior = torch.logaddexp(_masked_lse(logits, mask), sink_logit)
         out["kl_prior"] = neg_entropy - prior_dot + lse_prior
     elif bias is None:
-        out["kl_prior"] = neg_entropy - pattern_prior + _key_lse(prior, allowed_f, mask)
+        lse_prior = _key_lse(prior, allowed_f, mask)
+        out["kl_prior"] = neg_entropy - pattern_prior + lse_prior
     else:
-        logits = prior[:, :, None, :] + bias
+        lse_prior = _masked_lse(logits, mask)
         out["kl_prior"] = (
             neg_entropy
             - torch.einsum("bhij,bhij->bhi", pattern, logits.masked_fill(~mask, 0.0))
-            + _masked_lse(logits, mask)
+            + lse_prior
         )
     out["neg_entropy"] = neg_entropy
+
+    # --- agreement: the mass each counterfactual puts on the real pattern's top key per row
+    top_j = log_s.argmax(-1, keepdim=True)  # [b, h, i, 1]
+    logs = [
+        log_s.gather(-1, top_j),
+        logits.gather(-1, top_j) - lse_prior[..., None],
+        (r - prior[:, :, None, :]).gather(-1, top_j) - lse_lik[..., None],
+    ]
+    if sink is not None:  # the virtual key is the top where it absorbs more than any real key
+        on_sink = (sink_logit - lse_s)[..., None] > logs[0]
+        sink_logs = [sink_logit - lse_s, sink_logit - lse_prior, -lse_lik]
+        logs = [torch.where(on_sink, x[..., None], y) for x, y in zip(sink_logs, logs)]
+    out["tops"] = torch.cat(logs, -1).exp()  # [b, h, i, 3]
 
     # --- the sink: the column with the most attention, and each row's view of it
     valid = (query_valid & (allowed.sum(-1) >= 2))[:, None, :, None].float()  # >= 2 keys (§2.3)
@@ -267,7 +285,11 @@ def _finish(
     facts["kl_prior"] = facts["kl_prior"].clamp(min=0)
     facts["kl_loglik"] = facts["kl_loglik"].clamp(min=0)
     facts["entropy"] = -facts["neg_entropy"]
+    tops = (facts["tops"].double() * rows[..., None]).nan_to_num().sum(dim=(0, 2))  # [head, 3]
     sums.update(
+        top_real=tops[:, 0],
+        top_prior=tops[:, 1],
+        top_loglik=tops[:, 2],
         rows=rows.expand(-1, n_heads, -1).sum(dim=(0, 2)),
         kl_prior=total("kl_prior"),
         kl_loglik=total("kl_loglik"),

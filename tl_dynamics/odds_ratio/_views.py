@@ -17,6 +17,8 @@ STATS_COLUMNS = [
     "attr_prior",
     "attr_loglik",
     "attr_bias",
+    "agree_prior",
+    "agree_loglik",
     "var_prior",
     "var_loglik",
     "cov_prior_loglik",
@@ -44,10 +46,12 @@ def stats_view(
     model: str,
     n_prompts: int,
     capped_layers: Sequence[int],
-    threshold: float,
+    thresholds: tuple[float, float],
     max_rows: int = 60,
 ) -> viz.Component:
-    """The per-head table (``HeadStats.to_dataframe()``), with the columns that carry information."""
+    """The per-head table (``HeadStats.to_dataframe()``), with the columns that carry information;
+    ``thresholds``: the share a one-part label needs and the agreement its counterfactual needs."""
+    threshold, agree = thresholds
     columns = [
         c
         for c in STATS_COLUMNS
@@ -63,10 +67,15 @@ def stats_view(
         max_rows=max_rows,
         caption=(
             f"Per-head odds-ratio statistics over {n_prompts} prompt(s) of {model}, one row per "
-            f"head. label: prior- or likelihood-driven when that share is at least {threshold:.2f}, "
-            f"else mixed. attr_prior, attr_loglik, attr_bias: the share of each row's score "
+            f"head. attr_prior, attr_loglik, attr_bias: the share of each row's score "
             f"variation that the key prior, the distance log-likelihood and the position bias carry "
-            f"(Cov(term, r)/Var(r), adding to 1). var_* and cov_prior_loglik: the same variance split "
+            f"(Cov(term, r)/Var(r), adding to 1). agree_prior, agree_loglik: whether that part alone "
+            f"reproduces the head: the mass the prior-only (likelihood-only) pattern puts on the key "
+            f"the real pattern attends to most, over the real pattern's mass there (pooled over "
+            f"rows); it reproduces the head at {agree:.2f} or more. label: prior- or "
+            f"likelihood-driven when that share is at least {threshold:.2f} and that part alone "
+            f"reproduces the head; needs both when neither part alone does; else mixed "
+            f"(docs/math.md §2.2). var_* and cov_prior_loglik: the same variance split "
             f"with its covariance term (prior and likelihood are anti-correlated). kl_prior, "
             f"kl_loglik: how far (KL in nats per row) the prior-only and likelihood-only patterns are "
             f"from the real one. entropy: of the real pattern, nats per row. The sink is the key that "
@@ -202,21 +211,30 @@ def result_view(stats: viz.Component, layers: Sequence[viz.Group], model: str) -
 
 def extremes_view(
     stats: viz.Component,
-    picks: Sequence[tuple[str, str, float, viz.Group]],
+    picks: Sequence[tuple[str, str, float, str, float, viz.Group]],
     model: str,
-    threshold: float,
+    thresholds: tuple[float, float],
 ) -> viz.Group:
-    """The per-head table, then for each pick ``(head name, share name, share, decomposition)``
-    a line saying why the head was picked and its decomposition. A head is called the most
-    prior- (likelihood-) driven only if its share reaches the label ``threshold``; otherwise the
-    line says that no head is, and gives the largest share."""
+    """The per-head table, then for each pick ``(head name, share name, share, label, agreement,
+    decomposition)`` a line saying why the head was picked and its decomposition. A head is called
+    the most prior- (likelihood-) driven only if it carries that label: its share reaches the
+    label threshold and that part alone reproduces it (``thresholds``: share, agreement);
+    otherwise the line says that no head is, and why."""
+    threshold, agree = thresholds
     items: list[viz.Component | viz.Group] = [stats]
-    for name, key, value, group in picks:
+    for name, key, value, head_label, agreement, group in picks:
         what = "prior" if key == "attr_prior" else "likelihood"
-        if value >= threshold:
+        part = f"{what}-only pattern keeps {agreement:.2f} of the real top-key mass"
+        if head_label == f"{what}-driven":
             line = (
                 f"{name}: the head most driven by the {what} ({key} = {value:.3f}, at least "
-                f"{threshold:.2f}: {what}-driven)."
+                f"{threshold:.2f}, and its {part}, at least {agree:.2f}: {what}-driven)."
+            )
+        elif value >= threshold:
+            line = (
+                f"No head is {what}-driven: the largest {key} is {value:.3f} ({name}, shown "
+                f"below), but its {part}, under the {agree:.2f} a {what}-driven head needs: "
+                f"the {what} alone does not reproduce it ({head_label})."
             )
         else:
             line = (

@@ -181,13 +181,18 @@ def _check_odds(o: Any, n_prompts: int, what: str) -> None:
     if _int(o["n_prompts"], what, "odds_ratio.n_prompts") != n_prompts:
         raise fail(what, f"odds_ratio.n_prompts {o['n_prompts']} != n_prompts {n_prompts}")
     if o["sum_keys"] != list(HeadStats.SUM_KEYS):
-        older = [k for k in HeadStats.SUM_KEYS if k != "learned_sink"]
+        listed = o["sum_keys"] if isinstance(o["sum_keys"], list) else []
+        missing = [k for k in HeadStats.SUM_KEYS if k not in listed]
+        kept_later = {  # sums tl_dynamics added later, by what they are
+            "learned_sink": "the learned-sink sum",
+            "top_real": "the counterfactuals' agreement sums (top_*)",
+        }
+        later = [kept_later[k] for k in missing if k in kept_later]
+        older = [k for k in HeadStats.SUM_KEYS if k not in missing]
         why = (
-            (
-                "; it was written before tl_dynamics kept the learned-sink sum: recompute it with "
-                "`tl-dynamics stats`"
-            )
-            if o["sum_keys"] == older
+            f"; it was written before tl_dynamics kept {' and '.join(later)}: recompute it with "
+            "`tl-dynamics stats`"
+            if later and listed == older
             else ""
         )
         raise fail(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -25,6 +25,7 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories import _cloud
 
 if TYPE_CHECKING:
+    import pandas as pd
     from tl_dynamics.adapter import ModelAdapter
 
 
@@ -100,6 +101,18 @@ def point_roles(
 
 def point_labels(roles: list[tuple[str, int]]) -> tuple[str, ...]:
     return tuple(f"{role}{layer}" for role, layer in roles)
+
+
+def in_depth_order(labels: "Sequence[str]", values: "Sequence[str]") -> "pd.Categorical":
+    """``values`` (point labels) as an ordered categorical whose order is ``labels``' (the
+    points' depth order), so sorting puts ``resid_pre0`` before ``resid_post1``, not after.
+
+    >>> list(in_depth_order(["resid_pre0", "resid_post1"], ["resid_post1", "resid_pre0"]).sort_values())
+    ['resid_pre0', 'resid_post1']
+    """
+    import pandas as pd
+
+    return pd.Categorical(list(values), categories=list(labels), ordered=True)
 
 
 def next_tokens(

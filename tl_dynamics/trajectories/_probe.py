@@ -19,7 +19,7 @@ from torch import Tensor
 
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories._points import point_labels, point_roles
+from tl_dynamics.trajectories._points import in_depth_order, point_labels, point_roles
 from tl_dynamics.trajectories._collect import batches as _batches
 
 DEFAULT_RIDGE = 1.0
@@ -62,7 +62,7 @@ class ClassProbe:
         test = torch.tensor(self.test)
         return pd.DataFrame(
             {
-                "point": list(self.labels),
+                "point": in_depth_order(self.labels, self.labels),
                 "heldout_accuracy": self.accuracy.tolist(),
                 "train_accuracy": self.train_accuracy.tolist(),
                 "mean_attraction": self.attraction.mean(0).tolist(),

@@ -15,7 +15,7 @@ from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._cloud import BIN_EDGES
 from tl_dynamics.collect import ExactSum
-from tl_dynamics.trajectories._points import Standardizer
+from tl_dynamics.trajectories._points import Standardizer, in_depth_order
 from tl_dynamics.trajectories._stats_readouts import StatsReadouts
 from tl_dynamics.trajectories._views import stats_views
 
@@ -188,7 +188,8 @@ class TrajectoryStats(StatsReadouts):
         """One row per trajectory point with every mean statistic.
 
         Returns:
-            A pandas DataFrame indexed by point (means; clusters and merges per ``eps``; lens).
+            A pandas DataFrame indexed by point (an ordered categorical in depth order; means;
+            clusters and merges per ``eps``; lens).
 
         Example:
             >>> from tl_dynamics import testing, trajectories
@@ -203,7 +204,7 @@ class TrajectoryStats(StatsReadouts):
             return [np.nan] * offset + list(values)
 
         data: dict[str, Any] = {
-            "point": labels,
+            "point": in_depth_order(labels, labels),
             "mean_norm": self.mean("norm"),
             "mean_step": shifted(self.mean("step"), 1),
             "mean_rel_step": shifted(self.mean("rel_step"), 1),

@@ -16,7 +16,7 @@ from torch import Tensor
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.trajectories._points import Config, point_labels, point_roles
+from tl_dynamics.trajectories._points import Config, in_depth_order, point_labels, point_roles
 from tl_dynamics.trajectories._reduce import reduce_batch
 from tl_dynamics.trajectories._stats import TrajectoryStats
 from tl_dynamics.trajectories._views import token_views
@@ -104,7 +104,7 @@ class Trajectory:
 
         Returns:
             A pandas DataFrame with ``prompt, pos, token, point, norm, cos_final, step, rel_step,
-            turning_deg`` and, with the lens, ``rank, settling, cos_embed, dist_embed, cos_unembed,
+            turning_deg`` (``point`` an ordered categorical in depth order) and, with the lens, ``rank, settling, cos_embed, dist_embed, cos_unembed,
             dist_unembed``.
 
         Example:
@@ -154,7 +154,10 @@ class Trajectory:
                             dist_unembed=float(dist_u[b, p, t]),
                         )
                     rows.append(row)
-        return pd.DataFrame(rows)
+        frame = pd.DataFrame(rows)
+        if len(frame):  # sorts in depth order (resid_pre0 before resid_post1)
+            frame["point"] = in_depth_order(self.labels, [r["point"] for r in rows])
+        return frame
 
     def show(self, row: int = 0) -> viz.Group:
         """Per-token views of one prompt, then the batch's particle statistics.

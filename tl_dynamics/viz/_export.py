@@ -61,6 +61,20 @@ def has_svg(item: Item) -> bool:
     return kind_of(item) in SVG_KINDS
 
 
+def _blocking(item: Item) -> str:
+    """For a group, which member has no ``.svg`` (its place, kind and caption), else ``""``."""
+    if not isinstance(item, Group):
+        return ""
+    for i, member in enumerate(_flat(item)):
+        if not has_svg(member):
+            caption = f" {member.caption[:60]!r}" if member.caption else ""
+            return (
+                f" whose member {i} of {len(_flat(item))} (a {kind_of(member)}{caption}) has no "
+                ".svg (use .components to save the others)"
+            )
+    return ""
+
+
 def _blocks(component: Component, key: str) -> list[_svg.Block]:
     kind = kind_of(component)
     if kind in ("line_plot", "small_multiples"):
@@ -74,8 +88,8 @@ def to_svg(item: Item) -> str:
     """The view as a standalone SVG document (its caption below it)."""
     if not has_svg(item):
         raise TLDynamicsError(
-            f"this view is a {kind_of(item)}: .svg is written for {', '.join(SVG_KINDS)} (and "
-            "groups of them); save it as .html or .png"
+            f"this view is a {kind_of(item)}{_blocking(item)}: .svg is written for "
+            f"{', '.join(SVG_KINDS)} (and groups of them only); save it as .html or .png"
         )
     parts = _flat(item)  # a group's views, nested groups included
     blocks = [b for i, c in enumerate(parts) for b in _blocks(c, f"tld-legend-{i}")]
