@@ -91,7 +91,7 @@ def test_unwritable_output_folder_is_refused(tmp_path, capsys, no_loading):
 def test_version_help_and_models_list(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--version"])
-    assert "tl-dynamics 0.1.0" in capsys.readouterr().out
+    assert "tl-dynamics      0.1.0\n" in capsys.readouterr().out  # compat.show_versions()
     with pytest.raises(SystemExit):
         cli.main(["report", "--help"])
     text = capsys.readouterr().out

@@ -23,7 +23,8 @@ from tl_dynamics.collect._count import count_ops
 from tl_dynamics.collect._fused import ENV, Fused, compile_mode, compiled_as
 from tl_dynamics.collect._policy import planned_as
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.odds_ratio import _fused
+from tl_dynamics.odds_ratio import _fused, _stats
+from tl_dynamics.odds_ratio._headstats import SINK_SUM_KEYS
 from tl_dynamics.odds_ratio._fast import MaskFacts
 
 DEVICE = os.environ.get("TL_DYNAMICS_TEST_DEVICE", "cuda")
@@ -82,7 +83,8 @@ def test_on_the_cpu_auto_runs_eager_and_gives_the_collectors_numbers(monkeypatch
     for _ in range(3):  # shapes recur, but the CPU is not compiled for (measured slower)
         part, _sinks = fused(torch.device("cpu"), *args, 4, 2, True)
     assert fused.compiled_shapes == 0 and fused._compiled is None
-    assert part.shape == (2, 16, 4) and part.dtype == torch.float64
+    n_keys = len(_stats.SUM_KEYS) + len(SINK_SUM_KEYS)  # the sums, then the summed sink facts
+    assert part.shape == (2, n_keys, 4) and part.dtype == torch.float64
 
 
 @pytest.mark.slow
