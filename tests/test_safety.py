@@ -154,7 +154,7 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(TLDynamicsError, match=rf"could not write {path} \(disk full\)"):
         files.write_text(path, "new page")
     monkeypatch.undo()
     assert path.read_text() == "old page" and sorted(p.name for p in tmp_path.iterdir()) == [

@@ -203,8 +203,10 @@ def test_hooked_sinks_with_cap_bias_and_window_split_and_build_exactly(variant):
 
 def test_a_sink_that_is_never_taken_leaves_the_statistics_as_without_one():
     """A sink logit far below every score absorbs nothing: every sum equals the no-sink
-    computation but the row count (which now admits rows with a single real key) and kl_loglik
-    (in the likelihood-only pattern every prior is dropped, the sink's too: its logit is 0)."""
+    computation but the row count (which now admits rows with a single real key, whose whole
+    mass is on it: top_real and top_prior grow by one a row) and the likelihood-only sums
+    kl_loglik and top_loglik (in the likelihood-only pattern every prior is dropped, the sink's
+    too: its logit is 0)."""
     torch.manual_seed(0)
     q, k = torch.randn(2, 7, 3, 4), torch.randn(2, 7, 3, 4)
     allowed = torch.ones(7, 7, dtype=torch.bool).tril()[None].expand(2, -1, -1).clone()
@@ -214,10 +216,16 @@ def test_a_sink_that_is_never_taken_leaves_the_statistics_as_without_one():
     far, far_sinks = _stats.layer_sums(
         q, k, 0.5, None, allowed, valid, fast=False, sink=torch.full((3,), -1e4)
     )
+    # the likelihood-only pattern's sums (kl_loglik, top_loglik) keep the sink at logit 0; the
+    # rows admitted with a single real key put all their mass on it, in the real and the
+    # prior-only pattern alike (top_real, top_prior: +1 a row)
+    changed = ("rows", "kl_loglik", "top_loglik", "top_real", "top_prior")
     for key in _stats.SUM_KEYS:
-        if key not in ("rows", "kl_loglik"):
+        if key not in changed:
             assert torch.allclose(far[key], plain[key], atol=1e-9), key
     assert (far["rows"] - plain["rows"]).tolist() == [2.0, 2.0, 2.0]  # each prompt's first row
+    for key in ("top_real", "top_prior"):
+        assert torch.allclose(far[key] - plain[key], far["rows"] - plain["rows"], atol=1e-9), key
     assert float(far["learned_sink"].abs().max()) == 0.0
     for key in _stats.SINK_KEYS:
         assert torch.allclose(far_sinks[key].double(), plain_sinks[key].double()), key
