@@ -1,0 +1,44 @@
+"""The in-context regression section of the ``tl-dynamics report`` page."""
+
+from __future__ import annotations
+
+from tl_dynamics import viz
+from tl_dynamics.adapter import Batch, ModelAdapter
+from tl_dynamics.regression._collect import compute
+
+TITLE = "Attention as in-context regression"
+
+
+def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
+    """Add the regression section to ``page``: every attention layer's heads on the report's
+    prompts.
+
+    Layers the analysis does not model (gated outputs, learned sinks, masks whose visible keys
+    are not an interval) raise ``TLDynamicsError`` naming them, and the page says so.
+
+    Args:
+        page: the ``viz.Page`` to add the section to.
+        adapter: the model's ``ModelAdapter``.
+        batch: the report's tokenized prompts.
+
+    Example:
+        >>> from tl_dynamics import regression, testing, viz
+        >>> from tl_dynamics.adapter import ModelAdapter
+        >>> ad, page = ModelAdapter(testing.tiny_model("gpt2")), viz.Page("report")
+        >>> regression.report_section(page, ad, ad.tokenize("def f(x):\\n    return x * 2 + 1\\n" * 3))
+        >>> page.sections[0].title
+        'Attention as in-context regression'
+    """
+    result = compute(adapter, batch, n_boot=100)
+    claimed = result.claims()
+    n_like = int(claimed["regression_like"].sum())
+    held = int(result.n_held[0, -1].max()) if result.n_held.size else 0
+    intro = (
+        "Each head's output z (before W_O) against what in-context regression of its values on "
+        "its keys would give: linear attention, ridge over a lambda path and at the GCV pick, "
+        "gradient descent from zero, and the controls (mean of the visible values, the first "
+        "value, v_t, v_{t-1}), each with one fitted gain (docs/math.md §8). "
+        f"{n_like} of {len(claimed)} heads are regression-like beyond their control "
+        f"(held-out destinations in the claim band: {held}). {result.notice}"
+    )
+    page.add_section(TITLE, [result.show()], intro=intro, math="docs/math.md §8")
