@@ -160,7 +160,7 @@ def test_result_faces_and_bad_settings():
     assert res.units.startswith("blocks") and res.heads == (0, 2)
     frame = res.to_dataframe()
     assert len(frame) == len(res.bands) * 2 * len(res.names)
-    assert set(res.claims().reading) <= {"regression", "linear", *res.names}
+    assert set(res.claims().reading) <= {"regression", "linear", "unexplained", *res.names}
     assert "2 d_head = 32 keys" in res.notice
     assert res.show().components
     for kwargs, match in (
@@ -173,4 +173,4 @@ def test_result_faces_and_bad_settings():
         with pytest.raises(TLDynamicsError, match=match):
             regression.compute(ad, prompt, **kwargs)
     with pytest.raises(TLDynamicsError, match="fewer than two units"):
-        regression.compute(ad, "x = 1")
+        regression.compute(ad, torch.tensor([[5]]))

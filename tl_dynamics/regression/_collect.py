@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from tl_dynamics.adapter import LayerAttention, ModelAdapter, Prompt, masked_softmax
+from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt, masked_softmax
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.regression._measure import Scores, Sums, band_labels, score
 from tl_dynamics.regression._predict import (
@@ -87,7 +87,7 @@ def layer_predictions(
 
 def compute(
     model: Any,
-    prompt: Prompt,
+    prompt: Prompt | Batch,
     *,
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
@@ -113,7 +113,7 @@ def compute(
         model: a TransformerLens model or a ``ModelAdapter``.
         prompt: anything ``adapter.tokenize`` takes. With at least 4 prompts the units (of
             fitting, held-out and the bootstrap) are prompts; with fewer, blocks of 16
-            destinations.
+            destinations (fewer on short prompts: at least 4 blocks per prompt).
         layers: a layer index, a list of them, or None (all attention layers).
         heads: a head index, a list of them, or None (all heads), in every selected layer.
         stride: measure every ``stride``-th destination (sums still see every key).
@@ -169,7 +169,7 @@ def compute(
     if state.get("n_units", 0) < 2 or state["fit"].all() or not state["fit"].any():
         raise TLDynamicsError(
             "regression: the prompt gives fewer than two units (one to fit, one to hold out); "
-            f"give at least {MIN_PROMPTS} prompts or a prompt of more than {2 * BLOCK} tokens"
+            f"give at least {MIN_PROMPTS} prompts or a prompt of at least 2 tokens"
         )
     scores: list[Scores] = [score(kept[lay][0], state["fit"], n_boot, seed) for lay in chosen]
     return RegressionResult.build(
@@ -197,11 +197,13 @@ def _units(
     db, dt = keep.nonzero(as_tuple=True)
     if n_rows >= MIN_PROMPTS:
         unit, kind = db, "prompts"
-    else:
+    else:  # blocks of BLOCK destinations, smaller on short prompts (at least 4 per prompt)
         first = keep.float().argmax(1)
-        block = (dt - first[db]) // (BLOCK * stride)
+        per_row = int(keep.sum(1).max()) if keep.numel() else 0
+        size = max(1, min(BLOCK, per_row // 4))
+        block = (dt - first[db]) // (size * stride)
         n_blocks = int(block.max()) + 1 if block.numel() else 1
-        unit, kind = db * n_blocks + block, f"blocks of {BLOCK} destinations"
+        unit, kind = db * n_blocks + block, f"blocks of {size} destinations"
     uniq, unit = torch.unique(unit, return_inverse=True)
     n_units = int(uniq.numel())
     every = max(2, round(1.0 / fit_fraction)) if fit_fraction <= 0.5 else 2

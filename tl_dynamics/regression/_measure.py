@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from tl_dynamics.regression._predict import BASELINES, centred
 
 MARGIN = 0.05  # R² by which a head's best regression predictor must beat its best control
 BAND_EDGES = (0.5, 1.0, 2.0, 4.0)  # visible keys in units of d_head: the destination bands
+EXPLAINED = 0.5  # a reading names a predictor only where it explains this much of z (R²)
 CLAIM = 2.0  # claims only where the visible keys number at least CLAIM * d_head
 
 
@@ -45,7 +46,7 @@ class Sums:
     def __init__(self, n_units: int, n_heads: int, names: Sequence[str], e: int, device):
         nb = len(band_labels())
         shape = (n_units * nb, n_heads)
-        f64 = dict(dtype=torch.float64, device=device)
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=device)
         self.n_units, self.n_bands = n_units, nb
         self.names = tuple(names)
         self.A = torch.zeros(*shape, len(names), **f64)

@@ -31,14 +31,16 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """
     result = compute(adapter, batch, n_boot=100)
     claimed = result.claims()
-    n_like = int(claimed["regression_like"].sum())
+    counts = claimed.reading.value_counts()
+    n_like, n_linear = int(counts.get("regression", 0)), int(counts.get("linear", 0))
     held = int(result.n_held[0, -1].max()) if result.n_held.size else 0
     intro = (
         "Each head's output z (before W_O) against what in-context regression of its values on "
         "its keys would give: linear attention, ridge over a lambda path and at the GCV pick, "
         "gradient descent from zero, and the controls (mean of the visible values, the first "
         "value, v_t, v_{t-1}), each with one fitted gain (docs/math.md §8). "
-        f"{n_like} of {len(claimed)} heads are regression-like beyond their control "
-        f"(held-out destinations in the claim band: {held}). {result.notice}"
+        f"Of {len(claimed)} heads, {n_like} read as regression beyond their linear and control "
+        f"predictors and {n_linear} as linear attention beyond their controls (held-out "
+        f"destinations in the claim band: {held}; none means no claim is made). {result.notice}"
     )
     page.add_section(TITLE, [result.show()], intro=intro, math="docs/math.md §8")

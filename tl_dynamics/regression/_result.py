@@ -4,13 +4,13 @@ head's claim (docs/math.md §8.4)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from tl_dynamics import viz
-from tl_dynamics.regression._measure import CLAIM, MARGIN, Scores
+from tl_dynamics.regression._measure import CLAIM, EXPLAINED, MARGIN, Scores
 
 NOTICE = (
     "Claims are restricted to destinations that see at least {claim:g} d_head = {n} keys "
@@ -56,7 +56,7 @@ class RegressionResult:
     stride: int
 
     @classmethod
-    def build(cls, *, scores: Sequence[Scores], **fields) -> "RegressionResult":
+    def build(cls, *, scores: Sequence[Scores], **fields: Any) -> "RegressionResult":
         """Stack one ``Scores`` per layer."""
 
         def stack(name: str) -> np.ndarray:
@@ -75,7 +75,8 @@ class RegressionResult:
         delta = {
             f"delta_{k}": np.stack([s.delta[k] for s in scores]) for k in ("regression", "linear")
         }
-        return cls(**fields, **{n: stack(n) for n in names}, **best, **delta)
+        arrays: dict[str, Any] = {n: stack(n) for n in names} | best | delta
+        return cls(**fields, **arrays)
 
     @property
     def min_visible(self) -> int:
@@ -102,10 +103,16 @@ class RegressionResult:
         return np.nan_to_num(self.delta_linear[..., 1], nan=-np.inf) > MARGIN
 
     def reading(self) -> np.ndarray:
-        """``[layer, head]``: ``"regression"``, ``"linear"``, or the name of the best control."""
+        """``[layer, head]``: ``"regression"`` or ``"linear"`` where the head is that beyond its
+        controls, else the name of its best control; ``"unexplained"`` where the predictor
+        read explains less than ``EXPLAINED`` of z's variance (held-out R², claim band)."""
         out = np.array([[self.names[c] for c in row] for row in self.best_control], dtype=object)
-        out[self.linear_like] = "linear"
-        out[self.regression_like] = "regression"
+        best = self.best_control.copy()
+        out[self.linear_like], best[self.linear_like] = "linear", self.best_linear[self.linear_like]
+        like = self.regression_like
+        out[like], best[like] = "regression", self.best_regression[like]
+        r2 = np.take_along_axis(self.r2[:, -1], best[..., None], axis=-1)[..., 0]
+        out[~(np.nan_to_num(r2, nan=-np.inf) >= EXPLAINED)] = "unexplained"
         return out
 
     def r2_of(self, layer: int, head: int, predictor: str, band: int = -1) -> float:
