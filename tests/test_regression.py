@@ -174,3 +174,36 @@ def test_result_faces_and_bad_settings():
             regression.compute(ad, prompt, **kwargs)
     with pytest.raises(TLDynamicsError, match="fewer than two units"):
         regression.compute(ad, torch.tensor([[5]]))
+
+
+@pytest.mark.slow
+def test_sink_epsilon_matches_a_hand_computation():
+    """Sink^eps (Gu et al. 2025) on GPT-Neo, whose local layers' queries past the window do not
+    see the first key: alpha averages over the queries that do; the report's sentence gives the
+    fraction of heads above epsilon and says whether the first key is a BOS token."""
+    from tl_dynamics import viz
+    from tl_dynamics._attention_section import attention_section
+    from tl_dynamics._heads import head_statistics, sink_epsilon
+
+    ad = ModelAdapter(testing.cached_model("gptneo"))
+    batch = ad.tokenize("def f(x):\n    return x * 2 + 1\n")
+    layers = ad.attention(batch)
+    alpha = []
+    for _, la in sorted(layers.items()):
+        p, allowed = la.pattern()[0], la.allowed[0]
+        row = []
+        for h in range(ad.n_heads):  # by hand: sum over the queries that see key 0, divided
+            seen = [i for i in range(p.shape[1]) if allowed[i, 0]]
+            row.append(sum(float(p[h, i, 0]) for i in seen) / len(seen))
+        got = head_statistics(p, allowed, batch.tokens[0])["sink_alpha"]
+        np.testing.assert_allclose(got, row, rtol=1e-6)
+        alpha.append(row)
+    assert not bool(layers[1].allowed[0, -1, 0])  # the local layer: the last query cannot see it
+    alpha = np.array(alpha)
+    for eps in (0.3, 0.05, float(np.median(alpha))):
+        assert sink_epsilon(alpha, eps) == sum(a > eps for a in alpha.ravel()) / alpha.size
+    page = viz.Page("attention")
+    attention_section(page, ad, batch)
+    html = page.to_html()
+    assert f"Sink^eps of the first key (Gu et al. 2025): {sink_epsilon(alpha):.2f}" in html
+    assert "is not a BOS token" in html or "is the BOS token" in html
