@@ -117,13 +117,19 @@ def test_the_softmax_row_reproduces_z_and_gqa_heads_share_sums():
 
 
 def _induction(query_gain: float | None = None):
+    """``induction-2l`` (a bridge on TransformerLens 4.x, a ``HookedTransformer`` on 3.x), with
+    L0H0's query scaled by ``query_gain``: the near-linear regime of softmax."""
     model = copy.deepcopy(zoo.load("induction-2l"))
-    if query_gain is not None:  # L0H0's query scaled down: the near-linear regime of softmax
+    if query_gain is not None:
         with torch.no_grad():
-            attn = model.layers[0]._original_component.attn._original_component
-            query = attn.q._original_component
-            query.weight[:16] *= query_gain
-            query.bias[:16] *= query_gain
+            if hasattr(model, "blocks"):  # HookedTransformer
+                model.blocks[0].attn.W_Q[0] *= query_gain
+                model.blocks[0].attn.b_Q[0] *= query_gain
+            else:
+                attn = model.layers[0]._original_component.attn._original_component
+                query = attn.q._original_component
+                query.weight[:16] *= query_gain
+                query.bias[:16] *= query_gain
     return ModelAdapter(model)
 
 
