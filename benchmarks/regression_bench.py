@@ -35,11 +35,12 @@ from tl_dynamics.adapter import ModelAdapter  # noqa: E402
 BATCH, POSITIONS = 4, 256
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds (the comparable number on a loaded machine)."""
+    start, cpu = time.perf_counter(), time.process_time()
     with torch.no_grad():
         fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def main() -> None:
@@ -63,20 +64,18 @@ def main() -> None:
         regression.compute(adapter, batch, stride=args.stride)
 
     plain(), analysis()  # warm-up
-    times: dict[str, list[float]] = {"plain": [], "regression": []}
+    times: dict[str, list[tuple[float, float]]] = {"plain": [], "regression": []}
     for _ in range(args.repeats):
         times["plain"].append(timed(plain))
         times["regression"].append(timed(analysis))
-    forward = statistics.median(times["plain"])
-    cost = statistics.median(times["regression"])
     print(f"threads {args.threads}, stride {args.stride}, {BATCH} x {POSITIONS} tokens, 144 heads")
-    print(
-        f"plain forward  {forward:8.3f} s   (runs: {', '.join(f'{t:.3f}' for t in times['plain'])})"
-    )
-    print(
-        f"regression     {cost:8.3f} s   (runs: {', '.join(f'{t:.3f}' for t in times['regression'])})"
-    )
-    print(f"ratio          {cost / forward:8.1f}x")
+    for clock, i in (("wall", 0), ("cpu", 1)):
+        forward = statistics.median(t[i] for t in times["plain"])
+        cost = statistics.median(t[i] for t in times["regression"])
+        print(
+            f"{clock:4s}: plain forward {forward:8.3f} s, regression {cost:8.3f} s, "
+            f"ratio {cost / forward:6.1f}x"
+        )
 
 
 if __name__ == "__main__":

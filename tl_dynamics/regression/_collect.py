@@ -129,9 +129,11 @@ def compute(
 
     Example:
         >>> from tl_dynamics import regression, testing
-        >>> res = regression.compute(testing.cached_model("gpt2"), "def f(x): return x + 1", layers=0)
-        >>> res.r2.shape[:2]  # layers, heads
-        (1, 4)
+        >>> res = regression.compute(testing.cached_model("gpt2"), "a b c d e f g h", layers=0)
+        >>> res.r2.shape  # layers, bands, heads, predictors
+        (1, 6, 4, 17)
+        >>> res.units
+        'blocks of 2 destinations'
     """
     adapter = ModelAdapter.of(model)
     chosen = adapter.check_attention_layers(layers)
