@@ -169,6 +169,13 @@ def test_result_faces_and_bad_settings():
     assert set(res.claims().reading) <= {"regression", "linear", "unexplained", *res.names}
     assert "2 d_head = 32 keys" in res.notice
     assert res.show().components
+    n_pos = ad.tokenize(prompt).tokens.shape[1]
+    for stride in (1, 3):  # every destination once per head (the claim band counts twice)
+        sub = (
+            res if stride == 1 else regression.compute(ad, prompt, layers=1, heads=[0, 2], stride=3)
+        )
+        counted = sub.n_fit[:, :-1].sum() + sub.n_held[:, :-1].sum()
+        assert counted == 2 * len(range(0, n_pos, stride))
     for kwargs, match in (
         (dict(stride=0), "stride"),
         (dict(fit_fraction=1.0), "fit_fraction"),
