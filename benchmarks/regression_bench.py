@@ -8,6 +8,7 @@ measure, and finally the gains, R² and bootstrap (``n_boot`` 200). The plain fo
 analysis alternate ``--repeats`` times after one warm-up; medians are reported.
 
     nice -n 10 python benchmarks/regression_bench.py [--repeats 3] [--threads 2] [--stride 1]
+        [--warmup 1]
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--stride", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each first")
     parser.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "tl_dynamics_bench"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -63,7 +65,8 @@ def main() -> None:
     def analysis():
         regression.compute(adapter, batch, stride=args.stride)
 
-    plain(), analysis()  # warm-up
+    for _ in range(args.warmup):
+        plain(), analysis()
     times: dict[str, list[tuple[float, float]]] = {"plain": [], "regression": []}
     for _ in range(args.repeats):
         times["plain"].append(timed(plain))
