@@ -44,6 +44,8 @@ HOME = {
     "tl_dynamics/sphere.py": {"5", "6"},
     "tl_dynamics/particles/": {"5", "6"},
     "notebooks/particles.ipynb": {"6"},
+    "tl_dynamics/regression/": {"8"},
+    "notebooks/regression.ipynb": {"8"},
 }
 ANYWHERE = {"1", "7"}
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from tl_dynamics import viz
-from tl_dynamics._heads import EXPLAINED, STATISTICS, HeadSummaries
+from tl_dynamics._heads import EXPLAINED, SINK_EPSILON, STATISTICS, HeadSummaries, sink_epsilon
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 
@@ -166,10 +166,27 @@ def attention_section(
         ),
         grid,
     ]
+    items.append(viz.text(sink_epsilon_sentence(summary.matrix("sink_alpha"), adapter, ids)))
     singled = top_heads_sentence(summary.top_values())
     if singled:
         items.append(viz.text(singled))
     page.add_section("Attention patterns", items, intro=ATTENTION_INTRO, math="docs/math.md §1.4")
+
+
+def sink_epsilon_sentence(alpha: np.ndarray, adapter: ModelAdapter, ids: torch.Tensor) -> str:
+    """Gu et al.'s Sink^epsilon of the first key beside the first-token map, naming whether that
+    key is a prepended BOS token (the first real token is the tokenizer's BOS id)."""
+    bos = getattr(adapter.tokenizer, "bos_token_id", None)
+    first = int(ids[0]) if len(ids) else None
+    prepended = bos is not None and first == bos
+    word = "is the BOS token (prepended)" if prepended else "is not a BOS token (none prepended)"
+    value = sink_epsilon(alpha)
+    return (
+        f"Sink^eps of the first key (Gu et al. 2025): {value:.2f}, the fraction of the "
+        f"{alpha.size} heads whose mean weight on it over the queries that may see it exceeds "
+        f"{SINK_EPSILON:g}; the first key {word}. The odds-ratio section's sink statistics "
+        "(docs/math.md §2.3) say where each head's largest column is and how it wins."
+    )
 
 
 # A head is named for a statistic only when that is where most of its attention goes: the maps

@@ -12,6 +12,11 @@ what the sink absorbs, which the report maps on its own):
 - ``induction``: the weight on positions ``j`` whose previous token equals the current token
   (``x[j-1] == x[i]``, ``j <= i``), over rows where such a ``j`` exists (NaN when none does).
 
+Beside them, ``sink_alpha`` (Gu et al. 2025, "When attention sink emerges"): ``alpha`` of the
+first key, the mean of ``A[i, 0]`` over the destinations that may see it (``allowed[i, 0]``, the
+first destination included); ``sink_epsilon`` is the fraction of all heads, over all layers, whose
+``alpha`` exceeds ``epsilon`` (strictly; ``SINK_EPSILON = 0.3``).
+
 Thumbnails keep every head small; full patterns are kept only for the heads singled out (the
 top head of each statistic, the lowest-entropy heads, and those asked for) within a budget.
 """
@@ -35,6 +40,7 @@ EXPLAINED = {
     "induction": "mean weight on positions just after an earlier copy of the current token "
     "(not defined without repeated tokens)",
 }
+SINK_EPSILON = 0.3  # Gu et al.'s default threshold on alpha (strict)
 FULL_DETAIL_CELLS = 8_000_000  # full patterns kept: about 30 heads at 512 tokens, 7 at 1,024
 THUMB_CELLS = 48
 
@@ -74,7 +80,23 @@ def head_statistics(
     out["induction"] = (
         per_row[:, has].mean(-1) if has.any() else torch.full_like(out["self"], float("nan"))
     )
+    sees = allowed[:, 0]
+    out["sink_alpha"] = (
+        pattern[:, sees, 0].mean(-1) if sees.any() else torch.full_like(out["self"], float("nan"))
+    )
     return {k: v.float().numpy() for k, v in out.items()}
+
+
+def sink_epsilon(alpha: np.ndarray, epsilon: float = SINK_EPSILON) -> float:
+    """Sink^epsilon: the fraction of heads (every entry of ``alpha``, all layers) whose first-key
+    ``alpha`` exceeds ``epsilon`` strictly; heads with an undefined ``alpha`` count as not.
+
+    Example:
+        >>> sink_epsilon(np.array([[0.3, 0.31], [0.9, 0.0]]))
+        0.5
+    """
+    alpha = np.asarray(alpha, dtype=float)
+    return float((np.nan_to_num(alpha, nan=-np.inf) > epsilon).sum() / max(alpha.size, 1))
 
 
 def thumbnails(
@@ -102,7 +124,9 @@ class HeadSummaries:
     n_heads: int
     n_pos: int
     forced: set[tuple[int, int]] = field(default_factory=set)
-    stats: dict[str, list[np.ndarray]] = field(default_factory=lambda: {k: [] for k in STATISTICS})
+    stats: dict[str, list[np.ndarray]] = field(
+        default_factory=lambda: {k: [] for k in (*STATISTICS, "sink_alpha")}
+    )
     thumbs: list[np.ndarray] = field(default_factory=list)
     layers: list[int] = field(default_factory=list)
     kept: dict[tuple[int, int], Tensor] = field(default_factory=dict)

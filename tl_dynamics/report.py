@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tl_dynamics import compat, viz
-from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, trajectories
+from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, regression
+from tl_dynamics import trajectories
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.collect import Analysis, torch_threads
 from tl_dynamics.errors import TLDynamicsError
@@ -66,6 +67,11 @@ OddsRatioAnalysis = _registered(
 ContextualMLPAnalysis = _registered(
     contextual_mlp, "ContextualMLPAnalysis", "Attention as a contextual MLP."
 )
+RegressionAnalysis = _registered(
+    regression,
+    "RegressionAnalysis",
+    "Attention as in-context regression (whole prefixes in float64 after the pass: no attach).",
+)
 TrajectoriesAnalysis = _registered(
     trajectories, "TrajectoriesAnalysis", "Depth-wise trajectories and their statistics."
 )
@@ -83,6 +89,7 @@ SECTIONS: tuple[type[Analysis], ...] = (
     CircuitsAnalysis,
     OddsRatioAnalysis,
     ContextualMLPAnalysis,
+    RegressionAnalysis,
     TrajectoriesAnalysis,
     ParticlesAnalysis,
 )
