@@ -106,6 +106,28 @@ def test_shuffled_weights_keep_values_and_leave_the_original(induction):
     assert not torch.equal(control.W_Q(0), before)
 
 
+def test_a_shuffled_copy_of_a_model_that_has_run_outlives_it_and_runs_on_its_own():
+    """A bridge wires capture hooks at its first forward (closures over weak proxies of its own
+    modules); the copy must not keep the original's, nor write into the original."""
+    import gc
+
+    original = ModelAdapter(zoo.load("induction-2l"))  # the self-check has run a forward
+    tokens = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4]])
+    original.model(tokens)
+    owned = {id(m) for m in original.model.modules()}
+    control = shuffled_weights(original, seed=1)
+    for module in control.model.modules():
+        for hook in [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]:
+            cells = [c.cell_contents for c in getattr(hook, "__closure__", None) or ()]
+            assert not any(id(v) in owned for v in cells), (type(module).__name__, hook)
+    expected = copy.deepcopy(control.model)(tokens)
+    del original
+    gc.collect()
+    assert torch.equal(control.model(tokens), expected)
+    layers = control.attention(tokens, reference=True)
+    assert (layers[1].pattern() - layers[1].reference["pattern"]).abs().max() <= 1e-5
+
+
 def test_layer_prefix_sharing_gives_the_same_losses(induction):
     """Repeating resid_pre inside the forward pass equals repeating the input."""
     probes = _probes.build_probes(induction, n_seq=2, seq_len=8)

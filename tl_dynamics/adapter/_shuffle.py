@@ -7,6 +7,7 @@ matrix keeps its distribution of values (norms, scale) and loses what training a
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any
 
 import torch
@@ -58,4 +59,36 @@ def shuffled_weights(adapter: "ModelAdapter", seed: int = 0) -> "ModelAdapter":
                 requires_grad=param.requires_grad,
             )
     clone = copy.deepcopy(adapter.model, memo)
+    _drop_hooks_into_the_original(adapter.model, clone)
     return type(adapter)(clone.eval())
+
+
+_WEAK = (weakref.ProxyType, weakref.CallableProxyType, weakref.ReferenceType)
+
+
+def _drop_hooks_into_the_original(original: torch.nn.Module, clone: torch.nn.Module) -> None:
+    """``deepcopy`` copies a module's hook functions by reference, closures included: a hook that
+    TransformerLens wired at a forward (a bridge block's capture hooks, which hold weak proxies
+    of the block's attention and its ``hook_mlp_in``) would write into the original from the
+    copy, and raise ``ReferenceError`` once the original is gone. Such hooks are dropped from the
+    copy, and the blocks marked unwired so that TransformerLens wires the copy's own at its
+    first forward."""
+    owned = {id(m) for m in original.modules()}
+
+    def into_original(hook: Any) -> bool:
+        for cell in getattr(hook, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(value, _WEAK) or id(value) in owned:
+                return True
+        return False
+
+    for module in clone.modules():
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            for key in [k for k, hook in hooks.items() if into_original(hook)]:
+                del hooks[key]
+        if getattr(module, "_capture_hooks_wired", False):  # TransformerLens 4.x bridge blocks
+            module._capture_hooks_wired = False
+            module._capture_hook_handles = []
