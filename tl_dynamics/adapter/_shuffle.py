@@ -90,5 +90,5 @@ def _drop_hooks_into_the_original(original: torch.nn.Module, clone: torch.nn.Mod
             for key in [k for k, hook in hooks.items() if into_original(hook)]:
                 del hooks[key]
         if getattr(module, "_capture_hooks_wired", False):  # TransformerLens 4.x bridge blocks
-            module._capture_hooks_wired = False
-            module._capture_hook_handles = []
+            # plain attributes (not tensors or modules): they live in the instance's __dict__
+            module.__dict__.update(_capture_hooks_wired=False, _capture_hook_handles=[])
