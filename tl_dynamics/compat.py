@@ -155,7 +155,8 @@ def show_versions() -> None:
         ...
         tested with      ...
     """
-    for name, value in versions().items():
-        print(f"{name:<16} {value}")  # noqa: T201 (this function's job is to print)
+    import sys
+
+    lines = [f"{name:<16} {value}" for name, value in versions().items()]
     tested = ", ".join(f"{name} {value}" for name, value in TESTED_ON.items())
-    print(f"{'tested with':<16} {tested}")  # noqa: T201
+    sys.stdout.write("\n".join([*lines, f"{'tested with':<16} {tested}"]) + "\n")
