@@ -32,7 +32,7 @@ from tl_dynamics.scale._ray_worker import StatsActor
 from tl_dynamics.scale._run import (
     _checkpoints,
     _refuse_stale_checkpoints,
-    check_threads,
+    check_run_settings,
     new_bar,
     read_checkpoint,
 )
@@ -216,13 +216,7 @@ def ray_stats(
     for value, what in ((num_workers, "num_workers"), (batches_per_task, "batches_per_task")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TLDynamicsError(f"{what} must be a positive integer, got {value!r}")
-    if (
-        isinstance(checkpoint_every, bool)
-        or not isinstance(checkpoint_every, int)
-        or checkpoint_every < 1
-    ):
-        raise TLDynamicsError(f"checkpoint_every must be at least 1, got {checkpoint_every!r}")
-    check_threads(threads)
+    check_run_settings(checkpoint_every, threads)
     cuda = device is not None and str(device).startswith("cuda")
     gpus = (1.0 if cuda else 0.0) if num_gpus is None else num_gpus
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:

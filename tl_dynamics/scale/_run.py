@@ -149,13 +149,7 @@ def run_stats(
         isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 0
     ):
         raise TLDynamicsError(f"max_batches must be a non-negative integer, got {max_batches!r}")
-    if (
-        isinstance(checkpoint_every, bool)
-        or not isinstance(checkpoint_every, int)
-        or checkpoint_every < 1
-    ):
-        raise TLDynamicsError(f"checkpoint_every must be at least 1, got {checkpoint_every!r}")
-    check_threads(threads)
+    check_run_settings(checkpoint_every, threads)
     if out is not None:  # before any work: never over an input or a checkpoint not asked for
         source = prompts if isinstance(prompts, (str, os.PathLike)) else None
         files.check_output(out, example="stats.safetensors", inputs=[("--prompts", source)])
@@ -211,6 +205,18 @@ def run_stats(
         if checkpoint is not None and checkpoint.is_file():
             checkpoint.unlink()
         return part if merged is None else merged
+
+
+def check_run_settings(checkpoint_every: Any, threads: Any) -> None:
+    """The settings ``run_stats`` and ``ray_stats`` share: ``checkpoint_every`` at least 1,
+    ``threads`` as ``check_threads`` takes it."""
+    if (
+        isinstance(checkpoint_every, bool)
+        or not isinstance(checkpoint_every, int)
+        or checkpoint_every < 1
+    ):
+        raise TLDynamicsError(f"checkpoint_every must be at least 1, got {checkpoint_every!r}")
+    check_threads(threads)
 
 
 def check_threads(threads: Any) -> None:
