@@ -11,6 +11,7 @@ firing outside a pass it saw start is an error, and no analysis turns zero passe
 from __future__ import annotations
 
 import functools
+import re
 from contextlib import ExitStack
 
 import numpy as np
@@ -233,6 +234,32 @@ def test_a_pass_that_stops_before_its_end_is_refused_by_name(host):
     with pytest.raises(TLDynamicsError, match="stopped before its end"):
         with odds_ratio.attach(model):
             model.run_with_cache(tokens, stop_at_layer=1)
+
+
+@pytest.mark.parametrize("name", ANALYSES)
+@pytest.mark.parametrize("host", HOSTS)
+def test_a_pass_resumed_from_a_residual_stream_is_refused_never_collected(host, name):
+    """``forward(residual, start_at_layer=k)``: a 4.x bridge runs the whole body from the residual
+    (blocks before ``k`` on it as if it were embeddings, their outputs discarded), so the layers
+    collected would be numbers for unknown tokens; a HookedTransformer skips the blocks before
+    ``k``, so the pass's first hook fires outside a pass; TransformerLens 3.x's bridge refuses
+    ``start_at_layer`` itself. Nothing is collected, and the next whole pass is."""
+    model = model_of(host)
+    tokens, mask = inputs(model)
+    _, cache = model.run_with_cache(tokens[:1])
+    residual = cache[a_hook_name(model)]  # the residual entering block 1
+    with torch.no_grad(), ANALYSES[name](model) as collector:
+        with pytest.raises((TLDynamicsError, NotImplementedError)) as refused:
+            model.forward(residual, start_at_layer=1)
+        if refused.type is TLDynamicsError:
+            assert re.search("start_at_layer", str(refused.value)), str(refused.value)
+        else:  # the host's own refusal (3.x bridge): never a number either
+            assert "start_at_layer is not supported" in str(refused.value)
+        with pytest.raises(TLDynamicsError, match="no forward pass has run"):
+            collector.result()
+        model(tokens, attention_mask=mask)
+    assert_identical(digest(name, collector), reference(host, name), host)
+    assert all(len(p.fwd_hooks) == 0 for p in model.hook_dict.values()), "hooks left attached"
 
 
 def test_hooks_are_gone_after_every_entry_point():

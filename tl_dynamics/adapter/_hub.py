@@ -241,7 +241,8 @@ class Hub:
                     f"a tl_dynamics hook ({role!r} of layer {layer}) fired outside a forward "
                     "pass the adapter saw start: attach() collects whole forward passes of the "
                     "model (model(...), forward, run_with_cache, run_with_hooks, generate), not "
-                    "a block or layer run on its own"
+                    "a block or layer run on its own, nor a pass resumed from a residual stream with "
+                    "start_at_layer"
                 )
             if state.current is not None and state.current != layer:
                 self._flush(state)

@@ -73,11 +73,44 @@ def body_hooks(
             "boot_transformers or boot_native"
         )
 
+    blocks = list(getattr(model, "blocks", None) or [])
+
     def start(args: tuple, kwargs: dict) -> None:
+        resumed = _resumed_at(blocks)
+        if resumed is not None:
+            raise resumed_refusal(resumed)
         tokens = args[0] if args else kwargs.get("input_ids")
         begin(Call(tokens, kwargs.get("attention_mask"), _cache_of(kwargs)))
 
     return [(body, "pre", start), (body, "post", end)]
+
+
+def _resumed_at(blocks: list) -> int | None:
+    """The block a bridge's pass resumes at (``forward(residual, start_at_layer=k)``), or None.
+
+    TransformerLens 4.x runs such a pass through the whole body, from the residual given as
+    ``inputs_embeds``, and arms every block with ``_start_at_layer_idx``: block ``k`` swaps the
+    residual back in, and blocks ``0..k-1`` run on the residual as if it were embeddings, their
+    outputs discarded. TransformerLens 3.x's bridge refuses ``start_at_layer`` itself (no such
+    attribute)."""
+    index = getattr(blocks[0], "_start_at_layer_idx", None) if blocks else None
+    return int(index) if isinstance(index, int) else None
+
+
+def resumed_refusal(layer: int) -> TLDynamicsError:
+    """The refusal of a pass resumed from a residual stream at block ``layer``."""
+    discarded = (
+        f"; the bridge also runs the blocks before block {layer} on that residual as if it were "
+        "embeddings, their outputs discarded"
+        if layer > 0
+        else ""
+    )
+    return TLDynamicsError(
+        f"a forward pass resumed from a residual stream at block {layer} "
+        f"(start_at_layer={layer}) inside attach(): the token ids behind the residual are "
+        f"unknown{discarded}, so attach() refuses it rather than collect its layers; run the "
+        "whole model on the tokens (model(tokens)) inside attach()"
+    )
 
 
 def _hooked_hooks(
