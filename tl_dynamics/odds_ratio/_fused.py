@@ -66,6 +66,10 @@ def stacked(
         "sink_by_prior": sinks["sink_prior_adv"] > sinks["sink_loglik_adv"],
         "sink_prior_adv": sinks["sink_prior_adv"],
         "sink_loglik_adv": sinks["sink_loglik_adv"],
+        "sink_alpha": sinks["sink_alpha"],
+        # prompts whose first-key alpha exceeds eps (strictly; compared in float64, as a float
+        # alpha is compared with eps in ``_heads.sink_epsilon``)
+        "sink_alpha_over": sinks["sink_alpha"].double() > _stats.SINK_EPSILON,
     }
     part = torch.stack(
         [sums[key].double() for key in _stats.SUM_KEYS]

@@ -52,11 +52,14 @@ SINK_KEYS = (
     "sink_prior_rank",
     "sink_dominance",
     "learned_sink_mass",
+    "sink_alpha",
 )
 # A prompt's sink counts as a sink (``sink_first_share``) only when its column takes at least
 # this many times the attention of the next-largest column: a previous-token head gives every
 # key about one row's worth, so its largest column is a near-tie, not a sink (docs/math.md §2.3).
 SINK_DOMINANCE = 2.0
+# Gu et al.'s threshold on a head's first-key ``alpha`` (strict): Sink^eps (docs/math.md §2.3).
+SINK_EPSILON = 0.3
 
 
 def _masked_lse(x: Tensor, allowed: Tensor) -> Tensor:
@@ -100,7 +103,9 @@ def layer_sums(
     over the next-largest column; ``first_sinks`` needs ``SINK_DOMINANCE``), and its score
     advantage over the row mean split into prior, log-likelihood and bias parts (averaged over
     query rows weighted by their attention to it), and the rank of its key prior among the
-    prompt's keys (0 = loudest key).
+    prompt's keys (0 = loudest key); ``sink_alpha`` is Gu et al.'s ``alpha`` of the prompt's
+    first real key, its mean weight over the valid queries that may see it (single-key rows
+    included: ``first_key_alpha``).
 
     ``fast`` uses ``_fast.row_facts`` (query chunks, matrix products for the row moments)
     where it applies (no position bias, no soft-cap); it equals the direct computation here
@@ -355,6 +360,7 @@ def _sinks(
     else:
         dominance = torch.full(top.shape, float("inf"), device=top.device)
     return {
+        "sink_alpha": first_key_alpha(facts, allowed, query_valid, n_allowed, first_real),
         "sink_mass": mass,
         "sink_position": position,
         "sink_prior_adv": avg(p_adv),
@@ -363,3 +369,31 @@ def _sinks(
         "sink_prior_rank": rank,
         "sink_dominance": dominance,
     }
+
+
+def first_key_alpha(
+    facts: dict[str, Tensor],
+    allowed: Tensor,
+    query_valid: Tensor,
+    n_allowed: Tensor,
+    first_real: Tensor,
+) -> Float[Tensor, "batch head"]:
+    """Gu et al.'s ``alpha`` of each prompt's first real key: the mean of ``S[i, f]`` over the
+    valid queries ``i`` that may see it (``allowed[i, f]``), as ``_heads.head_statistics`` has it.
+
+    The column ``facts["column"]`` already sums ``S[i, f]`` over the rows with at least two
+    allowed keys; a row whose one key is ``f`` puts all its weight there (1, less what a learned
+    sink absorbs), so those rows are added from the masks alone: no pass over the pattern.
+    """
+    index = first_real.long()
+    sees = allowed.gather(2, index[:, None, None].expand(-1, allowed.shape[1], 1))[..., 0]
+    sees = sees & query_valid  # [b, i]
+    single = sees & (n_allowed == 1)
+    column = facts["column"]
+    on_first = column.gather(-1, index[:, None, None].expand(-1, column.shape[1], 1))[..., 0]
+    learned = facts.get("learned_sink")  # [b, h, i]: what the learned sink absorbs per row
+    if learned is None:
+        one_key = single.float().sum(-1)[:, None]
+    else:
+        one_key = torch.where(single[:, None], 1.0 - learned.float(), 0.0).sum(-1)
+    return (on_first + one_key) / sees.float().sum(-1).clamp(min=1.0)[:, None]
