@@ -88,7 +88,7 @@ def test_corpus_sink_epsilon_matches_a_hand_computation(model, alphas, padding_s
     html = scale.stats_page(stats).to_html()
     assert f"Sink^eps of the first key (Gu et al. 2025, eps = 0.3): {gu:.3f}." in html
     assert f"{(alphas.mean(0) > EPS).mean():.3f} of the heads exceed 0.3" in html
-    assert "first-key alpha" in html and "alpha &gt; 0.3" in html
+    assert '"title": "first-key alpha"' in html and '"title": "alpha > 0.3"' in html
 
 
 def test_per_prompt_alpha_is_the_report_sections(model, alphas):
@@ -180,7 +180,7 @@ def test_a_version_1_file_loads_and_the_page_says_sink_epsilon_is_not_in_it(
     assert "is not available in this file: it is of format version 1" in html
     assert "not recorded (format version 1)" in html
     with pytest.raises(TLDynamicsError, match="format versions 1 and 2: version 1 files predate"):
-        scale.merge_stats(path, new)
+        scale.merge_stats(path, run(model, ["z = 2"]))
 
 
 def test_a_header_that_mixes_the_versions_is_refused(model):
