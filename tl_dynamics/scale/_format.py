@@ -91,8 +91,10 @@ class DatasetStats:
 
     @property
     def version(self) -> int:
-        """The file format these statistics are written in: 1 when they come from a file of
-        version 1 (no first-key alpha, no BOS count), else ``VERSION``.
+        """The file format version these statistics are written in.
+
+        1 when they come from a file of version 1 (no first-key alpha, no BOS count), else
+        ``VERSION``.
 
         Example:
             >>> from tl_dynamics import scale, testing
