@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from tl_dynamics import cli, odds_ratio, scale, testing
 from tl_dynamics.adapter import ModelAdapter
@@ -203,3 +204,25 @@ def test_a_header_that_mixes_the_versions_is_refused(model):
     fields["bos_prompts"] = 3  # more than its 2 prompts
     with pytest.raises(TLDynamicsError, match="bos_prompts must be an integer in 0..2"):
         _validate.check_header(fields, "x")
+
+
+def test_alpha_with_learned_sinks_is_the_weight_left_on_the_first_key():
+    """GPT-OSS: a learned sink absorbs part of every row, the single-key rows included; alpha is
+    the weight the pattern leaves on the first key, against a float64 softmax over the allowed
+    keys and the virtual one (left padding: the first key is each prompt's first real token)."""
+    from test_architectures import boot_tiny
+
+    ad = ModelAdapter(boot_tiny("GptOssForCausalLM"))
+    prompts = list(testing.PROMPTS)
+    facts = odds_ratio.compute(ad, prompts, padding_side="left").sinks[0]
+    for layer, la in ad.attention(prompts, padding_side="left", sinks=True).items():
+        column = la.sink_logit.double()[None, :, None, None].expand(*la.scores().shape[:-1], 1)
+        logits = la.scores().double().masked_fill(~la.allowed[:, None], float("-inf"))
+        p = torch.softmax(torch.cat([logits, column], -1), -1)[..., :-1]  # [b, h, q, k]
+        for b in range(len(prompts)):
+            f = int(la.allowed[b].any(0).nonzero()[0])
+            rows = [i for i in range(p.shape[2]) if la.query_valid[b, i] and la.allowed[b, i, f]]
+            want = p[b][:, rows, f].mean(-1)
+            assert float(p[b][:, f, f].max()) < 1.0  # the sink took part of the first row
+            got = facts[layer]["sink_alpha"][b].double()
+            assert torch.allclose(got, want, atol=1e-5), (layer, b, got, want)
