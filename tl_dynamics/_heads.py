@@ -31,6 +31,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics.odds_ratio import HeadStats
+
 STATISTICS = ("previous_token", "first_token", "self", "entropy", "induction")
 EXPLAINED = {
     "previous_token": "mean weight on the previous position",
@@ -40,7 +42,7 @@ EXPLAINED = {
     "induction": "mean weight on positions just after an earlier copy of the current token "
     "(not defined without repeated tokens)",
 }
-SINK_EPSILON = 0.3  # Gu et al.'s default threshold on alpha (strict)
+SINK_EPSILON = HeadStats.SINK_EPSILON  # Gu et al.'s default threshold on alpha (strict), 0.3
 FULL_DETAIL_CELLS = 8_000_000  # full patterns kept: about 30 heads at 512 tokens, 7 at 1,024
 THUMB_CELLS = 48
 

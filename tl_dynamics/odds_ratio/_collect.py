@@ -266,7 +266,8 @@ def sink_facts(la: LayerAttention) -> dict[str, torch.Tensor]:
     Returns:
         ``{name: [batch, head] tensor}`` with ``sink_mass``, ``sink_position``,
         ``sink_dominance``, ``sink_prior_rank``, ``sink_prior_adv``, ``sink_loglik_adv``,
-        ``sink_bias_adv``, ``learned_sink_mass`` and the rest of the per-prompt sink facts.
+        ``sink_bias_adv``, ``learned_sink_mass``, ``sink_alpha`` (Gu et al.'s alpha of the
+        first real key, docs/math.md §2.3) and the rest of the per-prompt sink facts.
 
     Example:
         >>> from tl_dynamics import odds_ratio, testing

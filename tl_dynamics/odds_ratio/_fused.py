@@ -66,11 +66,14 @@ def stacked(
         "sink_by_prior": sinks["sink_prior_adv"] > sinks["sink_loglik_adv"],
         "sink_prior_adv": sinks["sink_prior_adv"],
         "sink_loglik_adv": sinks["sink_loglik_adv"],
+        "sink_alpha": sinks["sink_alpha"],
+        # prompts whose first-key alpha exceeds eps (strictly; compared in float64, as a float
+        # alpha is compared with eps in ``_heads.sink_epsilon``)
+        "sink_alpha_over": sinks["sink_alpha"].double() > _stats.SINK_EPSILON,
     }
-    part = torch.stack(
-        [sums[key].double() for key in _stats.SUM_KEYS]
-        + [sink_values[key].double().sum(0) for key in SINK_SUM_KEYS]
-    )
+    # the sink facts summed over prompts in one go (bools count as 0/1 when stacked with floats)
+    summed = torch.stack([sink_values[key] for key in SINK_SUM_KEYS]).double().sum(1)
+    part = torch.cat([torch.stack([sums[key].double() for key in _stats.SUM_KEYS]), summed])
     return part.reshape(part.shape[0], n_layers, layer_heads).transpose(0, 1)
 
 

@@ -12,15 +12,10 @@ from tl_dynamics import viz
 from tl_dynamics.collect import ExactSum
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
+from tl_dynamics.odds_ratio._headtable import head_records
 from tl_dynamics.odds_ratio._labels import AGREE_THRESHOLD, LABEL_THRESHOLD, label
-from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SUM_KEYS
-
-# Per-head running sums kept exactly (``HeadStats.exact``, axis 1): the row sums, then the sinks.
-SINK_SUM_KEYS = ("sink_mass", "sink_first", "sink_by_prior", "sink_prior_adv", "sink_loglik_adv")
-
-
-def head_name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
+from tl_dynamics.odds_ratio._sinkeps import SINK_SUM_KEYS, check_sink_keys, sink_epsilon_summary
+from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SINK_EPSILON, SUM_KEYS
 
 
 @dataclass(frozen=True)
@@ -31,8 +26,7 @@ class HeadStats:
     running sums (see ``HeadStats.SUM_KEYS``); the properties divide them out. Row statistics use
     valid query rows with at least two allowed keys, and so do the sink statistics
     (``sink_first_share`` also needs the sink to dominate: docs/math.md §2.3); the variance
-    split is of the pre-cap
-    score ``r = c<q,k> + p`` (``softcapped`` says which layers then soft-cap).
+    split is of the pre-cap score ``r = c<q,k> + p`` (``softcapped``: layers that soft-cap).
 
     Two decompositions of the row-centred variance ``Var(r)`` are given, because the key
     prior and the log-likelihood are strongly anti-correlated along a row:
@@ -46,7 +40,8 @@ class HeadStats:
 
     Class attributes: ``HeadStats.SUM_KEYS`` and ``HeadStats.SINK_SUM_KEYS`` name the exact
     sums (the statistics file stores them in this order); ``HeadStats.SINK_DOMINANCE`` is how
-    many times the next-largest column a prompt's sink must take to count as one.
+    many times the next-largest column a prompt's sink must take to count as one;
+    ``HeadStats.SINK_EPSILON`` is Gu et al.'s threshold on the first key's alpha (``sink_epsilon``).
 
     Attributes:
         model: the model's name (its architecture).
@@ -59,6 +54,9 @@ class HeadStats:
         sink_sums: ``{name: [len(layers), len(heads)]}`` running sink sums (float64).
         exact: the same sums exactly, ``[len(layers), n_sums, len(heads)]``.
         sum_keys: the names of the row sums in ``exact``.
+        sink_keys: the names of the sink sums after them (``SINK_SUM_KEYS``; statistics files of
+            format version 1 hold the first five, without the first key's ``alpha``).
+        sink_eps: the ``eps`` the count ``sink_alpha_over`` was taken at (``SINK_EPSILON``).
 
     Example:
         >>> from tl_dynamics import odds_ratio, testing
@@ -70,6 +68,7 @@ class HeadStats:
     SUM_KEYS: ClassVar[tuple[str, ...]] = SUM_KEYS
     SINK_SUM_KEYS: ClassVar[tuple[str, ...]] = SINK_SUM_KEYS
     SINK_DOMINANCE: ClassVar[float] = SINK_DOMINANCE
+    SINK_EPSILON: ClassVar[float] = SINK_EPSILON
 
     model: str
     layers: tuple[int, ...]
@@ -81,6 +80,8 @@ class HeadStats:
     sink_sums: dict[str, np.ndarray] = field(repr=False)
     exact: ExactSum | None = field(default=None, repr=False, compare=False)
     sum_keys: tuple[str, ...] = field(default=(), repr=False)
+    sink_keys: tuple[str, ...] = field(default=SINK_SUM_KEYS, repr=False)
+    sink_eps: float = field(default=SINK_EPSILON, repr=False)
 
     @staticmethod
     def from_exact(
@@ -92,8 +93,10 @@ class HeadStats:
         n_prompts: int,
         exact: ExactSum,
         sum_keys: tuple[str, ...],
+        sink_keys: tuple[str, ...] = SINK_SUM_KEYS,
+        sink_eps: float = SINK_EPSILON,
     ) -> "HeadStats":
-        """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + SINK_SUM_KEYS``).
+        """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + sink_keys``).
 
         How saved statistics are rebuilt (``scale.load_stats``) and how ``merge`` forms its result.
 
@@ -104,8 +107,10 @@ class HeadStats:
             scale: each layer's score scale ``c``.
             softcap: each layer's soft-cap, or None.
             n_prompts: prompts the sums cover.
-            exact: ``ExactSum`` of shape ``[len(layers), len(sum_keys) + 5, len(heads)]``.
+            exact: ``ExactSum`` ``[len(layers), len(sum_keys) + len(sink_keys), len(heads)]``.
             sum_keys: names of the row sums (``HeadStats.SUM_KEYS``).
+            sink_keys: names of the sink sums (``HeadStats.SINK_SUM_KEYS``, or its first five).
+            sink_eps: the ``eps`` of the ``sink_alpha_over`` count.
 
         Returns:
             A ``HeadStats`` whose float sums are the exact sums' values.
@@ -118,7 +123,7 @@ class HeadStats:
             >>> bool((t.sums["var_r"] == s.sums["var_r"]).all())
             True
         """
-        keys = tuple(sum_keys) + SINK_SUM_KEYS
+        keys = tuple(sum_keys) + check_sink_keys(sink_keys)
         if exact.shape != (len(layers), len(keys), len(heads)):
             raise TLDynamicsError(
                 f"exact sums of shape {exact.shape} do not fit {len(layers)} "
@@ -126,7 +131,7 @@ class HeadStats:
             )
         values = exact.value()
         sums = {k: values[:, i] for i, k in enumerate(sum_keys)}
-        sink = {k: values[:, len(sum_keys) + i] for i, k in enumerate(SINK_SUM_KEYS)}
+        sink = {k: values[:, len(sum_keys) + i] for i, k in enumerate(sink_keys)}
         return HeadStats(
             model,
             tuple(layers),
@@ -138,6 +143,8 @@ class HeadStats:
             sink,
             exact,
             tuple(sum_keys),
+            tuple(sink_keys),
+            float(sink_eps),
         )
 
     def merge(self, other: "HeadStats") -> "HeadStats":
@@ -165,17 +172,10 @@ class HeadStats:
                 "cannot merge HeadStats without exact sums (build them with "
                 "odds_ratio.compute/attach or HeadStats.from_exact)"
             )
-        mine = (self.model, self.layers, self.heads, self.scale, self.softcap, self.sum_keys)
-        theirs = (
-            other.model,
-            other.layers,
-            other.heads,
-            other.scale,
-            other.softcap,
-            other.sum_keys,
-        )
+        names = ("model", "layers", "heads", "scale", "softcap", "sum_keys", "sink_keys")
+        names += ("sink_eps",)
+        mine, theirs = ([getattr(s, n) for n in names] for s in (self, other))
         if mine != theirs:
-            names = ("model", "layers", "heads", "scale", "softcap", "sum_keys")
             diff = [n for n, a, b in zip(names, mine, theirs) if a != b]
             raise TLDynamicsError(
                 f"cannot merge odds-ratio statistics computed differently: they differ in {diff}"
@@ -189,6 +189,8 @@ class HeadStats:
             self.n_prompts + other.n_prompts,
             self.exact + other.exact,
             self.sum_keys,
+            self.sink_keys,
+            self.sink_eps,
         )
 
     def __repr__(self) -> str:
@@ -300,6 +302,25 @@ class HeadStats:
             "agree_loglik": self._ratio(s["top_loglik"], s["top_real"]),
         }
 
+    def sink_epsilon(self) -> dict[str, Any] | None:
+        """Gu et al.'s Sink^eps of the first key over the prompts seen (docs/math.md §2.3).
+
+        Returns:
+            None where these statistics do not hold the first key's alpha (a statistics file of
+            format version 1); else ``epsilon`` (``sink_epsilon``), ``alpha`` (``[layer, head]``:
+            the mean over prompts of each prompt's alpha), ``share`` (the fraction of prompts
+            with ``alpha > epsilon``), ``sink_epsilon`` (Gu et al.'s metric averaged over
+            prompts, the mean of ``share``: over the analysed heads) and ``of_mean_alpha`` (the
+            fraction of heads whose mean ``alpha`` exceeds ``epsilon``).
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> se = odds_ratio.compute(testing.tiny_model("gpt2"), "a = 1").stats.sink_epsilon()
+            >>> se["epsilon"], se["alpha"].shape
+            (0.3, (2, 4))
+        """
+        return sink_epsilon_summary(self.sink_sums, self.n_prompts, self.sink_eps)
+
     def labels(
         self, threshold: float = LABEL_THRESHOLD, agree: float = AGREE_THRESHOLD
     ) -> np.ndarray:
@@ -340,7 +361,9 @@ class HeadStats:
         Returns:
             A pandas DataFrame indexed by head name (``"L1H0"``), with ``layer``, ``head_index``,
             ``sigma2``, ``softcap``, ``rows``, the ``shares()``, the ``agreement()``, the
-            ``means()``, ``label`` and the per-prompt sink means (``sink_mass``, ...).
+            ``means()``, ``label``, the per-prompt sink means (``sink_mass``, ...), and the
+            first key's mean ``sink_alpha`` and ``sink_alpha_share`` (``sink_epsilon()``; NaN
+            where not kept).
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
@@ -348,31 +371,7 @@ class HeadStats:
             >>> frame.index[:2].tolist(), frame.shape[0]
             (['L0H0', 'L0H1'], 8)
         """
-        sh, ag, mn, lab = self.shares(), self.agreement(), self.means(), self.labels()
-        n = max(self.n_prompts, 1)
-        sk = self.sink_sums
-        records = []
-        for a, layer in enumerate(self.layers):
-            for b, head in enumerate(self.heads):
-                rec: dict[str, Any] = {
-                    "head": head_name(layer, head),
-                    "layer": layer,
-                    "head_index": head,
-                    "sigma2": 1.0 / self.scale[a],
-                    "softcap": self.softcap[a],
-                    "rows": int(self.sums["rows"][a, b]),
-                }
-                rec.update({k: float(v[a, b]) for k, v in sh.items()})
-                rec.update({k: float(v[a, b]) for k, v in ag.items()})
-                rec.update({k: float(v[a, b]) for k, v in mn.items()})
-                rec["label"] = lab[a, b]
-                rec["sink_mass"] = float(sk["sink_mass"][a, b] / n)
-                rec["sink_first_share"] = float(sk["sink_first"][a, b] / n)
-                rec["sink_by_prior_share"] = float(sk["sink_by_prior"][a, b] / n)
-                rec["sink_prior_adv"] = float(sk["sink_prior_adv"][a, b] / n)
-                rec["sink_loglik_adv"] = float(sk["sink_loglik_adv"][a, b] / n)
-                records.append(rec)
-        return pd.DataFrame.from_records(records).set_index("head")
+        return pd.DataFrame.from_records(head_records(self)).set_index("head")
 
     def show(self, max_rows: int = 60) -> viz.Component:
         """A table of the per-head statistics (``tl_dynamics.viz`` component).

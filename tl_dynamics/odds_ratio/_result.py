@@ -15,7 +15,8 @@ from torch import Tensor
 from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
-from tl_dynamics.odds_ratio._headstats import HeadStats, head_name
+from tl_dynamics.odds_ratio._headstats import HeadStats
+from tl_dynamics.odds_ratio._headtable import head_name
 from tl_dynamics.odds_ratio._labels import AGREE_THRESHOLD, LABEL_THRESHOLD
 
 # Re-exported: the collector and the tests read them here.
@@ -233,17 +234,19 @@ class OddsRatioResult:
         next-largest; a near-tie below ``SINK_DOMINANCE`` = 2 is not a sink), whether it wins by
         prior or by likelihood (its attention-weighted score advantage over the row mean, split;
         docs/math.md §2.3), and the mass a learned sink absorbs (``learned_sink_mass``, zero
-        without one, §2.6).
+        without one, §2.6); and Gu et al.'s ``sink_alpha`` of the prompt's first real key (its
+        mean weight over the queries that may see it, §2.3), whatever the sink.
 
         Returns:
             A pandas DataFrame with columns ``pass, prompt, head, layer, position, token, mass,
-            prior_adv, loglik_adv, bias_adv, prior_rank, dominance, learned_sink_mass, wins_by``.
+            prior_adv, loglik_adv, bias_adv, prior_rank, dominance, learned_sink_mass, wins_by,
+            sink_alpha``.
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
             >>> res = odds_ratio.compute(testing.tiny_model("gpt2"), ["a b c a b c", "x = 1"], layers=1)
             >>> res.sink_table().shape  # 2 prompts x 4 heads
-            (8, 14)
+            (8, 15)
         """
         records = []
         for p, (sinks, decs) in enumerate(zip(self.sinks, self.decompositions)):
@@ -272,6 +275,7 @@ class OddsRatioResult:
                                 "dominance": float(facts["sink_dominance"][b, h]),
                                 "learned_sink_mass": float(facts["learned_sink_mass"][b, h]),
                                 "wins_by": "prior" if prior_adv > loglik_adv else "likelihood",
+                                "sink_alpha": float(facts["sink_alpha"][b, h]),
                             }
                         )
         return pd.DataFrame.from_records(records)

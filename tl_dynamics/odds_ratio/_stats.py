@@ -52,11 +52,14 @@ SINK_KEYS = (
     "sink_prior_rank",
     "sink_dominance",
     "learned_sink_mass",
+    "sink_alpha",
 )
 # A prompt's sink counts as a sink (``sink_first_share``) only when its column takes at least
 # this many times the attention of the next-largest column: a previous-token head gives every
 # key about one row's worth, so its largest column is a near-tie, not a sink (docs/math.md §2.3).
 SINK_DOMINANCE = 2.0
+# Gu et al.'s threshold on a head's first-key ``alpha`` (strict): Sink^eps (docs/math.md §2.3).
+SINK_EPSILON = 0.3
 
 
 def _masked_lse(x: Tensor, allowed: Tensor) -> Tensor:
@@ -100,7 +103,9 @@ def layer_sums(
     over the next-largest column; ``first_sinks`` needs ``SINK_DOMINANCE``), and its score
     advantage over the row mean split into prior, log-likelihood and bias parts (averaged over
     query rows weighted by their attention to it), and the rank of its key prior among the
-    prompt's keys (0 = loudest key).
+    prompt's keys (0 = loudest key); ``sink_alpha`` is Gu et al.'s ``alpha`` of the prompt's
+    first real key, its mean weight over the valid queries that may see it (single-key rows
+    included: ``first_key_alpha``).
 
     ``fast`` uses ``_fast.row_facts`` (query chunks, matrix products for the row moments)
     where it applies (no position bias, no soft-cap); it equals the direct computation here
@@ -135,7 +140,7 @@ def layer_sums(
             softcap,
             sink,
         )
-    return _finish(facts, allowed, query_valid, masks.n_allowed)
+    return _finish(facts, masks)
 
 
 def _direct_row_facts(
@@ -256,47 +261,48 @@ def _direct_row_facts(
     return out
 
 
+# Per-row facts summed over rows per head, in this order (absent ones, a bias's without a bias or
+# a learned sink's without one, sum to zero).
+ROW_TOTALS = (
+    "var_r",
+    "var_prior",
+    "var_bias",
+    "cov_r_prior",
+    "cov_r_bias",
+    "cov_prior_bias",
+    "kl_prior",
+    "kl_loglik",
+    "entropy",
+    "learned_sink",
+)
+
+
 def _finish(
-    facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor, n_allowed: Tensor
+    facts: dict[str, Tensor], masks: "MaskFacts"
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     # rows that choose among at least two options: real keys, and the learned sink if any
+    n_allowed = masks.n_allowed
     options = n_allowed + 1 if "learned_sink" in facts else n_allowed
-    rows = (query_valid & (options >= 2))[:, None, :].double()  # [b, 1, i]
+    rows = (masks.query_valid & (options >= 2))[:, None, :].double()  # [b, 1, i]
     n_heads = facts["var_r"].shape[1]
-
-    def total(name: str) -> Tensor:  # rows without keys hold inf/nan: drop them, not weight them
-        x = facts.get(name)
-        if x is None:
-            return torch.zeros(n_heads, dtype=torch.float64)
-        x = x.double() * rows
-        return torch.where(rows > 0, x, torch.zeros((), dtype=torch.float64)).sum(dim=(0, 2))
-
-    sums = {
-        name: total(name)
-        for name in (
-            "var_r",
-            "var_prior",
-            "var_bias",
-            "cov_r_prior",
-            "cov_r_bias",
-            "cov_prior_bias",
-        )
-    }
     facts["kl_prior"] = facts["kl_prior"].clamp(min=0)
     facts["kl_loglik"] = facts["kl_loglik"].clamp(min=0)
     facts["entropy"] = -facts["neg_entropy"]
+    # all row totals in one pass (stacked: float64, as var_prior is); rows without keys hold
+    # inf/nan: dropped, not weighted
+    present = [name for name in ROW_TOTALS if name in facts]
+    weighted = torch.stack([facts[name] for name in present]).double() * rows
+    totals = torch.where(rows > 0, weighted, 0.0).sum(dim=(1, 3)).unbind(0)
+    zero = torch.zeros(n_heads, dtype=torch.float64, device=rows.device)
+    sums = {name: zero for name in ROW_TOTALS} | dict(zip(present, totals))
     tops = (facts["tops"].double() * rows[..., None]).nan_to_num().sum(dim=(0, 2))  # [head, 3]
     sums.update(
         top_real=tops[:, 0],
         top_prior=tops[:, 1],
         top_loglik=tops[:, 2],
         rows=rows.expand(-1, n_heads, -1).sum(dim=(0, 2)),
-        kl_prior=total("kl_prior"),
-        kl_loglik=total("kl_loglik"),
-        entropy=total("entropy"),
-        learned_sink=total("learned_sink"),
     )
-    sinks = _sinks(facts, allowed, query_valid, n_allowed)
+    sinks = _sinks(facts, masks)
     learned = facts.get("learned_sink")  # per prompt: its mean over the rows above
     sinks["learned_sink_mass"] = (
         torch.zeros_like(sinks["sink_mass"])
@@ -318,18 +324,16 @@ def first_sinks(sinks: dict[str, Tensor]) -> Bool[Tensor, "batch head"]:
     return (sinks["sink_position"] == 0) & (sinks["sink_dominance"] >= SINK_DOMINANCE)
 
 
-def _sinks(
-    facts: dict[str, Tensor], allowed: Tensor, query_valid: Tensor, n_allowed: Tensor
-) -> dict[str, Tensor]:
-    informative = query_valid & (n_allowed >= 2)  # [b, i]: rows that choose a key
-    n_rows = informative.float().sum(-1).clamp(min=1.0)[:, None]  # [b, 1]
+def _sinks(facts: dict[str, Tensor], masks: "MaskFacts") -> dict[str, Tensor]:
+    informative = masks.valid_f  # [b, i]: rows that choose among at least two keys (1.0)
+    n_rows = informative.sum(-1).clamp(min=1.0)[:, None]  # [b, 1]
     top, prior = facts["top"], facts["prior"]
     mass = facts["column"].gather(-1, top[..., None]).squeeze(-1) / n_rows  # [b, h]
-    key_valid = allowed.any(1)  # [b, j]
+    key_valid = masks.key_valid  # [b, j]
     first_real = key_valid.float().argmax(-1)  # [b]
     position = top - first_real[:, None].long()
 
-    weight = facts["pattern_top"] * informative[:, None].float()  # [b, h, i]
+    weight = facts["pattern_top"] * informative[:, None]  # [b, h, i]
     weight = weight / weight.sum(-1, keepdim=True).clamp(min=1e-30)
     r_adv = facts["r_top"] - facts["mean_r"]
     p_top = prior.gather(-1, top[..., None])  # [b, h, 1]
@@ -355,6 +359,7 @@ def _sinks(
     else:
         dominance = torch.full(top.shape, float("inf"), device=top.device)
     return {
+        "sink_alpha": first_key_alpha(facts, masks, first_real),
         "sink_mass": mass,
         "sink_position": position,
         "sink_prior_adv": avg(p_adv),
@@ -363,3 +368,30 @@ def _sinks(
         "sink_prior_rank": rank,
         "sink_dominance": dominance,
     }
+
+
+def first_key_alpha(
+    facts: dict[str, Tensor], masks: "MaskFacts", first_real: Tensor
+) -> Float[Tensor, "batch head"]:
+    """Gu et al.'s ``alpha`` of each prompt's first real key ``f``: the mean of ``S[i, f]`` over
+    the valid queries ``i`` that may see it (``allowed[i, f]``), as ``_heads.head_statistics``
+    has it.
+
+    The column ``facts["column"]`` already sums ``S[i, f]`` over the rows with at least two
+    allowed keys (``masks.valid_f``); a row whose one key is ``f`` puts all its weight there (1,
+    less what a learned sink absorbs), so those rows are added from the masks alone: no pass
+    over the pattern, a few launches per pass.
+    """
+    f = first_real.view(-1, 1, 1)
+    sees = masks.allowed_f.gather(2, f.expand(-1, masks.allowed_f.shape[1], 1))  # [b, i, 1]
+    rows = torch.stack([masks.valid_f, masks.query_valid.float()], 1)  # [b, 2, i]
+    multi, n_sees = torch.bmm(rows, sees).unbind(1)  # [b, 1]: rows that see f, of them choosing
+    column = facts["column"]
+    on_first = column.gather(-1, f.expand(-1, column.shape[1], 1)).squeeze(-1)  # [b, h]
+    learned = facts.get("learned_sink")  # [b, h, i]: what a learned sink absorbs per row
+    if learned is None:
+        one_key = n_sees - multi  # valid rows that see f and nothing else
+    else:
+        single = (sees[..., 0] * rows[:, 1] - rows[:, 0] * sees[..., 0])[:, None]  # [b, 1, i]
+        one_key = torch.where(single > 0, 1.0 - learned.float(), 0.0).sum(-1)
+    return (on_first + one_key) / n_sees.clamp(min=1.0)

@@ -28,6 +28,7 @@ STATS_COLUMNS = [
     "sink_mass",
     "sink_first_share",
     "sink_by_prior_share",
+    "sink_alpha",
     "learned_sink_mass",
     "sigma2",
 ]
@@ -58,6 +59,7 @@ def stats_view(
         if c in df.columns
         and not (c == "attr_bias" and bool((df[c].abs() < 1e-12).all()))
         and not (c == "learned_sink_mass" and bool((df[c].fillna(0.0) == 0.0).all()))
+        and not (c == "sink_alpha" and bool(df[c].isna().all()))  # files from before it
     ]
     learned = "learned_sink_mass" in columns
     capped = list(capped_layers)
@@ -86,6 +88,13 @@ def stats_view(
             f"whose sink wins by a loud key (prior) rather than by sitting close to the queries "
             f"(likelihood). sigma2 = 1/c: the temperature (docs/math.md §2.3)."
             + note
+            + (
+                " sink_alpha: Gu et al.'s alpha of the first token, its mean weight over the "
+                "queries that may see it (single-key rows included, no dominance asked), "
+                "averaged over prompts (docs/math.md §2.3)."
+                if "sink_alpha" in columns
+                else ""
+            )
             + (
                 " learned_sink_mass: the attention a query gives the layer's learned sink on "
                 "average, a virtual key with its own prior and no likelihood; it joins the "

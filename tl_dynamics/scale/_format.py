@@ -22,10 +22,13 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.collect import ExactSum
 from tl_dynamics.scale._corpus import ON_LONG
-from tl_dynamics.scale._validate import ANALYSES, SKIP_KEYS
+from tl_dynamics.scale._validate import ANALYSES, SKIP_KEYS, V1_SINK_KEYS
 from tl_dynamics.trajectories import TrajectoryStats
 
-FORMAT, VERSION = "tl-dynamics-stats", 1
+# Version 2 added each prompt's first-key alpha (Sink^eps: ``odds_ratio.sink_keys``,
+# ``sink_epsilon``) and the count of prompts that begin with a BOS token (``bos_prompts``);
+# version 1 files still load, without them (docs/stats-format.md).
+FORMAT, VERSION, READABLE = "tl-dynamics-stats", 2, (1, 2)
 HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY = (
     "tl_dynamics_stats",
     "tl_dynamics_sha256",
@@ -62,6 +65,9 @@ class DatasetStats:
         trajectories: The trajectory statistics (``trajectories.TrajectoryStats``), or None.
         skipped: The corpus lines the run's ``on_long`` policy left out or cut
             (``skipped_long``, ``truncated``, ``skipped_undecodable``; empty when none).
+        bos_prompts: How many prompts begin with the tokenizer's BOS token (their first real
+            token is its id: one was prepended); None in files of format version 1, which did
+            not record it (``version``).
 
     Example:
         >>> from tl_dynamics import scale, testing
@@ -81,6 +87,22 @@ class DatasetStats:
     odds_ratio: HeadStats | None = None
     trajectories: TrajectoryStats | None = None
     skipped: dict[str, int] = field(default_factory=dict)
+    bos_prompts: int | None = None
+
+    @property
+    def version(self) -> int:
+        """The file format version these statistics are written in.
+
+        1 when they come from a file of version 1 (no first-key alpha, no BOS count), else
+        ``VERSION``.
+
+        Example:
+            >>> from tl_dynamics import scale, testing
+            >>> stats = scale.run_stats(testing.cached_model("gpt2"), ["a = 1"], progress=False)
+            >>> stats.version, stats.bos_prompts
+            (2, 1)
+        """
+        return 1 if self.bos_prompts is None else VERSION
 
     @property
     def analyses(self) -> tuple[str, ...]:
@@ -126,6 +148,12 @@ class DatasetStats:
             raise TLDynamicsError(f"can only merge DatasetStats, got {type(other).__name__}")
         mine = {"model": self.model, "analyses": self.analyses, "settings": self.settings}
         theirs = {"model": other.model, "analyses": other.analyses, "settings": other.settings}
+        if self.version != other.version:
+            raise TLDynamicsError(
+                f"cannot merge statistics of format versions {self.version} and "
+                f"{other.version}: version 1 files predate Sink^eps and the BOS count; "
+                "recompute the older one with `tl-dynamics stats`"
+            )
         diff = [k for k in mine if mine[k] != theirs[k]]
         if diff:
             raise TLDynamicsError(
@@ -149,6 +177,9 @@ class DatasetStats:
                 for k in SKIP_KEYS
                 if self.skipped.get(k, 0) + other.skipped.get(k, 0)
             },
+            None
+            if self.bos_prompts is None or other.bos_prompts is None
+            else self.bos_prompts + other.bos_prompts,
         )
 
 
@@ -204,9 +235,10 @@ def _checksum(tensors: dict[str, np.ndarray], header: str) -> str:
 def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> bytes:
     """The file's bytes (``save_stats`` writes them)."""
     tensors: dict[str, np.ndarray] = {}
+    version = stats.version
     header: dict[str, Any] = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": version,
         "model": stats.model,
         "analyses": list(stats.analyses),
         "settings": _plain(stats.settings),
@@ -216,10 +248,19 @@ def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> b
     skipped = {k: int(v) for k, v in sorted(stats.skipped.items()) if v}
     if skipped:  # only when lines were left out or cut: clean corpora keep their bytes
         header["corpus"] = skipped
+    if version >= 2:
+        header["bos_prompts"] = int(stats.bos_prompts or 0)
     h = stats.odds_ratio
     if h is not None:
         if h.exact is None:
             raise TLDynamicsError("these odds-ratio statistics have no exact sums to save")
+        expected = V1_SINK_KEYS if version == 1 else HeadStats.SINK_SUM_KEYS
+        if tuple(h.sink_keys) != expected:
+            raise TLDynamicsError(
+                f"statistics of format version {version} hold the sink sums {list(expected)}, "
+                f"these odds-ratio statistics {list(h.sink_keys)}: a BOS count (bos_prompts) "
+                "goes with the first key's alpha"
+            )
         header["odds_ratio"] = {
             "model": h.model,
             "layers": list(h.layers),
@@ -229,6 +270,8 @@ def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> b
             "n_prompts": int(h.n_prompts),
             "sum_keys": list(h.sum_keys),
         }
+        if version >= 2:
+            header["odds_ratio"].update(sink_keys=list(h.sink_keys), sink_epsilon=h.sink_eps)
         _put_exact(tensors, "odds_ratio.sums", h.exact)
     t = stats.trajectories
     if t is not None:

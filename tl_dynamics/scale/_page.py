@@ -55,6 +55,33 @@ def _head_maps(h: HeadStats) -> list[viz.Component]:
                 "(a virtual key in every softmax denominator, docs/math.md §2.6)",
             )
         )
+    first = h.sink_epsilon()  # Gu et al.'s alpha of the first key (None: a version 1 file)
+    alpha_maps = (
+        []
+        if first is None
+        else [
+            heat(
+                first["alpha"],
+                "first-key alpha",
+                "mean alpha over prompts",
+                0.0,
+                1.0,
+                "blues",
+                "alpha of the first token (Gu et al.): its mean weight over the queries that may "
+                "see it, single-key rows included, per prompt (averaged over prompts)",
+            ),
+            heat(
+                first["share"],
+                f"alpha > {first['epsilon']:g}",
+                "share of prompts",
+                0.0,
+                1.0,
+                "blues",
+                f"share of prompts whose first-key alpha exceeds eps = {first['epsilon']:g}; "
+                "its mean over the heads is Sink^eps (the sentence below)",
+            ),
+        ]
+    )
     return maps + [
         heat(
             h.sink_sums["sink_mass"] / n,
@@ -75,6 +102,7 @@ def _head_maps(h: HeadStats) -> list[viz.Component]:
             "blues",
             "share of prompts whose most-attended source is the first real token",
         ),
+        *alpha_maps,
         heat(
             shares["attr_prior"],
             "prior attribution",
@@ -96,12 +124,61 @@ def _head_maps(h: HeadStats) -> list[viz.Component]:
     ]
 
 
+def sink_epsilon_sentence(stats: DatasetStats) -> str:
+    """Gu et al.'s Sink^eps of the first key over the corpus, in words, naming whether a BOS
+    token was prepended (or why the file cannot say: format version 1).
+
+    Example:
+        >>> from tl_dynamics import scale, testing
+        >>> stats = scale.run_stats(testing.cached_model("gpt2"), ["a = 1"], progress=False)
+        >>> "BOS token" in sink_epsilon_sentence(stats)
+        True
+    """
+    h, n = stats.odds_ratio, stats.n_prompts
+    first = None if h is None else h.sink_epsilon()
+    if h is None or first is None or stats.bos_prompts is None:
+        return (
+            "Sink^eps of the first key (Gu et al. 2025) is not available in this file: it is of "
+            f"format version {stats.version}, written before tl_dynamics kept each prompt's "
+            "first-key alpha and whether a BOS token was prepended; recompute it with "
+            "`tl-dynamics stats` to see it."
+        )
+    o = stats.settings.get("odds_ratio") or {}
+    n_heads = len(h.layers) * len(h.heads)
+    which = (
+        f"all {n_heads} heads of every attention layer"
+        if o.get("layers") is None and o.get("heads") is None
+        else f"the {n_heads} heads analysed (layers {list(h.layers)}, heads {list(h.heads)})"
+    )
+    bos = stats.bos_prompts
+    if bos == n:
+        said = f"The first key is a BOS token, prepended by the tokenizer, in all {n} prompts."
+    elif bos == 0:
+        said = "No BOS token was prepended: the first key is each prompt's own first token."
+    else:
+        said = (
+            f"A BOS token was prepended in {bos} of the {n} prompts (the first key); in the "
+            "others the first key is the prompt's own first token."
+        )
+    eps = first["epsilon"]
+    return (
+        f"Sink^eps of the first key (Gu et al. 2025, eps = {eps:g}): "
+        f"{first['sink_epsilon']:.3f}. For each prompt, the fraction of {which} whose alpha (the "
+        f"mean weight on the first key over the queries that may see it) exceeds {eps:g}, "
+        f"averaged over the {n} prompts, as Gu et al. average it over sequences. Of the "
+        f"corpus-mean alpha (the first-key alpha map), {first['of_mean_alpha']:.3f} of the heads "
+        f"exceed {eps:g}. {said} The sink maps beside it come from the odds-ratio statistics: "
+        "the most-attended column over rows with at least two keys, and for the first token "
+        "also its dominance; alpha asks neither (docs/math.md §2.3)."
+    )
+
+
 def stats_page(stats: DatasetStats, title: str | None = None) -> viz.Page:
     """The page of a statistics file (``tl-dynamics report --stats FILE``).
 
-    Per-head sink rates and prior/likelihood attribution as layer x head heat maps with the
-    per-head table (odds_ratio), and pairwise-cosine histograms and cluster counts by depth
-    (trajectories).
+    Per-head sink rates, the first key's alpha with Gu et al.'s Sink^eps (``sink_epsilon_sentence``)
+    and prior/likelihood attribution as layer x head heat maps with the per-head table
+    (odds_ratio), and pairwise-cosine histograms and cluster counts by depth (trajectories).
 
     Args:
         stats: The ``DatasetStats``.
@@ -124,6 +201,13 @@ def stats_page(stats: DatasetStats, title: str | None = None) -> viz.Page:
         ("analyses", ", ".join(stats.analyses)),
         ("settings", json.dumps(stats.settings, sort_keys=True)),
         ("prompt-list hash", f"{stats.prompts_hash:064x}"),
+        ("format version", str(stats.version)),
+        (
+            "prompts beginning with a BOS token",
+            "not recorded (format version 1)"
+            if stats.bos_prompts is None
+            else f"{stats.bos_prompts} of {stats.n_prompts}",
+        ),
     ]
     left_out = {k: v for k, v in stats.skipped.items() if v}
     if left_out:
@@ -144,7 +228,8 @@ def stats_page(stats: DatasetStats, title: str | None = None) -> viz.Page:
     if stats.odds_ratio is not None:
         page.add_section(
             "Heads over the corpus: sinks and prior vs likelihood",
-            _head_maps(stats.odds_ratio) + [stats.odds_ratio.show()],
+            _head_maps(stats.odds_ratio)
+            + [viz.text(sink_epsilon_sentence(stats)), stats.odds_ratio.show()],
             intro="Each attention score splits into a query term, a key prior and a "
             "distance log-likelihood; these maps pool every valid query row "
             "of every prompt.",

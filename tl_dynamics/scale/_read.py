@@ -25,7 +25,7 @@ from tl_dynamics.scale._format import (
     CHECKSUM_KEY,
     FORMAT,
     HEADER_KEY,
-    VERSION,
+    READABLE,
     DatasetStats,
     _checksum,
 )
@@ -79,14 +79,17 @@ def from_bytes(
         not isinstance(header, dict)
         or header.get("format") != FORMAT
         or type(header.get("version")) is not int
-        or header.get("version") != VERSION
+        or header.get("version") not in READABLE
     ):
         got = (
             header
             if not isinstance(header, dict)
             else f"format {header.get('format')!r} version {header.get('version')!r}"
         )
-        raise TLDynamicsError(f"{what}: {got}; this tl_dynamics reads {FORMAT!r} version {VERSION}")
+        raise TLDynamicsError(
+            f"{what}: {got}; this tl_dynamics reads {FORMAT!r} versions "
+            f"{', '.join(map(str, READABLE))}"
+        )
     _validate.check_header(header, what)
     _validate.check_tensors(header, tensors, what)
     try:
@@ -119,6 +122,8 @@ def _parse(header: dict[str, Any], tensors: dict[str, np.ndarray], what: str) ->
             o["n_prompts"],
             _exact(tensors, "odds_ratio.sums", f"{what} odds_ratio"),
             tuple(o["sum_keys"]),
+            _validate.sink_keys(header),
+            float(o.get("sink_epsilon", HeadStats.SINK_EPSILON)),  # version 1: no alpha counted
         )
     if "trajectories" in header["analyses"]:
         t = header["trajectories"]
@@ -140,6 +145,7 @@ def _parse(header: dict[str, Any], tensors: dict[str, np.ndarray], what: str) ->
         heads,
         trajs,
         dict(header.get("corpus", {})),
+        header.get("bos_prompts"),  # None in version 1 files
     )
 
 

@@ -70,7 +70,7 @@ class ShardRunner:
                 f"{model_name} has no tokenizer: statistics over a text corpus need one"
             )
         self.name, self.settings, self.threads = model_name, settings, threads
-        self.n_prompts, self.hash = 0, 0
+        self.n_prompts, self.hash, self.bos_prompts = 0, 0, 0
         self.skipped: dict[str, int] = {}
         o, self._t = settings.get("odds_ratio"), settings.get("trajectories")
         self._attached = ExitStack()  # the odds-ratio collector stays attached until close()
@@ -117,6 +117,7 @@ class ShardRunner:
             self._traj = self._traj.merge(self._stream([batch]))
         self.n_prompts += len(texts)
         self.hash = prompt_hash(texts, self.hash)
+        self.bos_prompts += begins_with_bos(batch, self.adapter.tokenizer)
 
     def result(self) -> DatasetStats:
         return DatasetStats(
@@ -127,7 +128,28 @@ class ShardRunner:
             None if self._odds is None else self._odds.result(allow_empty=True).stats,
             self._traj,
             dict(self.skipped),
+            self.bos_prompts,
         )
+
+
+def begins_with_bos(batch: Any, tokenizer: Any) -> int:
+    """How many rows of ``batch`` (an adapter ``Batch``) begin with ``tokenizer``'s BOS token:
+    their first real token is its id (one was prepended; the report's attention section reads a
+    single prompt the same way). 0 for a tokenizer without one.
+
+    Example:
+        >>> import torch
+        >>> from types import SimpleNamespace as NS
+        >>> batch = NS(tokens=torch.tensor([[0, 7, 5], [7, 5, 5]]),
+        ...            key_valid=torch.tensor([[False, True, True], [True, True, False]]))
+        >>> begins_with_bos(batch, NS(bos_token_id=7)), begins_with_bos(batch, NS())
+        (2, 0)
+    """
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return 0
+    first = batch.key_valid.long().argmax(-1, keepdim=True)  # the first real position per row
+    return int((batch.tokens.gather(1, first.to(batch.tokens.device))[:, 0] == bos).sum())
 
 
 def run_shard(

@@ -28,6 +28,11 @@ MIN_EXPONENT, MAX_TOP_BIT = -1088, 1088 + 32
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEADER_KEYS = {"format", "version", "model", "analyses", "settings", "n_prompts", "prompts_hash"}
 _ODDS_KEYS = {"model", "layers", "heads", "scale", "softcap", "n_prompts", "sum_keys"}
+# Format version 2 added these (the BOS count; the first key's alpha among the sink sums, at eps).
+_HEADER_KEYS_V2 = _HEADER_KEYS | {"bos_prompts"}
+_ODDS_KEYS_V2 = _ODDS_KEYS | {"sink_keys", "sink_epsilon"}
+# The sink sums of format version 1 (``HeadStats.SINK_SUM_KEYS`` without the first key's alpha).
+V1_SINK_KEYS = ("sink_mass", "sink_first", "sink_by_prior", "sink_prior_adv", "sink_loglik_adv")
 _META_TYPES = {
     "architecture": str,
     "d_model": int,
@@ -97,9 +102,17 @@ def _keys(
     return d
 
 
+def sink_keys(header: dict[str, Any]) -> tuple[str, ...]:
+    """The sink sums a checked header's file holds (by its version)."""
+    return V1_SINK_KEYS if header["version"] == 1 else HeadStats.SINK_SUM_KEYS
+
+
 def check_header(header: Any, what: str) -> None:
-    """The header's fields alone (types, ranges, known analyses, consistent settings)."""
-    h = _keys(header, what, "header", _HEADER_KEYS, {"odds_ratio", "trajectories", "corpus"})
+    """The header's fields alone (types, ranges, known analyses, consistent settings), for its
+    ``version`` (1 or 2, checked by the reader before)."""
+    v2 = isinstance(header, dict) and header.get("version") != 1
+    required = _HEADER_KEYS_V2 if v2 else _HEADER_KEYS
+    h = _keys(header, what, "header", required, {"odds_ratio", "trajectories", "corpus"})
     analyses = _list(h["analyses"], what, "analyses")
     if not analyses or analyses != [a for a in ANALYSES if a in analyses]:
         raise fail(
@@ -111,6 +124,8 @@ def check_header(header: Any, what: str) -> None:
     if not isinstance(h["model"], str) or not h["model"]:
         raise fail(what, f"model must be a non-empty string, got {h['model']!r}")
     _int(h["n_prompts"], what, "n_prompts")
+    if v2:
+        _int(h["bos_prompts"], what, "bos_prompts", 0, h["n_prompts"])
     if not isinstance(h["prompts_hash"], str) or not _HEX64.match(h["prompts_hash"]):
         raise fail(what, "prompts_hash must be 64 lowercase hexadecimal digits")
     if "corpus" in h:
@@ -121,7 +136,7 @@ def check_header(header: Any, what: str) -> None:
             raise fail(what, "corpus is written only when something was left out or cut")
     _check_settings(h["settings"], analyses, what)
     if "odds_ratio" in h:
-        _check_odds(h["odds_ratio"], h["n_prompts"], what)
+        _check_odds(h["odds_ratio"], h["n_prompts"], what, v2)
     if "trajectories" in h:
         t = _keys(h["trajectories"], what, "trajectories", {"meta", "ints", "sums"})
         meta = _keys(t["meta"], what, "trajectories.meta", set(_META_TYPES))
@@ -162,8 +177,15 @@ def _check_settings(settings: Any, analyses: list[str], what: str) -> None:
             raise fail(what, f"settings.trajectories.lens must be true or false, got {t['lens']!r}")
 
 
-def _check_odds(o: Any, n_prompts: int, what: str) -> None:
-    o = _keys(o, what, "odds_ratio", _ODDS_KEYS)
+def _check_odds(o: Any, n_prompts: int, what: str, v2: bool = True) -> None:
+    o = _keys(o, what, "odds_ratio", _ODDS_KEYS_V2 if v2 else _ODDS_KEYS)
+    if v2 and o["sink_keys"] != list(HeadStats.SINK_SUM_KEYS):
+        raise fail(
+            what,
+            f"odds_ratio.sink_keys {o['sink_keys']!r}: expected {list(HeadStats.SINK_SUM_KEYS)}",
+        )
+    if v2 and not 0.0 <= _float(o["sink_epsilon"], what, "odds_ratio.sink_epsilon") < 1.0:
+        raise fail(what, f"odds_ratio.sink_epsilon must lie in [0, 1), got {o['sink_epsilon']!r}")
     if not isinstance(o["model"], str):
         raise fail(what, "odds_ratio.model must be a string")
     for key in ("layers", "heads"):
@@ -274,7 +296,7 @@ def check_tensors(header: dict[str, Any], tensors: dict[str, np.ndarray], what: 
         o = header["odds_ratio"]
         shape = (
             len(o["layers"]),
-            len(HeadStats.SUM_KEYS) + len(HeadStats.SINK_SUM_KEYS),
+            len(HeadStats.SUM_KEYS) + len(sink_keys(header)),
             len(o["heads"]),
         )
         _check_exact(tensors, "odds_ratio.sums", shape, what, used)
