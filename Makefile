@@ -123,7 +123,8 @@ notebooks: $(VENV)/.installed $(VENV3)/.installed chromium
 
 # ---- The GPU check (issue 33; benchmarks/README.md "GPU check: how to run it") ----------------
 # `make gpu-wheels`: what the air-gapped GPU machine lacks (benchmarks/gpu/wheels.txt), as CPython
-# 3.12 manylinux wheels in .gpu-wheels/ (git-ignored, <= 64 MiB; carried there with the repo).
+# 3.12 manylinux wheels in .gpu-wheels/ (git-ignored, <= 64 MiB with the repo; carried there with
+# it), Ray as its wheel unpacked and trimmed in a .tar.xz (wheels.py TRIM; about 2.5 min here).
 # `make gpu-dry-run`: benchmarks/gpu_check.sh on the CPU, shapes scaled down, in .venv-gpu-dry (the
 # machine's versions: torch 2.11.0, transformers 5.17.0; the CUDA build of torch, about 3.8 GB to
 # download) with the wheelhouse installed --no-deps over it, as the machine does.
