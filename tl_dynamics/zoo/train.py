@@ -23,6 +23,7 @@ import torch
 
 from tl_dynamics.collect import torch_threads
 from tl_dynamics.zoo import _cards, _data, _files
+from tl_dynamics.zoo import _regression_task as _reg
 from tl_dynamics.zoo._load import default_host, load_folder, model_folder
 from tl_dynamics.zoo._measure import masked_loss
 from tl_dynamics.zoo._torch_model import TorchTransformer
@@ -41,6 +42,11 @@ CODE_CFG: dict[str, Any] = dict(
     act_fn="gelu_new", attn_only=False, normalization_type="LN", positional_embedding_type="standard",
     eps=1e-5, model_name="code-2l", default_prepend_bos=True,
 )  # fmt: skip
+REGRESSION_CFG: dict[str, Any] = dict(
+    d_model=64, d_head=8, n_layers=2, n_ctx=_reg.SEQ_LEN, n_heads=8, d_mlp=None, d_vocab=_reg.VOCAB,
+    act_fn=None, attn_only=True, normalization_type="LN", positional_embedding_type="standard",
+    eps=1e-5, model_name="regression-2l", default_prepend_bos=False,
+)  # fmt: skip
 RECIPES: dict[str, dict[str, Any]] = {
     "induction-2l": dict(
         steps=8000, batch=32, lr=2e-3, warmup=200, weight_decay=0.01, eval_every=500
@@ -57,24 +63,37 @@ RECIPES: dict[str, dict[str, Any]] = {
         val_every=20,
         freeze_b_U=True,
     ),  # fmt: skip
+    "regression-2l": dict(  # steps: what 5 CPU minutes gave on the calibration run
+        steps=9454,
+        cpu_minutes=5,
+        batch=32,
+        lr=3e-3,
+        warmup=200,
+        weight_decay=0.01,
+        eval_every=500,
+        numeric_embeddings=True,
+    ),
 }
 # Fixed prompts for the cross-host reference log-probabilities.
 REFERENCE_PROMPTS = {
     "induction-2l": "Gq7xP2mZkR0aLwT Gq7xP2mZkR0aLwT 5bN",
     "code-2l": "import os\n\ndef read(path):\n    with open(path) as f:\n        return f.read()\n",
+    "regression-2l": "x17 y20 x301 y9 x5 y16 x44 y12 x260",
 }
 
 
 def fit(
     model: torch.nn.Module,
     recipe: dict[str, Any],
-    next_batch: Callable[[], torch.Tensor],
+    next_batch: Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
     evaluate: Callable[[], dict[str, float]],
     save: Callable[[], None],
 ) -> list[dict[str, float]]:
     """AdamW with linear warm-up and cosine decay to 10%; returns the evaluation history.
 
     ``save`` runs after every evaluation, so an interrupted run leaves its latest weights.
+    ``next_batch`` gives tokens, or tokens and a mask ``[batch, pos - 1]`` of the next-token
+    targets the loss counts (all of them without one).
 
     With ``recipe["cpu_minutes"]`` and no ``recipe["steps"]``, the step count is fixed after
     ``CALIBRATION_STEPS`` steps so that training takes about that much CPU time on this machine
@@ -106,9 +125,12 @@ def fit(
     bar = tqdm(total=recipe.get("steps"), mininterval=5.0, desc="train")
     while step < steps:
         model.train()
-        tokens = next_batch()
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        drawn = next_batch()
+        tokens, mask = drawn if isinstance(drawn, tuple) else (drawn, None)
+        logits, targets = model(tokens[:, :-1]), tokens[:, 1:]
+        if mask is not None:
+            logits, targets = logits[mask], targets[mask]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -208,15 +230,31 @@ def train_code(folder: Path) -> dict[str, Any]:
     return {"seed": SEED, "history": history, "recipe": recipe, "corpus": corpus}
 
 
-def save_folder(folder: Path, model: torch.nn.Module, cfg: dict[str, Any], tokenizer: Any) -> None:
-    from safetensors.torch import save_file
+def train_regression(folder: Path) -> dict[str, Any]:
+    recipe, cfg = RECIPES["regression-2l"], REGRESSION_CFG
+    task = _reg.RegressionTask.build(SEED)
+    gen = torch.Generator().manual_seed(SEED + 1)
+    heldout = task.sample(512, torch.Generator().manual_seed(SEED + 2))
+    model = TorchTransformer(cfg)
+    if recipe.get("numeric_embeddings"):
+        _reg.numeric_embeddings(model.embed.W_E, task, torch.Generator().manual_seed(SEED + 3))
 
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / _files.WEIGHTS))
-    (folder / _files.CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
-    tokenizer.save_pretrained(str(folder))
-    _files.write_checksums(folder)
+    def evaluate() -> dict[str, float]:
+        nll = _reg.model_nll(model, heldout.tokens)
+        return {
+            "heldout_loss": nll.mean().item(),
+            "late_loss": nll[:, -_reg.LATE_PAIRS :].mean().item(),
+        }
+
+    history = fit(
+        model, recipe, lambda: task.batch(recipe["batch"], gen), evaluate,
+        lambda: save_folder(folder, model, cfg, _reg.regression_tokenizer()),
+    )  # fmt: skip
+    return {"seed": SEED, "history": history, "recipe": recipe}
+
+
+def save_folder(folder: Path, model: torch.nn.Module, cfg: dict[str, Any], tokenizer: Any) -> None:
+    _files.write_folder(folder, model, cfg, tokenizer)
 
 
 def write_reference(folder: Path, name: str) -> None:
@@ -269,9 +307,12 @@ def _main(args: argparse.Namespace) -> None:
         return
     if args.steps:
         RECIPES[args.name]["steps"] = args.steps
-    result = (
-        train_induction(folder, args.init) if args.name == "induction-2l" else train_code(folder)
-    )
+    trainers = {
+        "induction-2l": lambda: train_induction(folder, args.init),
+        "code-2l": lambda: train_code(folder),
+        "regression-2l": lambda: train_regression(folder),
+    }
+    result = trainers[args.name]()
     (folder / _cards.TRAINING_LOG).write_text(json.dumps(result, indent=1) + "\n")
     write_reference(folder, args.name)
     _cards.write_card(folder, args.name)
