@@ -66,7 +66,9 @@ def test_gated_q_proj_is_checked_against_the_module_width(monkeypatch):
         ModelAdapter(model)
     _refused(str(caught.value), type(model.cfg).__name__, "gated_q_proj")
     assert "twice the queries" in str(caught.value)
-    monkeypatch.undo()
+
+
+def test_gated_q_proj_set_on_an_ungated_module_is_refused(monkeypatch):
     llama = testing.cached_model("llama")
     if llama.cfg.__class__.__name__ != "TransformerBridgeConfig":
         pytest.skip("the gate is read on bridges only")
