@@ -216,3 +216,30 @@ def test_self_check_stands_by_while_an_analysis_is_attached(monkeypatch):
     assert Passes.seen == 0
     ModelAdapter(model)  # detached: probed now
     assert Passes.seen == 0
+
+
+@pytest.mark.parametrize("arch", ["llama"] + (["rotary"] if HAS_HOOKED else []))
+def test_a_stopped_probe_pass_inside_an_attached_analysis_leaves_it_intact(arch):
+    """A rotation read while a collector is attached runs the probe pass, stopped early: the
+    attached collector sees neither it nor a pass left unfinished, and collects the next pass."""
+    from tl_dynamics.collect import Collector
+
+    class Passes(Collector):
+        points = (("resid_post", 1),)
+
+        def __init__(self):
+            self.starts, self.seen = 0, 0
+
+        def start_pass(self, batch):
+            self.starts += 1
+
+        def on_layer(self, state):
+            self.seen += 1
+
+    adapter = ModelAdapter(testing.tiny_model(arch), verify=False)
+    passes, seen = Passes(), []
+    with adapter.collecting(passes):
+        with adapter.capture(lambda la: seen.append(la.layer), layers=[1], inputs=True):
+            _ = adapter.forward(adapter.tokenize("a b c"))  # the rotation read ran before it
+    assert (passes.starts, passes.seen, seen) == (1, 1, [1])
+    assert adapter.rotation(1) is not None
