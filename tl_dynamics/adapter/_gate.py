@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tl_dynamics.adapter._jetmoe import ROUTED_ROLES, ROUTER_WHAT, routed_refusal
 from tl_dynamics.adapter import _switches
+from tl_dynamics.adapter._jetmoe import ROUTED_ROLES, ROUTER_WHAT, routed_refusal
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = ["GATE_WHAT", "gate_refusal", "gate_roles", "layer_gate", "output_gate", "sub_norm_gate"]

@@ -38,9 +38,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics.adapter import _switches
 from tl_dynamics.adapter._qknorm import QueryNorm
 from tl_dynamics.adapter._rotary import Rotation
-from tl_dynamics.adapter import _switches
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = [
