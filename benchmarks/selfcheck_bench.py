@@ -5,25 +5,33 @@ Models: a GPT-2-small shape (``GPT2Config()``: 12 layers, d_model 768, random we
 Llama of the same width (rotary: the self-check's probe also reads the rotations), booted with
 ``TransformerBridge.boot_transformers`` from a local folder. Rows interleave the plain forward
 and the self-check in this one process (medians over ``--repeats``), so load from other
-processes hits both alike. "copies" is the largest size of the float32 weight copies the probe
+processes hits both alike; the CPU time of this process (``time.process_time``, one torch thread
+with ``--threads 1``) is reported next to the wall clock, as it moves far less with the load of a
+shared machine. "copies" is the largest size of the float32 weight copies the probe
 holds while it runs (dropped when it ends), as a share of the model's parameter bytes.
 
     python benchmarks/selfcheck_bench.py               # both shapes, 5 repeats
     python benchmarks/selfcheck_bench.py --repeats 3 --only gpt2
+    python benchmarks/selfcheck_bench.py --repeats 9 --threads 1   # the README's table
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
 
+import sys
+from pathlib import Path
+
 import torch
 import transformers
 
-from tl_dynamics import testing
-from tl_dynamics.adapter import ModelAdapter, _selfcheck
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's tl_dynamics
+from tl_dynamics import testing  # noqa: E402
+from tl_dynamics.adapter import ModelAdapter, _selfcheck  # noqa: E402
 
 SHAPES = {
     "gpt2": lambda: transformers.GPT2Config(),
@@ -64,24 +72,28 @@ def measure(name: str, repeats: int) -> None:
         drop(adapter)
 
     _selfcheck._drop_weight_copies = measuring
-    forward, check = [], []
+    forward, check, forward_cpu, check_cpu = [], [], [], []
     with torch.no_grad():
         model(tokens)  # warm
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         with torch.no_grad():
             model(tokens)
         forward.append(time.perf_counter() - start)
+        forward_cpu.append(time.process_time() - cpu)
         _selfcheck._VERIFIED.pop(model, None)
         adapter = ModelAdapter(model, verify=False)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         _selfcheck.verify(adapter)
         check.append(time.perf_counter() - start)
+        check_cpu.append(time.process_time() - cpu)
     _selfcheck._drop_weight_copies = drop
     f, c = statistics.median(forward), statistics.median(check)
+    fc, cc = statistics.median(forward_cpu), statistics.median(check_cpu)
     print(
         f"{name}: forward of {tokens.shape[1]} tokens {f * 1e3:.0f} ms, self-check "
-        f"{c * 1e3:.0f} ms ({c / f:.2f}x), copies {copies[0] / params:.1%} of the parameters' "
+        f"{c * 1e3:.0f} ms ({c / f:.2f}x); CPU time {fc * 1e3:.0f} ms and {cc * 1e3:.0f} ms "
+        f"({cc / fc:.2f}x); copies {copies[0] / params:.1%} of the parameters' "
         f"{params / 2**20:.0f} MiB, dropped after"
     )
 
@@ -90,7 +102,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", choices=sorted(SHAPES))
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print("load average " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     for name in [args.only] if args.only else sorted(SHAPES):
         measure(name, args.repeats)
 

@@ -137,13 +137,13 @@ def test_a_patched_reader_is_caught(monkeypatch, reader, value, arch):
 def test_self_check_probes_once_per_model_and_weights(monkeypatch):
     model = testing.tiny_model("llama")
     calls = []
-    attention = ModelAdapter.attention
+    probe_pass = _selfcheck.probe_pass
 
-    def counting(self, *args, **kwargs):
-        calls.append(args[0].shape if isinstance(args[0], torch.Tensor) else args[0])
-        return attention(self, *args, **kwargs)
+    def counting(adapter, tokens, *args, **kwargs):
+        calls.append(tokens.shape)
+        return probe_pass(adapter, tokens, *args, **kwargs)
 
-    monkeypatch.setattr(ModelAdapter, "attention", counting)
+    monkeypatch.setattr(_selfcheck, "probe_pass", counting)
     for _ in range(3):
         ModelAdapter(model)
     assert calls == [torch.Size([1, _selfcheck.PROBE_TOKENS])]
@@ -151,6 +151,50 @@ def test_self_check_probes_once_per_model_and_weights(monkeypatch):
         next(iter(model.parameters())).mul_(1.01)  # weights edited in place
     ModelAdapter(model)
     assert len(calls) == 2
+
+
+def _hooks_on(model) -> tuple[int, int]:
+    """(TransformerLens hook functions, torch hooks) on every module of ``model``."""
+    lens = sum(len(point.fwd_hooks) for point in model.hook_dict.values())
+    torch_hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    return lens, torch_hooks
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"] + (["local"] if HAS_HOOKED else []))
+def test_self_check_is_one_forward_stopped_after_the_last_attention_layer(arch):
+    """One pass of 8 tokens serves the check and the rotations; the blocks after the last
+    attention layer's attention, the final norm and the unembedding never run; no hook is left."""
+    model = testing.tiny_model(arch)
+    with torch.no_grad():  # TransformerLens 4.x wires hooks of its own at the first forward
+        model(_selfcheck.probe_tokens(int(model.cfg.d_vocab), 8))
+    before = _hooks_on(model)
+    passes, ran = [], []
+    last = model.blocks[len(model.blocks) - 1]
+    handles = [
+        model.register_forward_pre_hook(lambda *_: passes.append(1)),
+        last.attn.register_forward_hook(lambda *_: ran.append("attn")),
+        model.unembed.register_forward_pre_hook(lambda *_: ran.append("unembed")),
+    ]
+    mlp = getattr(last, "mlp", None)
+    if mlp is not None:
+        handles.append(mlp.register_forward_pre_hook(lambda *_: ran.append("mlp")))
+    try:
+        adapter = ModelAdapter(model)
+        assert passes == [1] and ran == ["attn"], (passes, ran)
+        rotations = [adapter.rotation(layer) for layer in adapter.attention_layers]
+        assert passes == [1], "the rotations were read from the self-check's pass"
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert _hooks_on(model) == before
+    if arch == "llama":
+        assert all(r is not None and r.rotary_dim > 0 for r in rotations)
+        fresh = ModelAdapter(model, verify=False)  # read from a probe pass of its own
+        for layer, mine in zip(adapter.attention_layers, rotations):
+            theirs = fresh.rotation(layer)
+            assert (mine.layout, mine.rotary_dim) == (theirs.layout, theirs.rotary_dim)
+            assert torch.equal(mine.inv_freq, theirs.inv_freq)
+        assert _hooks_on(model) == before
 
 
 def test_self_check_stands_by_while_an_analysis_is_attached(monkeypatch):
@@ -172,3 +216,30 @@ def test_self_check_stands_by_while_an_analysis_is_attached(monkeypatch):
     assert Passes.seen == 0
     ModelAdapter(model)  # detached: probed now
     assert Passes.seen == 0
+
+
+@pytest.mark.parametrize("arch", ["llama"] + (["rotary"] if HAS_HOOKED else []))
+def test_a_stopped_probe_pass_inside_an_attached_analysis_leaves_it_intact(arch):
+    """A rotation read while a collector is attached runs the probe pass, stopped early: the
+    attached collector sees neither it nor a pass left unfinished, and collects the next pass."""
+    from tl_dynamics.collect import Collector
+
+    class Passes(Collector):
+        points = (("resid_post", 1),)
+
+        def __init__(self):
+            self.starts, self.seen = 0, 0
+
+        def start_pass(self, batch):
+            self.starts += 1
+
+        def on_layer(self, state):
+            self.seen += 1
+
+    adapter = ModelAdapter(testing.tiny_model(arch), verify=False)
+    passes, seen = Passes(), []
+    with adapter.collecting(passes):
+        with adapter.capture(lambda la: seen.append(la.layer), layers=[1], inputs=True):
+            _ = adapter.forward(adapter.tokenize("a b c"))  # the rotation read ran before it
+    assert (passes.starts, passes.seen, seen) == (1, 1, [1])
+    assert adapter.rotation(1) is not None

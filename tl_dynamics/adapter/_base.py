@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics.adapter import _capture, _readers, _weights
+from tl_dynamics.adapter import _readers, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import check_attention
 from tl_dynamics.adapter._core import AdapterCore
@@ -23,11 +23,11 @@ from tl_dynamics.adapter._gemma4 import (
     vnorm_refusal,
 )
 from tl_dynamics.adapter._mla import LatentFactors, latent_weight, read_latent
-from tl_dynamics.adapter._modrope import module_rotated_queries, module_tables
 from tl_dynamics.adapter._postrope import refuse_query_map
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
 from tl_dynamics.adapter._rotary import Rotation, positions_from_mask
-from tl_dynamics.adapter._rotation import PROBE_POSITIONS, read_rotation
+from tl_dynamics.adapter._probepass import rotation_probe
+from tl_dynamics.adapter._rotation import inv_freq_buffers, read_rotation
 from tl_dynamics.adapter._unhooked import unhooked_param
 from tl_dynamics.errors import TLDynamicsError
 
@@ -294,6 +294,7 @@ class AdapterBase(AdapterCore):
                 lambda roles: self._probe(layer, roles),
                 lambda x: self.unrotated_queries(layer, self.attention_input(layer, x)),
                 where,
+                lambda: self._cached(("inv_freq",), lambda: inv_freq_buffers(self.model)),
             ),
         )
 
@@ -312,54 +313,14 @@ class AdapterBase(AdapterCore):
         return q if spec.clip is None else q.clamp(-spec.clip, spec.clip)  # clip_qkv: after norm
 
     def _probe(self, layer: int, roles: Sequence[str]) -> dict[str, Tensor]:
-        """The activations of ``roles`` that ``layer`` fires on ``PROBE_POSITIONS`` random tokens
-        (2 rows, seed 0). One forward pass serves every rotary layer; it runs when the first
-        rotation is read, never inside another forward pass (``ModelAdapter.capture`` reads
-        rotations before it hooks the model)."""
-
-        def run() -> dict[int, dict[str, Tensor]]:
-            got: dict[int, dict[str, Tensor]] = {}
-            wanted = [
-                (role, where)
-                for where, spec in enumerate(self.specs)
-                if spec.rotary != "none" or spec.latent
-                for role in roles
-            ]
-            named = [
-                (
-                    name,
-                    (
-                        lambda w, r: (
-                            lambda t: got.setdefault(w, {}).__setitem__(r, t.detach().clone())
-                        )
-                    )(where, role),
-                )
-                for (role, where), name in zip(wanted, self.hook_names(wanted))
-                if name is not None
-            ]
-            device = model_device(self.model)
-            tokens = torch.randint(
-                0,
-                int(self.model.W_E.shape[0]),  # the rows only: no float32 copy
-                (2, min(PROBE_POSITIONS, self.n_ctx)),
-                generator=torch.Generator().manual_seed(0),
-            ).to(device)
-            with (
-                _capture.registered(self.model, self.info.architecture, named, probe=True),
-                torch.no_grad(),
-            ):
-                self.model(tokens)
-            for where, spec in enumerate(self.specs):  # no rotary hooks: the module's own tables
-                if (
-                    spec.rotary == "half"
-                    and "cos" in roles
-                    and not {"cos", "rot_q"} & set(got.get(where, {}))
-                ):
-                    got.setdefault(where, {}).update(module_tables(self.model, where, tokens))
-                    module_rotated_queries(self, where, got[where])
-            return got
-
-        return self._cached(("probe", tuple(roles)), run).get(layer, {})
+        """The activations of ``roles`` that ``layer`` fires in the probe pass (``_probepass``:
+        ``PROBE_TOKENS`` tokens, stopped after the last rotary layer). One pass serves every
+        rotary layer (the self-check's own, where it ran); it runs when the first rotation is
+        read, never inside another forward pass (``ModelAdapter.capture`` reads rotations
+        before it hooks the model)."""
+        return self._cached(("probe", tuple(roles)), lambda: rotation_probe(self, roles)).get(
+            layer, {}
+        )
 
     def attention_input(self, layer: int, x: Tensor) -> Tensor:
         """The vector W_Q reads, from the captured ``x`` hook. HookedTransformer's

@@ -11,6 +11,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from tl_dynamics.adapter._switches import prepend_bos
 from tl_dynamics.errors import TLDynamicsError, UnknownTokenWarning
 
 Prompt = Union[str, Sequence[str], Tensor]
@@ -165,5 +166,5 @@ def _warn_unknown(tokenizer: Any, texts: list[str], tokens: Tensor, key_valid: T
 def _padding_mask(model: Any, tokens: Tensor, padding_side: str) -> Tensor:
     from transformer_lens.utilities.tokenize_utils import get_attention_mask
 
-    prepend = bool(getattr(model.cfg, "default_prepend_bos", True))
+    prepend = prepend_bos(model)
     return get_attention_mask(model.tokenizer, tokens, prepend, padding_side=padding_side).bool()

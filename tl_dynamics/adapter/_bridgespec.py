@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from tl_dynamics.adapter import _readers
+from tl_dynamics.adapter import _readers, _switches
 from tl_dynamics.adapter._gate import output_gate
 from tl_dynamics.adapter._gemma4 import gemma4_window, kv_source
 from tl_dynamics.adapter._mla import LATENT_BRIDGES
@@ -115,10 +115,10 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
         or family in ("olmo_hybrid", "nanochat", "afmoe", "laguna"),
         gate=output_gate(model, orig),
-        postrope=bool(getattr(model.cfg, "qk_norm_after_rope", False)),
+        postrope=_switches.qk_norm_after_rope(model),
         clip=_readers.clip(hf_cfg),
         vnorm=family == "gemma4",  # q, k, v read from their norms (_gemma4)
-        kv_from=kv_source(model, orig, layer),
+        kv_from=kv_source(model, orig, layer, family),
     )
 
 

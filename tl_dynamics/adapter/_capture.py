@@ -2,9 +2,10 @@
 forward pass raises. Knows hook points by name only (names come from ``AdapterBase.hook_name``);
 names of ``_unhooked`` points become torch hooks on the Hugging Face module they name.
 
-A *probe* pass (the short forward pass that reads a rotation) is invisible to every other
-tl_dynamics hook on the model: collectors and patches attached around it neither see nor
-change it, so reading a rotation while an analysis is attached leaves that analysis intact."""
+A *probe* pass (the self-check's short forward pass, which also reads the rotations:
+``_probepass``) is invisible to every other tl_dynamics hook on the model: collectors and patches
+attached around it neither see nor change it, so reading a rotation while an analysis is
+attached leaves that analysis intact."""
 
 from __future__ import annotations
 

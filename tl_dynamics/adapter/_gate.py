@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tl_dynamics.adapter import _switches
 from tl_dynamics.adapter._jetmoe import ROUTED_ROLES, ROUTER_WHAT, routed_refusal
 from tl_dynamics.errors import TLDynamicsError
 
@@ -57,7 +58,7 @@ def output_gate(model: Any, orig: Any = None) -> str | None:
         >>> output_gate(NS(cfg=NS(gated_q_proj=True))), output_gate(NS(cfg=NS()))
         ('sigmoid', None)
     """
-    if bool(getattr(model.cfg, "gated_q_proj", False)):
+    if _switches.gated_q_proj(model, orig):
         return "sigmoid"
     name = type(orig).__name__
     if name == "AfmoeAttention":

@@ -40,6 +40,7 @@ from typing import Any
 
 from torch import Tensor
 
+from tl_dynamics.adapter import _readers, _switches
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = [
@@ -142,15 +143,17 @@ def vnorm_refusal(layer: int, architecture: str, what: str) -> TLDynamicsError:
     )
 
 
-def kv_source(model: Any, orig: Any, layer: int) -> int | None:
+def kv_source(model: Any, orig: Any, layer: int, family: str) -> int | None:
     """The layer whose keys and values Gemma 4's ``layer`` reuses (``num_kv_shared_layers``): the
     last layer of the same type before the shared ones, as Hugging Face's ``kv_sharing_modes``
     picks it (it stores them; ``store_full_length_kv``); None on a layer with its own."""
-    if not getattr(orig, "is_kv_shared_layer", False):
+    if not _switches.kv_shared(orig, family):
         return None
+    kind = _readers.required(orig, "layer_type", "sliding or full attention")
     for source in range(layer - 1, -1, -1):
         other = model.blocks[source].attn.original_component
-        if other.layer_type == orig.layer_type and getattr(other, "store_full_length_kv", False):
+        stores = _readers.required(other, "store_full_length_kv", "keys kept for later layers")
+        if _readers.required(other, "layer_type", "sliding or full attention") == kind and stores:
             return source
     raise TLDynamicsError(
         f"layer {layer} of {type(model.original_model).__name__} reuses an earlier layer's keys "

@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics.adapter import _switches
 from tl_dynamics.adapter._qknorm import QueryNorm
 from tl_dynamics.adapter._rotary import Rotation
 from tl_dynamics.errors import TLDynamicsError
@@ -231,7 +232,7 @@ def read_latent(model: Any, layer: int, architecture: str) -> LatentFactors:
         ) from None
     d_qk = d_nope + d_rope
     order = list(range(d_rope))
-    if getattr(getattr(hf, "config", None), "rope_interleave", False):  # pairs (2k, 2k+1)
+    if _switches.rope_interleave(hf):  # pairs (2k, 2k+1)
         order = order[0::2] + order[1::2]
     cols = list(range(d_nope)) + [d_nope + i for i in order]
     for name in ("q_b_proj", "kv_b_proj"):
@@ -308,7 +309,7 @@ def latent_rotation(
         buffer = getattr(module, "inv_freq", None)
         if isinstance(buffer, Tensor) and buffer.numel() == d_rope // 2:
             frequencies.append(buffer.detach().double().cpu())
-            magnitudes.insert(0, float(getattr(module, "attention_scaling", 1.0) or 1.0))
+            magnitudes.insert(0, _switches.rotary_magnitude(module))
     if "cos" in got:
         magnitudes.insert(0, float(got["cos"].flatten()[0]))
     positions = torch.arange(q.shape[1], device=q.device).expand(q.shape[:2])

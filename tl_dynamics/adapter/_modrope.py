@@ -4,11 +4,11 @@ Some TransformerBridge attention classes (``AttentionBridge``) run the Hugging F
 it is and fire ``hook_q``/``hook_k`` on its projections, before rotary, with no cos/sin or
 rotated-q/k hooks (ModernBERT decoder). The module itself receives its rotary tables as the
 ``position_embeddings=(cos, sin)`` argument; a forward pre-hook on it reads them in the probe
-pass, so the layer's ``Rotation`` comes from the very tables the module uses (per layer: a
-model with global and local rotary bases gives each layer its own). The module's own rotary
-function (``apply_rotary_pos_emb`` of its modeling file) then rotates the probe's queries, so the
-``Rotation`` read from the tables is verified against what the module computes, direction
-included (NanoChat rotates the other way).
+pass (``_probepass``), so the layer's ``Rotation`` comes from the very tables the module uses
+(per layer: a model with global and local rotary bases gives each layer its own). The module's
+own rotary function (``apply_rotary_pos_emb`` of its modeling file) then rotates the probe's
+queries, so the ``Rotation`` read from the tables is verified against what the module
+computes, direction included (NanoChat rotates the other way).
 """
 
 from __future__ import annotations
@@ -19,29 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["module_rotated_queries", "module_tables"]
-
-
-def module_tables(model: Any, layer: int, tokens: Tensor) -> dict[str, Tensor]:
-    """``{"cos", "sin"}`` that ``blocks[layer]``'s Hugging Face attention module receives in a
-    forward pass on ``tokens`` (empty where it receives none)."""
-    orig = getattr(model.blocks[layer].attn, "original_component", None)
-    got: dict[str, Tensor] = {}
-    if orig is None:
-        return got
-
-    def read(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
-        tables = kwargs.get("position_embeddings")
-        if isinstance(tables, tuple) and len(tables) == 2 and "cos" not in got:
-            got["cos"], got["sin"] = (t.detach().clone() for t in tables)
-
-    handle = orig.register_forward_pre_hook(read, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(tokens)
-    finally:
-        handle.remove()
-    return got
+__all__ = ["module_rotated_queries"]
 
 
 def module_rotated_queries(adapter: Any, layer: int, got: dict[str, Tensor]) -> None:

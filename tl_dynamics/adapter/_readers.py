@@ -24,7 +24,7 @@ from tl_dynamics.errors import TLDynamicsError
 # The versions the test suite last passed on (the lock files, when a source checkout has them).
 TESTED_ON = "transformers 5.24.0 with TransformerLens 4.3.0 and 3.9.0"
 _LOCKS = Path(__file__).resolve().parents[2] / "requirements"
-_ABSENT = object()
+ABSENT = _ABSENT = object()  # what lookup returns for a missing attribute
 
 
 def tested_on() -> str:

@@ -2,10 +2,10 @@
 
 Where the rotation comes from, per host:
 
-- ``"half"`` layers on a ``TransformerBridge``: the ``cos``/``sin`` the layer fires in a short
-  probe forward pass give the width and magnitude; the frequencies are the model's own float32
-  ``inv_freq`` buffer whose tables reproduce those hooks (else they are fitted from the hooks),
-  so rope scalings that change the frequencies are included;
+- ``"half"`` layers on a ``TransformerBridge``: the ``cos``/``sin`` the layer fires in the probe
+  pass (``_probepass``, the self-check's own) give the width and magnitude; the frequencies are
+  the model's own float32 ``inv_freq`` buffer whose tables reproduce those hooks (else they are
+  fitted from the hooks), so rope scalings that change the frequencies are included;
 - ``"interleaved"`` layers (GPT-J, TransformerLens native): width and base from the layer's
   spec, with the native model's own cached tables where it keeps them;
 - ``"hooked"`` layers (HookedTransformer): its own ``rotary_cos``/``rotary_sin`` tables; the pair
@@ -18,7 +18,7 @@ from the layer input (``x W_Q + b_Q``, normalised on qk-norm layers) in the prob
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -28,7 +28,6 @@ from tl_dynamics.adapter._rotary import Layout, Rotation
 from tl_dynamics.adapter._spec import LayerSpec
 from tl_dynamics.errors import TLDynamicsError
 
-PROBE_POSITIONS = 16  # tokens in the probe forward pass (2 rows)
 PROBE_ROLES = ("x", "rot_q", "cos", "sin")
 # The model's rotated queries must be reproduced to this relative error: float32 rounding of a
 # [d_model] x [d_model, d_head] product and a rotation (seen <= 2e-7); a wrong layout, width or
@@ -45,36 +44,58 @@ def _tolerance(floor: float, like: Tensor, ulps: float) -> float:
     return max(floor, ulps * torch.finfo(like.dtype).eps) if like.is_floating_point() else floor
 
 
+Buffers = Callable[[], list[tuple[str, Tensor]]]  # the model's inv_freq buffers, by name
 Probe = Callable[[Sequence[str]], dict[str, Tensor]]  # roles -> one probe pass's activations
 Queries = Callable[[Tensor], Tensor]  # attention input [b, p, d_model] -> unrotated q [b, p, h, d]
 
 
+def inv_freq_buffers(model: Any) -> list[tuple[str, Tensor]]:
+    """The model's own rotary frequency buffers (``*inv_freq``) by name, in module order: walked
+    once per adapter (``ModelAdapter.rotation`` keeps them), not once per layer."""
+    owner = getattr(model, "original_model", model)
+    return [(name, b) for name, b in owner.named_buffers() if name.endswith("inv_freq")]
+
+
 def read_rotation(
-    spec: LayerSpec, model: Any, probe: Probe, queries: Queries, where: str
+    spec: LayerSpec,
+    model: Any,
+    probe: Probe,
+    queries: Queries,
+    where: str,
+    buffers: Buffers | None = None,
 ) -> Rotation | None:
     """The verified ``Rotation`` of the layer ``spec`` describes, or None where it has none.
 
-    ``probe(roles)`` runs the model once on ``PROBE_POSITIONS`` tokens and returns the layer's
-    activations for the roles it fires (``x`` as the attention input W_Q reads); ``queries``
-    maps that input to the unrotated query. ``where`` names the layer in errors.
+    ``probe(roles)`` gives the layer's activations in the probe pass (``_probepass``: the
+    self-check's 8 tokens) for the roles it fires (``x`` as the attention input W_Q reads);
+    ``queries`` maps that input to the unrotated query. ``where`` names the layer in errors.
+    ``buffers()``: the model's ``inv_freq`` buffers (``inv_freq_buffers``, read when needed).
+    Candidates are formed one at a time, the next only where the last does not verify.
     """
+    buffers = buffers or (lambda: inv_freq_buffers(model))
     if spec.latent:  # rotary on the last coordinates, hooked already rotated (_mla)
         return latent_rotation(spec.layer, model, probe(PROBE_ROLES), queries, where)
     if spec.rotary == "none":
         return None
     got = probe(PROBE_ROLES)
     if spec.rotary == "interleaved":
-        candidates = [_interleaved(spec, model, where)]
+        candidates: Iterable[Rotation] = [_interleaved(spec, model, buffers, where)]
     elif spec.rotary == "half":
-        candidates = [_from_hooks(spec, model, got, where)]
-        candidates += _adjacent_pairs(candidates[0], got) + _undoubled(spec, model, got)
-        first = candidates[0]  # NanoChat rotates the other way: sin negated (verified, last)
-        candidates.append(
-            Rotation(first.layer, "half", first.rotary_dim, -first.inv_freq, first.magnitude)
-        )
+        candidates = _half_candidates(spec, buffers, got, where)
     else:
         candidates = _hooked(spec, model, where)
     return _verified(candidates, got, queries, where)
+
+
+def _half_candidates(
+    spec: LayerSpec, buffers: Buffers, got: dict[str, Tensor], where: str
+) -> Iterator[Rotation]:
+    first = _from_hooks(spec, buffers, got, where)
+    yield first
+    yield from _adjacent_pairs(first, got)
+    yield from _undoubled(spec, buffers, got)
+    # NanoChat rotates the other way: sin negated (verified, last)
+    yield Rotation(first.layer, "half", first.rotary_dim, -first.inv_freq, first.magnitude)
 
 
 def inv_freq_from_base(rotary_dim: int, base: float) -> Tensor:
@@ -84,9 +105,9 @@ def inv_freq_from_base(rotary_dim: int, base: float) -> Tensor:
     return (1.0 / (float(base) ** exponents)).double()
 
 
-def _interleaved(spec: LayerSpec, model: Any, where: str) -> Rotation:
+def _interleaved(spec: LayerSpec, model: Any, buffers: Buffers, where: str) -> Rotation:
     if spec.rotary_dim is not None and spec.rotary_base is None:  # Llama 4: the model's own
-        for name, buffer in getattr(model, "original_model", model).named_buffers():
+        for name, buffer in buffers():
             if name.endswith("rotary_emb.inv_freq") and buffer.numel() == spec.rotary_dim // 2:
                 return Rotation(
                     spec.layer,
@@ -122,7 +143,7 @@ def _fitted(layout: Layout, cos: Tensor, sin: Tensor) -> tuple[Tensor, float]:
     return torch.atan2(s[1, pick], c[1, pick]), float(c[0, 0])
 
 
-def _from_hooks(spec: LayerSpec, model: Any, got: dict[str, Tensor], where: str) -> Rotation:
+def _from_hooks(spec: LayerSpec, buffers: Buffers, got: dict[str, Tensor], where: str) -> Rotation:
     if "cos" not in got or "sin" not in got:
         raise TLDynamicsError(
             f"{where} is rotary but fires no cos/sin hooks, so its rotation cannot be read"
@@ -132,9 +153,8 @@ def _from_hooks(spec: LayerSpec, model: Any, got: dict[str, Tensor], where: str)
     sin = got["sin"].reshape(-1, n_pos, n_rot)[0].cpu()
     inv_freq, magnitude = _fitted("half", cos, sin)
     positions = torch.arange(n_pos)
-    buffers = getattr(model, "original_model", model).named_buffers()
-    for name, buffer in buffers:  # the model's own float32 frequencies, where they fit exactly
-        if not name.endswith("inv_freq") or buffer.numel() != n_rot // 2:
+    for _, buffer in buffers():  # the model's own float32 frequencies, where they fit exactly
+        if buffer.numel() != n_rot // 2:
             continue
         candidate = Rotation(spec.layer, "half", n_rot, buffer.detach().double().cpu(), magnitude)
         mine_cos, mine_sin = candidate.cos_sin(positions)
@@ -158,7 +178,7 @@ def _adjacent_pairs(half: Rotation, got: dict[str, Tensor]) -> list[Rotation]:
     ]
 
 
-def _undoubled(spec: LayerSpec, model: Any, got: dict[str, Tensor]) -> list[Rotation]:
+def _undoubled(spec: LayerSpec, buffers: Buffers, got: dict[str, Tensor]) -> list[Rotation]:
     """A half-layout candidate for tables that hold each frequency once (GPT-OSS fires
     ``cos``/``sin`` of width ``rotary_dim / 2`` and rotates ``(x_k, x_{k + rotary_dim/2})``):
     tried last, kept only if it reproduces the rotated queries."""
@@ -168,8 +188,8 @@ def _undoubled(spec: LayerSpec, model: Any, got: dict[str, Tensor]) -> list[Rota
     if n_pos < 2:
         return []
     inv_freq, magnitude = torch.atan2(sin[1], cos[1]), float(cos[0, 0])
-    for name, buffer in getattr(model, "original_model", model).named_buffers():
-        if name.endswith("inv_freq") and buffer.numel() == n_rot:  # the model's own float32 values
+    for _, buffer in buffers():
+        if buffer.numel() == n_rot:  # the model's own float32 values
             inv_freq = buffer.detach().double().cpu()
             break
     return [Rotation(spec.layer, "half", 2 * n_rot, inv_freq, magnitude)]
@@ -189,16 +209,18 @@ def _hooked(spec: LayerSpec, model: Any, where: str) -> list[Rotation]:
 
 
 def _verified(
-    candidates: list[Rotation], got: dict[str, Tensor], queries: Queries, where: str
+    candidates: Iterable[Rotation], got: dict[str, Tensor], queries: Queries, where: str
 ) -> Rotation:
+    candidates = iter(candidates)
     if "x" not in got or "rot_q" not in got:
-        return candidates[0]  # the model shows no rotated query; the exactness tests check it
+        return next(candidates)  # the model shows no rotated query; the exactness tests check it
     q = queries(got["x"].float())
     scored = got["rot_q"].float().reshape(q.shape)
     tolerance = _tolerance(MATCH_RTOL, got["rot_q"], HALF_ULPS)
     positions = torch.arange(q.shape[1], device=q.device).expand(q.shape[:2])
-    errors = {}
+    errors, width = {}, None
     for rotation in candidates:
+        width = rotation.rotary_dim if width is None else width
         if rotation.rotary_dim > q.shape[-1]:
             continue  # an undoubled candidate wider than the head
         err = (rotation.rotate(q, positions) - scored).abs().max() / scored.abs().max().clamp_min(
@@ -209,6 +231,6 @@ def _verified(
             return rotation
     raise TLDynamicsError(
         f"{where}: the model's rotated queries are not reproduced by its rotary tables (relative "
-        f"errors {errors} for width {candidates[0].rotary_dim}); a rope scaling that changes "
+        f"errors {errors} for width {width}); a rope scaling that changes "
         "with the sequence (dynamic NTK) is not supported"
     )

@@ -1,8 +1,10 @@
-"""The self-check when a model is adapted: one short probe (``PROBE_TOKENS`` tokens, one row, no
-grad) through ``ModelAdapter.attention(..., reference=True)``, whose recomputed pattern and ``z``
-are compared with the model's own on every attention layer (its hooks; on delegating bridges
-and unhooked layers the Hugging Face module's own attention weights). A layer that disagrees by
-more than ``tolerance(dtype)`` is refused by name, with its reading, before any analysis runs.
+"""The self-check when a model is adapted: one probe pass (``_probepass``: ``PROBE_TOKENS`` tokens,
+one row, no grad, stopped after the last attention layer), whose recomputed pattern and ``z`` are
+compared with the model's own on every attention layer (its hooks; on delegating bridges and
+unhooked layers the Hugging Face module's own attention weights). A layer that disagrees by more
+than ``tolerance(dtype)`` is refused by name, with its reading, before any analysis runs. The same
+pass is the rotation probe: every rotary layer's ``Rotation`` is read and verified against the
+rotated queries it fired there (``_rotation``), so a rotary model is not run a second time.
 
 The probe cannot see what needs more than ``PROBE_TOKENS`` positions: a window of 8 tokens or
 more (every real one), RoPE scaling that starts past the original context, a long-context
@@ -11,7 +13,8 @@ readers (``_readers``: windows per layer, layer types honoured) and the flag ref
 (``_flags``), and by the exactness tests on prompts longer than the tiny models' windows.
 
 One probe per model object: the result is kept (weakly) under the model, its layer readings and
-its weights' version, so constructing many adapters over one model probes once.
+its weights' version, so constructing many adapters over one model probes once. A model whose
+own forward pass fails in the installed host is refused by name (``_probepass.host_failures``).
 """
 
 from __future__ import annotations
@@ -22,11 +25,24 @@ from typing import Any
 import torch
 
 from tl_dynamics.adapter import _capture, _readers
-from tl_dynamics.adapter._hub import hub_of
+from tl_dynamics.adapter._batch import Batch
+from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble
+from tl_dynamics.adapter._gemma4 import keep_kv, kv_source_roles
+from tl_dynamics.adapter._hub import ATTENTION_ROLES, hub_of
+from tl_dynamics.adapter._postrope import extra_roles
+from tl_dynamics.adapter._probepass import (
+    PROBE_TOKENS,
+    probe_pass,
+    probe_tokens,
+    rotation_layers,
+    rotation_probe,
+)
+from tl_dynamics.adapter._rotation import PROBE_ROLES
 from tl_dynamics.adapter._weights import weights_version
 from tl_dynamics.errors import TLDynamicsError
 
-PROBE_TOKENS = 8
+__all__ = ["PROBE_TOKENS", "TOLERANCE", "probe_tokens", "tolerance", "verify"]
+
 # largest |difference| allowed in a pattern entry; z is allowed this times max(1, max |z|)
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 _VERIFIED: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
@@ -42,17 +58,6 @@ def tolerance(dtype: torch.dtype) -> float:
     return TOLERANCE.get(dtype, TOLERANCE[torch.float32])
 
 
-def probe_tokens(d_vocab: int, n_ctx: int) -> torch.Tensor:
-    """The probe's token ids: one row of ``min(PROBE_TOKENS, n_ctx)`` distinct-looking ids.
-
-    Example:
-        >>> probe_tokens(512, 64).tolist()
-        [[11, 250, 489, 216, 455, 182, 421, 148]]
-    """
-    n = min(PROBE_TOKENS, n_ctx)
-    return ((torch.arange(n) * 7919 + 11) % d_vocab)[None]
-
-
 def verify(adapter: Any) -> None:
     """Run the self-check on ``adapter`` (once per model, readings and weights), or refuse the
     first layer whose reading does not reproduce the model's own pattern or ``z``."""
@@ -65,10 +70,26 @@ def verify(adapter: Any) -> None:
     if _VERIFIED.get(model) == key or not adapter.attention_layers:
         return
     tokens = probe_tokens(int(model.cfg.d_vocab), adapter.n_ctx)
+    layers = adapter.attention_layers
+    rotary, half = rotation_layers(adapter, PROBE_ROLES)
+    wanted = [(role, layer) for layer in layers for role in _roles(adapter.specs[layer])]
+    wanted += kv_source_roles(adapter.specs, set(layers))  # Gemma 4: another layer's keys
+    wanted += [(role, layer) for layer in rotary for role in PROBE_ROLES]
+    got, received = probe_pass(adapter, tokens, list(dict.fromkeys(wanted)), half)
+    adapter._cached(  # the rotation probe is this pass: the rotations below are read from it
+        ("probe", PROBE_ROLES), lambda: rotation_probe(adapter, PROBE_ROLES, (got, received))
+    )
+    batch = Batch(tokens, torch.ones_like(tokens, dtype=torch.bool), "right")
+    shared: dict = {}
+    tol = tolerance(adapter.dtype)
     with torch.no_grad():
-        layers = adapter.attention(tokens, reference=True, sinks=True)
-        tol = tolerance(adapter.dtype)
-        for layer, la in layers.items():
+        for layer in layers:  # read and verified against this pass's rotated queries
+            adapter.rotation(layer)
+        for layer in sorted(got):
+            keep_kv(adapter.specs, layer, got[layer], shared)  # for a later layer (Gemma 4)
+            if layer not in layers:
+                continue
+            la = assemble(adapter, layer, dict(got[layer]), batch, shared)
             pattern = la.pattern()
             err = _worst(pattern, la.reference.get("pattern"))
             what = "pattern"
@@ -80,6 +101,14 @@ def verify(adapter: Any) -> None:
                 raise _refusal(adapter, layer, what, err, tol, tokens.shape[1])
     _drop_weight_copies(adapter)
     _VERIFIED[model] = key
+
+
+def _roles(spec: Any) -> list[str]:
+    """What the self-check reads of an attention layer: what ``capture(reference=True)`` reads
+    (``_hub``), but the summed output (not compared; on a HookedTransformer it fires after the
+    attention module, where the probe pass may have stopped). Rotary layers add ``PROBE_ROLES``."""
+    reference = [role for role in REFERENCE_ROLES if role != "out"]
+    return list(ATTENTION_ROLES) + extra_roles(spec) + reference
 
 
 def _drop_weight_copies(adapter: Any) -> None:
