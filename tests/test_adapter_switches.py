@@ -111,3 +111,27 @@ def test_kv_sharing_on_another_family_is_refused():
     assert _switches.kv_shared(NS(), "llama") is False
     with pytest.raises(TLDynamicsError, match=r"is_kv_shared_layer: set on a llama layer"):
         _switches.kv_shared(NS(is_kv_shared_layer=True), "llama")
+
+
+@pytest.mark.parametrize(
+    "attribute", ["attention_chunk_size", "attn_temperature_tuning", "floor_scale"]
+)
+def test_llama4_long_context_switches_hidden_are_refused_never_read_as_no_limit(
+    monkeypatch, attribute
+):
+    """Llama 4's chunked attention and NoPE query scaling start past 8 tokens, where the
+    self-check cannot see them: the context limit they set is read from switches that a Llama 4
+    text config always has, alone or inside the multimodal config, and a renamed one is refused."""
+    from types import SimpleNamespace as NS
+
+    import transformers
+
+    from tl_dynamics.adapter import _flags
+
+    text = transformers.Llama4TextConfig(attention_chunk_size=96, floor_scale=64)
+    for config in (text, transformers.Llama4Config(text_config=text.to_dict())):
+        assert _flags.query_scaling_context(NS(original_model=NS(config=config))) == 64
+    _hide(monkeypatch, attribute)
+    with pytest.raises(TLDynamicsError) as caught:
+        _flags.query_scaling_context(NS(original_model=NS(config=text)))
+    _refused(str(caught.value), "Llama4TextConfig", attribute)

@@ -111,10 +111,15 @@ def query_scaling_context(model: Any) -> int | None:
         # Llama 4: attention is chunked (keys of the query's own chunk only) from
         # attention_chunk_size tokens on, and NoPE layers scale queries by
         # 1 + attn_scale * log(1 + floor((p + 1) / floor_scale)), exactly 1 below floor_scale
-        limits = [getattr(cfg, "attention_chunk_size", None)]
-        if getattr(cfg, "attn_temperature_tuning", False):
-            limits.append(getattr(cfg, "floor_scale", None))
-        if any(limits) and type(cfg).__name__.startswith("Llama4"):
+        # (a Llama 4 text config always carries the three switches: a renamed one is refused,
+        # never read as "no limit", which a probe of 8 tokens could not see)
+        if type(cfg).__name__ != "Llama4TextConfig":
+            continue
+        chunk = required(cfg, "attention_chunk_size", "chunked attention from this many tokens")
+        limits = [chunk]
+        if required(cfg, "attn_temperature_tuning", "NoPE layers scale their queries by position"):
+            limits.append(required(cfg, "floor_scale", "query scaling is 1 below this position"))
+        if any(limits):
             return int(min(v for v in limits if v))
     return None
 
