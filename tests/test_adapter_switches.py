@@ -135,3 +135,20 @@ def test_llama4_long_context_switches_hidden_are_refused_never_read_as_no_limit(
     with pytest.raises(TLDynamicsError) as caught:
         _flags.query_scaling_context(NS(original_model=NS(config=text)))
     _refused(str(caught.value), "Llama4TextConfig", attribute)
+
+
+@pytest.mark.parametrize("arch", ["OlmoHybridForCausalLM", "Llama4ForCausalLM"])
+def test_a_hidden_key_norm_is_refused_never_replaced_by_the_query_norm(monkeypatch, arch):
+    """Keys normalised before rotary: OLMo-Hybrid's own ``k_norm``, Llama 4's ``qk_norm`` shared
+    with the queries. With the attribute the layer uses hidden, the adapter refuses by name
+    rather than normalise keys with the query's norm (equal gains at initialisation would let
+    that pass the self-check on a fresh model)."""
+    model = boot_tiny(arch)
+    ModelAdapter(model, verify=False).attention(testing.PROMPTS[0])  # reads as it should
+    hidden = "k_norm" if arch.startswith("Olmo") else "qk_norm"
+    _hide(monkeypatch, hidden)
+    if hidden == "k_norm":
+        _hide(monkeypatch, "qk_norm")  # the shared norm it may not fall back to is absent too
+    with pytest.raises(TLDynamicsError) as caught:
+        ModelAdapter(model, verify=False).attention(testing.PROMPTS[0])
+    _refused(str(caught.value), r"\w+", "qk_norm")

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from tl_dynamics.adapter._mla import latent_qkv
 from tl_dynamics.adapter._qknorm import QueryNorm, read_query_norm
+from tl_dynamics.adapter._readers import optional, refusal, required
 from tl_dynamics.adapter._rotary import positions_from_mask
 
 __all__ = ["scored_qkv"]
@@ -61,7 +62,11 @@ def key_norm(adapter: Any, layer: int) -> QueryNorm:
     the module's ``k_norm`` (OLMo-Hybrid, over all key heads) or, where q and k share one
     (Llama 4's ``qk_norm``), the query norm itself."""
     orig = adapter.model.blocks[layer].attn.original_component
-    if getattr(orig, "k_norm", None) is None:
+    if optional(orig, "k_norm") is None:
+        # no key norm of its own: only a norm shared with the queries may stand in (never the
+        # query's norm read for a key norm that a rename hid)
+        if required(orig, "qk_norm", "one norm shared by queries and keys") is None:
+            raise refusal(orig, "qk_norm", "None on a layer that normalises its keys")
         return adapter.query_norm(layer)
     return read_query_norm(
         SimpleNamespace(q_norm=orig.k_norm),
