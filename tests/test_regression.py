@@ -189,6 +189,22 @@ def test_result_faces_and_bad_settings():
         regression.compute(ad, torch.tensor([[5]]))
 
 
+def test_a_prompt_shorter_than_the_claim_band_draws_no_empty_map_and_says_why(recwarn):
+    """A prompt whose destinations never see 2 d_head keys has no claim: the view says so, with
+    the count, instead of drawing an all-empty map (the report's default prompt on code-2l)."""
+    ad = ModelAdapter(testing.cached_model("gpt2"))  # d_head 16: the claim band starts at 32
+    short = regression.compute(ad, ["def f(x):\n    return x\n", "a = 1 + 2 + 3"], n_boot=10)
+    assert not np.isfinite(short.delta_regression).any()
+    kinds = [type(c).__name__ for c in short.show().components]
+    texts = " ".join(c.fragment("n") for c in short.show().components)
+    assert "Heatmap" not in " ".join(kinds) and "no map is drawn" in texts
+    assert "at least 32 keys: 0" in texts
+    long = regression.compute(ad, "def f(x):\n    return x * 2 + 1\n" * 3, layers=1, n_boot=10)
+    assert np.isfinite(long.delta_regression).any()
+    assert "no map is drawn" not in " ".join(c.fragment("n") for c in long.show().components)
+    assert not [w for w in recwarn if "All-NaN" in str(w.message)]
+
+
 @pytest.mark.slow
 def test_sink_epsilon_matches_a_hand_computation():
     """Sink^eps (Gu et al. 2025) on GPT-Neo, whose local layers' queries past the window do not

@@ -187,6 +187,15 @@ class RegressionResult:
             f"destinations with at least {self.min_visible} visible keys; units: {self.units} "
             f"({self.n_units[0]} fitting, {self.n_units[1]} held out); docs/math.md §8.4."
         )
+        table = viz.table(self.claims(), caption="Each head's claim (claim band)")
+        if not np.isfinite(self.delta_regression[..., 0]).any():  # nothing to draw: say why
+            held = int(self.n_held[:, -1].max()) if self.n_held.size else 0
+            why = (
+                f"No head has a held-out R² in the claim band, so no map is drawn: held-out "
+                f"destinations that see at least {self.min_visible} keys: {held}. Give prompts "
+                f"longer than {self.min_visible} tokens (several of them, for held-out units)."
+            )
+            return viz.group(viz.text(self.notice), viz.text(why), table)
         heat = viz.heatmap(
             self.delta_regression[..., 0],
             row_labels=[f"L{layer}" for layer in self.layers],
@@ -197,5 +206,4 @@ class RegressionResult:
             value_name="delta R²",
             caption=caption,
         )
-        table = viz.table(self.claims(), caption="Each head's claim (claim band)")
         return viz.group(viz.text(self.notice), heat, table)

@@ -51,8 +51,9 @@ def _packed_props(value: Any) -> Any:
 def _scale(arr: np.ndarray, lo: float | None, hi: float | None) -> tuple[float, float, str, str]:
     """Range, scale and colour map: attention (no range given, values in [0, 1]) on a
     square-root scale; signed values on a diverging map centred on 0."""
-    if lo is None and hi is None and (not arr.size or np.nanmin(arr) >= 0):
-        top = float(np.nanmax(arr)) if arr.size and np.isfinite(arr).any() else 1.0
+    finite = arr[np.isfinite(arr)]
+    if lo is None and hi is None and (not finite.size or finite.min() >= 0):
+        top = float(finite.max()) if finite.size else 1.0
         return 0.0, max(1.0, top), "sqrt", "blues"
     low, high = finite_range(arr, lo, hi)
     return low, high, "linear", "rdbu" if low < 0 < high else "blues"
