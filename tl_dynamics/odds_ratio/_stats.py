@@ -261,20 +261,10 @@ def _direct_row_facts(
     return out
 
 
-# Per-row facts summed over rows per head, in this order (absent ones, a bias's without a bias or
-# a learned sink's without one, sum to zero).
-ROW_TOTALS = (
-    "var_r",
-    "var_prior",
-    "var_bias",
-    "cov_r_prior",
-    "cov_r_bias",
-    "cov_prior_bias",
-    "kl_prior",
-    "kl_loglik",
-    "entropy",
-    "learned_sink",
-)
+# Per-row facts summed over rows per head: the sums of ``SUM_KEYS`` after the row count and
+# before the top-key agreements (absent ones, a bias's without a bias or a learned sink's without
+# one, sum to zero).
+ROW_TOTALS = SUM_KEYS[SUM_KEYS.index("var_r") : SUM_KEYS.index("top_real")]
 
 
 def _finish(
