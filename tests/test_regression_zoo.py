@@ -15,6 +15,7 @@ import pytest
 
 from tl_dynamics import zoo
 from tl_dynamics.adapter import ModelAdapter
+from tl_dynamics.regression._measure import MARGIN
 from tl_dynamics.zoo import _load
 from tl_dynamics.zoo import _regression_card as card
 from tl_dynamics.zoo import _regression_task as task
@@ -57,21 +58,24 @@ def readings(trained):
 
 def test_controls_claim_no_regression(readings):
     """(c) The same weights shuffled and the same configuration untrained: no head's best ridge
-    or GD predictor beats its best linear or control predictor, even at the point estimate
-    (measured: every difference below -0.07; most of their heads read ``linear``, since small
-    scores are the near-linear regime of softmax)."""
+    or GD predictor beats its best linear or control predictor by more than a fifth of the margin,
+    even at the point estimate (measured: at most +0.003; most of their heads read ``linear``,
+    since small scores are the near-linear regime of softmax)."""
     for label in ("shuffled", "untrained"):
         res = next(r for k, r in readings.items() if k.startswith(label))
         assert not res.regression_like.any(), label
-        assert np.nanmax(res.delta_regression[..., 0]) < 0, label
+        assert (res.reading() != "regression").all(), label
+        assert np.nanmax(res.delta_regression[..., 0]) < MARGIN / 5, label
 
 
-def test_trained_model_has_one_head_closer_to_ridge_than_to_linear_attention(readings):
-    """(b), what is found: the trained model's layer-1 head L1H4 is the head whose best ridge or
-    GD predictor most beats its best linear-attention or control predictor (here ridge@0.01,
-    held-out R² 0.43 against linear_norm's 0.23: +0.20, the lower end of its interval +0.05;
-    +0.08 and +0.10 on the sequences of seeds 3 and 12), above every control head (all
-    negative, at most -0.05); the other heads read ``linear`` or a baseline."""
+def test_trained_model_has_heads_that_read_regression_well_above_their_controls(readings):
+    """(b) The trained model: layer-1 head L1H4 is the head whose best ridge or GD predictor
+    most beats its best linear-attention or control predictor (ridge@0.1, held-out R² 0.57
+    against ``gd1``'s 0.34: +0.23, the lower end of its interval +0.16), and it reads
+    ``regression``, as does L0H1 (ridge@1, 0.84 against 0.75: +0.08, lower end +0.05); every
+    control head's difference is at most +0.003. On the card's sequences (seed 3) L1H4 gives
+    +0.17 (lower end +0.11), on seed 12 +0.12 (+0.04, R² 0.44: ``unexplained``), where L0H1
+    still reads ``regression`` (+0.11, lower end +0.06)."""
     res = readings["trained"]
     delta = res.delta_regression[..., 0]
     layer, head = np.unravel_index(np.nanargmax(delta), delta.shape)
@@ -79,17 +83,9 @@ def test_trained_model_has_one_head_closer_to_ridge_than_to_linear_attention(rea
     controls = max(
         np.nanmax(r.delta_regression[..., 0]) for k, r in readings.items() if k != "trained"
     )
-    assert delta[layer, head] > controls + 0.1, (delta[layer, head], controls)
-    assert delta[layer, head] > 0.05
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 32 (b) not met: L1H4's ridge predictor explains under half of its z (R² 0.43) "
-    "and clears the margin only on some held-out sets, so no head reads 'regression' "
-    "(docs/math.md §8.5)",
-)
-def test_trained_model_has_a_head_that_reads_regression(readings):
-    """(b), what the issue asks: a head read as in-context regression (beyond its linear and
-    control predictors by the margin, and explaining at least half of z's variance)."""
-    assert (readings["trained"].reading() == "regression").any()
+    assert delta[layer, head] > controls + 0.15, (delta[layer, head], controls)
+    reads = {
+        (int(res.layers[a]), int(res.heads[b]))
+        for a, b in zip(*np.nonzero(res.reading() == "regression"))
+    }
+    assert {(1, 4), (0, 1)} <= reads, reads

@@ -164,7 +164,7 @@ def predict(
     ridge, best, gd = _filters(s, lam, gd_steps, n, (C * C).sum(-1), vc2)
     filt = torch.cat([ridge, best[:, :, None], gd], dim=2)[:, kv_of]  # [N, h, F, d]
     qt = q[b, t]  # [N, h, d]
-    a = (U[:, kv_of].transpose(-1, -2) @ (qt - kbar[:, kv_of])[..., None])[..., 0]
+    a = (U[:, kv_of].transpose(-1, -2) @ qt[..., None])[..., 0]
     dev = torch.einsum("nhfj,nhje->nhfe", filt, a[..., None] * C[:, kv_of])
     vb = vbar[:, kv_of]
     linear = (qt[..., None, :] @ skv[:, kv_of])[..., 0, :]

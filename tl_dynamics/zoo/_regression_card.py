@@ -112,12 +112,16 @@ def verdict(results: dict[str, Any]) -> str:
         np.nanmax(r.delta_regression[..., 0]) for k, r in results.items() if k != "trained"
     )
     met = (res.reading() == "regression").any()
+    controls_read = any(
+        (r.reading() == "regression").any() for k, r in results.items() if k != "trained"
+    )
     return (
         f"The head whose best ridge or GD predictor most beats its best linear-attention or "
         f"control predictor is L{res.layers[i]}H{res.heads[j]}: {row.best_regression} held-out "
         f"R² {row.r2_regression:.2f} against {row.best_linear}'s {row.r2_linear:.2f} "
         f"({row.delta_regression:+.2f}, lower end {row.delta_regression_low:+.2f}); it reads "
-        f"`{row.reading}`. No control head has a positive difference (largest {rivals:+.2f}). "
+        f"`{row.reading}`. {'A' if controls_read else 'No'} control head reads `regression` "
+        f"(their largest difference: {rivals:+.2f}). "
         "The issue's planted case (b), heads that read `regression` well above their "
         f"controls, is {'met' if met else 'not met'} here (docs/math.md §8.5)."
     )
