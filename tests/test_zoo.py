@@ -314,3 +314,28 @@ def test_minilm_attention_reproduces_through_the_adapter(loaded):
     for la in layers.values():
         torch.testing.assert_close(la.pattern(), la.reference["pattern"], atol=1e-5, rtol=0)
         torch.testing.assert_close(la.z(), la.reference["z"], atol=1e-5, rtol=0)
+
+
+def test_untrained_is_the_shipped_configuration_at_initialisation():
+    """``zoo.untrained``: same configuration and tokenizer as the shipped model, other weights
+    (seeded: two calls agree, two seeds differ), the caller's torch random stream untouched;
+    minilm and unknown names refused by name."""
+    trained = zoo.load("induction-2l")
+    a, b, c = (zoo.untrained("induction-2l", seed=s) for s in (0, 0, 1))
+    tokens = trained.to_tokens("ABCDEFGH ABCDEFGH")
+    assert a.cfg.d_model == trained.cfg.d_model and a.cfg.n_layers == trained.cfg.n_layers
+    assert torch.equal(a.to_tokens("ABCDEFGH ABCDEFGH"), tokens)
+    with torch.no_grad():
+        la, lb, lc, lt = (m(tokens) for m in (a, b, c, trained))
+    assert torch.equal(la, lb) and not torch.allclose(la, lc) and not torch.allclose(la, lt)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    zoo.untrained("regression-2l")
+    assert torch.equal(torch.rand(3), expected)
+    with pytest.raises(TLDynamicsError, match="'minilm' is a pretrained encoder"):
+        zoo.untrained("minilm")
+    with pytest.raises(TLDynamicsError, match="unknown zoo model 'gpt-5'"):
+        zoo.untrained("gpt-5")
+    with pytest.raises(TLDynamicsError, match="n must be a positive int"):
+        zoo.regression_sequences(0, seed=1)

