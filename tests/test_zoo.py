@@ -339,3 +339,5 @@ def test_untrained_is_the_shipped_configuration_at_initialisation():
         zoo.untrained("gpt-5")
     with pytest.raises(TLDynamicsError, match="n must be a positive int"):
         zoo.regression_sequences(0, seed=1)
+    with pytest.raises(TLDynamicsError, match="seed must be an int"):
+        zoo.regression_sequences(4, seed="11")  # type: ignore[arg-type]

@@ -254,4 +254,6 @@ def regression_sequences(n: int, seed: int) -> Any:
 
     if not (isinstance(n, int) and n > 0):
         raise TLDynamicsError(f"zoo.regression_sequences: n must be a positive int, got {n!r}")
+    if not isinstance(seed, int):
+        raise TLDynamicsError(f"zoo.regression_sequences: seed must be an int, got {seed!r}")
     return _regression_task.heldout_sample(n, seed).tokens
