@@ -160,7 +160,7 @@ def test_readings_do_not_depend_on_how_the_scores_are_factored():
     """Queries times ``c`` and keys divided by ``c`` leave every score, the model and its ``z``
     unchanged, so no reading may change: every predictor is ``vbar + (linear in q_t)`` with a
     fitted gain (§8.2). Evaluating ridge and GD at ``q_t - kbar_t`` instead (the first version)
-    changed held-out R² by up to 0.5 and flipped readings under this reparametrisation."""
+    fails this: claim-band R² moved by up to 0.25 here."""
     tokens = PROMPTS[:4, :64]
     base = regression.compute(_induction(), tokens, layers=0)
     with torch.no_grad():
