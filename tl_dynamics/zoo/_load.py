@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from tl_dynamics import compat
 from tl_dynamics.compat import Host, tl_major_version
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.zoo import _files
+
+if TYPE_CHECKING:
+    import torch
 
 # name -> one-line description. Folder models live in tl_dynamics/zoo/models/<name>/.
 _SHIPPED = {
@@ -197,8 +200,10 @@ def _boot_minilm(folder: Path) -> Any:
 
 
 def untrained(name: str, seed: int = 0, host: Optional[Host] = None) -> Any:
-    """The control every trained zoo model needs: its configuration and tokenizer at
-    initialisation (torch seed ``seed``), loaded through the same path as the shipped model.
+    """A shipped model's configuration and tokenizer at initialisation: its untrained control.
+
+    The weights are drawn with torch seed ``seed`` and loaded through the same path as the
+    shipped model; the caller's random stream is left as it was.
 
     Args:
         name: A shipped model of ``names()`` (``minilm`` has no initialisation here).
@@ -237,10 +242,18 @@ def untrained(name: str, seed: int = 0, host: Optional[Host] = None) -> Any:
         return load_folder(Path(tmp), name, host or default_host(name))
 
 
-def regression_sequences(n: int, seed: int) -> Any:
-    """``n`` sequences of ``regression-2l``'s task, token ids ``[n, 48]`` (no BOS: the x-tokens,
-    where the model predicts a y, are the even positions), drawn from a generator seeded with
-    ``seed`` (training drew from seed 1, its evaluation from 2, the model card from 3 and 7).
+def regression_sequences(n: int, seed: int) -> torch.Tensor:
+    """Held-out sequences of ``regression-2l``'s task (in-context linear regression), as token ids.
+
+    No BOS: the x-tokens, where the model predicts a y, are the even positions.
+
+    Args:
+        n: How many sequences.
+        seed: The seed of their generator (training drew from seed 1, its evaluation from 2,
+            the model card from 3 and 7).
+
+    Returns:
+        Token ids ``[n, 48]`` (int64).
 
     Example:
         >>> from tl_dynamics import zoo
