@@ -164,6 +164,8 @@ def predict(
     ridge, best, gd = _filters(s, lam, gd_steps, n, (C * C).sum(-1), vc2)
     filt = torch.cat([ridge, best[:, :, None], gd], dim=2)[:, kv_of]  # [N, h, F, d]
     qt = q[b, t]  # [N, h, d]
+    # read at q_t, not q_t - kbar: a direction, as in linear_norm, so that queries x c and keys / c
+    # (the same head) scale every deviation by c^2, which the fitted gain absorbs (§8.2)
     a = (U[:, kv_of].transpose(-1, -2) @ qt[..., None])[..., 0]
     dev = torch.einsum("nhfj,nhje->nhfe", filt, a[..., None] * C[:, kv_of])
     vb = vbar[:, kv_of]
