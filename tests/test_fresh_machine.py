@@ -61,7 +61,11 @@ def test_lock_diff_names_exactly_the_packages_that_moved(tmp_path, capsys):
     here = tmp_path / "lock.txt"
     lock.freeze(venv, here)
     pins = lock.read_lock(here)
-    assert pins["torch"] == compat.TESTED_ON["torch"]  # the local label is dropped
+    import torch
+
+    # the local label (+cpu, +cu130) is dropped; the installed release need not be the locked one
+    # (the canary runs this in environments of the newest releases)
+    assert pins["torch"] == torch.__version__.split("+")[0]
     moved = here.read_text().replace(f"\nnumpy=={pins['numpy']}\n", "\nnumpy==0.0.1\n")
     here.write_text(moved + "a-package-that-left==1.0\n")
     capsys.readouterr()
