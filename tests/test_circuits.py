@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import adapter_for, requires_hooked
-from tl_dynamics import circuits, testing, viz
+from tl_dynamics import circuits, testing, viz, zoo
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.circuits import _composition, _topk
 from tl_dynamics.errors import TLDynamicsError
@@ -512,19 +512,10 @@ def test_induction_head_copies_and_its_k_circuit_matches_the_previous_token():
         assert tc.fraction >= INDUCTION_MIN_FRACTION, tc.summary()
 
 
-def test_k_circuit_of_an_untrained_induction_model_is_at_chance(tmp_path):
+def test_k_circuit_of_an_untrained_induction_model_is_at_chance():
     """The control for the test above: the same token-level K-circuit on the same architecture
     at initialisation picks the matching key for few tokens (chance is 1 in 62)."""
-    from tl_dynamics.zoo import _data
-    from tl_dynamics.zoo._load import default_host, load_folder
-    from tl_dynamics.zoo._torch_model import TorchTransformer
-    from tl_dynamics.zoo.train import INDUCTION_CFG, save_folder
-
-    torch.manual_seed(0)
-    save_folder(
-        tmp_path, TorchTransformer(INDUCTION_CFG), INDUCTION_CFG, _data.induction_tokenizer()
-    )
-    adapter = ModelAdapter(load_folder(tmp_path, "induction-2l", default_host("induction-2l")))
+    adapter = ModelAdapter(zoo.untrained("induction-2l", seed=0))
     symbols = torch.arange(2, adapter.W_E.shape[0])
     earlier = [(0, h) for h in range(adapter.n_heads)]
     fractions = [

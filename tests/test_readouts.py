@@ -127,17 +127,9 @@ def test_positional_topk_of_a_bidirectional_model_is_not_masked():
 
 # ------------------------------------------------------------------ headline sentences
 @pytest.fixture(scope="module")
-def untrained(tmp_path_factory) -> ModelAdapter:
+def untrained() -> ModelAdapter:
     """induction-2l's architecture at initialisation (seed 0): the control."""
-    from tl_dynamics.zoo import _data
-    from tl_dynamics.zoo._load import default_host, load_folder
-    from tl_dynamics.zoo._torch_model import TorchTransformer
-    from tl_dynamics.zoo.train import INDUCTION_CFG, save_folder
-
-    folder = tmp_path_factory.mktemp("untrained")
-    torch.manual_seed(0)
-    save_folder(folder, TorchTransformer(INDUCTION_CFG), INDUCTION_CFG, _data.induction_tokenizer())
-    return ModelAdapter(load_folder(folder, "induction-2l", default_host("induction-2l")))
+    return ModelAdapter(zoo.untrained("induction-2l", seed=0))
 
 
 def section_text(page) -> str:

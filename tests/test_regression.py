@@ -162,9 +162,10 @@ def test_readings_do_not_depend_on_how_the_scores_are_factored():
     fitted gain (§8.2). Evaluating ridge and GD at ``q_t - kbar_t`` instead (the first version)
     fails this: claim-band R² moved by up to 0.25 here."""
     tokens = PROMPTS[:4, :64]
-    base = regression.compute(_induction(), tokens, layers=0)
+    model = _induction()
+    base = regression.compute(model, tokens, layers=0)
     with torch.no_grad():
-        logits = _induction().model(tokens)
+        logits = model.model(tokens)
     for c in (3.0, 1 / 3):
         moved = _induction(c, 1 / c, heads=slice(0, 4))
         with torch.no_grad():

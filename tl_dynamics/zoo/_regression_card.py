@@ -24,12 +24,6 @@ SHUFFLE_SEED = 1
 UNTRAINED_SEED = 0
 
 
-def untrained(host: str | None = None, seed: int = UNTRAINED_SEED) -> Any:
-    """``regression-2l``'s configuration and tokenizer at initialisation: the untrained control
-    (``zoo.untrained``)."""
-    return _untrained(NAME, seed, host)  # type: ignore[arg-type]
-
-
 def readings(
     model: Any, stride: int = 2, seed: int = ANALYSIS_SEED, n: int = ANALYSIS_PROMPTS
 ) -> Any:
@@ -51,7 +45,9 @@ def controls(model: Any, stride: int = 2, seed: int = ANALYSIS_SEED) -> dict[str
     return {
         "trained": readings(adapter, stride, seed),
         f"shuffled (seed {SHUFFLE_SEED})": readings(shuffled, stride, seed),
-        f"untrained (seed {UNTRAINED_SEED})": readings(untrained(), stride, seed),
+        f"untrained (seed {UNTRAINED_SEED})": readings(
+            _untrained(NAME, UNTRAINED_SEED), stride, seed
+        ),
     }
 
 
