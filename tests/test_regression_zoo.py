@@ -69,13 +69,12 @@ def test_controls_claim_no_regression(readings):
 
 
 def test_trained_model_has_heads_that_read_regression_well_above_their_controls(readings):
-    """(b) The trained model: layer-1 head L1H4 is the head whose best ridge or GD predictor
-    most beats its best linear-attention or control predictor (ridge@0.1, held-out R² 0.57
-    against ``gd1``'s 0.34: +0.23, the lower end of its interval +0.16), and it reads
-    ``regression``, as does L0H1 (ridge@1, 0.84 against 0.75: +0.08, lower end +0.05); every
-    control head's difference is at most +0.003. On the card's sequences (seed 3) L1H4 gives
-    +0.17 (lower end +0.11), on seed 12 +0.12 (+0.04, R² 0.44: ``unexplained``), where L0H1
-    still reads ``regression`` (+0.11, lower end +0.06)."""
+    """(b) The trained model, 64 held-out sequences (32 held out): layer-1 head L1H4 is the head
+    whose best ridge or GD predictor most beats its best rival on the held-out units (ridge@0.1,
+    held-out R² 0.57 against ``gd1``'s 0.34: +0.23, interval +0.15 to +0.32), and it reads
+    ``regression``; every control head's difference is at most +0.003. L0H1 (ridge@1 0.84 against
+    ``linear_norm``'s 0.76: +0.08, interval +0.05 to +0.11) is undecided at this size: its
+    interval reaches the margin (docs/math.md §8.5, §9.2)."""
     res = readings["trained"]
     delta = res.delta_regression[..., 0]
     layer, head = np.unravel_index(np.nanargmax(delta), delta.shape)
@@ -84,8 +83,6 @@ def test_trained_model_has_heads_that_read_regression_well_above_their_controls(
         np.nanmax(r.delta_regression[..., 0]) for k, r in readings.items() if k != "trained"
     )
     assert delta[layer, head] > controls + 0.15, (delta[layer, head], controls)
-    reads = {
-        (int(res.layers[a]), int(res.heads[b]))
-        for a, b in zip(*np.nonzero(res.reading() == "regression"))
-    }
-    assert {(1, 4), (0, 1)} <= reads, reads
+    table = res.claims().set_index(["layer", "head_index"])
+    assert table.loc[(1, 4), "reading"] == "regression"
+    assert table.loc[(0, 1), "reading"] in ("regression", "undecided")

@@ -32,18 +32,13 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """
     stride = max(1, -(-batch.tokens.shape[1] // REPORT_DESTINATIONS))
     result = compute(adapter, batch, n_boot=100, stride=stride)
-    claimed = result.claims()
-    counts = claimed.reading.value_counts()
-    n_like, n_linear = int(counts.get("regression", 0)), int(counts.get("linear", 0))
-    held = int(result.n_held[0, -1].max()) if result.n_held.size else 0
     intro = (
         "Each head's output z (before W_O) against what in-context regression of its values on "
         "its keys would give: linear attention, ridge over a lambda path and at the GCV pick, "
         "gradient descent from zero, and the controls (mean of the visible values, the first "
-        "value, v_t, v_{t-1}), each with one fitted gain (docs/math.md §8). "
-        f"Of {len(claimed)} heads, {n_like} read as regression beyond their linear and control "
-        f"predictors and {n_linear} as linear attention beyond their controls (held-out "
-        f"destinations in the claim band: {held}; none means no claim is made). {result.notice}"
+        "value, v_t, v_{t-1}), each with one fitted gain (docs/math.md §8). Every reading is a "
+        "claim, a no or 'undecided', from 95% intervals over held-out units (docs/math.md §9). "
+        f"{result.summary()} {result.notice}"
         + (f" Every {stride}th destination is measured (all keys are used)." if stride > 1 else "")
     )
     page.add_section(TITLE, [result.show()], intro=intro, math="docs/math.md §8")

@@ -4,13 +4,15 @@ head's claim (docs/math.md §8.4)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from tl_dynamics import viz
-from tl_dynamics.regression._measure import CLAIM, EXPLAINED, MARGIN, Scores
+from tl_dynamics.regression._measure import CLAIM, Scores
+from tl_dynamics.regression._readings import Reading, read, summary
 
 NOTICE = (
     "Claims are restricted to destinations that see at least {claim:g} d_head = {n} keys "
@@ -24,11 +26,25 @@ class RegressionResult:
     """How close each head's output ``z`` is to in-context regression of values on keys.
 
     Arrays are indexed ``[layer, band, head, predictor]`` (``r2``, ``r2_low``, ``r2_high``,
-    ``gain``, ``fit_r2``) or ``[layer, head]`` (the claim). The last band, ``bands[-1]``, is the
-    claim band: destinations that see at least ``2 d_head`` keys. ``regression_like`` is True
-    where the held-out R² of the head's best regression predictor (linear attention, ridge, GD;
-    chosen on the fitting units) beats its best control (the baselines) by more than ``MARGIN``
-    at the lower end of the bootstrap interval (docs/math.md §8.4).
+    ``gain``, ``fit_r2``), ``[layer, band, head]`` (``n_fit``, ``n_held``: destinations;
+    ``units_held``: held-out units) or ``[layer, head]`` (the claim). The last band,
+    ``bands[-1]``, is the claim band: destinations that see at least ``2 d_head`` keys.
+    Intervals are 95% expanded percentile intervals over held-out units (docs/math.md §9).
+
+    ``reading()`` is a claim, a "no" or ``"undecided"`` for every head (docs/math.md §8.4):
+    ``"regression"`` where the best ridge or GD predictor (chosen on the fitting units) beats
+    the best linear or control predictor on the held-out units (``rival_regression``) by more
+    than ``MARGIN`` R² over its whole interval and explains at least ``EXPLAINED`` of z;
+    ``"linear"`` likewise against the best control (``rival_linear``); else the best control's
+    name or ``"unexplained"``; ``"undecided"`` where an interval straddles its threshold or the
+    claim band has fewer than ``evidence.MIN_UNITS`` held-out units. ``regression_like`` and
+    ``linear_like`` are the heads whose reading is that claim.
+
+    Example:
+        >>> from tl_dynamics import regression, testing
+        >>> res = regression.compute(testing.cached_model("gpt2"), "a b c d e f g h", layers=0)
+        >>> sorted(set(res.reading().ravel()))  # 4 held-out blocks: too few units for a claim
+        ['undecided']
     """
 
     architecture: str
@@ -44,10 +60,11 @@ class RegressionResult:
     fit_r2: np.ndarray
     n_fit: np.ndarray  # [layer, band, head]
     n_held: np.ndarray
+    units_held: np.ndarray  # [layer, band, head]
     best_regression: np.ndarray  # [layer, head]: predictor indices chosen on the fitting units
     best_linear: np.ndarray
-    best_control: np.ndarray
-    best_rival: np.ndarray  # the best linear or control predictor
+    rival_regression: np.ndarray  # [layer, head]: the best linear or control predictor, held out
+    rival_linear: np.ndarray  # the best control predictor, held out
     delta_regression: np.ndarray  # [layer, head, 3]: held-out R² difference, 95% interval
     delta_linear: np.ndarray
     z_error: tuple[float, ...]  # per layer: float64 softmax row vs the model's z (relative)
@@ -62,20 +79,12 @@ class RegressionResult:
         def stack(name: str) -> np.ndarray:
             return np.stack([getattr(s, name) for s in scores])
 
-        names = "gain r2 r2_low r2_high fit_r2 n_fit n_held".split()
-        best = {
-            f"best_{k}": np.stack([s.best[f] for s in scores])
-            for k, f in (
-                ("regression", "regression"),
-                ("linear", "linear"),
-                ("control", "control"),
-                ("rival", "baseline_or_linear"),
-            )
-        }
-        delta = {
-            f"delta_{k}": np.stack([s.delta[k] for s in scores]) for k in ("regression", "linear")
-        }
-        arrays: dict[str, Any] = {n: stack(n) for n in names} | best | delta
+        names = "gain r2 r2_low r2_high fit_r2 n_fit n_held units_held".split()
+        arrays: dict[str, Any] = {n: stack(n) for n in names}
+        for k in ("regression", "linear"):
+            arrays[f"best_{k}"] = np.stack([s.best[k] for s in scores])
+            arrays[f"rival_{k}"] = np.stack([s.rival[k] for s in scores])
+            arrays[f"delta_{k}"] = np.stack([s.delta[k] for s in scores])
         return cls(**fields, **arrays)
 
     @property
@@ -88,32 +97,25 @@ class RegressionResult:
         """The restriction every claim carries."""
         return NOTICE.format(claim=CLAIM, n=self.min_visible)
 
+    @cached_property
+    def _read(self) -> Reading:
+        return read(self)
+
     @property
     def regression_like(self) -> np.ndarray:
-        """``[layer, head]``: the best ridge or GD predictor beats the best of the linear and
-        control predictors by more than ``MARGIN`` R² at the lower end of its bootstrap
-        interval, in the claim band."""
-        return np.nan_to_num(self.delta_regression[..., 1], nan=-np.inf) > MARGIN
+        """``[layer, head]``: the heads that read ``"regression"`` (docs/math.md §8.4)."""
+        return self._read.label == "regression"
 
     @property
     def linear_like(self) -> np.ndarray:
-        """``[layer, head]``: the best linear-attention predictor beats the best control by more
-        than ``MARGIN`` R² at the lower end of its bootstrap interval, in the claim band (the
-        near-linear regime of softmax, docs/math.md §8.4)."""
-        return np.nan_to_num(self.delta_linear[..., 1], nan=-np.inf) > MARGIN
+        """``[layer, head]``: the heads that read ``"linear"`` (the near-linear regime of
+        softmax: small scores; untrained heads read it too, docs/math.md §8.5)."""
+        return self._read.label == "linear"
 
     def reading(self) -> np.ndarray:
-        """``[layer, head]``: ``"regression"`` or ``"linear"`` where the head is that beyond its
-        controls, else the name of its best control; ``"unexplained"`` where the predictor
-        read explains less than ``EXPLAINED`` of z's variance (held-out R², claim band)."""
-        out = np.array([[self.names[c] for c in row] for row in self.best_control], dtype=object)
-        best = self.best_control.copy()
-        out[self.linear_like], best[self.linear_like] = "linear", self.best_linear[self.linear_like]
-        like = self.regression_like
-        out[like], best[like] = "regression", self.best_regression[like]
-        r2 = np.take_along_axis(self.r2[:, -1], best[..., None], axis=-1)[..., 0]
-        out[~(np.nan_to_num(r2, nan=-np.inf) >= EXPLAINED)] = "unexplained"
-        return out
+        """``[layer, head]``: ``"regression"``, ``"linear"``, the best control's name,
+        ``"unexplained"`` or ``"undecided"`` (the class docstring gives the rule)."""
+        return self._read.label.copy()
 
     def r2_of(self, layer: int, head: int, predictor: str, band: int = -1) -> float:
         """Held-out R² of one predictor (claim band by default)."""
@@ -124,22 +126,35 @@ class RegressionResult:
         )
 
     def claims(self) -> pd.DataFrame:
-        """One row per head: its reading, its best regression, linear and control predictors
-        (chosen on the fitting units) with their held-out R² in the claim band, and the two
-        differences (regression over the best linear or control predictor, linear over the best
-        control) with the lower ends of their bootstrap intervals."""
+        """One row per head: its reading and the evidence it rests on, in the claim band.
+
+        Columns: ``layer``, ``head_index``, ``reading``; ``predictor`` (what the reading rests
+        on) with its held-out R² and interval (``r2``, ``r2_low``, ``r2_high``); ``rival`` (the
+        predictor it was compared with, the best on the held-out units) and ``r2_rival``;
+        ``delta`` with ``delta_low``, ``delta_high`` (predictor minus rival); ``undecided_on``
+        (the step left open: ``regression``, ``linear`` or ``explained``) and ``units_needed``
+        (roughly how many held-out units would decide it); ``units_held`` (the held-out units,
+        prompts or blocks, in the claim band) and ``n_held`` (their destinations).
+        """
+        rd = self._read
         rows = []
-        reading = self.reading()
         for i, layer in enumerate(self.layers):
             for j, head in enumerate(self.heads):
-                row: dict = dict(layer=layer, head=head, reading=reading[i, j])
-                for fam in ("regression", "linear", "control"):
-                    k = int(getattr(self, f"best_{fam}")[i, j])
-                    row[f"best_{fam}"] = self.names[k]
-                    row[f"r2_{fam}"] = self.r2[i, -1, j, k]
-                for fam in ("regression", "linear"):
-                    d = getattr(self, f"delta_{fam}")[i, j]
-                    row.update({f"delta_{fam}": d[0], f"delta_{fam}_low": d[1]})
+                row: dict = dict(layer=layer, head_index=head, reading=rd.label[i, j])
+                k, r = int(rd.claimant[i, j]), int(rd.rival[i, j])
+                row["predictor"] = self.names[k] if k >= 0 else ""
+                for col, arr in (
+                    ("r2", self.r2),
+                    ("r2_low", self.r2_low),
+                    ("r2_high", self.r2_high),
+                ):
+                    row[col] = float(arr[i, -1, j, k]) if k >= 0 else np.nan
+                row["rival"] = self.names[r] if r >= 0 else ""
+                row["r2_rival"] = float(self.r2[i, -1, j, r]) if r >= 0 else np.nan
+                row.update(zip(("delta", "delta_low", "delta_high"), rd.delta[i, j].tolist()))
+                row["undecided_on"] = rd.undecided_on[i, j]
+                row["units_needed"] = rd.units_needed[i, j]
+                row["units_held"] = int(self.units_held[i, -1, j])
                 row["n_held"] = int(self.n_held[i, -1, j])
                 rows.append(row)
         return pd.DataFrame(rows)
@@ -155,7 +170,9 @@ class RegressionResult:
                         continue
                     k = int(np.nanargmax(r))
                     rows.append(
-                        dict(layer=layer, head=head, band=band, closest=self.names[k], r2=r[k])
+                        dict(
+                            layer=layer, head_index=head, band=band, closest=self.names[k], r2=r[k]
+                        )
                     )
         return pd.DataFrame(rows)
 
@@ -168,7 +185,7 @@ class RegressionResult:
             dict(
                 layer=np.array(self.layers)[idx[0]],
                 band=np.array(self.bands)[idx[1]],
-                head=np.array(self.heads)[idx[2]],
+                head_index=np.array(self.heads)[idx[2]],
                 predictor=np.array(self.names)[idx[3]],
                 gain=self.gain.reshape(-1),
                 r2=self.r2.reshape(-1),
@@ -179,31 +196,44 @@ class RegressionResult:
             )
         )
 
+    def summary(self) -> str:
+        """One paragraph in plain words: how many heads read each claim, how many are undecided
+        and why, and what would decide them (docs/math.md §9)."""
+        return summary(self, self._read)
+
     def show(self) -> viz.Group:
-        """The claim per head as a layer x head map, the claims table, and the notice."""
+        """The notice, the plain-words summary, the regression comparison per head as a layer x
+        head map, and the claims table (the evidence behind every reading). Where no head has a
+        held-out destination in the claim band, the summary says why and no map or table of
+        empty numbers is drawn."""
+        text = [viz.text(self.notice), viz.text(self.summary())]
+        if not np.isfinite(self.delta_regression[..., 0]).any():  # nothing measured: say so only
+            return viz.group(*text)
         caption = (
-            f"Held-out R² of each head's best ridge or GD predictor minus its best linear or "
-            "control predictor, "
-            f"destinations with at least {self.min_visible} visible keys; units: {self.units} "
-            f"({self.n_units[0]} fitting, {self.n_units[1]} held out); docs/math.md §8.4."
+            "Held-out R² of each head's best ridge or GD predictor (chosen on the fitting units) "
+            "minus its best linear or control predictor on the held-out units, destinations with "
+            f"at least {self.min_visible} visible keys; units: {self.units} ({self.n_units[0]} "
+            f"fitting, {self.n_units[1]} held out); docs/math.md §8.4."
         )
-        table = viz.table(self.claims(), caption="Each head's claim (claim band)")
-        if not np.isfinite(self.delta_regression[..., 0]).any():  # nothing to draw: say why
-            held = int(self.n_held[:, -1].max()) if self.n_held.size else 0
-            why = (
-                f"No head has a held-out R² in the claim band, so no map is drawn: held-out "
-                f"destinations that see at least {self.min_visible} keys: {held}. Give prompts "
-                f"longer than {self.min_visible} tokens (several of them, for held-out units)."
-            )
-            return viz.group(viz.text(self.notice), viz.text(why), table)
         heat = viz.heatmap(
             self.delta_regression[..., 0],
             row_labels=[f"L{layer}" for layer in self.layers],
             col_labels=[f"H{h}" for h in self.heads],
-            title="Regression over control (R²)",
+            title="Regression over its best rival (R²)",
             row_title="layer",
             col_title="head",
             value_name="delta R²",
             caption=caption,
         )
-        return viz.group(viz.text(self.notice), heat, table)
+        frame = self.claims().round(3)
+        table = viz.table(
+            frame,
+            caption=(
+                "Each head's reading and its evidence (claim band): the predictor it rests on, "
+                "its held-out R² with a 95% interval over held-out units, the rival it was "
+                "compared with and the difference with its interval; 'undecided_on' names the "
+                "step an interval left open and 'units_needed' roughly how many held-out units "
+                "would decide it."
+            ),
+        )
+        return viz.group(*text, heat, table)

@@ -52,19 +52,18 @@ def controls(model: Any, stride: int = 2, seed: int = ANALYSIS_SEED) -> dict[str
 
 
 def claims_table(res: Any) -> str:
-    """Markdown: one row per head, its reading and the claim-band numbers."""
+    """Markdown: one row per head, its reading and the claim-band evidence it rests on."""
     frame = res.claims()
     lines = [
-        "| head | reading | best regression (R²) | best linear (R²) | best control (R²) "
-        "| Δ regression [low] | Δ linear [low] |",
-        "|---|---|---|---|---|---|---|",
+        "| head | reading | predictor: R² [95%] | rival: R² | Δ [95%] | units held out |",
+        "|---|---|---|---|---|---|",
     ]
     for r in frame.itertuples():
+        rival = f"{r.rival} ({r.r2_rival:.2f})" if r.rival else "–"
         lines.append(
-            f"| L{r.layer}H{r.head} | {r.reading} | {r.best_regression} ({r.r2_regression:.2f}) "
-            f"| {r.best_linear} ({r.r2_linear:.2f}) | {r.best_control} ({r.r2_control:.2f}) "
-            f"| {r.delta_regression:+.2f} [{r.delta_regression_low:+.2f}] "
-            f"| {r.delta_linear:+.2f} [{r.delta_linear_low:+.2f}] |"
+            f"| L{r.layer}H{r.head_index} | {r.reading} "
+            f"| {r.predictor or '–'}: {r.r2:.2f} [{r.r2_low:.2f}, {r.r2_high:.2f}] | {rival} "
+            f"| {r.delta:+.2f} [{r.delta_low:+.2f}, {r.delta_high:+.2f}] | {r.units_held} |"
         )
     return "\n".join(lines)
 
@@ -75,18 +74,17 @@ def _heads(res: Any, mask: np.ndarray) -> str:
 
 
 def summary(results: dict[str, Any]) -> str:
-    """Markdown: per model, the heads that read regression and linear, and the largest lower
-    ends of the two differences."""
+    """Markdown: per model, the heads that read regression, linear and undecided, and the
+    largest lower end of the regression comparison."""
     lines = [
-        "| model | regression-like heads | linear-like heads | max Δ regression low "
-        "| max Δ linear low |",
+        "| model | regression | linear | undecided | max Δ regression low |",
         "|---|---|---|---|---|",
     ]
     for label, res in results.items():
         lines.append(
             f"| {label} | {_heads(res, res.regression_like)} | {_heads(res, res.linear_like)} "
-            f"| {np.nanmax(res.delta_regression[..., 1]):+.2f} "
-            f"| {np.nanmax(res.delta_linear[..., 1]):+.2f} |"
+            f"| {_heads(res, res.reading() == 'undecided')} "
+            f"| {np.nanmax(res.delta_regression[..., 1]):+.2f} |"
         )
     return "\n".join(lines)
 
@@ -96,7 +94,7 @@ def verdict(results: dict[str, Any]) -> str:
     res = results["trained"]
     delta = res.delta_regression[..., 0]
     i, j = np.unravel_index(np.nanargmax(delta), delta.shape)
-    row = res.claims().set_index(["layer", "head"]).loc[(res.layers[i], res.heads[j])]
+    row = res.claims().set_index(["layer", "head_index"]).loc[(res.layers[i], res.heads[j])]
     rivals = max(
         np.nanmax(r.delta_regression[..., 0]) for k, r in results.items() if k != "trained"
     )
@@ -104,13 +102,13 @@ def verdict(results: dict[str, Any]) -> str:
     controls_read = any(
         (r.reading() == "regression").any() for k, r in results.items() if k != "trained"
     )
+    d = res.delta_regression[i, j]
     return (
-        f"The head whose best ridge or GD predictor most beats its best linear-attention or "
-        f"control predictor is L{res.layers[i]}H{res.heads[j]}: {row.best_regression} held-out "
-        f"R² {row.r2_regression:.2f} against {row.best_linear}'s {row.r2_linear:.2f} "
-        f"({row.delta_regression:+.2f}, lower end {row.delta_regression_low:+.2f}); it reads "
-        f"`{row.reading}`. {'A' if controls_read else 'No'} control head reads `regression` "
-        f"(their largest difference: {rivals:+.2f}). "
+        f"The head whose best ridge or GD predictor most beats its best rival on the held-out "
+        f"units is L{res.layers[i]}H{res.heads[j]}: {res.names[res.best_regression[i, j]]} "
+        f"against {res.names[res.rival_regression[i, j]]}, {d[0]:+.2f} R² [{d[1]:+.2f}, "
+        f"{d[2]:+.2f}]; it reads `{row.reading}`. {'A' if controls_read else 'No'} control head "
+        f"reads `regression` (their largest difference: {rivals:+.2f}). "
         "The issue's planted case (b), heads that read `regression` well above their "
         f"controls, is {'met' if met else 'not met'} here (docs/math.md §8.5)."
     )
