@@ -81,7 +81,7 @@ def test_on_the_cpu_auto_runs_eager_and_gives_the_collectors_numbers(monkeypatch
     fused = Fused(_fused.group_sums)
     args = _group_inputs(ModelAdapter(testing.tiny_model("gpt2")))
     for _ in range(3):  # shapes recur, but the CPU is not compiled for (measured slower)
-        part, _sinks = fused(torch.device("cpu"), *args, 4, 2, True)
+        part, _sinks, _per = fused(torch.device("cpu"), *args, 4, 2, True)
     assert fused.compiled_shapes == 0 and fused._compiled is None
     n_keys = len(_stats.SUM_KEYS) + len(SINK_SUM_KEYS)  # the sums, then the summed sink facts
     assert part.shape == (2, n_keys, 4) and part.dtype == torch.float64
@@ -100,13 +100,14 @@ def test_compiled_statistics_equal_eager_on_the_cpu_with_fewer_kernels():
     ad = ModelAdapter(testing.tiny_model("gpt2"))
     args = _group_inputs(ad)
     with count_ops(launch_bound=True) as eager_count:
-        want_part, want_sinks = _fused.group_sums(*args, 4, 2, True)
+        want_part, want_sinks, want_per = _fused.group_sums(*args, 4, 2, True)
     fused = Fused(_fused.group_sums)
     metrics.reset()
     with compiled_as(True):
-        got_part, got_sinks = fused(torch.device("cpu"), *args, 4, 2, True)
+        got_part, got_sinks, got_per = fused(torch.device("cpu"), *args, 4, 2, True)
     assert fused.failed is None and fused.compiled_shapes == 1
     torch.testing.assert_close(got_part, want_part, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_per, want_per, rtol=1e-5, atol=1e-6)
     assert got_sinks.keys() == want_sinks.keys()
     for name in want_sinks:
         torch.testing.assert_close(got_sinks[name], want_sinks[name], rtol=1e-5, atol=1e-6)

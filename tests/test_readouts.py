@@ -186,11 +186,12 @@ def test_circuits_summary_shows_token_level_evidence_beside_frobenius(induction)
 
 
 def test_odds_ratio_headlines_need_the_label_threshold(induction):
-    """Every head of induction-2l is likelihood-driven: the likelihood pick is named, the prior
-    pick (largest attr_prior, far below 2/3) is not called prior-driven."""
+    """On 16 prompts the layer-0 heads of induction-2l are likelihood-driven: the likelihood pick
+    is named (the labelled head with the largest share), the prior pick (largest attr_prior, far
+    below 2/3) is not called prior-driven."""
     from tl_dynamics.odds_ratio import _views
 
-    result = odds_ratio.compute(induction, random_symbols(4), keep_tensors=True)
+    result = odds_ratio.compute(induction, random_symbols(16), keep_tensors=True)
     picks = {key: value for _, _, key, value in result.extreme_heads()}
     assert picks["attr_prior"] < _result.LABEL_THRESHOLD <= picks["attr_loglik"]
     text = "\n".join(c._repr_html_() for c in result.show_extremes().components)
@@ -199,12 +200,17 @@ def test_odds_ratio_headlines_need_the_label_threshold(induction):
     # the positive branch of the prior line (a planted prior-driven head is tested in test_odds_ratio)
     group = result.show_extremes().components[-1:]
     pick = ("L9H9", "attr_prior", 0.9, "prior-driven", 0.8, viz_group())
-    view = _views.extremes_view(group[0], [pick], "m", (2 / 3, 0.5))
+    view = _views.extremes_view(group[0], [pick], "m", (2 / 3, 0.5, 0.5))
     assert "L9H9: the head most driven by the prior" in view.components[1]._repr_html_()
     # a share over the threshold whose counterfactual misses is not called driven (issue 30)
     pick = ("L9H9", "attr_loglik", 1.15, "needs both", 0.005, viz_group())
-    line = _views.extremes_view(group[0], [pick], "m", (2 / 3, 0.5)).components[1]._repr_html_()
-    assert "No head is likelihood-driven" in line and "does not reproduce it (needs both)" in line
+    line = (
+        _views.extremes_view(group[0], [pick], "m", (2 / 3, 0.5, 0.5)).components[1]._repr_html_()
+    )
+    assert (
+        "No head is likelihood-driven" in line
+        and "does not reproduce its choice (needs both)" in line
+    )
 
 
 def viz_group():

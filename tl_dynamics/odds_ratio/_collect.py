@@ -9,59 +9,15 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, LayerState, ModelAdapter, Prompt
-from tl_dynamics.collect import Collector, ExactSum, torch_threads
+from tl_dynamics.collect import Collector, ExactSum, to_host, torch_threads
+from tl_dynamics.evidence import N_BOOT
 from tl_dynamics.odds_ratio import _stats
+from tl_dynamics.odds_ratio._boot import BootSums
+from tl_dynamics.odds_ratio._decompose import decompose_layer
 from tl_dynamics.odds_ratio._fast import MaskFacts
 from tl_dynamics.odds_ratio._fused import pass_group_sums, stacked
 from tl_dynamics.odds_ratio._lazy import LazyDecompositions
 from tl_dynamics.odds_ratio._result import SINK_SUM_KEYS, Decomposition, HeadStats, OddsRatioResult
-from tl_dynamics.odds_ratio._split import counterfactual_patterns, split_scores
-
-
-def decompose_layer(
-    la: LayerAttention,
-    heads: Sequence[int],
-    model: str = "",
-    tokens: torch.Tensor | None = None,
-    str_tokens: Sequence[Sequence[str]] = (),
-    dtype: torch.dtype = torch.float32,
-) -> Decomposition:
-    """The exact split of one captured layer (from ``ModelAdapter.capture``/``attention``).
-
-    Example:
-        >>> from tl_dynamics import testing
-        >>> from tl_dynamics.adapter import ModelAdapter
-        >>> la = ModelAdapter(testing.tiny_model("gpt2")).attention("a b")[0]
-        >>> dec = decompose_layer(la, heads=[0, 1])
-        >>> dec.parts.total().shape
-        torch.Size([1, 2, 3, 3])
-    """
-    heads = list(heads)
-    parts = split_scores(
-        la.q[:, :, heads],
-        la.k[:, :, heads],
-        la.scale,
-        la.bias(heads),
-        dtype,
-        sink=None if la.sink_logit is None else la.sink_logit[heads],
-    )
-    prior_p, lik_p = counterfactual_patterns(parts, la.allowed)
-    if tokens is None:
-        tokens = torch.zeros(la.q.shape[:2], dtype=torch.long, device=la.q.device)
-    return Decomposition(
-        model=model,
-        layer=la.layer,
-        heads=tuple(heads),
-        tokens=tokens,
-        str_tokens=tuple(tuple(t) for t in str_tokens),
-        parts=parts,
-        pattern=la.pattern(heads),
-        prior_pattern=prior_p,
-        likelihood_pattern=lik_p,
-        allowed=la.allowed,
-        query_valid=la.query_valid,
-        softcap=la.softcap,
-    )
 
 
 # Intra-op threads for the statistics (None keeps torch's own setting): pass threads=1 on a
@@ -92,10 +48,13 @@ class OddsRatioCollector(Collector):
         keep_tensors: bool = False,
         dtype: torch.dtype = torch.float32,
         threads: int | None = STAT_THREADS,
+        n_boot: int = N_BOOT,
+        seed: int = 0,
     ):
         self.adapter, self.layers, self.heads = adapter, tuple(layers), list(heads)
         self.keep_tensors, self.dtype, self.threads = keep_tensors, dtype, threads
         self._pass_sums: list[torch.Tensor] = []  # per pass, [layer, key, head] float64 (device)
+        self._boot = BootSums(n_boot, seed)  # replicate sums of the label sums (docs/math.md §9)
         self._prompts = 0
         self._passes: list[LazyDecompositions] = []  # per pass, formed when looked up
         self._sinks: list[dict[int, dict[str, torch.Tensor]]] = []
@@ -133,6 +92,7 @@ class OddsRatioCollector(Collector):
         n_h = len(h)
         pick = slice(None) if h == list(range(layers[0][0].n_heads)) else h  # all heads: no copy
         by_layer: dict[int, torch.Tensor] = {}
+        by_prompt: list[tuple[list[int], torch.Tensor]] = []  # per group: its label sums
         groups: dict[tuple, list[LayerAttention]] = {}
         facts: dict[tuple, MaskFacts] = {}
         for la, masks in layers:  # split together: same scale and masks, no bias or soft-cap
@@ -158,8 +118,8 @@ class OddsRatioCollector(Collector):
                 and isinstance(q, torch.Tensor)
                 and isinstance(k, torch.Tensor)
             ):
-                part, sinks = pass_group_sums(q, k, masks, first.scale, n_h, len(group))
-                self._keep(group, part, sinks, by_layer)
+                part, sinks, per = pass_group_sums(q, k, masks, first.scale, n_h, len(group))
+                self._keep(group, part, sinks, per, by_layer, by_prompt)
                 continue
             sums, sinks = _stats.layer_sums(
                 q,
@@ -173,21 +133,35 @@ class OddsRatioCollector(Collector):
                 layer_heads=n_h,
                 sink=None if first.sink_logit is None else first.sink_logit[pick],
             )
+            per = sums.pop("per_prompt")
             part = stacked(sums, sinks, len(group), n_h)
-            self._keep(group, part, sinks, by_layer)
+            self._keep(group, part, sinks, per, by_layer, by_prompt)
         zero = torch.zeros_like(next(iter(by_layer.values())))
         self._pass_sums.append(torch.stack([by_layer.get(layer, zero) for layer in self.layers]))
-        self._prompts += int(layers[0][0].q.shape[0])
+        n_rows = int(layers[0][0].q.shape[0])
+        b = self._batch  # its prompts key their bootstrap weights (else their running indices)
+        known = b is not None and b.tokens.shape[0] == n_rows
+        self._boot.add(
+            b.tokens if known and b is not None else None,
+            b.key_valid if known and b is not None else None,
+            self.layers,
+            by_prompt,
+        )
+        self._prompts += n_rows
 
     def _keep(
         self,
         group: list[LayerAttention],
         part: torch.Tensor,
         sinks: dict[str, torch.Tensor],
+        per_prompt: torch.Tensor,
         by_layer: dict[int, torch.Tensor],
+        by_prompt: list[tuple[list[int], torch.Tensor]],
     ) -> None:
-        """A group's ``[layer, key, head]`` sums by layer, and its sink facts if kept."""
+        """A group's ``[layer, key, head]`` sums by layer, its ``[batch, key, layer x head]``
+        label sums, and its sink facts if kept."""
         n_h = len(self.heads)
+        by_prompt.append(([la.layer for la in group], per_prompt))
         for i, la in enumerate(group):
             by_layer[la.layer] = part[i]
             if self.keep_tensors:
@@ -232,8 +206,9 @@ class OddsRatioCollector(Collector):
         specs = [self.adapter.specs[layer] for layer in self.layers]
         keys = len(_stats.SUM_KEYS) + len(SINK_SUM_KEYS)
         if self._pass_sums:  # one read from the device for every pass so far
-            host = torch.stack(self._pass_sums).cpu()
-            exact = ExactSum.total([ExactSum.of(x) for x in host])
+            host = to_host({"sums": torch.stack(self._pass_sums)} | self._boot.pending())
+            self._boot.absorb(host)
+            exact = ExactSum.total([ExactSum.of(x) for x in host["sums"]])
         else:
             exact = ExactSum.zeros((len(self.layers), keys, len(self.heads)))
         stats = HeadStats.from_exact(
@@ -245,6 +220,7 @@ class OddsRatioCollector(Collector):
             self._prompts,
             exact,
             _stats.SUM_KEYS,
+            boot=self._boot.result((len(self.layers), len(self.heads))),
         )
         return OddsRatioResult(
             stats, tuple(p.copy() for p in self._passes), tuple(dict(s) for s in self._sinks)

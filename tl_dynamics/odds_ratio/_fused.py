@@ -23,10 +23,11 @@ def group_sums(
     layer_heads: int,
     n_layers: int,
     launch_bound: bool,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """``(part, sinks)``: ``part`` is ``[layer, key, head]`` float64 (``_stats.SUM_KEYS`` then
-    ``SINK_SUM_KEYS``: the sink facts summed over prompts), ``sinks`` the per-prompt sink facts
-    ``[batch, layer * head]``. ``q`` and ``k`` hold the group's layers' heads side by side;
+) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+    """``(part, sinks, per_prompt)``: ``part`` is ``[layer, key, head]`` float64
+    (``_stats.SUM_KEYS`` then ``SINK_SUM_KEYS``: the sink facts summed over prompts), ``sinks``
+    the per-prompt sink facts ``[batch, layer * head]``, ``per_prompt`` the sums the labels rest
+    on per prompt, ``[batch, len(_stats.BOOT_KEYS), layer * head]`` float64. ``q`` and ``k`` hold the group's layers' heads side by side;
     ``masks`` are the pass's facts of the group's masks. ``launch_bound`` picks the plan
     (``tl_dynamics.collect._policy``) outside any compiled region.
 
@@ -35,7 +36,7 @@ def group_sums(
         >>> q, k = torch.randn(2, 1, 5, 8, 4).unbind(0)
         >>> allowed = torch.ones(1, 5, 5, dtype=torch.bool).tril()
         >>> masks = MaskFacts.of(allowed, torch.ones(1, 5, dtype=torch.bool), causal=True)
-        >>> part, sinks = group_sums(q, k, masks, 0.5, 8, 1, True)
+        >>> part, sinks, per_prompt = group_sums(q, k, masks, 0.5, 8, 1, True)
         >>> tuple(part.shape) == (1, len(_stats.SUM_KEYS) + len(SINK_SUM_KEYS), 8)
         True
         >>> tuple(sinks["sink_mass"].shape)
@@ -52,7 +53,8 @@ def group_sums(
         layer_heads=layer_heads,
         launch_bound=launch_bound,
     )
-    return stacked(sums, sinks, n_layers, layer_heads), sinks
+    per_prompt = sums.pop("per_prompt")
+    return stacked(sums, sinks, n_layers, layer_heads), sinks, per_prompt
 
 
 def stacked(
@@ -86,7 +88,7 @@ MAX_COMPILED_CHUNKS = 8
 
 def pass_group_sums(
     q: Tensor, k: Tensor, masks: MaskFacts, scale: float, layer_heads: int, n_layers: int
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor], Tensor]:
     """``group_sums`` with the launch-bound plan, through ``GROUP_SUMS`` where its chunk loop
     is short enough to compile (``MAX_COMPILED_CHUNKS``), else eagerly."""
     n_batch, n_pos, n_heads = q.shape[0], q.shape[1], q.shape[2]

@@ -13,7 +13,9 @@ from tl_dynamics.collect import ExactSum
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
 from tl_dynamics.odds_ratio._headtable import head_records
-from tl_dynamics.odds_ratio._labels import AGREE_THRESHOLD, LABEL_THRESHOLD, label
+from tl_dynamics.odds_ratio._boot import Replicates
+from tl_dynamics.odds_ratio._labels import KEEP, LABEL_THRESHOLD, SHARP
+from tl_dynamics.odds_ratio._verdicts import LabelEvidence, label_evidence
 from tl_dynamics.odds_ratio._sinkeps import SINK_SUM_KEYS, check_sink_keys, sink_epsilon_summary
 from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SINK_EPSILON, SUM_KEYS
 
@@ -38,10 +40,9 @@ class HeadStats:
     ``SINK_SUM_KEYS``), so ``merge`` is order-independent and bit-identical: merging the
     statistics of two halves of the batches equals one run over all of them.
 
-    Class attributes: ``HeadStats.SUM_KEYS`` and ``HeadStats.SINK_SUM_KEYS`` name the exact
-    sums (the statistics file stores them in this order); ``HeadStats.SINK_DOMINANCE`` is how
-    many times the next-largest column a prompt's sink must take to count as one;
-    ``HeadStats.SINK_EPSILON`` is Gu et al.'s threshold on the first key's alpha (``sink_epsilon``).
+    Class attributes: ``SUM_KEYS`` and ``SINK_SUM_KEYS`` name the exact sums (the statistics
+    file stores them in this order); ``SINK_DOMINANCE``: how many times the next-largest column
+    a sink must take; ``SINK_EPSILON``: Gu et al.'s threshold on the first key's alpha.
 
     Attributes:
         model: the model's name (its architecture).
@@ -82,6 +83,7 @@ class HeadStats:
     sum_keys: tuple[str, ...] = field(default=(), repr=False)
     sink_keys: tuple[str, ...] = field(default=SINK_SUM_KEYS, repr=False)
     sink_eps: float = field(default=SINK_EPSILON, repr=False)
+    boot: Replicates | None = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def from_exact(
@@ -95,6 +97,7 @@ class HeadStats:
         sum_keys: tuple[str, ...],
         sink_keys: tuple[str, ...] = SINK_SUM_KEYS,
         sink_eps: float = SINK_EPSILON,
+        boot: Replicates | None = None,
     ) -> "HeadStats":
         """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + sink_keys``).
 
@@ -111,6 +114,8 @@ class HeadStats:
             sum_keys: names of the row sums (``HeadStats.SUM_KEYS``).
             sink_keys: names of the sink sums (``HeadStats.SINK_SUM_KEYS``, or its first five).
             sink_eps: the ``eps`` of the ``sink_alpha_over`` count.
+            boot: bootstrap replicates of the label sums over prompts (docs/math.md §9), or
+                None (labels are then undecided).
 
         Returns:
             A ``HeadStats`` whose float sums are the exact sums' values.
@@ -145,6 +150,7 @@ class HeadStats:
             tuple(sum_keys),
             tuple(sink_keys),
             float(sink_eps),
+            boot,
         )
 
     def merge(self, other: "HeadStats") -> "HeadStats":
@@ -159,8 +165,7 @@ class HeadStats:
         Example:
             >>> from tl_dynamics import odds_ratio, testing
             >>> m = testing.tiny_model("gpt2")
-            >>> a = odds_ratio.compute(m, "a = 1", keep_tensors=False).stats
-            >>> b = odds_ratio.compute(m, "b = 2", keep_tensors=False).stats
+            >>> a, b = (odds_ratio.compute(m, t, keep_tensors=False).stats for t in ("a = 1", "b = 2"))
             >>> ab = a.merge(b)
             >>> ab.n_prompts, bool((ab.sums["var_r"] == b.merge(a).sums["var_r"]).all())
             (2, True)
@@ -191,13 +196,12 @@ class HeadStats:
             self.sum_keys,
             self.sink_keys,
             self.sink_eps,
+            None if self.boot is None or other.boot is None else self.boot.merge(other.boot),
         )
 
     def __repr__(self) -> str:
-        return (
-            f"HeadStats({self.model}, layers={list(self.layers)}, heads={list(self.heads)}, "
-            f"prompts={self.n_prompts})"
-        )
+        heads, n = f"layers={list(self.layers)}, heads={list(self.heads)}", self.n_prompts
+        return f"HeadStats({self.model}, {heads}, prompts={n})"
 
     def _ratio(self, num: np.ndarray, den: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -287,7 +291,7 @@ class HeadStats:
             ``{name: [len(layers), len(heads)] array}``: ``top_real``, the mean mass of the real
             pattern on each row's top key; ``agree_prior`` and ``agree_loglik``, the mass the
             prior-only and the likelihood-only pattern put on that key over the real pattern's
-            (pooled over rows; a part reproduces the head at ``AGREE_THRESHOLD`` = 1/2 or more).
+            (pooled over rows; the labels read the mass each keeps, ``label_evidence``).
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
@@ -321,39 +325,35 @@ class HeadStats:
         """
         return sink_epsilon_summary(self.sink_sums, self.n_prompts, self.sink_eps)
 
-    def labels(
-        self, threshold: float = LABEL_THRESHOLD, agree: float = AGREE_THRESHOLD
-    ) -> np.ndarray:
-        """Each head's label from its additive shares and its counterfactuals' agreement.
-
-        Args:
-            threshold: the share a term needs for its label (default 2/3).
-            agree: the agreement its counterfactual pattern needs (default 1/2).
+    def labels(self) -> np.ndarray:
+        """Each head's label: a claim, a "no" or ``"undecided"`` (docs/math.md §2.2, §9).
 
         Returns:
-            ``[len(layers), len(heads)]`` object array of ``"prior-driven"``,
-            ``"likelihood-driven"``, ``"mixed"`` or ``"needs both"`` (neither part alone
-            reproduces the head; ``_labels.label``).
+            ``[len(layers), len(heads)]`` object array of ``"prior-driven"``, ``"likelihood-
+            driven"`` (the mechanism claims), ``"needs both"``, ``"mixed"``, ``"diffuse"``,
+            ``"undecided"``.
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
             >>> labs = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b + c").stats.labels()
-            >>> labs.shape, set(labs.flat) <= {"prior-driven", "likelihood-driven", "mixed",
-            ...                                "needs both"}
-            ((2, 4), True)
+            >>> labs.shape, set(labs.flat)  # one prompt: too few units for any verdict
+            ((2, 4), {'undecided'})
         """
-        sh, ag = self.shares(), self.agreement()
-        out = np.empty(sh["attr_prior"].shape, dtype=object)
-        for idx in np.ndindex(out.shape):
-            out[idx] = label(
-                float(sh["attr_prior"][idx]),
-                float(sh["attr_loglik"][idx]),
-                float(ag["agree_prior"][idx]),
-                float(ag["agree_loglik"][idx]),
-                threshold,
-                agree,
-            )
-        return out
+        return self.label_evidence().label.copy()
+
+    def label_evidence(self) -> LabelEvidence:
+        """What every head's label rests on: its criteria's intervals and verdicts (math §9).
+
+        Returns:
+            A ``LabelEvidence``; ``.to_dataframe()`` gives one row per head.
+
+        Example:
+            >>> from tl_dynamics import odds_ratio, testing
+            >>> ev = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b").stats.label_evidence()
+            >>> ev.units, ev.undecided_on[0, 0]  # one prompt
+            (1, 'too few prompts')
+        """
+        return label_evidence(self)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per head: shares, agreement, KLs, entropy, label and sink summary.
@@ -394,6 +394,6 @@ class HeadStats:
             self.model,
             self.n_prompts,
             capped,
-            (LABEL_THRESHOLD, AGREE_THRESHOLD),
+            (LABEL_THRESHOLD, SHARP, KEEP),
             max_rows,
         )

@@ -5,19 +5,22 @@ from __future__ import annotations
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.odds_ratio._collect import compute
-from tl_dynamics.odds_ratio._labels import AGREE_THRESHOLD, LABEL_THRESHOLD
+from tl_dynamics.odds_ratio._labels import KEEP, LABEL_THRESHOLD, SHARP
 
 TITLE = "Attention as odds ratios: key prior vs distance likelihood"
 INTRO = (
     "Every attention score splits exactly into a query term (constant along the row), a key "
     "prior (c/2)|k_j|^2 and a distance log-likelihood -(c/2)|q_i-k_j|^2 (plus any position "
     "bias): attention is a posterior over source positions, prior times likelihood, at "
-    "temperature sigma^2 = 1/c. A head is prior-driven when the key prior carries at least "
+    "temperature sigma^2 = 1/c. A head makes a choice when it puts at least "
+    f"{SHARP:.2f} of its attention on one key on average (else it is diffuse); it is "
+    "prior-driven when, in addition, the key prior carries at least "
     f"{LABEL_THRESHOLD:.2f} of the row-centred score variance (additive attribution "
-    "Cov(term, r)/Var(r)) and the prior-only pattern alone reproduces the head (it keeps at least "
-    f"{AGREE_THRESHOLD:.2f} of the real pattern's mass on the key the head attends to most), "
-    "likelihood-driven likewise; a head that neither part alone reproduces needs both "
-    "(docs/math.md §2.1, §2.2)."
+    "Cov(term, r)/Var(r)) and the prior-only pattern alone keeps at least "
+    f"{KEEP:.2f} of the attention on the head's top key; likelihood-driven likewise; a head "
+    "that neither part alone reproduces needs both. Each criterion is decided on a 95% interval "
+    "over the prompts: with fewer than 8 prompts, or an interval across a threshold, the label "
+    "is undecided (docs/math.md §2.1, §2.2, §9)."
 )
 
 

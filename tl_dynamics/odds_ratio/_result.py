@@ -17,11 +17,10 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _views
 from tl_dynamics.odds_ratio._headstats import HeadStats
 from tl_dynamics.odds_ratio._headtable import head_name
-from tl_dynamics.odds_ratio._labels import AGREE_THRESHOLD, LABEL_THRESHOLD
+from tl_dynamics.odds_ratio._labels import KEEP, LABEL_THRESHOLD, SHARP
 
 # Re-exported: the collector and the tests read them here.
 from tl_dynamics.odds_ratio._headstats import SINK_SUM_KEYS as SINK_SUM_KEYS
-from tl_dynamics.odds_ratio._labels import label as label
 from tl_dynamics.odds_ratio._split import ScoreParts, row_kl, sink_log_patterns
 
 
@@ -284,8 +283,7 @@ class OddsRatioResult:
         """The heads with the largest ``attr_prior`` and the largest ``attr_loglik``.
 
         The largest share, whatever its value. Whether the head is prior- or likelihood-driven is
-        its label (``LABEL_THRESHOLD`` and the agreement of its counterfactual,
-        ``AGREE_THRESHOLD``); ``show_extremes`` says so in words.
+        its label (docs/math.md §2.2, §9); ``show_extremes`` says so in words.
 
         Returns:
             Two tuples ``(layer, head, share name, share)``, for ``"attr_prior"`` then
@@ -335,8 +333,9 @@ class OddsRatioResult:
     def show_extremes(self, row: int = 0) -> viz.Group:
         """The per-head table and the split of the two extreme heads on one prompt.
 
-        The heads with the largest prior and likelihood shares (``extreme_heads``), called prior-
-        or likelihood-driven only when they carry that label; needs kept tensors.
+        For each part, the head with the largest share among those carrying its one-part label
+        (prior- or likelihood-driven), else the head with the largest share (``extreme_heads``),
+        said not to carry it; needs kept tensors.
 
         Args:
             row: which prompt of the first kept pass to draw.
@@ -350,11 +349,19 @@ class OddsRatioResult:
             >>> type(view).__name__
             'Group'
         """
-        labels, agreement = self.stats.labels(), self.stats.agreement()
+        ev = self.stats.label_evidence()
+        labels = ev.label
+        shares = self.stats.shares()
         picks = []
         for layer, head, key, value in self.extreme_heads():
+            what = "prior-driven" if key == "attr_prior" else "likelihood-driven"
+            carriers = np.where(labels == what, np.nan_to_num(shares[key], nan=-np.inf), -np.inf)
+            if np.isfinite(carriers).any():  # the labelled head with the largest share
+                a, b = np.unravel_index(int(np.argmax(carriers)), carriers.shape)
+                layer, head = self.stats.layers[a], self.stats.heads[b]
+                value = float(shares[key][a, b])
             a, b = self.stats.layers.index(layer), self.stats.heads.index(head)
-            agree = agreement["agree_prior" if key == "attr_prior" else "agree_loglik"][a, b]
+            agree = ev.estimate["kept_prior" if key == "attr_prior" else "kept_loglik"][a, b]
             picks.append(
                 (
                     head_name(layer, head),
@@ -366,5 +373,5 @@ class OddsRatioResult:
                 )
             )
         return _views.extremes_view(
-            self.stats.show(), picks, self.stats.model, (LABEL_THRESHOLD, AGREE_THRESHOLD)
+            self.stats.show(), picks, self.stats.model, (LABEL_THRESHOLD, SHARP, KEEP)
         )

@@ -261,6 +261,10 @@ def _direct_row_facts(
     return out
 
 
+# The sums a head's label rests on (docs/math.md §2.2, §9): kept per prompt as well, so that every
+# label has a bootstrap interval over prompts.
+BOOT_KEYS = ("rows", "var_r", "cov_r_prior", "cov_r_bias", "top_real", "top_prior", "top_loglik")
+
 # Per-row facts summed over rows per head: the sums of ``SUM_KEYS`` after the row count and
 # before the top-key agreements (absent ones, a bias's without a bias or a learned sink's without
 # one, sum to zero).
@@ -282,16 +286,21 @@ def _finish(
     # inf/nan: dropped, not weighted
     present = [name for name in ROW_TOTALS if name in facts]
     weighted = torch.stack([facts[name] for name in present]).double() * rows
-    totals = torch.where(rows > 0, weighted, 0.0).sum(dim=(1, 3)).unbind(0)
+    by_prompt = torch.where(rows > 0, weighted, 0.0).sum(dim=3)  # [key, b, head]
+    tops = (facts["tops"].double() * rows[..., None]).nan_to_num().sum(dim=2)  # [b, head, 3]
+    n_rows = rows.expand(-1, n_heads, -1).sum(dim=2)  # [b, head]
+    # every total is its per-prompt sums added up: one reduction over the batch for all of them
+    per = torch.cat([n_rows[None], by_prompt, tops.permute(2, 0, 1)])  # [1 + keys + 3, b, head]
+    totals = per.sum(1).unbind(0)
     zero = torch.zeros(n_heads, dtype=torch.float64, device=rows.device)
-    sums = {name: zero for name in ROW_TOTALS} | dict(zip(present, totals))
-    tops = (facts["tops"].double() * rows[..., None]).nan_to_num().sum(dim=(0, 2))  # [head, 3]
-    sums.update(
-        top_real=tops[:, 0],
-        top_prior=tops[:, 1],
-        top_loglik=tops[:, 2],
-        rows=rows.expand(-1, n_heads, -1).sum(dim=(0, 2)),
-    )
+    sums = {name: zero for name in ROW_TOTALS} | dict(zip(present, totals[1:]))
+    sums.update(rows=totals[0], top_real=totals[-3], top_prior=totals[-2], top_loglik=totals[-1])
+    # the sums the labels rest on, per prompt ([b, BOOT_KEYS, head]): the units of their intervals
+    order = ["rows", *present, "top_real", "top_prior", "top_loglik"]
+    pick = [order.index(name) if name in order else -1 for name in BOOT_KEYS]
+    if -1 in pick:  # a sum this layer does not have (a bias's without a bias) is zero
+        per = torch.cat([per, torch.zeros_like(per[:1])])
+    sums["per_prompt"] = per[pick].transpose(0, 1)
     sinks = _sinks(facts, masks)
     learned = facts.get("learned_sink")  # per prompt: its mean over the rows above
     sinks["learned_sink_mass"] = (

@@ -14,11 +14,18 @@ from tl_dynamics import viz
 
 STATS_COLUMNS = [
     "label",
+    "label_waits_on",
+    "top_real",
+    "top_real_ci",
     "attr_prior",
+    "attr_prior_ci",
     "attr_loglik",
+    "attr_loglik_ci",
     "attr_bias",
-    "agree_prior",
-    "agree_loglik",
+    "kept_prior",
+    "kept_prior_ci",
+    "kept_loglik",
+    "kept_loglik_ci",
     "var_prior",
     "var_loglik",
     "cov_prior_loglik",
@@ -51,8 +58,9 @@ def stats_view(
     max_rows: int = 60,
 ) -> viz.Component:
     """The per-head table (``HeadStats.to_dataframe()``), with the columns that carry information;
-    ``thresholds``: the share a one-part label needs and the agreement its counterfactual needs."""
-    threshold, agree = thresholds
+    ``thresholds``: the share a one-part label needs, the top-key mass of a head that makes a
+    choice, and the mass its counterfactual must keep there."""
+    threshold, sharp, keep = thresholds
     columns = [
         c
         for c in STATS_COLUMNS
@@ -60,6 +68,7 @@ def stats_view(
         and not (c == "attr_bias" and bool((df[c].abs() < 1e-12).all()))
         and not (c == "learned_sink_mass" and bool((df[c].fillna(0.0) == 0.0).all()))
         and not (c == "sink_alpha" and bool(df[c].isna().all()))  # files from before it
+        and not (c == "label_waits_on" and bool((df[c] == "").all()))
     ]
     learned = "learned_sink_mass" in columns
     capped = list(capped_layers)
@@ -71,13 +80,16 @@ def stats_view(
             f"Per-head odds-ratio statistics over {n_prompts} prompt(s) of {model}, one row per "
             f"head. attr_prior, attr_loglik, attr_bias: the share of each row's score "
             f"variation that the key prior, the distance log-likelihood and the position bias carry "
-            f"(Cov(term, r)/Var(r), adding to 1). agree_prior, agree_loglik: whether that part alone "
-            f"reproduces the head: the mass the prior-only (likelihood-only) pattern puts on the key "
-            f"the real pattern attends to most, over the real pattern's mass there (pooled over "
-            f"rows); it reproduces the head at {agree:.2f} or more. label: prior- or "
-            f"likelihood-driven when that share is at least {threshold:.2f} and that part alone "
-            f"reproduces the head; needs both when neither part alone does; else mixed "
-            f"(docs/math.md §2.2). var_* and cov_prior_loglik: the same variance split "
+            f"(Cov(term, r)/Var(r), adding to 1). top_real: the mean attention on each row's top "
+            f"key; a head makes a choice at {sharp:.2f} or more (else it is diffuse). kept_prior, "
+            f"kept_loglik: the mean attention the prior-only (likelihood-only) pattern keeps on "
+            f"that key; that part alone reproduces the choice at {keep:.2f} or more. label: prior- "
+            f"or likelihood-driven when the head makes a choice, that share is at least "
+            f"{threshold:.2f} and that part alone reproduces it; needs both when neither part "
+            f"alone does; mixed otherwise; undecided where a 95% interval over the prompts "
+            f"(the _ci columns) straddles a threshold or there are fewer than 8 prompts, and "
+            f"label_waits_on names the criterion left open (docs/math.md §2.2, §9). "
+            f"var_* and cov_prior_loglik: the same variance split "
             f"with its covariance term (prior and likelihood are anti-correlated). kl_prior, "
             f"kl_loglik: how far (KL in nats per row) the prior-only and likelihood-only patterns are "
             f"from the real one. entropy: of the real pattern, nats per row. The sink is the key that "
@@ -222,33 +234,39 @@ def extremes_view(
     stats: viz.Component,
     picks: Sequence[tuple[str, str, float, str, float, viz.Group]],
     model: str,
-    thresholds: tuple[float, float],
+    thresholds: tuple[float, float, float],
 ) -> viz.Group:
-    """The per-head table, then for each pick ``(head name, share name, share, label, agreement,
+    """The per-head table, then for each pick ``(head name, share name, share, label, kept mass,
     decomposition)`` a line saying why the head was picked and its decomposition. A head is called
-    the most prior- (likelihood-) driven only if it carries that label: its share reaches the
-    label threshold and that part alone reproduces it (``thresholds``: share, agreement);
-    otherwise the line says that no head is, and why."""
-    threshold, agree = thresholds
+    the most prior- (likelihood-) driven only if it carries that label (its evidence decided over
+    the prompts: docs/math.md §9); otherwise the line says that no head is, and why."""
+    threshold, _, keep = thresholds
     items: list[viz.Component | viz.Group] = [stats]
-    for name, key, value, head_label, agreement, group in picks:
+    for name, key, value, head_label, kept, group in picks:
         what = "prior" if key == "attr_prior" else "likelihood"
-        part = f"{what}-only pattern keeps {agreement:.2f} of the real top-key mass"
+        part = f"{what}-only pattern keeps {kept:.2f} of the attention on the head's top key"
         if head_label == f"{what}-driven":
             line = (
                 f"{name}: the head most driven by the {what} ({key} = {value:.3f}, at least "
-                f"{threshold:.2f}, and its {part}, at least {agree:.2f}: {what}-driven)."
+                f"{threshold:.2f}, and its {part}, at least {keep:.2f}, both over their whole "
+                f"95% interval: {what}-driven)."
             )
-        elif value >= threshold:
+        elif value < threshold:
             line = (
                 f"No head is {what}-driven: the largest {key} is {value:.3f} ({name}, shown "
-                f"below), but its {part}, under the {agree:.2f} a {what}-driven head needs: "
-                f"the {what} alone does not reproduce it ({head_label})."
+                f"below), under the {threshold:.2f} a {what}-driven head needs."
+            )
+        elif head_label == "undecided":
+            line = (
+                f"{name} has the largest {key}, {value:.3f}, and its {part}, but its label is "
+                "undecided: an interval over the prompts straddles a threshold, or there are "
+                "too few prompts (the table's label_waits_on says which)."
             )
         else:
             line = (
                 f"No head is {what}-driven: the largest {key} is {value:.3f} ({name}, shown "
-                f"below), under the {threshold:.2f} a {what}-driven head needs."
+                f"below), but its {part}: the {what} alone does not reproduce its choice "
+                f"({head_label})."
             )
         items.append(viz.text(line))
         items.extend(group.components)
