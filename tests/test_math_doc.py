@@ -47,7 +47,7 @@ HOME = {
     "tl_dynamics/regression/": {"8"},
     "notebooks/regression.ipynb": {"8"},
 }
-ANYWHERE = {"1", "7"}
+ANYWHERE = {"1", "7", "9"}  # notation, tolerances and the evidence rule every label follows
 
 
 def sections(text: str) -> set[str]:
