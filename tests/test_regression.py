@@ -272,3 +272,49 @@ def test_sink_epsilon_matches_a_hand_computation():
     html = page.to_html()
     assert f"Sink^eps of the first key (Gu et al. 2025): {sink_epsilon(alpha):.2f}" in html
     assert "is not a BOS token" in html or "is the BOS token" in html
+
+
+def test_destinations_by_position_and_the_ablation_column():
+    """``positions=`` (ints or a mask) measures exactly those destinations, as a stride that
+    hits the same ones does (issue 39 item 8); the ablation column is each head's mean-ablation
+    change in next-token loss at them, equal to patching that head alone (the batched replicas
+    change nothing), and bad positions are refused by name."""
+    ad = ModelAdapter(testing.cached_model("gpt2"))
+    tokens = torch.randint(1, 60, (4, 24), generator=torch.Generator().manual_seed(2))
+    by_stride = regression.compute(ad, tokens, layers=1, stride=3, n_boot=20)
+    by_list = regression.compute(ad, tokens, layers=1, positions=range(0, 24, 3), n_boot=20)
+    mask = torch.zeros(4, 24, dtype=torch.bool)
+    mask[:, ::3] = True
+    by_mask = regression.compute(ad, tokens, layers=1, positions=mask, n_boot=20)
+    for res in (by_list, by_mask):
+        np.testing.assert_array_equal(res.n_held, by_stride.n_held)
+        np.testing.assert_allclose(res.r2, by_stride.r2, equal_nan=True)
+    # the ablation of L1H2 by hand: its z replaced by its mean over each prompt, alone
+    batch = ad.tokenize(tokens)
+    dest = torch.arange(0, 23, 3)  # measured destinations with a next token
+
+    def loss(logits):
+        lp = torch.log_softmax(logits[:, dest].double(), -1)
+        return -lp.gather(-1, tokens[:, dest + 1, None])[..., 0].mean()
+
+    def ablate(z):
+        z = z.clone()
+        z[:, :, 2] = z[:, :, 2].mean(1, keepdim=True)
+        return z
+
+    with torch.no_grad():
+        clean = loss(ad.forward(batch))
+        with ad.patch([("z", 1, ablate)]):
+            patched = loss(ad.forward(batch))
+    got = by_stride.claims().set_index("head_index").loc[2]
+    assert got.ablation_dloss == pytest.approx(float(patched - clean), abs=1e-5)
+    assert got.ablation_low <= got.ablation_dloss <= got.ablation_high
+    assert "ablation_dloss" not in regression.compute(ad, tokens, layers=1, ablation=False).claims()
+    for kwargs, match in (
+        (dict(positions=[0, 30]), "out of range"),
+        (dict(positions=[0], stride=2), "not both"),
+        (dict(positions=torch.ones(2, 3, dtype=torch.bool)), "batch's shape"),
+        (dict(ablation="yes"), "ablation"),
+    ):
+        with pytest.raises(TLDynamicsError, match=match):
+            regression.compute(ad, tokens, layers=1, **kwargs)

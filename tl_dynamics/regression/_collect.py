@@ -13,6 +13,7 @@ import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt, masked_softmax
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.regression._ablation import ablation_effects
 from tl_dynamics.regression._measure import Scores, Sums, band_labels, score
 from tl_dynamics.regression._predict import (
     GD_STEPS,
@@ -98,6 +99,8 @@ def compute(
     n_boot: int = 200,
     seed: int = 0,
     memory_budget: int = MEMORY_BUDGET,
+    positions: Sequence[int] | torch.Tensor | None = None,
+    ablation: bool = True,
 ) -> RegressionResult:
     """Which heads' outputs are closest to in-context regression of values on keys.
 
@@ -117,12 +120,18 @@ def compute(
         layers: a layer index, a list of them, or None (all attention layers).
         heads: a head index, a list of them, or None (all heads), in every selected layer.
         stride: measure every ``stride``-th destination (sums still see every key).
+        positions: the destinations to measure instead of a stride: positions (ints, the same
+            in every prompt) or a ``[batch, pos]`` bool mask; task layouts rarely put their
+            prediction positions on multiples of a stride.
         fit_fraction: the share of units that fit the gains (alternating units).
         ridge_path: ``lambda`` in units of ``tr(G_t) / d_head``.
         gd_steps: the gradient-descent step counts.
         n_boot: bootstrap resamples of the held-out units.
         seed: seeds the bootstrap.
         memory_budget: bytes of float64 temporaries per chunk.
+        ablation: also measure each head's mean-ablation change in next-token loss at the
+            measured destinations (one patched forward per head, replicas batched), shown
+            beside its reading: a reading is not a causal claim (docs/math.md §9.5).
 
     Returns:
         A ``RegressionResult``.
@@ -139,7 +148,10 @@ def compute(
     chosen = adapter.check_attention_layers(layers)
     hs = adapter.check_heads(heads)
     _check(stride, fit_fraction, ridge_path, gd_steps, n_boot)
+    if not isinstance(ablation, bool):
+        raise TLDynamicsError(f"regression: ablation must be True or False, got {ablation!r}")
     batch = adapter.tokenize(prompt)
+    chosen_positions = _positions(positions, stride, batch)
     names = predictor_names(ridge_path, gd_steps)
     kept: dict[int, tuple[Sums, float]] = {}
     state: dict[str, Any] = {}
@@ -149,7 +161,9 @@ def compute(
         la.require_no_sinks("regression")
         lo, hi, n, _ = intervals(la.allowed)
         if "units" not in state:
-            state.update(_units(batch.key_valid.shape[0], n, la.query_valid, stride, fit_fraction))
+            state.update(
+                _units(batch.key_valid.shape[0], n, la.query_valid, chosen_positions, fit_fraction)
+            )
         db, dt, unit = state["dest_b"], state["dest_t"], state["unit"]
         ref = la.reference.get("z")
         z_model = (la.z() if ref is None else ref)[:, :, hs].to(torch.float64)
@@ -174,6 +188,19 @@ def compute(
             f"give at least {MIN_PROMPTS} prompts or a prompt of at least 2 tokens"
         )
     scores: list[Scores] = [score(kept[lay][0], state["fit"], n_boot, seed) for lay in chosen]
+    effects = None
+    if ablation:
+        effects = ablation_effects(
+            adapter,
+            batch,
+            chosen,
+            hs,
+            state["dest_b"],
+            state["dest_t"],
+            state["unit"],
+            n_boot,
+            seed,
+        )
     return RegressionResult.build(
         architecture=adapter.info.architecture,
         d_head=adapter.d_head,
@@ -186,24 +213,61 @@ def compute(
         units=state["unit_kind"],
         n_units=(int(state["fit"].sum()), int((~state["fit"]).sum())),
         stride=stride,
+        ablation=effects,
     )
 
 
+def _positions(
+    positions: Sequence[int] | torch.Tensor | None, stride: int, batch: Batch
+) -> torch.Tensor:
+    """The destinations asked for, ``[batch, pos]`` bool: every ``stride``-th position, or
+    ``positions`` (ints in every prompt, or a mask of the batch's shape), checked."""
+    shape = tuple(batch.tokens.shape)
+    index = torch.arange(shape[1])
+    if positions is None:
+        return (index % stride == 0)[None].expand(shape)
+    if stride != 1:
+        raise TLDynamicsError("regression: give stride or positions, not both")
+    if isinstance(positions, torch.Tensor) and positions.dtype == torch.bool:
+        if tuple(positions.shape) != shape:
+            raise TLDynamicsError(
+                f"regression: a positions mask must have the batch's shape {list(shape)}, got "
+                f"{list(positions.shape)}"
+            )
+        return positions.cpu()
+    try:
+        wanted = sorted({int(p) for p in positions})
+    except (TypeError, ValueError):
+        raise TLDynamicsError(
+            f"regression: positions must be ints or a [batch, pos] bool mask, got {positions!r}"
+        ) from None
+    if not wanted or wanted[0] < -shape[1] or wanted[-1] >= shape[1]:
+        raise TLDynamicsError(
+            f"regression: positions {wanted} out of range for {shape[1]} positions "
+            f"(valid: 0 to {shape[1] - 1}, or negative from the end)"
+        )
+    mask = torch.zeros(shape[1], dtype=torch.bool)
+    mask[torch.tensor(wanted)] = True
+    return mask[None].expand(shape)
+
+
 def _units(
-    n_rows: int, n: torch.Tensor, query_valid: torch.Tensor, stride: int, fit_fraction: float
+    n_rows: int,
+    n: torch.Tensor,
+    query_valid: torch.Tensor,
+    chosen: torch.Tensor,
+    fit_fraction: float,
 ):
-    """The destinations measured and their units; every ``round(1 / fit_fraction)``-th unit
-    fits (starting with the first)."""
-    keep = query_valid & (n > 0)
-    keep[:, torch.arange(keep.shape[1], device=keep.device) % stride != 0] = False
+    """The destinations measured (``chosen``, where the query is real and sees a key) and
+    their units; every ``round(1 / fit_fraction)``-th unit fits (starting with the first)."""
+    keep = query_valid & (n > 0) & chosen.to(query_valid.device)
     db, dt = keep.nonzero(as_tuple=True)
     if n_rows >= MIN_PROMPTS:
         unit, kind = db, "prompts"
     else:  # blocks of BLOCK destinations, smaller on short prompts (at least 4 per prompt)
-        first = keep.float().argmax(1)
         per_row = int(keep.sum(1).max()) if keep.numel() else 0
         size = max(1, min(BLOCK, per_row // 4))
-        block = (dt - first[db]) // (size * stride)
+        block = (keep.long().cumsum(1)[db, dt] - 1) // size
         n_blocks = int(block.max()) + 1 if block.numel() else 1
         unit, kind = db * n_blocks + block, f"blocks of {size} destinations"
     uniq, unit = torch.unique(unit, return_inverse=True)

@@ -8,6 +8,9 @@ from tl_dynamics.regression._collect import compute
 
 TITLE = "Attention as in-context regression"
 REPORT_DESTINATIONS = 256  # at most about this many destinations per prompt (a stride beyond)
+# The report measures each head's ablation (one patched forward per head) up to this many heads,
+# as the atlas's section does its interventions; `regression.compute` measures them all.
+REPORT_ABLATION_HEADS = 64
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
@@ -31,7 +34,9 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         'Attention as in-context regression'
     """
     stride = max(1, -(-batch.tokens.shape[1] // REPORT_DESTINATIONS))
-    result = compute(adapter, batch, n_boot=100, stride=stride)
+    n_heads = len(adapter.check_attention_layers(None)) * adapter.n_heads
+    ablate = n_heads <= REPORT_ABLATION_HEADS
+    result = compute(adapter, batch, n_boot=100, stride=stride, ablation=ablate)
     intro = (
         "Each head's output z (before W_O) against what in-context regression of its values on "
         "its keys would give: linear attention, ridge over a lambda path and at the GCV pick, "
@@ -39,6 +44,13 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         "value, v_t, v_{t-1}), each with one fitted gain (docs/math.md §8). Every reading is a "
         "claim, a no or 'undecided', from 95% intervals over held-out units (docs/math.md §9). "
         f"{result.summary()} {result.notice}"
+        + (
+            " Beside each reading: the head's causal weight, the change in next-token loss when "
+            "it is mean-ablated (a reading does not claim one, docs/math.md §9.5)."
+            if ablate
+            else f" The ablation column is measured up to {REPORT_ABLATION_HEADS} heads "
+            "(regression.compute(..., ablation=True) measures them all)."
+        )
         + (f" Every {stride}th destination is measured (all keys are used)." if stride > 1 else "")
     )
     page.add_section(TITLE, [result.show()], intro=intro, math="docs/math.md §8")

@@ -71,6 +71,7 @@ class RegressionResult:
     units: str
     n_units: tuple[int, int]  # fitting, held out
     stride: int
+    ablation: np.ndarray | None = None  # [layer, head, 3]: mean-ablation Δ loss (nats), 95%
 
     @classmethod
     def build(cls, *, scores: Sequence[Scores], **fields: Any) -> "RegressionResult":
@@ -134,7 +135,10 @@ class RegressionResult:
         ``delta`` with ``delta_low``, ``delta_high`` (predictor minus rival); ``undecided_on``
         (the step left open: ``regression``, ``linear`` or ``explained``) and ``units_needed``
         (roughly how many held-out units would decide it); ``units_held`` (the held-out units,
-        prompts or blocks, in the claim band) and ``n_held`` (their destinations).
+        prompts or blocks, in the claim band) and ``n_held`` (their destinations); with the
+        ablation measured, ``ablation_dloss`` with ``ablation_low``, ``ablation_high``: the change
+        in next-token loss (nats) at the measured destinations when the head is mean-ablated, the
+        head's causal weight, which a reading does not claim (docs/math.md §9.5).
         """
         rd = self._read
         rows = []
@@ -156,6 +160,12 @@ class RegressionResult:
                 row["units_needed"] = rd.units_needed[i, j]
                 row["units_held"] = int(self.units_held[i, -1, j])
                 row["n_held"] = int(self.n_held[i, -1, j])
+                if self.ablation is not None:
+                    row.update(
+                        zip(
+                            ("ablation_dloss", "ablation_low", "ablation_high"), self.ablation[i, j]
+                        )
+                    )
                 rows.append(row)
         return pd.DataFrame(rows)
 
@@ -233,7 +243,9 @@ class RegressionResult:
                 "its held-out R² with a 95% interval over held-out units, the rival it was "
                 "compared with and the difference with its interval; 'undecided_on' names the "
                 "step an interval left open and 'units_needed' roughly how many held-out units "
-                "would decide it."
+                "would decide it. ablation_dloss: the change in next-token loss (nats) at the "
+                "measured destinations when the head's output is replaced by its mean over the "
+                "prompt (its causal weight; a reading does not claim one)."
             ),
         )
         return viz.group(*text, heat, table)
