@@ -249,7 +249,7 @@ def test_sink_scores_equal_the_odds_ratio_split(arch):
         }
         for name, value in want.items():
             torch.testing.assert_close(
-                got[name].double(), value.mean(0), rtol=1e-4, atol=1e-5, msg=name
+                got[name].double(), value, rtol=1e-4, atol=1e-5, msg=name
             )
 
 
@@ -311,7 +311,8 @@ def test_suppression_qk_equals_its_definition(induction):
 def test_code_2l_layer_1_is_negative_copying_not_copy_suppression():
     """code-2l's layer-1 heads have negative OV copying, but their QK circuits do not attend to
     the token the query predicts (its key is first for no probe token), so they are
-    "negative copying"; their largest columns do not dominate, so they are not sinks."""
+    "negative copying"; whether their largest columns dominate in half of the prompts is
+    undecided on 16 probes, so they are not called sinks."""
     res = atlas.compute(zoo.load("code-2l"), causal=False)
     layer_1 = [(1, h) for h in range(4)]
     assert res.heads_with("copy-suppression") == []
@@ -319,7 +320,8 @@ def test_code_2l_layer_1_is_negative_copying_not_copy_suppression():
     for pair in layer_1:
         assert res.scores["ov_copying"][pair] <= -(res.controls["neg_ov_copying"] + _roles.MARGIN)
         assert res.scores["suppression_qk"][pair] < res.controls["suppression_qk"] + _roles.MARGIN
-        assert res.scores["sink_dominant"][pair] < 0.5 and "sink" not in res.roles_of(*pair)
+        # a dominant sink in 6 to 10 of the 16 probes: the floor of 1/2 is inside its interval
+        assert "sink" not in res.roles_of(*pair) and "sink" in res.roles[pair].undecided
         assert "not copy-suppression" in res.evidence(*pair)
 
 
@@ -357,9 +359,15 @@ def test_planted_copy_suppression_head():
 
 
 # ------------------------------------------------------------------ the real encoder
-MINILM_PROMPTS = [
+MINILM_PROMPTS = [  # eight: a role's interval needs at least evidence.MIN_UNITS prompts
     "The cat sat on the mat because it was warm.",
     "Paris is the capital of France, and Berlin is the capital of Germany.",
+    "She poured the coffee into a mug and added some milk.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Rain is expected tomorrow, so take an umbrella with you.",
+    "He read the letter twice before he put it back in the drawer.",
+    "The museum opens at nine and closes at five on weekdays.",
+    "Our train was late because of snow on the tracks.",
 ]
 
 
@@ -370,10 +378,11 @@ def test_minilm_cls_heads_are_likelihood_driven_sinks():
         pytest.skip(f"real encoder unavailable: {exc}")
     res = atlas.compute(model, MINILM_PROMPTS)
     frame = res.to_dataframe()
-    # the heads that put most of their attention on [CLS] in both prompts
+    # the heads that put most of their attention on [CLS] in every prompt
     on_cls = frame[(frame.sink_first == 1.0) & (frame.sink_mass > 0.5)]
     assert len(on_cls) >= 20
-    assert (on_cls.roles.str.contains("sink")).all()
+    sink = on_cls.roles.str.contains("sink")  # decided; the rest undecided, never "no"
+    assert (sink | on_cls.undecided.str.contains("sink")).all() and sink.mean() > 0.9
     assert (on_cls.sink_cause == "likelihood-driven").mean() > 0.9
     assert frame.delta_loss.isna().all() and any("encoder" in n for n in res.notes)
     assert np.isfinite(frame.sink_loglik_adv).all()

@@ -14,7 +14,15 @@ from tl_dynamics.atlas import _measure
 from tl_dynamics.atlas._causal import KINDS, causal_deltas
 from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes
 from tl_dynamics.atlas._result import HeadAtlas
-from tl_dynamics.atlas._roles import LEARNED_SINK_FLOOR, MARGIN, HeadRoles, classify, controls
+from tl_dynamics.atlas._evidence import margins
+from tl_dynamics.atlas._roles import (
+    FLOORS,
+    LEARNED_SINK_FLOOR,
+    MARGIN,
+    HeadRoles,
+    classify,
+    controls,
+)
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -240,8 +248,16 @@ def compute(
     notes = list(real.notes)
     via_of = _induction_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs)
     _suppression_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs, notes)
+    ci = margins(real.per_probe, ctrl.per_probe, seed, tuple(FLOORS))  # [layer, head] each
+
+    def head_ci(layer: int, head: int) -> dict[str, tuple[float, float, int]]:
+        return {
+            k: (float(lo[layer, head]), float(hi[layer, head]), n) for k, (lo, hi, n) in ci.items()
+        }
+
     roles: dict[tuple[int, int], HeadRoles] = {
-        pair: classify(_head_scores(real.scores, *pair), c, via_of[pair]) for pair in pairs
+        pair: classify(_head_scores(real.scores, *pair), c, via_of[pair], head_ci(*pair))
+        for pair in pairs
     }
 
     shape = (adapter.n_layers, adapter.n_heads)

@@ -8,6 +8,7 @@ n_heads]`` float64, NaN where a score does not apply to the model.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -50,6 +51,7 @@ class Measurements:
     scores: dict[str, np.ndarray]
     captures: dict[int, LayerAttention] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    per_probe: dict[str, np.ndarray] = field(default_factory=dict)  # [probe, layer, head]
 
 
 def _rows(la: LayerAttention) -> Tensor:
@@ -58,13 +60,15 @@ def _rows(la: LayerAttention) -> Tensor:
 
 
 def _target_mass(pattern: Tensor, queries: Sequence[int], shift: int) -> Tensor:
-    """Mean over probes and ``queries`` of the attention from ``i`` to ``i - shift`` ``[head]``."""
+    """Per probe, the mean over ``queries`` of the attention from ``i`` to ``i - shift``
+    ``[batch, head]``."""
     q = torch.tensor(list(queries), dtype=torch.long)
-    return pattern[:, :, q, q - shift].mean(dim=(0, 2))
+    return pattern[:, :, q, q - shift].mean(dim=2)
 
 
 def pattern_scores(la: LayerAttention, probes: Probes) -> dict[str, Tensor]:
-    """Previous-token, duplicate-token and induction attention on the repeated probes."""
+    """Previous-token, duplicate-token and induction attention on the repeated probes, per
+    probe ``[batch, head]``."""
     pattern = la.pattern()
     n, start = probes.seq_len, probes.offset
     second = list(probes.second_copy)
@@ -85,7 +89,8 @@ def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
     (``sink_dominant``: the share of prompts where it does; ``sink_first``: the share where a
     dominant sink is the first real token, ``odds_ratio``'s first-token rule). Its cause: the
     attention-weighted advantage of that key over the row mean, split into key prior and
-    distance log-likelihood (``odds_ratio.sink_facts``; docs/math.md §2.3).
+    distance log-likelihood (``odds_ratio.sink_facts``; docs/math.md §2.3). Each per prompt,
+    ``[batch, head]`` (the prompts are the units of their intervals, docs/math.md §9).
     """
     sinks = odds_ratio.sink_facts(la)  # [b, h] each
     pattern = la.pattern()  # [b, h, q, k]
@@ -101,15 +106,15 @@ def natural_scores(la: LayerAttention) -> dict[str, Tensor]:
     ) / n_rows
     dominant = sinks["sink_dominance"] >= odds_ratio.HeadStats.SINK_DOMINANCE  # [b, h]
     return {
-        "sink_mass": sinks["sink_mass"].mean(0),
-        "sink_first": ((sinks["sink_position"] == 0) & dominant).float().mean(0),
-        "sink_dominant": dominant.float().mean(0),
-        "sink_prior_adv": sinks["sink_prior_adv"].mean(0),
-        "sink_loglik_adv": sinks["sink_loglik_adv"].mean(0),
-        "learned_sink": sinks["learned_sink_mass"].mean(0)
+        "sink_mass": sinks["sink_mass"],
+        "sink_first": ((sinks["sink_position"] == 0) & dominant).float(),
+        "sink_dominant": dominant.float(),
+        "sink_prior_adv": sinks["sink_prior_adv"],
+        "sink_loglik_adv": sinks["sink_loglik_adv"],
+        "learned_sink": sinks["learned_sink_mass"]
         if la.sink_logit is not None
-        else torch.full_like(local_mass.mean(0), float("nan")),
-        "local_mass": local_mass.mean(0),
+        else torch.full_like(local_mass, float("nan")),
+        "local_mass": local_mass,
     }
 
 
@@ -187,14 +192,14 @@ def measure(adapter: ModelAdapter, probes: Probes, keep: bool = False) -> Measur
     the user gave them (the repeated probes run in chunks, see ``PROBE_CHUNK``, and the causal
     step captures each chunk again)."""
     shape = (adapter.n_layers, adapter.n_heads)
-    scores = {k: np.zeros(shape) for k in PATTERN_KEYS + NATURAL_KEYS}
+    # per probe, per layer: the pattern scores of the repeated probes, the natural ones' sinks
+    rows: dict[str, dict[int, list[np.ndarray]]] = {k: {} for k in PATTERN_KEYS + NATURAL_KEYS}
     captures: dict[int, LayerAttention] = {}
     same = probes.natural is probes.repeat
-    share = 1.0
 
     def add(values: dict[str, Tensor], layer: int) -> None:
         for key, value in values.items():
-            scores[key][layer] += share * value.double().cpu().numpy()
+            rows[key].setdefault(layer, []).append(value.double().cpu().numpy())
 
     def on_repeat(la: LayerAttention) -> None:
         add(pattern_scores(la, probes), la.layer)
@@ -206,15 +211,23 @@ def measure(adapter: ModelAdapter, probes: Probes, keep: bool = False) -> Measur
         if keep:
             captures[la.layer] = la
 
-    for part, part_share in chunks(probes.repeat):
-        share = part_share  # read by add()
+    for part, _ in chunks(probes.repeat):
         _capture(adapter, part, on_repeat)
     if not same:
-        share = 1.0
         _capture(adapter, probes.natural, on_natural)
+    per_probe: dict[str, np.ndarray] = {}
+    for key, by_layer in rows.items():
+        n = probes.repeat.tokens.shape[0] if key in PATTERN_KEYS else probes.natural.tokens.shape[0]
+        x = np.zeros((n, *shape))
+        for layer, parts in by_layer.items():
+            x[:, layer] = np.concatenate(parts)
+        per_probe[key] = x
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a score NaN in every probe stays NaN
+        scores = {k: v.mean(0) for k, v in per_probe.items()}
     notes: list[str] = []
     scores.update(weight_scores(adapter, int(probes.repeat.tokens.shape[1]), notes))
-    return Measurements(scores=scores, captures=captures, notes=notes)
+    return Measurements(scores=scores, captures=captures, notes=notes, per_probe=per_probe)
 
 
 def capture_layers(adapter: ModelAdapter, batch: Batch) -> dict[int, LayerAttention]:

@@ -18,7 +18,7 @@ from torch import Tensor
 from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
 
-N_SEQ = 4
+N_SEQ = 16  # probes: the units of every role's interval (at least evidence.MIN_UNITS)
 SEQ_LEN = 20
 SEED = 0
 

@@ -160,8 +160,10 @@ class HeadAtlas:
         Columns: ``layer, head, role`` (the top-ranked), ``score, baseline`` (its score and control),
         ``evidence``, ``delta_loss`` (mean ablation), then ``delta_loss_prior``,
         ``delta_loss_likelihood`` (pattern patched to the prior-only / likelihood-only
-        counterfactual), ``delta_loss_unrepeated``, ``roles`` (all, ranked), ``sink_position``,
-        ``sink_cause`` and the raw scores.
+        counterfactual), ``delta_loss_unrepeated``, ``roles`` (all, ranked), ``margin_low`` and
+        ``margin_high`` (the 95% interval over the probes of the top role's score minus its
+        control; NaN for a weight score), ``undecided`` (roles whose interval straddles the
+        margin), ``sink_position``, ``sink_cause`` and the raw scores.
 
         Returns:
             A pandas DataFrame with one row per head, sorted by ``(layer, head)``.
@@ -186,6 +188,9 @@ class HeadAtlas:
                 "delta_loss_likelihood": float(self.delta_loss["likelihood"][layer, head]),
                 "delta_loss_unrepeated": float(self.delta_loss["mean_unrepeated"][layer, head]),
                 "roles": ", ".join(entry.roles),
+                "margin_low": entry.margins[0][0] if entry.margins else float("nan"),
+                "margin_high": entry.margins[0][1] if entry.margins else float("nan"),
+                "undecided": ", ".join(entry.undecided),
                 "sink_position": entry.sink_position,
                 "sink_cause": entry.sink_cause,
             }

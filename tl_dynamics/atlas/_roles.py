@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tl_dynamics.evidence import NO, UNDECIDED, YES, decide
 from tl_dynamics.odds_ratio import HeadStats
 
 # A score counts when it is at least its control's value plus MARGIN. Every score is a share
@@ -44,6 +45,7 @@ ROLES = (
     "positional/local",
     "learned sink",
     "unclassified",
+    "undecided",
 )
 # A head's learned sink is named when it absorbs at least this share of its attention on the
 # natural probes (the mean over rows; the same absolute margin as every other score).
@@ -76,7 +78,10 @@ OPTIONAL = {"prev_circuit": "no learned positions, so no positional circuit"}
 
 @dataclass(frozen=True)
 class HeadRoles:
-    """One head's ranked roles with the primary score, its control and a sentence each."""
+    """One head's ranked roles with the primary score, its control and a sentence each; the
+    roles whose score's interval straddles its control's margin (``undecided``), and per role
+    the 95% interval of its score minus its control (``margins``; NaN for weight scores, read as
+    they are). A head whose only candidates are undecided has the role ``"undecided"``."""
 
     roles: tuple[str, ...]
     scores: tuple[float, ...]
@@ -84,6 +89,8 @@ class HeadRoles:
     evidence: str
     sink_position: str
     sink_cause: str
+    undecided: tuple[str, ...] = ()
+    margins: tuple[tuple[float, float], ...] = ()
 
 
 def controls(shuffled: dict[str, np.ndarray]) -> dict[str, float]:
@@ -198,9 +205,15 @@ def _near_misses(
 
 
 def classify(
-    s: dict[str, float], c: dict[str, float], via: tuple[tuple[int, int], ...] = ()
+    s: dict[str, float],
+    c: dict[str, float],
+    via: tuple[tuple[int, int], ...] = (),
+    ci: dict[str, tuple[float, float, int]] | None = None,
 ) -> HeadRoles:
-    """The ranked roles of one head from its scores ``s`` and the controls ``c``.
+    """The ranked roles of one head from its scores ``s`` and the controls ``c``; ``ci`` gives,
+    for scores measured over probes, the 95% interval of the score minus its control and the
+    probes behind it (``_evidence.margins``): such a score clears its control only where the
+    whole interval lies above ``MARGIN``, fails where it lies below, else its role is undecided.
 
     Example:
         >>> s = dict(prev_pattern=0.9, prev_circuit=1.0, dup_pattern=0.0, qk_positivity=0.0,
@@ -210,27 +223,53 @@ def classify(
         >>> c = {k: 0.2 for k in s}
         >>> classify(s, c).roles
         ('previous-token',)
+        >>> classify(s, c, ci={"prev_pattern": (0.05, 0.9, 16)}).roles  # the interval straddles
+        ('undecided',)
     """
+    ci = ci or {}
     found: list[tuple[float, str]] = []
+    undecided: list[str] = []
     for role, (primary, needs) in RULES.items():
-        if not _clears(s[primary], c[primary]):
-            continue
-        if any(
-            not _meets(k, s, c) and not (k in OPTIONAL and not np.isfinite(s[k])) for k in needs
-        ):
+        if primary in ci:
+            low, high, n = ci[primary]
+            verdict = str(decide(low, high, MARGIN, n))
+        else:
+            verdict = YES if _clears(s[primary], c[primary]) else NO
+        for k in needs:  # each required score: yes, no or undecided too
+            if k in OPTIONAL and not np.isfinite(s[k]):
+                continue
+            if k in FLOORS and k in ci:
+                low, high, n = ci[k]
+                met = str(decide(low, high, FLOORS[k], n))
+            else:
+                met = YES if _meets(k, s, c) else NO
+            verdict = (
+                NO if NO in (verdict, met) else UNDECIDED if UNDECIDED in (verdict, met) else YES
+            )
+        if verdict == NO:
             continue
         if any(r == SUBSUMED.get(role) for _, r in found):
             continue
-        found.append((s[primary] - c[primary], role))
+        if verdict == YES:
+            found.append((s[primary] - c[primary], role))
+        else:
+            undecided.append(role)
     found.sort(key=lambda item: -item[0])
     learned = float(s.get("learned_sink", float("nan")))  # NaN: the layer has no learned sink
     named = bool(np.isfinite(learned)) and learned >= LEARNED_SINK_FLOOR
     roles = [role for _, role in found] + (["learned sink"] if named else [])
-    roles = roles or ["unclassified"]
+    roles = roles or (["undecided"] if undecided else ["unclassified"])
     parts = [
-        _sentence(role, s, c, via) for role in roles if role not in ("unclassified", "learned sink")
+        _sentence(role, s, c, via)
+        for role in roles
+        if role not in ("unclassified", "learned sink", "undecided")
     ]
-    parts += _near_misses(s, c, roles, via)
+    parts += [
+        f"undecided {role}: a 95% interval over the probes straddles its threshold "
+        f"({_margin(ci, RULES[role][0])})"
+        for role in undecided
+    ]
+    parts += _near_misses(s, c, roles + undecided, via)
     if np.isfinite(learned):
         parts.append(
             f"learned sink: absorbs {learned:.2f} of attention"
@@ -256,4 +295,16 @@ def classify(
             if sink
             else ""
         ),
+        undecided=tuple(undecided),
+        margins=tuple(
+            (float(ci[k][0]), float(ci[k][1])) if k in ci else (float("nan"), float("nan"))
+            for k in primary
+        ),
     )
+
+
+def _margin(ci: dict[str, tuple[float, float, int]], key: str) -> str:
+    if key not in ci:
+        return "a required score"
+    low, high, n = ci[key]
+    return f"score minus control [{low:+.2f}, {high:+.2f}] over {n} probes"

@@ -19,6 +19,7 @@ COLOURS = {
     "positional/local": "#59a14f",
     "learned sink": "#bab0ac",
     "unclassified": "#d9d9d9",
+    "undecided": "#f1e4b3",
     "not analysed": "#ffffff",
 }
 SHORT = {
@@ -32,6 +33,7 @@ SHORT = {
     "positional/local": "local",
     "learned sink": "lsink",
     "unclassified": "-",
+    "undecided": "?",
     "not analysed": "",
 }
 
