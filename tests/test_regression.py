@@ -92,6 +92,49 @@ def test_every_predictor_matches_a_naive_float64_loop():
     assert checked > 0.95 * len(db) * H * len(names)
 
 
+def test_a_learned_sink_is_one_more_key_with_a_zero_value():
+    """GPT-OSS's learned sinks (issue 39 item 9): ``predict`` with ``sink`` equals the naive
+    loop over the keys with one more in front, the sink: key ``e_{d+1}``, value 0, and each
+    query's extra coordinate its head's sink logit (every predictor but the first and previous
+    values, which stay the first real key's); and a tiny GPT-OSS's z is reproduced."""
+    gen = torch.Generator().manual_seed(1)
+    B, T, H, d, e = 1, 12, 2, 3, 2
+    q = torch.randn(B, T, H, d, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, T, 2, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, T, 2, e, generator=gen, dtype=torch.float64)
+    sink = torch.tensor([0.7, -1.3], dtype=torch.float64)
+    i = torch.arange(T)
+    allowed = (i[:, None] >= i[None, :])[None]
+    db, dt = allowed.any(-1).nonzero(as_tuple=True)
+    # the same head with the sink written out as position 0
+    qa = torch.cat([q, sink[None, None, :, None].expand(B, T, H, 1)], -1)
+    qa = torch.cat([torch.zeros(B, 1, H, d + 1, dtype=qa.dtype), qa], 1)
+    ka = torch.nn.functional.pad(k, (0, 1))
+    ka = torch.cat([torch.zeros(B, 1, 2, d + 1, dtype=ka.dtype), ka], 1)
+    ka[:, 0, :, -1] = 1.0
+    va = torch.cat([torch.zeros(B, 1, 2, e, dtype=v.dtype), v], 1)
+    ja = torch.arange(T + 1)
+    aa = (ja[:, None] >= ja[None, :])[None].clone()
+    names, checked = predictor_names(), 0
+    for sl, heads, P in chunks(q, k, v, allowed, [0, 1], db, dt, sink=sink):
+        for row, t in enumerate(dt[sl].tolist()):
+            for j, h in enumerate(heads):
+                ref, tie = _naive(qa, ka, va, aa, [0, 1], 0, t + 1, h)
+                for p, name in enumerate(names):
+                    if name in ("first", "previous") or (name == "ridge_gcv" and tie):
+                        continue
+                    want = ref[name]
+                    err = np.abs(P[row, j, p].numpy() - want).max() / np.abs(want).max()
+                    assert err < NAIVE_RTOL, (name, t, h, err)
+                    checked += 1
+    assert checked > 0.9 * len(db) * H * (len(names) - 2)
+    from test_architectures import boot_tiny
+
+    gpt_oss = ModelAdapter(boot_tiny("GptOssForCausalLM"))
+    res = regression.compute(gpt_oss, list(testing.PROMPTS), n_boot=20)
+    assert max(res.z_error) < EXACT_TOL
+
+
 def test_a_mask_that_is_not_an_interval_is_refused():
     allowed = torch.ones(1, 4, 4, dtype=torch.bool)
     allowed[0, 3, 1] = False

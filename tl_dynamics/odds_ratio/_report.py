@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from tl_dynamics import viz
+from tl_dynamics.evidence import MIN_UNITS
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.odds_ratio._collect import compute
 from tl_dynamics.odds_ratio._labels import KEEP, LABEL_THRESHOLD, SHARP
@@ -46,5 +49,31 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """
     result = compute(adapter, batch)
     page.add_section(
-        TITLE, list(result.show_extremes(row=0).components), INTRO, math="docs/math.md §2"
+        TITLE,
+        list(result.show_extremes(row=0).components),
+        INTRO + " " + label_summary(result.stats),
+        math="docs/math.md §2",
     )
+
+
+def label_summary(stats) -> str:
+    """The labels in plain words: how many heads carry each, and why the rest are undecided.
+
+    Example:
+        >>> from tl_dynamics import odds_ratio, testing
+        >>> st = odds_ratio.compute(testing.tiny_model("gpt2"), "x = 1").stats
+        >>> label_summary(st).startswith("Every label is undecided")
+        True
+    """
+    n = int(stats.n_prompts)
+    labels = stats.labels()
+    if n < MIN_UNITS:
+        return (
+            f"Every label is undecided: a label is a verdict over prompts (docs/math.md §9), and "
+            f"this page read {n} prompt{'s' if n != 1 else ''}, fewer than the {MIN_UNITS} a "
+            "verdict needs. Give more: `--prompt` several times, or `tl-dynamics stats` over a "
+            "corpus and `tl-dynamics report --stats`."
+        )
+    values, counts = np.unique(labels, return_counts=True)
+    parts = ", ".join(f"{c} {v}" for v, c in zip(values, counts))
+    return f"Labels over {n} prompts, each a verdict on 95% intervals (docs/math.md §9): {parts}."

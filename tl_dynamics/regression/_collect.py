@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt, masked_softmax
+from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.regression._ablation import ablation_effects
 from tl_dynamics.regression._measure import Scores, Sums, band_labels, score
@@ -83,7 +83,8 @@ def layer_predictions(
     f64 = torch.float64
     q = la.q[:, :, heads].to(f64) * la.scale
     k, v = la.k[:, :, src].to(f64), la.v[:, :, src].to(f64)
-    return chunks(q, k, v, la.allowed, local, dest_b, dest_t, budget, ridge_path, gd_steps)
+    sink = None if la.sink_logit is None else la.sink_logit[heads].to(f64)
+    return chunks(q, k, v, la.allowed, local, dest_b, dest_t, budget, ridge_path, gd_steps, sink)
 
 
 def compute(
@@ -158,7 +159,6 @@ def compute(
 
     def on_layer(la: LayerAttention) -> None:
         la.require_ungated("regression")
-        la.require_no_sinks("regression")
         lo, hi, n, _ = intervals(la.allowed)
         if "units" not in state:
             state.update(
@@ -167,7 +167,7 @@ def compute(
         db, dt, unit = state["dest_b"], state["dest_t"], state["unit"]
         ref = la.reference.get("z")
         z_model = (la.z() if ref is None else ref)[:, :, hs].to(torch.float64)
-        pattern = masked_softmax(la.scores(hs).to(torch.float64), la.allowed)
+        pattern = la.masked_softmax(la.scores(hs).to(torch.float64), hs)  # learned sinks join
         z64 = torch.einsum("bhij,bjhd->bihd", pattern, la.v[:, :, hs].to(torch.float64))
         valid = la.query_valid & (n > 0)
         err = (z64 - z_model)[valid].abs().max() / z_model[valid].abs().max().clamp_min(1e-30)
@@ -180,7 +180,10 @@ def compute(
             sums.add(unit[sl], nd[sl], adapter.d_head, local, z, P)
         kept[la.layer] = (sums, float(err))
 
-    with torch.no_grad(), adapter.capture(on_layer, layers=chosen, reference=True, batch=batch):
+    with (
+        torch.no_grad(),
+        adapter.capture(on_layer, layers=chosen, reference=True, batch=batch, sinks=True),
+    ):
         adapter.forward(batch)
     if state.get("n_units", 0) < 2 or state["fit"].all() or not state["fit"].any():
         raise TLDynamicsError(

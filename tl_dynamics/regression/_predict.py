@@ -139,19 +139,32 @@ def predict(
     hi: Tensor,
     ridge_path: Sequence[float] = RIDGE_PATH,
     gd_steps: Sequence[int] = GD_STEPS,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """Every predictor at destinations ``(b, t)``, ``[N, heads, n_predictors, e]`` (float64).
 
     ``q`` ``[batch, pos, heads, d]`` are the scaled queries of the query heads, ``v``
     ``[batch, pos, g, e]`` the values of the key/value heads of ``sums``, ``kv_of`` the index
     into those of each query head; ``lo``/``hi`` the visible interval at each destination.
+    ``sink`` ``[heads]``: a layer's learned sink logits, read as one more visible key with a
+    zero value (docs/math.md §8.1): the keys gain a coordinate, 1 for the sink and 0 for every
+    real key, and each query that coordinate's weight, its head's sink logit, so that the
+    sink's score is its logit exactly.
     """
     n = sums.window("n", b, lo, hi)
-    nk = n[:, None, None]
     sk, sv = sums.window("k", b, lo, hi), sums.window("v", b, lo, hi)
+    skv, skk = sums.window("kv", b, lo, hi), sums.window("kk", b, lo, hi)
+    qt = q[b, t]  # [N, h, d]
+    if sink is not None:  # one more key, e_{d+1}, with value 0
+        n = n + 1
+        sk = torch.cat([sk, torch.ones_like(sk[..., :1])], -1)
+        skk = torch.nn.functional.pad(skk, (0, 1, 0, 1))
+        skk[..., -1, -1] = 1.0
+        skv = torch.nn.functional.pad(skv, (0, 0, 0, 1))
+        qt = torch.cat([qt, sink.to(qt.dtype)[None, :, None].expand(qt.shape[0], -1, 1)], -1)
+    nk = n[:, None, None]
     kbar, vbar = sk / nk, sv / nk
-    skv = sums.window("kv", b, lo, hi)
-    G = sums.window("kk", b, lo, hi) - nk[..., None] * kbar[..., :, None] * kbar[..., None, :]
+    G = skk - nk[..., None] * kbar[..., :, None] * kbar[..., None, :]
     Bc = skv - nk[..., None] * kbar[..., :, None] * vbar[..., None, :]
     vc2 = sums.window("vv", b, lo, hi) - n[:, None] * (vbar * vbar).sum(-1)
     s, U = torch.linalg.eigh(0.5 * (G + G.transpose(-1, -2)))
@@ -163,7 +176,6 @@ def predict(
     )
     ridge, best, gd = _filters(s, lam, gd_steps, n, (C * C).sum(-1), vc2)
     filt = torch.cat([ridge, best[:, :, None], gd], dim=2)[:, kv_of]  # [N, h, F, d]
-    qt = q[b, t]  # [N, h, d]
     # read at q_t, not q_t - kbar: a direction, as in linear_norm, so that queries x c and keys / c
     # (the same head) scale every deviation by c^2, which the fitted gain absorbs (§8.2)
     a = (U[:, kv_of].transpose(-1, -2) @ qt[..., None])[..., 0]
@@ -189,12 +201,14 @@ def chunks(
     budget: int = MEMORY_BUDGET,
     ridge_path: Sequence[float] = RIDGE_PATH,
     gd_steps: Sequence[int] = GD_STEPS,
+    sink: Tensor | None = None,
 ) -> Iterator[tuple[slice, list[int], Tensor]]:
     """The predictions of the query heads, a chunk at a time: ``(destinations, query heads,
     predictions [N, heads, P, e])``.
 
     ``q`` ``[batch, pos, H, d]`` (scaled), ``k``/``v`` ``[batch, pos, Hkv, d|e]``, ``kv_of[h]``
-    the key/value head of query head ``h``; all float64. Key/value heads are taken in groups
+    the key/value head of query head ``h``; all float64; ``sink`` ``[H]`` a layer's learned sink
+    logits (``predict``). Key/value heads are taken in groups
     whose prefix sums fit half of ``budget`` bytes, destinations in chunks whose temporaries fit
     the other half.
     """
@@ -233,5 +247,6 @@ def chunks(
                     hi[bb, tt],
                     ridge_path,
                     gd_steps,
+                    None if sink is None else sink[heads],
                 ),
             )
