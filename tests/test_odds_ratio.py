@@ -513,7 +513,7 @@ def test_views_show_the_three_patterns_and_parts_with_head_names():
     assert "L1H3" in page.to_html()
     df = res.to_dataframe()
     assert {"attr_prior", "kl_prior", "label", "sink_mass", "sigma2"} <= set(df.columns)
-    assert set(res[1].to_dataframe()["head"]) == {"L1H0", "L1H3"}
+    assert set(res[1].to_dataframe()["head_name"]) == {"L1H0", "L1H3"}
 
 
 def test_report_section_shows_the_most_prior_and_likelihood_driven_heads():

@@ -148,7 +148,7 @@ def test_planted_near_linear_head_is_separated_from_previous_token_heads():
     its z (held-out R² 0.93 against the mean's 0.58); the sharp previous-token head L0H2 is read
     as ``previous`` (R² 0.97), where linear attention explains little (0.19)."""
     res = regression.compute(_induction(0.1), PROMPTS, layers=0)
-    reading, table = res.reading(), res.claims().set_index("head")
+    reading, table = res.reading(), res.claims().set_index("head_index")
     assert reading[0, 0] == "linear" and table.r2_linear[0] > 0.9
     assert table.r2_linear[0] > table.r2_control[0] + 0.3
     assert reading[0, 2] == "previous" and table.r2_control[2] > 0.9

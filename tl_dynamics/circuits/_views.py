@@ -124,7 +124,7 @@ def topk_table(frame, rows: int, caption: str) -> viz.Component:
                 f"{viz.visible_token(c)} ({v:+.2g})"
                 for c, v in zip(group["col_label"], group["value"])
             )
-            for side, group in part.sort_values("rank").groupby("side")
+            for side, group in part.sort_values("top_rank").groupby("side")
         }
         lines.append(
             {

@@ -20,7 +20,7 @@ NOTICE = (
 
 
 @dataclass(frozen=True)
-class RegressionResult:
+class RegressionResult(viz.Result):
     """How close each head's output ``z`` is to in-context regression of values on keys.
 
     Arrays are indexed ``[layer, band, head, predictor]`` (``r2``, ``r2_low``, ``r2_high``,
@@ -132,7 +132,7 @@ class RegressionResult:
         reading = self.reading()
         for i, layer in enumerate(self.layers):
             for j, head in enumerate(self.heads):
-                row: dict = dict(layer=layer, head=head, reading=reading[i, j])
+                row: dict = dict(layer=layer, head_index=head, reading=reading[i, j])
                 for fam in ("regression", "linear", "control"):
                     k = int(getattr(self, f"best_{fam}")[i, j])
                     row[f"best_{fam}"] = self.names[k]
@@ -155,7 +155,7 @@ class RegressionResult:
                         continue
                     k = int(np.nanargmax(r))
                     rows.append(
-                        dict(layer=layer, head=head, band=band, closest=self.names[k], r2=r[k])
+                        dict(layer=layer, head_index=head, band=band, closest=self.names[k], r2=r[k])
                     )
         return pd.DataFrame(rows)
 
@@ -168,7 +168,7 @@ class RegressionResult:
             dict(
                 layer=np.array(self.layers)[idx[0]],
                 band=np.array(self.bands)[idx[1]],
-                head=np.array(self.heads)[idx[2]],
+                head_index=np.array(self.heads)[idx[2]],
                 predictor=np.array(self.names)[idx[3]],
                 gain=self.gain.reshape(-1),
                 r2=self.r2.reshape(-1),

@@ -96,7 +96,7 @@ def verdict(results: dict[str, Any]) -> str:
     res = results["trained"]
     delta = res.delta_regression[..., 0]
     i, j = np.unravel_index(np.nanargmax(delta), delta.shape)
-    row = res.claims().set_index(["layer", "head"]).loc[(res.layers[i], res.heads[j])]
+    row = res.claims().set_index(["layer", "head_index"]).loc[(res.layers[i], res.heads[j])]
     rivals = max(
         np.nanmax(r.delta_regression[..., 0]) for k, r in results.items() if k != "trained"
     )
