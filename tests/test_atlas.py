@@ -169,7 +169,10 @@ def test_untrained_model_has_no_induction_or_previous_token_heads(untrained, ind
     assert res.heads_with("induction") == [] and res.heads_with("previous-token") == []
     trained = induction_atlas.to_dataframe()
     worst = res.to_dataframe()["delta_loss"].abs().max()
-    assert trained.set_index(["layer", "head_index"]).loc[CARD_INDUCTION, "delta_loss"].min() > 2 * worst
+    assert (
+        trained.set_index(["layer", "head_index"]).loc[CARD_INDUCTION, "delta_loss"].min()
+        > 2 * worst
+    )
 
 
 def test_atlas_frame_view_and_selection(induction):

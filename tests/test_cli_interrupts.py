@@ -28,12 +28,18 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def corpus(folder: Path, n: int = 80) -> Path:
     path = folder / "corpus.txt"
     words = ["def", "x", "return", "a", "b", "+", "=", "(", ")", ":", "1", "2", "if", "else"]
-    path.write_text("\n".join(" ".join(words[(i * 7 + j) % 14] for j in range(3 + i % 9)) for i in range(n)) + "\n")
+    path.write_text(
+        "\n".join(" ".join(words[(i * 7 + j) % 14] for j in range(3 + i % 9)) for i in range(n))
+        + "\n"
+    )
     return path
 
 
 def start(argv: list[str], cwd: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     return subprocess.Popen(
         [sys.executable, "-m", "tl_dynamics", *argv],
         cwd=cwd,
@@ -44,7 +50,9 @@ def start(argv: list[str], cwd: Path) -> subprocess.Popen:
     )
 
 
-def stop_when(process: subprocess.Popen, ready, sig: int, timeout: float = 120.0) -> tuple[int, str]:
+def stop_when(
+    process: subprocess.Popen, ready, sig: int, timeout: float = 120.0
+) -> tuple[int, str]:
     """Send ``sig`` once ``ready()`` holds; the exit status and what the process wrote on stderr."""
     deadline = time.monotonic() + timeout
     while not ready() and process.poll() is None and time.monotonic() < deadline:

@@ -27,7 +27,10 @@ def run(capsys, *argv):
 def no_torch(script: str) -> str:
     """Run ``script`` in a fresh interpreter; it prints what it found (its last line says
     whether torch or TransformerLens got imported)."""
-    code = script + "\nprint('imported:', sorted({'torch', 'transformer_lens', 'transformers'} & set(sys.modules)))"
+    code = (
+        script
+        + "\nprint('imported:', sorted({'torch', 'transformer_lens', 'transformers'} & set(sys.modules)))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", "import sys\n" + code],
         capture_output=True,
@@ -78,13 +81,25 @@ def test_an_offline_hub_name_fails_at_once_with_the_hub_message(capsys, monkeypa
         "could not load model 'no-such-org/no-such-model' through TransformerLens (hub models need "
         "a network connection" in err
     )
-    assert "HF_HUB_OFFLINE is set and 'no-such-org/no-such-model' is not in the Hugging Face cache" in err
+    assert (
+        "HF_HUB_OFFLINE is set and 'no-such-org/no-such-model' is not in the Hugging Face cache"
+        in err
+    )
     monkeypatch.delenv("HF_HUB_OFFLINE")  # no route to the hub: the same, said at once
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    for proxy in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+    for proxy in (
+        "https_proxy",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "HTTP_PROXY",
+        "all_proxy",
+        "ALL_PROXY",
+    ):
         monkeypatch.delenv(proxy, raising=False)
     monkeypatch.setattr("tl_dynamics._model_names._reachable", lambda host, timeout=2.0: False)
-    code, _, err = run(capsys, "stats", "--model", "no-such-org/x", "--prompts", __file__, "--out", "s.safetensors")
+    code, _, err = run(
+        capsys, "stats", "--model", "no-such-org/x", "--prompts", __file__, "--out", "s.safetensors"
+    )
     assert code == 2 and "no network: huggingface.co cannot be reached from here" in err
 
 
@@ -127,13 +142,24 @@ def test_a_source_registry_the_reader_cannot_follow_falls_back_to_the_import(mon
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["report", "--out", "r.json"], "--out 'r.json': this writes an HTML page, but the name says JSON; name it 'r.html'"),
-        (["heads", "--out", "h.txt"], "--out 'h.txt': this writes an HTML page, but the name says text; name it 'h.html'"),
+        (
+            ["report", "--out", "r.json"],
+            "--out 'r.json': this writes an HTML page, but the name says JSON; name it 'r.html'",
+        ),
+        (
+            ["heads", "--out", "h.txt"],
+            "--out 'h.txt': this writes an HTML page, but the name says text; name it 'h.html'",
+        ),
         (["report", "--stats", "s.safetensors", "--out", "p.png"], "name it 'p.html'"),
-        (["stats", "--prompts", "CORPUS", "--out", "s.json"], "this writes a safetensors file, but the name says JSON; name it 's.safetensors'"),
+        (
+            ["stats", "--prompts", "CORPUS", "--out", "s.json"],
+            "this writes a safetensors file, but the name says JSON; name it 's.safetensors'",
+        ),
     ],
 )
-def test_an_output_suffix_that_contradicts_the_format_is_refused(argv, message, tmp_path, capsys, monkeypatch):
+def test_an_output_suffix_that_contradicts_the_format_is_refused(
+    argv, message, tmp_path, capsys, monkeypatch
+):
     corpus = tmp_path / "c.txt"
     corpus.write_text("a = 1\n")
     monkeypatch.chdir(tmp_path)
@@ -159,7 +185,9 @@ def test_an_empty_corpus_is_an_error_and_an_empty_stats_file_renders_no_page(tmp
     assert not page.exists()
 
 
-def test_resume_says_when_there_is_nothing_to_resume_and_the_old_switch_name_works(tmp_path, capsys):
+def test_resume_says_when_there_is_nothing_to_resume_and_the_old_switch_name_works(
+    tmp_path, capsys
+):
     corpus = tmp_path / "c.txt"
     corpus.write_text("a = 1\nb = 2\n")
     out = tmp_path / "s.safetensors"
@@ -222,7 +250,16 @@ def test_the_heads_table_says_what_each_number_is_and_an_off_distribution_probe(
                       r"give --prompt", out)  # fmt: skip
     assert found and float(found.group(1)) >= 8.3, out
     code, out, _ = run(
-        capsys, "heads", "--model", "induction-2l", "--layers", "1", "--n-seq", "2", "--seq-len", "8"
+        capsys,
+        "heads",
+        "--model",
+        "induction-2l",
+        "--layers",
+        "1",
+        "--n-seq",
+        "2",
+        "--seq-len",
+        "8",
     )
     assert code == 0 and "off this model's distribution" not in out  # its own task: below uniform
     assert "head_index" in out
@@ -239,7 +276,9 @@ def test_the_off_distribution_note_needs_a_loss_at_or_above_uniform():
     assert "ln 64" in cli_heads.off_distribution(Result(), 64, False)
 
 
-def test_model_dependent_checks_come_after_loading_and_before_any_analysis(tmp_path, capsys, monkeypatch):
+def test_model_dependent_checks_come_after_loading_and_before_any_analysis(
+    tmp_path, capsys, monkeypatch
+):
     monkeypatch.setattr(report, "build_report", lambda *a, **k: pytest.fail("analysis ran"))
     out = str(tmp_path / "r.html")
     for argv, message in [

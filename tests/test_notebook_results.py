@@ -99,7 +99,9 @@ def results():
         "TrajectoryStats": traj.stats,
         "JacobianSpectrum": trajectories.block_jacobian(model, PROMPT, 0, k=2),
         "ClassProbe": trajectories.class_probe(
-            model, ["x = 1", "y = 2", "z = 3", "def f():", "def g():", "def h():"], [0] * 3 + [1] * 3
+            model,
+            ["x = 1", "y = 2", "z = 3", "def f():", "def g():", "def h():"],
+            [0] * 3 + [1] * 3,
         ),
     }
 
@@ -145,7 +147,9 @@ def test_no_dataframe_column_shadows_a_dataframe_attribute(results):
 
 
 def test_every_public_subpackage_is_an_attribute_and_listed():
-    public = {m.name for m in pkgutil.iter_modules(tl_dynamics.__path__) if not m.name.startswith("_")}
+    public = {
+        m.name for m in pkgutil.iter_modules(tl_dynamics.__path__) if not m.name.startswith("_")
+    }
     assert {"regression", "sphere", "atlas", "viz"} <= public
     listed = set(dir(tl_dynamics))
     for name in sorted(public):

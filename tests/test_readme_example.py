@@ -22,5 +22,13 @@ def test_the_readme_python_example_runs_as_written():
     assert isinstance(result, odds_ratio.OddsRatioResult) and result.stats.n_prompts == 1
     assert result.stats.layers == (1,) and isinstance(result.show(), viz.Group)
     table = text[text.index("## What each analysis answers") :]
-    for name in ("atlas", "circuits", "odds_ratio", "contextual_mlp", "regression", "trajectories", "particles"):
+    for name in (
+        "atlas",
+        "circuits",
+        "odds_ratio",
+        "contextual_mlp",
+        "regression",
+        "trajectories",
+        "particles",
+    ):
         assert f"| `{name}` |" in table, name

@@ -22,7 +22,9 @@ def _public_modules() -> tuple[str, ...]:
     without a list to update)."""
     import pkgutil
 
-    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
+    return tuple(
+        sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    )
 
 
 # Subpackages reachable as attributes after ``import tl_dynamics`` (``tl_dynamics.docs.math("2.3")``,

@@ -72,9 +72,7 @@ def stats_parser() -> argparse.ArgumentParser:
         required=True,
         help="corpus: a text file (one prompt per line) or JSON lines (.jsonl) with a 'text' field",
     )
-    p.add_argument(
-        "--out", required=True, help=f"statistics file to write (a {STATS_SUFFIX} file)"
-    )
+    p.add_argument("--out", required=True, help=f"statistics file to write (a {STATS_SUFFIX} file)")
     p.add_argument(
         "--analyses",
         default=",".join(analyses),
@@ -93,8 +91,7 @@ def stats_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the checkpoint next to --out (OUT.partial); says so when there "
-        "is none",
+        help="continue from the checkpoint next to --out (OUT.partial); says so when there is none",
     )
     p.add_argument("--checkpoint-every", type=int, default=8, help="batches between checkpoints")
     p.add_argument(

@@ -16,7 +16,6 @@ float32 on the CPU and then cast and moved (``model.to(dtype)``, as the half-pre
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import inspect
 import json
 import logging

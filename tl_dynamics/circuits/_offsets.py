@@ -50,7 +50,10 @@ class OffsetSummary(viz.Result):
         import pandas as pd
 
         return pd.DataFrame(
-            dict(offset=list(self.offsets), **{COLUMNS.get(s, s): getattr(self, s).numpy() for s in STATS})
+            dict(
+                offset=list(self.offsets),
+                **{COLUMNS.get(s, s): getattr(self, s).numpy() for s in STATS},
+            )
         )
 
     def show(self) -> viz.Component:

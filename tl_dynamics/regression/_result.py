@@ -155,7 +155,9 @@ class RegressionResult(viz.Result):
                         continue
                     k = int(np.nanargmax(r))
                     rows.append(
-                        dict(layer=layer, head_index=head, band=band, closest=self.names[k], r2=r[k])
+                        dict(
+                            layer=layer, head_index=head, band=band, closest=self.names[k], r2=r[k]
+                        )
                     )
         return pd.DataFrame(rows)
 

@@ -19,8 +19,10 @@ _WIDTH = 70
 
 
 def _scalar(value: Any) -> bool:
-    return value is None or isinstance(value, (bool, int, float, str)) or (
-        hasattr(value, "item") and getattr(value, "ndim", None) == 0
+    return (
+        value is None
+        or isinstance(value, (bool, int, float, str))
+        or (hasattr(value, "item") and getattr(value, "ndim", None) == 0)
     )
 
 
@@ -88,7 +90,7 @@ class Result:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "__repr__" not in cls.__dict__:  # set before @dataclass, which keeps one it finds
-            setattr(cls, "__repr__", Result.__repr__)
+            cls.__repr__ = Result.__repr__
 
     def __repr__(self) -> str:
         name, rows = type(self).__name__, fields(self)
