@@ -172,3 +172,36 @@ def test_a_row_of_a_later_pass_points_to_forward_pass():
     ):
         collector.result(row=1)
     assert collector.result(row=0, forward_pass=1).keys() == [(1, 0)]
+
+
+def test_progress_bars_in_a_kernel_without_ipywidgets_do_not_warn():
+    """tqdm.auto in a Jupyter kernel (``ipykernel.zmqshell`` loaded) without ipywidgets warns
+    "IProgress not found" at its first import; after ``import tl_dynamics`` it does not. The
+    control, without it, does (checked in a fresh interpreter each: the import is cached)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    pytest.importorskip("ipykernel", reason="a Jupyter kernel is part of the test extra")
+    if importlib.util.find_spec("ipywidgets") is not None:
+        pytest.skip("ipywidgets is installed: tqdm.auto draws widgets and has nothing to warn")
+
+    def warned(first: str) -> str:
+        script = (
+            "import warnings\nimport ipykernel.zmqshell\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            f"    {first}\n"
+            "    from tqdm.auto import tqdm\n"
+            "    sum(tqdm(range(3), disable=True))\n"
+            "print([str(w.message) for w in caught])\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+            cwd=PACKAGE.parent,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "IProgress not found" in warned("pass")  # the control: the warning is real
+    assert "IProgress not found" not in warned("import tl_dynamics")
