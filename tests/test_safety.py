@@ -107,6 +107,7 @@ def test_a_checkpoint_is_never_replaced_without_resume(model, tmp_path, capsys, 
     out = tmp_path / "s.safetensors"
     partial = tmp_path / "s.safetensors.partial"
     partial.write_bytes(b"an unfinished run")
+    (tmp_path / "c.txt").write_text("a = 1\n")  # the corpus is checked first
     code, _, err = main(
         capsys,
         "stats",

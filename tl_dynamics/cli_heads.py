@@ -167,8 +167,8 @@ def off_distribution(result: Any, d_vocab: int, default_probe: bool) -> str | No
     (ln d_vocab): the causal columns then measure the model off its own distribution.
 
     >>> class R: clean_loss = 12.0
-    >>> off_distribution(R(), 4096, True)[:60]
-    'the causal columns are measured off this model\'s distribution'
+    >>> "measured off this model's distribution" in off_distribution(R(), 4096, True)
+    True
     """
     clean = float(getattr(result, "clean_loss", float("nan")))
     uniform = math.log(d_vocab)

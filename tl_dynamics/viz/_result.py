@@ -71,8 +71,10 @@ def fields(result: Any) -> list[tuple[str, str]]:
 
 
 class Result:
-    """The notebook face of a result: ``_repr_html_`` (a summary table, then ``show()``) and a
-    ``repr`` of at most ``MAX_LINES`` lines. Every result class lists it among its bases.
+    """The notebook face every result class lists among its bases.
+
+    ``_repr_html_`` is a summary table (each field: a number, a shape, a count) and then
+    ``show()`` (else ``to_dataframe()`` as a table); ``repr`` is at most ``MAX_LINES`` lines.
 
     Example:
         >>> import dataclasses, numpy as np
