@@ -127,6 +127,10 @@ def test_help_is_generated_from_the_registries(capsys):
     assert f"default {','.join(f'{e:g}' for e in sphere.TRAJECTORY_EPS_GRID)}" in text
     assert all(name in text for name in models.shipped_names())
     with pytest.raises(SystemExit):
+        cli.main(["heads", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text for name in models.shipped_names())
+    with pytest.raises(SystemExit):
         cli.main(["report", "--help"])
     text = capsys.readouterr().out
     assert all(choice.split(":")[0] in text for choice in devices.DEVICE_CHOICES)

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from tl_dynamics import _args, _interrupt, _loading, devices, files
+from tl_dynamics import _args, _interrupt, _loading, _model_names, devices, files
 from tl_dynamics.errors import TLDynamicsError
 
 TABLE_COLUMNS = [
@@ -37,8 +37,9 @@ def cli_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         default=None,
-        help="shipped model name (default code-2l), a model folder, "
-        "'tiny-random[:arch]', or a hub name (online)",
+        help=f"shipped model name ({', '.join(_model_names.shipped_names())}; default "
+        f"{_model_names.DEFAULT_MODEL}), a model folder, 'tiny-random[:arch]', or a hub name "
+        "(online)",
     )
     parser.add_argument(
         "--prompt",
