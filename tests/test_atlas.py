@@ -145,7 +145,7 @@ def test_layer_prefix_sharing_gives_the_same_losses(induction):
 def test_induction_2l_roles_match_the_card(induction_atlas):
     assert induction_atlas.heads_with("previous-token") == CARD_PREVIOUS
     assert induction_atlas.heads_with("induction") == CARD_INDUCTION
-    frame = induction_atlas.to_dataframe().set_index(["layer", "head"])
+    frame = induction_atlas.to_dataframe().set_index(["layer", "head_index"])
     for pair in CARD_INDUCTION:
         assert frame.loc[pair, "role"] == "induction"
         assert frame.loc[pair, "score"] >= frame.loc[pair, "baseline"] + _roles.MARGIN
@@ -156,7 +156,7 @@ def test_induction_heads_cost_loss_on_repeats(induction_atlas):
     """Mean-ablating an induction head costs loss on the repeated half and not on the first
     half. (The previous-token head L0H0 and L0H1, which feed every induction head, cost more:
     the 'clearly above all others' of the issue holds within the induction layer only.)"""
-    frame = induction_atlas.to_dataframe().set_index(["layer", "head"])
+    frame = induction_atlas.to_dataframe().set_index(["layer", "head_index"])
     for pair in CARD_INDUCTION:
         cost, control = frame.loc[pair, "delta_loss"], frame.loc[pair, "delta_loss_unrepeated"]
         assert cost >= INDUCTION_COST and cost >= control + INDUCTION_COST
@@ -169,7 +169,10 @@ def test_untrained_model_has_no_induction_or_previous_token_heads(untrained, ind
     assert res.heads_with("induction") == [] and res.heads_with("previous-token") == []
     trained = induction_atlas.to_dataframe()
     worst = res.to_dataframe()["delta_loss"].abs().max()
-    assert trained.set_index(["layer", "head"]).loc[CARD_INDUCTION, "delta_loss"].min() > 2 * worst
+    assert (
+        trained.set_index(["layer", "head_index"]).loc[CARD_INDUCTION, "delta_loss"].min()
+        > 2 * worst
+    )
 
 
 def test_atlas_frame_view_and_selection(induction):
@@ -177,14 +180,14 @@ def test_atlas_frame_view_and_selection(induction):
     frame = res.to_dataframe()
     assert list(frame.columns[:7]) == [
         "layer",
-        "head",
+        "head_index",
         "role",
         "score",
         "baseline",
         "evidence",
         "delta_loss",
     ]
-    assert list(zip(frame["layer"], frame["head"])) == [(1, 0), (1, 3)]
+    assert list(zip(frame["layer"], frame["head_index"])) == [(1, 0), (1, 3)]
     assert frame.delta_loss.isna().all()
     assert res.roles_of(1, 0)[0] == "induction"  # earlier previous-token heads read anyway
     shown = res.show()

@@ -199,7 +199,13 @@ def test_copying_and_positivity_scores_equal_dense_eigenvalues(arch):
             _dense_positivity(c.dense(), adapter.d_head), abs=ROUTE_TOL
         )
     assert qk.offset == delta
-    assert set(copying.to_dataframe().columns) >= {"layer", "head", "score", "trace", "abs_sum"}
+    assert set(copying.to_dataframe().columns) >= {
+        "layer",
+        "head_index",
+        "score",
+        "trace",
+        "abs_sum",
+    }
 
 
 def test_positivity_is_one_for_a_copying_map_and_minus_one_for_its_negative():
@@ -347,7 +353,15 @@ def test_views_and_tables():
     readout = circuits.ov_circuit(adapter, 1, 0).topk(5, rows=[1, 2, 3])
     frame = readout.to_dataframe()
     assert isinstance(frame, pd.DataFrame) and len(frame) == 3 * 5 * 2
-    assert list(frame.columns) == ["row", "row_label", "side", "rank", "col", "col_label", "value"]
+    assert list(frame.columns) == [
+        "row",
+        "row_label",
+        "side",
+        "top_rank",
+        "col",
+        "col_label",
+        "value",
+    ]
     shown = readout.show()
     assert isinstance(shown, viz.Component) and shown.name == "TopkTokens"
     assert len(shown.props["sampleLabels"]) == 3
@@ -358,7 +372,12 @@ def test_views_and_tables():
     ):
         assert isinstance(result.show(), (viz.Component, viz.Group))
     overview = circuits.compute(adapter, "x = 1", n_samples=10)
-    assert list(overview.to_dataframe().columns) == ["layer", "head", "ov_copying", "qk_positivity"]
+    assert list(overview.to_dataframe().columns) == [
+        "layer",
+        "head_index",
+        "ov_copying",
+        "qk_positivity",
+    ]
     assert set(overview.prompt) == {
         (layer, head) for layer in range(2) for head in range(adapter.n_heads)
     }

@@ -322,7 +322,9 @@ def test_attach_collects_during_own_forward_and_removes_its_hooks():
     assert isinstance(second, cm.ContextualMLPs) and second.keys() == [(0, 1), (1, 1)]
     direct = cm.compute(adapter, batch, layers=[0, 1], heads=1, row=1)
     assert torch.equal(second[1, 1].pattern(), direct[1, 1].pattern())
-    with pytest.raises(TLDynamicsError, match=r"row 2 was not collected; collected rows: \[0, 1\]"):
+    with pytest.raises(
+        TLDynamicsError, match=r"row 2 was not collected in forward pass 0; its rows: \[0, 1\]$"
+    ):
         collector.result(row=2)
 
 
@@ -333,7 +335,7 @@ def test_compute_selects_heads_in_every_layer_and_tabulates_each_destination():
     df = res.to_dataframe()
     assert len(df) == sum(len(m.positions) for m in res)
     for m in res:
-        part = df[(df.layer == m.layer) & (df["head"] == m.head)]
+        part = df[(df.layer == m.layer) & (df["head_index"] == m.head)]
         for pos, winner, imp in zip(part.position, part.winner, part.winner_importance):
             assert winner == m.winner(pos)
             assert imp == pytest.approx(float(m.importance(pos).max()), rel=1e-6)

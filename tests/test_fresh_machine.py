@@ -88,12 +88,15 @@ def test_versions_name_the_stack_and_the_device(capsys):
     from tl_dynamics import cli
 
     with pytest.raises(SystemExit) as exit_:
-        cli.main(["--version"])
+        cli.main(["--version"])  # read from the packages' metadata: torch is not asked
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     for name, value in found.items():
-        assert f"{name:<16} {value}" in out
+        assert f"{name:<16} {value}" in out or name == "device"
+    assert "device           not asked (in Python: tl_dynamics.show_versions())" in out
     assert "tested with" in out and compat.TESTED_ON["transformers"] in out
+    compat.show_versions()  # the device, from torch
+    assert f"{'device':<16} {found['device']}" in capsys.readouterr().out
 
 
 def test_the_report_header_names_the_versions():

@@ -17,7 +17,6 @@ from tl_dynamics.errors import TLDynamicsError
 from helpers import adapter_for, HAS_HOOKED
 from tl_dynamics.odds_ratio import _collect
 from tl_dynamics.odds_ratio import _markov
-from tl_dynamics.odds_ratio import _result
 from tl_dynamics.odds_ratio import _simplex
 
 # The split subtracts squared norms: in fp32 its parts sum back to c<q,k> within ~1e-7 times
@@ -513,7 +512,7 @@ def test_views_show_the_three_patterns_and_parts_with_head_names():
     assert "L1H3" in page.to_html()
     df = res.to_dataframe()
     assert {"attr_prior", "kl_prior", "label", "sink_mass", "sigma2"} <= set(df.columns)
-    assert set(res[1].to_dataframe()["head"]) == {"L1H0", "L1H3"}
+    assert set(res[1].to_dataframe()["head_name"]) == {"L1H0", "L1H3"}
 
 
 def test_report_section_shows_the_most_prior_and_likelihood_driven_heads():

@@ -11,7 +11,6 @@ import torch
 
 from tl_dynamics import odds_ratio, zoo
 from tl_dynamics.adapter import ModelAdapter, shuffled_weights
-from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _labels, _stats
 
 

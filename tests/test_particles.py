@@ -385,7 +385,7 @@ def test_phase_diagram_sa_and_usa():
     # (USA) clusters early at larger beta: at t = 2 beta = 3 is far ahead of beta = 0
     assert float(usa.fraction[2, 1]) > float(usa.fraction[0, 1]) + 0.2
     df = sa.to_dataframe()
-    assert list(df.columns) == ["beta", "time", "fraction", "sem"] and len(df) == 4 * 5
+    assert list(df.columns) == ["beta", "time", "fraction", "fraction_sem"] and len(df) == 4 * 5
     figure = phase_figure(sa, usa)
     assert isinstance(figure, viz.Component) and "data:image/png" in figure.html
     assert figure.caption.startswith("Phase diagram, Q=K=V=I: (SA) beta in [0, 9]")

@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-MAX_NAMES = 98  # 93 + regression's three (issue 32) + zoo.untrained and zoo.regression_sequences (its notebook)
+MAX_NAMES = 99  # 93 + regression's three (issue 32) + zoo.untrained and zoo.regression_sequences (its notebook) + viz.Result (issue 42: every result's notebook face)
 SURFACE = {
     "adapter": (
         "Batch",
@@ -95,6 +95,7 @@ SURFACE = {
         "Component",
         "Group",
         "Page",
+        "Result",
         "attention_grid",
         "attention_heads",
         "attention_pattern",

@@ -107,6 +107,7 @@ def test_a_checkpoint_is_never_replaced_without_resume(model, tmp_path, capsys, 
     out = tmp_path / "s.safetensors"
     partial = tmp_path / "s.safetensors.partial"
     partial.write_bytes(b"an unfinished run")
+    (tmp_path / "c.txt").write_text("a = 1\n")  # the corpus is checked first
     code, _, err = main(
         capsys,
         "stats",
@@ -243,7 +244,7 @@ def test_one_long_prompt_names_its_line_and_can_be_skipped_or_truncated(model, t
     with pytest.raises(
         TLDynamicsError,
         match=r"corpus.txt:3: the prompt has \d+ tokens but this "
-        r"model's context is 64; pass --on-long truncate",
+        r"model's context is 64; pass --on-bad-lines truncate",
     ):
         run(model, corpus, tmp_path / "e.safetensors")
     skipped = run(model, corpus, tmp_path / "s.safetensors", on_long="skip")

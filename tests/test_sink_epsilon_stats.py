@@ -101,7 +101,7 @@ def test_per_prompt_alpha_is_the_report_sections(model, alphas):
     res = odds_ratio.compute(ad, PROMPTS, padding_side="left")
     table = res.sink_table()
     for b, text in enumerate(PROMPTS):
-        rows = table[table["prompt"] == b].sort_values(["layer", "head"])
+        rows = table[table["prompt"] == b].sort_values(["layer", "head_name"])
         np.testing.assert_allclose(rows["sink_alpha"], alphas[b].ravel(), rtol=0, atol=1e-6)
         batch = ad.tokenize(text)
         for layer, la in ad.attention(batch).items():

@@ -510,7 +510,7 @@ def test_views_and_report_section():
     traj = T.compute(ad, batch)
     df = traj.to_dataframe()
     assert len(df) == int(batch.key_valid.sum()) * traj.n_points
-    assert {"rank", "settling", "step", "turning_deg", "cos_unembed"} <= set(df.columns)
+    assert {"lens_rank", "settling", "step", "turning_deg", "cos_unembed"} <= set(df.columns)
     stats = T.stream(ad, PROMPTS[:3], progress=False)
     sdf = stats.to_dataframe()
     assert list(sdf.index) == list(stats.labels) and "clusters_eps0.1" in sdf.columns

@@ -17,26 +17,24 @@ __version__ = "0.1.0"
 __all__ = ["TLDynamicsError", "__version__", "load_model", "show_versions"]
 
 
+def _public_modules() -> tuple[str, ...]:
+    """The public modules and subpackages, read from the package's folder (a new one is listed
+    without a list to update)."""
+    import pkgutil
+
+    return tuple(
+        sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    )
+
+
 # Subpackages reachable as attributes after ``import tl_dynamics`` (``tl_dynamics.docs.math("2.3")``,
-# as the README shows), each imported on first use.
-SUBMODULES = (
-    "adapter",
-    "atlas",
-    "circuits",
-    "collect",
-    "contextual_mlp",
-    "docs",
-    "errors",
-    "models",
-    "odds_ratio",
-    "particles",
-    "report",
-    "scale",
-    "testing",
-    "trajectories",
-    "viz",
-    "zoo",
-)
+# as the README shows), each imported on first use, and listed by ``dir(tl_dynamics)`` (tab
+# completion).
+SUBMODULES = _public_modules()
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(SUBMODULES) | {"load_model", "show_versions"})
 
 
 def __getattr__(name: str) -> Any:
@@ -55,3 +53,21 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module(f"tl_dynamics.{name}")
     raise AttributeError(f"module 'tl_dynamics' has no attribute {name!r}")
+
+
+def _quiet_progress_bars() -> None:
+    """In a Jupyter kernel without ipywidgets, ``tqdm.auto`` warns "IProgress not found" when
+    first imported (by transformers, or by an analysis) and then draws text bars: import it
+    once here with that one warning silenced, so the bars work and the first cell stays clean."""
+    import sys
+
+    if "ipykernel" not in sys.modules:
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import tqdm.auto  # noqa: F401
+
+
+_quiet_progress_bars()

@@ -122,3 +122,80 @@ def refuse_near_name(name: str, names: list[str], shipped: list[str]) -> None:
             f"mean {close[0]!r}? (shipped: {', '.join(shipped)}; a hub name is tried only when "
             "no shipped name is this close)"
         )
+
+
+# What a file's suffix says it holds: an output whose suffix names another format is refused.
+FORMATS = {
+    ".html": "an HTML page",
+    ".htm": "an HTML page",
+    ".safetensors": "a safetensors file",
+    ".json": "JSON",
+    ".jsonl": "JSON lines",
+    ".txt": "text",
+    ".csv": "CSV",
+    ".tsv": "TSV",
+    ".md": "Markdown",
+    ".png": "a PNG image",
+    ".svg": "an SVG image",
+    ".pdf": "a PDF",
+    ".pt": "a torch pickle",
+    ".pth": "a torch pickle",
+    ".bin": "raw bytes",
+    ".npy": "a NumPy array",
+    ".npz": "NumPy arrays",
+    ".pkl": "a pickle",
+    ".parquet": "a Parquet table",
+    ".ipynb": "a notebook",
+    ".py": "Python source",
+}
+
+
+def check_suffix(path: str, wanted: tuple[str, ...], what: str = "--out") -> None:
+    """Refuse an output path whose suffix names another format than the one written (a
+    statistics file named ``s.json`` would hold safetensors bytes); no suffix, or one that
+    names no format, is left alone.
+
+    >>> check_suffix("page.html", (".html", ".htm"))
+    >>> check_suffix("s.json", (".safetensors",))
+    Traceback (most recent call last):
+    ...
+    tl_dynamics.errors.TLDynamicsError: --out 's.json': this writes a safetensors file, but the name says JSON; name it 's.safetensors'
+    """
+    suffix = os.path.splitext(path)[1]
+    if suffix.lower() in wanted or suffix.lower() not in FORMATS:
+        return
+    raise TLDynamicsError(
+        f"{what} {path!r}: this writes {FORMATS[wanted[0]]}, but the name says "
+        f"{FORMATS[suffix.lower()]}; name it {path[: -len(suffix)] + wanted[0]!r}"
+    )
+
+
+def check_placement_text(device: str, dtype: str) -> None:
+    """``--device`` and ``--dtype`` as text, before torch is imported (whether CUDA is there is
+    asked after: ``tl_dynamics.devices.placement``)."""
+    from tl_dynamics import devices
+
+    text = str(device).strip()
+    if text not in ("auto", "cpu") and not re.fullmatch(r"cuda(?::\d+)?", text):
+        raise TLDynamicsError(
+            f"--device {text!r}: valid are {', '.join(devices.DEVICE_CHOICES)} "
+            "(N: a CUDA device index, from 0)"
+        )
+    if str(dtype).strip() not in devices.DTYPE_CHOICES:
+        raise TLDynamicsError(f"--dtype {dtype!r}: valid are {', '.join(devices.DTYPE_CHOICES)}")
+
+
+def check_corpus(text: str, what: str = "--prompts") -> None:
+    """A corpus file that exists and holds at least one non-blank line (read until the first
+    one), before the model loads: an empty corpus would write a 0-prompt file."""
+    path = os.path.expanduser(text)
+    hint = "give a text file, one prompt per line, or JSON lines with a 'text' field"
+    if not os.path.isfile(path):
+        raise TLDynamicsError(f"{what} {text!r} does not exist ({hint})")
+    try:
+        with open(path, "rb") as handle:
+            if any(line.decode("utf-8", "replace").strip() for line in handle):
+                return
+    except OSError as exc:
+        raise TLDynamicsError(f"{what} {text!r}: cannot be read ({exc.strerror or exc})") from None
+    raise TLDynamicsError(f"{what} {text!r} holds no prompt: every line is blank ({hint})")

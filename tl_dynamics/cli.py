@@ -1,6 +1,10 @@
 """``tl-dynamics`` (also ``python -m tl_dynamics``): the command line.
 
-Every input is checked before the model loads: the output path, the prompt, the layers and heads.
+Arguments first, imports later: everything that can be checked without torch (the output path,
+the prompt, layers and heads as numbers, sections, threads, device and dtype as words, the model
+name, a hub name that cannot load offline) is checked in milliseconds; then torch and
+TransformerLens are imported and the model loads; then what needs the model (layers, heads,
+token ids, the context length) is checked before any analysis runs.
 """
 
 from __future__ import annotations
@@ -14,28 +18,33 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import _args, devices, files
+from tl_dynamics import _args, _interrupt, _loading, _model_names, _registries, devices, files
 from tl_dynamics.errors import TLDynamicsError
+
+HTML = (".html", ".htm")
 
 
 def _architectures() -> str:
-    from tl_dynamics import models
-
-    return ", ".join(models.tiny_architectures())
+    return ", ".join(_model_names.tiny_architectures())
 
 
 class _Versions(argparse.Action):
-    """``--version``: ``tl_dynamics.show_versions()`` (read only when asked: it imports torch)."""
+    """``--version``: the versions of the stack, read from the installed packages' metadata
+    (``tl_dynamics.show_versions()`` also asks torch for the device: it imports torch)."""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
         from tl_dynamics import compat
 
-        compat.show_versions()
+        compat.show_versions(device=False)
         parser.exit()
 
 
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, 78, break_on_hyphens=False, break_long_words=False)
+
+
 def _parser() -> argparse.ArgumentParser:
-    from tl_dynamics import compat
+    from tl_dynamics import cli_stats, compat
 
     parser = argparse.ArgumentParser(prog="tl-dynamics", description=(__doc__ or "").split("\n")[0])
     parser.add_argument(
@@ -43,27 +52,28 @@ def _parser() -> argparse.ArgumentParser:
         action=_Versions,
         nargs=0,
         help="print the versions of tl-dynamics, Python, torch, transformers and "
-        "TransformerLens, and the device torch sees, then exit",
+        "TransformerLens, then exit",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser(
         "report",
-        help="write a standalone offline HTML report",
-        description="Write one standalone offline HTML page about a model on a prompt.",
+        help="write a standalone offline HTML report (--stats FILE: the page of a statistics file)",
+        description="Write one standalone offline HTML page about a model on a prompt; or, "
+        "with --stats FILE, the page of a statistics file from `tl-dynamics stats`.",
+        usage="tl-dynamics report [--model M] [--prompt TEXT] [--out report.html] [...]\n"
+        "       tl-dynamics report --stats FILE [--out stats.html] [--allow-partial]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=textwrap.fill(
+        epilog=_wrap(
             f"tiny-random architectures on this TransformerLens "
-            f"({compat.tl_version()}): {_architectures()}",
-            78,
-            break_on_hyphens=False,
-            break_long_words=False,
+            f"({compat.tl_version()}): {_architectures()}"
         ),
     )
+    shipped = ", ".join(_model_names.shipped_names())
     report.add_argument(
         "--model",
         default=None,
-        help="shipped model name (see `tl-dynamics models`; default code-2l), a "
-        "Hugging Face or TransformerLens checkpoint folder, "
+        help=f"shipped model name ({shipped}; default {_model_names.DEFAULT_MODEL}; see "
+        "`tl-dynamics models`), a Hugging Face or TransformerLens checkpoint folder, "
         "'tiny-random[:arch]' (architectures below), or a hub name (online)",
     )
     prompt = report.add_mutually_exclusive_group()
@@ -98,9 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--sections",
         default=None,
-        help="analysis sections to include, comma-separated, from: atlas, circuits, "
-        "odds_ratio, contextual_mlp, trajectories, particles; 'none' for the "
-        "attention section only (default: all)",
+        help="analysis sections to include, comma-separated, from: "
+        f"{', '.join(_registries.section_names())}; 'none' for the attention section only "
+        "(default: all)",
     )
     report.add_argument(
         "--figures",
@@ -116,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
         "'auto' (default: one per core, or 1 when the machine is busy)",
     )
     devices.add_options(report)
+    cli_stats.add_page_options(
+        report.add_argument_group(
+            "the page of a statistics file (tl-dynamics report --stats FILE [--out stats.html])"
+        )
+    )
     sub.add_parser(
         "models",
         help="list the shipped models, what is installed, and the tiny random architectures",
@@ -135,9 +150,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def check_out(out: str, model: str | None = None) -> Path:
     """The output file, checked before any work (``tl_dynamics.files.check_output``): not
-    empty, not a directory, not under a file, not a file of the ``--model`` folder, and in a
-    folder that exists or can be created and is writable."""
-    return files.check_output(out, example="report.html", inputs=files.model_inputs(model))
+    empty, not a directory, not under a file, not a file of the ``--model`` folder, named as
+    an HTML page (or with no suffix), and in a folder that exists or can be created and is
+    writable."""
+    path = files.check_output(out, example="report.html", inputs=files.model_inputs(model))
+    _args.check_suffix(out, HTML)
+    return path
 
 
 def check_figures(folder: str) -> Path:
@@ -162,9 +180,8 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
 
 
 def parse_sections(text: str) -> list[str]:
-    from tl_dynamics import report
-
-    valid = [analysis.name for analysis in report.SECTIONS]
+    """``--sections``: names of ``tl_dynamics.report.SECTIONS`` (read without importing it)."""
+    valid = list(_registries.section_names())
     names = [p for p in re.split(r"[\s,]+", text.strip()) if p]
     if names == ["none"]:
         return []
@@ -194,11 +211,9 @@ def _prompt(args: argparse.Namespace) -> str | list[int] | None:
 
 
 def _models() -> int:
-    from tl_dynamics import models
-
     print("Shipped models (tl-dynamics report --model NAME):")
-    for name, description in models.shipped_names().items():
-        state = "installed" if models.is_installed(name) else "optional, NOT installed"
+    for name, description in _model_names.shipped_names().items():
+        state = "installed" if _model_names.is_installed(name) else "optional, NOT installed"
         print(f"  {name:14s} [{state}] {description}")
     print(
         "Also: a Hugging Face model folder, a TransformerLens checkpoint folder, a hub name "
@@ -209,8 +224,18 @@ def _models() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``tl-dynamics`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status
+    (2 for a refused input, 130/143 when stopped by Ctrl-C/SIGTERM)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = sys.argv[1:] if argv is None else list(argv)
+    with _interrupt.signals():
+        try:
+            return _dispatch(argv)
+        except KeyboardInterrupt as exc:  # before a command's own account (imports, parsing)
+            return _interrupt.stopped(exc, "nothing was written")
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["heads"]:  # its own parser, in tl_dynamics.cli_heads
         from tl_dynamics import cli_heads
 
@@ -223,12 +248,20 @@ def main(argv: list[str] | None = None) -> int:
     ):
         from tl_dynamics import cli_stats
 
-        main = cli_stats.cli_main if argv[0] == "stats" else cli_stats.report_main
-        return main(argv[1:])
+        run = cli_stats.cli_main if argv[0] == "stats" else cli_stats.report_main
+        return run(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "models":
         return _models()
+    return _report_command(args, argv)
+
+
+def _report_command(args: argparse.Namespace, argv: list[str]) -> int:
     start = time.perf_counter()
+    state = {
+        "doing": "before the model loaded",
+        "kept": f"nothing was written ({args.out} is as it was)",
+    }
     try:
         out = check_out(args.out, args.model)
         prompt = _prompt(args)
@@ -241,14 +274,22 @@ def main(argv: list[str] | None = None) -> int:
             )
         sections = parse_sections(args.sections) if args.sections is not None else None
         threads = parse_threads(args.threads)
-        where = devices.placement(args.device, args.dtype, cli=True)
+        _args.check_placement_text(args.device, args.dtype)
         figures = check_figures(args.figures) if args.figures is not None else None
+        name = _loading.check_model(args.model)
         path, label, failed = _report(
-            args.model, prompt, out, layers, heads, sections, threads, where, figures
-        )
+            name, prompt, out, layers, heads, sections, threads, (args.device, args.dtype),
+            figures, state,
+        )  # fmt: skip
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        return _interrupt.stopped(
+            exc,
+            f"{time.perf_counter() - start:.1f} s in, {state['doing']}: {state['kept']}; "
+            f"run it again with: {_interrupt.command(argv)}",
+        )
     if failed:  # the page is written (it shows what failed) but the run did not succeed
         print(
             f"tl-dynamics: error: wrote {path}, but its sections {', '.join(failed)} failed "
@@ -275,32 +316,30 @@ def _report(
     heads: list[tuple[int, int]] | None,
     sections: list[str] | None,
     threads: int | str = "auto",
-    where: devices.Placement | None = None,
+    where: tuple[str, str] = ("auto", "auto"),
     figures: Path | None = None,
+    state: dict[str, str] | None = None,
 ) -> tuple[Path, str, list[str]]:
-    from tl_dynamics import models, report
+    state = {} if state is None else state
 
     def progress(msg: str) -> None:
+        if msg.startswith(("section ", "loading ")) and not msg.endswith(" s"):
+            state["doing"] = f"while {msg.removesuffix(' ...')}"
         print(msg, file=sys.stderr)
 
-    progress(f"loading {name or models.DEFAULT_MODEL} ...")
-    loaded = models.resolve(name, where)
-    if prompt is None:
-        prompt = loaded.default_prompt
-    if isinstance(prompt, str) and not loaded.has_tokenizer:
-        raise TLDynamicsError(
-            f"{loaded.label} has no tokenizer: give the prompt as token ids, "
-            'e.g. --prompt-ids "300 5 17"'
-        )
-    if isinstance(prompt, list):  # before any section runs: no page of failed sections
-        _args.check_vocab(prompt, int(loaded.model.cfg.d_vocab))
+    progress(f"loading {name or _model_names.DEFAULT_MODEL} ...")
+    loaded, adapter, prompt = _loading.loaded_and_checked(
+        name or _model_names.DEFAULT_MODEL, where, prompt, layers, heads
+    )
+    from tl_dynamics import report
+
     chosen = (
         report.SECTIONS
         if sections is None
         else tuple(analysis for analysis in report.SECTIONS if analysis.name in sections)
     )
     page = report.build_report(
-        loaded.model,
+        adapter,
         prompt,
         loaded.label,
         sections=chosen,
@@ -309,8 +348,11 @@ def _report(
         heads=heads,
         threads=threads,
     )
+    state["doing"] = f"while writing {out}"
     path = page.write(out)
+    state["kept"] = f"{path} is written, the figures in {figures} are not all written"
     if figures is not None:
+        state["doing"] = f"while writing figures to {figures}"
         progress(f"writing figures to {figures} ...")
         written = page.save_figures(figures)
         progress(

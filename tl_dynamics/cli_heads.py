@@ -4,16 +4,18 @@ table, and an HTML page with ``--out``."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import time
+from typing import Any
 
-from tl_dynamics import _args, devices, files
+from tl_dynamics import _args, _interrupt, _loading, _model_names, devices, files
 from tl_dynamics.errors import TLDynamicsError
 
 TABLE_COLUMNS = [
     "layer",
-    "head",
+    "head_index",
     "role",
     "score",
     "baseline",
@@ -35,8 +37,9 @@ def cli_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         default=None,
-        help="shipped model name (default code-2l), a model folder, "
-        "'tiny-random[:arch]', or a hub name (online)",
+        help=f"shipped model name ({', '.join(_model_names.shipped_names())}; default "
+        f"{_model_names.DEFAULT_MODEL}), a model folder, 'tiny-random[:arch]', or a hub name "
+        "(online)",
     )
     parser.add_argument(
         "--prompt",
@@ -63,6 +66,16 @@ def cli_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What each number of the table is (printed under it, and on the --out page).
+COLUMN_NOTES = (
+    "score, baseline: the top role's score and the same score on the weight-shuffled control",
+    "delta_loss = loss with the head mean-ablated - clean loss (next-token cross-entropy, nats "
+    "per token, on the probes; > 0: the model needs the head)",
+    "delta_loss_prior, delta_loss_likelihood = loss with the head's pattern replaced by its "
+    "prior-only / likelihood-only counterfactual - clean loss (nats per token)",
+)
+
+
 def cli_main(argv: list[str] | None = None) -> int:
     """Run ``tl-dynamics heads`` with ``argv`` (its arguments); returns the exit status.
 
@@ -74,17 +87,14 @@ def cli_main(argv: list[str] | None = None) -> int:
         (0, True)
     """
     args = cli_parser().parse_args(argv)
-    from tl_dynamics import atlas, models, viz
-
     start = time.perf_counter()
     try:
-        out = (
-            None
-            if args.out is None
-            else files.check_output(
+        out = None
+        if args.out is not None:
+            out = files.check_output(
                 args.out, example="heads.html", inputs=files.model_inputs(args.model)
             )
-        )
+            _args.check_suffix(args.out, (".html", ".htm"))
         n_seq = _args.positive_arg(args.n_seq, "--n-seq")
         seq_len = _args.positive_arg(args.seq_len, "--seq-len")
         if args.prompt is not None and not args.prompt.strip():
@@ -93,40 +103,89 @@ def cli_main(argv: list[str] | None = None) -> int:
                 "the repeated random token probes"
             )
         layers, heads, pairs = selection(args.layers, args.heads)
-        where = devices.placement(args.device, args.dtype, cli=True)
-        loaded = models.resolve(args.model, where)
+        _args.check_placement_text(args.device, args.dtype)
+        name = _loading.check_model(args.model)
+        loaded, adapter, _ = _loading.loaded_and_checked(
+            name,
+            (args.device, args.dtype),
+            args.prompt,
+            layers=layers,
+            heads=sorted(pairs) if pairs else None,
+            head_indices=heads if not pairs else None,
+            default_prompt=False,  # the repeated random-token probes
+        )
+        from tl_dynamics import atlas, viz
+
         sizes = {k: v for k, v in (("n_seq", n_seq), ("seq_len", seq_len)) if v is not None}
         result = atlas.compute(
-            loaded.model,
+            adapter,
             args.prompt,
             layers=layers,
             heads=heads,
             causal=not args.no_causal,
             **sizes,
         )
+        notes = list(COLUMN_NOTES) if not args.no_causal else list(COLUMN_NOTES[:1])
+        off = off_distribution(result, int(loaded.model.cfg.d_vocab), args.prompt is None)
+        notes += [off] if off else []
         path = None
         if out is not None:
             page = viz.Page(f"Head atlas: {loaded.label}")
-            page.add_section("What each head does", [result.show()])
+            page.add_section(
+                "What each head does", [viz.text("; ".join(notes) + "."), result.show()]
+            )
             path = page.write(out)
     except TLDynamicsError as exc:
         print(f"tl-dynamics: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        written = "" if args.out is None else f" ({args.out} is as it was)"
+        return _interrupt.stopped(
+            exc,
+            f"{time.perf_counter() - start:.1f} s in: nothing was written{written}; run it "
+            f"again with: {_interrupt.command(['heads', *(argv or [])])}",
+        )
     frame = result.to_dataframe()
     if pairs is not None:  # L<l>H<h>: exactly the heads named
-        named = zip(frame["layer"], frame["head"])
+        named = zip(frame["layer"], frame["head_index"])
         frame = frame.iloc[[i for i, pair in enumerate(named) if pair in pairs]]
     print(
         f"Head atlas of {loaded.label} ({time.perf_counter() - start:.1f} s; a role needs its "
         f"score at least {result.margin} above the weight-shuffled control)"
     )
+    columns = [c for c in TABLE_COLUMNS if not (args.no_causal and c.startswith("delta_loss"))]
     # pandas documents a one-argument function for float_format; its types say str only
-    print(frame[TABLE_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))  # pyright: ignore[reportArgumentType]
-    for note in result.notes:
+    print(frame[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))  # pyright: ignore[reportArgumentType]
+    for note in [*notes, *result.notes]:
         print(f"note: {note}")
     if path is not None:
         print(f"wrote {path}")
     return 0
+
+
+def off_distribution(result: Any, d_vocab: int, default_probe: bool) -> str | None:
+    """A note when the probes' clean loss is no better than a uniform guess over the vocabulary
+    (ln d_vocab): the causal columns then measure the model off its own distribution.
+
+    >>> class R: clean_loss = 12.0
+    >>> "measured off this model's distribution" in off_distribution(R(), 4096, True)
+    True
+    """
+    clean = float(getattr(result, "clean_loss", float("nan")))
+    uniform = math.log(d_vocab)
+    if not clean >= uniform:  # NaN (no causal run) included
+        return None
+    probe = "the repeated random-token probes" if default_probe else "the given prompt"
+    hint = (
+        "; give --prompt with text like its training data"
+        if default_probe
+        else "; give text like its training data"
+    )
+    return (
+        f"the causal columns are measured off this model's distribution: its clean loss on "
+        f"{probe} is {clean:.1f} nats per token, no better than a uniform guess over its "
+        f"{d_vocab} tokens ({uniform:.1f} = ln {d_vocab}){hint}"
+    )
 
 
 def selection(

@@ -114,30 +114,36 @@ def _dist_version(name: str) -> str:
         return "not installed"
 
 
-def versions() -> dict[str, str]:
+def versions(device: bool = True) -> dict[str, str]:
     """What this session runs on: tl-dynamics, Python, torch, transformers, TransformerLens and
-    the device torch would use first (``cuda:0`` and its name, else ``cpu``).
+    the device torch would use first (``cuda:0`` and its name, else ``cpu``). Without
+    ``device``, every version is read from the installed packages' metadata: nothing is
+    imported (``tl-dynamics --version``, instantly), and the device is not asked.
 
     Example:
         >>> sorted(versions())
         ['device', 'python', 'tl-dynamics', 'torch', 'transformer-lens', 'transformers']
+        >>> "device" in versions(device=False)
+        False
     """
-    import torch
-
     from tl_dynamics import __version__
 
-    if torch.cuda.is_available():
-        device = f"cuda:0 ({torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda})"
-    else:
-        device = "cpu (no CUDA device visible to torch)"
-    return {
+    found = {
         "tl-dynamics": __version__,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": _dist_version("torch"),
         "transformers": _dist_version("transformers"),
         "transformer-lens": tl_version(),
-        "device": device,
     }
+    if not device:
+        return found
+    import torch
+
+    if torch.cuda.is_available():
+        found["device"] = f"cuda:0 ({torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda})"
+    else:
+        found["device"] = "cpu (no CUDA device visible to torch)"
+    return {**found, "torch": torch.__version__}
 
 
 def versions_line() -> str:
@@ -145,9 +151,10 @@ def versions_line() -> str:
     return ", ".join(f"{name} {value}" for name, value in versions().items())
 
 
-def show_versions() -> None:
+def show_versions(device: bool = True) -> None:
     """Print ``versions()``, one per line, with the versions the tests last passed with: paste
-    it into a bug report (``tl-dynamics --version`` prints the same).
+    it into a bug report (``tl-dynamics --version`` prints the same without the device, which
+    needs torch imported).
 
     Example:
         >>> show_versions()  # doctest: +ELLIPSIS
@@ -157,6 +164,8 @@ def show_versions() -> None:
     """
     import sys
 
-    lines = [f"{name:<16} {value}" for name, value in versions().items()]
+    lines = [f"{name:<16} {value}" for name, value in versions(device).items()]
+    if not device:
+        lines.append(f"{'device':<16} not asked (in Python: tl_dynamics.show_versions())")
     tested = ", ".join(f"{name} {value}" for name, value in TESTED_ON.items())
     sys.stdout.write("\n".join([*lines, f"{'tested with':<16} {tested}"]) + "\n")

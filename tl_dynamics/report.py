@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -21,7 +22,7 @@ from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, 
 from tl_dynamics import trajectories
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.collect import Analysis, torch_threads
-from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.errors import TLDynamicsError, UnknownTokenWarning
 from tl_dynamics.models import CODE_PROMPT as DEFAULT_PROMPT  # the one spelling (models.py)
 
 # the attention section's names stay importable from here (``X as X``: a re-export)
@@ -100,8 +101,11 @@ SECTIONS: tuple[type[Analysis], ...] = (
 REPORT_THREADS: int | str | None = "auto"
 
 
-def unknown_token_warning(adapter: ModelAdapter, batch: Batch) -> str | None:
-    """A warning when the prompt has tokens the tokenizer did not know (its ``unk`` token)."""
+def unknown_token_warning(
+    adapter: ModelAdapter, batch: Batch, details: Sequence[str] = ()
+) -> str | None:
+    """A warning when the prompt has tokens the tokenizer did not know (its ``unk`` token);
+    ``details``: the tokenizer's own account (``UnknownTokenWarning``), which characters."""
     tok = adapter.tokenizer
     unk = getattr(tok, "unk_token_id", None)
     special = {getattr(tok, f"{k}_token_id", None) for k in ("bos", "eos", "pad")}
@@ -110,10 +114,13 @@ def unknown_token_warning(adapter: ModelAdapter, batch: Batch) -> str | None:
     count = int((batch.real_tokens() == unk).sum())
     if not count:
         return None
-    return (
+    head = (
         f"{count} of the prompt's {int(batch.key_valid[0].sum())} tokens are unknown to this "
-        f"model's tokenizer (shown as {tok.unk_token!r}): use characters it knows."
+        f"model's tokenizer (shown as {tok.unk_token!r})"
     )
+    if details:  # the tokenizer's own account: which characters
+        return f"{head}: {details[0].replace('the tokenizer maps', 'it maps', 1)}"
+    return f"{head}: use characters it knows."
 
 
 def busy_cores(sample_s: float = 0.25) -> float:
@@ -195,12 +202,16 @@ def _build(
     adapter.check_layers(layers)
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(i, int) for i in prompt):
         prompt = torch.tensor([list(prompt)])  # token ids (a model without a tokenizer)
-    batch = adapter.tokenize(prompt)
+    with warnings.catch_warnings(record=True) as caught:  # said once, below
+        warnings.simplefilter("always", UnknownTokenWarning)
+        batch = adapter.tokenize(prompt)
+    for other in (w for w in caught if not issubclass(w.category, UnknownTokenWarning)):
+        warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     info = adapter.info
     shown = prompt if isinstance(prompt, str) else " ".join(str(int(i)) for i in batch.tokens[0])
     architecture = info.architecture + (
         " (a TransformerLens-native checkpoint, run by TransformerBridge.boot_native)"
-        if info.architecture == "TransformerLensNative"
+        if info.family == "native"
         else ""
     )
     page = viz.Page(
@@ -223,10 +234,14 @@ def _build(
             ("versions", compat.versions_line()),
         ],
     )
-    warning = unknown_token_warning(adapter, batch)
-    if warning:
+    details = [str(w.message) for w in caught if issubclass(w.category, UnknownTokenWarning)]
+    warning = unknown_token_warning(adapter, batch, details)
+    if warning:  # one warning for one cause: on the page, and on the console or as a warning
         page.warnings.append(warning)
-        (progress or log.warning)(f"warning: {warning}")
+        if progress:
+            progress(f"warning: {warning}")
+        else:
+            warnings.warn(warning, UnknownTokenWarning, stacklevel=3)
     steps: list[tuple[str, Callable[..., None]]] = [
         ("attention", lambda p, a, b: attention_section(p, a, b, layers, heads)),
         *((analysis.name, analysis.report_section) for analysis in sections),

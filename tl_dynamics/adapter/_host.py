@@ -135,7 +135,7 @@ def host_info(model: Any) -> HostInfo:
             host,
             tl_version(),
             False,
-            str(cfg.original_architecture or "HookedTransformer"),
+            str(cfg.original_architecture or _own_name(cfg) or "HookedTransformer"),
             "hooked",
         )
     architecture = str(
@@ -144,6 +144,8 @@ def host_info(model: Any) -> HostInfo:
     refusal = structure_refusal(model, architecture)  # DeepSeek V4 (mHC), HRM-Text (recurrent)
     if refusal is not None:
         raise refusal
+    if architecture == "TransformerLensNative":  # TransformerLens's marker: say the checkpoint's
+        architecture = _own_name(model.cfg) or architecture
     blocks = getattr(model, "blocks", None)
     if not blocks:  # e.g. T5 and other encoder-decoders: no decoder-style blocks
         raise TLDynamicsError(
@@ -173,6 +175,13 @@ def host_info(model: Any) -> HostInfo:
             )
     compat = bool(getattr(model, "compatibility_mode", False))
     return HostInfo(host, tl_version(), compat, architecture, family)
+
+
+def _own_name(cfg: Any) -> str | None:
+    """A TransformerLens checkpoint's own name (``code-2l``), where its config gives one: what
+    the user loaded, not the host's class."""
+    name = getattr(cfg, "model_name", None)
+    return str(name) if name and name != "custom" else None
 
 
 def _attention_name(orig: Any) -> str:

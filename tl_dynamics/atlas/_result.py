@@ -34,7 +34,7 @@ SCORE_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class HeadAtlas:
+class HeadAtlas(viz.Result):
     """The atlas of the asked heads: ranked roles with evidence, controls and causal costs.
 
     ``roles[(layer, head)]`` holds each head's ranked roles with score, control and evidence;
@@ -157,7 +157,7 @@ class HeadAtlas:
     def to_dataframe(self) -> pd.DataFrame:
         """One row per analysed head: its top role, score, control, evidence and causal costs.
 
-        Columns: ``layer, head, role`` (the top-ranked), ``score, baseline`` (its score and control),
+        Columns: ``layer, head_index, role`` (the top-ranked), ``score, baseline`` (its score and control),
         ``evidence``, ``delta_loss`` (mean ablation), then ``delta_loss_prior``,
         ``delta_loss_likelihood`` (pattern patched to the prior-only / likelihood-only
         counterfactual), ``delta_loss_unrepeated``, ``roles`` (all, ranked), ``margin_low`` and
@@ -166,19 +166,19 @@ class HeadAtlas:
         margin), ``sink_position``, ``sink_cause`` and the raw scores.
 
         Returns:
-            A pandas DataFrame with one row per head, sorted by ``(layer, head)``.
+            A pandas DataFrame with one row per head, sorted by ``(layer, head_index)``.
 
         Example:
             >>> from tl_dynamics import atlas, zoo
             >>> frame = atlas.compute(zoo.load("induction-2l"), causal=False).to_dataframe()
-            >>> frame[["layer", "head", "role"]].head(2).values.tolist()
+            >>> frame[["layer", "head_index", "role"]].head(2).values.tolist()
             [[0, 0, 'previous-token'], [0, 1, 'positional/local']]
         """
         records = []
         for (layer, head), entry in sorted(self.roles.items()):
             rec: dict[str, Any] = {
                 "layer": layer,
-                "head": head,
+                "head_index": head,
                 "role": entry.roles[0],
                 "score": entry.scores[0],
                 "baseline": entry.baselines[0],
@@ -214,7 +214,7 @@ class HeadAtlas:
         """
         frame = self.to_dataframe()
         cells = {
-            (int(r["layer"]), int(r["head"])): {
+            (int(r["layer"]), int(r["head_index"])): {
                 "roles": tuple(r["roles"].split(", ")),
                 "evidence": r["evidence"],
                 "delta_loss": r["delta_loss"],
@@ -227,7 +227,7 @@ class HeadAtlas:
         shown = frame[
             [
                 "layer",
-                "head",
+                "head_index",
                 "role",
                 "score",
                 "baseline",

@@ -250,6 +250,8 @@ def classify(
             continue
         if any(r == SUBSUMED.get(role) for _, r in found):
             continue
+        if SUBSUMED.get(role) in undecided:  # the role that includes it is open: so is this one
+            verdict = UNDECIDED
         if verdict == YES:
             found.append((s[primary] - c[primary], role))
         else:

@@ -32,7 +32,7 @@ def positivity(eigenvalues: Complex[Tensor, "... n"]) -> Float[Tensor, "..."]:
 
 
 @dataclass(frozen=True)
-class Circuit:
+class Circuit(viz.Result):
     """A head's circuit ``A @ B`` (``[rows, cols]``), never formed, with where it came from.
 
     Attributes:
@@ -162,7 +162,7 @@ class Circuit:
 
 
 @dataclass(frozen=True)
-class TokenTopK:
+class TokenTopK(viz.Result):
     """Top-k columns per row of a circuit: e.g. the key tokens each query token attends to most
     (QK), or the output tokens each source token promotes most (OV)."""
 
@@ -185,7 +185,7 @@ class TokenTopK:
 
     def to_dataframe(self):
         """One line per (row, rank, side): ``row``, ``row_label``, ``side`` (top/bottom),
-        ``rank``, ``col``, ``col_label``, ``value``; masked slots (index -1) are left out."""
+        ``top_rank`` (0: the largest), ``col``, ``col_label``, ``value``; masked slots (index -1) are left out."""
         import pandas as pd
 
         frames = []
@@ -201,7 +201,7 @@ class TokenTopK:
                         "row": self.rows.repeat_interleave(k).numpy(),
                         "row_label": [lab for lab in row_labels for _ in range(k)],
                         "side": side,
-                        "rank": torch.arange(k).repeat(n).numpy(),
+                        "top_rank": torch.arange(k).repeat(n).numpy(),
                         "col": idx.reshape(-1).numpy(),
                         "col_label": labels(self.cols_space, idx.reshape(-1), self.vocab),
                         "value": vals.reshape(-1).numpy(),

@@ -120,7 +120,7 @@ def random_baseline(
 
 
 @dataclass(frozen=True)
-class CompositionScores:
+class CompositionScores(viz.Result):
     """Composition scores ``[kind, layer1, head1, layer2, head2]`` (NaN unless layer1 < layer2),
     against a random baseline of the same shapes.
 

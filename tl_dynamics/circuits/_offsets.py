@@ -27,10 +27,11 @@ from tl_dynamics.errors import TLDynamicsError
 
 DEFAULT_OFFSETS = range(0, 32)
 STATS = ("mean", "same_token", "frobenius", "positivity")
+COLUMNS = {"mean": "mean_score"}  # to_dataframe: no column named like a DataFrame method
 
 
 @dataclass(frozen=True)
-class OffsetSummary:
+class OffsetSummary(viz.Result):
     """Per-offset statistics of a rotary head's full QK circuit (``[len(offsets)]`` each)."""
 
     layer: int
@@ -49,7 +50,10 @@ class OffsetSummary:
         import pandas as pd
 
         return pd.DataFrame(
-            dict(offset=list(self.offsets), **{s: getattr(self, s).numpy() for s in STATS})
+            dict(
+                offset=list(self.offsets),
+                **{COLUMNS.get(s, s): getattr(self, s).numpy() for s in STATS},
+            )
         )
 
     def show(self) -> viz.Component:

@@ -18,7 +18,7 @@ from tl_dynamics.errors import TLDynamicsError
 
 
 @dataclass(frozen=True)
-class PromptCircuit:
+class PromptCircuit(viz.Result):
     """One head's circuits on a prompt's tokens.
 
     ``qk[i, j]``: the score query token ``i`` gives key token ``j`` through the tokens alone

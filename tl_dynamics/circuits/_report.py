@@ -19,7 +19,7 @@ from tl_dynamics.errors import TLDynamicsError
 
 
 @dataclass(frozen=True)
-class CircuitsOverview:
+class CircuitsOverview(viz.Result):
     """The one-call circuits overview: head scores, composition, and per-prompt circuits.
 
     Copying and QK positivity of every head of the selected layers, all-pairs composition
@@ -48,7 +48,7 @@ class CircuitsOverview:
     prompt: dict[tuple[int, int], PromptCircuit] = field(default_factory=dict)
 
     def to_dataframe(self):
-        """One row per scored head: ``layer, head, ov_copying, qk_positivity``.
+        """One row per scored head: ``layer, head_index, ov_copying, qk_positivity``.
 
         Returns:
             frame (pandas.DataFrame): ``n_layers x n_heads`` rows of the selected layers.
@@ -57,10 +57,10 @@ class CircuitsOverview:
             >>> from tl_dynamics import circuits, testing
             >>> frame = circuits.compute(testing.tiny_model("gpt2"), n_samples=10).to_dataframe()
             >>> frame.shape, frame.columns.tolist()
-            ((8, 4), ['layer', 'head', 'ov_copying', 'qk_positivity'])
+            ((8, 4), ['layer', 'head_index', 'ov_copying', 'qk_positivity'])
         """
         frame = self.copying.to_dataframe().rename(columns={"score": "ov_copying"})
-        frame = frame[["layer", "head", "ov_copying"]]
+        frame = frame[["layer", "head_index", "ov_copying"]]
         frame["qk_positivity"] = self.qk_positivity.scores.reshape(-1).numpy()
         return frame
 
@@ -156,7 +156,7 @@ def compute(
         >>> sorted(overview.prompt), overview.copying.layers
         ([(1, 0), (1, 2)], (1,))
         >>> overview.to_dataframe().columns.tolist()
-        ['layer', 'head', 'ov_copying', 'qk_positivity']
+        ['layer', 'head_index', 'ov_copying', 'qk_positivity']
     """
     adapter = ModelAdapter.of(model)
     layer_list = adapter.check_attention_layers(layers)

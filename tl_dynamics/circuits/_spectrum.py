@@ -55,7 +55,7 @@ def positivity_baseline(
 
 
 @dataclass(frozen=True)
-class HeadScores:
+class HeadScores(viz.Result):
     """One score per head (``[len(layers), n_heads]``) with each head's spectrum.
 
     ``kind`` is ``"OV copying"`` (``sum(Re lambda)/sum(|lambda|)`` of ``W_E W_V W_O W_U``;
@@ -130,7 +130,7 @@ class HeadScores:
                 rows.append(
                     dict(
                         layer=layer,
-                        head=head,
+                        head_index=head,
                         score=float(self.scores[i, head]),
                         trace=float(lam.real.sum()),
                         abs_sum=float(lam.abs().sum()),

@@ -109,7 +109,7 @@ def topk_table(frame, rows: int, caption: str) -> viz.Component:
     Example:
         >>> import pandas as pd
         >>> f = pd.DataFrame(dict(row=[0, 0], row_label=["a", "a"], side=["top", "bottom"],
-        ...                       rank=[0, 0], col=[1, 2], col_label=["b", "c"], value=[2.0, -1.0]))
+        ...                       top_rank=[0, 0], col=[1, 2], col_label=["b", "c"], value=[2.0, -1.0]))
         >>> topk_table(f, 10, "read-out").caption
         'read-out'
     """
@@ -124,7 +124,7 @@ def topk_table(frame, rows: int, caption: str) -> viz.Component:
                 f"{viz.visible_token(c)} ({v:+.2g})"
                 for c, v in zip(group["col_label"], group["value"])
             )
-            for side, group in part.sort_values("rank").groupby("side")
+            for side, group in part.sort_values("top_rank").groupby("side")
         }
         lines.append(
             {

@@ -158,7 +158,7 @@ def composition_circuit(
 
 
 @dataclass(frozen=True)
-class TokenComposition:
+class TokenComposition(viz.Result):
     """How often a token-level composition circuit picks each token's own match."""
 
     path: str

@@ -131,7 +131,17 @@ class ContextualMLPCollector(Collector):
         layers = self._passes[forward_pass]
         collected = sorted({r for la, _ in layers for r in self._rows(la)})
         if row not in collected:
-            raise TLDynamicsError(f"row {row!r} was not collected; collected rows: {collected}")
+            n = len(self._passes)
+            later = (
+                f"; {n} forward passes were collected, each its own rows: pick one with "
+                f"forward_pass= (0..{n - 1}), e.g. result(row={collected[0]}, forward_pass=1)"
+                if n > 1
+                else ""
+            )
+            raise TLDynamicsError(
+                f"row {row!r} was not collected in forward pass {forward_pass}; its rows: "
+                f"{collected}{later}"
+            )
         return self._lazy(layers, row)
 
     def _lazy(self, layers: list[tuple[LayerAttention, Batch | None]], row: int) -> ContextualMLPs:

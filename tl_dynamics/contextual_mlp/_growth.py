@@ -27,7 +27,7 @@ PROGRESS_MIN = 32  # show a progress bar from this many generated tokens on
 
 
 @dataclass(frozen=True)
-class Growth:
+class Growth(viz.Result):
     """Per generation step (destination ``positions[s]``), the neurons gained since the prompt.
 
     ``new_output_share`` is ``<g_new, g> / |g|^2`` with ``g = g_old + g_new`` the head output split

@@ -27,7 +27,7 @@ DEFAULT_CHUNK = 4096  # query inputs evaluated at once: chunk x (n_src + d_head 
 T = TypeVar("T", bound="MLPReadouts")
 
 
-class MLPReadouts:
+class MLPReadouts(viz.Result):
     """Read-outs, table, files and views of a ``ContextualMLP`` (its base class)."""
 
     if TYPE_CHECKING:  # fields and methods of ContextualMLP

@@ -40,7 +40,7 @@ class LazyMLPs(Mapping[tuple[int, int], ContextualMLP]):
 
 
 @dataclass(frozen=True)
-class ContextualMLPs:
+class ContextualMLPs(viz.Result):
     """The contextual MLP of every selected head on prompt row ``row``.
 
     ``result[layer, head]`` (or ``result.mlp(layer, head)``) is one head's ``ContextualMLP``;
@@ -193,7 +193,7 @@ class ContextualMLPs:
             frame = pd.DataFrame(
                 {
                     "layer": m.layer,
-                    "head": m.head,
+                    "head_index": m.head,
                     "position": rows.tolist(),
                     "token": [m.str_tokens[p] for p in m.positions],
                     "n_neurons": m.allowed[rows].sum(-1).tolist(),

@@ -154,7 +154,7 @@ def evaluate_vocab(
 
 
 @dataclass(frozen=True)
-class Readout:
+class Readout(viz.Result):
     """Top and bottom vocabulary tokens per neuron (source position).
 
     ``kind`` is ``"writes"`` (``a_i`` read through the unembedding) or ``"reads"`` (pre-activation
@@ -189,12 +189,12 @@ class Readout:
                 rows.append(
                     dict(
                         layer=self.layer,
-                        head=self.head,
+                        head_index=self.head,
                         kind=self.kind,
                         position=self.position,
                         source=src,
                         source_token=tok,
-                        rank=rank,
+                        top_rank=rank,
                         top_token=self.vocab_strings[int(self.top_ids[n, rank])],
                         top_value=float(self.top_values[n, rank]),
                         bottom_token=self.vocab_strings[int(self.bottom_ids[n, rank])],

@@ -16,7 +16,7 @@ LEARNED_SINK = "learned sink"
 
 
 @dataclass(frozen=True)
-class Neurons:
+class Neurons(viz.Result):
     """The contextual MLP of one head at one destination ``position``.
 
     ``a`` (outgoing) is ``[n_src, d_model]``, ``b`` (incoming) ``[n_src, d_model]`` (``[n_src,
@@ -55,7 +55,7 @@ class Neurons:
         df = pd.DataFrame(
             {
                 "layer": self.layer,
-                "head": self.head,
+                "head_index": self.head,
                 "position": self.position,
                 "source": self.sources.tolist(),
                 "token": list(self.source_tokens),
@@ -70,7 +70,7 @@ class Neurons:
             return df
         sink = {
             "layer": self.layer,
-            "head": self.head,
+            "head_index": self.head,
             "position": self.position,
             "source": -1,
             "token": LEARNED_SINK,
@@ -91,7 +91,7 @@ class Neurons:
 
 
 @dataclass(frozen=True)
-class Evaluation:
+class Evaluation(viz.Result):
     """A head's contextual MLP at ``position`` evaluated on ``n`` query inputs.
 
     ``activations[n, src]`` over the neurons ``sources``; ``winners[n]`` the source position of
@@ -145,7 +145,7 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
-class Exactness:
+class Exactness(viz.Result):
     """Max abs errors per destination of the explicit MLP against the model's own activations."""
 
     layer: int
@@ -177,7 +177,7 @@ class Exactness:
             {
                 "architecture": self.architecture,
                 "layer": self.layer,
-                "head": self.head,
+                "head_index": self.head,
                 "position": list(self.positions),
                 "output_error": self.output_error.tolist(),
                 "pattern_error": self.pattern_error.tolist(),

@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio._simplex import simplex_lstsq
@@ -26,7 +27,7 @@ Target = Union[Literal["unembed", "embed"], Tensor]
 
 
 @dataclass(frozen=True)
-class BarycentricView:
+class BarycentricView(viz.Result):
     """Per query row ``i`` (real positions that have a target): the head's coordinates
     ``S[i]``, the best simplex coordinates ``A[i]``, the gap ``(S-A)^T G (S-A)``, the fit error
     ``|O^T A - y|^2``, the head's own error ``|O^T S - y|^2`` and the solver's KKT residual.

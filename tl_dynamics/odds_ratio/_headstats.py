@@ -21,7 +21,7 @@ from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SINK_EPSILON, SUM_KEYS
 
 
 @dataclass(frozen=True)
-class HeadStats:
+class HeadStats(viz.Result):
     """Per-head aggregates of the odds-ratio split over every prompt seen.
 
     ``sums[name]`` and ``sink_sums[name]`` are ``[len(layers), len(heads)]`` float64 arrays of
@@ -371,7 +371,7 @@ class HeadStats:
             >>> frame.index[:2].tolist(), frame.shape[0]
             (['L0H0', 'L0H1'], 8)
         """
-        return pd.DataFrame.from_records(head_records(self)).set_index("head")
+        return pd.DataFrame.from_records(head_records(self)).set_index("head_name")
 
     def show(self, max_rows: int = 60) -> viz.Component:
         """A table of the per-head statistics (``tl_dynamics.viz`` component).

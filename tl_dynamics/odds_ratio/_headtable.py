@@ -24,7 +24,7 @@ def head_records(stats: Any) -> list[dict[str, Any]]:
     for a, layer in enumerate(stats.layers):
         for b, head in enumerate(stats.heads):
             rec: dict[str, Any] = {
-                "head": head_name(layer, head),
+                "head_name": head_name(layer, head),
                 "layer": layer,
                 "head_index": head,
                 "sigma2": 1.0 / stats.scale[a],

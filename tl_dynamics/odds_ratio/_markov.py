@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics import viz
 from tl_dynamics.errors import TLDynamicsError
 
 # PageRank's damping (Brin & Page 1998): with probability 0.15 the walk restarts uniformly.
@@ -100,7 +101,7 @@ def effective_rank(singular_values: Tensor) -> float:
 
 
 @dataclass(frozen=True)
-class ChainSummary:
+class ChainSummary(viz.Result):
     """Markov-chain facts of one head's pattern on one prompt (real positions only)."""
 
     layer: int

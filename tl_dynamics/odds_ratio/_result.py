@@ -25,7 +25,7 @@ from tl_dynamics.odds_ratio._split import ScoreParts, row_kl, sink_log_patterns
 
 
 @dataclass(frozen=True)
-class Decomposition:
+class Decomposition(viz.Result):
     """The exact split of one layer's scores for one batch of prompts (per-prompt tensors).
 
     ``parts`` holds query term, key prior, log-likelihood and bias for ``heads``; ``pattern``
@@ -102,7 +102,7 @@ class Decomposition:
             frames.append(
                 pd.DataFrame(
                     {
-                        "head": head_name(self.layer, head),
+                        "head_name": head_name(self.layer, head),
                         "position": torch.nonzero(valid).flatten().tolist(),
                         "token": toks,
                         "key_prior": self.parts.key_prior[row, b][valid].tolist(),
@@ -167,7 +167,7 @@ class Decomposition:
 
 
 @dataclass(frozen=True)
-class OddsRatioResult:
+class OddsRatioResult(viz.Result):
     """What ``compute`` and ``attach`` return: per-head statistics and per-prompt decompositions.
 
     The decompositions (``{layer: Decomposition}`` per forward pass) are kept when they were asked
@@ -262,7 +262,7 @@ class OddsRatioResult:
                             {
                                 "pass": p,
                                 "prompt": b,
-                                "head": head_name(layer, head),
+                                "head_name": head_name(layer, head),
                                 "layer": layer,
                                 "position": pos,
                                 "token": toks[pos] if pos < len(toks) else str(pos),

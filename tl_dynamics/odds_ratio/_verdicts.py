@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tl_dynamics import viz
 from tl_dynamics.evidence import MIN_UNITS, decide, interval
 from tl_dynamics.odds_ratio._labels import KEEP, LABEL_THRESHOLD, SHARP, rule
 
@@ -54,7 +55,7 @@ def quantities(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 @dataclass(frozen=True)
-class LabelEvidence:
+class LabelEvidence(viz.Result):
     """Per head (``[layer, head]`` arrays): the label, each quantity with its 95% interval over
     prompts, each criterion's verdict, and what an undecided label waits on.
 

@@ -24,7 +24,7 @@ BESIDE_EPS = 0.05
 
 
 @dataclass(frozen=True)
-class BesideModel:
+class BesideModel(viz.Result):
     """Head-seeded simulations, one run per ``(layer, head)``, beside the model's own clustering.
 
     ``model_clusters[p]`` is the number of clusters (``cos > 1 - eps``) among the prompt's
@@ -88,7 +88,7 @@ class BesideModel:
         model = pd.DataFrame(
             {
                 "source": "model",
-                "head": "",
+                "head_name": "",
                 "axis": "depth point",
                 "position": list(self.point_labels),
                 "clusters": self.model_clusters.astype(float),
@@ -99,7 +99,7 @@ class BesideModel:
             pd.DataFrame(
                 {
                     "source": "simulation",
-                    "head": name,
+                    "head_name": name,
                     "axis": "time",
                     "position": [f"{t:.3g}" for t in self.run.times.tolist()],
                     "clusters": counts[:, r],

@@ -37,7 +37,7 @@ class PhaseParams:
 
 
 @dataclass(frozen=True)
-class PhaseDiagram:
+class PhaseDiagram(viz.Result):
     """Mean fraction of eps-close pairs for each ``(beta, t)``.
 
     Attributes:
@@ -61,14 +61,14 @@ class PhaseDiagram:
         )
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Long form: one row per ``(beta, time)`` with ``fraction`` and ``sem``."""
+        """Long form: one row per ``(beta, time)`` with ``fraction`` and its standard error ``fraction_sem``."""
         B, T = self.fraction.shape
         return pd.DataFrame(
             {
                 "beta": self.betas.repeat_interleave(T).numpy(),
                 "time": self.times.repeat(B).numpy(),
                 "fraction": self.fraction.reshape(-1).numpy(),
-                "sem": self.sem.reshape(-1).numpy(),
+                "fraction_sem": self.sem.reshape(-1).numpy(),
             }
         )
 

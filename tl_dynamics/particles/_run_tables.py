@@ -12,10 +12,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_dynamics import sphere
+from tl_dynamics import sphere, viz
 
 
-class RunTables:
+class RunTables(viz.Result):
     """Merge events, plateaus and the observables' DataFrame of a ``ParticleRun`` (its base
     class)."""
 

@@ -22,7 +22,7 @@ NOTICE = (
 
 
 @dataclass(frozen=True)
-class RegressionResult:
+class RegressionResult(viz.Result):
     """How close each head's output ``z`` is to in-context regression of values on keys.
 
     Arrays are indexed ``[layer, band, head, predictor]`` (``r2``, ``r2_low``, ``r2_high``,

@@ -105,7 +105,7 @@ def iter_prompts(prompts: Prompts) -> Iterator[str]:
 def _undecodable(where: str) -> str:
     return (
         f"{where}: not valid UTF-8 text (or a lone surrogate); fix the line, or pass "
-        "--on-long skip to leave such lines out"
+        "--on-bad-lines skip to leave such lines out"
     )
 
 
@@ -146,8 +146,8 @@ class PromptCheck:
         if self.policy == "error":
             raise TLDynamicsError(
                 f"{where}: the prompt has {self.n_tokens(text)} tokens but this model's context "
-                f"is {self.n_ctx}; pass --on-long truncate (keep the first tokens that fit) or "
-                "--on-long skip (leave such prompts out)"
+                f"is {self.n_ctx}; pass --on-bad-lines truncate (keep the first tokens that fit) or "
+                "--on-bad-lines skip (leave such prompts out)"
             )
         if self.policy == "skip":
             self.counts["skipped_long"] += 1

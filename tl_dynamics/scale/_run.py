@@ -54,14 +54,15 @@ def read_checkpoint(path: Path, settings: dict[str, Any], name: str) -> tuple[Da
     if position is None:
         raise TLDynamicsError(
             f"checkpoint {str(path)!r} is a finished statistics file, not a "
-            "checkpoint; delete it or run without --resume"
+            "checkpoint: rename it (without .partial) to keep it, or delete it to start over"
         )
     diff = [f"model ({stats.model!r} vs {name!r})"] if stats.model != name else []
     diff += [f"settings ({stats.settings} vs {settings})"] if stats.settings != settings else []
     if diff:
         raise TLDynamicsError(
             f"checkpoint {str(path)!r} was made by a different run: it differs "
-            f"in {', '.join(diff)}; delete it or run without --resume"
+            f"in {', '.join(diff)}; resume with the settings it was made with, or delete it "
+            "to start over with these"
         )
     return stats, position["next_batch"]
 

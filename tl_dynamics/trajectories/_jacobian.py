@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Complex, Float
 from torch import Tensor
 
+from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
 
@@ -37,7 +38,7 @@ class _Stop(TLDynamicsError):
 
 
 @dataclass(frozen=True)
-class JacobianSpectrum:
+class JacobianSpectrum(viz.Result):
     """Top singular values and spectral radius of one block's per-token Jacobian."""
 
     architecture: str
@@ -59,7 +60,7 @@ class JacobianSpectrum:
                 "layer": self.layer,
                 "position": self.position,
                 "token": self.token,
-                "index": range(len(self.singular_values)),
+                "singular_index": range(len(self.singular_values)),
                 "singular_value": self.singular_values.tolist(),
                 "spectral_radius": self.spectral_radius,
             }

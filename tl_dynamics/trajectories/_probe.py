@@ -17,6 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_dynamics import viz
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._points import in_depth_order, point_labels, point_roles
@@ -26,7 +27,7 @@ DEFAULT_RIDGE = 1.0
 
 
 @dataclass(frozen=True)
-class ClassProbe:
+class ClassProbe(viz.Result):
     """Per-point linear probes on context-pooled states.
 
     Attributes:

@@ -21,7 +21,7 @@ from tl_dynamics.trajectories._views import stats_views
 
 
 @dataclass(frozen=True, eq=False)
-class TrajectoryStats(StatsReadouts):
+class TrajectoryStats(StatsReadouts, viz.Result):
     """Streamed trajectory statistics over many prompts (see ``stream`` and ``attach``).
 
     ``meta`` records what was computed (architecture, point labels, eps, options); runs merge

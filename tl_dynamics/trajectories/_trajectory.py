@@ -24,7 +24,7 @@ from tl_dynamics.trajectories._meta import lens_note, stats_meta
 
 
 @dataclass(frozen=True)
-class Trajectory:
+class Trajectory(viz.Result):
     """Each token's path through depth, for a batch of prompts or every pass inside ``attach``.
 
     What ``compute`` returns (and ``attach``'s ``result()``, passes stacked). Points are the
@@ -104,7 +104,7 @@ class Trajectory:
 
         Returns:
             A pandas DataFrame with ``prompt, pos, token, point, norm, cos_final, step, rel_step,
-            turning_deg`` (``point`` an ordered categorical in depth order) and, with the lens, ``rank, settling, cos_embed, dist_embed, cos_unembed,
+            turning_deg`` (``point`` an ordered categorical in depth order) and, with the lens, ``lens_rank`` (the logit-lens rank of the true next token), ``settling, cos_embed, dist_embed, cos_unembed,
             dist_unembed``.
 
         Example:
@@ -146,7 +146,7 @@ class Trajectory:
                         and dist_u is not None
                     ):
                         row.update(
-                            rank=int(rank[b, p, t]),
+                            lens_rank=int(rank[b, p, t]),
                             settling=int(settling[b, t]),
                             cos_embed=float(cos_e[b, p, t]),
                             dist_embed=float(dist_e[b, p, t]),

@@ -16,12 +16,14 @@ from tl_dynamics.viz._component import Component, html_escape, notebook_bundle, 
 from tl_dynamics.viz._group import Group, group
 from tl_dynamics.viz._page import Page
 from tl_dynamics.viz._plots import line_plot, small_multiples
+from tl_dynamics.viz._result import Result
 from tl_dynamics.viz import _export  # noqa: F401  (registers view.save and Page.save_figures)
 
 __all__ = [
     "Component",
     "Group",
     "Page",
+    "Result",
     "attention_grid",
     "attention_heads",
     "attention_pattern",

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.zoo import _files
 from tl_dynamics.zoo._load import model_folder
+
+if TYPE_CHECKING:  # imported where used: `import tl_dynamics.zoo` needs no torch
+    import torch
 
 # The TransformerLens config a GPT-2 block reproduces (other fields are refused).
 _GPT2_FIELDS = dict(
@@ -42,6 +43,8 @@ def gpt2_state_dict(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict
         >>> tuple(hf["transformer.h.0.attn.c_attn.weight"].shape), tuple(hf["lm_head.weight"].shape)
         ((8, 24), (10, 8))
     """
+    import torch
+
     d_model = cfg["d_model"]
     out = {
         "transformer.wte.weight": state["embed.W_E"],

@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from tl_dynamics.errors import TLDynamicsError
+
+if TYPE_CHECKING:  # the zoo's names are read without torch (the command line's first checks)
+    import torch
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 CHECKSUMS = "checksums.sha256"
