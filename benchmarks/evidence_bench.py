@@ -75,7 +75,7 @@ def main() -> None:
     finally:
         _boot.BootSums.add = add  # type: ignore[method-assign]
     print(
-        f"odds_ratio 8 x 256, 144 heads: forward {forward:.3f} s; compute with intervals "
+        f"odds_ratio 4 x 256, 144 heads: forward {forward:.3f} s; compute with intervals "
         f"{with_boot:.3f} s, without {without:.3f} s: {with_boot / without:.3f}x"
     )
 

@@ -184,8 +184,8 @@ def sink_epsilon_sentence(alpha: np.ndarray, adapter: ModelAdapter, ids: torch.T
     return (
         f"Sink^eps of the first key (Gu et al. 2025): {value:.2f}, the fraction of the "
         f"{alpha.size} heads whose mean weight on it over the queries that may see it exceeds "
-        f"{SINK_EPSILON:g}; the first key {word}. The odds-ratio section's sink statistics "
-        "(docs/math.md §2.3) say where each head's largest column is and how it wins."
+        f"{SINK_EPSILON:g} on this prompt; the first key {word}. The odds-ratio section's sink "
+        "statistics (docs/math.md §2.3) say where each head's largest column is and how it wins."
     )
 
 
@@ -200,7 +200,7 @@ def top_heads_sentence(tops: dict[str, tuple[tuple[int, int], float]]) -> str:
 
     Example:
         >>> print(top_heads_sentence({"previous_token": ((0, 2), 0.91), "induction": ((1, 0), 0.04)}))
-        At least half of a head's attention: previous token L0H2 (0.91). No head reaches half for: induction (largest L1H0, 0.04).
+        At least half of a head's attention: previous token L0H2 (0.91). No head reaches half for: induction (largest L1H0, 0.04). These describe this prompt; the labels of the sections below are verdicts over prompts (docs/math.md §9).
     """
     named = [
         f"{name.replace('_', ' ')} L{k[0]}H{k[1]} ({v:.2f})"
@@ -217,4 +217,9 @@ def top_heads_sentence(tops: dict[str, tuple[tuple[int, int], float]]) -> str:
         parts.append("At least half of a head's attention: " + "; ".join(named) + ".")
     if below:
         parts.append("No head reaches half for: " + "; ".join(below) + ".")
+    if parts:  # one prompt: a description of it, not a label (docs/math.md §9)
+        parts.append(
+            "These describe this prompt; the labels of the sections below are verdicts over "
+            "prompts (docs/math.md §9)."
+        )
     return " ".join(parts)
