@@ -174,3 +174,44 @@ def test_the_view_and_the_table_show_the_evidence_next_to_the_shares(induction):
     one = odds_ratio.compute(induction, repeated(induction, n=1), keep_tensors=False)
     assert set(one.to_dataframe()["label"]) == {"undecided"}  # one prompt: no verdict
     assert set(one.to_dataframe()["label_waits_on"]) == {"too few prompts"}
+
+
+def test_the_notebooks_label_claims(induction):
+    """notebooks/odds_ratio.ipynb: on sixteen prompts of ten random letters and digits repeated,
+    L1H1-L1H3 need both (their likelihood-only patterns keep at most 0.05), L1H0 is mixed, L0H0
+    and L0H2 likelihood-driven, L0H1 and L0H3 need both; on its eight sentences all-MiniLM-L6-v2
+    has exactly two prior-driven heads, L0H8 and L0H11, and L5H4, L5H7 are undecided."""
+    import random
+
+    rng = random.Random(0)
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    halves = ["".join(rng.choice(letters) for _ in range(10)) for _ in range(16)]
+    frame = odds_ratio.compute(induction, [h + h for h in halves], keep_tensors=False).to_dataframe()
+    assert list(frame["label"]) == [
+        "likelihood-driven",
+        "needs both",
+        "likelihood-driven",
+        "needs both",
+        "mixed",
+        "needs both",
+        "needs both",
+        "needs both",
+    ]
+    assert (frame.loc[["L1H1", "L1H2", "L1H3"], "kept_loglik"] < 0.05).all()
+    try:
+        minilm = ModelAdapter(zoo.load("minilm"))
+    except TLDynamicsError as exc:  # the optional package is missing
+        pytest.skip(f"real encoder unavailable: {exc}")
+    sentences = [
+        "The cat sat on the mat because it was warm.",
+        "Paris is the capital of France, and Berlin is the capital of Germany.",
+        "She poured the coffee into a mug and added some milk.",
+        "The quick brown fox jumps over the lazy dog.",
+        "Rain is expected tomorrow, so take an umbrella with you.",
+        "He read the letter twice before he put it back in the drawer.",
+        "The museum opens at nine and closes at five on weekdays.",
+        "Our train was late because of snow on the tracks.",
+    ]
+    labels = odds_ratio.compute(minilm, sentences, keep_tensors=False).to_dataframe()["label"]
+    assert sorted(labels[labels == "prior-driven"].index) == ["L0H11", "L0H8"]
+    assert labels["L5H4"] == labels["L5H7"] == "undecided"
