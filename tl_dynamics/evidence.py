@@ -98,7 +98,9 @@ def poisson_weights(units: Sequence[int] | np.ndarray, n_boot: int, seed: int = 
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
         raise TLDynamicsError(f"poisson_weights: n_boot must be a positive int, got {n_boot!r}")
     with np.errstate(over="ignore"):
-        key = _mix(np.uint64(int(seed) % 2**64) * np.uint64(_GOLDEN) + np.uint64(_GOLDEN))
+        key = _mix(
+            np.array([int(seed) % 2**64], dtype=np.uint64) * np.uint64(_GOLDEN) + np.uint64(_GOLDEN)
+        )
         x = _mix(u.astype(np.uint64)[:, None] ^ key)
         x = _mix(x + np.arange(1, n_boot + 1, dtype=np.uint64)[None, :] * np.uint64(_GOLDEN))
     uniform = (x >> np.uint64(11)).astype(np.float64) * 2.0**-53  # exact: 53-bit integers

@@ -54,7 +54,7 @@ def stats_view(
     model: str,
     n_prompts: int,
     capped_layers: Sequence[int],
-    thresholds: tuple[float, float],
+    thresholds: tuple[float, float, float],
     max_rows: int = 60,
 ) -> viz.Component:
     """The per-head table (``HeadStats.to_dataframe()``), with the columns that carry information;
