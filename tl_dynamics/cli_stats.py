@@ -167,34 +167,23 @@ def _on_ray(args: argparse.Namespace, out: Any, threads: Any, batch_size: int, e
             f"--device {args.device!r} with --ray: valid are auto, cpu and cuda (Ray gives "
             "each worker its own GPU)"
         )
-    try:
-        import ray
-    except ImportError:
-        raise TLDynamicsError("--ray needs Ray Data: pip install 'tl-dynamics[ray]'") from None
-    started = not ray.is_initialized()
-    if started:
-        address = None if args.ray == "local" else args.ray
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    try:
-        return ray_stats(
-            args.model,
-            args.prompts,
-            out,
-            model_name=args.model,
-            num_workers=workers,
-            batch_size=batch_size,
-            threads=threads,
-            resume=args.resume,
-            checkpoint_every=every,
-            device=device,
-            dtype=None if args.dtype == "auto" else args.dtype,
-            num_gpus=args.gpus_per_worker,
-            keep_workers=True,  # they end with this process (or with the cluster it started)
-            **_common(args),
-        )
-    finally:
-        if started:
-            ray.shutdown()
+    return ray_stats(
+        args.model,
+        args.prompts,
+        out,
+        model_name=args.model,
+        num_workers=workers,
+        batch_size=batch_size,
+        threads=threads,
+        resume=args.resume,
+        checkpoint_every=every,
+        device=device,
+        dtype=None if args.dtype == "auto" else args.dtype,
+        num_gpus=args.gpus_per_worker,
+        keep_workers=True,  # they end with this process (or with the cluster it started)
+        ray_address=args.ray,  # joined or started here, shut down at the end however it ends
+        **_common(args),
+    )
 
 
 def _run(args: argparse.Namespace, out: Any, threads: Any, batch_size: int, every: int) -> Any:

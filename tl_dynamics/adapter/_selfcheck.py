@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tl_dynamics.adapter import _capture, _readers
+from tl_dynamics.adapter import _capture, _finite, _readers
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble
 from tl_dynamics.adapter._gemma4 import keep_kv, kv_source_roles
@@ -67,7 +67,10 @@ def verify(adapter: Any) -> None:
     if adapter._params is None:
         adapter._params = list(model.parameters())
     key = (tuple(adapter.specs), adapter.info.compat, weights_version(adapter._params))
-    if _VERIFIED.get(model) == key or not adapter.attention_layers:
+    if _VERIFIED.get(model) == key:
+        return
+    _finite.check_finite(model)  # a NaN weight named as such, not as a wrong reading
+    if not adapter.attention_layers:
         return
     tokens = probe_tokens(int(model.cfg.d_vocab), adapter.n_ctx)
     layers = adapter.attention_layers
