@@ -327,3 +327,61 @@ def test_a_worker_lost_past_its_restarts_stops_in_one_line_and_resumes(
     assert partial.n_prompts == 12 and not out.exists()
     on_ray(FAULT_CORPUS, out, resume=True)  # the module's kept workers
     assert out.read_bytes() == fault_whole.read_bytes()
+
+
+def _ray_processes(marker: str) -> list[int]:
+    """Processes whose environment carries ``marker`` (a driver's and everything it started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
+                if not _dead(int(entry.name)):
+                    found.append(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def test_sigterm_ends_the_cli_and_every_ray_process_it_started(tmp_path):
+    """``tl-dynamics stats --ray local`` starts its own cluster; SIGTERM mid-run checkpoints,
+    exits with 128 + 15 and shuts the cluster down: no process it started is left (Ray's
+    dashboard and runtime-env agents outlived a terminated driver before)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    corpus, out = tmp_path / "corpus.txt", tmp_path / "stats.safetensors"
+    corpus.write_text("\n".join(f"x{i} = {i} * 2" for i in range(2000)) + "\n")
+    marker = f"TL_DYNAMICS_TEST_{uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update({marker: "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    argv = [sys.executable, "-m", "tl_dynamics", "stats", "--model", NAME, "--no-progress"]
+    argv += ["--prompts", str(corpus), "--out", str(out), "--ray", "local", "--workers", "1"]
+    argv += ["--batch-size", "1", "--checkpoint-every", "1"]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for _ in range(3000):  # the first checkpoint: the cluster is up and computing
+            if Path(str(out) + ".partial").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        started = _ray_processes(marker)
+        assert len(started) >= 4  # the driver, the GCS, the raylet, a worker, agents, ...
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert not out.exists()
+    assert 1 <= scale.load_stats(str(out) + ".partial", allow_partial=True).n_prompts < 2000
+    left = _ray_processes(marker)
+    for _ in range(300):
+        if not left:
+            break
+        time.sleep(0.1)
+        left = _ray_processes(marker)
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in left]

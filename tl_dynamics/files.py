@@ -166,6 +166,8 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
 
 
 def _remove_unheld(candidate: Path) -> bool:
+    if fcntl is None:  # nothing is locked here, so nothing can be told stale
+        return False
     try:
         fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:

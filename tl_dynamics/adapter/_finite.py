@@ -37,16 +37,16 @@ def _module(model: Any) -> Any:
     return inner if isinstance(inner, torch.nn.Module) else model
 
 
-def named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
-    """The model's distinct tensors (parameters and persistent buffers), in name order, each
-    once: a bridge wraps Hugging Face modules and lists their tensors under several paths (and
-    tied weights share one), so each storage keeps its shortest name, wrappers' segments left
-    out."""
-    state = _module(model).state_dict(keep_vars=True)
+def named_tensors(model: Any, weights_only: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """The model's distinct tensors (parameters and persistent buffers; ``weights_only``: the
+    parameters), in name order, each once: a bridge wraps Hugging Face modules and lists their
+    tensors under several paths (and tied weights share one), so each storage keeps its
+    shortest name, wrappers' segments left out."""
+    state = _module(model).state_dict(keep_vars=True)  # parameters stay Parameters here
     names: dict[tuple[Any, ...], str] = {}
     tensors: dict[tuple[Any, ...], torch.Tensor] = {}
     for raw, value in state.items():
-        if not isinstance(value, torch.Tensor):
+        if not isinstance(value, torch.nn.Parameter if weights_only else torch.Tensor):
             continue
         name = raw.replace(f".{WRAPPED}", "").replace(f"{WRAPPED}.", "")
         layout = (
@@ -64,8 +64,9 @@ def named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
 
 
 def check_finite(model: Any) -> None:
-    """Refuse a model whose floating-point weights hold NaN or an infinity, naming the first such
-    tensor (in name order), its position and value.
+    """Refuse a model whose floating-point weights (its parameters: buffers such as a mask's
+    ``-inf`` are not weights) hold NaN or an infinity, naming the first such tensor (in name
+    order), its position and value.
 
     Example:
         >>> import torch
@@ -78,7 +79,7 @@ def check_finite(model: Any) -> None:
         ...
         tl_dynamics.errors.TLDynamicsError: the model's weight 'weight' holds nan at [1, 0] (1 of its 4 values are not finite); ...
     """
-    for name, tensor in named_tensors(model):
+    for name, tensor in named_tensors(model, weights_only=True):
         if not tensor.is_floating_point() and not tensor.is_complex():
             continue
         wide = torch.float64 if tensor.dtype == torch.float64 else torch.float32
@@ -139,6 +140,7 @@ def _tokenizer_digest(tokenizer: Any, prepend_bos: bool | None) -> str:
     if tokenizer is None:
         return hashlib.sha256(b"no tokenizer").hexdigest()
     backend = getattr(tokenizer, "backend_tokenizer", None)
+    state: dict[str, Any]
     if backend is not None:  # a fast tokenizer: its whole serialised pipeline
         state = {k: v for k, v in json.loads(backend.to_str()).items() if k not in RUNTIME}
     else:

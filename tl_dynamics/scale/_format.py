@@ -314,13 +314,14 @@ def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> b
     if version >= 2:
         header["bos_prompts"] = int(stats.bos_prompts or 0)
     if version >= 3:
-        if stats.batches_hash is None or sorted(stats.fingerprints or {}) != sorted(FINGERPRINTS):
+        prints = stats.fingerprints or {}
+        if stats.batches_hash is None or sorted(prints) != sorted(FINGERPRINTS):
             raise TLDynamicsError(
                 f"statistics of format version {version} record the fingerprints "
                 f"{list(FINGERPRINTS)} and a batches_hash; these have {stats.fingerprints} and "
                 f"{stats.batches_hash}"
             )
-        header["fingerprints"] = {k: str(stats.fingerprints[k]) for k in FINGERPRINTS}
+        header["fingerprints"] = {k: str(prints[k]) for k in FINGERPRINTS}
         header["batches_hash"] = f"{stats.batches_hash:064x}"
     h = stats.odds_ratio
     if h is not None:

@@ -39,6 +39,12 @@ class WorkerLost(TLDynamicsError):
     """A worker lost more often than Ray restarts it, or data lost with a node."""
 
 
+def losses(errors: Any) -> tuple[type[BaseException], ...]:
+    """Ray's exceptions for a lost worker, node or object (those this Ray has)."""
+    names = ("RayActorError", "ObjectLostError", "NodeDiedError", "WorkerCrashedError")
+    return tuple(getattr(errors, n) for n in names if hasattr(errors, n))
+
+
 @dataclass
 class Plan:
     """Batch size, batches per task, checkpoint spacing, and where a resumed run starts."""
@@ -146,7 +152,7 @@ class Driver:
             if isinstance(cause, TLDynamicsError):
                 raise TLDynamicsError(str(cause)) from None
             raise
-        except (errors.RayActorError, errors.ObjectLostError, errors.NodeDiedError) as exc:
+        except losses(errors) as exc:
             raise self._lost(exc) from None
 
     def _lost(self, exc: BaseException) -> WorkerLost:

@@ -53,36 +53,54 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated(128 + signum)
 
 
+def _handlers(main: bool) -> dict[int, Any]:
+    """The Python handlers of SIGTERM and SIGINT now (none off the main thread)."""
+    if not main:
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
 @contextmanager
 def cluster(ray: Any, address: str | None) -> Iterator[bool]:
     """Join (``"auto"``, ``ray://HOST:PORT``, ``HOST:PORT``) or start (``"local"``) a Ray
     cluster for the body, unless Ray is initialised already or ``address`` is None; yields
-    whether it did. What it started is shut down on leaving, however the body ends; while it
-    runs, a SIGTERM that nothing else handles (the default action) unwinds the body first."""
+    whether it did. What it started is shut down on leaving, however the body ends. Ray's
+    driver installs its own SIGTERM handler (it prints a stack and aborts, leaving the cluster
+    behind): the handlers from before are put back, and where SIGTERM had none, one that unwinds
+    the body (checkpoint, actors, cluster) and exits with 128 + 15."""
     if address is None or ray.is_initialized():
         yield False
         return
+    main = threading.current_thread() is threading.main_thread()
+    before = _handlers(main)
     try:
         ray.init(
-            address=None if address == "local" else address,
+            address=address,  # "local": a new cluster here, even where RAY_ADDRESS is set
             include_dashboard=False,
             log_to_driver=False,
             logging_level="ERROR",
         )
     except Exception as exc:  # noqa: BLE001 - Ray raises many kinds here; all are one line
         ray.shutdown()  # whatever half started
+        _restore(before)
         raise startup_failure(address, exc) from None
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if main else None
-    if previous == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _raise_terminated)
+    _restore(before, terminate=True)
     try:
         yield True
     finally:
-        if previous == signal.SIG_DFL:  # a second SIGTERM must not cut the shutdown short
+        if main:  # a second SIGTERM must not cut the shutdown short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             ray.shutdown()
         finally:
-            if previous == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _restore(before)
+
+
+def _restore(before: dict[int, Any], terminate: bool = False) -> None:
+    """Put the Python handlers back (``terminate``: SIGTERM's default becomes ``Terminated``)."""
+    for sig, handler in before.items():
+        if handler is None:  # set outside Python before: not ours to change
+            continue
+        if terminate and sig == signal.SIGTERM and handler == signal.SIG_DFL:
+            handler = _raise_terminated
+        signal.signal(sig, handler)
