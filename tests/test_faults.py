@@ -134,6 +134,22 @@ def test_the_file_says_what_it_was_made_from_and_a_merge_of_two_models_is_refuse
         assert value in html
 
 
+def test_a_version_2_file_loads_as_written_and_its_checkpoint_is_not_resumed(model, tmp_path):
+    import dataclasses
+
+    old = dataclasses.replace(run(model, CORPUS[:4]), fingerprints=None, batches_hash=None)
+    path = scale.save_stats(old, tmp_path / "v2.safetensors")
+    loaded = scale.load_stats(path)
+    assert loaded.version == 2 and loaded.fingerprints is None
+    assert _format.to_bytes(loaded) == path.read_bytes()  # read and written back unchanged
+    with pytest.raises(TLDynamicsError, match="versions 2 and 3: version 2 files predate the fi"):
+        scale.merge_stats(path, run(model, CORPUS[4:8]))
+    out = tmp_path / "s.safetensors"
+    scale.save_stats(old, str(out) + ".partial", {"next_batch": 1})
+    with pytest.raises(TLDynamicsError, match="is of format version 2, written before checkpoi"):
+        run(model, CORPUS, out, resume=True)
+
+
 # ---------------------------------------------------------------------- 2. no raw error
 def _repack(data: bytes, tensors: dict) -> bytes:
     n = int.from_bytes(data[:8], "little")

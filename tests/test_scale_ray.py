@@ -329,6 +329,19 @@ def test_a_worker_lost_past_its_restarts_stops_in_one_line_and_resumes(
     assert out.read_bytes() == fault_whole.read_bytes()
 
 
+def test_a_model_a_worker_cannot_load_is_named_in_one_line(cluster):
+    """A worker's start-up failure is the loader's own error, by name (it was a raw
+    ActorDiedError with the worker's traceback)."""
+    with pytest.raises(TLDynamicsError) as caught:
+        scale.ray_stats(
+            "tiny-random:no-such-arch", ["a = 1"], model_name=NAME, num_workers=1, progress=False
+        )
+    assert str(caught.value).startswith(
+        "tiny-random architecture 'no-such-arch' does not run on TransformerLens"
+    )
+    assert "\n" not in str(caught.value)
+
+
 def _ray_processes(marker: str) -> list[int]:
     """Processes whose environment carries ``marker`` (a driver's and everything it started)."""
     found = []

@@ -1,4 +1,6 @@
-"""The self-check when a model is adapted: one probe pass (``_probepass``: ``PROBE_TOKENS`` tokens,
+"""The self-check when a model is adapted: every weight finite first (``_finite.check_finite``:
+a NaN or infinite parameter is refused naming the tensor, not blamed on a layer's reading), then
+one probe pass (``_probepass``: ``PROBE_TOKENS`` tokens,
 one row, no grad, stopped after the last attention layer), whose recomputed pattern and ``z`` are
 compared with the model's own on every attention layer (its hooks; on delegating bridges and
 unhooked layers the Hugging Face module's own attention weights). A layer that disagrees by more
