@@ -75,7 +75,8 @@ def check_output(
 ) -> Path:
     """The output path, checked before any work; ``inputs`` are ``(option, path)`` pairs the
     output must not overwrite. Raises ``TLDynamicsError`` saying what is wrong and touches
-    nothing."""
+    nothing; once the path is good, removes the temporary files a killed write of it left
+    (``remove_stale_temporaries``)."""
     text = os.fspath(out)
     if not text.strip():
         raise TLDynamicsError(f"{what} is empty: give a file path, e.g. {example}")

@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -22,7 +22,9 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.collect import ExactSum
 from tl_dynamics.scale._corpus import ON_LONG
-from tl_dynamics.scale._validate import ANALYSES, SKIP_KEYS, V1_SINK_KEYS, check_values
+from tl_dynamics.scale._provenance import _HASH_MOD, FINGERPRINTS, fingerprint_changes
+from tl_dynamics.scale._validate import ANALYSES, SKIP_KEYS, V1_SINK_KEYS
+from tl_dynamics.scale._values import check_values
 from tl_dynamics.trajectories import TrajectoryStats
 
 # Version 2 added each prompt's first-key alpha (Sink^eps: ``odds_ratio.sink_keys``,
@@ -36,59 +38,12 @@ OLDER = {
     1: "version 1 files predate Sink^eps and the BOS count",
     2: "version 2 files predate the fingerprints of the model, tokenizer and batches",
 }
-FINGERPRINTS = ("weights", "config", "tokenizer")
+
 HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY = (
     "tl_dynamics_stats",
     "tl_dynamics_sha256",
     "tl_dynamics_checkpoint",
 )
-_HASH_MOD = 1 << 256
-
-
-def prompt_hash(prompts: Iterable[str], start: int = 0) -> int:
-    """Order-independent hash of a list of prompts: the sum of their SHA-256 modulo 2**256,
-    so the hash of a corpus is the sum of the hashes of its shards."""
-    total = start
-    for text in prompts:
-        total += int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest(), "big")
-    return total % _HASH_MOD
-
-
-def batch_hash(texts: Iterable[str], start: int = 0) -> int:
-    """``start`` plus the SHA-256 of one batch's prompts in their order (each length-prefixed),
-    modulo 2**256: the sum over a run's batches is its ``batches_hash``.
-
-    What decides the bits of the statistics is which prompts form each batch, in which order
-    (each batch is padded to its longest prompt and its float totals summed in row order);
-    which batch is summed first is not (the sums across batches are exact). So the sum over
-    batches changes with any reordering that changes a number, and merges like the statistics.
-
-    Example:
-        >>> batch_hash(["a", "b"]) == batch_hash(["b", "a"]), prompt_hash(["a", "b"]) == prompt_hash(["b", "a"])
-        (False, True)
-    """
-    digest = hashlib.sha256()
-    for text in texts:
-        data = text.encode("utf-8")
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return (start + int.from_bytes(digest.digest(), "big")) % _HASH_MOD
-
-
-def fingerprint_changes(mine: dict[str, str] | None, theirs: dict[str, str] | None) -> list[str]:
-    """The fingerprints that differ, in words (``the model's weights``, ...)."""
-    words = {
-        "weights": "the model's weights",
-        "config": "the model's configuration",
-        "tokenizer": "the tokenizer",
-    }
-    if mine is None or theirs is None:
-        return [] if mine is theirs else ["fingerprints (one side has none)"]
-    return [
-        f"{words[k]} (fingerprint {mine[k][:12]}... vs {theirs[k][:12]}...)"
-        for k in FINGERPRINTS
-        if mine.get(k) != theirs.get(k)
-    ]
 
 
 @dataclass(frozen=True, eq=False)

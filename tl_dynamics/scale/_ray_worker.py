@@ -25,7 +25,8 @@ from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.collect import torch_threads
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._corpus import PromptCheck, _encodable, file_records, is_jsonl, token_counter
-from tl_dynamics.scale._format import batch_hash, prompt_hash, to_bytes
+from tl_dynamics.scale._format import to_bytes
+from tl_dynamics.scale._provenance import batch_hash, prompt_hash
 from tl_dynamics.scale._shard import ShardRunner
 
 PARTS = 4  # kept texts of one check, in this many return values (of at most 2,048 rows a piece)

@@ -20,6 +20,7 @@ from tl_dynamics.collect import ExactSum
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.scale import _validate
+from tl_dynamics.scale._values import check_values
 from tl_dynamics.scale._format import (
     CHECKPOINT_KEY,
     CHECKSUM_KEY,
@@ -77,7 +78,7 @@ def from_bytes(
         stats = _parse(header, tensors, what)
     except (KeyError, TypeError, ValueError, OverflowError, IndexError) as exc:
         raise TLDynamicsError(f"{what}: malformed statistics header ({exc!r})") from None
-    _validate.check_values(stats.odds_ratio, stats.trajectories, what)
+    check_values(stats.odds_ratio, stats.trajectories, what)
     return stats, None if position is None else {"next_batch": position}
 
 

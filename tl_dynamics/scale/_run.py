@@ -24,15 +24,8 @@ from tl_dynamics.scale._corpus import (
     iter_prompts,
     token_counter,
 )
-from tl_dynamics.scale._format import (
-    ANALYSES,
-    DatasetStats,
-    batch_hash,
-    fingerprint_changes,
-    prompt_hash,
-    save_stats,
-    to_bytes,
-)
+from tl_dynamics.scale._format import ANALYSES, DatasetStats, save_stats, to_bytes
+from tl_dynamics.scale._provenance import batch_hash, fingerprint_changes, prompt_hash
 from tl_dynamics.scale._read import read_stats_file
 from tl_dynamics.scale._shard import ShardRunner, make_settings, run_shard
 

@@ -17,13 +17,8 @@ from tl_dynamics import odds_ratio, trajectories
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._corpus import ON_LONG
-from tl_dynamics.scale._format import (
-    ANALYSES,
-    DatasetStats,
-    batch_hash,
-    prompt_hash,
-    save_stats,
-)
+from tl_dynamics.scale._format import ANALYSES, DatasetStats, save_stats
+from tl_dynamics.scale._provenance import batch_hash, prompt_hash
 
 
 # ---------------------------------------------------------------------- settings
