@@ -152,3 +152,43 @@ def test_a_hidden_key_norm_is_refused_never_replaced_by_the_query_norm(monkeypat
     with pytest.raises(TLDynamicsError) as caught:
         ModelAdapter(model, verify=False).attention(testing.PROMPTS[0])
     _refused(str(caught.value), r"\w+", "qk_norm")
+
+
+# the families whose rotation is a switch of each layer (issue 43), with the layers it skips
+NOPE_LAYERS = {
+    "SmolLM3ForCausalLM": (dict(no_rope_layers=[1, 0]), ["use_rope"]),
+    "Exaone4ForCausalLM": (
+        dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+        ["sliding_window", "is_sliding"],
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(NOPE_LAYERS))
+def test_deleting_what_says_a_layer_rotates_is_refused_never_read_as_rotating(monkeypatch, arch):
+    """SmolLM3's ``use_rope`` and Exaone 4's ``sliding_window`` / ``is_sliding`` decide whether a
+    layer rotates q and k. Deleted from the modules (as a rename upstream would), Hugging Face
+    fails and TransformerLens's bridge rotates every layer with its own default, so the
+    self-check agrees with the bridge's wrong pattern: only reading by meaning can refuse."""
+    overrides, attributes = NOPE_LAYERS[arch]
+    model = boot_tiny(arch, **overrides)
+    specs = ModelAdapter(model).specs
+    assert [s.rotary for s in specs] == ["half", "none"]  # layer 1 is NoPE, exactly
+    modules = [block.attn.original_component for block in model.blocks]
+    for attribute in attributes:
+        with monkeypatch.context() as patch:
+            for module in modules:
+                patch.delattr(module, attribute)
+            with pytest.raises(TLDynamicsError) as caught:
+                ModelAdapter(model)
+            _refused(str(caught.value), type(modules[0]).__name__, attribute)
+
+
+def test_use_rope_on_a_family_that_always_rotates_is_refused():
+    from types import SimpleNamespace as NS
+
+    assert _switches.rotates(NS(), "llama") is True
+    with pytest.raises(TLDynamicsError, match=r"SimpleNamespace\.use_rope: set on a llama layer"):
+        _switches.rotates(NS(use_rope=False), "llama")
+    with pytest.raises(TLDynamicsError, match=r"SimpleNamespace\.sliding_window: missing"):
+        _switches.rotates(NS(is_sliding=True), "exaone4")

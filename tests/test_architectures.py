@@ -370,6 +370,11 @@ VARIANTS = {
     ),
     "granite-attention-multiplier": ("GraniteForCausalLM", dict(attention_multiplier=0.3)),
     "smollm3-nope-layer": ("SmolLM3ForCausalLM", dict(no_rope_layers=[1, 0])),
+    # a hybrid: its global (full) layer has the window set and does not rotate (global NoPE)
+    "exaone4-global-nope": (
+        "Exaone4ForCausalLM",
+        dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+    ),
     "olmoe-clip-qkv": ("OlmoeForCausalLM", dict(clip_qkv=0.5)),
     "phi-qk-layernorm": ("PhiForCausalLM", dict(qk_layernorm=True)),
     "gpt_bigcode-unscaled": ("GPTBigCodeForCausalLM", dict(scale_attn_weights=False)),

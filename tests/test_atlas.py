@@ -251,9 +251,7 @@ def test_sink_scores_equal_the_odds_ratio_split(arch):
             "sink_loglik_adv": (weight * lik_adv).sum(-1),
         }
         for name, value in want.items():
-            torch.testing.assert_close(
-                got[name].double(), value, rtol=1e-4, atol=1e-5, msg=name
-            )
+            torch.testing.assert_close(got[name].double(), value, rtol=1e-4, atol=1e-5, msg=name)
 
 
 # ------------------------------------------------------------------ copy suppression, sinks

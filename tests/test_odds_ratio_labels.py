@@ -11,6 +11,7 @@ import torch
 
 from tl_dynamics import odds_ratio, zoo
 from tl_dynamics.adapter import ModelAdapter, shuffled_weights
+from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _labels, _stats
 
 
@@ -186,7 +187,9 @@ def test_the_notebooks_label_claims(induction):
     rng = random.Random(0)
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
     halves = ["".join(rng.choice(letters) for _ in range(10)) for _ in range(16)]
-    frame = odds_ratio.compute(induction, [h + h for h in halves], keep_tensors=False).to_dataframe()
+    frame = odds_ratio.compute(
+        induction, [h + h for h in halves], keep_tensors=False
+    ).to_dataframe()
     assert list(frame["label"]) == [
         "likelihood-driven",
         "needs both",

@@ -32,8 +32,9 @@ LOADER = NAME  # a model name: the actors the CLI test makes are the same (kept)
 @pytest.fixture(scope="module")
 def cluster():
     root = str(Path(__file__).resolve().parents[1])  # the workers import this checkout too
+    here = str(Path(__file__).resolve().parent)  # and fault_points (issue 43's kill points)
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = root + ("" if old is None else os.pathsep + old)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, here] + ([] if old is None else [old]))
     for attempt in (1, 2):  # on a loaded machine a local cluster can time out starting
         try:
             ray.init(
@@ -207,3 +208,194 @@ def test_each_actor_computes_on_its_gpu_share(cluster, tmp_path):
         batches_per_task=1,
     )
     assert out.read_bytes() == ref.read_bytes()
+
+
+# ---------------------------------------------------------------------- lost workers (issue 43)
+# batch 3 holds "mid" (a worker is killed inside it), batch 9 "hold" (a worker waits there until
+# the test has killed it, after the first checkpoint); 10 batches of 4
+FAULT_CORPUS = [f"x{i} = {i} * 2" for i in range(40)]
+FAULT_CORPUS[13], FAULT_CORPUS[37] = "mid = 13", "hold = 37"
+
+
+@pytest.fixture(scope="module")
+def fault_whole(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fault") / "one.safetensors"
+    single(FAULT_CORPUS, path)
+    return path
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] in ("Z", "X")  # a zombie is dead
+    except FileNotFoundError:
+        return True
+
+
+def _killer(folder: Path, out: Path, stop):
+    """Kill (SIGKILL) each worker that waits at a kill point: at loading and inside the "mid"
+    batch at once; inside the "hold" batch once the first checkpoint exists (then let the
+    retried batch through). Returns the points it killed at."""
+    import signal
+    import threading
+
+    killed: dict[str, int] = {}
+
+    def loop():
+        while not stop.is_set():
+            for point in ("loading", "mid", "hold"):
+                marker = folder / f"{point}.pid"
+                if point in killed or not marker.exists() or not marker.read_text():
+                    continue
+                if point == "hold" and not Path(str(out) + ".partial").exists():
+                    continue
+                killed[point] = int(marker.read_text())
+                os.kill(killed[point], signal.SIGKILL)
+                if point == "hold":
+                    (folder / "go").touch()
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return killed, thread
+
+
+def _fault_run(tmp_path, points, **kw):
+    import threading
+
+    from fault_points import KillPoints
+
+    folder, out = tmp_path / "points", tmp_path / "ray.safetensors"
+    folder.mkdir()
+    stop = threading.Event()
+    killed, thread = _killer(folder, out, stop)
+    loader = KillPoints(NAME, str(folder), points)
+    try:
+        scale.ray_stats(
+            loader,
+            FAULT_CORPUS,
+            out,
+            model_name=NAME,
+            batch_size=BATCH,
+            batches_per_task=1,
+            checkpoint_every=1,
+            progress=False,
+            **kw,
+        )
+    finally:
+        stop.set()
+        thread.join()
+    pids = [int(p.name.split("-")[1]) for p in folder.glob("loaded-*")]
+    return out, killed, pids
+
+
+def _all_dead(pids) -> bool:
+    import time
+
+    for _ in range(200):  # ray.kill ends the actors' processes soon after the call returns
+        if all(_dead(pid) for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_workers_killed_loading_mid_batch_and_after_a_checkpoint_change_no_byte(
+    cluster, fault_whole, tmp_path
+):
+    """SIGKILL of a worker while it loads, inside a batch, and inside a batch after the first
+    checkpoint: Ray restarts it and runs its batches again; the run finishes by itself with the
+    one-process bytes and leaves no worker process behind."""
+    out, killed, pids = _fault_run(tmp_path, ("loading", "mid", "hold"), num_workers=1)
+    assert sorted(killed) == ["hold", "loading", "mid"]
+    assert len(pids) == 1 + 3  # one worker (the fewest processes to start), three restarts
+    assert out.read_bytes() == fault_whole.read_bytes()
+    assert not Path(str(out) + ".partial").exists()
+    assert _all_dead(pids)
+
+
+def test_a_worker_lost_past_its_restarts_stops_in_one_line_and_resumes(
+    cluster, fault_whole, tmp_path
+):
+    with pytest.raises(TLDynamicsError) as caught:
+        _fault_run(tmp_path, ("mid",), num_workers=1, max_restarts=0)
+    message = str(caught.value)
+    assert "\n" not in message, message
+    assert message.startswith("a Ray worker died more often than the 0 restarts allowed"), message
+    assert "keeps the batches before 3; resume with" in message, message
+    out = tmp_path / "ray.safetensors"
+    partial = scale.load_stats(str(out) + ".partial", allow_partial=True)
+    assert partial.n_prompts == 12 and not out.exists()
+    on_ray(FAULT_CORPUS, out, resume=True)  # the module's kept workers
+    assert out.read_bytes() == fault_whole.read_bytes()
+
+
+def test_a_model_a_worker_cannot_load_is_named_in_one_line(cluster):
+    """A worker's start-up failure is the loader's own error, by name (it was a raw
+    ActorDiedError with the worker's traceback)."""
+    with pytest.raises(TLDynamicsError) as caught:
+        scale.ray_stats(
+            "tiny-random:no-such-arch", ["a = 1"], model_name=NAME, num_workers=1, progress=False
+        )
+    assert str(caught.value).startswith(
+        "tiny-random architecture 'no-such-arch' does not run on TransformerLens"
+    )
+    assert "\n" not in str(caught.value)
+
+
+def _ray_processes(marker: str) -> list[int]:
+    """Processes whose environment carries ``marker`` (a driver's and everything it started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
+                if not _dead(int(entry.name)):
+                    found.append(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+@pytest.mark.cluster
+def test_sigterm_ends_the_cli_and_every_ray_process_it_started(tmp_path):
+    """``tl-dynamics stats --ray local`` starts its own cluster; SIGTERM mid-run checkpoints,
+    exits with 128 + 15 and shuts the cluster down: no process it started is left (Ray's
+    dashboard and runtime-env agents outlived a terminated driver before)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    corpus, out = tmp_path / "corpus.txt", tmp_path / "stats.safetensors"
+    corpus.write_text("\n".join(f"x{i} = {i} * 2" for i in range(2000)) + "\n")
+    marker = f"TL_DYNAMICS_TEST_{uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update({marker: "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    argv = [sys.executable, "-m", "tl_dynamics", "stats", "--model", NAME, "--no-progress"]
+    argv += ["--prompts", str(corpus), "--out", str(out), "--ray", "local", "--workers", "1"]
+    argv += ["--batch-size", "1", "--checkpoint-every", "1"]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for _ in range(3000):  # the first checkpoint: the cluster is up and computing
+            if Path(str(out) + ".partial").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        started = _ray_processes(marker)
+        assert len(started) >= 4  # the driver, the GCS, the raylet, a worker, agents, ...
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert not out.exists()
+    assert 1 <= scale.load_stats(str(out) + ".partial", allow_partial=True).n_prompts < 2000
+    left = _ray_processes(marker)
+    for _ in range(300):
+        if not left:
+            break
+        time.sleep(0.1)
+        left = _ray_processes(marker)
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in left]

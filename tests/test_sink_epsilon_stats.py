@@ -180,7 +180,7 @@ def test_a_version_1_file_loads_and_the_page_says_sink_epsilon_is_not_in_it(
     html = page.read_text()
     assert "is not available in this file: it is of format version 1" in html
     assert "not recorded (format version 1)" in html
-    with pytest.raises(TLDynamicsError, match="format versions 1 and 2: version 1 files predate"):
+    with pytest.raises(TLDynamicsError, match="format versions 1 and 3: version 1 files predate"):
         scale.merge_stats(path, run(model, ["z = 2"]))
 
 
@@ -192,11 +192,11 @@ def test_a_header_that_mixes_the_versions_is_refused(model):
     data = _format.to_bytes(run(model, PROMPTS[:2]))
     meta = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])["__metadata__"]
     fields = json.loads(meta["tl_dynamics_stats"])
-    _validate.check_header(fields, "x")  # as written: version 2
+    _validate.check_header(fields, "x")  # as written: version 3
     fields["version"] = 1
-    with pytest.raises(TLDynamicsError, match=r"unknown \['bos_prompts'\]"):
+    with pytest.raises(TLDynamicsError, match=r"unknown \['batches_hash', 'bos_prompts', "):
         _validate.check_header(fields, "x")
-    fields["version"] = 2
+    fields["version"] = 3
     fields["odds_ratio"]["sink_epsilon"] = 1.5
     with pytest.raises(TLDynamicsError, match=r"sink_epsilon must lie in \[0, 1\)"):
         _validate.check_header(fields, "x")

@@ -250,36 +250,25 @@ def _on_ray(
             f"--device {args.device!r} with --ray: valid are auto, cpu and cuda (Ray gives "
             "each worker its own GPU)"
         )
-    try:
-        import ray
-    except ImportError:
-        raise TLDynamicsError("--ray needs Ray Data: pip install 'tl-dynamics[ray]'") from None
     from tl_dynamics.scale import ray_stats
 
-    started = not ray.is_initialized()
-    if started:
-        address = None if args.ray == "local" else args.ray
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    try:
-        return ray_stats(
-            args.model,
-            args.prompts,
-            out,
-            model_name=args.model,
-            num_workers=workers,
-            batch_size=batch_size,
-            threads=threads,
-            resume=args.resume,
-            checkpoint_every=every,
-            device=device,
-            dtype=None if args.dtype == "auto" else args.dtype,
-            num_gpus=args.gpus_per_worker,
-            keep_workers=True,  # they end with this process (or with the cluster it started)
-            **common,
-        )
-    finally:
-        if started:
-            ray.shutdown()
+    return ray_stats(
+        args.model,
+        args.prompts,
+        out,
+        model_name=args.model,
+        num_workers=workers,
+        batch_size=batch_size,
+        threads=threads,
+        resume=args.resume,
+        checkpoint_every=every,
+        device=device,
+        dtype=None if args.dtype == "auto" else args.dtype,
+        num_gpus=args.gpus_per_worker,
+        keep_workers=True,  # they end with this process (or with the cluster it started)
+        ray_address=args.ray,  # joined or started here, shut down at the end however it ends
+        **common,
+    )
 
 
 def _run(
@@ -339,8 +328,8 @@ def report_main(argv: list[str]) -> int:
             raise TLDynamicsError("--stats is empty: give a statistics file from tl-dynamics stats")
         out = files.check_output(args.out, example="stats.html", inputs=[("--stats", args.stats)])
         _args.check_suffix(args.out, (".html", ".htm"))
-        if not files.is_file(args.stats):
-            raise TLDynamicsError(f"statistics file {args.stats!r} does not exist")
+        if (why := files.not_a_file(args.stats)) is not None:  # named for what it is
+            raise TLDynamicsError(f"statistics file {args.stats!r} {why}")
         from tl_dynamics.scale import load_stats, stats_page
 
         stats = load_stats(args.stats, allow_partial=args.allow_partial)

@@ -4,22 +4,40 @@ Every command that writes (``report``, ``report --stats``, ``heads --out``, ``st
 its output path first with ``check_output``: not empty, not a directory, not one of the run's
 inputs (compared as files, so a symlink or a hard link to an input is caught), in a folder that
 exists or can be created and is writable. ``write_bytes``/``write_text`` then write through a
-temporary file in the same folder and ``os.replace`` it into place, so a reader never sees half
-a file and an interrupted write leaves the old file whole. ``check_output`` creates (and removes)
-such a temporary file itself, so a folder that takes no files fails before any work; any later
-failure to write is a ``TLDynamicsError`` naming the path.
+temporary file in the same folder (``.NAME.XXXXXXXX.tmp``, locked while it is written) and
+``os.replace`` it into place, so a reader never sees half a file and an interrupted write leaves
+the old file whole. ``check_output`` creates (and removes) such a temporary file itself, so a
+folder that takes no files fails before any work, and removes the ones a killed write of the same
+output left (``remove_stale_temporaries``: its own pattern only, none a live writer holds); any
+later failure to write is a ``TLDynamicsError`` naming the path.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterable
 
 from tl_dynamics.errors import TLDynamicsError
 
+try:  # POSIX: a writer holds a lock on its temporary file, so no other run removes it
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: nothing is locked, and nothing is removed
+    fcntl = None  # type: ignore[assignment]
+
 PARTIAL_SUFFIX = ".partial"
+# tempfile's names: the prefix given, 8 characters of its alphabet, the suffix given
+_RANDOM = re.compile(r"[a-z0-9_]{8}")
+_KINDS = (
+    (stat.S_ISDIR, "is a directory"),
+    (stat.S_ISFIFO, "is a named pipe (FIFO)"),
+    (stat.S_ISCHR, "is a character device"),
+    (stat.S_ISBLK, "is a block device"),
+    (stat.S_ISSOCK, "is a socket"),
+)
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -57,7 +75,8 @@ def check_output(
 ) -> Path:
     """The output path, checked before any work; ``inputs`` are ``(option, path)`` pairs the
     output must not overwrite. Raises ``TLDynamicsError`` saying what is wrong and touches
-    nothing."""
+    nothing; once the path is good, removes the temporary files a killed write of it left
+    (``remove_stale_temporaries``)."""
     text = os.fspath(out)
     if not text.strip():
         raise TLDynamicsError(f"{what} is empty: give a file path, e.g. {example}")
@@ -103,7 +122,89 @@ def check_output(
     if not os.access(parent, os.W_OK | os.X_OK):
         raise TLDynamicsError(f"{what} {text!r}: the folder {parent} is not writable")
     _probe(parent, path.name, f"{what} {text!r}")
+    remove_stale_temporaries(path)
     return path
+
+
+def temporary_prefix(path: Path) -> str:
+    """The name every temporary file of ``path``'s atomic writes starts with (then 8 random
+    characters and ``.tmp``)."""
+    return f".{path.name}."
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files a killed write of ``path`` left next to it: only names of
+    its own pattern (``.NAME.XXXXXXXX.tmp``), only regular files, and only those no live writer
+    holds (a writer keeps a lock on its temporary file until it is renamed into place).
+
+    Returns:
+        The files removed.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (folder / ".out.html.abcd1234.tmp").write_text("half a page")
+        >>> _ = (folder / ".other.html.abcd1234.tmp").write_text("not ours")
+        >>> [p.name for p in remove_stale_temporaries(folder / "out.html")]
+        ['.out.html.abcd1234.tmp']
+    """
+    path = Path(path).expanduser()
+    prefix, removed = temporary_prefix(path), []
+    if fcntl is None:
+        return removed
+    try:
+        names = [n for n in os.listdir(path.absolute().parent) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in sorted(names):
+        middle = name[len(prefix) : -len(".tmp")] if name.endswith(".tmp") else ""
+        if not _RANDOM.fullmatch(middle):
+            continue
+        candidate = path.absolute().parent / name
+        if _remove_unheld(candidate):
+            removed.append(candidate)
+    return removed
+
+
+def _remove_unheld(candidate: Path) -> bool:
+    if fcntl is None:  # nothing is locked here, so nothing can be told stale
+        return False
+    try:
+        fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a live writer: BlockingIOError
+        if os.stat(candidate, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            return False
+        os.unlink(candidate)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """None for an existing regular file (or a link to one); else what ``path`` is, in words
+    (``"is a directory"``, ``"is a named pipe (FIFO)"``, ``"is a character device"``,
+    ``"does not exist"``, ...), found without opening it.
+
+    Example:
+        >>> not_a_file("/dev/zero"), not_a_file("/"), not_a_file("/no/such/file")
+        ('is a character device', 'is a directory', 'does not exist')
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "is a dangling symlink" if os.path.islink(path) else "does not exist"
+    except OSError as exc:
+        return f"cannot be looked at ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    return next((words for test, words in _KINDS if test(mode)), "is not a regular file")
 
 
 def _probe(folder: Path, name: str, what: str) -> None:
@@ -135,9 +236,25 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         ) from exc
 
 
+def _held_temporary(path: Path) -> tuple[int, str]:
+    """A new temporary file next to ``path``, locked against ``remove_stale_temporaries`` (if
+    another run removed it before the lock was taken, another is made)."""
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".tmp", dir=path.parent)
+        if fcntl is None:
+            return fd, tmp
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                return fd, tmp
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
 def _write_atomically(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _held_temporary(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_dynamics.adapter import _readers, _weights
+from tl_dynamics.adapter import _finite, _readers, _switches, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import check_attention
 from tl_dynamics.adapter._core import AdapterCore
@@ -335,3 +335,23 @@ class AdapterBase(AdapterCore):
         if isinstance(bias, Tensor):
             x = x + bias.detach().float()
         return x
+
+    def fingerprints(self) -> dict[str, str]:
+        """What the model computes from, as SHA-256 digests: its weights (the state dict, in name
+        order), its configuration (bookkeeping fields left out) and its tokenizer (with whether
+        the host prepends BOS); a statistics file records them (docs/stats-format.md). Reads
+        every weight once: about a second for GPT-2 small on a CPU (benchmarks/README.md).
+
+        Returns:
+            ``{"weights": hex, "config": hex, "tokenizer": hex}``.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter
+            >>> prints = ModelAdapter(testing.cached_model("gpt2")).fingerprints()
+            >>> sorted(prints), len(prints["weights"])
+            (['config', 'tokenizer', 'weights'], 64)
+        """
+        tokenizer = getattr(self.model, "tokenizer", None)
+        prepend = _switches.prepend_bos(self.model) if tokenizer is not None else None
+        return _finite.fingerprints(self.model, tokenizer, prepend)

@@ -77,16 +77,16 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
     if latent:
         pass  # q/k hooks fire after rotary (_mla)
     elif family == "llama4":  # complex rotary on adjacent pairs with the model's own frequencies
-        if orig.use_rope:
+        if _switches.rotates(orig, family):
             rotary, rotary_dim = "interleaved", int(orig.head_dim)
     elif family in ("gptj", "codegen"):  # base 10000 is in their code, not an attribute
         width = required(orig, "rotary_dim", "rotated width; None: the whole head")
         rotary, rotary_dim, base = "interleaved", int(width or d_head), _readers.rotary_base(family)
     elif family == "afmoe" and not orig.is_local_attention:
         pass  # AFMoE rotates its sliding layers only; the full layers are NoPE
-    elif model.cfg.positional_embedding_type == "rotary" and _readers.rotates(orig):
+    elif model.cfg.positional_embedding_type == "rotary" and _switches.rotates(orig, family):
         rotary = "half"  # rot hooks are used when they fire; cos/sin otherwise
-    # (SmolLM3 / Llama 4 NoPE layers set use_rope=False: their q and k are scored unrotated)
+    # (NoPE layers, _switches.rotates: SmolLM3's use_rope=0, Exaone 4's global layers)
 
     alibi: Literal["none", "key", "falcon", "mpt"] = "none"
     if family == "bloom" or family == "mpt":
@@ -113,7 +113,8 @@ def bridge_spec(model: Any, info: HostInfo, layer: int) -> LayerSpec:
         sinks=getattr(orig, "sinks", None) is not None,
         latent=latent,
         prenorm=(family == "llama4" and getattr(orig, "qk_norm", None) is not None)
-        or family in ("olmo_hybrid", "nanochat", "afmoe", "laguna"),
+        or family in ("olmo_hybrid", "nanochat", "afmoe", "laguna")
+        or (family == "exaone4" and rotary == "none"),  # NoPE: q, k read before their norms
         gate=output_gate(model, orig),
         postrope=_switches.qk_norm_after_rope(model),
         clip=_readers.clip(hf_cfg),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tl_dynamics.adapter._readers import optional
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = ["structure_refusal"]
@@ -51,7 +52,8 @@ def _deepseek_v4(cfg: Any, architecture: str) -> TLDynamicsError:
     keys = ""
     if parts:
         keys = (
-            f"; beside the sliding window of {cfg.sliding_window} tokens, attention also scores, "
+            f"; beside the sliding window of {optional(cfg, 'sliding_window')} tokens, "
+            "attention also scores, "
             f"{', and '.join(parts)}, so these keys are not tokens"
         )
     sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]

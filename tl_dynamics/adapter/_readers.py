@@ -171,13 +171,6 @@ def required(owner: Any, path: str, meaning: str) -> Any:
     return value
 
 
-def rotates(module: Any) -> bool:
-    """Whether a rotary model's layer rotates: its ``use_rope`` (SmolLM3's and Llama 4's NoPE
-    layers hold 0 or False), absent on modules that always rotate."""
-    value = lookup(module, "use_rope")
-    return True if value is _ABSENT else bool(value)
-
-
 def optional(owner: Any, path: str) -> Any:
     """``owner.path`` where its absence has a meaning of its own (no such feature), else None."""
     value = lookup(owner, path)

@@ -1,4 +1,6 @@
-"""The self-check when a model is adapted: one probe pass (``_probepass``: ``PROBE_TOKENS`` tokens,
+"""The self-check when a model is adapted: every weight finite first (``_finite.check_finite``:
+a NaN or infinite parameter is refused naming the tensor, not blamed on a layer's reading), then
+one probe pass (``_probepass``: ``PROBE_TOKENS`` tokens,
 one row, no grad, stopped after the last attention layer), whose recomputed pattern and ``z`` are
 compared with the model's own on every attention layer (its hooks; on delegating bridges and
 unhooked layers the Hugging Face module's own attention weights). A layer that disagrees by more
@@ -24,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tl_dynamics.adapter import _capture, _readers
+from tl_dynamics.adapter import _capture, _finite, _readers
 from tl_dynamics.adapter._batch import Batch
 from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble
 from tl_dynamics.adapter._gemma4 import keep_kv, kv_source_roles
@@ -67,7 +69,10 @@ def verify(adapter: Any) -> None:
     if adapter._params is None:
         adapter._params = list(model.parameters())
     key = (tuple(adapter.specs), adapter.info.compat, weights_version(adapter._params))
-    if _VERIFIED.get(model) == key or not adapter.attention_layers:
+    if _VERIFIED.get(model) == key:
+        return
+    _finite.check_finite(model)  # a NaN weight named as such, not as a wrong reading
+    if not adapter.attention_layers:
         return
     tokens = probe_tokens(int(model.cfg.d_vocab), adapter.n_ctx)
     layers = adapter.attention_layers

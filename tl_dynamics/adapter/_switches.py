@@ -1,6 +1,6 @@
 """Host internals read by meaning, continued from ``_readers``: the switches and flags that pick
 a layer's recipe (BOS prepending, a post-rotary norm, an output gate, keys shared across
-layers, the latent rotary layout and magnitude). Each is one reader: the attribute, what it
+layers, whether a layer rotates, the latent rotary layout and magnitude). Each is one reader: the attribute, what it
 means, and a check where one exists; a missing or renamed attribute is a ``TLDynamicsError``
 from ``_readers.refusal``. Where an attribute's absence means something (a host without the
 feature it switches), the reader says so by host or by the feature, never a bare default.
@@ -97,3 +97,41 @@ def rotary_magnitude(module: Any) -> float:
     if not math.isfinite(value) or value <= 0:
         raise _readers.refusal(module, "attention_scaling", f"{value} is not a positive factor")
     return value
+
+
+# families whose attention module says whether it rotates in ``use_rope`` (their NoPE layers
+# hold 0 or False): required there
+USE_ROPE = {"smollm3", "llama4"}
+# families whose module rotates unless it has a window and does not slide (a hybrid model's
+# global layers are NoPE: ``sliding_window is None or is_sliding``): both attributes required
+NOPE_UNLESS_SLIDING = {"exaone4"}
+
+
+def rotates(module: Any, family: str) -> bool:
+    """Whether a rotary model's attention layer rotates q and k, read by the family's rule:
+    ``use_rope`` on ``USE_ROPE``, ``sliding_window`` and ``is_sliding`` on
+    ``NOPE_UNLESS_SLIDING``; every other family's code rotates every layer, and a ``use_rope``
+    set on one of its modules is refused (its NoPE layers would be read as rotating).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> rotates(NS(use_rope=0), "smollm3"), rotates(NS(), "llama")
+        (False, True)
+        >>> rotates(NS(sliding_window=4, is_sliding=False), "exaone4")
+        False
+    """
+    if family in USE_ROPE:
+        return bool(_readers.required(module, "use_rope", "whether this layer rotates q and k"))
+    if family in NOPE_UNLESS_SLIDING:
+        window = _readers.required(
+            module, "sliding_window", "the model's window, set on its global (NoPE) layers too"
+        )
+        sliding = _readers.required(module, "is_sliding", "whether this layer slides")
+        return window is None or bool(sliding)
+    if _readers.optional(module, "use_rope") is not None:
+        raise _readers.refusal(
+            module,
+            "use_rope",
+            f"set on a {family} layer, whose code the adapter reads as rotating every layer",
+        )
+    return True

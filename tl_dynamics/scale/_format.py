@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -22,28 +22,28 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.collect import ExactSum
 from tl_dynamics.scale._corpus import ON_LONG
+from tl_dynamics.scale._provenance import _HASH_MOD, FINGERPRINTS, fingerprint_changes
 from tl_dynamics.scale._validate import ANALYSES, SKIP_KEYS, V1_SINK_KEYS
+from tl_dynamics.scale._values import check_values
 from tl_dynamics.trajectories import TrajectoryStats
 
 # Version 2 added each prompt's first-key alpha (Sink^eps: ``odds_ratio.sink_keys``,
 # ``sink_epsilon``) and the count of prompts that begin with a BOS token (``bos_prompts``);
-# version 1 files still load, without them (docs/stats-format.md).
-FORMAT, VERSION, READABLE = "tl-dynamics-stats", 2, (1, 2)
+# version 3 what the numbers were computed from (``fingerprints`` of the model's weights,
+# configuration and tokenizer; ``batches_hash`` of the batches in their order). Older files
+# still load, without them (docs/stats-format.md).
+FORMAT, VERSION, READABLE = "tl-dynamics-stats", 3, (1, 2, 3)
+# what each older version lacks (a merge with a newer file is refused, saying so)
+OLDER = {
+    1: "version 1 files predate Sink^eps and the BOS count",
+    2: "version 2 files predate the fingerprints of the model, tokenizer and batches",
+}
+
 HEADER_KEY, CHECKSUM_KEY, CHECKPOINT_KEY = (
     "tl_dynamics_stats",
     "tl_dynamics_sha256",
     "tl_dynamics_checkpoint",
 )
-_HASH_MOD = 1 << 256
-
-
-def prompt_hash(prompts: Iterable[str], start: int = 0) -> int:
-    """Order-independent hash of a list of prompts: the sum of their SHA-256 modulo 2**256,
-    so the hash of a corpus is the sum of the hashes of its shards."""
-    total = start
-    for text in prompts:
-        total += int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest(), "big")
-    return total % _HASH_MOD
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +68,11 @@ class DatasetStats:
         bos_prompts: How many prompts begin with the tokenizer's BOS token (their first real
             token is its id: one was prepended); None in files of format version 1, which did
             not record it (``version``).
+        fingerprints: SHA-256 of the model's weights, configuration and tokenizer
+            (``weights``, ``config``, ``tokenizer``: ``ModelAdapter.fingerprints``); None in
+            files of format versions 1 and 2.
+        batches_hash: The sum of ``batch_hash`` over the batches (sensitive to the prompts'
+            order within and across batches); None in files of format versions 1 and 2.
 
     Example:
         >>> from tl_dynamics import scale, testing
@@ -88,21 +93,25 @@ class DatasetStats:
     trajectories: TrajectoryStats | None = None
     skipped: dict[str, int] = field(default_factory=dict)
     bos_prompts: int | None = None
+    fingerprints: dict[str, str] | None = None
+    batches_hash: int | None = None
 
     @property
     def version(self) -> int:
         """The file format version these statistics are written in.
 
-        1 when they come from a file of version 1 (no first-key alpha, no BOS count), else
-        ``VERSION``.
+        1 when they come from a file of version 1 (no first-key alpha, no BOS count), 2 from a
+        file of version 2 (no fingerprints), else ``VERSION``.
 
         Example:
             >>> from tl_dynamics import scale, testing
             >>> stats = scale.run_stats(testing.cached_model("gpt2"), ["a = 1"], progress=False)
             >>> stats.version, stats.bos_prompts
-            (2, 1)
+            (3, 1)
         """
-        return 1 if self.bos_prompts is None else VERSION
+        if self.bos_prompts is None:
+            return 1
+        return 2 if self.fingerprints is None else VERSION
 
     @property
     def analyses(self) -> tuple[str, ...]:
@@ -149,17 +158,24 @@ class DatasetStats:
         mine = {"model": self.model, "analyses": self.analyses, "settings": self.settings}
         theirs = {"model": other.model, "analyses": other.analyses, "settings": other.settings}
         if self.version != other.version:
+            older = min(self.version, other.version)
             raise TLDynamicsError(
                 f"cannot merge statistics of format versions {self.version} and "
-                f"{other.version}: version 1 files predate Sink^eps and the BOS count; "
-                "recompute the older one with `tl-dynamics stats`"
+                f"{other.version}: {OLDER[older]}; recompute the older one with "
+                "`tl-dynamics stats`"
             )
-        diff = [k for k in mine if mine[k] != theirs[k]]
+        diff = [f"{k} ({mine[k]!r} vs {theirs[k]!r})" for k in mine if mine[k] != theirs[k]]
+        diff += fingerprint_changes(self.fingerprints, other.fingerprints)
         if diff:
             raise TLDynamicsError(
-                "cannot merge statistics of different runs: they differ in "
-                + ", ".join(f"{k} ({mine[k]!r} vs {theirs[k]!r})" for k in diff)
+                "cannot merge statistics of different runs: they differ in " + ", ".join(diff)
             )
+        trajectories = (
+            None
+            if self.trajectories is None or other.trajectories is None
+            else self.trajectories.merge(other.trajectories)
+        )
+        check_values(None, trajectories, "the merged statistics")  # int64 counts: no wrap
         return DatasetStats(
             self.model,
             self.settings,
@@ -169,9 +185,7 @@ class DatasetStats:
             None
             if self.odds_ratio is None or other.odds_ratio is None
             else self.odds_ratio.merge(other.odds_ratio),
-            None
-            if self.trajectories is None or other.trajectories is None
-            else self.trajectories.merge(other.trajectories),
+            trajectories,
             {
                 k: self.skipped.get(k, 0) + other.skipped.get(k, 0)
                 for k in SKIP_KEYS
@@ -180,6 +194,10 @@ class DatasetStats:
             None
             if self.bos_prompts is None or other.bos_prompts is None
             else self.bos_prompts + other.bos_prompts,
+            self.fingerprints,
+            None
+            if self.batches_hash is None or other.batches_hash is None
+            else (self.batches_hash + other.batches_hash) % _HASH_MOD,
         )
 
 
@@ -250,6 +268,16 @@ def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> b
         header["corpus"] = skipped
     if version >= 2:
         header["bos_prompts"] = int(stats.bos_prompts or 0)
+    if version >= 3:
+        prints = stats.fingerprints or {}
+        if stats.batches_hash is None or sorted(prints) != sorted(FINGERPRINTS):
+            raise TLDynamicsError(
+                f"statistics of format version {version} record the fingerprints "
+                f"{list(FINGERPRINTS)} and a batches_hash; these have {stats.fingerprints} and "
+                f"{stats.batches_hash}"
+            )
+        header["fingerprints"] = {k: str(prints[k]) for k in FINGERPRINTS}
+        header["batches_hash"] = f"{stats.batches_hash:064x}"
     h = stats.odds_ratio
     if h is not None:
         if h.exact is None:

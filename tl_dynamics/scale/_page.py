@@ -209,6 +209,21 @@ def stats_page(stats: DatasetStats, title: str | None = None) -> viz.Page:
             else f"{stats.bos_prompts} of {stats.n_prompts}",
         ),
     ]
+    prints = stats.fingerprints or {}
+    for key, words in (("weights", "model weights"), ("config", "model configuration")):
+        page.meta.append(
+            (
+                f"{words} (SHA-256)",
+                prints.get(key, f"not recorded (format version {stats.version})"),
+            )
+        )
+    page.meta += [
+        ("tokenizer (SHA-256)", prints.get("tokenizer", "not recorded")),
+        (
+            "batches hash (prompts in their batches and order)",
+            "not recorded" if stats.batches_hash is None else f"{stats.batches_hash:064x}",
+        ),
+    ]
     left_out = {k: v for k, v in stats.skipped.items() if v}
     if left_out:
         words = {

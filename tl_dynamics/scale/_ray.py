@@ -28,10 +28,12 @@ from tl_dynamics import files, sphere
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._format import ANALYSES, DatasetStats, save_stats
 from tl_dynamics.scale._ray_driver import Driver, Plan
+from tl_dynamics.scale._ray_session import cluster
 from tl_dynamics.scale._ray_worker import StatsActor
 from tl_dynamics.scale._run import (
     _checkpoints,
     _refuse_stale_checkpoints,
+    check_fingerprints,
     check_run_settings,
     new_bar,
     read_checkpoint,
@@ -39,9 +41,8 @@ from tl_dynamics.scale._run import (
 from tl_dynamics.scale._shard import make_settings
 
 
-def _dataset(ray: Any, dataset: Any) -> Any:
-    """The input as a Ray Dataset: files are read by Ray Data on the workers (as bytes, parsed
-    there line by line as ``run_stats`` parses them); a list of strings becomes rows."""
+def _paths(dataset: Any) -> list[Any] | None:
+    """The corpus files ``dataset`` names (checked: each a regular file), or None."""
     paths = None
     if isinstance(dataset, (str, os.PathLike)):
         paths = [dataset]
@@ -51,13 +52,20 @@ def _dataset(ray: Any, dataset: Any) -> Any:
         and all(isinstance(p, os.PathLike) for p in dataset)
     ):
         paths = list(dataset)
+    for path in paths or []:
+        problem = files.not_a_file(path)
+        if problem is not None:
+            raise TLDynamicsError(
+                f"prompts file {str(path)!r} {problem} (give a text file, one "
+                "prompt per line, or JSON lines with a 'text' field)"
+            )
+    return paths
+
+
+def _dataset(ray: Any, dataset: Any, paths: list[Any] | None) -> Any:
+    """The input as a Ray Dataset: files are read by Ray Data on the workers (as bytes, parsed
+    there line by line as ``run_stats`` parses them); a list of strings becomes rows."""
     if paths is not None:
-        for path in paths:
-            if not files.is_file(Path(path)):
-                raise TLDynamicsError(
-                    f"prompts file {str(path)!r} does not exist (give a text file, one "
-                    "prompt per line, or JSON lines with a 'text' field)"
-                )
         return ray.data.read_binary_files([str(p) for p in paths], include_paths=True)
     if isinstance(dataset, (list, tuple)):
         return ray.data.from_items([{"text": t} for t in dataset])
@@ -97,20 +105,24 @@ _POOL: dict[Any, list[Any]] = {}  # kept actors: (session, how they were made) -
 
 
 def _actors(
-    ray: Any, n: int, made: tuple[Any, ...], cpus: float, gpus: float
+    ray: Any, n: int, made: tuple[Any, ...], cpus: float, gpus: float, restarts: int
 ) -> tuple[list[Any], Any]:
-    """``n`` actors, the kept ones first (``keep_workers``), and the key they are kept under."""
+    """``n`` actors, the kept ones first (``keep_workers``), and the key they are kept under.
+    Ray restarts an actor whose process dies up to ``restarts`` times (reloading its model)
+    and re-runs the tasks it was running there."""
     import pickle
 
     session = ray.get_runtime_context().get_job_id()
     for old in [k for k in _POOL if k[0] != session]:  # a past session's actors are gone
         del _POOL[old]
     try:
-        key: Any = (session, pickle.dumps(made), cpus, gpus)
+        key: Any = (session, pickle.dumps(made), cpus, gpus, restarts)
     except (pickle.PicklingError, TypeError, AttributeError):  # a lambda: never shared
         key = None
     pool = _POOL.setdefault(key, []) if key is not None else []
-    actor = ray.remote(StatsActor).options(num_cpus=cpus, num_gpus=gpus)
+    actor = ray.remote(StatsActor).options(
+        num_cpus=cpus, num_gpus=gpus, max_restarts=restarts, max_task_retries=restarts
+    )
     pool.extend(actor.remote(*made) for _ in range(n - len(pool)))
     return pool[:n], key
 
@@ -140,15 +152,20 @@ def ray_stats(
     num_gpus: float | None = None,
     num_cpus: float | None = None,
     keep_workers: bool = False,
+    max_restarts: int = 3,
+    ray_address: str | None = None,
 ) -> DatasetStats:
     """``run_stats`` on a Ray cluster: the workers read the data and compute, the driver merges.
 
     ``num_workers`` actors each load the model once; the driver merges their exact partial
     statistics as they arrive (its memory does not grow with the corpus).
 
-    Ray must be initialised by the caller (``ray.init(...)``). The bytes equal those of a
-    ``run_stats`` run over the same rows in the same order with the same model name and
-    settings, however the dataset is cut into blocks (see this module's docstring).
+    Ray must be initialised by the caller (``ray.init(...)``), or named by ``ray_address``. The
+    bytes equal those of a ``run_stats`` run over the same rows in the same order with the same
+    model name and settings, however the dataset is cut into blocks (see this module's
+    docstring), and however many workers died on the way: Ray restarts a worker whose process
+    dies (``max_restarts`` times) and runs its batches again. Past that, the run stops with a
+    ``TLDynamicsError`` naming the cause and how to resume, its finished batches checkpointed.
 
     Args:
         model_loader: A model name (as ``tl-dynamics report --model``) or a picklable callable
@@ -185,6 +202,13 @@ def ray_stats(
         keep_workers: Keep the actors, their models loaded, for the next ``ray_stats`` call
             with the same loader, placement and resources in this Ray session (they hold
             their CPUs/GPUs until ``ray.shutdown()``); default: end them when done.
+        max_restarts: Times Ray restarts each worker whose process dies (a preempted node, the
+            OOM killer), reloading its model and re-running its batches; one more loss stops
+            the run (checkpointed).
+        ray_address: Where Ray is not initialised yet: ``"local"`` starts a cluster here,
+            ``"auto"`` joins the running one, ``"ray://HOST:PORT"`` a remote one; it is shut
+            down when the call ends, however it ends (SIGTERM included). A failure to start
+            is one ``TLDynamicsError`` line with what to try. None: the caller's ``ray.init``.
 
     Returns:
         The merged ``DatasetStats``.
@@ -216,6 +240,8 @@ def ray_stats(
     for value, what in ((num_workers, "num_workers"), (batches_per_task, "batches_per_task")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TLDynamicsError(f"{what} must be a positive integer, got {value!r}")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise TLDynamicsError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     check_run_settings(checkpoint_every, threads)
     cuda = device is not None and str(device).startswith("cuda")
     gpus = (1.0 if cuda else 0.0) if num_gpus is None else num_gpus
@@ -231,36 +257,64 @@ def ray_stats(
         files.check_output(out_path, example="stats.safetensors", inputs=[("--prompts", source)])
         _refuse_stale_checkpoints(out_path, resume)
     checkpoint = None if out_path is None else out_path.with_name(out_path.name + ".partial")
-    if not ray.is_initialized():
-        raise TLDynamicsError("ray_stats needs a Ray cluster: call ray.init(...) first")
-    data = _dataset(ray, dataset)
+    if checkpoint is not None:
+        files.remove_stale_temporaries(checkpoint)  # a killed checkpoint write's leftovers
     base, start = None, 0
     if resume and checkpoint is not None and checkpoint.is_file():
         base, start = read_checkpoint(checkpoint, settings, model_name)
-    cpus = _resources(ray, num_workers, num_cpus, gpus)
-    actors, key = _actors(ray, num_workers, (model_loader, threads, device, dtype), cpus, gpus)
-    bar = new_bar(progress, None, 0 if base is None else base.n_prompts)
-    order = data.context.execution_options
-    kept_order, order.preserve_order = order.preserve_order, True
-    try:
-        plan = Plan(
-            model_name, settings, batch_size, batches_per_task, checkpoint_every, start, base
-        )
-        bundles, executor = _bundles(data)
+    paths = _paths(dataset)
+    with cluster(ray, ray_address):
+        if not ray.is_initialized():
+            raise TLDynamicsError(
+                "ray_stats needs a Ray cluster: call ray.init(...) first, or pass ray_address"
+            )
+        data = _dataset(ray, dataset, paths)
+        made = (model_loader, threads, device, dtype)
+        cpus = _resources(ray, num_workers, num_cpus, gpus)
+        actors, key = _actors(ray, num_workers, made, cpus, gpus, max_restarts)
         try:
-            merged = Driver(ray, actors, plan, checkpoint, bar).run(bundles)
+            plan = Plan(
+                model_name,
+                settings,
+                batch_size,
+                batches_per_task,
+                checkpoint_every,
+                start,
+                base,
+                max_restarts,
+            )
+            merged = _drive(ray, data, actors, plan, checkpoint, progress)
         finally:
-            if executor is not None:  # its threads would outlive the run (and ray.shutdown)
-                executor.shutdown(force=True)
-    finally:
-        order.preserve_order = kept_order
-        if bar is not None:
-            bar.close()
-        if not keep_workers:
-            for a in _POOL.pop(key, None) or actors:
-                ray.kill(a)
+            if not keep_workers:
+                for a in _POOL.pop(key, None) or actors:
+                    ray.kill(a)
     if out_path is not None:
         save_stats(merged, out_path)
         for stale in _checkpoints(out_path):
             stale.unlink()
     return merged
+
+
+def _drive(
+    ray: Any, data: Any, actors: list[Any], plan: Plan, checkpoint: Path | None, progress: bool
+) -> DatasetStats:
+    """The driver's loop over the dataset's blocks, after the checkpoint's fingerprints are
+    compared with the model the actors loaded."""
+    driver = Driver(ray, actors, plan, checkpoint, None)
+    if plan.base is not None and checkpoint is not None:
+        now = driver._get(driver._submit("fingerprints"))  # the model as the actors loaded it
+        check_fingerprints(plan.base, now, checkpoint)
+    driver.bar = new_bar(progress, None, 0 if plan.base is None else plan.base.n_prompts)
+    order = data.context.execution_options
+    kept_order, order.preserve_order = order.preserve_order, True
+    try:
+        bundles, executor = _bundles(data)
+        try:
+            return driver.run(bundles)
+        finally:
+            if executor is not None:  # its threads would outlive the run (and ray.shutdown)
+                executor.shutdown(force=True)
+    finally:
+        order.preserve_order = kept_order
+        if driver.bar is not None:
+            driver.bar.close()

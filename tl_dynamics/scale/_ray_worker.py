@@ -4,10 +4,15 @@ with a block of the user's dataset.
 ``StatsActor.check`` reads one block where it lies (a Ray Data block: rows with a ``text``
 column, or rows with ``path`` and ``bytes`` from ``ray.data.read_binary_files``, parsed as
 ``run_stats`` parses a corpus file), applies the ``on_long`` policy, and returns a small
-summary for the driver (rows kept, where each left-out row falls, the kept rows' hash, the
-first error) plus the kept texts, which stay in the object store. ``StatsActor.run`` computes
-the batches ``[first, stop)`` of the kept rows (numbered from 0 over the whole input) from the
-kept texts of the blocks that hold them, and returns the partial statistics as file bytes.
+summary for the driver (rows kept, where each left-out row falls, the first error) and the kept
+texts in ``PARTS`` further return values: they stay in the object store, owned by the driver (a
+return value is owned by its caller), so a worker that dies loses none of them. ``StatsActor.run``
+computes the batches ``[first, stop)`` of the kept rows (numbered from 0 over the whole input)
+from the kept texts of the blocks that hold them, and returns the partial statistics as file
+bytes; ``StatsActor.digest`` hashes the batches a resumed run's checkpoint holds.
+
+A user error while loading the model (a name that does not exist) is kept and raised by every
+call, as a task error the driver names; only a process that dies is restarted by Ray.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.collect import torch_threads
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._corpus import PromptCheck, _encodable, file_records, is_jsonl, token_counter
-from tl_dynamics.scale._format import prompt_hash, to_bytes
+from tl_dynamics.scale._format import to_bytes
+from tl_dynamics.scale._provenance import batch_hash, prompt_hash
 from tl_dynamics.scale._shard import ShardRunner
 
-CHUNK = 2048  # kept rows per object
+PARTS = 4  # kept texts of one check, in this many return values (of at most 2,048 rows a piece)
 ROW = "\x00row\x00"  # stands for "row I" in a message until the driver knows the block's offset
 
 
@@ -71,31 +77,44 @@ class StatsActor:
     ):
         from tl_dynamics import devices
 
-        self.threads = threads
-        where = devices.Placement(
-            devices.resolve_device(device or "cpu"), devices.resolve_dtype(dtype)
-        )
-        with torch_threads(threads):
-            if isinstance(loader, str):
-                from tl_dynamics import models
+        self.threads, self.error = threads, None
+        try:
+            where = devices.Placement(
+                devices.resolve_device(device or "cpu"), devices.resolve_dtype(dtype)
+            )
+            with torch_threads(threads):
+                if isinstance(loader, str):
+                    from tl_dynamics import models
 
-                self.model = models.resolve(loader, where).model
-            else:
-                self.model = loader()
-            if device is not None or dtype is not None:
-                self.model = devices.place(self.model, where)
-        self.adapter = ModelAdapter.of(self.model)
+                    self.model = models.resolve(loader, where).model
+                else:
+                    self.model = loader()
+                if device is not None or dtype is not None:
+                    self.model = devices.place(self.model, where)
+                self.adapter = ModelAdapter.of(self.model)
+                self.prints = self.adapter.fingerprints()  # once per actor (and restart)
+        except TLDynamicsError as exc:  # raised by every call, so the driver names it
+            self.error = exc
+
+    def _ready(self) -> None:
+        if self.error is not None:
+            raise self.error
 
     def device(self) -> str:
         """Where the model is (for tests and logs)."""
+        self._ready()
         param = next(iter(self.model.parameters()), None)
         return "none" if param is None else f"{param.device}/{param.dtype}"
 
-    def check(self, block: Any, piece: tuple[int, int] | None, on_long: str) -> dict[str, Any]:
-        """The block's summary for the driver; the kept texts stay in the object store, in
-        chunks of ``CHUNK`` rows (so a task needs only the chunks its batches lie in)."""
-        import ray
+    def fingerprints(self) -> dict[str, str]:
+        """The model's fingerprints (``ModelAdapter.fingerprints``), computed at load."""
+        self._ready()
+        return dict(self.prints)
 
+    def check(self, block: Any, piece: tuple[int, int] | None, on_long: str) -> tuple[Any, ...]:
+        """The block's summary for the driver, then its kept texts in ``PARTS`` lists (so a
+        task needs only the parts its batches lie in); call with ``num_returns=1 + PARTS``."""
+        self._ready()
         kept: list[str] = []
         skips: list[tuple[int, str]] = []  # (kept rows before it in this block, counter)
         n_raw, error = 0, None
@@ -112,34 +131,47 @@ class StatsActor:
                         kept.append(used)
         except TLDynamicsError as exc:
             error = str(exc)
-        chunks = [kept[i : i + CHUNK] for i in range(0, len(kept), CHUNK)]
-        return {
+        size = -(-len(kept) // PARTS)
+        parts = [kept[i * size : (i + 1) * size] for i in range(PARTS)]
+        summary = {
             "n_raw": n_raw,
             "n_kept": len(kept),
             "skips": skips,
-            "chunks": [(len(c), ray.put(c), prompt_hash(c)) for c in chunks],
+            "parts": [len(p) for p in parts],
             "error": error,
         }
+        return (summary, *parts)
 
-    def hash_prefix(self, kept: list[str], n: int) -> int:
-        """The hash of the first ``n`` kept texts of a block (a resumed run's check)."""
-        return prompt_hash(kept[:n])
+    def digest(self, size: int, first: int, stop: int, offset: int, *kept: Any) -> list[int]:
+        """``[rows, prompts_hash, batches_hash]`` of batches ``[first, stop)`` of ``size`` rows
+        (a resumed run's check of its checkpoint's batches); ``kept`` as for ``run``."""
+        self._ready()
+        rows = _rows(kept, first * size - offset, stop * size - offset)
+        ordered = 0
+        for start in range(0, len(rows), size):
+            ordered = batch_hash(rows[start : start + size], ordered)
+        return [len(rows), prompt_hash(rows), ordered]
 
     def run(
         self, name: str, settings: dict[str, Any], first: int, stop: int, offset: int, *kept: Any
     ) -> tuple[bytes, int]:
         """Statistics of batches ``[first, stop)``; ``kept`` are the kept texts of consecutive
         blocks, the first starting at kept row ``offset``."""
+        self._ready()
         size = settings["batch_size"]
-        rows: list[str] = []
-        for part in kept:
-            rows.extend(part)
-        rows = rows[first * size - offset : stop * size - offset]
+        rows = _rows(kept, first * size - offset, stop * size - offset)
         with torch_threads(self.threads):
-            runner = ShardRunner(self.model, name, settings, self.threads)
+            runner = ShardRunner(self.model, name, settings, self.threads, self.prints)
             try:
                 for start in range(0, len(rows), size):
                     runner.add(rows[start : start + size])
             finally:
                 runner.close()
         return to_bytes(runner.result()), len(rows)
+
+
+def _rows(kept: tuple[Any, ...], start: int, stop: int) -> list[str]:
+    rows: list[str] = []
+    for part in kept:
+        rows.extend(part)
+    return rows[start:stop]

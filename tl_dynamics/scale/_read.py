@@ -20,6 +20,7 @@ from tl_dynamics.collect import ExactSum
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import HeadStats
 from tl_dynamics.scale import _validate
+from tl_dynamics.scale._values import check_values
 from tl_dynamics.scale._format import (
     CHECKPOINT_KEY,
     CHECKSUM_KEY,
@@ -55,10 +56,7 @@ def from_bytes(
             f"{what} is not a tl-dynamics statistics file (corrupt or truncated safetensors: {exc})"
         ) from None
     if not isinstance(meta, dict) or not isinstance(meta.get(HEADER_KEY), str):
-        raise TLDynamicsError(
-            f"{what} is a safetensors file but not tl-dynamics statistics "
-            f"(no {HEADER_KEY!r} header)"
-        )
+        raise _no_header(what)
     text = meta[HEADER_KEY]
     if meta.get(CHECKSUM_KEY) != _checksum(tensors, text):
         raise TLDynamicsError(f"{what} is corrupt: its contents do not match its checksum")
@@ -74,6 +72,24 @@ def from_bytes(
                 "stats ... --resume`, or pass --allow-partial to read it anyway"
             )
         position = _validate.check_position(_json(meta[CHECKPOINT_KEY], what), what)
+    header = _checked_header(text, what)
+    _validate.check_tensors(header, tensors, what)
+    try:
+        stats = _parse(header, tensors, what)
+    except (KeyError, TypeError, ValueError, OverflowError, IndexError) as exc:
+        raise TLDynamicsError(f"{what}: malformed statistics header ({exc!r})") from None
+    check_values(stats.odds_ratio, stats.trajectories, what)
+    return stats, None if position is None else {"next_batch": position}
+
+
+def _no_header(what: str) -> TLDynamicsError:
+    return TLDynamicsError(
+        f"{what} is a safetensors file but not tl-dynamics statistics (no {HEADER_KEY!r} header)"
+    )
+
+
+def _checked_header(text: str, what: str) -> dict[str, Any]:
+    """The JSON header, of a format and version this reader reads, its fields checked."""
     header = _json(text, what)
     if (
         not isinstance(header, dict)
@@ -91,12 +107,7 @@ def from_bytes(
             f"{', '.join(map(str, READABLE))}"
         )
     _validate.check_header(header, what)
-    _validate.check_tensors(header, tensors, what)
-    try:
-        stats = _parse(header, tensors, what)
-    except (KeyError, TypeError, ValueError, OverflowError, IndexError) as exc:
-        raise TLDynamicsError(f"{what}: malformed statistics header ({exc!r})") from None
-    return stats, None if position is None else {"next_batch": position}
+    return header
 
 
 def _json(text: str, what: str) -> Any:
@@ -146,7 +157,68 @@ def _parse(header: dict[str, Any], tensors: dict[str, np.ndarray], what: str) ->
         trajs,
         dict(header.get("corpus", {})),
         header.get("bos_prompts"),  # None in version 1 files
+        header.get("fingerprints"),  # None in version 1 and 2 files
+        None if "batches_hash" not in header else int(header["batches_hash"], 16),
     )
+
+
+MAX_HEADER = 100_000_000  # the safetensors library's own limit on a header
+
+
+def read_stats_file(
+    path: Path, what: str, allow_partial: bool = False
+) -> tuple[DatasetStats, dict | None]:
+    """``from_bytes`` of a file, read with care: anything but a regular file is named for what it
+    is (a directory, a FIFO, a device such as ``/dev/zero``) before it is opened, and the header
+    is read first: its length checked against the file's size, its format and version, and the
+    tensors' total size against the file's, so a large file that is not statistics is refused
+    after reading its first bytes, not all of them."""
+    problem = files.not_a_file(path)
+    if problem is not None:
+        raise TLDynamicsError(f"{what} {problem}: give a statistics file from `tl-dynamics stats`")
+    try:
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            _check_header_first(handle, size, what)
+            handle.seek(0)
+            data = handle.read()
+    except OSError as exc:
+        raise TLDynamicsError(f"{what}: cannot be read ({exc.strerror or exc})") from None
+    return from_bytes(data, what, allow_partial)
+
+
+def _check_header_first(handle: Any, size: int, what: str) -> None:
+    """The safetensors header alone: its length against the file's size, the statistics header
+    in its metadata (format, version, fields) and the tensors' total size against the bytes that
+    follow, before the tensors are read."""
+
+    def refuse(why: str) -> TLDynamicsError:
+        return TLDynamicsError(f"{what} is not a tl-dynamics statistics file ({why})")
+
+    head = handle.read(8)
+    if len(head) < 8:
+        raise refuse(f"{size} bytes: shorter than a safetensors header's length")
+    n = int.from_bytes(head, "little")
+    if n > min(size - 8, MAX_HEADER):
+        raise refuse(
+            f"its first 8 bytes give a header of {n} bytes, but {size - 8} follow them (and a "
+            f"safetensors header has at most {MAX_HEADER})"
+        )
+    try:
+        header = json.loads(handle.read(n))
+        meta = header.get("__metadata__") or {}
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        data = max((int(e) for e in ends), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        raise refuse("its header is not safetensors JSON") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get(HEADER_KEY), str):
+        raise _no_header(what)
+    _checked_header(meta[HEADER_KEY], what)
+    if data != size - 8 - n:
+        raise refuse(
+            f"its header describes {data} bytes of tensors, but {size - 8 - n} follow it: "
+            "truncated, or grown"
+        )
 
 
 def load_stats(path: str | os.PathLike, allow_partial: bool = False) -> DatasetStats:
@@ -173,9 +245,7 @@ def load_stats(path: str | os.PathLike, allow_partial: bool = False) -> DatasetS
     if not isinstance(path, (str, os.PathLike)):
         raise TLDynamicsError(f"load_stats takes a file path, got {type(path).__name__}")
     path = Path(path)
-    if not files.is_file(path):
-        raise TLDynamicsError(f"statistics file {str(path)!r} does not exist")
-    return from_bytes(path.read_bytes(), f"statistics file {str(path)!r}", allow_partial)[0]
+    return read_stats_file(path, f"statistics file {str(path)!r}", allow_partial)[0]
 
 
 def merge_stats(*items: DatasetStats | str | os.PathLike) -> DatasetStats:

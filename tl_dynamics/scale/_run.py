@@ -24,8 +24,9 @@ from tl_dynamics.scale._corpus import (
     iter_prompts,
     token_counter,
 )
-from tl_dynamics.scale._format import ANALYSES, DatasetStats, prompt_hash, save_stats, to_bytes
-from tl_dynamics.scale._read import from_bytes
+from tl_dynamics.scale._format import ANALYSES, DatasetStats, save_stats, to_bytes
+from tl_dynamics.scale._provenance import batch_hash, fingerprint_changes, prompt_hash
+from tl_dynamics.scale._read import read_stats_file
 from tl_dynamics.scale._shard import ShardRunner, make_settings, run_shard
 
 __all__ = [
@@ -49,22 +50,41 @@ def _model_name(model: Any, model_name: str | None, where: Any = None) -> tuple[
 
 
 def read_checkpoint(path: Path, settings: dict[str, Any], name: str) -> tuple[DatasetStats, int]:
-    """A checkpoint's statistics and its next batch index, refused if made differently."""
-    stats, position = from_bytes(path.read_bytes(), f"checkpoint {str(path)!r}", allow_partial=True)
+    """A checkpoint's statistics and its next batch index, refused if made with another model
+    name or other settings, or written before checkpoints recorded their fingerprints."""
+    what = f"checkpoint {str(path)!r}"
+    stats, position = read_stats_file(path, what, allow_partial=True)
     if position is None:
         raise TLDynamicsError(
-            f"checkpoint {str(path)!r} is a finished statistics file, not a "
-            "checkpoint: rename it (without .partial) to keep it, or delete it to start over"
+            f"{what} is a finished statistics file, not a checkpoint: rename it (without "
+            ".partial) to keep it, or delete it to start over"
+        )
+    if stats.fingerprints is None or stats.batches_hash is None:
+        raise TLDynamicsError(
+            f"{what} is of format version {stats.version}, written before checkpoints recorded "
+            "the fingerprints of the model, tokenizer and batches, so nothing shows it was "
+            "computed from this model and corpus; delete it to start over"
         )
     diff = [f"model ({stats.model!r} vs {name!r})"] if stats.model != name else []
     diff += [f"settings ({stats.settings} vs {settings})"] if stats.settings != settings else []
     if diff:
         raise TLDynamicsError(
-            f"checkpoint {str(path)!r} was made by a different run: it differs "
-            f"in {', '.join(diff)}; resume with the settings it was made with, or delete it "
-            "to start over with these"
+            f"{what} was made by a different run: it differs in {', '.join(diff)}; resume "
+            "with the settings it was made with, or delete it to start over with these"
         )
     return stats, position["next_batch"]
+
+
+def check_fingerprints(base: DatasetStats, now: dict[str, str], checkpoint: Path) -> None:
+    """The checkpoint's model, configuration and tokenizer must be this run's: refused, naming
+    which changed, otherwise (the weights in a folder overwritten since, a re-download)."""
+    changed = fingerprint_changes(base.fingerprints, now)
+    if changed:
+        raise TLDynamicsError(
+            f"checkpoint {str(checkpoint)!r} was computed from another model than this run "
+            f"loads: {', '.join(changed)} changed since; resuming would mix two models' "
+            "statistics. Load the model it was made from, or delete the checkpoint to start over"
+        )
 
 
 def new_bar(progress: bool, total: int | None, initial: int = 0) -> Any:
@@ -164,12 +184,15 @@ def run_stats(
             model = _distributed.to_device(model, dist, where.dtype)
         out_path = None if out is None else Path(out)
         checkpoint = None if out_path is None else dist.checkpoint_path(out_path)
+        if checkpoint is not None:
+            files.remove_stale_temporaries(checkpoint)  # a killed checkpoint write's leftovers
         runner, bar = ShardRunner(model, name, settings, threads), None
         try:  # the runner keeps a collector attached: closed whatever happens
             check = PromptCheck(on_long, runner.adapter.n_ctx, token_counter(runner.adapter))
             base, start = None, 0
             if resume and checkpoint is not None and checkpoint.is_file():
                 base, start = read_checkpoint(checkpoint, settings, name)
+                check_fingerprints(base, runner.fingerprints, checkpoint)
                 _check_resumed_prompts(
                     base, prompts, batch_size, start, dist, checkpoint, on_long, check
                 )
@@ -261,25 +284,45 @@ def _check_resumed_prompts(
     check: PromptCheck,
 ) -> None:
     """The checkpoint's prompts must be this corpus's first ``start`` batches (this rank's
-    share): same count, same hash; refused by name otherwise."""
+    share): same count, same prompts, in the same batches and order; refused by name otherwise."""
     quiet = PromptCheck(on_long, check.n_ctx, check.n_tokens)
-    n, digest = 0, 0
+    n, digest, ordered = 0, 0, 0
     for index, texts, _ in batches(prompts, batch_size, quiet):
         if index >= start:
             break
         if index % dist.world == dist.rank:
             n, digest = n + len(texts), prompt_hash(texts, digest)
+            ordered = batch_hash(texts, ordered)
+    where = (
+        f"--prompts {str(prompts)!r}"
+        if isinstance(prompts, (str, os.PathLike))
+        else "the prompts given"
+    )
+    check_resumed_corpus(base, (n, digest, ordered), start, where, checkpoint)
+
+
+def check_resumed_corpus(
+    base: DatasetStats, seen: tuple[int, int, int], start: int, where: str, checkpoint: Any
+) -> None:
+    """``seen`` (count, ``prompts_hash``, ``batches_hash`` of the first ``start`` batches of
+    ``where``) must be the checkpoint's: other prompts, or the same prompts in another order
+    (which changes the bits), are refused by name."""
+    n, digest, ordered = seen
     if (n, digest) != (base.n_prompts, base.prompts_hash):
-        where = (
-            f"--prompts {str(prompts)!r}"
-            if isinstance(prompts, (str, os.PathLike))
-            else "the prompts given"
-        )
         raise TLDynamicsError(
             f"checkpoint {str(checkpoint)!r} was made from different prompts: it holds "
             f"{base.n_prompts} prompts (hash {base.prompts_hash:064x}), but the first {start} "
             f"batches of {where} are {n} prompts (hash {digest:064x}); resume with the same "
             "corpus, or delete the checkpoint to start over"
+        )
+    if ordered != base.batches_hash:
+        raise TLDynamicsError(
+            f"checkpoint {str(checkpoint)!r} was made from the same {n} prompts in another "
+            f"order: the first {start} batches of {where} hold them in other batches or another "
+            "order within a batch (batches hash "
+            f"{ordered:064x}, the checkpoint's {(base.batches_hash or 0):064x}), which changes "
+            "the statistics; resume with the corpus as it was, or delete the checkpoint to "
+            "start over"
         )
 
 

@@ -17,7 +17,8 @@ from tl_dynamics import odds_ratio, trajectories
 from tl_dynamics.adapter import ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.scale._corpus import ON_LONG
-from tl_dynamics.scale._format import ANALYSES, DatasetStats, prompt_hash, save_stats
+from tl_dynamics.scale._format import ANALYSES, DatasetStats, save_stats
+from tl_dynamics.scale._provenance import batch_hash, prompt_hash
 
 
 # ---------------------------------------------------------------------- settings
@@ -62,7 +63,12 @@ class ShardRunner:
     from ``__init__`` to ``close``) reads every layer of the same pass."""
 
     def __init__(
-        self, model: Any, model_name: str, settings: dict[str, Any], threads: int | None = 1
+        self,
+        model: Any,
+        model_name: str,
+        settings: dict[str, Any],
+        threads: int | None = 1,
+        fingerprints: dict[str, str] | None = None,
     ):
         self.adapter = ModelAdapter.of(model)
         if self.adapter.tokenizer is None:
@@ -70,7 +76,9 @@ class ShardRunner:
                 f"{model_name} has no tokenizer: statistics over a text corpus need one"
             )
         self.name, self.settings, self.threads = model_name, settings, threads
-        self.n_prompts, self.hash, self.bos_prompts = 0, 0, 0
+        # what the numbers come from (given by a caller that computed them once per model)
+        self.fingerprints = fingerprints or self.adapter.fingerprints()
+        self.n_prompts, self.hash, self.bos_prompts, self.batches = 0, 0, 0, 0
         self.skipped: dict[str, int] = {}
         o, self._t = settings.get("odds_ratio"), settings.get("trajectories")
         self._attached = ExitStack()  # the odds-ratio collector stays attached until close()
@@ -117,6 +125,7 @@ class ShardRunner:
             self._traj = self._traj.merge(self._stream([batch]))
         self.n_prompts += len(texts)
         self.hash = prompt_hash(texts, self.hash)
+        self.batches = batch_hash(texts, self.batches)
         self.bos_prompts += begins_with_bos(batch, self.adapter.tokenizer)
 
     def result(self) -> DatasetStats:
@@ -129,6 +138,8 @@ class ShardRunner:
             self._traj,
             dict(self.skipped),
             self.bos_prompts,
+            dict(self.fingerprints),
+            self.batches,
         )
 
 

@@ -28,9 +28,18 @@ MIN_EXPONENT, MAX_TOP_BIT = -1088, 1088 + 32
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEADER_KEYS = {"format", "version", "model", "analyses", "settings", "n_prompts", "prompts_hash"}
 _ODDS_KEYS = {"model", "layers", "heads", "scale", "softcap", "n_prompts", "sum_keys"}
-# Format version 2 added these (the BOS count; the first key's alpha among the sink sums, at eps).
-_HEADER_KEYS_V2 = _HEADER_KEYS | {"bos_prompts"}
-_ODDS_KEYS_V2 = _ODDS_KEYS | {"sink_keys", "sink_epsilon"}
+# The header's required fields by format version, in one place: version 2 added the BOS count
+# (and, in the odds-ratio section, the first key's alpha among the sink sums, at eps); version 3
+# the fingerprints of the model, its configuration and tokenizer, and the batches' hash.
+HEADER_FIELDS = {
+    1: _HEADER_KEYS,
+    2: _HEADER_KEYS | {"bos_prompts"},
+    3: _HEADER_KEYS | {"bos_prompts", "fingerprints", "batches_hash"},
+}
+ODDS_FIELDS = {1: _ODDS_KEYS, 2: _ODDS_KEYS | {"sink_keys", "sink_epsilon"}}
+ODDS_FIELDS[3] = ODDS_FIELDS[2]
+OPTIONAL_FIELDS = {"odds_ratio", "trajectories", "corpus"}
+FINGERPRINTS = ("weights", "config", "tokenizer")
 # The sink sums of format version 1 (``HeadStats.SINK_SUM_KEYS`` without the first key's alpha).
 V1_SINK_KEYS = ("sink_mass", "sink_first", "sink_by_prior", "sink_prior_adv", "sink_loglik_adv")
 _META_TYPES = {
@@ -110,9 +119,10 @@ def sink_keys(header: dict[str, Any]) -> tuple[str, ...]:
 def check_header(header: Any, what: str) -> None:
     """The header's fields alone (types, ranges, known analyses, consistent settings), for its
     ``version`` (1 or 2, checked by the reader before)."""
-    v2 = isinstance(header, dict) and header.get("version") != 1
-    required = _HEADER_KEYS_V2 if v2 else _HEADER_KEYS
-    h = _keys(header, what, "header", required, {"odds_ratio", "trajectories", "corpus"})
+    version = header.get("version") if isinstance(header, dict) else None
+    version = version if version in HEADER_FIELDS else max(HEADER_FIELDS)
+    v2 = version >= 2
+    h = _keys(header, what, "header", HEADER_FIELDS[version], OPTIONAL_FIELDS)
     analyses = _list(h["analyses"], what, "analyses")
     if not analyses or analyses != [a for a in ANALYSES if a in analyses]:
         raise fail(
@@ -126,8 +136,14 @@ def check_header(header: Any, what: str) -> None:
     _int(h["n_prompts"], what, "n_prompts")
     if v2:
         _int(h["bos_prompts"], what, "bos_prompts", 0, h["n_prompts"])
-    if not isinstance(h["prompts_hash"], str) or not _HEX64.match(h["prompts_hash"]):
-        raise fail(what, "prompts_hash must be 64 lowercase hexadecimal digits")
+    hexes = [("prompts_hash", h["prompts_hash"])]
+    if version >= 3:
+        hexes.append(("batches_hash", h["batches_hash"]))
+        prints = _keys(h["fingerprints"], what, "fingerprints", set(FINGERPRINTS))
+        hexes += [(f"fingerprints.{k}", prints[k]) for k in FINGERPRINTS]
+    for field, value in hexes:
+        if not isinstance(value, str) or not _HEX64.match(value):
+            raise fail(what, f"{field} must be 64 lowercase hexadecimal digits")
     if "corpus" in h:
         corpus = _keys(h["corpus"], what, "corpus", set(), set(SKIP_KEYS))
         for key, n in corpus.items():
@@ -136,7 +152,7 @@ def check_header(header: Any, what: str) -> None:
             raise fail(what, "corpus is written only when something was left out or cut")
     _check_settings(h["settings"], analyses, what)
     if "odds_ratio" in h:
-        _check_odds(h["odds_ratio"], h["n_prompts"], what, v2)
+        _check_odds(h["odds_ratio"], h["n_prompts"], what, version)
     if "trajectories" in h:
         t = _keys(h["trajectories"], what, "trajectories", {"meta", "ints", "sums"})
         meta = _keys(t["meta"], what, "trajectories.meta", set(_META_TYPES))
@@ -177,8 +193,9 @@ def _check_settings(settings: Any, analyses: list[str], what: str) -> None:
             raise fail(what, f"settings.trajectories.lens must be true or false, got {t['lens']!r}")
 
 
-def _check_odds(o: Any, n_prompts: int, what: str, v2: bool = True) -> None:
-    o = _keys(o, what, "odds_ratio", _ODDS_KEYS_V2 if v2 else _ODDS_KEYS)
+def _check_odds(o: Any, n_prompts: int, what: str, version: int) -> None:
+    o = _keys(o, what, "odds_ratio", ODDS_FIELDS[version])
+    v2 = version >= 2
     if v2 and o["sink_keys"] != list(HeadStats.SINK_SUM_KEYS):
         raise fail(
             what,

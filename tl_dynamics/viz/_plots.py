@@ -93,7 +93,8 @@ def _panel(
     if y_range is not None:
         lo, hi = float(y_range[0]), float(y_range[1])
     if hi - lo < 1e-12 * max(1.0, abs(hi)):
-        lo, hi = lo - 0.5, hi + 0.5
+        pad = max(0.5, abs(hi) * 1e-6)  # 0.5 is lost beside a value of 1e300
+        lo, hi = lo - pad, hi + pad
     n = len(x_labels)
     if x_values is not None and n > 1 and float(x_values[-1]) > float(x_values[0]):
         span = float(x_values[-1]) - float(x_values[0])
