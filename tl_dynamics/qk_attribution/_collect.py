@@ -90,7 +90,7 @@ class QKCollector(Collector):
             bias = la.bias([h])
             self._pass[(split.layer, h)] = head_rows(
                 Q, K, pattern[:, h], la.allowed, la.query_valid, la.scale,
-                None if bias is None else bias[:, 0], self.top_k,
+                None if bias is None else bias[:, 0].expand(la.allowed.shape), self.top_k,
             )  # fmt: skip
             self._errors[(split.layer, h)] = errors
 

@@ -116,7 +116,7 @@ class _PairCollector(Collector):
             K=self.split.keys(res, [h])[..., 0, :],
             raw=la.raw_scores([h])[:, 0],
             score=la.scores([h])[:, 0],
-            bias=None if bias is None else bias[:, 0],
+            bias=None if bias is None else bias[:, 0].expand(la.allowed.shape),
             allowed=la.allowed,
             scale=la.scale,
             softcap=la.softcap,
