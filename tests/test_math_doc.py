@@ -46,6 +46,8 @@ HOME = {
     "notebooks/particles.ipynb": {"6"},
     "tl_dynamics/regression/": {"8"},
     "notebooks/regression.ipynb": {"8"},
+    "tl_dynamics/qk_attribution/": {"9"},
+    "notebooks/qk_attribution.ipynb": {"9"},
 }
 ANYWHERE = {"1", "7"}
 

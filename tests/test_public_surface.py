@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-MAX_NAMES = 98  # 93 + regression's three (issue 32) + zoo.untrained and zoo.regression_sequences (its notebook)
+MAX_NAMES = 105  # 93 + regression's three (issue 32) + zoo.untrained and zoo.regression_sequences (its notebook) + qk_attribution's six and adapter.ResidualSplit (issue 41)
 SURFACE = {
     "adapter": (
         "Batch",
@@ -19,6 +19,7 @@ SURFACE = {
         "ModelAdapter",
         "Prompt",
         "QueryNorm",
+        "ResidualSplit",
         "Rotation",
         "masked_softmax",
         "shuffled_weights",
@@ -79,6 +80,14 @@ SURFACE = {
         "run_stats",
         "save_stats",
         "stats_page",
+    ),
+    "qk_attribution": (
+        "QKAttribution",
+        "attach",
+        "compute",
+        "over_prompts",
+        "pair",
+        "report_section",
     ),
     "regression": ("RegressionResult", "compute", "report_section"),
     "trajectories": (

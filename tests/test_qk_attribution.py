@@ -32,7 +32,16 @@ REFUSED = {  # architecture -> words its refusal names
 }
 SPLIT = [a for a in testing.HF_ARCHS if a not in REFUSED]
 if HAS_HOOKED:
-    SPLIT += ["gpt2-like", "rotary", "gqa-rms", "attn-only", "no-norm", "ln-pre", "softcap", "alibi"]
+    SPLIT += [
+        "gpt2-like",
+        "rotary",
+        "gqa-rms",
+        "attn-only",
+        "no-norm",
+        "ln-pre",
+        "softcap",
+        "alibi",
+    ]
     REFUSED |= {
         "qk-norm": "QK-norm",
         "olmo2-post-norm": "post-attention norm",
@@ -213,7 +222,9 @@ def planted_model():
     keep = torch.eye(d) - torch.outer(u, u) - torch.outer(v, v)
     with torch.no_grad():
         tr = hf.transformer
-        tr.wte.weight.copy_(tr.wte.weight @ keep + 3 * torch.randn(tr.wte.weight.shape[0], 1, generator=gen) * u)
+        tr.wte.weight.copy_(
+            tr.wte.weight @ keep + 3 * torch.randn(tr.wte.weight.shape[0], 1, generator=gen) * u
+        )
         tr.wpe.weight.copy_(tr.wpe.weight @ keep)
         h0 = tr.h[0]
         proj = h0.attn.c_proj.weight @ keep  # [heads * d_head, d_model]

@@ -30,6 +30,7 @@ SUBMODULES = (
     "models",
     "odds_ratio",
     "particles",
+    "qk_attribution",
     "report",
     "scale",
     "testing",

@@ -123,7 +123,7 @@ class ResidualSplit:
         >>> split.names[:4]
         ('token embedding', 'positional embedding', 'L0H0 output', 'L0H1 output')
         >>> split.names[-2:]
-        ('L0 attention bias', 'L0 MLP output')
+        ('L0H3 output', 'L0 MLP output')
     """
 
     def __init__(self, adapter: "ModelAdapter", layer: int):

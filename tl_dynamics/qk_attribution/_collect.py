@@ -33,7 +33,9 @@ class QKCollector(Collector):
 
     inputs = True
 
-    def __init__(self, adapter: ModelAdapter, layers: Sequence[int], heads: Sequence[int], top_k: int):
+    def __init__(
+        self, adapter: ModelAdapter, layers: Sequence[int], heads: Sequence[int], top_k: int
+    ):
         self.adapter, self.heads, self.top_k = adapter, list(heads), top_k
         self.splits = {L: ResidualSplit(adapter, L) for L in layers}
         self.layers = tuple(sorted({l for s in self.splits.values() for l in s.layers}))
@@ -225,7 +227,7 @@ def attach(
         ...     _ = model("a b c a b")
         ...     _ = model("x y x y")
         >>> qk.result().tokens.shape
-        (2, 6)
+        (2, 7)
     """
     collector = _setup(model, layers, heads, top_k)
     with collector.adapter.collecting(collector):

@@ -82,7 +82,6 @@ def head_rows(
     Returns:
         A ``HeadRows``.
     """
-    A, B = Q.shape[0], K.shape[0]
     q, k = Q.sum(0), K.sum(0)
     u = uniform(allowed)
     kp, ku = _weighted(pattern, K), _weighted(u, K)  # [b, pos, B, d]
@@ -105,8 +104,10 @@ def head_rows(
     prior_star = prior_j[bidx, chosen]
     prior_mean = torch.bmm(u, prior_j)
     diff = q - kstar
-    like_q = -0.5 * scale * (
-        torch.einsum("abid,bid->bia", Q, diff) - torch.einsum("abid,bid->bia", Q, q - kut)
+    like_q = (
+        -0.5
+        * scale
+        * (torch.einsum("abid,bid->bia", Q, diff) - torch.einsum("abid,bid->bia", Q, q - kut))
     )
     like_k = 0.5 * scale * torch.einsum("bind,bid->bin", Kstar, diff) - (
         0.5 * scale * torch.einsum("bind,bid->bin", ku, q) - prior_mean

@@ -17,7 +17,9 @@ from tl_dynamics.qk_attribution import _views
 from tl_dynamics.qk_attribution._core import odds_parts, pair_matrix
 
 
-def component_labels(names: tuple[str, ...], kinds: tuple[str, ...], token: str, pos: int, side: str) -> list[str]:
+def component_labels(
+    names: tuple[str, ...], kinds: tuple[str, ...], token: str, pos: int, side: str
+) -> list[str]:
     """The components in the researcher's words at one position: ``"token embedding of ' the'"``,
     ``"positional embedding of position 3"``, ``"L0H2 output"``; the last, the side's bias."""
     out = []

@@ -169,7 +169,9 @@ def over_prompts(
     hs = adapter.check_heads(heads)
     check_side("key", baseline)
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
-        raise TLDynamicsError(f"qk_attribution.over_prompts: n_boot must be a positive int, got {n_boot!r}")
+        raise TLDynamicsError(
+            f"qk_attribution.over_prompts: n_boot must be a positive int, got {n_boot!r}"
+        )
     batch = adapter.tokenize(prompts)  # type: ignore[arg-type]
     n = batch.tokens.shape[0]
     if n < 2:
@@ -177,8 +179,11 @@ def over_prompts(
             f"qk_attribution.over_prompts: give at least 2 prompts for an interval, got {n}"
         )
     batches = [
-        Batch(batch.tokens[i : i + PROMPTS_PER_PASS], batch.key_valid[i : i + PROMPTS_PER_PASS],
-              batch.padding_side)
+        Batch(
+            batch.tokens[i : i + PROMPTS_PER_PASS],
+            batch.key_valid[i : i + PROMPTS_PER_PASS],
+            batch.padding_side,
+        )
         for i in range(0, n, PROMPTS_PER_PASS)
     ]
     models = [adapter] + ([shuffled_weights(adapter, seed)] if control else [])
@@ -195,7 +200,11 @@ def over_prompts(
                 lows.append(low)
                 highs.append(high)
             stats[side].update(
-                {f"{which}mean": mean, f"{which}low": np.stack(lows), f"{which}high": np.stack(highs)}
+                {
+                    f"{which}mean": mean,
+                    f"{which}low": np.stack(lows),
+                    f"{which}high": np.stack(highs),
+                }
             )
     if not control:
         for side in stats:

@@ -40,14 +40,22 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
             if key not in heads and key[0] > 0:  # layer 0 reads only the embeddings
                 heads.append(key)
     heads = heads[:MAX_HEADS]
-    first = Batch(batch.tokens[:1, :REPORT_POSITIONS], batch.key_valid[:1, :REPORT_POSITIONS], batch.padding_side)
+    first = Batch(
+        batch.tokens[:1, :REPORT_POSITIONS],
+        batch.key_valid[:1, :REPORT_POSITIONS],
+        batch.padding_side,
+    )
     intro = (
         "Each score of a head is split exactly over the components that wrote its query and its "
         "key (token and positional embeddings, every earlier head's output, MLP outputs, biases), "
         "with the layer's norm scale frozen at this pass's own value: an exact decomposition of "
         "this pass, not a counterfactual (docs/math.md §9). Shown: the heads the atlas marks "
         f"({', '.join(REPORT_ROLES)}) beyond layer 0, on the first prompt"
-        + (f" (its first {REPORT_POSITIONS} positions)" if batch.tokens.shape[1] > REPORT_POSITIONS else "")
+        + (
+            f" (its first {REPORT_POSITIONS} positions)"
+            if batch.tokens.shape[1] > REPORT_POSITIONS
+            else ""
+        )
         + "."
     )
     if not heads:

@@ -59,8 +59,7 @@ class QKAttribution:
     def _key(self, layer: int, head: int) -> tuple[int, int]:
         if (layer, head) not in self.rows:
             raise TLDynamicsError(
-                f"qk_attribution: L{layer}H{head} was not computed; computed: "
-                f"{sorted(self.rows)}"
+                f"qk_attribution: L{layer}H{head} was not computed; computed: {sorted(self.rows)}"
             )
         return (layer, head)
 
