@@ -152,7 +152,7 @@ def pair(
     Example:
         >>> from tl_dynamics import qk_attribution, testing
         >>> p = qk_attribution.pair(testing.cached_model("gpt2"), "a b c a b", 1, 0, dest=4, src=2)
-        >>> abs(p.matrix.sum() + p.position - p.raw) < 1e-4
+        >>> bool(abs(p.matrix.sum() + p.position - p.raw) < 1e-4)
         True
         >>> p.query_labels[0], p.key_labels[2]
         ("token embedding of ' a'", 'L0H0 output')
