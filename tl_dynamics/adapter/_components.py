@@ -98,12 +98,15 @@ class Residual:
             [c if b is None else c @ b for c, b in zip(self.coefficients, self.bases)]
         )
 
-    def project(self, W: Float[Tensor, "d_model n"]) -> Float[Tensor, "part batch pos n"]:
-        """``part @ W`` for every part, without forming the parts in ``d_model``."""
-        out = []
-        for coef, basis in zip(self.coefficients, self.bases):
-            out.append(coef @ (W if basis is None else basis @ W))
-        return torch.stack(out)
+    def project(
+        self, W: Float[Tensor, "d_model n"], extra: int = 0
+    ) -> Float[Tensor, "part batch pos n"]:
+        """``part @ W`` for every part, without forming the parts in ``d_model``, written into
+        one buffer (``extra`` more slots left uninitialised at its end)."""
+        out = W.new_empty(len(self.coefficients) + extra, *self.scale.shape, W.shape[1])
+        for i, (coef, basis) in enumerate(zip(self.coefficients, self.bases)):
+            torch.matmul(coef, W if basis is None else basis @ W, out=out[i])
+        return out
 
 
 class ResidualSplit:
@@ -291,11 +294,11 @@ class ResidualSplit:
         ``W`` ``[head, d_model, d_head]``, the last the bias part (``shift W + b``), rotated."""
         nh, d = len(heads), W.shape[-1]
         flat = W[list(heads)].permute(1, 0, 2).reshape(W.shape[1], nh * d)
-        parts = res.project(self.norm.fold(flat)) / res.scale[None, ..., None]
+        out = res.project(self.norm.fold(flat), extra=1)
+        out[:-1] /= res.scale[None, ..., None]
         shift = self.norm.shift
-        bias = b[list(heads)].reshape(-1) + (0.0 if shift is None else shift.to(flat) @ flat)
-        bias = bias.expand(1, *res.scale.shape, nh * d)
-        out = torch.cat((parts, bias)).reshape(-1, *res.scale.shape, nh, d)
+        out[-1] = b[list(heads)].reshape(-1) + (0.0 if shift is None else shift.to(flat) @ flat)
+        out = out.reshape(-1, *res.scale.shape, nh, d)
         rotation = self.adapter.rotation(self.layer)
         if rotation is None:
             return out

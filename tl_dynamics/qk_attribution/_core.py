@@ -50,11 +50,21 @@ def uniform(allowed: Tensor) -> Tensor:
     return a / a.sum(-1, keepdim=True).clamp_min(1.0)
 
 
-def _weighted(w: Tensor, K: Tensor) -> Tensor:
-    """``sum_j w_ij K^b_j`` for every component: ``[b, pos, B, d]``."""
+def _weighted(w: Tensor, K: Tensor, chunk: int) -> Tensor:
+    """``sum_j w_ij K^b_j`` for every component, ``[B, b, pos, d]``, ``chunk`` components at a
+    time (their ``[b, pos, chunk * d]`` copy is the only temporary)."""
     B, b, n, d = K.shape
-    flat = K.permute(1, 2, 0, 3).reshape(b, n, B * d)
-    return torch.bmm(w, flat).reshape(b, n, B, d)
+    out = K.new_empty(B, b, n, d)
+    for c0 in range(0, B, chunk):
+        part = K[c0 : c0 + chunk]
+        flat = part.permute(1, 2, 0, 3).reshape(b, n, -1)
+        out[c0 : c0 + chunk] = torch.bmm(w, flat).reshape(b, n, -1, d).permute(2, 0, 1, 3)
+    return out
+
+
+def _chunk(n: int, d: int) -> int:
+    """Components per chunk of ``PAIR_BUDGET`` bytes of ``[pos, d]`` float32 parts."""
+    return max(1, PAIR_BUDGET // max(1, 4 * n * d))
 
 
 def head_rows(
@@ -84,10 +94,16 @@ def head_rows(
     """
     q, k = Q.sum(0), K.sum(0)
     u = uniform(allowed)
-    kp, ku = _weighted(pattern, K), _weighted(u, K)  # [b, pos, B, d]
-    key_w = scale * torch.einsum("bid,bind->bin", q, kp)
-    key_u = scale * torch.einsum("bid,bind->bin", q, ku)
-    kpt, kut = kp.sum(2), ku.sum(2)
+    chunk = _chunk(q.shape[0] * q.shape[1], q.shape[-1])
+    ku = _weighted(u, K, chunk)  # [B, b, pos, d]: kept (the baselines of pairs and likelihood)
+    key_u = scale * torch.einsum("bid,nbid->bin", q, ku)
+    kut = ku.sum(0)
+    key_w = torch.empty_like(key_u)
+    kpt = torch.zeros_like(q)
+    for c0 in range(0, K.shape[0], chunk):  # pattern-weighted, a chunk at a time
+        kp = _weighted(pattern, K[c0 : c0 + chunk], chunk)
+        key_w[..., c0 : c0 + chunk] = scale * torch.einsum("bid,nbid->bin", q, kp)
+        kpt += kp.sum(0)
     query_w = scale * torch.einsum("abid,bid->bia", Q, kpt)
     query_u = scale * torch.einsum("abid,bid->bia", Q, kut)
     if bias is None:
@@ -96,23 +112,22 @@ def head_rows(
         pos_w, pos_u = (pattern * bias).sum(-1), (u * bias).sum(-1)
     chosen_p, chosen = pattern.max(-1)
     bidx = torch.arange(q.shape[0], device=q.device)[:, None]
-    Kt = K.permute(1, 2, 0, 3)  # [b, pos, B, d]
-    Kstar = Kt[bidx, chosen]  # [b, pos, B, d]
-    kstar = Kstar.sum(2)
+    Kstar = K[:, bidx, chosen]  # [B, b, pos, d]: each row's chosen key's parts
+    kstar = Kstar.sum(0)
     # odds-ratio parts (docs/math.md §9.5): key prior (c/2)<K^b_j, k_j>, its row mean
-    prior_j = 0.5 * scale * torch.einsum("bjnd,bjd->bjn", Kt, k)
+    prior_j = 0.5 * scale * torch.einsum("nbjd,bjd->bjn", K, k)
     prior_star = prior_j[bidx, chosen]
     prior_mean = torch.bmm(u, prior_j)
     diff = q - kstar
-    like_q = (
-        -0.5
-        * scale
-        * (torch.einsum("abid,bid->bia", Q, diff) - torch.einsum("abid,bid->bia", Q, q - kut))
+    like_q = -0.5 * scale * (
+        torch.einsum("abid,bid->bia", Q, diff) - torch.einsum("abid,bid->bia", Q, q - kut)
     )
-    like_k = 0.5 * scale * torch.einsum("bind,bid->bin", Kstar, diff) - (
-        0.5 * scale * torch.einsum("bind,bid->bin", ku, q) - prior_mean
+    like_k = 0.5 * scale * torch.einsum("nbid,bid->bin", Kstar, diff) - (
+        0.5 * scale * torch.einsum("nbid,bid->bin", ku, q) - prior_mean
     )
-    top_a, top_b, top_v = _top_pairs(Q, Kstar - ku, scale, top_k)
+    Kstar -= ku  # in place: the pairs' lifts are against the row's average key
+    del ku
+    top_a, top_b, top_v = _top_pairs(Q, Kstar, scale, top_k)
     rows = query_valid & (allowed.sum(-1) >= 2)
     return HeadRows(
         query_w, query_u, key_w, key_u, pos_w, pos_u, chosen, chosen_p,
@@ -121,20 +136,21 @@ def head_rows(
 
 
 def _top_pairs(Q: Tensor, Kd: Tensor, scale: float, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Per row the ``top_k`` largest ``c <Q^a_i, Kd^b_i>`` (``Kd`` ``[b, pos, B, d]``), in chunks
-    of rows of at most ``PAIR_BUDGET`` bytes."""
+    """Per row the ``top_k`` largest ``c <Q^a_i, Kd^b_i>`` (``Kd`` ``[B, b, pos, d]``), in chunks
+    of rows of at most ``PAIR_BUDGET`` bytes of products."""
     A, b, n, d = Q.shape
-    B = Kd.shape[2]
+    B = Kd.shape[0]
     k = min(top_k, A * B)
-    Qr = Q.permute(1, 2, 0, 3).reshape(b * n, A, d)
-    Kr = Kd.reshape(b * n, B, d)
     step = max(1, PAIR_BUDGET // max(1, 4 * A * B))
     vals, idx = [], []
-    for start in range(0, b * n, step):
-        m = torch.bmm(Qr[start : start + step], Kr[start : start + step].transpose(1, 2))
-        v, i = (scale * m).reshape(m.shape[0], A * B).topk(k, dim=-1)
-        vals.append(v)
-        idx.append(i)
+    for row in range(b):
+        for i0 in range(0, n, step):
+            Qr = Q[:, row, i0 : i0 + step].transpose(0, 1)  # [rows, A, d]
+            Kr = Kd[:, row, i0 : i0 + step].permute(1, 2, 0)  # [rows, d, B]
+            m = torch.bmm(Qr, Kr)
+            v, i = (scale * m).reshape(m.shape[0], A * B).topk(k, dim=-1)
+            vals.append(v)
+            idx.append(i)
     v, i = torch.cat(vals).reshape(b, n, k), torch.cat(idx).reshape(b, n, k)
     return i // B, i % B, v
 
