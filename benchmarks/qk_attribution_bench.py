@@ -108,7 +108,7 @@ def main() -> None:
     times: dict[str, list[tuple[float, float]]] = {case: [] for case in CASES}
     for _ in range(args.repeats):
         for case in CASES:
-            times[case].append(timed(lambda: run(adapter, batch, case)))
+            times[case].append(timed(lambda case=case: run(adapter, batch, case)))
     print(f"threads {args.threads}, 1 x {POSITIONS} tokens, GPT-2-small shape, layer {LAYER}")
     for clock, i in (("wall", 0), ("cpu", 1)):
         forward = statistics.median(t[i] for t in times["forward"])

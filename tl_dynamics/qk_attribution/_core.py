@@ -119,8 +119,10 @@ def head_rows(
     prior_star = prior_j[bidx, chosen]
     prior_mean = torch.bmm(u, prior_j)
     diff = q - kstar
-    like_q = -0.5 * scale * (
-        torch.einsum("abid,bid->bia", Q, diff) - torch.einsum("abid,bid->bia", Q, q - kut)
+    like_q = (
+        -0.5
+        * scale
+        * (torch.einsum("abid,bid->bia", Q, diff) - torch.einsum("abid,bid->bia", Q, q - kut))
     )
     like_k = 0.5 * scale * torch.einsum("nbid,bid->bin", Kstar, diff) - (
         0.5 * scale * torch.einsum("nbid,bid->bin", ku, q) - prior_mean

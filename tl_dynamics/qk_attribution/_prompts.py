@@ -58,7 +58,7 @@ def _per_prompt(
             per_head = []
             for h in heads:
                 share = res.shares(layer, h, side, baseline)  # [b, pos, n]
-                counted = np.isfinite(share).all(-1)
+                counted: np.ndarray = np.asarray(np.isfinite(share).all(-1))
                 sums = np.where(counted[..., None], share, 0.0).sum(1)
                 n = counted.sum(1)[:, None]
                 with np.errstate(invalid="ignore", divide="ignore"):
@@ -118,7 +118,8 @@ class PromptSummary:
                 )
             )
         frame = self.to_dataframe()
-        top = frame.reindex(frame["mean"].abs().sort_values(ascending=False).index).head(40)
+        order = np.argsort(-frame["mean"].abs().to_numpy(), kind="stable")
+        top = frame.iloc[order[:40]]
         return viz.group(
             viz.group(*views, row=True),
             viz.table(top, caption=f"Largest mean shares, {self.level:.0%} bootstrap intervals"),

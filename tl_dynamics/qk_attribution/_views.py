@@ -25,7 +25,7 @@ def share_strips(
     return viz.heatmap(
         shares[:, keep],
         row_labels=list(tokens),
-        col_labels=[names[c] for c in keep],
+        col_labels=[str(names[c]) for c in keep],
         title=title,
         row_title="destination",
         col_title="component",
@@ -50,8 +50,8 @@ def pair_map(
     cols = np.sort(np.argsort(-np.abs(matrix).sum(0))[:MAX_PAIR_COMPONENTS])
     return viz.heatmap(
         matrix[np.ix_(rows, cols)],
-        row_labels=[query_labels[r] for r in rows],
-        col_labels=[key_labels[c] for c in cols],
+        row_labels=[str(query_labels[r]) for r in rows],
+        col_labels=[str(key_labels[c]) for c in cols],
         title=title,
         row_title="query component",
         col_title="key component",
