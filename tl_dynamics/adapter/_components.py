@@ -12,14 +12,13 @@ refused by name before any pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from tl_dynamics.adapter._frozennorm import InputNorm, read_input_norm
+from tl_dynamics.adapter._residual import Residual, relative_error as _rel
 from tl_dynamics.errors import TLDynamicsError
 
 if TYPE_CHECKING:
@@ -62,51 +61,6 @@ _LAYER_FLAGS = {
 
 def _rtol(dtype: torch.dtype) -> float:
     return SPLIT_RTOL.get(dtype, 5e-2)
-
-
-def _rel(a: Tensor, b: Tensor, valid: Tensor) -> float:
-    """``max |a - b| / max |b|`` over the valid positions ``[batch, pos]``."""
-    if not bool(valid.any()):
-        return 0.0
-    diff, ref = (a - b)[valid], b[valid]
-    return float(diff.abs().max() / ref.abs().max().clamp_min(1e-30))
-
-
-@dataclass(frozen=True)
-class Residual:
-    """The parts of the stream entering one layer on one pass, and the layer's frozen norm.
-
-    ``coefficients[c] @ bases[c]`` (``bases[c]`` None: the coefficients are the vectors) is part
-    ``c`` ``[batch, pos, d_model]``; the parts sum to ``stream``. ``scale`` is the input norm's
-    per-position ``s`` on this pass; ``errors`` the checks made while gathering (relative).
-    """
-
-    layer: int
-    names: tuple[str, ...]
-    kinds: tuple[str, ...]
-    coefficients: list[Tensor]
-    bases: list[Tensor | None]
-    stream: Float[Tensor, "batch pos d_model"]
-    scale: Float[Tensor, "batch pos"]
-    positions: Tensor
-    valid: Tensor
-    errors: dict[str, float] = field(default_factory=dict)
-
-    def vectors(self) -> Float[Tensor, "part batch pos d_model"]:
-        """Every part as residual vectors (memory: parts x stream; for checks and small models)."""
-        return torch.stack(
-            [c if b is None else c @ b for c, b in zip(self.coefficients, self.bases)]
-        )
-
-    def project(
-        self, W: Float[Tensor, "d_model n"], extra: int = 0
-    ) -> Float[Tensor, "part batch pos n"]:
-        """``part @ W`` for every part, without forming the parts in ``d_model``, written into
-        one buffer (``extra`` more slots left uninitialised at its end)."""
-        out = W.new_empty(len(self.coefficients) + extra, *self.scale.shape, W.shape[1])
-        for i, (coef, basis) in enumerate(zip(self.coefficients, self.bases)):
-            torch.matmul(coef, W if basis is None else basis @ W, out=out[i])
-        return out
 
 
 class ResidualSplit:
@@ -201,20 +155,57 @@ class ResidualSplit:
 
     @property
     def layers(self) -> tuple[int, ...]:
-        """The attention layers a pass must deliver: every layer up to this one."""
+        """The attention layers a pass must deliver: every layer up to this one.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1).layers
+            (0, 1)
+        """
         return tuple(range(self.layer + 1))
 
     @property
     def points(self) -> tuple[tuple[str, int], ...]:
-        """The residual points a pass must deliver."""
+        """The residual points a pass must deliver.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1).points
+            (('resid_pre', 0), ('resid_pre', 1), ('resid_mid', 0))
+        """
         pts = [("resid_pre", l) for l in range(self.layer + 1)]
         pts += [("resid_mid", l) for l in range(self.layer) if self.sequential[l]]
         return tuple(pts)
 
     def keep(self, state: "LayerState") -> dict[str, Tensor]:
-        """What this split needs of one layer of a pass (called as each layer is delivered):
-        the residual points, and for earlier layers ``z``, ``W_O`` and ``b_O`` (not the
-        pattern), for this layer the attention input ``x`` where it was kept."""
+        """What this split needs of one layer of a pass, called as each layer is delivered.
+
+        The residual points, and for earlier layers ``z``, ``W_O`` and ``b_O`` (not the pattern),
+        for this layer the attention input ``x`` where it was kept.
+
+        Args:
+            state: The ``LayerState`` a collector receives.
+
+        Returns:
+            The tensors to hand to ``gather``, by name.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> from tl_dynamics.collect import Collector
+            >>> ad = ModelAdapter(testing.cached_model("gpt2"))
+            >>> split, kept = ResidualSplit(ad, 1), {}
+            >>> class Keep(Collector):
+            ...     layers, points, inputs = split.layers, split.points, True
+            ...     def on_layer(self, state):
+            ...         kept[state.layer] = split.keep(state)
+            >>> with ad.collecting(Keep()):
+            ...     _ = ad.forward(ad.tokenize("a b c"))
+            >>> sorted(kept[0]), sorted(kept[1])
+            (['W_O', 'b_O', 'resid_mid', 'resid_pre', 'z'], ['resid_pre', 'x'])
+        """
         l, kept = state.layer, {k: v.float() for k, v in state.points.items()}
         la = state.attention
         if la is not None and l < self.layer:
@@ -224,9 +215,27 @@ class ResidualSplit:
         return kept
 
     def gather(self, kept: dict[int, dict[str, Tensor]], batch: Any) -> Residual:
-        """The parts of this pass's stream from what ``keep`` kept of each layer; checks each
-        earlier layer's attention output against the stream, and the frozen norm against the
-        attention input ``x`` where it was kept."""
+        """The parts of one pass's stream, from what ``keep`` kept of each layer.
+
+        Checks each earlier layer's attention output against the stream, and the frozen norm
+        against the attention input ``x`` where it was kept (``TLDynamicsError`` beyond
+        ``SPLIT_RTOL``).
+
+        Args:
+            kept: ``{layer: keep(state)}`` for every layer in ``layers``.
+            batch: The pass's ``Batch``.
+
+        Returns:
+            A ``Residual``.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> split = ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1)
+            >>> res = split.run("a b c")  # one pass: keep, then gather
+            >>> res.vectors().shape, res.errors["input norm"] < 1e-5
+            (torch.Size([7, 1, 4, 64]), True)
+        """
         ad, L = self.adapter, self.layer
         missing = [l for l in self.layers if l not in kept]
         if missing:
@@ -289,6 +298,37 @@ class ResidualSplit:
             L, self.names, self.kinds, coefs, bases, pre[L], scale, positions, valid, errors
         )
 
+    def run(self, prompt: Any) -> Residual:
+        """One pass of the model on ``prompt``, kept and gathered: its ``Residual``.
+
+        Args:
+            prompt: Anything ``ModelAdapter.tokenize`` takes.
+
+        Returns:
+            A ``Residual``.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> res = ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1).run("a b")
+            >>> res.names[-1], tuple(res.stream.shape)
+            ('L0 MLP output', (1, 3, 64))
+        """
+        from tl_dynamics.collect import Collector
+
+        split, kept = self, {}
+
+        class _Keep(Collector):
+            layers, points, inputs = split.layers, split.points, True
+
+            def on_layer(self, state: Any) -> None:
+                kept[state.layer] = split.keep(state)
+
+        batch = self.adapter.tokenize(prompt)
+        with torch.no_grad(), self.adapter.collecting(_Keep()):
+            self.adapter.forward(batch)
+        return self.gather(kept, batch)
+
     def _frozen(self, res: Residual, W: Tensor, b: Tensor, heads: Sequence[int]) -> Tensor:
         """``[part + 1, batch, pos, head, d_head]``: each part through the frozen norm and
         ``W`` ``[head, d_model, d_head]``, the last the bias part (``shift W + b``), rotated."""
@@ -306,14 +346,46 @@ class ResidualSplit:
         return rotation.rotate(out, positions)
 
     def queries(self, res: Residual, heads: Sequence[int]) -> Tensor:
-        """Every part's share of the queries of ``heads``, ``[part + 1, batch, pos, head,
-        d_head]`` (the last: the query bias); they sum to the queries as scored."""
+        """Every part's share of the queries of ``heads``; they sum to the queries as scored.
+
+        Args:
+            res: A ``Residual`` of this split.
+            heads: Query heads.
+
+        Returns:
+            ``[part + 1, batch, pos, head, d_head]``, the last part the query bias (the norm's
+            shift through ``W_Q`` plus ``b_Q``), rotated where the layer is rotary.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> ad = ModelAdapter(testing.cached_model("llama"))
+            >>> split = ResidualSplit(ad, 1)
+            >>> q = split.queries(split.run("a b c"), [0, 3])
+            >>> q.shape, bool((q.sum(0) - ad.attention("a b c", layers=1)[1].q[:, :, [0, 3]]).abs().max() < 1e-5)
+            (torch.Size([7, 1, 4, 2, 16]), True)
+        """
         ad = self.adapter
         return self._frozen(res, ad.W_Q(self.layer), ad.b_Q(self.layer), heads)
 
     def keys(self, res: Residual, heads: Sequence[int]) -> Tensor:
-        """Every part's share of the keys of ``heads``, ``[part + 1, batch, pos, head, d_head]``
-        (the last: the key bias); the heads of one key/value group share one computation."""
+        """Every part's share of the keys of ``heads``; grouped heads share one computation.
+
+        Args:
+            res: A ``Residual`` of this split.
+            heads: Query heads (each gets its key/value group's keys).
+
+        Returns:
+            ``[part + 1, batch, pos, head, d_head]``, the last part the key bias.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> split = ResidualSplit(ModelAdapter(testing.cached_model("llama")), 1)  # 2 kv heads
+            >>> k = split.keys(split.run("a b c"), [0, 1, 2])
+            >>> bool(k[:, :, :, 0].equal(k[:, :, :, 1])), bool(k[:, :, :, 0].equal(k[:, :, :, 2]))
+            (True, False)
+        """
         ad = self.adapter
         group = max(1, ad.n_heads // ad.n_kv_heads)
         kv = [h // group for h in heads]
