@@ -16,7 +16,14 @@ import pytest
 from helpers import adapter_for
 from tl_dynamics import testing, viz
 
-ANALYSES = ["circuits", "odds_ratio", "contextual_mlp", "trajectories", "particles"]
+ANALYSES = [
+    "circuits",
+    "odds_ratio",
+    "contextual_mlp",
+    "trajectories",
+    "particles",
+    "qk_attribution",
+]
 ROOT = Path(__file__).resolve().parents[1] / "tl_dynamics"
 # Analyses of the residual stream (not of attention heads) take ``layers`` only; docs/developing.md.
 RESIDUAL_STREAM = {"trajectories"}

@@ -46,6 +46,8 @@ HOME = {
     "notebooks/particles.ipynb": {"6"},
     "tl_dynamics/regression/": {"8"},
     "notebooks/regression.ipynb": {"8"},
+    "tl_dynamics/qk_attribution/": {"10"},
+    "notebooks/qk_attribution.ipynb": {"10"},
 }
 ANYWHERE = {"1", "7", "9"}  # notation, tolerances and the evidence rule every label follows
 

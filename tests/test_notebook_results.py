@@ -23,6 +23,7 @@ from tl_dynamics import (
     contextual_mlp,
     odds_ratio,
     particles,
+    qk_attribution,
     regression,
     testing,
     trajectories,
@@ -90,6 +91,11 @@ def results():
         "Decomposition": odds[0],
         "HeadStats": odds.stats,
         "LabelEvidence": odds.stats.label_evidence(),
+        "QKAttribution": qk_attribution.compute(model, PROMPT, layers=1, heads=0),
+        "PairAttribution": qk_attribution.pair(model, PROMPT, 1, 0, dest=3, src=1),
+        "PromptSummary": qk_attribution.over_prompts(
+            model, ["a b a b", "c d c d", "e f e f"], 1, heads=0, n_boot=20
+        ),
         "BarycentricView": odds_ratio.barycentric(model, PROMPT, 0, 0),
         "ChainSummary": odds_ratio.markov(model, PROMPT, 0, 0),
         "BesideModel": particles.compute(model, "a b c d e f", layers=0, heads=0),

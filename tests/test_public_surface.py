@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-MAX_NAMES = 99  # 93 + regression's three (issue 32) + zoo.untrained and zoo.regression_sequences (its notebook) + viz.Result (issue 42: every result's notebook face)
+MAX_NAMES = 106  # 93 + regression's three (issue 32) + zoo.untrained and zoo.regression_sequences (its notebook) + viz.Result (issue 42: every result's notebook face) + qk_attribution's six and adapter.ResidualSplit (issue 41)
 SURFACE = {
     "adapter": (
         "Batch",
@@ -19,6 +19,7 @@ SURFACE = {
         "ModelAdapter",
         "Prompt",
         "QueryNorm",
+        "ResidualSplit",
         "Rotation",
         "masked_softmax",
         "shuffled_weights",
@@ -79,6 +80,14 @@ SURFACE = {
         "run_stats",
         "save_stats",
         "stats_page",
+    ),
+    "qk_attribution": (
+        "QKAttribution",
+        "attach",
+        "compute",
+        "over_prompts",
+        "pair",
+        "report_section",
     ),
     "regression": ("RegressionResult", "compute", "report_section"),
     "trajectories": (

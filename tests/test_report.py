@@ -24,10 +24,11 @@ def test_report_on_a_tiny_model_has_every_registered_section():
 
 def test_registry_is_explicit_and_complete():
     from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, regression
-    from tl_dynamics import trajectories
+    from tl_dynamics import qk_attribution, trajectories
     from tl_dynamics.collect import Analysis
 
-    packages = [atlas, circuits, odds_ratio, contextual_mlp, regression, trajectories, particles]
+    packages = [atlas, circuits, odds_ratio, qk_attribution, contextual_mlp, regression]
+    packages += [trajectories, particles]
     assert [a.name for a in report.SECTIONS] == [p.__name__.split(".")[-1] for p in packages]
     for analysis, pkg in zip(report.SECTIONS, packages):  # "What each head does" first
         assert issubclass(analysis, Analysis)

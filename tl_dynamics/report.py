@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tl_dynamics import compat, viz
-from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, regression
+from tl_dynamics import atlas, circuits, contextual_mlp, odds_ratio, particles, qk_attribution
+from tl_dynamics import regression
 from tl_dynamics import trajectories
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.collect import Analysis, torch_threads
@@ -65,6 +66,11 @@ CircuitsAnalysis = _registered(
 OddsRatioAnalysis = _registered(
     odds_ratio, "OddsRatioAnalysis", "The odds-ratio split of every score."
 )
+QKAttributionAnalysis = _registered(
+    qk_attribution,
+    "QKAttributionAnalysis",
+    "Every score split exactly over the components that wrote its query and key.",
+)
 ContextualMLPAnalysis = _registered(
     contextual_mlp, "ContextualMLPAnalysis", "Attention as a contextual MLP."
 )
@@ -89,6 +95,7 @@ SECTIONS: tuple[type[Analysis], ...] = (
     AtlasAnalysis,  # "What each head does"
     CircuitsAnalysis,
     OddsRatioAnalysis,
+    QKAttributionAnalysis,
     ContextualMLPAnalysis,
     RegressionAnalysis,
     TrajectoriesAnalysis,

@@ -5,6 +5,7 @@ Analyzers ask it for "the query of head h in layer l as scored" and never spell 
 """
 
 from tl_dynamics.adapter._batch import Batch, Prompt
+from tl_dynamics.adapter._components import ResidualSplit
 from tl_dynamics.adapter._hub import LayerState
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._model import ModelAdapter
@@ -20,6 +21,7 @@ __all__ = [
     "ModelAdapter",
     "Prompt",
     "QueryNorm",
+    "ResidualSplit",
     "Rotation",
     "masked_softmax",
     "shuffled_weights",

@@ -1,0 +1,394 @@
+"""The residual stream entering a layer, split exactly into the parts that wrote it, and those
+parts carried into the layer's queries and keys with the pass's own norm scale (docs/math.md §10).
+
+``ResidualSplit(adapter, layer)`` says what a pass must deliver (``layers``, ``points``) and,
+from the ``LayerState`` of each layer, gathers a ``Residual``: the token embedding, the learned
+positional embedding, each earlier head's ``z_h W_O[h]``, each earlier attention bias ``b_O`` and
+each earlier MLP's output, which sum to the stream the layer reads. ``queries``/``keys`` map every
+part through the frozen input norm, ``W_Q``/``W_K`` and rotary, so every query and key of the
+layer is an exact sum of per-part vectors plus one bias part. What cannot be split exactly is
+refused by name before any pass.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+from torch import Tensor
+
+from tl_dynamics.adapter._frozennorm import InputNorm, read_input_norm
+from tl_dynamics.adapter._residual import Residual, relative_error as _rel
+from tl_dynamics.errors import TLDynamicsError
+
+if TYPE_CHECKING:
+    from tl_dynamics.adapter._hub import LayerState
+    from tl_dynamics.adapter._model import ModelAdapter
+
+# Families whose residual split is exact in tests/test_qk_attribution_exact.py (both hosts),
+# and the reason for the families that are refused.
+VERIFIED_SPLIT = (
+    "bloom", "gpt2", "gptj", "gptneo", "gptneox", "hooked", "llama", "mistral", "native", "olmo",
+    "opt", "phi", "phi3", "qwen2", "stablelm",
+)  # fmt: skip
+_POST_NORM = (
+    "a norm on each attention output before it joins the residual stream (post-attention norm), "
+    "so head outputs do not add up to the stream"
+)
+REFUSED_SPLIT = {
+    "gemma2": _POST_NORM,
+    "gemma3": _POST_NORM,
+    "olmo2": _POST_NORM,
+    "bert": "post-LayerNorm blocks (the stream is renormalised after every block)",
+    "roberta": "post-LayerNorm blocks (the stream is renormalised after every block)",
+}
+# Relative error (to the largest entry) within which the pass's own stream must match the sum
+# of its parts, per model dtype (float32 reorders sums; half precision rounds at ~1e-3..1e-2).
+SPLIT_RTOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+_LAYER_FLAGS = {
+    "latent": "multi-head latent attention",
+    "gate": "an output gate on z",
+    "postrope": "q/k normalised after rotary",
+    "clip": "clip_qkv (q, k, v clamped: not linear)",
+    "unhooked": "attention the host wraps without hooks",
+    "vnorm": "q, k and v normalised per head",
+    "kv_from": "keys and values shared from another layer",
+    "prenorm": "a q/k norm the bridge leaves to the adapter",
+    "sinks": "learned attention sinks",
+    "qk_norm": "q/k normalisation (QK-norm)",
+}
+
+
+def _rtol(dtype: torch.dtype) -> float:
+    return SPLIT_RTOL.get(dtype, 5e-2)
+
+
+class ResidualSplit:
+    """What one attention layer reads, split into the components that wrote it (docs/math.md §10).
+
+    Built once per adapter and layer; refuses (``TLDynamicsError``) what it cannot split exactly:
+    unverified families, post-attention norms, hybrids, latent or gated attention, QK-norm.
+
+    Args:
+        adapter: A ``ModelAdapter``.
+        layer: The attention layer whose input is split.
+
+    Example:
+        >>> from tl_dynamics import testing
+        >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+        >>> split = ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1)
+        >>> split.names[:4]
+        ('token embedding', 'positional embedding', 'L0H0 output', 'L0H1 output')
+        >>> split.names[-2:]
+        ('L0H3 output', 'L0 MLP output')
+    """
+
+    def __init__(self, adapter: "ModelAdapter", layer: int):
+        self.adapter = adapter
+        self.layer = layer = adapter.check_layer(layer)
+        adapter.check_attention_layers([layer])
+        arch, info = adapter.info.architecture, adapter.info
+        self._refuse(adapter, layer, arch, info.family)
+        model = adapter.model
+        self.norm: InputNorm = read_input_norm(
+            model.blocks[layer].ln1, adapter.d_model, f"layer {layer} of {arch}"
+        )
+        cfg = model.cfg
+        self.learned_positions = adapter.W_pos is not None
+        pos_module = getattr(getattr(model, "pos_embed", None), "original_component", None)
+        self.position_offset = int(getattr(pos_module, "offset", 0) or 0)  # OPT: 2
+        attn_only = bool(getattr(cfg, "attn_only", False))
+        self.mlp = tuple(
+            not attn_only and getattr(model.blocks[l], "mlp", None) is not None
+            for l in range(layer)
+        )
+        names = adapter.hook_names([("resid_mid", l) for l in range(layer)])
+        self.sequential = tuple(name is not None for name in names)
+        kinds: list[tuple[str, str]] = [("token embedding", "embedding")]
+        if self.learned_positions:
+            kinds.append(("positional embedding", "embedding"))
+        self.attn_bias = tuple(bool(adapter.b_O(l).abs().max() > 0) for l in range(layer))
+        for l in range(layer):
+            kinds += [(f"L{l}H{h} output", "head") for h in range(adapter.n_heads)]
+            if self.attn_bias[l]:
+                kinds.append((f"L{l} attention bias", "bias"))
+            if self.mlp[l]:
+                kinds.append((f"L{l} MLP output", "mlp"))
+        self.names = tuple(n for n, _ in kinds)
+        self.kinds = tuple(k for _, k in kinds)
+
+    @staticmethod
+    def _refuse(adapter: "ModelAdapter", layer: int, arch: str, family: str) -> None:
+        if family in REFUSED_SPLIT:
+            raise TLDynamicsError(
+                f"qk attribution: the residual stream of {arch} cannot be split exactly into "
+                f"its components: {REFUSED_SPLIT[family]}"
+            )
+        if family not in VERIFIED_SPLIT:
+            raise TLDynamicsError(
+                f"qk attribution: the residual split of {arch} (attention family {family!r}) has "
+                f"not been verified to be exact; verified families: {list(VERIFIED_SPLIT)}"
+            )
+        if adapter.post_norm is not None:
+            raise TLDynamicsError(
+                f"qk attribution: the residual stream of {arch} cannot be split exactly into its "
+                f"components: {_POST_NORM} (post_norm={adapter.post_norm!r})"
+            )
+        if getattr(adapter.model.cfg, "positional_embedding_type", None) == "shortformer":
+            raise TLDynamicsError(
+                f"qk attribution: {arch} adds its positional embedding to queries and keys only "
+                "(shortformer), not to the residual stream; not modelled"
+            )
+        for l in range(layer + 1):
+            spec = adapter.specs[l]
+            if not spec.is_attention:
+                raise TLDynamicsError(
+                    f"qk attribution: layer {l} of {arch} is a {spec.kind!r} layer; the residual "
+                    "split models attention and MLP blocks only (hybrids are refused)"
+                )
+            for flag, what in _LAYER_FLAGS.items():
+                if getattr(spec, flag) not in (None, False):
+                    raise TLDynamicsError(
+                        f"qk attribution: layer {l} of {arch} has {what} ({flag}); the exact "
+                        "split of its scores is not modelled"
+                    )
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The attention layers a pass must deliver: every layer up to this one.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1).layers
+            (0, 1)
+        """
+        return tuple(range(self.layer + 1))
+
+    @property
+    def points(self) -> tuple[tuple[str, int], ...]:
+        """The residual points a pass must deliver.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1).points
+            (('resid_pre', 0), ('resid_pre', 1), ('resid_mid', 0))
+        """
+        pts = [("resid_pre", l) for l in range(self.layer + 1)]
+        pts += [("resid_mid", l) for l in range(self.layer) if self.sequential[l]]
+        return tuple(pts)
+
+    def keep(self, state: "LayerState") -> dict[str, Tensor]:
+        """What this split needs of one layer of a pass, called as each layer is delivered.
+
+        The residual points, and for earlier layers ``z``, ``W_O`` and ``b_O`` (not the pattern),
+        for this layer the attention input ``x`` where it was kept.
+
+        Args:
+            state: The ``LayerState`` a collector receives.
+
+        Returns:
+            The tensors to hand to ``gather``, by name.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> from tl_dynamics.collect import Collector
+            >>> ad = ModelAdapter(testing.cached_model("gpt2"))
+            >>> split, kept = ResidualSplit(ad, 1), {}
+            >>> class Keep(Collector):
+            ...     layers, points, inputs = split.layers, split.points, True
+            ...     def on_layer(self, state):
+            ...         kept[state.layer] = split.keep(state)
+            >>> with ad.collecting(Keep()):
+            ...     _ = ad.forward(ad.tokenize("a b c"))
+            >>> sorted(kept[0]), sorted(kept[1])
+            (['W_O', 'b_O', 'resid_mid', 'resid_pre', 'z'], ['resid_pre', 'x'])
+        """
+        l, kept = state.layer, {k: v.float() for k, v in state.points.items()}
+        la = state.attention
+        if la is not None and l < self.layer:
+            kept.update(z=la.z(), W_O=la.W_O, b_O=la.b_O)
+        elif la is not None and "x" in la.reference:
+            kept["x"] = la.reference["x"]
+        return kept
+
+    def gather(self, kept: dict[int, dict[str, Tensor]], batch: Any) -> Residual:
+        """The parts of one pass's stream, from what ``keep`` kept of each layer.
+
+        Checks each earlier layer's attention output against the stream, and the frozen norm
+        against the attention input ``x`` where it was kept (``TLDynamicsError`` beyond
+        ``SPLIT_RTOL``).
+
+        Args:
+            kept: ``{layer: keep(state)}`` for every layer in ``layers``.
+            batch: The pass's ``Batch``.
+
+        Returns:
+            A ``Residual``.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> split = ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1)
+            >>> res = split.run("a b c")  # one pass: keep, then gather
+            >>> res.vectors().shape, res.errors["input norm"] < 1e-5
+            (torch.Size([7, 1, 4, 64]), True)
+        """
+        ad, L = self.adapter, self.layer
+        missing = [l for l in self.layers if l not in kept]
+        if missing:
+            raise TLDynamicsError(f"qk attribution: the pass did not deliver layers {missing}")
+        pre = {l: kept[l]["resid_pre"] for l in range(L + 1)}
+        valid = batch.key_valid.to(pre[0].device)
+        positions = ad.positions(batch).to(pre[0].device)
+        coefs: list[Tensor] = []
+        bases: list[Tensor | None] = []
+        errors: dict[str, float] = {}
+        tol = _rtol(ad.dtype)
+        W_pos = ad.W_pos
+        token = pre[0]
+        if self.learned_positions and W_pos is not None:
+            token = pre[0] - W_pos[positions + self.position_offset]
+            coefs += [token, pre[0] - token]
+            bases += [None, None]
+        else:
+            coefs.append(token)
+            bases.append(None)
+        for l in range(L):
+            z, W_O, b_O = kept[l]["z"], kept[l]["W_O"], kept[l]["b_O"]
+            attn = torch.einsum("bihd,hdm->bim", z, W_O) + b_O
+            for h in range(z.shape[2]):
+                coefs.append(z[:, :, h])
+                bases.append(W_O[h])
+            if self.attn_bias[l]:
+                coefs.append(torch.ones(*z.shape[:2], 1, device=z.device))
+                bases.append(b_O[None])
+            if self.sequential[l]:
+                mid = kept[l]["resid_mid"]
+                errors[f"L{l} attention"] = _rel(attn, mid - pre[l], valid)
+                mlp = pre[l + 1] - mid
+            else:
+                mlp = pre[l + 1] - pre[l] - attn
+                if not self.mlp[l]:
+                    errors[f"L{l} attention"] = _rel(attn, pre[l + 1] - pre[l], valid)
+            if self.mlp[l]:
+                coefs.append(mlp)
+                bases.append(None)
+        for what, err in errors.items():
+            if err > tol:
+                raise TLDynamicsError(
+                    f"qk attribution: on {ad.info.architecture}, {what}'s output does not add to "
+                    f"the residual stream as sum_h z_h W_O[h] + b_O (relative error {err:.2e} > "
+                    f"{tol:g}), so the stream cannot be split exactly"
+                )
+        scale = self.norm.scale(pre[L])
+        x = kept[L].get("x")
+        if x is not None:
+            err = _rel(self.norm.apply(pre[L], scale), x.float(), valid)
+            errors["input norm"] = err
+            if err > tol:
+                raise TLDynamicsError(
+                    f"qk attribution: the input norm of layer {L} of {ad.info.architecture}, with "
+                    f"its scale frozen, does not reproduce the attention input (relative error "
+                    f"{err:.2e} > {tol:g})"
+                )
+        return Residual(
+            L, self.names, self.kinds, coefs, bases, pre[L], scale, positions, valid, errors
+        )
+
+    def run(self, prompt: Any) -> Residual:
+        """One pass of the model on ``prompt``, kept and gathered: its ``Residual``.
+
+        Args:
+            prompt: Anything ``ModelAdapter.tokenize`` takes.
+
+        Returns:
+            A ``Residual``.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> res = ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1).run("a b")
+            >>> res.names[-1], tuple(res.stream.shape)
+            ('L0 MLP output', (1, 3, 64))
+        """
+        from tl_dynamics.collect import Collector
+
+        split, kept = self, {}
+
+        class _Keep(Collector):
+            layers, points, inputs = split.layers, split.points, True
+
+            def on_layer(self, state: Any) -> None:
+                kept[state.layer] = split.keep(state)
+
+        batch = self.adapter.tokenize(prompt)
+        with torch.no_grad(), self.adapter.collecting(_Keep()):
+            self.adapter.forward(batch)
+        return self.gather(kept, batch)
+
+    def _frozen(self, res: Residual, W: Tensor, b: Tensor, heads: Sequence[int]) -> Tensor:
+        """``[part + 1, batch, pos, head, d_head]``: each part through the frozen norm and
+        ``W`` ``[head, d_model, d_head]``, the last the bias part (``shift W + b``), rotated."""
+        nh, d = len(heads), W.shape[-1]
+        flat = W[list(heads)].permute(1, 0, 2).reshape(W.shape[1], nh * d)
+        out = res.project(self.norm.fold(flat), extra=1)
+        out[:-1] /= res.scale[None, ..., None]
+        shift = self.norm.shift
+        out[-1] = b[list(heads)].reshape(-1) + (0.0 if shift is None else shift.to(flat) @ flat)
+        out = out.reshape(-1, *res.scale.shape, nh, d)
+        rotation = self.adapter.rotation(self.layer)
+        if rotation is None:
+            return out
+        positions = res.positions.expand(out.shape[0], *res.positions.shape)
+        return rotation.rotate(out, positions)
+
+    def queries(self, res: Residual, heads: Sequence[int]) -> Tensor:
+        """Every part's share of the queries of ``heads``; they sum to the queries as scored.
+
+        Args:
+            res: A ``Residual`` of this split.
+            heads: Query heads.
+
+        Returns:
+            ``[part + 1, batch, pos, head, d_head]``, the last part the query bias (the norm's
+            shift through ``W_Q`` plus ``b_Q``), rotated where the layer is rotary.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> ad = ModelAdapter(testing.cached_model("llama"))
+            >>> split = ResidualSplit(ad, 1)
+            >>> q = split.queries(split.run("a b c"), [0, 3])
+            >>> q.shape, bool((q.sum(0) - ad.attention("a b c", layers=1)[1].q[:, :, [0, 3]]).abs().max() < 1e-5)
+            (torch.Size([7, 1, 4, 2, 16]), True)
+        """
+        ad = self.adapter
+        return self._frozen(res, ad.W_Q(self.layer), ad.b_Q(self.layer), heads)
+
+    def keys(self, res: Residual, heads: Sequence[int]) -> Tensor:
+        """Every part's share of the keys of ``heads``; grouped heads share one computation.
+
+        Args:
+            res: A ``Residual`` of this split.
+            heads: Query heads (each gets its key/value group's keys).
+
+        Returns:
+            ``[part + 1, batch, pos, head, d_head]``, the last part the key bias.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> split = ResidualSplit(ModelAdapter(testing.cached_model("llama")), 1)  # 2 kv heads
+            >>> k = split.keys(split.run("a b c"), [0, 1, 2])
+            >>> bool(k[:, :, :, 0].equal(k[:, :, :, 1])), bool(k[:, :, :, 0].equal(k[:, :, :, 2]))
+            (True, False)
+        """
+        ad = self.adapter
+        group = max(1, ad.n_heads // ad.n_kv_heads)
+        kv = [h // group for h in heads]
+        uniq = sorted(set(kv))
+        out = self._frozen(res, ad.W_K(self.layer), ad.b_K(self.layer), [g * group for g in uniq])
+        return out if len(uniq) == len(kv) else out[:, :, :, [uniq.index(g) for g in kv]]

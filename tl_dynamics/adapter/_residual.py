@@ -1,0 +1,55 @@
+"""``Residual``: the parts of the stream entering one layer on one pass (``ResidualSplit.gather``,
+``_components.py``; docs/math.md §10.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+def relative_error(a: Tensor, b: Tensor, valid: Tensor) -> float:
+    """``max |a - b| / max |b|`` over the valid positions ``[batch, pos]``."""
+    if not bool(valid.any()):
+        return 0.0
+    diff, ref = (a - b)[valid], b[valid]
+    return float(diff.abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+@dataclass(frozen=True)
+class Residual:
+    """The parts of the stream entering one layer on one pass, and the layer's frozen norm.
+
+    ``coefficients[c] @ bases[c]`` (``bases[c]`` None: the coefficients are the vectors) is part
+    ``c`` ``[batch, pos, d_model]``; the parts sum to ``stream``. ``scale`` is the input norm's
+    per-position ``s`` on this pass; ``errors`` the checks made while gathering (relative).
+    """
+
+    layer: int
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]
+    coefficients: list[Tensor]
+    bases: list[Tensor | None]
+    stream: Float[Tensor, "batch pos d_model"]
+    scale: Float[Tensor, "batch pos"]
+    positions: Tensor
+    valid: Tensor
+    errors: dict[str, float] = field(default_factory=dict)
+
+    def vectors(self) -> Float[Tensor, "part batch pos d_model"]:
+        """Every part as residual vectors (memory: parts x stream; for checks and small models)."""
+        return torch.stack(
+            [c if b is None else c @ b for c, b in zip(self.coefficients, self.bases)]
+        )
+
+    def project(
+        self, W: Float[Tensor, "d_model n"], extra: int = 0
+    ) -> Float[Tensor, "part batch pos n"]:
+        """``part @ W`` for every part, without forming the parts in ``d_model``, written into
+        one buffer (``extra`` more slots left uninitialised at its end)."""
+        out = W.new_empty(len(self.coefficients) + extra, *self.scale.shape, W.shape[1])
+        for i, (coef, basis) in enumerate(zip(self.coefficients, self.bases)):
+            torch.matmul(coef, W if basis is None else basis @ W, out=out[i])
+        return out

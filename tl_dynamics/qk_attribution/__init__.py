@@ -1,0 +1,20 @@
+"""Why a head attends where it does: every attention score split exactly over the components
+that wrote its query and its key, on this pass (docs/math.md §10).
+
+- ``compute(model, prompt, *, layers=None, heads=None)`` returns a ``QKAttribution``: per head
+  and row, each component's share of the attention-weighted score on the query and key sides,
+  the top component pairs at the row's most attended key, and the odds-ratio parts.
+- ``attach(model, ...)``: the same, collected during the user's own forward passes.
+- ``pair(model, prompt, layer, head, dest, src)``: one score's full component x component matrix.
+- ``over_prompts(model, prompts, layer, heads)``: per component, its mean share with an interval
+  across prompts, beside the weight-shuffled control.
+- ``report_section``: the report page's section (the heads the atlas marks).
+"""
+
+from tl_dynamics.qk_attribution._collect import attach, compute
+from tl_dynamics.qk_attribution._pair import pair
+from tl_dynamics.qk_attribution._prompts import over_prompts
+from tl_dynamics.qk_attribution._report import report_section
+from tl_dynamics.qk_attribution._result import QKAttribution
+
+__all__ = ["QKAttribution", "attach", "compute", "over_prompts", "pair", "report_section"]

@@ -1,0 +1,234 @@
+"""``compute`` and ``attach``: one forward pass, each asked layer's heads attributed as the layer
+is delivered (docs/math.md §10). ``layers`` and ``heads`` follow the one convention of every
+analysis (``docs/developing.md``)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from tl_dynamics.adapter import Batch, LayerState, ModelAdapter, Prompt, ResidualSplit
+from tl_dynamics.collect import Collector, to_host
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.qk_attribution._core import HeadRows, head_rows
+from tl_dynamics.qk_attribution._result import QKAttribution
+
+TOP_K = 5
+# Relative error (to the largest entry) within which the parts must sum to the queries and keys
+# the model scored, per model dtype (docs/math.md §7; float32 reorders sums, bfloat16 rounds).
+SUM_RTOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+def _check_top_k(top_k: int) -> int:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise TLDynamicsError(f"qk_attribution: top_k must be a positive int, got {top_k!r}")
+    return top_k
+
+
+class QKCollector(Collector):
+    """Collects every asked head's attribution during the passes run while attached."""
+
+    inputs = True
+
+    def __init__(
+        self, adapter: ModelAdapter, layers: Sequence[int], heads: Sequence[int], top_k: int
+    ):
+        self.adapter, self.heads, self.top_k = adapter, list(heads), top_k
+        self.splits = {L: ResidualSplit(adapter, L) for L in layers}
+        self.layers = tuple(sorted({l for s in self.splits.values() for l in s.layers}))
+        self.points = tuple(sorted({p for s in self.splits.values() for p in s.points}))
+        self.last = max(self.splits)
+        self._kept: dict[int, dict[str, Any]] = {}
+        self._batch: Batch | None = None
+        self._pass: dict[tuple[int, int], HeadRows] = {}
+        self._errors: dict[tuple[int, int], dict[str, float]] = {}
+        self.passes: list[tuple[Batch, dict, dict]] = []
+
+    def start_pass(self, batch: Any) -> None:
+        if batch is None:
+            raise TLDynamicsError(
+                "qk_attribution.attach(): the pass was called with something that is not token "
+                "ids or text, so its tokens (and the components' names) are unknown"
+            )
+        self._kept, self._batch, self._pass, self._errors = {}, batch, {}, {}
+
+    def on_layer(self, state: LayerState) -> None:
+        l = state.layer
+        if l > self.last:
+            return
+        split = self.splits.get(l) or self.splits[self.last]
+        kept = split.keep(state)
+        if l < self.last and "z" not in kept and state.attention is not None:
+            la = state.attention
+            kept.update(z=la.z(), W_O=la.W_O, b_O=la.b_O)
+        self._kept[l] = kept
+        if l in self.splits:
+            self._attribute(self.splits[l], state)
+
+    def _attribute(self, split: ResidualSplit, state: LayerState) -> None:
+        la, batch = state.attention, self._batch
+        if la is None or batch is None:
+            raise TLDynamicsError(f"qk attribution: layer {split.layer} was not delivered")
+        res = split.gather(self._kept, batch)
+        tol = SUM_RTOL.get(self.adapter.dtype, 5e-2)
+        pattern = la.pattern()
+        valid = res.valid
+        for h in self.heads:
+            Q = split.queries(res, [h])[..., 0, :]
+            K = split.keys(res, [h])[..., 0, :]
+            errors = dict(res.errors)
+            for side, parts, ref in (("query", Q, la.q[:, :, h]), ("key", K, la.k[:, :, h])):
+                diff = (parts.sum(0) - ref)[valid].abs().max()
+                errors[side] = float(diff / ref[valid].abs().max().clamp_min(1e-30))
+                if errors[side] > tol:
+                    raise TLDynamicsError(
+                        f"qk attribution: the {side} parts of L{split.layer}H{h} on "
+                        f"{self.adapter.info.architecture} do not sum to the {side}s it scored "
+                        f"(relative error {errors[side]:.2e} > {tol:g})"
+                    )
+            bias = la.bias([h])
+            self._pass[(split.layer, h)] = head_rows(
+                Q, K, pattern[:, h], la.allowed, la.query_valid, la.scale,
+                None if bias is None else bias[:, 0].expand(la.allowed.shape), self.top_k,
+            )  # fmt: skip
+            self._errors[(split.layer, h)] = errors
+
+    def end_pass(self) -> None:
+        if self._batch is not None and self._pass:
+            self.passes.append((self._batch, self._pass, self._errors))
+        self._kept, self._pass = {}, {}
+
+    def result(self) -> QKAttribution:
+        """The ``QKAttribution`` of every pass so far (prompts stacked, padded to the longest)."""
+        if not self.passes:
+            raise Collector.no_passes("qk_attribution")
+        ad = self.adapter
+        batches = [b for b, _, _ in self.passes]
+        n = max(b.tokens.shape[1] for b in batches)
+        tokens = np.concatenate([_pad(b.tokens.cpu().numpy(), n, 0) for b in batches])
+        key_valid = np.concatenate([_pad(b.key_valid.cpu().numpy(), n, False) for b in batches])
+        rows: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        errors: dict[tuple[int, int], dict[str, float]] = {}
+        fields = list(HeadRows.__dataclass_fields__)
+        for key in self.passes[0][1]:
+            parts = []
+            for _, p, _ in self.passes:  # one read per dtype per pass (collect.to_host)
+                host = to_host({f: getattr(p[key], f) for f in fields})
+                parts.append({f: v.numpy() for f, v in host.items()})
+            rows[key] = {f: np.concatenate([_pad(x[f], n, 0) for x in parts]) for f in fields}
+            errors[key] = {
+                k: max(e[key][k] for _, _, e in self.passes) for k in self.passes[0][2][key]
+            }
+        softcap = any(ad.specs[L].softcap is not None for L in self.splits)
+        return QKAttribution(
+            architecture=ad.info.architecture,
+            layers=tuple(sorted(self.splits)),
+            heads=tuple(self.heads),
+            components={L: s.names for L, s in self.splits.items()},
+            kinds={L: s.kinds for L, s in self.splits.items()},
+            tokens=tokens,
+            str_tokens=tuple(tuple(ad.decode(row)) for row in tokens),
+            key_valid=key_valid,
+            rows=rows,
+            errors=errors,
+            precap=softcap,
+        )
+
+
+def _pad(x: np.ndarray, n: int, fill: Any) -> np.ndarray:
+    """``x`` padded along its second axis (positions) to ``n``."""
+    if x.shape[1] == n:
+        return x
+    width = [(0, 0)] * x.ndim
+    width[1] = (0, n - x.shape[1])
+    return np.pad(x, width, constant_values=fill)
+
+
+def _setup(model: Any, layers: Any, heads: Any, top_k: int) -> QKCollector:
+    adapter = ModelAdapter.of(model)
+    chosen = adapter.check_attention_layers(layers)
+    hs = adapter.check_heads(heads)
+    return QKCollector(adapter, chosen, hs, _check_top_k(top_k))
+
+
+def compute(
+    model: Any,
+    prompt: Prompt | Batch,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    top_k: int = TOP_K,
+) -> QKAttribution:
+    """Why each head attends where it does: every score split over the components that wrote
+    its query and its key, on this pass (docs/math.md §10).
+
+    The residual stream entering each selected layer is split into the token and positional
+    embeddings, every earlier head's output, attention bias and MLP output; with the layer's
+    norm scale frozen at the pass's own value each query and key is an exact sum of per-component
+    parts, and each score an exact sum over (query component, key component) pairs plus the
+    position term. Per row: each component's share of the attention-weighted score (pattern- and
+    uniform-weighted, so a part equal on every key cancels), the top pairs at the row's most
+    attended key, and the odds-ratio parts. Soft-capped layers are attributed before the cap.
+    Not a counterfactual: it is an exact decomposition of this pass.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        prompt: anything ``adapter.tokenize`` takes.
+        layers: a layer index, a list of them, or None (all attention layers).
+        heads: a head index, a list of them, or None (all heads), in every selected layer.
+        top_k: component pairs kept per row.
+
+    Returns:
+        A ``QKAttribution``.
+
+    Example:
+        >>> from tl_dynamics import qk_attribution, testing
+        >>> res = qk_attribution.compute(testing.cached_model("gpt2"), "a b c a b", layers=1, heads=0)
+        >>> res.errors[(1, 0)]["key"] < 1e-4
+        True
+        >>> res.leaders(1, 0, side="key").shape   # batch, positions
+        (1, 6)
+    """
+    collector = _setup(model, layers, heads, top_k)
+    adapter = collector.adapter
+    batch = adapter.tokenize(prompt)
+    with torch.no_grad(), adapter.collecting(collector):
+        adapter.forward(batch)
+    return collector.result()
+
+
+@contextmanager
+def attach(
+    model: Any,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    top_k: int = TOP_K,
+) -> Iterator[QKCollector]:
+    """Collect the attribution of ``compute`` during the user's own forward passes.
+
+    Args:
+        model: a TransformerLens model or a ``ModelAdapter``.
+        layers: as in ``compute``.
+        heads: as in ``compute``.
+        top_k: as in ``compute``.
+
+    Returns:
+        A context manager yielding a collector whose ``result()`` is a ``QKAttribution`` over
+        every pass run inside (prompts stacked).
+
+    Example:
+        >>> from tl_dynamics import qk_attribution, testing
+        >>> model = testing.cached_model("gpt2")
+        >>> with qk_attribution.attach(model, layers=1, heads=[0, 1]) as qk:
+        ...     _ = model("a b c a b")
+        ...     _ = model("x y x y")
+        >>> qk.result().tokens.shape
+        (2, 7)
+    """
+    collector = _setup(model, layers, heads, top_k)
+    with collector.adapter.collecting(collector):
+        yield collector
