@@ -28,6 +28,7 @@ from tl_dynamics.adapter._gemma4 import keep_kv, kv_source_roles
 from tl_dynamics.adapter._layer import LayerAttention
 from tl_dynamics.adapter._pass import Call, batch_of, body_hooks, cache_refusal, unfinished_refusal
 from tl_dynamics.adapter._postrope import extra_roles
+from tl_dynamics.adapter._texts import TextLog, recording_texts, unmasked_batch
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 
@@ -89,6 +90,7 @@ class Hub:
         self.adapter: Any = None
         self.collectors: list[Collector] = []
         self.pending: Batch | None = None  # the Batch ModelAdapter.forward is running
+        self.texts = TextLog()  # the texts behind the token ids the model made while attached
         self._pass: _Pass | None = None
         self._hooks: ExitStack | None = None
 
@@ -153,6 +155,7 @@ class Hub:
             self._hooks = None
         self._pass = None
         if not self.collectors:
+            self.texts = TextLog()  # nothing kept past the last attached block
             return
         ad, wanted = self.adapter, []
         layers = sorted(
@@ -181,6 +184,7 @@ class Hub:
         body = body_hooks(
             ad.model, ad.info.host, self._guarded(self._begin), self._guarded(self._end)
         )
+        stack.enter_context(recording_texts(ad.model, self.texts))
         stack.enter_context(
             _capture.registered(
                 ad.model, ad.info.architecture, hooks, self._returned, module_hooks=body
@@ -205,8 +209,14 @@ class Hub:
             )
         if unfinished is not None:
             raise unfinished_refusal()
-        batch = self.pending if self.pending is not None else batch_of(call)
+        batch = self.pending if self.pending is not None else batch_of(call, self._unmasked)
         self._open(batch)
+
+    def _unmasked(self, tokens: Tensor) -> Batch:
+        """The batch of a pass without a mask: texts' real lengths, or a refusal (_texts)."""
+        ad = self.adapter
+        pad = getattr(getattr(ad.model, "tokenizer", None), "pad_token_id", None)
+        return unmasked_batch(tokens, self.texts, not ad.is_encoder, pad)
 
     def _guarded(self, fn: Callable) -> Callable:
         """``fn``, dropping the open pass when it raises: a pass that a refusal or an error

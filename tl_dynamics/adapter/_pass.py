@@ -145,14 +145,18 @@ def _hooked_hooks(
     ]
 
 
-def batch_of(call: Call) -> Batch | None:
-    """The ``Batch`` a pass's body runs: its token ids, valid where its ``attention_mask`` is 1
-    (everywhere without one); None for a pass run on embeddings or a residual stream."""
+def batch_of(call: Call, unmasked: Callable[[Tensor], Batch] | None = None) -> Batch | None:
+    """The ``Batch`` a pass's body runs: its token ids, valid where its ``attention_mask`` is 1;
+    without a mask, ``unmasked(tokens)`` (``_texts.unmasked_batch``: the real lengths of texts
+    the model tokenized, or a refusal), else every token; None for a pass run on embeddings or a
+    residual stream."""
     x, mask = call.tokens, call.attention_mask
     if not isinstance(x, Tensor) or x.is_floating_point() or x.ndim not in (1, 2):
         return None
     tokens = x if x.ndim == 2 else x[None]
     if mask is None:
+        if unmasked is not None:
+            return unmasked(tokens)
         return Batch(tokens, torch.ones_like(tokens, dtype=torch.bool), "right")
     valid = mask.reshape(tokens.shape).bool()
     side = "right" if bool(valid[:, 0].all()) else "left"  # one read, at the pass start
