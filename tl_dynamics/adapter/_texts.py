@@ -120,14 +120,16 @@ def unmasked_batch(tokens: Tensor, log: TextLog, causal: bool, pad_id: int | Non
 
 def _pad_runs(tokens: Tensor, pad_id: int | None) -> tuple[str, list[int]] | None:
     """``(side, runs)`` where the rows end (or start) in runs of ``pad_id`` of different
-    lengths (the look of a padded batch), else None."""
+    lengths (the look of a padded batch), else None. One read of the device (both sides at
+    once), and only for a batch of several rows without a mask."""
     if pad_id is None or tokens.shape[0] < 2:
         return None
-    is_pad = (tokens == pad_id).cpu()
-    for side, flags in (("right", is_pad.flip(-1)), ("left", is_pad)):
-        runs = flags.long().cumprod(-1).sum(-1).tolist()
-        if max(runs) > min(runs):
-            return side, runs
+    is_pad = (tokens == pad_id).long()
+    runs = torch.stack([is_pad.flip(-1).cumprod(-1).sum(-1), is_pad.cumprod(-1).sum(-1)])
+    right, left = runs.tolist()
+    for side, run in (("right", right), ("left", left)):
+        if max(run) > min(run):
+            return side, run
     return None
 
 
