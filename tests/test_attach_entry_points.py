@@ -175,8 +175,10 @@ def test_generate_without_the_kv_cache_collects_each_step_as_the_model_call_on_i
 
 
 @pytest.mark.parametrize("name", ANALYSES)
-@pytest.mark.parametrize("host", HOSTS)
+@pytest.mark.parametrize("host", ["hf"])  # its cached steps are wrong; zoo's are collected
 def test_generate_with_the_kv_cache_is_refused_by_name_before_any_number(host, name):
+    """Where the host's cached generation is wrong (tests/test_generate_cache.py collects it
+    where it is right)."""
     model = model_of(host)
     prompt = inputs(model)[0][:1, 3:]
     with pytest.raises(TLDynamicsError, match="KV cache"):
