@@ -182,3 +182,23 @@ def test_padding_the_model_read_is_refused_by_name():
         unmasked_batch(right, log, causal=False, pad_id=0)
     batch = unmasked_batch(right, log, causal=True, pad_id=0)
     assert batch.key_valid.tolist() == [[True] * 3 + [False] * 2, [True] * 5]
+
+
+def test_the_bos_policy_is_recorded_beside_the_first_token():
+    """Each prompt records whether it begins with the tokenizer's BOS (prepended to texts by
+    the host's policy, or not, for token ids without it), in the result and its table."""
+    from tl_dynamics import trajectories
+    from tl_dynamics.adapter import ModelAdapter
+
+    model = model_of("hf")
+    ad = ModelAdapter(model)
+    batch = ad.tokenize(TEXTS)
+    assert batch.bos_prepended is True and batch.begins_with_bos(0) == (True,) * 3
+    ids = batch.tokens[:2, 1:4]  # no BOS: ids of the texts alone
+    with torch.no_grad(), trajectories.attach(model) as collector:
+        model(TEXTS[0])
+        model(ids)
+    traj = collector.result()
+    assert traj.bos == (True, False, False)
+    frame = traj.to_dataframe()
+    assert frame.groupby("prompt")["bos"].first().tolist() == [True, False, False]
