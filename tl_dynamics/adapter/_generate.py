@@ -31,6 +31,8 @@ from torch import Tensor
 
 from tl_dynamics.adapter import _readers
 from tl_dynamics.adapter._batch import Batch
+from tl_dynamics.adapter._collect import assemble
+from tl_dynamics.adapter._tolerance import tolerance
 from tl_dynamics.errors import TLDynamicsError
 
 # role -> (the attribute holding the positions the host's cache holds, its meaning, reading)
@@ -187,8 +189,6 @@ def host_refusal(where: str, diff: float | None) -> TLDynamicsError:
 def measured_refusal(adapter: Any, gen: Generation, layer: int, host: Tensor) -> TLDynamicsError:
     """``host_refusal`` for a step whose pattern ``host`` sees other keys than the sequence's,
     measured against the adapter's recomputation of ``layer`` over every position so far."""
-    from tl_dynamics.adapter._collect import assemble
-
     total = gen.length + gen.n_new
     roles = [r for r, la in gen.rows if la == layer and r not in PAIRED_ROLES]
     try:
@@ -211,7 +211,7 @@ def check_stitched(gen: Generation | None, layer: int, attention: Any, host: Ten
     rec = attention.pattern()
     keep = attention.query_valid[:, None, :, None] & attention.allowed[:, None]
     diff = float(((rec - host.float().to(rec.device)).abs() * keep).max())
-    if diff > step_tolerance(host.dtype):
+    if diff > tolerance(host.dtype):
         steps = 0 if gen is None else gen.steps
         raise host_refusal(f"over its {steps} steps, its attention at layer {layer}", diff)
 
@@ -222,13 +222,6 @@ def pattern_difference(host: Tensor, recomputed: Tensor) -> float:
     keys = recomputed.shape[-1]
     padded = torch.nn.functional.pad(host.float(), (keys - host.shape[-1], 0))
     return float((padded - recomputed[:, :, -host.shape[2] :].to(padded)).abs().max())
-
-
-def step_tolerance(dtype: torch.dtype) -> float:
-    """The self-check's tolerance on a pattern entry (``_selfcheck.tolerance``)."""
-    from tl_dynamics.adapter._selfcheck import tolerance
-
-    return tolerance(dtype)
 
 
 @contextmanager
