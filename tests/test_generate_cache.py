@@ -103,3 +103,23 @@ def test_a_cached_pass_outside_generate_is_refused():
             assert "outside generate" in str(refusal)
             return
     pytest.fail("a cached pass outside generate was collected")
+
+
+def test_the_host_cache_is_read_by_its_reader_table():
+    """The positions a cache holds are read through ``CACHE_READS``: a transformers ``Cache``'s
+    ``get_seq_length()``, TransformerLens's entry's ``past_keys``; a cache that moved them is a
+    refusal naming the attribute and the versions, never a guess."""
+    from types import SimpleNamespace
+
+    from tl_dynamics.adapter._generate import cached_positions
+
+    assert cached_positions("past_key_values", SimpleNamespace(get_seq_length=lambda: 9)) == 9
+    entry = SimpleNamespace(past_keys=torch.zeros(1, 7, 2, 4))
+    assert cached_positions("past_kv_cache_entry", entry) == 7
+    assert cached_positions("use_cache", None) == 0
+    with pytest.raises(
+        TLDynamicsError, match=r"SimpleNamespace\.get_seq_length: missing .* tests ran on"
+    ):
+        cached_positions("past_key_values", SimpleNamespace(seen_tokens=9))
+    with pytest.raises(TLDynamicsError, match="recurrent state, not a KV cache"):
+        cached_positions("cache_params", SimpleNamespace())
