@@ -121,11 +121,12 @@ def _module_hook(model: Any, module: Any, kind: str, fn: Callable, probe: bool) 
 
 
 def _silence_others(model: Any, ours: set) -> list[tuple[Any, str, Any]]:
-    """Hide every forward hook on ``model``'s modules that is not in ``ours`` (the user's own,
-    added with ``add_hook`` or torch) for a probe pass: ``(module, attribute, hooks)`` to put
-    back. The probe pass is then invisible to the user's hooks as theirs are to it."""
+    """Hide every hook on ``model``'s hook points that is not in ``ours`` (the user's own:
+    ``add_hook``, ``hooks()``, ``run_with_hooks``) for a probe pass: ``(hook point, attribute,
+    hooks)`` to put back. The probe pass is then invisible to the user's hooks as theirs are to
+    it; torch hooks on the host's own modules (its machinery) are left alone."""
     hidden = []
-    for module in model.modules():
+    for module in dict.fromkeys(model.hook_dict.values()):
         for attribute in ("_forward_hooks", "_forward_pre_hooks"):
             hooks = getattr(module, attribute, None)
             if hooks and any(key not in ours for key in hooks):
