@@ -135,3 +135,22 @@ def _silence_others(model: Any, ours: set) -> list[tuple[Any, str, Any]]:
                     module, attribute, OrderedDict((k, v) for k, v in hooks.items() if k in ours)
                 )
     return hidden
+
+
+@contextmanager
+def wrapping(model: Any, name: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """``model.<name>`` replaced by ``wrap(original)`` for the block (an attribute on the
+    instance, removed on exit; the class's method is untouched)."""
+    original = getattr(model, name, None)
+    if original is None or not callable(original):
+        yield
+        return
+    had = name in vars(model)
+    vars(model)[name] = wrap(original)
+    try:
+        yield
+    finally:
+        if had:
+            vars(model)[name] = original
+        else:
+            vars(model).pop(name, None)

@@ -22,9 +22,8 @@ generated text is not the model's (``use_past_kv_cache=False`` is the way out)."
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -222,22 +221,3 @@ def pattern_difference(host: Tensor, recomputed: Tensor) -> float:
     keys = recomputed.shape[-1]
     padded = torch.nn.functional.pad(host.float(), (keys - host.shape[-1], 0))
     return float((padded - recomputed[:, :, -host.shape[2] :].to(padded)).abs().max())
-
-
-@contextmanager
-def wrapping(model: Any, name: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
-    """``model.<name>`` replaced by ``wrap(original)`` for the block (an attribute on the
-    instance, removed on exit; the class's method is untouched)."""
-    original = getattr(model, name, None)
-    if original is None or not callable(original):
-        yield
-        return
-    had = name in vars(model)
-    vars(model)[name] = wrap(original)
-    try:
-        yield
-    finally:
-        if had:
-            vars(model)[name] = original
-        else:
-            vars(model).pop(name, None)

@@ -26,7 +26,7 @@ from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble, refuse_sinks
 from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._gemma4 import keep_kv, kv_source_roles
 from tl_dynamics.adapter._layer import LayerAttention
-from tl_dynamics.adapter._generate import Generation, check_stitched, measured_refusal, wrapping
+from tl_dynamics.adapter._generate import Generation, check_stitched, measured_refusal
 from tl_dynamics.adapter._pass import (
     Call,
     batch_of,
@@ -198,7 +198,7 @@ class Hub:
             ad.model, ad.info.host, self._guarded(self._begin), self._guarded(self._end)
         )
         stack.enter_context(recording_texts(ad.model, self.texts))
-        stack.enter_context(wrapping(ad.model, "generate", self._generating))
+        stack.enter_context(_capture.wrapping(ad.model, "generate", self._generating))
         stack.enter_context(
             _capture.registered(
                 ad.model, ad.info.architecture, hooks, self._returned, module_hooks=body

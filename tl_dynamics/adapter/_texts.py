@@ -20,13 +20,13 @@ no mask, is refused too: the pads cannot be told from real pad-id tokens, and th
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from tl_dynamics.adapter._batch import Batch
+from tl_dynamics.adapter._capture import wrapping
 from tl_dynamics.errors import TLDynamicsError
 
 
@@ -64,36 +64,30 @@ class TextLog:
         return rows
 
 
-@contextmanager
-def recording_texts(model: Any, log: TextLog) -> Iterator[None]:
-    """Wrap ``model.to_tokens`` for the block: every call is the original's, result and all, and
-    ``log`` keeps its texts. The model's own attribute is put back on exit."""
-    original = getattr(model, "to_tokens", None)
-    if original is None or not callable(original):
-        yield
-        return
-    had = "to_tokens" in vars(model)
+def recording_texts(model: Any, log: TextLog) -> Any:
+    """A context manager wrapping ``model.to_tokens`` for the block (``_capture.wrapping``): every
+    call is the original's, result and all, and ``log`` keeps its texts."""
 
-    def to_tokens(input: Any, *args: Any, **kwargs: Any) -> Any:
-        tokens = original(input, *args, **kwargs)
-        texts = input  # one text is one row, never padded: only batches of texts are kept
-        if (
-            isinstance(texts, (list, tuple))
-            and len(texts) > 1
-            and all(isinstance(t, str) for t in texts)
-        ):
-            alone_kwargs = {k: v for k, v in kwargs.items() if k != "padding_side"}
-            log.record(tokens, list(texts), lambda text: original(text, *args, **alone_kwargs))
-        return tokens
+    def wrap(original: Callable) -> Callable:
+        def to_tokens(input: Any, *args: Any, **kwargs: Any) -> Any:
+            tokens = original(input, *args, **kwargs)
+            texts = input  # one text is one row, never padded: only batches of texts are kept
+            if (
+                isinstance(texts, (list, tuple))
+                and len(texts) > 1
+                and all(isinstance(t, str) for t in texts)
+            ):
+                alone_kwargs = {k: v for k, v in kwargs.items() if k != "padding_side"}
 
-    vars(model)["to_tokens"] = to_tokens
-    try:
-        yield
-    finally:
-        if had:
-            vars(model)["to_tokens"] = original
-        else:
-            vars(model).pop("to_tokens", None)
+                def alone(text: str) -> Tensor:
+                    return original(text, *args, **alone_kwargs)
+
+                log.record(tokens, list(texts), alone)
+            return tokens
+
+        return to_tokens
+
+    return wrapping(model, "to_tokens", wrap)
 
 
 def unmasked_batch(tokens: Tensor, log: TextLog, causal: bool, pad_id: int | None) -> Batch:
