@@ -175,8 +175,10 @@ def test_generate_without_the_kv_cache_collects_each_step_as_the_model_call_on_i
 
 
 @pytest.mark.parametrize("name", ANALYSES)
-@pytest.mark.parametrize("host", HOSTS)
+@pytest.mark.parametrize("host", ["hf"])  # its cached steps are wrong; zoo's are collected
 def test_generate_with_the_kv_cache_is_refused_by_name_before_any_number(host, name):
+    """Where the host's cached generation is wrong (tests/test_generate_cache.py collects it
+    where it is right)."""
     model = model_of(host)
     prompt = inputs(model)[0][:1, 3:]
     with pytest.raises(TLDynamicsError, match="KV cache"):
@@ -221,9 +223,9 @@ def test_a_pass_that_stops_before_its_end_is_refused_by_name(host):
     tokens, mask = inputs(model)
     with torch.no_grad(), odds_ratio.attach(model) as collector:
         with pytest.raises(TLDynamicsError, match="stopped before its end"):
-            model(tokens, stop_at_layer=1)
+            model(tokens, attention_mask=mask, stop_at_layer=1)
         try:  # a HookedTransformer's run_with_cache calls the model itself: refused at once
-            model.run_with_cache(tokens, stop_at_layer=1)
+            model.run_with_cache(tokens, attention_mask=mask, stop_at_layer=1)
         except TLDynamicsError as refusal:
             assert "stopped before its end" in str(refusal)
         else:  # a bridge's calls self.forward: refused by the next pass
@@ -233,7 +235,7 @@ def test_a_pass_that_stops_before_its_end_is_refused_by_name(host):
     assert_identical(digest("odds_ratio", collector), reference(host, "odds_ratio"), host)
     with pytest.raises(TLDynamicsError, match="stopped before its end"):
         with odds_ratio.attach(model):
-            model.run_with_cache(tokens, stop_at_layer=1)
+            model.run_with_cache(tokens, attention_mask=mask, stop_at_layer=1)
 
 
 @pytest.mark.parametrize("name", ANALYSES)

@@ -27,6 +27,7 @@ from typing import Any
 
 from tl_dynamics import _model_names, compat, devices, zoo
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics._hf_folder import boot_folder
 from tl_dynamics._installs import no_installs
 
 # the names, decided without torch, live in tl_dynamics/_model_names.py (the CLI asks first)
@@ -144,11 +145,7 @@ def _load_folder(folder: Path, where: devices.Placement) -> Any:
     logger.addHandler(report)
     dtype = where.dtype_or(devices.config_dtype(_read_json(folder / "config.json")))
     try:
-        return (
-            compat.bridge_class()
-            .boot_transformers(str(folder), device=str(where.device), dtype=dtype)
-            .eval()
-        )
+        return boot_folder(folder, str(where.device), dtype)  # tokenizer files or none
     except Exception as err:  # malformed weights or an unsupported architecture: name the folder
         weights = [p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
         message = f"{type(err).__name__}: {err}"

@@ -13,6 +13,7 @@ from torch import Tensor
 from tl_dynamics.adapter import _finite, _readers, _switches, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import check_attention
+from tl_dynamics.adapter._finalnorm import read_final_norm
 from tl_dynamics.adapter._core import AdapterCore
 from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._jetmoe import ROUTED_WEIGHTS, routed_queries, routed_weight
@@ -216,12 +217,15 @@ class AdapterBase(AdapterCore):
         return self._cached(("W_pos",), compute)
 
     def final_norm(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        """The model's own final normalisation (identity where it has none), in float32."""
-        ln = getattr(self.model, "ln_final", None)
-        if ln is None:
-            return resid.float()
+        """The model's own final normalisation (identity where it has none), in float32: its
+        arithmetic on its frozen parameters (``_finalnorm``), never a call of the hooked module,
+        so reading a lens fires none of the user's hooks."""
+        norm = self._cached(
+            ("final_norm",),
+            lambda: read_final_norm(self.model, self.info.host, self.info.architecture),
+        )
         with torch.no_grad():
-            return ln(resid.to(self.dtype)).float()
+            return norm(resid)
 
     def unembed(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         """``x @ W_U + b_U`` (x already normalised), soft-capped where the model caps its logits

@@ -29,6 +29,8 @@ class Batch:
         tokens: The token ids, ``[batch, pos]``.
         key_valid: True on real tokens, False on padding, ``[batch, pos]``.
         padding_side: ``"left"`` or ``"right"``: where the padding of shorter rows went.
+        bos_prepended: Whether a BOS token was prepended to each text (the tokenizer's policy,
+            ``ModelAdapter.tokenize`` of text); None where token ids were given.
 
     Example:
         >>> b = Batch(torch.tensor([[5, 6, 0]]), torch.tensor([[True, True, False]]), "right")
@@ -39,6 +41,27 @@ class Batch:
     tokens: Int[Tensor, "batch pos"]
     key_valid: Bool[Tensor, "batch pos"]
     padding_side: str
+    bos_prepended: bool | None = None
+
+    def begins_with_bos(self, bos_id: int | None) -> tuple[bool, ...]:
+        """Per row: whether its first real token is ``bos_id`` (prepended, or the prompt's own).
+
+        Args:
+            bos_id: The tokenizer's BOS id (None: no BOS, every row False).
+
+        Returns:
+            One bool per row.
+
+        Example:
+            >>> b = Batch(torch.tensor([[0, 5], [7, 0]]), torch.tensor([[True, True], [True, False]]), "right")
+            >>> b.begins_with_bos(0)
+            (True, False)
+        """
+        if bos_id is None:
+            return (False,) * self.tokens.shape[0]
+        first = self.key_valid.long().argmax(-1, keepdim=True)  # the first real position
+        starts = self.tokens.gather(-1, first)[:, 0] == bos_id
+        return tuple(bool(x) for x in (starts & self.key_valid.any(-1)).tolist())
 
     @property
     def padded(self) -> bool:
@@ -132,7 +155,8 @@ def tokenize(
             f"prompt has {tokens.shape[1]} tokens but this model's context "
             f"is {n_ctx} tokens (valid: 1..{n_ctx})"
         )
-    return Batch(tokens=tokens, key_valid=key_valid, padding_side=padding_side)
+    bos = None if isinstance(prompt, Tensor) else prepend_bos(model)
+    return Batch(tokens=tokens, key_valid=key_valid, padding_side=padding_side, bos_prepended=bos)
 
 
 def _warn_unknown(tokenizer: Any, texts: list[str], tokens: Tensor, key_valid: Tensor) -> None:

@@ -10,6 +10,7 @@ attached leaves that analysis intact."""
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
@@ -52,6 +53,7 @@ def registered(
     ``architecture`` names the model in errors.
     """
     hook_dict = model.hook_dict
+    silenced: list[tuple[Any, str, Any]] = []
     owned: list[tuple[Any, Any]] = []  # (hook point, LensHandle)
     torch_handles = []
 
@@ -93,10 +95,14 @@ def registered(
             )
         if probe:
             _PROBING.add(model)
+            ours = {h.hook.id for _, h in owned} | {getattr(h, "id", None) for h in torch_handles}
+            silenced = _silence_others(model, ours)
         yield
     finally:
         if probe:
             _PROBING.discard(model)
+            for module, attribute, hooks_dict in silenced:  # the user's hooks, back in place
+                setattr(module, attribute, hooks_dict)
         for point, handle in owned:
             handle.hook.remove()
             point.fwd_hooks = [h for h in point.fwd_hooks if h is not handle]
@@ -112,3 +118,39 @@ def _module_hook(model: Any, module: Any, kind: str, fn: Callable, probe: bool) 
             with_kwargs=True,
         )
     return module.register_forward_hook(lambda *_: None if probing(model) != probe else fn())
+
+
+def _silence_others(model: Any, ours: set) -> list[tuple[Any, str, Any]]:
+    """Hide every hook on ``model``'s hook points that is not in ``ours`` (the user's own:
+    ``add_hook``, ``hooks()``, ``run_with_hooks``) for a probe pass: ``(hook point, attribute,
+    hooks)`` to put back. The probe pass is then invisible to the user's hooks as theirs are to
+    it; torch hooks on the host's own modules (its machinery) are left alone."""
+    hidden = []
+    for module in dict.fromkeys(model.hook_dict.values()):
+        for attribute in ("_forward_hooks", "_forward_pre_hooks"):
+            hooks = getattr(module, attribute, None)
+            if hooks and any(key not in ours for key in hooks):
+                hidden.append((module, attribute, hooks))
+                setattr(
+                    module, attribute, OrderedDict((k, v) for k, v in hooks.items() if k in ours)
+                )
+    return hidden
+
+
+@contextmanager
+def wrapping(model: Any, name: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """``model.<name>`` replaced by ``wrap(original)`` for the block (an attribute on the
+    instance, removed on exit; the class's method is untouched)."""
+    original = getattr(model, name, None)
+    if original is None or not callable(original):
+        yield
+        return
+    had = name in vars(model)
+    vars(model)[name] = wrap(original)
+    try:
+        yield
+    finally:
+        if had:
+            vars(model)[name] = original
+        else:
+            vars(model).pop(name, None)

@@ -26,8 +26,17 @@ from tl_dynamics.adapter._collect import REFERENCE_ROLES, assemble, refuse_sinks
 from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._gemma4 import keep_kv, kv_source_roles
 from tl_dynamics.adapter._layer import LayerAttention
-from tl_dynamics.adapter._pass import Call, batch_of, body_hooks, cache_refusal, unfinished_refusal
+from tl_dynamics.adapter._generate import Generation, check_stitched, measured_refusal
+from tl_dynamics.adapter._pass import (
+    Call,
+    batch_of,
+    body_hooks,
+    cache_refusal,
+    elsewhere_refusal,
+    unfinished_refusal,
+)
 from tl_dynamics.adapter._postrope import extra_roles
+from tl_dynamics.adapter._texts import TextLog, recording_texts, unmasked_batch
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 
@@ -78,6 +87,8 @@ class _Pass:
     shared: dict[Any, Any] = field(default_factory=dict)
     current: int | None = None
     stash: dict[str, Tensor] = field(default_factory=dict)
+    stepping: bool = False  # a step of a cached generate: kept, not collected (_generate)
+    check: dict[int, Tensor] = field(default_factory=dict)  # layer -> the host's pattern
 
 
 class Hub:
@@ -89,6 +100,8 @@ class Hub:
         self.adapter: Any = None
         self.collectors: list[Collector] = []
         self.pending: Batch | None = None  # the Batch ModelAdapter.forward is running
+        self.texts = TextLog()  # the texts behind the token ids the model made while attached
+        self.generation: Generation | None = None  # the steps of a cached generate running now
         self._pass: _Pass | None = None
         self._hooks: ExitStack | None = None
 
@@ -153,15 +166,16 @@ class Hub:
             self._hooks = None
         self._pass = None
         if not self.collectors:
+            self.texts = TextLog()  # nothing kept past the last attached block
             return
         ad, wanted = self.adapter, []
-        layers = sorted(
-            {la for c in self.collectors for la in c.layers}
-            | {layer for c in self.collectors for _, layer in c.points}
-        )
+        attended = {la for c in self.collectors for la in c.layers}
+        if self.generation is not None and ad.attention_layers:  # one layer checks the host
+            attended.add(min(attended, default=ad.attention_layers[0]))
+        layers = sorted(attended | {layer for c in self.collectors for _, layer in c.points})
         for layer in layers:
             roles = [r for c in self.collectors for r, l in c.points if l == layer]
-            if any(layer in c.layers for c in self.collectors):
+            if layer in attended:
                 roles += list(ATTENTION_ROLES) + extra_roles(
                     ad.specs[layer]
                 )  # gate, post-rotary norms
@@ -169,6 +183,8 @@ class Hub:
                     roles += list(REFERENCE_ROLES)
                 if any(c.inputs and layer in c.layers for c in self.collectors):
                     roles.append("x")
+                if self.generation is not None:  # each step's pattern checks the host
+                    roles.append("pattern")
             wanted += [(role, layer) for role in dict.fromkeys(roles)]
         shared_kv = kv_source_roles(ad.specs, {la for c in self.collectors for la in c.layers})
         wanted += [w for w in shared_kv if w not in wanted]  # Gemma 4: another layer's keys
@@ -181,6 +197,8 @@ class Hub:
         body = body_hooks(
             ad.model, ad.info.host, self._guarded(self._begin), self._guarded(self._end)
         )
+        stack.enter_context(recording_texts(ad.model, self.texts))
+        stack.enter_context(_capture.wrapping(ad.model, "generate", self._generating))
         stack.enter_context(
             _capture.registered(
                 ad.model, ad.info.architecture, hooks, self._returned, module_hooks=body
@@ -193,20 +211,62 @@ class Hub:
         """The body of a forward pass is called (``_pass``): a pass starts, whichever entry
         point ran it, with the batch the body runs."""
         unfinished, self._pass = self._pass, None
+        gen = self.generation
+        if unfinished is not None:
+            raise unfinished_refusal()
+        if gen is not None and (call.cache is not None or gen.steps):  # a cached step
+            n = call.positions if call.positions is not None else 0
+            gen.begin(call.cache, call.past, call.tokens, call.attention_mask, n)
+            self._pass = _Pass(None, stepping=True)
+            return
         if call.cache is not None:
             raise cache_refusal(call.cache)
         if call.embedded_elsewhere:
-            raise TLDynamicsError(
-                "this forward pass runs a residual stream embedded outside it from other tokens "
-                "(TransformerLens 3.x's HookedTransformer.generate embeds the tokens itself and "
-                "runs each step with forward(residual, start_at_layer=0)), so the token ids it "
-                "scores are unknown and attach() refuses it: generate outside attach(), then "
-                "run model(tokens) on the generated sequence inside it"
-            )
-        if unfinished is not None:
-            raise unfinished_refusal()
-        batch = self.pending if self.pending is not None else batch_of(call)
+            raise elsewhere_refusal()
+        batch = self.pending if self.pending is not None else batch_of(call, self._unmasked)
         self._open(batch)
+
+    def _generating(self, original: Callable) -> Callable:
+        """``model.generate`` while attached: its cached steps kept, then collected as one pass
+        over the sequence they ran, checked against the host's own patterns (``_generate``)."""
+
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            if self.generation is not None:  # called from inside a generate
+                return original(*args, **kwargs)
+            if self.adapter.attention_layers:  # read before hooking (it may run a probe pass)
+                self.adapter.rotation(self.adapter.attention_layers[0])
+            self.generation = gen = Generation()
+            self._register()  # each step's pattern, to check the host with
+            try:
+                out = original(*args, **kwargs)
+                if gen.steps:
+                    self._stitched(gen)
+                return out
+            finally:
+                self.generation = None
+                if self.collectors:
+                    self._register()
+
+        return generate
+
+    def _stitched(self, gen: Generation) -> None:
+        """The steps of a cached generate as one pass to every collector."""
+        asked = {la for c in self.collectors if c.reference for la in c.layers}
+        state = self._open(gen.batch())
+        for layer in sorted({la for _, la in gen.rows}):
+            stash = gen.stitched(layer, [r for r, la in gen.rows if la == layer])
+            host = stash.get("pattern") if layer in asked else stash.pop("pattern", None)
+            if host is not None:
+                state.check[layer] = host
+            state.current, state.stash = layer, stash
+            self._flush(state)
+        self._end()
+
+    def _unmasked(self, tokens: Tensor) -> Batch:
+        """The batch of a pass without a mask: texts' real lengths, or a refusal (_texts)."""
+        ad = self.adapter
+        pad = getattr(getattr(ad.model, "tokenizer", None), "pad_token_id", None)
+        return unmasked_batch(tokens, self.texts, not ad.is_encoder, pad)
 
     def _guarded(self, fn: Callable) -> Callable:
         """``fn``, dropping the open pass when it raises: a pass that a refusal or an error
@@ -257,13 +317,18 @@ class Hub:
         state.current, state.stash = None, {}
         if layer is None:
             return
+        if state.stepping and self.generation is not None:  # kept for the stitched pass
+            wrong = self.generation.keep(layer, stash)
+            if wrong is not None:
+                raise measured_refusal(self.adapter, self.generation, layer, wrong)
+            return
         wanting = [
             c for c in self.collectors if layer in c.layers or any(l == layer for _, l in c.points)
         ]
         batch = state.batch
         keep_kv(self.adapter.specs, layer, stash, state.shared)  # for a later layer (Gemma 4)
         attention = None
-        if any(layer in c.layers for c in wanting):
+        if any(layer in c.layers for c in wanting) or layer in state.check:
             attention = assemble(self.adapter, layer, stash, batch, state.shared)
             n = tuple(attention.q.shape[:2])  # [batch, pos] as scored (hooks differ in layout)
             if batch is not None and tuple(batch.tokens.shape) != n:
@@ -271,6 +336,8 @@ class Hub:
                     f"the forward pass runs tokens of shape {n} but the batch "
                     f"given has {tuple(batch.tokens.shape)}"
                 )
+            if layer in state.check:  # the stitched steps' pattern is the model's (_generate)
+                check_stitched(self.generation, layer, attention, state.check[layer])
         points = {r: stash[r] for r in POINT_ROLES if r in stash}
         ls = LayerState(layer, batch, attention, points, state.shared)
         for c in wanting:
@@ -279,6 +346,11 @@ class Hub:
     def _end(self) -> None:
         state, self._pass = self._pass, None
         if state is None:
+            return
+        if state.stepping:
+            self._flush(state)
+            if self.generation is not None:
+                self.generation.end()
             return
         self._flush(state)
         for c in list(self.collectors):

@@ -42,12 +42,16 @@ class Call:
         cache: The name of the KV-cache argument the pass reads or fills (None: no cache).
         embedded_elsewhere: The residual stream was embedded outside the pass from other token
             ids than it runs (``HookedTransformer.generate``): its token ids are unknown.
+        past: The cache object the pass reads (None: none).
+        positions: How many positions the pass runs (None: unknown).
     """
 
     tokens: Tensor | None
     attention_mask: Tensor | None
     cache: str | None = None
     embedded_elsewhere: bool = False
+    past: Any = None  # the cache object the pass reads (``_generate.CACHE_READS``)
+    positions: int | None = None  # how many positions the pass runs
 
 
 def _cache_of(kwargs: dict) -> str | None:
@@ -80,7 +84,9 @@ def body_hooks(
         if resumed is not None:
             raise resumed_refusal(resumed)
         tokens = args[0] if args else kwargs.get("input_ids")
-        begin(Call(tokens, kwargs.get("attention_mask"), _cache_of(kwargs)))
+        cache = _cache_of(kwargs)
+        n = int(tokens.shape[-1]) if isinstance(tokens, Tensor) else None
+        begin(Call(tokens, kwargs.get("attention_mask"), cache, False, kwargs.get(cache or ""), n))
 
     return [(body, "pre", start), (body, "post", end)]
 
@@ -129,12 +135,15 @@ def _hooked_hooks(
         embedded.clear()
         shape = tuple(residual.shape[:2]) if isinstance(residual, Tensor) else None
         elsewhere = tokens is not None and tuple(tokens.shape) != shape
+        cache = _cache_of(kwargs)
         begin(
             Call(
                 None if elsewhere else tokens,
                 kwargs.get("attention_mask"),
-                _cache_of(kwargs),
+                cache,
                 elsewhere,
+                kwargs.get(cache or ""),
+                None if shape is None else shape[1],
             )
         )
 
@@ -145,14 +154,18 @@ def _hooked_hooks(
     ]
 
 
-def batch_of(call: Call) -> Batch | None:
-    """The ``Batch`` a pass's body runs: its token ids, valid where its ``attention_mask`` is 1
-    (everywhere without one); None for a pass run on embeddings or a residual stream."""
+def batch_of(call: Call, unmasked: Callable[[Tensor], Batch] | None = None) -> Batch | None:
+    """The ``Batch`` a pass's body runs: its token ids, valid where its ``attention_mask`` is 1;
+    without a mask, ``unmasked(tokens)`` (``_texts.unmasked_batch``: the real lengths of texts
+    the model tokenized, or a refusal), else every token; None for a pass run on embeddings or a
+    residual stream."""
     x, mask = call.tokens, call.attention_mask
     if not isinstance(x, Tensor) or x.is_floating_point() or x.ndim not in (1, 2):
         return None
     tokens = x if x.ndim == 2 else x[None]
     if mask is None:
+        if unmasked is not None:
+            return unmasked(tokens)
         return Batch(tokens, torch.ones_like(tokens, dtype=torch.bool), "right")
     valid = mask.reshape(tokens.shape).bool()
     side = "right" if bool(valid[:, 0].all()) else "left"  # one read, at the pass start
@@ -160,14 +173,24 @@ def batch_of(call: Call) -> Batch | None:
 
 
 def cache_refusal(argument: str) -> TLDynamicsError:
-    """The refusal of a pass that reads or fills a KV cache (docs/math.md §3.6)."""
+    """The refusal of a pass through a KV cache outside ``generate`` (docs/math.md §3.6)."""
     return TLDynamicsError(
-        f"a forward pass with the KV cache ({argument}; generate's default, "
-        "use_past_kv_cache=True) inside attach(): a cached step runs only the new tokens, whose "
-        "queries are scored against keys and values of earlier steps that the adapter's hooks "
-        "do not see again, so attach() refuses it rather than score them against the new keys "
-        "alone (docs/math.md §3.6); pass use_past_kv_cache=False to generate (each step is then "
-        "collected as model(sequence so far) collects it), or run model(tokens) on the "
+        f"a forward pass with the KV cache ({argument}) outside generate inside attach(): a "
+        "cached pass runs only the new tokens, whose queries are scored against keys and values "
+        "of passes the adapter did not follow, so attach() refuses it rather than score them "
+        "against the new keys alone (docs/math.md §3.6); call model.generate (its cached steps "
+        "are collected), or run model(tokens) on the whole sequence inside attach()"
+    )
+
+
+def elsewhere_refusal() -> TLDynamicsError:
+    """The refusal of a pass over a residual stream embedded outside it from other tokens."""
+    return TLDynamicsError(
+        "this forward pass runs a residual stream embedded outside it from other tokens "
+        "(TransformerLens 3.x's HookedTransformer.generate without the KV cache embeds the "
+        "tokens itself and runs each step with forward(residual, start_at_layer=0)), so the "
+        "token ids it scores are unknown and attach() refuses it: generate with the KV cache "
+        "(use_past_kv_cache=True, whose steps are collected), or run model(tokens) on the "
         "generated sequence inside attach()"
     )
 

@@ -40,24 +40,13 @@ from tl_dynamics.adapter._probepass import (
     rotation_probe,
 )
 from tl_dynamics.adapter._rotation import PROBE_ROLES
+from tl_dynamics.adapter._tolerance import TOLERANCE, tolerance
 from tl_dynamics.adapter._weights import weights_version
 from tl_dynamics.errors import TLDynamicsError
 
 __all__ = ["PROBE_TOKENS", "TOLERANCE", "probe_tokens", "tolerance", "verify"]
 
-# largest |difference| allowed in a pattern entry; z is allowed this times max(1, max |z|)
-TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 _VERIFIED: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """The self-check's tolerance on a pattern entry for weights of ``dtype``.
-
-    Example:
-        >>> tolerance(torch.float32), tolerance(torch.bfloat16)
-        (0.001, 0.05)
-    """
-    return TOLERANCE.get(dtype, TOLERANCE[torch.float32])
 
 
 def verify(adapter: Any) -> None:

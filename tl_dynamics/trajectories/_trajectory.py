@@ -80,6 +80,7 @@ class Trajectory(viz.Result):
     splits: Int[Tensor, "batch eps step"]
     erank: Float[Tensor, "batch point"]
     stats: TrajectoryStats
+    bos: tuple[bool, ...] = ()  # per prompt: its first real token is the tokenizer's BOS
 
     @property
     def n_points(self) -> int:
@@ -103,15 +104,18 @@ class Trajectory(viz.Result):
         """One row per (prompt, point, real token) with every per-token statistic.
 
         Returns:
-            A pandas DataFrame with ``prompt, pos, token, point, norm, cos_final, step, rel_step,
-            turning_deg`` (``point`` an ordered categorical in depth order) and, with the lens, ``lens_rank`` (the logit-lens rank of the true next token), ``settling, cos_embed, dist_embed, cos_unembed,
+            A pandas DataFrame with ``prompt, pos, token, bos`` (whether the prompt begins with
+            the BOS token, beside its first token's statistics), ``point, norm, cos_final, step,
+            rel_step, turning_deg`` (``point`` an ordered categorical in depth order) and, with the
+            lens, ``lens_rank`` (the logit-lens rank of the true next token), ``settling,
+            cos_embed, dist_embed, cos_unembed,
             dist_unembed``.
 
         Example:
             >>> from tl_dynamics import testing, trajectories
             >>> traj = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x")
             >>> traj.to_dataframe().shape  # 8 tokens x 3 points
-            (24, 15)
+            (24, 16)
         """
         rows = []
         lens = (
@@ -129,6 +133,7 @@ class Trajectory(viz.Result):
                         "prompt": b,
                         "pos": t,
                         "token": self.str_tokens[b][t],
+                        "bos": bool(self.bos[b]) if self.bos else False,
                         "point": self.labels[p],
                         "norm": float(self.norm[b, p, t]),
                         "cos_final": float(self.cos_final[b, p, t]),
@@ -246,8 +251,14 @@ def build(
         splits=raw["splits"],
         erank=raw["erank"].float(),
         stats=reduce_batch(raw, valid, stats_meta(adapter, cfg, note)),
+        bos=() if batch is None else batch.begins_with_bos(_bos_id(adapter)),
         **lens,
     )
+
+
+def _bos_id(adapter: ModelAdapter) -> int | None:
+    bos = getattr(adapter.tokenizer, "bos_token_id", None)
+    return bos if isinstance(bos, int) else None
 
 
 # per-token fields, padded along their last axis (positions) when batches are joined
@@ -299,5 +310,6 @@ def join(parts: Sequence[Trajectory], stats: TrajectoryStats) -> Trajectory:
         str_tokens=rows,
         lens_note=first.lens_note,
         stats=stats,
+        bos=tuple(b for p in parts for b in (p.bos or (False,) * p.tokens.shape[0])),
         **fields,
     )
