@@ -17,7 +17,7 @@ from tl_dynamics.odds_ratio._boot import Replicates
 from tl_dynamics.odds_ratio._labels import KEEP, LABEL_THRESHOLD, SHARP
 from tl_dynamics.odds_ratio._verdicts import LabelEvidence, label_evidence
 from tl_dynamics.odds_ratio._sinkeps import SINK_SUM_KEYS, check_sink_keys, sink_epsilon_summary
-from tl_dynamics.odds_ratio._stats import SINK_DOMINANCE, SINK_EPSILON, SUM_KEYS
+from tl_dynamics.odds_ratio._stats import BOOT_KEYS, SINK_DOMINANCE, SINK_EPSILON, SUM_KEYS
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class HeadStats(viz.Result):
     SINK_SUM_KEYS: ClassVar[tuple[str, ...]] = SINK_SUM_KEYS
     SINK_DOMINANCE: ClassVar[float] = SINK_DOMINANCE
     SINK_EPSILON: ClassVar[float] = SINK_EPSILON
+    BOOT_KEYS: ClassVar[tuple[str, ...]] = BOOT_KEYS
 
     model: str
     layers: tuple[int, ...]
@@ -97,7 +98,8 @@ class HeadStats(viz.Result):
         sum_keys: tuple[str, ...],
         sink_keys: tuple[str, ...] = SINK_SUM_KEYS,
         sink_eps: float = SINK_EPSILON,
-        boot: Replicates | None = None,
+        boot: Replicates | ExactSum | None = None,
+        boot_seed: int = 0,
     ) -> "HeadStats":
         """Statistics from exact sums ``[layer, key, head]`` (keys ``sum_keys + sink_keys``).
 
@@ -114,8 +116,10 @@ class HeadStats(viz.Result):
             sum_keys: names of the row sums (``HeadStats.SUM_KEYS``).
             sink_keys: names of the sink sums (``HeadStats.SINK_SUM_KEYS``, or its first five).
             sink_eps: the ``eps`` of the ``sink_alpha_over`` count.
-            boot: bootstrap replicates of the label sums over prompts (docs/math.md §9), or
-                None (labels are then undecided).
+            boot: bootstrap replicates of the label sums over prompts (docs/math.md §9):
+                ``[n_boot, len(layers), len(BOOT_KEYS), len(heads)]`` exact sums (drawn with
+                ``boot_seed``), or None (labels are then undecided).
+            boot_seed: the generator key the replicates were drawn with.
 
         Returns:
             A ``HeadStats`` whose float sums are the exact sums' values.
@@ -150,7 +154,7 @@ class HeadStats(viz.Result):
             tuple(sum_keys),
             tuple(sink_keys),
             float(sink_eps),
-            boot,
+            Replicates(boot, BOOT_KEYS, int(boot_seed)) if isinstance(boot, ExactSum) else boot,
         )
 
     def merge(self, other: "HeadStats") -> "HeadStats":

@@ -301,6 +301,14 @@ def to_bytes(stats: DatasetStats, checkpoint: dict[str, Any] | None = None) -> b
         if version >= 2:
             header["odds_ratio"].update(sink_keys=list(h.sink_keys), sink_epsilon=h.sink_eps)
         _put_exact(tensors, "odds_ratio.sums", h.exact)
+        if version >= 3:  # the labels' bootstrap replicates (docs/math.md §9)
+            if h.boot is None:
+                raise TLDynamicsError(
+                    "these odds-ratio statistics have no bootstrap replicates to save (format "
+                    f"version {version} keeps them: compute them with odds_ratio.attach/compute)"
+                )
+            header["odds_ratio"].update(boot_keys=list(h.boot.keys), boot_seed=int(h.boot.seed))
+            _put_exact(tensors, "odds_ratio.boot", h.boot.exact)
     t = stats.trajectories
     if t is not None:
         header["trajectories"] = {

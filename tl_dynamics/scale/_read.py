@@ -135,6 +135,9 @@ def _parse(header: dict[str, Any], tensors: dict[str, np.ndarray], what: str) ->
             tuple(o["sum_keys"]),
             _validate.sink_keys(header),
             float(o.get("sink_epsilon", HeadStats.SINK_EPSILON)),  # version 1: no alpha counted
+            # version 3: the bootstrap replicates of the label sums (earlier files: none)
+            _exact(tensors, "odds_ratio.boot", f"{what} odds_ratio") if "boot_keys" in o else None,
+            int(o.get("boot_seed", 0)),
         )
     if "trajectories" in header["analyses"]:
         t = header["trajectories"]

@@ -37,7 +37,8 @@ HEADER_FIELDS = {
     3: _HEADER_KEYS | {"bos_prompts", "fingerprints", "batches_hash"},
 }
 ODDS_FIELDS = {1: _ODDS_KEYS, 2: _ODDS_KEYS | {"sink_keys", "sink_epsilon"}}
-ODDS_FIELDS[3] = ODDS_FIELDS[2]
+# version 3 also keeps the Poisson bootstrap replicates of the label sums (docs/math.md §9)
+ODDS_FIELDS[3] = ODDS_FIELDS[2] | {"boot_keys", "boot_seed"}
 OPTIONAL_FIELDS = {"odds_ratio", "trajectories", "corpus"}
 FINGERPRINTS = ("weights", "config", "tokenizer")
 # The sink sums of format version 1 (``HeadStats.SINK_SUM_KEYS`` without the first key's alpha).
@@ -219,6 +220,12 @@ def _check_odds(o: Any, n_prompts: int, what: str, version: int) -> None:
                 _float(v, what, f"odds_ratio.{key}", positive=True)
     if _int(o["n_prompts"], what, "odds_ratio.n_prompts") != n_prompts:
         raise fail(what, f"odds_ratio.n_prompts {o['n_prompts']} != n_prompts {n_prompts}")
+    if version >= 3 and o["boot_keys"] != list(HeadStats.BOOT_KEYS):
+        raise fail(
+            what, f"odds_ratio.boot_keys {o['boot_keys']!r}: expected {list(HeadStats.BOOT_KEYS)}"
+        )
+    if version >= 3:
+        _int(o["boot_seed"], what, "odds_ratio.boot_seed")
     if o["sum_keys"] != list(HeadStats.SUM_KEYS):
         listed = o["sum_keys"] if isinstance(o["sum_keys"], list) else []
         missing = [k for k in HeadStats.SUM_KEYS if k not in listed]
@@ -317,6 +324,15 @@ def check_tensors(header: dict[str, Any], tensors: dict[str, np.ndarray], what: 
             len(o["heads"]),
         )
         _check_exact(tensors, "odds_ratio.sums", shape, what, used)
+        if "boot_keys" in o:  # version 3: the replicates, [n_boot, layer, key, head]
+            limbs = tensors.get("odds_ratio.boot.limbs")
+            n_boot = int(limbs.shape[1]) if limbs is not None and limbs.ndim == 5 else -1
+            if not 1 <= n_boot:
+                raise fail(
+                    what, "odds_ratio.boot.limbs must be [n_limbs, n_boot, layer, key, head]"
+                )
+            boot = (n_boot, len(o["layers"]), len(HeadStats.BOOT_KEYS), len(o["heads"]))
+            _check_exact(tensors, "odds_ratio.boot", boot, what, used)
     if "trajectories" in header:
         t = header["trajectories"]
         shapes = _traj_shapes(t["meta"])
