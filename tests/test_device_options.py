@@ -35,7 +35,7 @@ def run(capsys, *argv):
 COMMANDS = {
     "report": ["report"],
     "heads": ["heads"],
-    "stats": ["stats", "--prompts", "no-such-corpus.txt", "--out", "s.safetensors"],
+    "stats": ["stats", "--prompts", "corpus.txt", "--out", "s.safetensors"],
 }
 
 
@@ -57,6 +57,7 @@ def test_bad_values_are_refused_before_loading(
     command, option, value, message, capsys, no_loading, tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("one prompt\n")  # a real corpus: only the option is wrong
     code, _, err = run(capsys, *COMMANDS[command], option, value)
     assert code == 2 and f"tl-dynamics: error: {message}" in err, err
     assert "Traceback" not in err
@@ -69,6 +70,7 @@ def test_cuda_where_there_is_none_is_refused_before_loading(
 ):
     monkeypatch.setattr(devices, "cuda_count", lambda: 0)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("one prompt\n")  # a real corpus: only the option is wrong
     code, _, err = run(capsys, *COMMANDS[command], "--device", value)
     assert code == 2 and f"--device {value!r}: {NO_CUDA}" in err, err
 
@@ -79,6 +81,7 @@ def test_cuda_index_past_the_last_device_is_refused(
 ):
     monkeypatch.setattr(devices, "cuda_count", lambda: 2)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("one prompt\n")  # a real corpus: only the option is wrong
     code, _, err = run(capsys, *COMMANDS[command], "--device", "cuda:2")
     assert (
         code == 2 and "--device 'cuda:2': this machine has 2 CUDA devices (cuda:0 to cuda:1)" in err

@@ -88,7 +88,8 @@ def ablation_effects(
         d = torch.cat(deltas).double().cpu().numpy()  # [heads, n]
         per_unit = np.stack([np.bincount(index, weights=row, minlength=n_units) for row in d])
         out[i, :, 0] = per_unit.sum(1) / count.sum()
-        reps = (per_unit @ w) / (count @ w)[None]  # [heads, B]
+        with np.errstate(invalid="ignore"):  # a replicate that drew no unit: NaN, left out
+            reps = (per_unit @ w) / (count @ w)[None]  # [heads, B]
         low, high = interval(reps.T, n_units)
         out[i, :, 1], out[i, :, 2] = low, high
     return out

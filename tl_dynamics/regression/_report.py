@@ -17,8 +17,8 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """Add the regression section to ``page``: every attention layer's heads on the report's
     prompts.
 
-    Layers the analysis does not model (gated outputs, learned sinks, masks whose visible keys
-    are not an interval) raise ``TLDynamicsError`` naming them, and the page says so.
+    Layers the analysis does not model (gated outputs, masks whose visible keys are not an
+    interval) raise ``TLDynamicsError`` naming them, and the page says so.
 
     Args:
         page: the ``viz.Page`` to add the section to.
@@ -42,8 +42,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         "its keys would give: linear attention, ridge over a lambda path and at the GCV pick, "
         "gradient descent from zero, and the controls (mean of the visible values, the first "
         "value, v_t, v_{t-1}), each with one fitted gain (docs/math.md §8). Every reading is a "
-        "claim, a no or 'undecided', from 95% intervals over held-out units (docs/math.md §9). "
-        f"{result.summary()} {result.notice}"
+        "claim, a no or 'undecided', from 95% intervals over held-out units (docs/math.md §9)."
         + (
             " Beside each reading: the head's causal weight, the change in next-token loss when "
             "it is mean-ablated (a reading does not claim one, docs/math.md §9.5)."
