@@ -128,3 +128,27 @@ def test_report_stopped_while_building_leaves_the_old_page(tmp_path):
         + shlex.join(argv)
     )
     assert out.read_text() == "the previous page" and leftovers(tmp_path) == []
+
+
+def test_sigterm_reraised_as_a_plain_keyboardinterrupt_still_reads_as_sigterm(capsys):
+    """Ray's ``ray.get`` catches the ``KeyboardInterrupt`` our SIGTERM handler raises in its
+    wait and raises a plain one (the subclass is lost); the command must still say SIGTERM and
+    exit 143, not 130 (seen as a flaky ``--ray local`` SIGTERM test before)."""
+    from tl_dynamics import _interrupt
+
+    def library_wait() -> None:  # what Ray's check_signals does with the handler's exception
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt() from None
+
+    with _interrupt.signals():
+        try:
+            library_wait()
+        except KeyboardInterrupt as exc:
+            assert type(exc) is KeyboardInterrupt
+            code = _interrupt.stopped(exc, "test")
+    assert code == 143 and "stopped by SIGTERM: test" in capsys.readouterr().err
+    with _interrupt.signals():  # a fresh block: Ctrl-C is Ctrl-C again
+        assert _interrupt.status(KeyboardInterrupt()) == 130

@@ -22,8 +22,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread like Ctrl-C's ``KeyboardInterrupt``."""
 
 
+# Whether SIGTERM arrived inside ``signals()``: a library that catches the ``KeyboardInterrupt``
+# raised in its own wait and raises a plain one (Ray's ``ray.get`` does) loses the subclass, so
+# the signal that stopped the command is read from here too.
+_terminated = False
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
+    global _terminated
+    _terminated = True
     raise Terminated()
+
+
+def _is_sigterm(exc: BaseException) -> bool:
+    return isinstance(exc, Terminated) or _terminated
 
 
 @contextlib.contextmanager
@@ -33,6 +45,8 @@ def signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    global _terminated
+    _terminated = False
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
@@ -42,7 +56,7 @@ def signals() -> Iterator[None]:
 
 def status(exc: BaseException) -> int:
     """The exit status of a process stopped by this signal: 128 + its number."""
-    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+    return 128 + (signal.SIGTERM if _is_sigterm(exc) else signal.SIGINT)
 
 
 def command(argv: Sequence[str], add: Sequence[str] = (), drop: Sequence[str] = ()) -> str:
@@ -61,7 +75,7 @@ def command(argv: Sequence[str], add: Sequence[str] = (), drop: Sequence[str] = 
 def stopped(exc: BaseException, text: str) -> int:
     """Print ``text`` as the one line about an interrupt (further signals are ignored while
     it prints) and return the exit status."""
-    how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+    how = "SIGTERM" if _is_sigterm(exc) else "Ctrl-C"
     with _quiet():
         sys.stderr.write(f"\ntl-dynamics: stopped by {how}: {text}\n")
         sys.stderr.flush()
