@@ -231,8 +231,11 @@ def tiny_config(name: str, config_class, **overrides):
     accepted |= set(getattr(config_class, "__dataclass_fields__", {}) or {})
     accepted |= set(getattr(config_class, "attribute_map", {}) or {})
     kwargs = {k: v for k, v in _TINY.items() if k in accepted}
+    vocab = len(testing.tokenizer())
+    if "vocab_size_per_layer_input" in accepted:  # Gemma 3n/4: per-layer embeddings of the
+        kwargs["vocab_size_per_layer_input"] = vocab  # tiny vocabulary, not 262,144 rows (800 MB)
     kwargs.update(_EXTRA.get(name, {}), **overrides)
-    config = config_class(vocab_size=len(testing.tokenizer()), **kwargs)
+    config = config_class(vocab_size=vocab, **kwargs)
     config.architectures = [name]
     return config
 

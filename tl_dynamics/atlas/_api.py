@@ -325,6 +325,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     real = batch.real_tokens()
     natural = real[:REPORT_NATURAL_TOKENS]
     result = compute(adapter, adapter.tokenize(natural[None]), causal=causal)
+    page.results["atlas"] = result  # the heads a later section (QK attribution) explains
     cut = (
         "the report's prompt"
         if len(natural) == len(real)

@@ -15,7 +15,9 @@ REPORT_POSITIONS = 128  # destinations drawn per head at most (the first prompt'
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     """Add the QK-attribution section to ``page``: for the heads the atlas marks (induction,
     previous-token, copy-suppression, sinks), each destination's key-side and query-side
-    component shares and its top pair, on the report's first prompt.
+    component shares and its top pair, on the report's first prompt. The heads are those the
+    page's atlas section marked (``page.results["atlas"]``); without one, the atlas runs here
+    on its own probes.
 
     Models whose residual stream cannot be split exactly raise ``TLDynamicsError`` naming why,
     and the page says so.
@@ -33,7 +35,9 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         >>> page.sections[0].title
         'Why each head attends where it does'
     """
-    marks = atlas.compute(adapter, layers=None, causal=False)
+    marks = page.results.get("atlas")  # the atlas section's own, on this page: the same heads
+    if marks is None:  # this section alone: the atlas on its probes, without interventions
+        marks = atlas.compute(adapter, layers=None, causal=False)
     heads: list[tuple[int, int]] = []
     for role in REPORT_ROLES:
         for key in marks.heads_with(role):

@@ -9,7 +9,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
 from tl_dynamics import docs, files
 from tl_dynamics.viz import _cite, _component
@@ -86,6 +86,8 @@ class Page:
         sections: The sections (``add_section`` appends one).
         failed_sections: Titles of sections that could not be built (the report lists them).
         warnings: Warnings shown at the top of the page.
+        results: What one section computed for a later one of the same page, by name (never
+            drawn): the QK-attribution section shows the heads the atlas section marked.
 
     Example:
         >>> from tl_dynamics import viz
@@ -101,6 +103,7 @@ class Page:
     sections: list[Section] = field(default_factory=list)
     failed_sections: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    results: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def add_section(
         self, title: str, items: Sequence[Item], intro: str = "", math: str = ""
