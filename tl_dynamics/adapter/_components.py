@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from tl_dynamics.adapter._frozennorm import InputNorm, read_input_norm
+from tl_dynamics.adapter._qkparts import frozen_parts, side_norms
 from tl_dynamics.adapter._residual import Residual, relative_error as _rel
 from tl_dynamics.errors import TLDynamicsError
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 # and the reason for the families that are refused.
 VERIFIED_SPLIT = (
     "bloom", "gpt2", "gptj", "gptneo", "gptneox", "hooked", "llama", "mistral", "native", "olmo",
-    "opt", "phi", "phi3", "qwen2", "stablelm",
+    "olmoe", "opt", "phi", "phi3", "qwen2", "qwen3", "qwen3_moe", "stablelm", "cohere",
 )  # fmt: skip
 _POST_NORM = (
     "a norm on each attention output before it joins the residual stream (post-attention norm), "
@@ -55,7 +56,6 @@ _LAYER_FLAGS = {
     "kv_from": "keys and values shared from another layer",
     "prenorm": "a q/k norm the bridge leaves to the adapter",
     "sinks": "learned attention sinks",
-    "qk_norm": "q/k normalisation (QK-norm)",
 }
 
 
@@ -67,7 +67,8 @@ class ResidualSplit:
     """What one attention layer reads, split into the components that wrote it (docs/math.md §10).
 
     Built once per adapter and layer; refuses (``TLDynamicsError``) what it cannot split exactly:
-    unverified families, post-attention norms, hybrids, latent or gated attention, QK-norm.
+    unverified families, post-attention norms, hybrids, latent or gated attention, q/k norms after
+    rotary. A q/k norm before rotary is frozen per position and head like the input norm.
 
     Args:
         adapter: A ``ModelAdapter``.
@@ -89,6 +90,7 @@ class ResidualSplit:
         adapter.check_attention_layers([layer])
         arch, info = adapter.info.architecture, adapter.info
         self._refuse(adapter, layer, arch, info.family)
+        self.query_norm, self.key_norm = side_norms(adapter, layer)  # QK-norm, frozen per head
         model = adapter.model
         self.norm: InputNorm = read_input_norm(
             model.blocks[layer].ln1, adapter.d_model, f"layer {layer} of {arch}"
@@ -329,22 +331,6 @@ class ResidualSplit:
             self.adapter.forward(batch)
         return self.gather(kept, batch)
 
-    def _frozen(self, res: Residual, W: Tensor, b: Tensor, heads: Sequence[int]) -> Tensor:
-        """``[part + 1, batch, pos, head, d_head]``: each part through the frozen norm and
-        ``W`` ``[head, d_model, d_head]``, the last the bias part (``shift W + b``), rotated."""
-        nh, d = len(heads), W.shape[-1]
-        flat = W[list(heads)].permute(1, 0, 2).reshape(W.shape[1], nh * d)
-        out = res.project(self.norm.fold(flat), extra=1)
-        out[:-1] /= res.scale[None, ..., None]
-        shift = self.norm.shift
-        out[-1] = b[list(heads)].reshape(-1) + (0.0 if shift is None else shift.to(flat) @ flat)
-        out = out.reshape(-1, *res.scale.shape, nh, d)
-        rotation = self.adapter.rotation(self.layer)
-        if rotation is None:
-            return out
-        positions = res.positions.expand(out.shape[0], *res.positions.shape)
-        return rotation.rotate(out, positions)
-
     def queries(self, res: Residual, heads: Sequence[int]) -> Tensor:
         """Every part's share of the queries of ``heads``; they sum to the queries as scored.
 
@@ -365,8 +351,10 @@ class ResidualSplit:
             >>> q.shape, bool((q.sum(0) - ad.attention("a b c", layers=1)[1].q[:, :, [0, 3]]).abs().max() < 1e-5)
             (torch.Size([7, 1, 4, 2, 16]), True)
         """
-        ad = self.adapter
-        return self._frozen(res, ad.W_Q(self.layer), ad.b_Q(self.layer), heads)
+        ad, L = self.adapter, self.layer
+        norm = self.query_norm
+        side = None if norm is None else (norm, range(ad.n_heads), list(heads))
+        return frozen_parts(ad, res, self.norm, ad.W_Q(L), ad.b_Q(L), heads, side, L)
 
     def keys(self, res: Residual, heads: Sequence[int]) -> Tensor:
         """Every part's share of the keys of ``heads``; grouped heads share one computation.
@@ -390,5 +378,10 @@ class ResidualSplit:
         group = max(1, ad.n_heads // ad.n_kv_heads)
         kv = [h // group for h in heads]
         uniq = sorted(set(kv))
-        out = self._frozen(res, ad.W_K(self.layer), ad.b_K(self.layer), [g * group for g in uniq])
+        L, norm = self.layer, self.key_norm
+        rows = [g * group for g in range(ad.n_kv_heads)]
+        side = None if norm is None else (norm, rows, uniq)
+        out = frozen_parts(
+            ad, res, self.norm, ad.W_K(L), ad.b_K(L), [g * group for g in uniq], side, L
+        )
         return out if len(uniq) == len(kv) else out[:, :, :, [uniq.index(g) for g in kv]]
