@@ -98,9 +98,9 @@ def test_a_wrong_frozen_key_norm_is_caught_by_the_sum_check():
 
     adapter = ModelAdapter(qk_norm_model("Qwen3ForCausalLM"))
     split = ResidualSplit(adapter, 1)
-    split.key_norm = dataclasses.replace(
-        split.key_norm, weight=torch.ones_like(split.key_norm.weight)
-    )
+    norm = split.key_norm
+    assert norm is not None
+    split.key_norm = dataclasses.replace(norm, weight=torch.ones_like(norm.weight))
     res = split.run(PROMPTS)
     la = adapter.attention(PROMPTS, layers=1)[1]
     k = split.keys(res, [0])[..., 0, :].sum(0)

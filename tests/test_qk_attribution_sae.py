@@ -98,9 +98,8 @@ def test_a_feature_carrying_the_key_direction_gets_the_score():
     shares = res.shares(1, 0, "key")
     counted = res.rows[(1, 0)]["rows"] & np.isfinite(shares).all(-1)
     assert counted.sum() >= 5
-    planted = sum(
-        shares[..., kn.index(f"SAE feature {f}")] for f in (0, 1) if f"SAE feature {f}" in kn
-    )
+    carried = [kn.index(f"SAE feature {f}") for f in (0, 1) if f"SAE feature {f}" in kn]
+    planted = shares[..., carried].sum(-1)
     assert (planted[counted] >= 0.95).all()
     control = qk_attribution.compute(
         model, PLANTED_PROMPT, layers=1, heads=0, sae=blind, sae_side="key"
