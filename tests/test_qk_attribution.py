@@ -28,7 +28,6 @@ REFUSED = {  # architecture -> words its refusal names
     "bert": "post-LayerNorm",
     "gemma3-softcap": "post-attention norm",
     "olmo-clip-qkv": "clip_qkv",
-    "stablelm-qk-layernorm": "QK-norm",
 }
 SPLIT = [a for a in testing.HF_ARCHS if a not in REFUSED]
 if HAS_HOOKED:
@@ -41,9 +40,9 @@ if HAS_HOOKED:
         "ln-pre",
         "softcap",
         "alibi",
+        "qk-norm",  # frozen per head (tests/test_qk_attribution_qknorm.py)
     ]
     REFUSED |= {
-        "qk-norm": "QK-norm",
         "olmo2-post-norm": "post-attention norm",
         "norm-before-after": "post-attention norm",
     }

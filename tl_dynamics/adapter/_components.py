@@ -18,6 +18,9 @@ import torch
 from torch import Tensor
 
 from tl_dynamics.adapter._frozennorm import InputNorm, read_input_norm
+from tl_dynamics.adapter._qkparts import frozen_parts, side_norms
+from tl_dynamics.adapter._saesplit import feature_residual, refuse_spliced_stream, sae_layer
+from tl_dynamics.adapter._splitrefusals import refuse_split
 from tl_dynamics.adapter._residual import Residual, relative_error as _rel
 from tl_dynamics.errors import TLDynamicsError
 
@@ -25,38 +28,9 @@ if TYPE_CHECKING:
     from tl_dynamics.adapter._hub import LayerState
     from tl_dynamics.adapter._model import ModelAdapter
 
-# Families whose residual split is exact in tests/test_qk_attribution_exact.py (both hosts),
-# and the reason for the families that are refused.
-VERIFIED_SPLIT = (
-    "bloom", "gpt2", "gptj", "gptneo", "gptneox", "hooked", "llama", "mistral", "native", "olmo",
-    "opt", "phi", "phi3", "qwen2", "stablelm",
-)  # fmt: skip
-_POST_NORM = (
-    "a norm on each attention output before it joins the residual stream (post-attention norm), "
-    "so head outputs do not add up to the stream"
-)
-REFUSED_SPLIT = {
-    "gemma2": _POST_NORM,
-    "gemma3": _POST_NORM,
-    "olmo2": _POST_NORM,
-    "bert": "post-LayerNorm blocks (the stream is renormalised after every block)",
-    "roberta": "post-LayerNorm blocks (the stream is renormalised after every block)",
-}
 # Relative error (to the largest entry) within which the pass's own stream must match the sum
 # of its parts, per model dtype (float32 reorders sums; half precision rounds at ~1e-3..1e-2).
 SPLIT_RTOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-_LAYER_FLAGS = {
-    "latent": "multi-head latent attention",
-    "gate": "an output gate on z",
-    "postrope": "q/k normalised after rotary",
-    "clip": "clip_qkv (q, k, v clamped: not linear)",
-    "unhooked": "attention the host wraps without hooks",
-    "vnorm": "q, k and v normalised per head",
-    "kv_from": "keys and values shared from another layer",
-    "prenorm": "a q/k norm the bridge leaves to the adapter",
-    "sinks": "learned attention sinks",
-    "qk_norm": "q/k normalisation (QK-norm)",
-}
 
 
 def _rtol(dtype: torch.dtype) -> float:
@@ -67,11 +41,13 @@ class ResidualSplit:
     """What one attention layer reads, split into the components that wrote it (docs/math.md §10).
 
     Built once per adapter and layer; refuses (``TLDynamicsError``) what it cannot split exactly:
-    unverified families, post-attention norms, hybrids, latent or gated attention, QK-norm.
+    unverified families, post-attention norms, hybrids, latent or gated attention, q/k norms after
+    rotary. A q/k norm before rotary is frozen per position and head like the input norm.
 
     Args:
         adapter: A ``ModelAdapter``.
         layer: The attention layer whose input is split.
+        sae: A SAELens SAE on this layer's ``hook_resid_pre``, for ``features`` (optional).
 
     Example:
         >>> from tl_dynamics import testing
@@ -83,12 +59,20 @@ class ResidualSplit:
         ('L0H3 output', 'L0 MLP output')
     """
 
-    def __init__(self, adapter: "ModelAdapter", layer: int):
+    def __init__(self, adapter: "ModelAdapter", layer: int, sae: Any = None):
         self.adapter = adapter
         self.layer = layer = adapter.check_layer(layer)
         adapter.check_attention_layers([layer])
         arch, info = adapter.info.architecture, adapter.info
-        self._refuse(adapter, layer, arch, info.family)
+        refuse_split(adapter, layer, arch, info.family)
+        refuse_spliced_stream(adapter, layer)  # an SAE in the stream without its error term
+        if sae is not None and sae_layer(sae) != layer:
+            raise TLDynamicsError(
+                f"qk attribution: the SAE reads the input of layer {sae_layer(sae)}; its "
+                f"features can split layer {sae_layer(sae)}'s queries and keys, not layer {layer}'s"
+            )
+        self.sae = sae
+        self.query_norm, self.key_norm = side_norms(adapter, layer)  # QK-norm, frozen per head
         model = adapter.model
         self.norm: InputNorm = read_input_norm(
             model.blocks[layer].ln1, adapter.d_model, f"layer {layer} of {arch}"
@@ -116,42 +100,6 @@ class ResidualSplit:
                 kinds.append((f"L{l} MLP output", "mlp"))
         self.names = tuple(n for n, _ in kinds)
         self.kinds = tuple(k for _, k in kinds)
-
-    @staticmethod
-    def _refuse(adapter: "ModelAdapter", layer: int, arch: str, family: str) -> None:
-        if family in REFUSED_SPLIT:
-            raise TLDynamicsError(
-                f"qk attribution: the residual stream of {arch} cannot be split exactly into "
-                f"its components: {REFUSED_SPLIT[family]}"
-            )
-        if family not in VERIFIED_SPLIT:
-            raise TLDynamicsError(
-                f"qk attribution: the residual split of {arch} (attention family {family!r}) has "
-                f"not been verified to be exact; verified families: {list(VERIFIED_SPLIT)}"
-            )
-        if adapter.post_norm is not None:
-            raise TLDynamicsError(
-                f"qk attribution: the residual stream of {arch} cannot be split exactly into its "
-                f"components: {_POST_NORM} (post_norm={adapter.post_norm!r})"
-            )
-        if getattr(adapter.model.cfg, "positional_embedding_type", None) == "shortformer":
-            raise TLDynamicsError(
-                f"qk attribution: {arch} adds its positional embedding to queries and keys only "
-                "(shortformer), not to the residual stream; not modelled"
-            )
-        for l in range(layer + 1):
-            spec = adapter.specs[l]
-            if not spec.is_attention:
-                raise TLDynamicsError(
-                    f"qk attribution: layer {l} of {arch} is a {spec.kind!r} layer; the residual "
-                    "split models attention and MLP blocks only (hybrids are refused)"
-                )
-            for flag, what in _LAYER_FLAGS.items():
-                if getattr(spec, flag) not in (None, False):
-                    raise TLDynamicsError(
-                        f"qk attribution: layer {l} of {arch} has {what} ({flag}); the exact "
-                        "split of its scores is not modelled"
-                    )
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -329,21 +277,36 @@ class ResidualSplit:
             self.adapter.forward(batch)
         return self.gather(kept, batch)
 
-    def _frozen(self, res: Residual, W: Tensor, b: Tensor, heads: Sequence[int]) -> Tensor:
-        """``[part + 1, batch, pos, head, d_head]``: each part through the frozen norm and
-        ``W`` ``[head, d_model, d_head]``, the last the bias part (``shift W + b``), rotated."""
-        nh, d = len(heads), W.shape[-1]
-        flat = W[list(heads)].permute(1, 0, 2).reshape(W.shape[1], nh * d)
-        out = res.project(self.norm.fold(flat), extra=1)
-        out[:-1] /= res.scale[None, ..., None]
-        shift = self.norm.shift
-        out[-1] = b[list(heads)].reshape(-1) + (0.0 if shift is None else shift.to(flat) @ flat)
-        out = out.reshape(-1, *res.scale.shape, nh, d)
-        rotation = self.adapter.rotation(self.layer)
-        if rotation is None:
-            return out
-        positions = res.positions.expand(out.shape[0], *res.positions.shape)
-        return rotation.rotate(out, positions)
+    def features(self, res: Residual) -> Residual:
+        """``res``'s stream split into a SAELens SAE's active features instead of components.
+
+        The split's ``sae`` reads this layer's ``hook_resid_pre``. The parts are each feature active
+        somewhere (``"SAE feature 1234"``: its activation times its decoder row), the decoder
+        bias and the error term (input less reconstruction); they sum to the same stream, so
+        ``queries``/``keys`` of the result sum to the scored queries and keys (docs/math.md §10.7).
+
+        Args:
+            res: A ``Residual`` of this split.
+
+        Returns:
+            A ``Residual`` whose parts are the features, ``"SAE decoder bias"`` and ``"SAE error"``.
+
+        Example:
+            >>> import importlib.util
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> if importlib.util.find_spec("sae_lens"):  # SAELens: TransformerLens 3.x
+            ...     import sae_lens
+            ...     from sae_lens.saes.sae import SAEMetadata
+            ...     meta = SAEMetadata(hook_name="blocks.1.hook_resid_pre")
+            ...     sae = sae_lens.StandardSAE(sae_lens.StandardSAEConfig(d_in=64, d_sae=256, metadata=meta))
+            ...     split = ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1, sae=sae)
+            ...     feats = split.features(split.run("a b c"))
+            ...     assert feats.names[-2:] == ("SAE decoder bias", "SAE error")
+        """
+        if self.sae is None:
+            raise TLDynamicsError("qk attribution: this ResidualSplit was made without an sae")
+        return feature_residual(res, self.sae, self.adapter.info.architecture)
 
     def queries(self, res: Residual, heads: Sequence[int]) -> Tensor:
         """Every part's share of the queries of ``heads``; they sum to the queries as scored.
@@ -365,8 +328,10 @@ class ResidualSplit:
             >>> q.shape, bool((q.sum(0) - ad.attention("a b c", layers=1)[1].q[:, :, [0, 3]]).abs().max() < 1e-5)
             (torch.Size([7, 1, 4, 2, 16]), True)
         """
-        ad = self.adapter
-        return self._frozen(res, ad.W_Q(self.layer), ad.b_Q(self.layer), heads)
+        ad, L = self.adapter, self.layer
+        norm = self.query_norm
+        side = None if norm is None else (norm, range(ad.n_heads), list(heads))
+        return frozen_parts(ad, res, self.norm, ad.W_Q(L), ad.b_Q(L), heads, side, L)
 
     def keys(self, res: Residual, heads: Sequence[int]) -> Tensor:
         """Every part's share of the keys of ``heads``; grouped heads share one computation.
@@ -390,5 +355,10 @@ class ResidualSplit:
         group = max(1, ad.n_heads // ad.n_kv_heads)
         kv = [h // group for h in heads]
         uniq = sorted(set(kv))
-        out = self._frozen(res, ad.W_K(self.layer), ad.b_K(self.layer), [g * group for g in uniq])
+        L, norm = self.layer, self.key_norm
+        rows = [g * group for g in range(ad.n_kv_heads)]
+        side = None if norm is None else (norm, rows, uniq)
+        out = frozen_parts(
+            ad, res, self.norm, ad.W_K(L), ad.b_K(L), [g * group for g in uniq], side, L
+        )
         return out if len(uniq) == len(kv) else out[:, :, :, [uniq.index(g) for g in kv]]

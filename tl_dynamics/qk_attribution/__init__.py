@@ -6,6 +6,8 @@ that wrote its query and its key, on this pass (docs/math.md §10).
   the top component pairs at the row's most attended key, and the odds-ratio parts.
 - ``attach(model, ...)``: the same, collected during the user's own forward passes.
 - ``pair(model, prompt, layer, head, dest, src)``: one score's full component x component matrix.
+- ``sae=`` (``compute``, ``pair``): a SAELens SAE on the layer's ``hook_resid_pre`` splits the
+  query side, the key side or both into its active features, decoder bias and error term.
 - ``over_prompts(model, prompts, layer, heads)``: per component, its mean share with an interval
   across prompts, beside the weight-shuffled control.
 - ``report_section``: the report page's section (the heads the atlas marks).

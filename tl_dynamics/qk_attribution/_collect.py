@@ -14,6 +14,7 @@ from tl_dynamics.adapter import Batch, LayerState, ModelAdapter, Prompt, Residua
 from tl_dynamics.collect import Collector, to_host
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.qk_attribution._core import HeadRows, head_rows
+from tl_dynamics.qk_attribution._pair import check_sae_side, side_residuals
 from tl_dynamics.qk_attribution._result import QKAttribution
 
 TOP_K = 5
@@ -34,10 +35,18 @@ class QKCollector(Collector):
     inputs = True
 
     def __init__(
-        self, adapter: ModelAdapter, layers: Sequence[int], heads: Sequence[int], top_k: int
+        self,
+        adapter: ModelAdapter,
+        layers: Sequence[int],
+        heads: Sequence[int],
+        top_k: int,
+        sae: Any = None,
+        sae_side: str = "both",
     ):
         self.adapter, self.heads, self.top_k = adapter, list(heads), top_k
-        self.splits = {L: ResidualSplit(adapter, L) for L in layers}
+        self.sae_side = check_sae_side(sae_side)
+        self.splits = {L: ResidualSplit(adapter, L, sae=sae) for L in layers}
+        self.features: dict[int, dict[str, tuple[str, ...]]] = {}
         self.layers = tuple(sorted({l for s in self.splits.values() for l in s.layers}))
         self.points = tuple(sorted({p for s in self.splits.values() for p in s.points}))
         self.last = max(self.splits)
@@ -76,10 +85,14 @@ class QKCollector(Collector):
         tol = SUM_RTOL.get(self.adapter.dtype, 5e-2)
         pattern = la.pattern()
         valid = res.valid
+        qres, kres = side_residuals(split, res, self.sae_side)
+        if split.sae is not None:
+            sides = {"query": qres.names, "key": kres.names}
+            self.features[split.layer] = {s: n for s, n in sides.items() if n != res.names}
         for h in self.heads:
-            Q = split.queries(res, [h])[..., 0, :]
-            K = split.keys(res, [h])[..., 0, :]
-            errors = dict(res.errors)
+            Q = split.queries(qres, [h])[..., 0, :]
+            K = split.keys(kres, [h])[..., 0, :]
+            errors = {**qres.errors, **kres.errors}
             for side, parts, ref in (("query", Q, la.q[:, :, h]), ("key", K, la.k[:, :, h])):
                 diff = (parts.sum(0) - ref)[valid].abs().max()
                 errors[side] = float(diff / ref[valid].abs().max().clamp_min(1e-30))
@@ -135,6 +148,7 @@ class QKCollector(Collector):
             rows=rows,
             errors=errors,
             precap=softcap,
+            features=dict(self.features),
         )
 
 
@@ -147,11 +161,13 @@ def _pad(x: np.ndarray, n: int, fill: Any) -> np.ndarray:
     return np.pad(x, width, constant_values=fill)
 
 
-def _setup(model: Any, layers: Any, heads: Any, top_k: int) -> QKCollector:
+def _setup(
+    model: Any, layers: Any, heads: Any, top_k: int, sae: Any = None, sae_side: str = "both"
+) -> QKCollector:
     adapter = ModelAdapter.of(model)
     chosen = adapter.check_attention_layers(layers)
     hs = adapter.check_heads(heads)
-    return QKCollector(adapter, chosen, hs, _check_top_k(top_k))
+    return QKCollector(adapter, chosen, hs, _check_top_k(top_k), sae, sae_side)
 
 
 def compute(
@@ -161,6 +177,8 @@ def compute(
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
     top_k: int = TOP_K,
+    sae: Any = None,
+    sae_side: str = "both",
 ) -> QKAttribution:
     """Why each head attends where it does: every score split over the components that wrote
     its query and its key, on this pass (docs/math.md §10).
@@ -180,6 +198,11 @@ def compute(
         layers: a layer index, a list of them, or None (all attention layers).
         heads: a head index, a list of them, or None (all heads), in every selected layer.
         top_k: component pairs kept per row.
+        sae: a SAELens SAE on ``blocks.<layer>.hook_resid_pre`` of the one selected layer: split
+            ``sae_side`` into the features active in this pass (``"SAE feature 1234"``), the
+            decoder bias and the error term instead of components, still exactly (docs/math.md
+            §10.7; ``QKAttribution.features``).
+        sae_side: ``"query"``, ``"key"`` or ``"both"``.
 
     Returns:
         A ``QKAttribution``.
@@ -192,7 +215,7 @@ def compute(
         >>> res.leaders(1, 0, side="key").shape   # batch, positions
         (1, 6)
     """
-    collector = _setup(model, layers, heads, top_k)
+    collector = _setup(model, layers, heads, top_k, sae, sae_side)
     adapter = collector.adapter
     batch = adapter.tokenize(prompt)
     with torch.no_grad(), adapter.collecting(collector):

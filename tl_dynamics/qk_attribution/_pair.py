@@ -17,6 +17,29 @@ from tl_dynamics.qk_attribution import _views
 from tl_dynamics.qk_attribution._core import odds_parts, pair_matrix
 
 
+SAE_SIDES = ("query", "key", "both")
+
+
+def check_sae_side(sae_side: str) -> str:
+    if sae_side not in SAE_SIDES:
+        raise TLDynamicsError(
+            f"qk_attribution: sae_side {sae_side!r}; valid: {', '.join(map(repr, SAE_SIDES))}"
+        )
+    return sae_side
+
+
+def side_residuals(split: ResidualSplit, res: Any, sae_side: str) -> tuple[Any, Any]:
+    """The ``Residual`` each side is split by: the split's SAE features on ``sae_side`` (where
+    the split has an SAE), the components elsewhere."""
+    if split.sae is None:
+        return res, res
+    feats = split.features(res)
+    return (
+        feats if sae_side in ("query", "both") else res,
+        feats if sae_side in ("key", "both") else res,
+    )
+
+
 def component_labels(
     names: tuple[str, ...], kinds: tuple[str, ...], token: str, pos: int, side: str
 ) -> list[str]:
@@ -97,8 +120,8 @@ class PairAttribution(viz.Result):
 class _PairCollector(Collector):
     inputs = True
 
-    def __init__(self, split: ResidualSplit, head: int):
-        self.split, self.head = split, head
+    def __init__(self, split: ResidualSplit, head: int, sae_side: str):
+        self.split, self.head, self.sae_side = split, head, sae_side
         self.layers, self.points = split.layers, split.points
         self.kept: dict[int, dict[str, Any]] = {}
         self.out: dict[str, Any] = {}
@@ -113,9 +136,11 @@ class _PairCollector(Collector):
         la, res = state.attention, self.split.gather(self.kept, self.batch)
         h = self.head
         bias = la.bias([h])
+        qres, kres = side_residuals(self.split, res, self.sae_side)
         self.out = dict(
-            Q=self.split.queries(res, [h])[..., 0, :],
-            K=self.split.keys(res, [h])[..., 0, :],
+            Q=self.split.queries(qres, [h])[..., 0, :],
+            K=self.split.keys(kres, [h])[..., 0, :],
+            names=(qres.names, qres.kinds, kres.names, kres.kinds),
             raw=la.raw_scores([h])[:, 0],
             score=la.scores([h])[:, 0],
             bias=None if bias is None else bias[:, 0].expand(la.allowed.shape),
@@ -134,6 +159,8 @@ def pair(
     src: int,
     *,
     row: int = 0,
+    sae: Any = None,
+    sae_side: str = "both",
 ) -> PairAttribution:
     """One score's full component x component matrix (docs/math.md §10.3).
 
@@ -145,6 +172,10 @@ def pair(
         dest: the destination (query) position.
         src: the source (key) position; it must be one the destination may attend to.
         row: the prompt, for a batch of several.
+        sae: a SAELens SAE on ``blocks.<layer>.hook_resid_pre``: split ``sae_side`` into its
+            active features (``"SAE feature 1234"``), decoder bias and error term instead of
+            components, still exactly (docs/math.md §10.7).
+        sae_side: ``"query"``, ``"key"`` or ``"both"``.
 
     Returns:
         A ``PairAttribution``.
@@ -165,8 +196,8 @@ def pair(
     for what, value, limit in (("row", row, b), ("dest", dest, n), ("src", src, n)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
             raise TLDynamicsError(f"qk_attribution.pair: {what} {value!r}; valid: 0..{limit - 1}")
-    split = ResidualSplit(adapter, layer)
-    collector = _PairCollector(split, head)
+    split = ResidualSplit(adapter, layer, sae=sae)
+    collector = _PairCollector(split, head, check_sae_side(sae_side))
     with torch.no_grad(), adapter.collecting(collector):
         adapter.forward(batch)
     out = collector.out
@@ -178,6 +209,7 @@ def pair(
     Qi, Kj = out["Q"][:, row, dest], out["K"][:, row, src]
     toks = adapter.str_tokens(batch, row)
     bias = out["bias"]
+    qn, qk, kn, kk = out["names"]
     return PairAttribution(
         layer=layer,
         head=head,
@@ -186,8 +218,8 @@ def pair(
         src=src,
         dest_token=toks[dest],
         src_token=toks[src],
-        query_labels=tuple(component_labels(split.names, split.kinds, toks[dest], dest, "query")),
-        key_labels=tuple(component_labels(split.names, split.kinds, toks[src], src, "key")),
+        query_labels=tuple(component_labels(qn, qk, toks[dest], dest, "query")),
+        key_labels=tuple(component_labels(kn, kk, toks[src], src, "key")),
         matrix=pair_matrix(Qi, Kj, out["scale"]).cpu().numpy(),
         position=0.0 if bias is None else float(bias[row, dest, src]),
         raw=float(out["raw"][row, dest, src]),

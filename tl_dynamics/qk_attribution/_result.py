@@ -4,7 +4,7 @@ the query and key sides, the top pairs at the row's most attended key, and the o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -42,6 +42,8 @@ class QKAttribution(viz.Result):
     the relative errors of the checked sums (parts vs. the queries and keys the model scored, each
     earlier attention output vs. the stream, the frozen norm vs. the attention input).
     ``precap``: some layer is soft-capped, and its scores are attributed before the cap.
+    ``features[layer][side]``: where an SAE split that side, its parts (``"SAE feature 1234"``,
+    ``"SAE decoder bias"``, ``"SAE error"``) in place of ``components[layer]``.
     """
 
     architecture: str
@@ -55,6 +57,7 @@ class QKAttribution(viz.Result):
     rows: dict[tuple[int, int], dict[str, np.ndarray]]
     errors: dict[tuple[int, int], dict[str, float]]
     precap: bool
+    features: dict[int, dict[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def _key(self, layer: int, head: int) -> tuple[int, int]:
         if (layer, head) not in self.rows:
@@ -65,11 +68,11 @@ class QKAttribution(viz.Result):
 
     def query_names(self, layer: int) -> tuple[str, ...]:
         """The query-side components of ``layer`` (the last: the query bias)."""
-        return (*self.components[layer], "query bias")
+        return (*self.features.get(layer, {}).get("query", self.components[layer]), "query bias")
 
     def key_names(self, layer: int) -> tuple[str, ...]:
         """The key-side components of ``layer`` (the last: the key bias)."""
-        return (*self.components[layer], "key bias")
+        return (*self.features.get(layer, {}).get("key", self.components[layer]), "key bias")
 
     def names(self, layer: int, side: Side) -> tuple[str, ...]:
         """``query_names`` or ``key_names``."""
