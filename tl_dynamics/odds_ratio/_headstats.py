@@ -314,12 +314,10 @@ class HeadStats(viz.Result):
         """Gu et al.'s Sink^eps of the first key over the prompts seen (docs/math.md §2.3).
 
         Returns:
-            None where these statistics do not hold the first key's alpha (a statistics file of
-            format version 1); else ``epsilon`` (``sink_epsilon``), ``alpha`` (``[layer, head]``:
-            the mean over prompts of each prompt's alpha), ``share`` (the fraction of prompts
-            with ``alpha > epsilon``), ``sink_epsilon`` (Gu et al.'s metric averaged over
-            prompts, the mean of ``share``: over the analysed heads) and ``of_mean_alpha`` (the
-            fraction of heads whose mean ``alpha`` exceeds ``epsilon``).
+            None without the first key's alpha (a format version 1 file); else ``epsilon``,
+            ``alpha`` (``[layer, head]``, its mean over prompts), ``share`` (the fraction of
+            prompts with ``alpha > epsilon``), ``sink_epsilon`` (Gu et al.'s metric: the mean of
+            ``share`` over heads), ``of_mean_alpha`` (the fraction of heads whose mean alpha exceeds it).
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
@@ -333,9 +331,8 @@ class HeadStats(viz.Result):
         """Each head's label: a claim, a "no" or ``"undecided"`` (docs/math.md §2.2, §9).
 
         Returns:
-            ``[len(layers), len(heads)]`` object array of ``"prior-driven"``, ``"likelihood-
-            driven"`` (the mechanism claims), ``"needs both"``, ``"mixed"``, ``"diffuse"``,
-            ``"undecided"``.
+            ``[len(layers), len(heads)]`` object array of the claims ``"prior-driven"`` and
+            ``"likelihood-driven"``, ``"needs both"``, ``"mixed"``, ``"diffuse"``, ``"undecided"``.
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
