@@ -317,7 +317,7 @@ class HeadStats(viz.Result):
             None without the first key's alpha (a format version 1 file); else ``epsilon``,
             ``alpha`` (``[layer, head]``, its mean over prompts), ``share`` (the fraction of
             prompts with ``alpha > epsilon``), ``sink_epsilon`` (Gu et al.'s metric: the mean of
-            ``share`` over heads), ``of_mean_alpha`` (the fraction of heads whose mean alpha exceeds it).
+            ``share`` over heads), ``of_mean_alpha`` (the share of heads whose mean alpha is above).
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
