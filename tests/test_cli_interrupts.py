@@ -152,3 +152,36 @@ def test_sigterm_reraised_as_a_plain_keyboardinterrupt_still_reads_as_sigterm(ca
     assert code == 143 and "stopped by SIGTERM: test" in capsys.readouterr().err
     with _interrupt.signals():  # a fresh block: Ctrl-C is Ctrl-C again
         assert _interrupt.status(KeyboardInterrupt()) == 130
+
+
+@pytest.mark.parametrize("where", ["the temporary's lock", "the write"])
+def test_ctrl_c_during_an_atomic_write_waits_for_it_and_leaves_no_temporary(
+    tmp_path, monkeypatch, where
+):
+    """Ctrl-C between creating the temporary file and the ``try`` that removes it left
+    ``.NAME.XXXXXXXX.tmp`` behind (the stopped ``stats`` test above caught one); now the
+    interrupt is held until the temporary is removed, then raised: the old file as it was (what
+    every command's stop line says), no temporary."""
+    from tl_dynamics import files
+
+    target = tmp_path / "s.safetensors"
+    target.write_bytes(b"old")
+    fcntl, real_flock, real_fsync = files.fcntl, files.fcntl.flock, os.fsync
+
+    def interrupted(real):
+        def call(*args):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, handled before the next bytecode
+            time.sleep(0.05)
+            return real(*args)
+
+        return call
+
+    if where == "the temporary's lock":
+        monkeypatch.setattr(fcntl, "flock", interrupted(real_flock))
+    else:
+        monkeypatch.setattr(os, "fsync", interrupted(real_fsync))
+    with pytest.raises(KeyboardInterrupt):
+        files.write_bytes(target, b"new bytes")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"old" and leftovers(tmp_path) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back

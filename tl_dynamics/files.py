@@ -6,7 +6,11 @@ inputs (compared as files, so a symlink or a hard link to an input is caught), i
 exists or can be created and is writable. ``write_bytes``/``write_text`` then write through a
 temporary file in the same folder (``.NAME.XXXXXXXX.tmp``, locked while it is written) and
 ``os.replace`` it into place, so a reader never sees half a file and an interrupted write leaves
-the old file whole. ``check_output`` creates (and removes) such a temporary file itself, so a
+the old file whole. Ctrl-C or SIGTERM during a write (in the main thread) is held until the
+temporary file is removed, then raised: the old file stays as it was and no temporary is left,
+whenever the signal comes (between creating the temporary file and the ``try`` that removes it
+there was a window).
+``check_output`` creates (and removes) such a temporary file itself, so a
 folder that takes no files fails before any work, and removes the ones a killed write of the same
 output left (``remove_stale_temporaries``: its own pattern only, none a live writer holds); any
 later failure to write is a ``TLDynamicsError`` naming the path.
@@ -14,12 +18,15 @@ later failure to write is a ``TLDynamicsError`` naming the path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import stat
 import tempfile
+import threading
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 from tl_dynamics.errors import TLDynamicsError
 
@@ -252,24 +259,50 @@ def _held_temporary(path: Path) -> tuple[int, str]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM arriving inside the block are held (the list it yields names them) and
+    raised at its end, to the handlers from before (the main thread only: Python delivers
+    signals nowhere else)."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous: dict[int, Any] = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is not None:  # None: set outside Python, not ours to hold
+                previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+        yield held
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
 def _write_atomically(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _held_temporary(path)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if path.exists():  # keep the permissions of the file it replaces
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _interrupts_deferred() as held:
+        fd, tmp = _held_temporary(path)
+        replaced = False
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            if path.exists():  # keep the permissions of the file it replaces
+                os.chmod(tmp, path.stat().st_mode & 0o777)
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)
+            if not held:  # interrupted meanwhile: the old file stays as it was
+                os.replace(tmp, path)
+                replaced = True
+        finally:
+            if not replaced:
+                Path(tmp).unlink(missing_ok=True)
     return path
 
 
