@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -74,27 +75,17 @@ def main() -> None:
 
     def run(attach=None) -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.process_time()
-        with torch.no_grad():
-            if attach is None:
-                model.generate(
-                    prompt,
-                    max_new_tokens=args.new,
-                    use_past_kv_cache=True,
-                    do_sample=False,
-                    stop_at_eos=False,
-                    verbose=False,
-                )
-            else:
-                with attach(model) as collector:
-                    model.generate(
-                        prompt,
-                        max_new_tokens=args.new,
-                        use_past_kv_cache=True,
-                        do_sample=False,
-                        stop_at_eos=False,
-                        verbose=False,
-                    )
-                collector.result()
+        with torch.no_grad(), nullcontext() if attach is None else attach(model) as collector:
+            model.generate(
+                prompt,
+                max_new_tokens=args.new,
+                use_past_kv_cache=True,
+                do_sample=False,
+                stop_at_eos=False,
+                verbose=False,
+            )
+        if collector is not None:
+            collector.result()
         return time.perf_counter() - wall, time.process_time() - cpu
 
     for attach in [None, *ANALYSES.values()]:  # warm: adapters read, caches filled

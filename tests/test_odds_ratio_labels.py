@@ -13,6 +13,7 @@ from tl_dynamics import odds_ratio, zoo
 from tl_dynamics.adapter import ModelAdapter, shuffled_weights
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.odds_ratio import _labels, _stats
+from test_atlas import MINILM_PROMPTS  # the same eight sentences (the notebook's)
 
 
 def planted(kind: str, n: int = 12, d: int = 16, seed: int = 0):
@@ -205,16 +206,6 @@ def test_the_notebooks_label_claims(induction):
         minilm = ModelAdapter(zoo.load("minilm"))
     except TLDynamicsError as exc:  # the optional package is missing
         pytest.skip(f"real encoder unavailable: {exc}")
-    sentences = [
-        "The cat sat on the mat because it was warm.",
-        "Paris is the capital of France, and Berlin is the capital of Germany.",
-        "She poured the coffee into a mug and added some milk.",
-        "The quick brown fox jumps over the lazy dog.",
-        "Rain is expected tomorrow, so take an umbrella with you.",
-        "He read the letter twice before he put it back in the drawer.",
-        "The museum opens at nine and closes at five on weekdays.",
-        "Our train was late because of snow on the tracks.",
-    ]
-    labels = odds_ratio.compute(minilm, sentences, keep_tensors=False).to_dataframe()["label"]
+    labels = odds_ratio.compute(minilm, MINILM_PROMPTS, keep_tensors=False).to_dataframe()["label"]
     assert sorted(labels[labels == "prior-driven"].index) == ["L0H11", "L0H8"]
     assert labels["L5H4"] == labels["L5H7"] == "undecided"
