@@ -141,10 +141,11 @@ def test_every_entry_point_collects_what_the_model_call_collects(host, name, ent
     assert_identical(got, reference(host, name, rows), f"{host}/{name}/{entry}/{mode}")
 
 
-def generating(model, prompt, cache: bool):
+def generating(model, prompt, cache: bool = True, n: int = N_NEW):
+    """Greedy ``generate`` of ``n`` tokens, with the KV cache or without it."""
     return model.generate(
         prompt,
-        max_new_tokens=N_NEW,
+        max_new_tokens=n,
         use_past_kv_cache=cache,
         do_sample=False,
         stop_at_eos=False,

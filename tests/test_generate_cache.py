@@ -17,20 +17,14 @@ import torch
 
 from tl_dynamics.errors import TLDynamicsError
 from test_attach_entry_points import ANALYSES, inputs, model_of
+from test_attach_entry_points import generating as generate_tokens
 from test_padding import TEXTS, assert_close, results
 
 N_NEW = 5  # tokens each generate adds
 
 
 def generating(model, prompt, cache: bool = True, n: int = N_NEW):
-    return model.generate(
-        prompt,
-        max_new_tokens=n,
-        use_past_kv_cache=cache,
-        do_sample=False,
-        stop_at_eos=False,
-        verbose=False,
-    )
+    return generate_tokens(model, prompt, cache, n)
 
 
 @pytest.mark.parametrize("name", ANALYSES)
