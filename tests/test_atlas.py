@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tl_dynamics import atlas, viz, zoo
+from tl_dynamics import atlas, circuits, viz, zoo
 from tl_dynamics.adapter import ModelAdapter, shuffled_weights
 from tl_dynamics.atlas import _causal
 from tl_dynamics.errors import TLDynamicsError
@@ -261,11 +261,15 @@ def _scores(**given):
         prev_pattern=0.0,
         prev_circuit=0.0,
         dup_pattern=0.0,
+        dup_mech=0.0,
         qk_positivity=0.0,
         ind_pattern=0.0,
+        ind_mech=0.0,
         ind_kcomp=float("nan"),
         ov_copying=0.0,
         neg_ov_copying=0.0,
+        copy_pass=0.0,
+        neg_copy_pass=0.0,
         suppression_qk=float("nan"),
         sink_mass=0.0,
         sink_first=0.0,
@@ -279,13 +283,13 @@ def _scores(**given):
 
 def test_copy_suppression_needs_the_qk_side_and_a_sink_needs_dominance():
     c = {k: 0.1 for k in _scores()}
-    both = _roles.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5, suppression_qk=0.6), c)
+    both = _roles.classify(_scores(copy_pass=-0.5, neg_copy_pass=0.5, suppression_qk=0.6), c)
     assert both.roles == ("copy-suppression",)  # negative copying is part of it, not listed
     assert "ranks that token's key first for 60% (control 10%)" in both.evidence
-    ov_only = _roles.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5, suppression_qk=0.15), c)
+    ov_only = _roles.classify(_scores(copy_pass=-0.5, neg_copy_pass=0.5, suppression_qk=0.15), c)
     assert ov_only.roles == ("negative copying",)
     assert "not copy-suppression" in ov_only.evidence and "15% (control 10%)" in ov_only.evidence
-    unmeasured = _roles.classify(_scores(ov_copying=-0.5, neg_ov_copying=0.5), c)
+    unmeasured = _roles.classify(_scores(copy_pass=-0.5, neg_copy_pass=0.5), c)
     assert unmeasured.roles == ("negative copying",) and "not measured" in unmeasured.evidence
     # a large column that does not dominate the next-largest in most prompts is not a sink
     tie = _roles.classify(_scores(sink_mass=0.4, sink_dominant=0.25, sink_first=0.25), c)
@@ -309,33 +313,38 @@ def test_suppression_qk_equals_its_definition(induction):
         assert _measure.suppression_qk(induction, layer, head, rows) == pytest.approx(want)
 
 
-def test_code_2l_layer_1_is_negative_copying_not_copy_suppression():
-    """code-2l's layer-1 heads have negative OV copying, but their QK circuits do not attend to
-    the token the query predicts (its key is first for no probe token), so they are
-    "negative copying"; whether their largest columns dominate in half of the prompts is
-    undecided on 16 probes, so they are not called sinks."""
-    res = atlas.compute(zoo.load("code-2l"), causal=False)
+def test_code_2l_layer_1_writes_against_nothing_on_the_pass():
+    """code-2l's layer-1 heads read as negative copying from the weights alone (``W_E W_V W_O
+    W_U``: -0.32 to -0.56), but that is inside the weights' own chance level (random heads
+    reading code-2l's embeddings, the circuits section's number), and on the pass, through the
+    norm and the layer-0 MLP, what they write from a token does not lower that token's logit
+    (``copy_pass`` within the control's margin): no negative copying, no copy suppression. The
+    weights-only copying score and the atlas share one null."""
+    model = zoo.load("code-2l")
+    res = atlas.compute(model, causal=False)
     layer_1 = [(1, h) for h in range(4)]
-    assert res.heads_with("copy-suppression") == []
-    assert res.heads_with("negative copying") == layer_1
+    chance = circuits.copying_scores(model).chance
+    assert res.controls["ov_copying"] == pytest.approx(chance)  # one null per score
+    assert res.heads_with("copy-suppression") == [] and res.heads_with("negative copying") == []
     for pair in layer_1:
-        assert res.scores["ov_copying"][pair] <= -(res.controls["neg_ov_copying"] + _roles.MARGIN)
-        assert res.scores["suppression_qk"][pair] < res.controls["suppression_qk"] + _roles.MARGIN
-        # a dominant sink in 6 to 10 of the 16 probes: the floor of 1/2 is inside its interval
-        assert "sink" not in res.roles_of(*pair) and "sink" in res.roles[pair].undecided
-        assert "not copy-suppression" in res.evidence(*pair)
+        assert res.scores["ov_copying"][pair] < 0  # the weights alone say "negative"
+        assert abs(res.scores["ov_copying"][pair]) < chance  # ... inside their chance level
+        assert res.scores["neg_copy_pass"][pair] < res.controls["neg_copy_pass"] + _roles.MARGIN
+        assert "negative copying" not in res.roles[pair].undecided
 
 
 def test_planted_copy_suppression_head():
-    """A HookedTransformer (TransformerLens 3.x) with planted heads: token embeddings are unit
-    vectors in the first d_head coordinates and the unembedding is their transpose. L1H0 reads
-    the predicted token with W_Q = W_K = identity there and writes minus it (W_V W_O = -I):
-    copy-suppression. L1H1 writes minus the token too but its QK circuit is random: negative
-    copying only."""
+    """A HookedTransformer (TransformerLens 3.x), attention-only, with planted heads: token
+    embeddings are unit vectors in the first d_head coordinates, the unembedding is their
+    transpose, and layer 0 writes nothing (positions and its W_O zeroed), so layer 1 reads the
+    tokens themselves. L1H0 reads the predicted token with W_Q = W_K = identity there and writes
+    minus it (W_V W_O = -I): copy-suppression. L1H1 writes minus the token too but its QK circuit
+    is random: negative copying only. Both read as such on the pass (``copy_pass`` near -1), and
+    the weights-only QK side applies (attention-only)."""
     from tl_dynamics import testing
 
     try:
-        model = testing.tiny_hooked()
+        model = testing.tiny_hooked(attn_only=True)
     except TLDynamicsError as exc:
         pytest.skip(f"HookedTransformer unavailable: {exc}")
     gen = torch.Generator().manual_seed(0)
@@ -349,6 +358,8 @@ def test_planted_copy_suppression_head():
     with torch.no_grad():
         model.W_E.copy_(embed)
         model.W_U.copy_(embed.T)
+        model.W_pos.zero_()
+        model.blocks[0].attn.W_O.zero_()
         attn = model.blocks[1].attn
         attn.W_Q[0], attn.W_K[0] = eye, eye
         for head in (0, 1):
@@ -357,6 +368,7 @@ def test_planted_copy_suppression_head():
     assert res.roles_of(1, 0)[0] == "copy-suppression"
     assert res.scores["suppression_qk"][1, 0] == 1.0
     assert "negative copying" in res.roles_of(1, 1) and "copy-suppression" not in res.roles_of(1, 1)
+    assert (res.scores["copy_pass"][1, :2] < -0.9).all()
 
 
 # ------------------------------------------------------------------ the real encoder

@@ -13,7 +13,7 @@ from torch import Tensor
 from tl_dynamics.adapter import _finite, _readers, _switches, _weights
 from tl_dynamics.adapter._batch import Batch, model_device
 from tl_dynamics.adapter._checks import check_attention
-from tl_dynamics.adapter._finalnorm import read_final_norm
+from tl_dynamics.adapter._finalnorm import logit_directions, read_final_norm
 from tl_dynamics.adapter._core import AdapterCore
 from tl_dynamics.adapter._gate import gate_refusal
 from tl_dynamics.adapter._jetmoe import ROUTED_WEIGHTS, routed_queries, routed_weight
@@ -234,6 +234,25 @@ class AdapterBase(AdapterCore):
         cap = self.final_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
+    def logit_directions(self, ids: Tensor) -> tuple[bool, Float[Tensor, "d_model n"]]:
+        """``(center, W)``: a write ``x`` to the last residual stream changes the logits of
+        ``ids`` directly by ``(x - mean(x) if center else x) @ W`` times the final norm's positive
+        per-position scale (``_finalnorm.logit_directions``; ranks do not depend on the scale).
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter
+            >>> ad = ModelAdapter(testing.cached_model("gpt2"))
+            >>> center, W = ad.logit_directions(torch.tensor([3, 5]))
+            >>> center, tuple(W.shape)
+            (True, (64, 2))
+        """
+        norm = self._cached(
+            ("final_norm",),
+            lambda: read_final_norm(self.model, self.info.host, self.info.architecture),
+        )
+        return logit_directions(norm, self.W_U, ids)
+
     @property
     def final_softcap(self) -> float | None:
         """The soft-cap the model applies to its output logits, or None: Hugging Face's
@@ -253,6 +272,23 @@ class AdapterBase(AdapterCore):
                 "normalisation followed by the unembedding"
             )
         return self.unembed(self.final_norm(resid))
+
+    @property
+    def attention_only(self) -> bool:
+        """True when no block has an MLP (TransformerLens's ``attn_only``): the stream between
+        attention layers holds only the embeddings, the heads' outputs and biases, so a circuit
+        read from the weights alone (through the norms) is the whole path.
+
+        Example:
+            >>> from tl_dynamics import zoo
+            >>> from tl_dynamics.adapter import ModelAdapter
+            >>> ModelAdapter(zoo.load("induction-2l")).attention_only
+            True
+        """
+        cfg = self.model.cfg
+        if getattr(cfg, "attn_only", False):
+            return True
+        return all(getattr(block, "mlp", None) is None for block in self.model.blocks)
 
     @property
     def is_encoder(self) -> bool:

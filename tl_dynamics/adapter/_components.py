@@ -88,18 +88,23 @@ class ResidualSplit:
         )
         names = adapter.hook_names([("resid_mid", l) for l in range(layer)])
         self.sequential = tuple(name is not None for name in names)
-        kinds: list[tuple[str, str]] = [("token embedding", "embedding")]
+        kinds: list[tuple[str, str, int, int]] = [("token embedding", "embedding", -1, -1)]
         if self.learned_positions:
-            kinds.append(("positional embedding", "embedding"))
+            kinds.append(("positional embedding", "position", -1, -1))
         self.attn_bias = tuple(bool(adapter.b_O(l).abs().max() > 0) for l in range(layer))
         for l in range(layer):
-            kinds += [(f"L{l}H{h} output", "head") for h in range(adapter.n_heads)]
+            kinds += [(f"L{l}H{h} output", "head", l, h) for h in range(adapter.n_heads)]
             if self.attn_bias[l]:
-                kinds.append((f"L{l} attention bias", "bias"))
+                kinds.append((f"L{l} attention bias", "bias", l, -1))
             if self.mlp[l]:
-                kinds.append((f"L{l} MLP output", "mlp"))
-        self.names = tuple(n for n, _ in kinds)
-        self.kinds = tuple(k for _, k in kinds)
+                kinds.append((f"L{l} MLP output", "mlp", l, -1))
+        self.names = tuple(k[0] for k in kinds)
+        # "position" reads as "embedding" in ``kinds`` (as before); ``origins`` tells them apart
+        self.kinds = tuple("embedding" if k[1] == "position" else k[1] for k in kinds)
+        self.origins: tuple[tuple[str, int, int], ...] = tuple((k[1], k[2], k[3]) for k in kinds)
+        """Per part: ``(kind, layer, head)``; kind ``"embedding"`` (the token embedding),
+        ``"position"``, ``"head"``, ``"bias"`` or ``"mlp"``; -1 where a layer or head does not
+        apply."""
 
     @property
     def layers(self) -> tuple[int, ...]:

@@ -99,6 +99,27 @@ class FinalNorm:
         return x
 
 
+def logit_directions(norm: FinalNorm, W_U: Tensor, ids: Tensor) -> tuple[bool, Tensor]:
+    """What a write to the last residual stream does to the logits of ``ids`` directly, up to
+    the final norm's positive per-position scale: ``(center, W)``, the logit change being
+    ``(x - mean(x) if center else x) @ W`` times that scale, ``W`` the norm's gain times
+    ``W_U[:, ids]`` ``[d_model, n]`` (``b_U``, the norm's shift and a soft-cap left out: they do
+    not depend on the write).
+
+    Example:
+        >>> norm = FinalNorm("norm", center=False, weight=torch.tensor([2.0, 1.0]))
+        >>> logit_directions(norm, torch.eye(2), torch.tensor([0]))
+        (False, tensor([[2.],
+                [0.]]))
+    """
+    W = W_U[:, ids.to(W_U.device)].float()
+    if norm.kind == "identity":
+        return False, W
+    if norm.weight is not None:
+        W = (norm.offset + norm.weight.to(W.device).float())[:, None] * W
+    return bool(norm.center), W
+
+
 def _param(owner: Any, name: str | None) -> Tensor | None:
     value = None if name is None else _readers.optional(owner, name)
     return value.detach().float().clone() if isinstance(value, Tensor) else None

@@ -126,5 +126,5 @@ def frozen_parts(
     rotation = adapter.rotation(layer)
     if rotation is None:
         return out
-    positions = res.positions.expand(out.shape[0], *res.positions.shape)
-    return rotation.rotate(out, positions)
+    # one cos/sin table per position, broadcast over the parts (not one per part)
+    return rotation.rotate(out, res.positions[None])

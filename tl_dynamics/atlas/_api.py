@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter, Prompt, shuffled_weights
 from tl_dynamics.atlas import _measure
-from tl_dynamics.atlas._causal import KINDS, causal_deltas
+from tl_dynamics.atlas._ablate import DELTA_KEYS, EXACT_TOP, causal_columns, unpatchable
 from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes
 from tl_dynamics.atlas._result import HeadAtlas
 from tl_dynamics.atlas._evidence import margins
+from tl_dynamics.atlas._mechanism import MECHANISM_KEYS, mechanism_scores
 from tl_dynamics.atlas._roles import (
     FLOORS,
     LEARNED_SINK_FLOOR,
@@ -30,7 +31,7 @@ def _head_scores(scores: dict[str, np.ndarray], layer: int, head: int) -> dict[s
     return {k: float(v[layer, head]) for k, v in scores.items()}
 
 
-def _induction_circuits(
+def _supporting_kcomp(
     adapter: ModelAdapter,
     control: ModelAdapter,
     probes,
@@ -39,20 +40,22 @@ def _induction_circuits(
     c: dict[str, float],
     pairs: list[tuple[int, int]],
 ) -> dict[tuple[int, int], tuple[tuple[int, int], ...]]:
-    """Fill ``ind_kcomp`` for heads whose induction pattern clears its control: the token-level
-    K-circuit through every earlier previous-token head, on the model and on the control."""
+    """Supporting evidence where it applies (attention-only models: the weights are the whole
+    path): ``ind_kcomp``, the token-level K-circuit through every earlier previous-token head, for
+    heads whose induction pattern clears its control, on the model and on the control."""
     prev = [
         (layer, head)
         for layer in range(adapter.n_layers)
         for head in range(adapter.n_heads)
         if "previous-token" in classify(_head_scores(real, layer, head), c).roles
     ]
+    via_of = {pair: tuple(p for p in prev if p[0] < pair[0]) for pair in pairs}
+    if not adapter.attention_only:
+        return via_of
     rows = _measure.kcomp_rows(probes)
-    via_of: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
     control_values = []
     for layer, head in pairs:
-        via = tuple(p for p in prev if p[0] < layer)
-        via_of[(layer, head)] = via
+        via = via_of[(layer, head)]
         if not via or real["ind_pattern"][layer, head] < c["ind_pattern"] + MARGIN:
             continue
         real["ind_kcomp"][layer, head] = _measure.k_composition(adapter, (layer, head), via, rows)
@@ -61,6 +64,41 @@ def _induction_circuits(
     chance = 1.0 / max(len(rows), 1)
     c["ind_kcomp"] = max(control_values + [chance])
     return via_of
+
+
+def _mechanisms(
+    adapter: ModelAdapter,
+    control: ModelAdapter,
+    probes: Probes,
+    real: _measure.Measurements,
+    ctrl: _measure.Measurements,
+    c: dict[str, float],
+    pairs: list[tuple[int, int]],
+    notes: list[str],
+) -> None:
+    """Fill ``ind_mech`` and ``dup_mech`` (``_mechanism``: read on the pass) for the heads whose
+    induction or duplicate-token pattern comes within half a margin of its control, on the model
+    and on the same heads of the control; per probe, so their intervals are formed like the
+    patterns'."""
+    heads_of: dict[int, list[int]] = {}
+    for layer, head in pairs:
+        near = [
+            real.scores[k][layer, head] >= c[k] + MARGIN / 2 for k in ("ind_pattern", "dup_pattern")
+        ]
+        if any(near):
+            heads_of.setdefault(layer, []).append(head)
+    for which, model in ((real, adapter), (ctrl, control)):
+        got, why = mechanism_scores(model, probes, heads_of)
+        if why and which is real:
+            notes.append(why)
+        for key, values in got.items():
+            which.per_probe[key] = values
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # heads not measured stay NaN
+                which.scores[key] = np.nanmean(values, 0) if values.size else values.sum(0)
+    for key in MECHANISM_KEYS:
+        finite = ctrl.scores[key][np.isfinite(ctrl.scores[key])]
+        c[key] = float(finite.max()) if finite.size else 0.0
 
 
 def _suppression_circuits(
@@ -73,21 +111,30 @@ def _suppression_circuits(
     pairs: list[tuple[int, int]],
     notes: list[str],
 ) -> None:
-    """Fill ``suppression_qk`` for heads whose negative OV copying clears its control: the QK
-    side of copy suppression (``_measure.suppression_qk``), on the model and on the same head
-    of the control; the control value is the largest of those and chance (one key in d_vocab)."""
+    """Fill ``suppression_qk`` for heads whose negative copying clears its control, where the
+    weights-only QK read-out applies (attention-only models): the QK side of copy suppression
+    (``_measure.suppression_qk``), on the model and on the same head of the control; the control
+    value is the largest of those and chance (one key in d_vocab)."""
     vocab = int(adapter.W_E.shape[0])
+    c["suppression_qk"] = float("nan")
+    if not adapter.attention_only:
+        if any(real["neg_copy_pass"][p] >= c["neg_copy_pass"] + MARGIN for p in pairs):
+            notes.append(
+                "copy-suppression's QK side is read from the weights (W_U to W_E), which see "
+                "through no MLP: on this model it is not measured, so heads that write against "
+                "what they read are 'negative copying'"
+            )
+        return
     if adapter.W_U.shape[1] != vocab:
         notes.append(
             f"the copy-suppression QK circuit needs W_U over W_E's vocabulary ({vocab} "
             f"tokens; W_U has {adapter.W_U.shape[1]}): negative copying heads stay so"
         )
-        c["suppression_qk"] = float("nan")
         return
     rows = _measure.kcomp_rows(probes)
     control_values = []
     for layer, head in pairs:
-        if not real["neg_ov_copying"][layer, head] >= c["neg_ov_copying"] + MARGIN:
+        if not real["neg_copy_pass"][layer, head] >= c["neg_copy_pass"] + MARGIN:
             continue
         real["suppression_qk"][layer, head] = _measure.suppression_qk(adapter, layer, head, rows)
         ctrl["suppression_qk"][layer, head] = _measure.suppression_qk(control, layer, head, rows)
@@ -95,91 +142,35 @@ def _suppression_circuits(
     c["suppression_qk"] = max(control_values + [1.0 / vocab])
 
 
-DELTA_KEYS = KINDS + ("mean_unrepeated",)
+_HEAD_NAME = re.compile(r"^L(\d+)H(\d+)$")
 
 
-def _causal(
-    adapter: ModelAdapter, probes: Probes, captures: dict, selected: dict, targets: dict
-) -> tuple[dict, dict[str, float], bool]:
-    """``causal_deltas`` on the natural probes; the repeated probes (equal lengths, no padding)
-    run in chunks of ``_measure.PROBE_CHUNK``, each loss a mean over the same number of tokens
-    per probe, so the size-weighted mean of the chunks' losses is the whole batch's."""
-    if probes.natural is not probes.repeat:
-        return causal_deltas(adapter, probes.natural, captures, selected, targets)
-    found: dict = {}
-    losses: dict[str, float] = {}
-    shared = False
-    for part, share in _measure.chunks(probes.repeat):
-        got, clean, shared = causal_deltas(
-            adapter, part, _measure.capture_layers(adapter, part), selected, targets
+def _pairs_of(adapter: ModelAdapter, layers: Any, heads: Any) -> list[tuple[int, int]]:
+    """The asked ``(layer, head)`` pairs: the grid of ``layers`` x ``heads``, or the heads named
+    one by one (``(layer, head)`` tuples or ``"L<layer>H<head>"``), checked against the model."""
+    named = (
+        isinstance(heads, (list, tuple))
+        and len(heads) > 0
+        and all(isinstance(h, (tuple, list, str)) for h in heads)
+    )
+    if not named:
+        ls, hs = adapter.check_attention_layers(layers), adapter.check_heads(heads)
+        return [(layer, head) for layer in ls for head in hs]
+    if layers is not None:
+        raise TLDynamicsError(
+            "atlas.compute: give either layers= with head indices, or heads= as (layer, head) "
+            f"pairs or names like 'L1H3' with layers=None; got layers={layers!r}, heads={heads!r}"
         )
-        for key, value in got.items():
-            found[key] = found.get(key, 0.0) + share * value
-        for key, value in clean.items():
-            losses[key] = losses.get(key, 0.0) + share * value
-    return found, losses, shared
-
-
-def _targets(probes: Probes) -> dict[str, Tensor | None]:
-    """Which predicted positions the losses average over: on the repeated probes, the second
-    copy (where repetition makes tokens predictable) and, as a control, the first copy."""
-    if probes.user_prompts:
-        return {"all": None}
-    n_pos = probes.repeat.tokens.shape[1]
-    second = torch.zeros(n_pos, dtype=torch.bool)
-    second[list(probes.second_copy)] = True
-    first = torch.zeros(n_pos, dtype=torch.bool)
-    first[list(probes.first_copy)] = True
-    return {"repeated": second, "unrepeated": first}
-
-
-def _unpatchable(adapter: ModelAdapter, layers: list[int]) -> str | None:
-    """Why the host cannot patch the heads' ``z`` or pattern in ``layers`` (``ModelAdapter.patch``
-    refuses before any pass: no such hook, or a hook whose edits the host discards), or None."""
-    keep = [(role, layer, lambda t: None) for layer in layers for role in ("z", "pattern")]
-    try:
-        with adapter.patch(keep):
-            pass
-    except TLDynamicsError as exc:
-        return str(exc)
-    return None
-
-
-def _causal_columns(
-    adapter: ModelAdapter,
-    probes: Probes,
-    real: Any,
-    layers: list[int],
-    heads: list[int],
-    deltas: dict[str, np.ndarray],
-    notes: list[str],
-) -> float:
-    """Fill ``deltas`` with the interventions' loss changes, note how they ran, return the
-    clean loss."""
-    targets = _targets(probes)
-    main = next(iter(targets))
-    found, losses, shared = _causal(
-        adapter, probes, real.captures, {layer: heads for layer in layers}, targets
-    )
-    deltas.update({kind: found[(kind, main)] for kind in KINDS})
-    if "unrepeated" in targets:
-        deltas["mean_unrepeated"] = found[("mean", "unrepeated")]
-    clean = losses[main]
-    where = (
-        "on the second copy of the repeated probes"
-        if main == "repeated"
-        else "on the given prompts"
-    )
-    notes.append(
-        f"clean next-token loss {where}: {clean:.3f} nats; "
-        + (
-            "earlier layers run once per layer of variants"
-            if shared
-            else "every variant re-runs the whole model (this host does not let a "
-            "hook grow the batch)"
-        )
-    )
-    return clean
+    out: list[tuple[int, int]] = []
+    for h in heads:
+        match = _HEAD_NAME.match(h) if isinstance(h, str) else None
+        if isinstance(h, str) and match is None:
+            raise TLDynamicsError(f"atlas.compute: {h!r} is not a head name like 'L1H3'")
+        layer, head = (int(match[1]), int(match[2])) if match else tuple(h)
+        pair = (adapter.check_attention_layers([layer])[0], adapter.check_heads([head])[0])
+        if pair not in out:
+            out.append(pair)
+    return out
 
 
 def compute(
@@ -192,6 +183,7 @@ def compute(
     seq_len: int = SEQ_LEN,
     seed: int = SEED,
     causal: bool = True,
+    exact: int = EXACT_TOP,
 ) -> HeadAtlas:
     """What every asked head does, from its pattern, its weights and its causal cost.
 
@@ -214,11 +206,17 @@ def compute(
         prompts: natural probes (text, texts, ``[batch, pos]`` token ids or a ``Batch``), or
             None for the repeated random sequences.
         layers: a layer index, a list of them, or None (all layers).
-        heads: a head index, a list of them, or None (all heads), in every selected layer.
+        heads: a head index, a list of them, or None (all heads), in every selected layer; or
+            the heads themselves, ``[(18, 6), (17, 3)]`` or ``["L18H6", "L17H3"]`` (then
+            ``layers`` stays None): exactly those are measured and ablated.
         n_seq: number of repeated random probe sequences.
         seq_len: length of the repeated sequence ``R`` (a probe is ``[prefix] R R``).
         seed: seed of the probes and of the weight-shuffled control.
-        causal: run the interventions (mean ablation, prior/likelihood patching).
+        causal: run the interventions: every asked head's mean-ablation effect estimated by
+            attribution patching (one forward and one backward pass), and the exact mean
+            ablation and prior/likelihood patching of every named head, of every head on models
+            of at most 64, else of the ``exact`` heads the estimate ranks first.
+        exact: how many heads the estimate's ranking sends to exact ablation on larger models.
 
     Returns:
         A ``HeadAtlas``.
@@ -232,21 +230,34 @@ def compute(
         True
     """
     adapter = ModelAdapter.of(model)
-    chosen_layers, chosen_heads = adapter.check_attention_layers(layers), adapter.check_heads(heads)
+    pairs = _pairs_of(adapter, layers, heads)
+    chosen_layers = sorted({layer for layer, _ in pairs})
+    chosen_heads = sorted({head for _, head in pairs})
+    named = layers is not None or heads is not None
     if not isinstance(causal, bool):
         raise TLDynamicsError(f"causal must be True or False, got {causal!r}")
+    if isinstance(exact, bool) or not isinstance(exact, int) or exact < 0:
+        raise TLDynamicsError(f"exact must be a non-negative int, got {exact!r}")
     probes = build_probes(adapter, prompts, n_seq, seq_len, seed)
-    real = _measure.measure(adapter, probes, keep=causal)
+    real = _measure.measure(adapter, probes, keep=causal, chance=True)
     control = shuffled_weights(adapter, seed)
     ctrl = _measure.measure(control, probes)
-    for scores in (real.scores, ctrl.scores):
-        scores["neg_ov_copying"] = -scores["ov_copying"]
-        scores["ind_kcomp"] = np.full((adapter.n_layers, adapter.n_heads), np.nan)
-        scores["suppression_qk"] = np.full((adapter.n_layers, adapter.n_heads), np.nan)
+    for m in (real, ctrl):
+        m.scores["neg_ov_copying"] = -m.scores["ov_copying"]
+        m.scores["neg_copy_pass"] = -m.scores["copy_pass"]
+        m.per_probe["neg_copy_pass"] = -m.per_probe["copy_pass"]
+        m.scores["ind_kcomp"] = np.full((adapter.n_layers, adapter.n_heads), np.nan)
+        m.scores["suppression_qk"] = np.full((adapter.n_layers, adapter.n_heads), np.nan)
     c = controls(ctrl.scores)
-    pairs = [(layer, head) for layer in chosen_layers for head in chosen_heads]
+    # the weight scores' one null: the circuits section's chance level (random heads reading the
+    # model's own embeddings), symmetric about 0, so the negative side's is the same
+    for key, chance in real.chances.items():
+        c[key] = chance
+        if key == "ov_copying":
+            c["neg_ov_copying"] = chance
     notes = list(real.notes)
-    via_of = _induction_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs)
+    _mechanisms(adapter, control, probes, real, ctrl, c, pairs, notes)
+    via_of = _supporting_kcomp(adapter, control, probes, real.scores, ctrl.scores, c, pairs)
     _suppression_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs, notes)
     ci = margins(real.per_probe, ctrl.per_probe, seed, tuple(FLOORS))  # [layer, head] each
 
@@ -261,14 +272,22 @@ def compute(
     }
 
     shape = (adapter.n_layers, adapter.n_heads)
-    deltas = {kind: np.full(shape, np.nan) for kind in DELTA_KEYS}
-    clean = float("nan")
+    nan = np.full(shape, np.nan)
+    columns: dict[str, Any] = {
+        "delta": {kind: nan.copy() for kind in DELTA_KEYS},
+        "ci": {kind: (nan.copy(), nan.copy()) for kind in DELTA_KEYS},
+        "clean": float("nan"),
+        "exact": [],
+        "agreement": {},
+    }
     if causal and adapter.is_encoder:
         notes.append("causal evidence not run: an encoder has no next-token loss")
-    elif causal and (why := _unpatchable(adapter, chosen_layers)) is not None:
+    elif causal and (why := unpatchable(adapter, chosen_layers)) is not None:
         notes.append(f"causal evidence not run: {why}")  # e.g. delegated attention
     elif causal:
-        clean = _causal_columns(adapter, probes, real, chosen_layers, chosen_heads, deltas, notes)
+        columns = causal_columns(
+            adapter, probes, real.captures, pairs, named, seed, notes, top=exact
+        )
     probe_info = {
         "n_seq": n_seq,
         "seq_len": seq_len,
@@ -286,8 +305,12 @@ def compute(
         scores=real.scores,
         control_scores=ctrl.scores,
         controls=c,
-        delta_loss=deltas,
-        clean_loss=clean,
+        delta_loss=columns["delta"],
+        clean_loss=columns["clean"],
+        delta_ci=columns["ci"],
+        exact=tuple(columns["exact"]),
+        atp_agreement=columns["agreement"],
+        pairs=tuple(pairs),
         probes=probe_info,
         notes=tuple(notes),
     )

@@ -32,20 +32,22 @@ KINDS = ("mean", "prior", "likelihood")
 LOGIT_BUDGET = 1 << 26
 
 
-def next_token_loss(
+def row_losses(
     logits: Tensor, batch: Batch, n_variants: int, targets: Tensor | None = None
-) -> Tensor:
-    """Mean next-token cross-entropy per variant ``[n_variants]`` over valid (token, next
-    token) pairs whose next position is in ``targets`` (``[pos]`` bool; all by default);
-    ``logits`` is ``[n_variants * batch, pos, vocab]``.
+) -> tuple[Tensor, Tensor]:
+    """``(loss [n_variants, rows], counts [rows])``: each probe's mean next-token cross-entropy
+    over its valid (token, next token) pairs whose next position is in ``targets`` (``[pos]``
+    bool; all by default), and how many pairs that is (a probe with none has loss 0);
+    ``logits`` is ``[n_variants * rows, pos, vocab]``. Differentiable in ``logits``.
 
     Example:
         >>> import torch
         >>> from tl_dynamics.adapter import Batch
-        >>> tokens = torch.tensor([[0, 1, 2]])
+        >>> tokens = torch.tensor([[0, 1, 2], [2, 1, 0]])
         >>> batch = Batch(tokens, torch.ones_like(tokens, dtype=torch.bool), "right")
-        >>> float(next_token_loss(torch.zeros(1, 3, 4), batch, 1)[0])  # uniform over 4: ln 4
-        1.3862943649291992
+        >>> loss, counts = row_losses(torch.zeros(2, 3, 4), batch, 1)
+        >>> [round(x, 4) for x in loss[0].tolist()], counts.tolist()   # uniform over 4: ln 4
+        ([1.3863, 1.3863], [2.0, 2.0])
     """
     tokens = batch.tokens.to(logits.device)
     valid = (batch.key_valid[:, :-1] & batch.key_valid[:, 1:]).to(logits.device)
@@ -55,7 +57,27 @@ def next_token_loss(
     log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     target = tokens[:, 1:].repeat(n_variants, 1)
     nll = -log_probs.gather(-1, target[..., None]).squeeze(-1).reshape(n_variants, *valid.shape)
-    return (nll * valid).sum(dim=(1, 2)) / valid.sum().clamp(min=1.0)
+    counts = valid.sum(-1)
+    return (nll * valid).sum(-1) / counts.clamp(min=1.0), counts
+
+
+def next_token_loss(
+    logits: Tensor, batch: Batch, n_variants: int, targets: Tensor | None = None
+) -> Tensor:
+    """Mean next-token cross-entropy per variant ``[n_variants]`` over valid (token, next
+    token) pairs whose next position is in ``targets`` (``[pos]`` bool; all by default);
+    ``logits`` is ``[n_variants * batch, pos, vocab]`` (``row_losses`` pooled over the probes).
+
+    Example:
+        >>> import torch
+        >>> from tl_dynamics.adapter import Batch
+        >>> tokens = torch.tensor([[0, 1, 2]])
+        >>> batch = Batch(tokens, torch.ones_like(tokens, dtype=torch.bool), "right")
+        >>> float(next_token_loss(torch.zeros(1, 3, 4), batch, 1)[0])  # uniform over 4: ln 4
+        1.3862943649291992
+    """
+    loss, counts = row_losses(logits, batch, n_variants, targets)
+    return (loss * counts).sum(-1) / counts.sum().clamp(min=1.0)
 
 
 class CausalRunner:
@@ -77,8 +99,15 @@ class CausalRunner:
         self.expand: bool | None = False if batch.padded else None  # None: try it once
         with torch.no_grad():
             logits = adapter.forward(batch)
+        # per target set: each probe's clean loss [rows] and its number of target pairs
+        self.clean_rows: dict[str, Tensor] = {}
+        self.counts: dict[str, Tensor] = {}
+        for name, t in targets.items():
+            loss, counts = row_losses(logits, batch, 1, t)
+            self.clean_rows[name], self.counts[name] = loss[0], counts
         self.clean = {
-            name: float(next_token_loss(logits, batch, 1, t)[0]) for name, t in targets.items()
+            name: float((self.clean_rows[name] * c).sum() / c.sum().clamp(min=1.0))
+            for name, c in self.counts.items()
         }
 
     def _replacements(self, la: LayerAttention, heads: list[int]) -> dict[str, Tensor]:
@@ -99,7 +128,7 @@ class CausalRunner:
         repl: dict[str, Tensor],
         expand: bool,
     ) -> Tensor:
-        """Loss ``[variant, target set]`` per variant ``(head, index into repl, kind)``."""
+        """Loss ``[variant, target set, row]`` per variant ``(head, index into repl, kind)``."""
         n_rows, k = self.batch.tokens.shape[0], len(variants)
 
         def grow(x: Tensor) -> Tensor:
@@ -136,7 +165,7 @@ class CausalRunner:
                 f"patched forward returned {logits.shape[0]} rows, expected {k * n_rows}"
             )
         return torch.stack(
-            [next_token_loss(logits, self.batch, k, t) for t in self.targets.values()], -1
+            [row_losses(logits, self.batch, k, t)[0] for t in self.targets.values()], 1
         )
 
     def _chunk(self) -> int:
@@ -145,7 +174,8 @@ class CausalRunner:
         return max(1, LOGIT_BUDGET // max(1, per_variant))
 
     def layer_deltas(self, layer: int, heads: Sequence[int]) -> dict[tuple[str, str], np.ndarray]:
-        """``{(kind, target set): [len(heads)]}`` loss changes (patched minus clean)."""
+        """``{(kind, target set): [len(heads), rows]}`` loss changes per probe (patched minus
+        clean)."""
         heads = list(heads)
         repl = self._replacements(self.captures[layer], heads)
         variants = [(head, i, kind) for i, head in enumerate(heads) for kind in KINDS]
@@ -161,15 +191,16 @@ class CausalRunner:
                 except Exception:  # the host carries a batch-shaped tensor past the hook
                     self.expand = False
             losses.append(self._forward(layer, part, repl, expand=self.expand))
+        rows = self.batch.tokens.shape[0]
         loss = (
             torch.cat(losses)
-            .reshape(len(heads), len(KINDS), len(self.targets))
+            .reshape(len(heads), len(KINDS), len(self.targets), rows)
             .double()
             .cpu()
             .numpy()
         )
         return {
-            (kind, name): loss[:, j, t] - self.clean[name]
+            (kind, name): loss[:, j, t] - self.clean_rows[name].double().cpu().numpy()[None]
             for j, kind in enumerate(KINDS)
             for t, name in enumerate(self.targets)
         }
@@ -181,18 +212,22 @@ def causal_deltas(
     captures: dict[int, LayerAttention],
     selected: dict[int, list[int]],
     targets: dict[str, Tensor | None],
-) -> tuple[dict[tuple[str, str], np.ndarray], dict[str, float], bool]:
-    """``({(kind, target set): [n_layers, n_heads]}, clean loss per target set, whether the
-    layer prefix was shared)``; NaN for heads not asked for. ``targets`` names sets of
-    predicted positions (``[pos]`` bool, or None for all)."""
+) -> tuple[dict[tuple[str, str], np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray], bool]:
+    """``({(kind, target set): [rows, n_layers, n_heads]}, clean loss per target set [rows],
+    target pairs per target set [rows], whether the layer prefix was shared)``: every probe's
+    loss change, NaN for heads not asked for. ``targets`` names sets of predicted positions
+    (``[pos]`` bool, or None for all)."""
     runner = CausalRunner(adapter, batch, captures, targets)
+    rows = batch.tokens.shape[0]
     out = {
-        (kind, name): np.full((adapter.n_layers, adapter.n_heads), np.nan)
+        (kind, name): np.full((rows, adapter.n_layers, adapter.n_heads), np.nan)
         for kind in KINDS
         for name in targets
     }
     for layer, heads in selected.items():
         if heads:
             for key, value in runner.layer_deltas(layer, heads).items():
-                out[key][layer, heads] = value
-    return out, runner.clean, bool(runner.expand)
+                out[key][:, layer, heads] = value.T
+    clean = {k: v.double().cpu().numpy() for k, v in runner.clean_rows.items()}
+    counts = {k: v.double().cpu().numpy() for k, v in runner.counts.items()}
+    return out, clean, counts, bool(runner.expand)

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from tl_dynamics import circuits, odds_ratio
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter
+from tl_dynamics.atlas._copying import CopyReader
 from tl_dynamics.atlas._probes import Probes
 from tl_dynamics.errors import TLDynamicsError
 
@@ -31,7 +32,7 @@ KCOMP_ROWS = 256
 # in n_seq (``tl-dynamics heads --n-seq 100000`` holds 32 probes' patterns at a time).
 PROBE_CHUNK = 32
 
-PATTERN_KEYS = ("prev_pattern", "dup_pattern", "ind_pattern")
+PATTERN_KEYS = ("prev_pattern", "dup_pattern", "ind_pattern", "copy_pass")
 NATURAL_KEYS = (
     "sink_mass",
     "sink_first",
@@ -49,6 +50,7 @@ class Measurements:
     the per-layer captures the causal step needs."""
 
     scores: dict[str, np.ndarray]
+    chances: dict[str, float] = field(default_factory=dict)  # weight scores' chance levels
     captures: dict[int, LayerAttention] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     per_probe: dict[str, np.ndarray] = field(default_factory=dict)  # [probe, layer, head]
@@ -124,10 +126,15 @@ def _capture(adapter: ModelAdapter, batch: Batch, on_layer) -> None:
         adapter.forward(batch)
 
 
-def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[str, np.ndarray]:
+def weight_scores(
+    adapter: ModelAdapter, n_pos: int, notes: list[str], chances: dict[str, float] | None = None
+) -> dict[str, np.ndarray]:
     """OV copying, QK positivity and the masked positional circuit's previous-token share: the
     share of query positions ``2..n-1`` whose highest-scoring key position (causally masked,
-    the first position left out) is the previous one, in ``(W_pos W_Q)(W_pos W_K)^T``."""
+    the first position left out) is the previous one, in ``(W_pos W_Q)(W_pos W_K)^T``. With
+    ``chances``, fills it with the OV copying and QK positivity scores' chance levels, the
+    circuits section's own (``circuits.copying_scores(...).chance``: random heads reading the
+    model's own embeddings, docs/math.md §4.3): one null per score."""
     shape = (adapter.n_layers, adapter.n_heads)
     out = {
         "prev_circuit": np.full(shape, np.nan),
@@ -138,12 +145,13 @@ def weight_scores(adapter: ModelAdapter, n_pos: int, notes: list[str]) -> dict[s
         # The roles compare with the shuffled control, not with the random-head chance level.
         # rows of the attention layers (every layer but a hybrid's other layer types)
         rows = adapter.attention_layers
-        out["ov_copying"][rows] = (
-            circuits.copying_scores(adapter, chance=False).scores.double().numpy()
-        )
-        out["qk_positivity"][rows] = (
-            circuits.qk_positivity_scores(adapter, chance=False).scores.double().numpy()
-        )
+        want = chances is not None
+        ov = circuits.copying_scores(adapter, chance=want)
+        qk = circuits.qk_positivity_scores(adapter, chance=want)
+        out["ov_copying"][rows] = ov.scores.double().numpy()
+        out["qk_positivity"][rows] = qk.scores.double().numpy()
+        if chances is not None and ov.chance is not None and qk.chance is not None:
+            chances.update(ov_copying=ov.chance, qk_positivity=qk.chance)
     except TLDynamicsError as exc:
         notes.append(f"OV copying and QK positivity not available: {exc}")
     if adapter.W_pos is None:
@@ -187,10 +195,12 @@ def chunks(batch: Batch, size: int | None = None):
         yield part, part.tokens.shape[0] / n
 
 
-def measure(adapter: ModelAdapter, probes: Probes, keep: bool = False) -> Measurements:
+def measure(
+    adapter: ModelAdapter, probes: Probes, keep: bool = False, chance: bool = False
+) -> Measurements:
     """All scores of every head; ``keep`` also keeps the natural probes' captured layers when
     the user gave them (the repeated probes run in chunks, see ``PROBE_CHUNK``, and the causal
-    step captures each chunk again)."""
+    step captures each chunk again); ``chance``: the weight scores' chance levels too."""
     shape = (adapter.n_layers, adapter.n_heads)
     # per probe, per layer: the pattern scores of the repeated probes, the natural ones' sinks
     rows: dict[str, dict[int, list[np.ndarray]]] = {k: {} for k in PATTERN_KEYS + NATURAL_KEYS}
@@ -201,8 +211,11 @@ def measure(adapter: ModelAdapter, probes: Probes, keep: bool = False) -> Measur
         for key, value in values.items():
             rows[key].setdefault(layer, []).append(value.double().cpu().numpy())
 
+    copy = CopyReader(adapter, probes)
+    tokens: dict[str, Tensor] = {}  # the chunk being run
+
     def on_repeat(la: LayerAttention) -> None:
-        add(pattern_scores(la, probes), la.layer)
+        add({**pattern_scores(la, probes), "copy_pass": copy(la, tokens["now"])}, la.layer)
         if same:
             add(natural_scores(la), la.layer)
 
@@ -212,6 +225,7 @@ def measure(adapter: ModelAdapter, probes: Probes, keep: bool = False) -> Measur
             captures[la.layer] = la
 
     for part, _ in chunks(probes.repeat):
+        tokens["now"] = part.tokens
         _capture(adapter, part, on_repeat)
     if not same:
         _capture(adapter, probes.natural, on_natural)
@@ -226,8 +240,12 @@ def measure(adapter: ModelAdapter, probes: Probes, keep: bool = False) -> Measur
         warnings.simplefilter("ignore", RuntimeWarning)  # a score NaN in every probe stays NaN
         scores = {k: v.mean(0) for k, v in per_probe.items()}
     notes: list[str] = []
-    scores.update(weight_scores(adapter, int(probes.repeat.tokens.shape[1]), notes))
-    return Measurements(scores=scores, captures=captures, notes=notes, per_probe=per_probe)
+    chances: dict[str, float] = {}
+    n_pos = int(probes.repeat.tokens.shape[1])
+    scores.update(weight_scores(adapter, n_pos, notes, chances if chance else None))
+    return Measurements(
+        scores=scores, chances=chances, captures=captures, notes=notes, per_probe=per_probe
+    )
 
 
 def capture_layers(adapter: ModelAdapter, batch: Batch) -> dict[int, LayerAttention]:

@@ -54,8 +54,14 @@ class HeadAtlas(viz.Result):
         scores: ``{name: [n_layers, n_heads] array}`` raw scores of the model.
         control_scores: the same scores on the weight-shuffled control.
         controls: ``{name: float}`` the control value each score must clear.
-        delta_loss: ``{kind: [n_layers, n_heads] array}`` change in loss (nats).
+        delta_loss: ``{kind: [n_layers, n_heads] array}`` change in loss (nats); ``"atp"``:
+            the attribution-patching estimate of ``"mean"`` for every asked head.
         clean_loss: next-token loss of the unmodified model on the natural probes (nats).
+        delta_ci: ``{kind: (low, high)}``, the 95% interval of each over the probes.
+        exact: the heads ablated exactly (the rest have the estimate only).
+        atp_agreement: the estimate against the exact mean ablation on the heads with both
+            (``spearman``, ``pearson``, ``median_abs`` nats, ``heads``).
+        pairs: the asked ``(layer, head)`` pairs.
         probes: the probe token ids and metadata.
         notes: caveats shown with the view.
         margin: how far a score must clear its control for a role.
@@ -81,6 +87,10 @@ class HeadAtlas(viz.Result):
     probes: dict[str, Any] = field(repr=False)
     notes: tuple[str, ...] = ()
     margin: float = MARGIN
+    delta_ci: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    exact: tuple[tuple[int, int], ...] = ()
+    atp_agreement: dict[str, float] = field(default_factory=dict, repr=False)
+    pairs: tuple[tuple[int, int], ...] = ()
 
     def __repr__(self) -> str:
         counts: dict[str, int] = {}
@@ -158,7 +168,10 @@ class HeadAtlas(viz.Result):
         """One row per analysed head: its top role, score, control, evidence and causal costs.
 
         Columns: ``layer, head_index, role`` (the top-ranked), ``score, baseline`` (its score and control),
-        ``evidence``, ``delta_loss`` (mean ablation), then ``delta_loss_prior``,
+        ``evidence``, ``delta_loss`` (mean ablation; NaN where the head was not ablated exactly)
+        with ``delta_loss_low``/``delta_loss_high`` (its 95% interval over the probes),
+        ``delta_loss_atp`` (the attribution-patching estimate, every head) with its interval,
+        then ``delta_loss_prior``,
         ``delta_loss_likelihood`` (pattern patched to the prior-only / likelihood-only
         counterfactual), ``delta_loss_unrepeated``, ``roles`` (all, ranked), ``margin_low`` and
         ``margin_high`` (the 95% interval over the probes of the top role's score minus its
@@ -175,7 +188,15 @@ class HeadAtlas(viz.Result):
             [[0, 0, 'previous-token'], [0, 1, 'positional/local']]
         """
         records = []
+        nan = np.full((self.n_layers, self.n_heads), np.nan)
+
+        def bounds(kind: str, layer: int, head: int) -> tuple[float, float]:
+            low, high = self.delta_ci.get(kind, (nan, nan))
+            return float(low[layer, head]), float(high[layer, head])
+
         for (layer, head), entry in sorted(self.roles.items()):
+            low, high = bounds("mean", layer, head)
+            atp_low, atp_high = bounds("atp", layer, head)
             rec: dict[str, Any] = {
                 "layer": layer,
                 "head_index": head,
@@ -184,6 +205,11 @@ class HeadAtlas(viz.Result):
                 "baseline": entry.baselines[0],
                 "evidence": entry.evidence,
                 "delta_loss": float(self.delta_loss["mean"][layer, head]),
+                "delta_loss_low": low,
+                "delta_loss_high": high,
+                "delta_loss_atp": float(self.delta_loss.get("atp", nan)[layer, head]),
+                "delta_loss_atp_low": atp_low,
+                "delta_loss_atp_high": atp_high,
                 "delta_loss_prior": float(self.delta_loss["prior"][layer, head]),
                 "delta_loss_likelihood": float(self.delta_loss["likelihood"][layer, head]),
                 "delta_loss_unrepeated": float(self.delta_loss["mean_unrepeated"][layer, head]),
@@ -232,6 +258,9 @@ class HeadAtlas(viz.Result):
                 "score",
                 "baseline",
                 "delta_loss",
+                "delta_loss_low",
+                "delta_loss_high",
+                "delta_loss_atp",
                 "delta_loss_prior",
                 "delta_loss_likelihood",
                 "roles",

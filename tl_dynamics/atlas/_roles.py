@@ -4,14 +4,19 @@ score against its value on the weight-shuffled control, by a stated margin.
 | role | score (shown) | also required |
 |---|---|---|
 | previous-token | attention from ``i`` to ``i-1`` on repeated random tokens | the masked positional QK circuit puts ``i-1`` first (learned positions) |
-| duplicate-token | attention to the earlier copy of the same token | QK positivity (tokens attend to themselves in the full QK circuit) |
-| induction | attention to the token after the earlier copy | the token-level K-circuit through earlier previous-token heads picks the matching key; OV copying |
-| copying | OV copying ``sum Re(lambda) / sum abs(lambda)`` | not already induction |
-| copy-suppression | minus OV copying | the QK circuit with the unembedding on the query side ranks the predicted token's key first (``suppression_qk``) |
-| negative copying | minus OV copying | not already copy-suppression (the OV side alone) |
+| duplicate-token | attention to the earlier copy of the same token | on the pass: both sides led by components that carry their own token (``dup_mech``) |
+| induction | attention to the token after the earlier copy | on the pass: the key side led by a previous-token head's output, the query side by a component that carries the current token (``ind_mech``) |
+| copying | OV copying on the pass (``copy_pass``) | not already induction |
+| copy-suppression | minus ``copy_pass`` | the QK circuit with the unembedding on the query side ranks the predicted token's key first (``suppression_qk``; attention-only models) |
+| negative copying | minus ``copy_pass`` | not already copy-suppression |
 | sink | mass on the most-attended key | it dominates (``odds_ratio.HeadStats.SINK_DOMINANCE``) in at least ``SINK_PROMPTS`` of the prompts; its cause from the odds-ratio split (prior- or likelihood-driven) |
 | positional/local | attention within ``LOCAL_WINDOW`` positions | not already previous-token |
 | learned sink | mass the head's learned attention sink absorbs (GPT-OSS) | at least ``LEARNED_SINK_FLOOR``; ranked last |
+
+Mechanisms are read on the model's own pass (``_mechanism``, ``_copying``): a weights-only circuit
+sees through no norm, MLP or depth. The weights-only scores stay beside them as supporting
+evidence where they apply: OV copying and QK positivity against the circuits section's chance
+level (one null per score), the K-composition circuit on attention-only models.
 
 A learned sink (a per-head logit in every softmax denominator, docs/math.md §2.6) is read
 against a fixed floor, not the control: the weight-shuffled control permutes the sink logits
@@ -27,53 +32,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl_dynamics.evidence import NO, UNDECIDED, YES, decide
-from tl_dynamics.odds_ratio import HeadStats
-
-# A score counts when it is at least its control's value plus MARGIN. Every score is a share
-# of attention, a share of rows or tokens, or an eigenvalue ratio in [-1, 1], so one absolute
-# margin of 0.1 serves them all.
-MARGIN = 0.1
-ROLES = (
-    "previous-token",
-    "duplicate-token",
-    "induction",
-    "copying",
-    "copy-suppression",
-    "negative copying",
-    "sink",
-    "positional/local",
-    "learned sink",
-    "unclassified",
-    "undecided",
+from tl_dynamics.atlas._rules import (
+    FLOORS,
+    LEARNED_SINK_FLOOR,
+    MARGIN,
+    OPTIONAL,
+    ROLES,
+    RULES,
+    SINK_PROMPTS,
+    SUBSUMED,
+    _meets,
 )
-# A head's learned sink is named when it absorbs at least this share of its attention on the
-# natural probes (the mean over rows; the same absolute margin as every other score).
-LEARNED_SINK_FLOOR = MARGIN
-# role -> (primary score, mechanism scores that must clear their controls too)
-RULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "previous-token": ("prev_pattern", ("prev_circuit",)),
-    "duplicate-token": ("dup_pattern", ("qk_positivity",)),
-    "induction": ("ind_pattern", ("ind_kcomp", "ov_copying")),
-    "copying": ("ov_copying", ()),
-    "copy-suppression": ("neg_ov_copying", ("suppression_qk",)),
-    "negative copying": ("neg_ov_copying", ()),
-    "sink": ("sink_mass", ("sink_dominant",)),
-    "positional/local": ("local_mass", ()),
-}
-# A role not listed on its own when the head holds the role that includes it (previous-token
-# attention is local; an induction head's OV copying is part of its induction mechanism).
-SUBSUMED = {
-    "positional/local": "previous-token",
-    "copying": "induction",
-    "negative copying": "copy-suppression",
-}
-# Requirements read against a fixed floor, not the control: a sink must dominate (its column at
-# least HeadStats.SINK_DOMINANCE times the next-largest) in at least this share of the prompts.
-SINK_PROMPTS = 0.5
-FLOORS = {"sink_dominant": SINK_PROMPTS}
-# Scores allowed to be missing (NaN) without failing a role, and why (said in the evidence).
-OPTIONAL = {"prev_circuit": "no learned positions, so no positional circuit"}
+from tl_dynamics.atlas._sentences import _near_misses, _open_reason, _sentence
+from tl_dynamics.evidence import NO, UNDECIDED, YES, decide
 
 
 @dataclass(frozen=True)
@@ -103,107 +74,6 @@ def controls(shuffled: dict[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
-def _clears(value: float, control: float) -> bool:
-    return bool(np.isfinite(value)) and (not np.isfinite(control) or value >= control + MARGIN)
-
-
-def _meets(key: str, s: dict[str, float], c: dict[str, float]) -> bool:
-    """Whether a required score holds: above its floor (``FLOORS``) or clear of its control."""
-    if key in FLOORS:
-        return bool(np.isfinite(s[key])) and s[key] >= FLOORS[key]
-    return _clears(s[key], c[key])
-
-
-def _head_name(pair: tuple[int, int]) -> str:
-    return f"L{pair[0]}H{pair[1]}"
-
-
-def _sentence(role: str, s: dict[str, float], c: dict[str, float], via: tuple) -> str:
-    def vs(key: str, fmt: str = "{:.2f}") -> str:
-        return f"{fmt.format(s[key])} (control {fmt.format(c[key])})"
-
-    if role == "previous-token":
-        circuit = (
-            f"; the positional circuit ranks the previous position first in "
-            f"{vs('prev_circuit', '{:.0%}')} of rows"
-            if np.isfinite(s["prev_circuit"])
-            else f"; {OPTIONAL['prev_circuit']}"
-        )
-        return f"previous-token: {vs('prev_pattern')} of attention on the previous token{circuit}"
-    if role == "duplicate-token":
-        return (
-            f"duplicate-token: {vs('dup_pattern')} on the earlier copy of the same token; "
-            f"QK positivity {vs('qk_positivity')}"
-        )
-    if role == "induction":
-        heads = ", ".join(_head_name(p) for p in via)
-        return (
-            f"induction: {vs('ind_pattern')} on the token after the earlier copy; the K-circuit "
-            f"through {heads} picks the matching key for {vs('ind_kcomp', '{:.0%}')} of tokens; "
-            f"OV copying {vs('ov_copying')}"
-        )
-    if role == "copying":
-        return f"copying: OV copying score {vs('ov_copying')}"
-    ov = f"OV copying score {s['ov_copying']:.2f} (control min {-c['neg_ov_copying']:.2f})"
-    if role == "copy-suppression":
-        return (
-            f"copy-suppression: {ov}; with the unembedding of the predicted token on the "
-            f"query side, the QK circuit ranks that token's key first for "
-            f"{vs('suppression_qk', '{:.0%}')} of probe tokens"
-        )
-    if role == "negative copying":
-        return f"negative copying: {ov}"
-    if role == "sink":
-        where = (
-            "the first token" if s["sink_first"] >= SINK_PROMPTS else "a token other than the first"
-        )
-        cause = "likelihood" if s["sink_loglik_adv"] >= s["sink_prior_adv"] else "key prior"
-        return (
-            f"sink: {vs('sink_mass')} of attention on {where}, dominant in "
-            f"{s['sink_dominant']:.0%} of prompts, won by its {cause} "
-            f"(advantage: key prior {s['sink_prior_adv']:.2f}, log-likelihood "
-            f"{s['sink_loglik_adv']:.2f} nats)"
-        )
-    return f"positional/local: {vs('local_mass')} of attention within a few positions"
-
-
-def _near_misses(
-    s: dict[str, float], c: dict[str, float], roles: list[str], via: tuple
-) -> list[str]:
-    """Patterns that clear their control while a required mechanism does not."""
-    out = []
-    for role, (primary, needs) in RULES.items():
-        if role in roles or not needs or not _clears(s[primary], c[primary]):
-            continue
-        if role == "copy-suppression":
-            qk = (
-                f"{s['suppression_qk']:.0%} (control {c['suppression_qk']:.0%})"
-                if np.isfinite(s["suppression_qk"])
-                else "not measured (W_U and W_E differ in vocabulary)"
-            )
-            out.append(
-                f"not copy-suppression: the QK circuit with the predicted token's "
-                f"unembedding on the query side ranks that token's key first for {qk} "
-                f"of probe tokens"
-            )
-            continue
-        if role == "sink":
-            out.append(
-                f"largest column {s['sink_mass']:.2f} (control {c['sink_mass']:.2f}) but "
-                f"not a sink: it dominates the next-largest column (ratio >= "
-                f"{HeadStats.SINK_DOMINANCE:g}) in only {s['sink_dominant']:.0%} of prompts"
-            )
-            continue
-        missing = [k for k in needs if k not in OPTIONAL and not _meets(k, s, c)]
-        if role == "induction" and not via:
-            missing = ["no earlier previous-token head to compose with"]
-        out.append(
-            f"{role} pattern {s[primary]:.2f} (control {c[primary]:.2f}) but not the "
-            f"mechanism: {', '.join(missing)}"
-        )
-    return out
-
-
 def classify(
     s: dict[str, float],
     c: dict[str, float],
@@ -216,8 +86,9 @@ def classify(
     whole interval lies above ``MARGIN``, fails where it lies below, else its role is undecided.
 
     Example:
-        >>> s = dict(prev_pattern=0.9, prev_circuit=1.0, dup_pattern=0.0, qk_positivity=0.0,
-        ...          ind_pattern=0.0, ind_kcomp=float("nan"), ov_copying=0.1, neg_ov_copying=-0.1,
+        >>> s = dict(prev_pattern=0.9, prev_circuit=1.0, dup_pattern=0.0, dup_mech=0.0,
+        ...          qk_positivity=0.0, ind_pattern=0.0, ind_mech=0.0, ind_kcomp=float("nan"),
+        ...          ov_copying=0.1, neg_ov_copying=-0.1, copy_pass=0.1, neg_copy_pass=-0.1,
         ...          suppression_qk=float("nan"), sink_mass=0.1, sink_first=0.0,
         ...          sink_dominant=0.0, sink_prior_adv=0.0, sink_loglik_adv=0.0, local_mass=0.95)
         >>> c = {k: 0.2 for k in s}
@@ -229,33 +100,28 @@ def classify(
     ci = ci or {}
     found: list[tuple[float, str]] = []
     undecided: list[str] = []
+    open_on: dict[str, str] = {}  # an undecided role -> the criterion that is open
     for role, (primary, needs) in RULES.items():
-        if primary in ci:
-            low, high, n = ci[primary]
-            verdict = str(decide(low, high, MARGIN, n))
-        else:
-            verdict = YES if _clears(s[primary], c[primary]) else NO
+        verdicts = {primary: _verdict(primary, s, c, ci)}
         for k in needs:  # each required score: yes, no or undecided too
-            if k in OPTIONAL and not np.isfinite(s[k]):
-                continue
-            if k in FLOORS and k in ci:
-                low, high, n = ci[k]
-                met = str(decide(low, high, FLOORS[k], n))
-            else:
-                met = YES if _meets(k, s, c) else NO
-            verdict = (
-                NO if NO in (verdict, met) else UNDECIDED if UNDECIDED in (verdict, met) else YES
-            )
+            if not (k in OPTIONAL and not np.isfinite(s[k])):
+                verdicts[k] = _verdict(k, s, c, ci)
+        verdict = (
+            NO if NO in verdicts.values() else UNDECIDED if UNDECIDED in verdicts.values() else YES
+        )
         if verdict == NO:
             continue
         if any(r == SUBSUMED.get(role) for _, r in found):
             continue
         if SUBSUMED.get(role) in undecided:  # the role that includes it is open: so is this one
             verdict = UNDECIDED
+            open_on.setdefault(role, f"the role {SUBSUMED[role]!r} that includes it is undecided")
         if verdict == YES:
             found.append((s[primary] - c[primary], role))
         else:
             undecided.append(role)
+            k = next((k for k, v in verdicts.items() if v == UNDECIDED), primary)
+            open_on.setdefault(role, _open_reason(k, ci))
     found.sort(key=lambda item: -item[0])
     learned = float(s.get("learned_sink", float("nan")))  # NaN: the layer has no learned sink
     named = bool(np.isfinite(learned)) and learned >= LEARNED_SINK_FLOOR
@@ -266,11 +132,7 @@ def classify(
         for role in roles
         if role not in ("unclassified", "learned sink", "undecided")
     ]
-    parts += [
-        f"undecided {role}: a 95% interval over the probes straddles its threshold "
-        f"({_margin(ci, RULES[role][0])})"
-        for role in undecided
-    ]
+    parts += [f"undecided {role}: {open_on[role]}" for role in undecided]
     parts += _near_misses(s, c, roles + undecided, via)
     if np.isfinite(learned):
         parts.append(
@@ -305,8 +167,28 @@ def classify(
     )
 
 
-def _margin(ci: dict[str, tuple[float, float, int]], key: str) -> str:
-    if key not in ci:
-        return "a required score"
-    low, high, n = ci[key]
-    return f"score minus control [{low:+.2f}, {high:+.2f}] over {n} probes"
+def _verdict(
+    key: str, s: dict[str, float], c: dict[str, float], ci: dict[str, tuple[float, float, int]]
+) -> str:
+    """Yes, no or undecided for one criterion: from its interval over the probes where it has
+    one (score minus control against ``MARGIN``, or the score against its floor), else from the
+    point values (weights, read as they are)."""
+    if key in ci:
+        low, high, n = ci[key]
+        return str(decide(low, high, FLOORS.get(key, MARGIN), n))
+    return YES if _meets(key, s, c) else NO
+
+
+__all__ = [
+    "FLOORS",
+    "LEARNED_SINK_FLOOR",
+    "MARGIN",
+    "OPTIONAL",
+    "ROLES",
+    "RULES",
+    "SINK_PROMPTS",
+    "SUBSUMED",
+    "HeadRoles",
+    "classify",
+    "controls",
+]

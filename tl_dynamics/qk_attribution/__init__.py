@@ -4,7 +4,8 @@ that wrote its query and its key, on this pass (docs/math.md §10).
 - ``compute(model, prompt, *, layers=None, heads=None)`` returns a ``QKAttribution``: per head
   and row, each component's share of the attention-weighted score on the query and key sides,
   the top component pairs at the row's most attended key, and the odds-ratio parts.
-- ``attach(model, ...)``: the same, collected during the user's own forward passes.
+- ``attach(model, ...)``: the same, collected during the user's own forward passes (a
+  ``QKCollector``; the atlas reads the marginals of its heads with one, ``pairs=False``).
 - ``pair(model, prompt, layer, head, dest, src)``: one score's full component x component matrix.
 - ``sae=`` (``compute``, ``pair``): a SAELens SAE on the layer's ``hook_resid_pre`` splits the
   query side, the key side or both into its active features, decoder bias and error term.
@@ -13,10 +14,18 @@ that wrote its query and its key, on this pass (docs/math.md §10).
 - ``report_section``: the report page's section (the heads the atlas marks).
 """
 
-from tl_dynamics.qk_attribution._collect import attach, compute
+from tl_dynamics.qk_attribution._collect import QKCollector, attach, compute
 from tl_dynamics.qk_attribution._pair import pair
 from tl_dynamics.qk_attribution._prompts import over_prompts
 from tl_dynamics.qk_attribution._report import report_section
 from tl_dynamics.qk_attribution._result import QKAttribution
 
-__all__ = ["QKAttribution", "attach", "compute", "over_prompts", "pair", "report_section"]
+__all__ = [
+    "QKAttribution",
+    "QKCollector",
+    "attach",
+    "compute",
+    "over_prompts",
+    "pair",
+    "report_section",
+]

@@ -5,12 +5,20 @@ analysis (``docs/developing.md``)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from tl_dynamics.adapter import Batch, LayerState, ModelAdapter, Prompt, ResidualSplit
+from tl_dynamics.adapter import (
+    Batch,
+    LayerAttention,
+    LayerState,
+    ModelAdapter,
+    Prompt,
+    ResidualSplit,
+)
 from tl_dynamics.collect import Collector, to_host
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.qk_attribution._core import HeadRows, head_rows
@@ -18,6 +26,8 @@ from tl_dynamics.qk_attribution._pair import check_sae_side, side_residuals
 from tl_dynamics.qk_attribution._result import QKAttribution
 
 TOP_K = 5
+# Bytes of query and key parts formed at once for a group of heads of one layer.
+PARTS_BUDGET = 128 * 2**20
 # Relative error (to the largest entry) within which the parts must sum to the queries and keys
 # the model scored, per model dtype (docs/math.md §7; float32 reorders sums, bfloat16 rounds).
 SUM_RTOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.float16: 2e-2, torch.bfloat16: 5e-2}
@@ -38,12 +48,20 @@ class QKCollector(Collector):
         self,
         adapter: ModelAdapter,
         layers: Sequence[int],
-        heads: Sequence[int],
+        heads: Sequence[int] | Mapping[int, Sequence[int]],
         top_k: int,
         sae: Any = None,
         sae_side: str = "both",
+        pairs: bool = True,
     ):
-        self.adapter, self.heads, self.top_k = adapter, list(heads), top_k
+        # heads: the same heads in every layer, or per layer (the atlas asks a few per layer)
+        self.heads_of = {L: list(heads[L] if isinstance(heads, Mapping) else heads) for L in layers}
+        self.heads = (
+            sorted({h for hs in self.heads_of.values() for h in hs})
+            if isinstance(heads, Mapping)
+            else list(heads)
+        )
+        self.adapter, self.top_k, self.pairs = adapter, top_k, pairs
         self.sae_side = check_sae_side(sae_side)
         self.splits = {L: ResidualSplit(adapter, L, sae=sae) for L in layers}
         self.features: dict[int, dict[str, tuple[str, ...]]] = {}
@@ -82,32 +100,55 @@ class QKCollector(Collector):
         if la is None or batch is None:
             raise TLDynamicsError(f"qk attribution: layer {split.layer} was not delivered")
         res = split.gather(self._kept, batch)
-        tol = SUM_RTOL.get(self.adapter.dtype, 5e-2)
         pattern = la.pattern()
         valid = res.valid
         qres, kres = side_residuals(split, res, self.sae_side)
         if split.sae is not None:
             sides = {"query": qres.names, "key": kres.names}
             self.features[split.layer] = {s: n for s, n in sides.items() if n != res.names}
-        for h in self.heads:
-            Q = split.queries(qres, [h])[..., 0, :]
-            K = split.keys(kres, [h])[..., 0, :]
+        heads = self.heads_of[split.layer]
+        # heads per group: the parts of a group of heads are projected and rotated at once, within
+        # PARTS_BUDGET bytes (one head at a time on large inputs)
+        per_head = 4 * (len(res.names) + 1) * int(res.scale.numel()) * la.q.shape[-1]
+        step = max(1, PARTS_BUDGET // max(1, per_head))
+        for g0 in range(0, len(heads), step):
+            group = heads[g0 : g0 + step]
+            Qg, Kg = split.queries(qres, group), split.keys(kres, group)
             errors = {**qres.errors, **kres.errors}
-            for side, parts, ref in (("query", Q, la.q[:, :, h]), ("key", K, la.k[:, :, h])):
-                diff = (parts.sum(0) - ref)[valid].abs().max()
-                errors[side] = float(diff / ref[valid].abs().max().clamp_min(1e-30))
-                if errors[side] > tol:
-                    raise TLDynamicsError(
-                        f"qk attribution: the {side} parts of L{split.layer}H{h} on "
-                        f"{self.adapter.info.architecture} do not sum to the {side}s it scored "
-                        f"(relative error {errors[side]:.2e} > {tol:g})"
-                    )
-            bias = la.bias([h])
-            self._pass[(split.layer, h)] = head_rows(
-                Q, K, pattern[:, h], la.allowed, la.query_valid, la.scale,
-                None if bias is None else bias[:, 0].expand(la.allowed.shape), self.top_k,
-            )  # fmt: skip
-            self._errors[(split.layer, h)] = errors
+            for i, h in enumerate(group):
+                self._head(split, la, pattern, valid, errors, h, Qg[..., i, :], Kg[..., i, :])
+
+    def _head(
+        self,
+        split: ResidualSplit,
+        la: LayerAttention,
+        pattern: Tensor,
+        valid: Tensor,
+        errors_in: dict[str, float],
+        h: int,
+        Q: Tensor,
+        K: Tensor,
+    ) -> None:
+        """Check one head's parts ``Q``/``K`` ``[part, batch, pos, d_head]`` against the queries
+        and keys it scored, and attribute it."""
+        tol = SUM_RTOL.get(self.adapter.dtype, 5e-2)
+        errors = dict(errors_in)
+        for side, parts, ref in (("query", Q, la.q[:, :, h]), ("key", K, la.k[:, :, h])):
+            diff = (parts.sum(0) - ref)[valid].abs().max()
+            errors[side] = float(diff / ref[valid].abs().max().clamp_min(1e-30))
+            if errors[side] > tol:
+                raise TLDynamicsError(
+                    f"qk attribution: the {side} parts of L{split.layer}H{h} on "
+                    f"{self.adapter.info.architecture} do not sum to the {side}s it scored "
+                    f"(relative error {errors[side]:.2e} > {tol:g})"
+                )
+        bias = la.bias([h])
+        self._pass[(split.layer, h)] = head_rows(
+            Q, K, pattern[:, h], la.allowed, la.query_valid, la.scale,
+            None if bias is None else bias[:, 0].expand(la.allowed.shape), self.top_k,
+            self.pairs,
+        )  # fmt: skip
+        self._errors[(split.layer, h)] = errors
 
     def end_pass(self) -> None:
         if self._batch is not None and self._pass:

@@ -76,6 +76,7 @@ def head_rows(
     scale: float,
     bias: Tensor | None,
     top_k: int,
+    pairs: bool = True,
 ) -> HeadRows:
     """The marginals, top pairs and odds-ratio parts of one head (docs/math.md §10.3-9.5).
 
@@ -88,6 +89,8 @@ def head_rows(
         scale: The score scale ``c``.
         bias: The position term ``[batch, pos, pos]`` or None.
         top_k: Pairs kept per row.
+        pairs: Also the top pairs and the odds-ratio parts (False: the marginals and the chosen
+            key only, the pair fields empty ``[batch, pos, 0]``; what the atlas reads).
 
     Returns:
         A ``HeadRows``.
@@ -111,6 +114,13 @@ def head_rows(
     else:
         pos_w, pos_u = (pattern * bias).sum(-1), (u * bias).sum(-1)
     chosen_p, chosen = pattern.max(-1)
+    rows = query_valid & (allowed.sum(-1) >= 2)
+    if not pairs:
+        none = q.new_zeros(*q.shape[:2], 0)
+        return HeadRows(
+            query_w, query_u, key_w, key_u, pos_w, pos_u, chosen, chosen_p,
+            none.long(), none.long(), none, none, none, none, rows,
+        )  # fmt: skip
     bidx = torch.arange(q.shape[0], device=q.device)[:, None]
     Kstar = K[:, bidx, chosen]  # [B, b, pos, d]: each row's chosen key's parts
     kstar = Kstar.sum(0)
@@ -130,7 +140,6 @@ def head_rows(
     Kstar -= ku  # in place: the pairs' lifts are against the row's average key
     del ku
     top_a, top_b, top_v = _top_pairs(Q, Kstar, scale, top_k)
-    rows = query_valid & (allowed.sum(-1) >= 2)
     return HeadRows(
         query_w, query_u, key_w, key_u, pos_w, pos_u, chosen, chosen_p,
         top_a, top_b, top_v, prior_star - prior_mean, like_q, like_k, rows,

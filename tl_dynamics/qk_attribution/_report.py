@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tl_dynamics import atlas, viz
+from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter
 from tl_dynamics.qk_attribution._collect import compute
 
@@ -36,10 +36,11 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
         'Why each head attends where it does'
     """
     marks = page.results.get("atlas")  # the atlas section's own, on this page: the same heads
-    if marks is None:  # this section alone: the atlas on its probes, without interventions
-        marks = atlas.compute(adapter, layers=None, causal=False)
     heads: list[tuple[int, int]] = []
-    for role in REPORT_ROLES:
+    if marks is None:  # this section alone (no atlas on the page): the last layer's heads
+        last = adapter.attention_layers[-1]
+        heads = [(last, h) for h in range(adapter.n_heads)] if last > 0 else []
+    for role in REPORT_ROLES if marks is not None else ():
         for key in marks.heads_with(role):
             if key not in heads and key[0] > 0:  # layer 0 reads only the embeddings
                 heads.append(key)
