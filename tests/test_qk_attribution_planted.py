@@ -13,6 +13,7 @@ from tl_dynamics import atlas, qk_attribution, zoo
 from tl_dynamics.adapter import ModelAdapter, shuffled_weights
 from tl_dynamics.collect import torch_threads
 from tl_dynamics.compat import has_hooked_transformer
+from tl_dynamics.errors import TLDynamicsError
 
 HALF = 20  # each probe: BOS, HALF random tokens, the same tokens again
 N_PROMPTS = 8
@@ -143,10 +144,42 @@ def test_a_second_induction_model_trained_here(tiny):
 
 def test_over_prompts_separates_the_model_from_its_control(induction):
     toks = repeats(64, 10, 6, 2)
-    s = qk_attribution.over_prompts(induction, toks, 1, heads=1, n_boot=200)
+    # on the rows where the head attends a key other than BOS: pooled with the rows that rest on
+    # BOS, six prompts do not tell the model from its control (test below)
+    s = qk_attribution.over_prompts(induction, toks, 1, heads=1, n_boot=200, positions="focused")
     k = s.names["key"].index("L0H0 output")
     st = s.stats["key"]
-    assert st["low"][0, k] > st["control_high"][0, k]  # intervals apart
+    assert st["diff_low"][0, k] > 0  # above the control, paired by prompt
     assert st["low"][0, k] <= st["mean"][0, k] <= st["high"][0, k]
     frame = s.to_dataframe()
-    assert {"mean_share", "low", "high", "control_mean_share"} <= set(frame.columns)
+    assert {"mean_share", "low", "high", "control_mean_share", "diff_low"} <= set(frame.columns)
+
+
+def test_positions_keep_the_rows_that_do_the_work(induction):
+    """Pooled over every row, L1H1's key side mixes first-copy rows (which rest on BOS) with
+    second-copy rows (which attend the induction target); restricted to the second copy or to the
+    'focused' rows, L0H0's share rises well above the pooled one and clears the weight-shuffled
+    control by at least 0.4, paired by prompt, and the summary sentence says so."""
+    toks = repeats(64, 20, 16, 3)
+    second = list(range(21, 41))
+    got = {}
+    for name, pos in (("all", None), ("second", second), ("focused", "focused")):
+        s = qk_attribution.over_prompts(induction, toks, 1, heads=1, positions=pos)
+        k = s.names["key"].index("L0H0 output")
+        got[name] = (s, k)
+    pooled = got["all"][0].stats["key"]["mean"][0, got["all"][1]]
+    for name in ("second", "focused"):
+        s, k = got[name]
+        st = s.stats["key"]
+        assert st["mean"][0, k] >= pooled + 0.2, (name, st["mean"][0, k], pooled)
+        assert st["diff_low"][0, k] >= 0.4, (name, st["diff_low"][0, k])
+        assert "L1H1, key side" in s.summary() and "led most often by L0H0 output" in s.summary()
+        assert "above the control by" in s.summary()
+    first = list(range(1, 21))
+    s = qk_attribution.over_prompts(induction, toks, 1, heads=1, positions=first)
+    k = s.names["key"].index("L0H0 output")
+    assert s.stats["key"]["mean"][0, k] < pooled  # the first copy: what pooling dilutes with
+    with pytest.raises(TLDynamicsError, match="positions"):
+        qk_attribution.over_prompts(induction, toks, 1, heads=1, positions="second-copy")
+    with pytest.raises(TLDynamicsError, match="past the last position"):
+        qk_attribution.compute(induction, toks[:1], layers=1, heads=1).row_mask(1, 1, [99])

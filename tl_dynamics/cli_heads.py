@@ -20,6 +20,9 @@ TABLE_COLUMNS = [
     "score",
     "baseline",
     "delta_loss",
+    "delta_loss_low",
+    "delta_loss_high",
+    "delta_loss_atp",
     "delta_loss_prior",
     "delta_loss_likelihood",
     "roles",
@@ -70,7 +73,11 @@ def cli_parser() -> argparse.ArgumentParser:
 COLUMN_NOTES = (
     "score, baseline: the top role's score and the same score on the weight-shuffled control",
     "delta_loss = loss with the head mean-ablated - clean loss (next-token cross-entropy, nats "
-    "per token, on the probes; > 0: the model needs the head)",
+    "per token, on the probes; > 0: the model needs the head), with its 95% interval over the "
+    "probes (delta_loss_low, delta_loss_high); NaN where the head was not ablated exactly",
+    "delta_loss_atp = the same estimated for every head by attribution patching (one forward "
+    "and one backward pass); the heads it ranks first, and every head named with --heads, are "
+    "ablated exactly",
     "delta_loss_prior, delta_loss_likelihood = loss with the head's pattern replaced by its "
     "prior-only / likelihood-only counterfactual - clean loss (nats per token)",
 )
@@ -117,11 +124,12 @@ def cli_main(argv: list[str] | None = None) -> int:
         from tl_dynamics import atlas, viz
 
         sizes = {k: v for k, v in (("n_seq", n_seq), ("seq_len", seq_len)) if v is not None}
+        # L<l>H<h> names: exactly those heads are measured and ablated, not their layers' grid
         result = atlas.compute(
             adapter,
             args.prompt,
-            layers=layers,
-            heads=heads,
+            layers=layers if pairs is None else None,
+            heads=heads if pairs is None else sorted(pairs),
             causal=not args.no_causal,
             **sizes,
         )
@@ -146,9 +154,6 @@ def cli_main(argv: list[str] | None = None) -> int:
             f"again with: {_interrupt.command(['heads', *(argv or [])])}",
         )
     frame = result.to_dataframe()
-    if pairs is not None:  # L<l>H<h>: exactly the heads named
-        named = zip(frame["layer"], frame["head_index"])
-        frame = frame.iloc[[i for i, pair in enumerate(named) if pair in pairs]]
     print(
         f"Head atlas of {loaded.label} ({time.perf_counter() - start:.1f} s; a role needs its "
         f"score at least {result.margin} above the weight-shuffled control)"

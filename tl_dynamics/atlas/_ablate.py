@@ -195,6 +195,13 @@ def causal_columns(
             "hook grow the batch)"
         )
     )
+    if agree.get("heads", 0) >= 3:
+        notes.append(
+            f"attribution patching against the exact mean ablation on the {int(agree['heads'])} "
+            f"heads with both: rank correlation (Spearman) {agree['spearman']:.2f}, median "
+            f"difference {agree['median_abs']:.2f} nats (a linear estimate misjudges heads whose "
+            f"removal saturates a later softmax, such as a previous-token head feeding induction)"
+        )
     if len(chosen) < len(pairs):
         notes.append(
             f"causal evidence: every head's mean-ablation effect is estimated by attribution "

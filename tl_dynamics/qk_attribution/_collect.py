@@ -23,7 +23,7 @@ from tl_dynamics.collect import Collector, to_host
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.qk_attribution._core import HeadRows, head_rows
 from tl_dynamics.qk_attribution._pair import check_sae_side, side_residuals
-from tl_dynamics.qk_attribution._result import QKAttribution
+from tl_dynamics.qk_attribution._result import QKAttribution, check_positions
 
 TOP_K = 5
 # Bytes of query and key parts formed at once for a group of heads of one layer.
@@ -55,6 +55,7 @@ class QKCollector(Collector):
         pairs: bool = True,
     ):
         # heads: the same heads in every layer, or per layer (the atlas asks a few per layer)
+        self.positions: Any = None  # the rows the result reads by default
         self.heads_of = {L: list(heads[L] if isinstance(heads, Mapping) else heads) for L in layers}
         self.heads = (
             sorted({h for hs in self.heads_of.values() for h in hs})
@@ -190,6 +191,7 @@ class QKCollector(Collector):
             errors=errors,
             precap=softcap,
             features=dict(self.features),
+            positions=self.positions,
         )
 
 
@@ -203,12 +205,23 @@ def _pad(x: np.ndarray, n: int, fill: Any) -> np.ndarray:
 
 
 def _setup(
-    model: Any, layers: Any, heads: Any, top_k: int, sae: Any = None, sae_side: str = "both"
+    model: Any,
+    layers: Any,
+    heads: Any,
+    top_k: int,
+    sae: Any = None,
+    sae_side: str = "both",
+    positions: Any = None,
+    pairs: bool = True,
 ) -> QKCollector:
     adapter = ModelAdapter.of(model)
     chosen = adapter.check_attention_layers(layers)
     hs = adapter.check_heads(heads)
-    return QKCollector(adapter, chosen, hs, _check_top_k(top_k), sae, sae_side)
+    if not isinstance(pairs, bool):
+        raise TLDynamicsError(f"qk_attribution: pairs must be True or False, got {pairs!r}")
+    collector = QKCollector(adapter, chosen, hs, _check_top_k(top_k), sae, sae_side, pairs)
+    collector.positions = check_positions(positions)
+    return collector
 
 
 def compute(
@@ -220,6 +233,8 @@ def compute(
     top_k: int = TOP_K,
     sae: Any = None,
     sae_side: str = "both",
+    positions: Any = None,
+    pairs: bool = True,
 ) -> QKAttribution:
     """Why each head attends where it does: every score split over the components that wrote
     its query and its key, on this pass (docs/math.md §10).
@@ -244,6 +259,12 @@ def compute(
             decoder bias and the error term instead of components, still exactly (docs/math.md
             §10.7; ``QKAttribution.features``).
         sae_side: ``"query"``, ``"key"`` or ``"both"``.
+        positions: the rows the result reads by default (``QKAttribution.row_mask``): None
+            (every counted row), ``"focused"`` (rows where the head attends a key other than the
+            first at least twice the row's uniform share), destination positions, or a bool
+            mask ``[pos]`` or ``[batch, pos]``.
+        pairs: also the top component pairs and the odds-ratio parts per row (False: the
+            marginals only, cheaper on deep models).
 
     Returns:
         A ``QKAttribution``.
@@ -256,7 +277,7 @@ def compute(
         >>> res.leaders(1, 0, side="key").shape   # batch, positions
         (1, 6)
     """
-    collector = _setup(model, layers, heads, top_k, sae, sae_side)
+    collector = _setup(model, layers, heads, top_k, sae, sae_side, positions, pairs)
     adapter = collector.adapter
     batch = adapter.tokenize(prompt)
     with torch.no_grad(), adapter.collecting(collector):
@@ -271,6 +292,7 @@ def attach(
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
     top_k: int = TOP_K,
+    positions: Any = None,
 ) -> Iterator[QKCollector]:
     """Collect the attribution of ``compute`` during the user's own forward passes.
 
@@ -279,6 +301,7 @@ def attach(
         layers: as in ``compute``.
         heads: as in ``compute``.
         top_k: as in ``compute``.
+        positions: as in ``compute``.
 
     Returns:
         A context manager yielding a collector whose ``result()`` is a ``QKAttribution`` over
@@ -293,6 +316,6 @@ def attach(
         >>> qk.result().tokens.shape
         (2, 7)
     """
-    collector = _setup(model, layers, heads, top_k)
+    collector = _setup(model, layers, heads, top_k, positions=positions)
     with collector.adapter.collecting(collector):
         yield collector

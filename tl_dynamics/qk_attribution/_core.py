@@ -1,4 +1,4 @@
-"""The attribution arithmetic of one head (docs/math.md §10.3-9.5): pure tensors, no model.
+"""The attribution arithmetic of one head (docs/math.md §10.3-10.5): pure tensors, no model.
 
 ``Q`` ``[A, batch, pos, d_head]`` and ``K`` ``[B, batch, pos, d_head]`` are the per-component
 parts of the head's rotated queries and keys (``ResidualSplit.queries``/``keys``), so
@@ -42,6 +42,7 @@ class HeadRows:
     like_q: Tensor  # [b, pos, A] distance-likelihood lift per query component
     like_k: Tensor  # [b, pos, B] per key component
     rows: Tensor  # [b, pos] bool: valid rows with at least two allowed keys
+    n_keys: Tensor  # [b, pos] the number of keys each row may attend to
 
 
 def uniform(allowed: Tensor) -> Tensor:
@@ -78,7 +79,7 @@ def head_rows(
     top_k: int,
     pairs: bool = True,
 ) -> HeadRows:
-    """The marginals, top pairs and odds-ratio parts of one head (docs/math.md §10.3-9.5).
+    """The marginals, top pairs and odds-ratio parts of one head (docs/math.md §10.3-10.5).
 
     Args:
         Q: Query parts ``[A, batch, pos, d]``.
@@ -119,7 +120,7 @@ def head_rows(
         none = q.new_zeros(*q.shape[:2], 0)
         return HeadRows(
             query_w, query_u, key_w, key_u, pos_w, pos_u, chosen, chosen_p,
-            none.long(), none.long(), none, none, none, none, rows,
+            none.long(), none.long(), none, none, none, none, rows, allowed.sum(-1).float(),
         )  # fmt: skip
     bidx = torch.arange(q.shape[0], device=q.device)[:, None]
     Kstar = K[:, bidx, chosen]  # [B, b, pos, d]: each row's chosen key's parts
@@ -143,6 +144,7 @@ def head_rows(
     return HeadRows(
         query_w, query_u, key_w, key_u, pos_w, pos_u, chosen, chosen_p,
         top_a, top_b, top_v, prior_star - prior_mean, like_q, like_k, rows,
+        allowed.sum(-1).float(),
     )  # fmt: skip
 
 

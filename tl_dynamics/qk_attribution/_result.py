@@ -1,11 +1,11 @@
 """``QKAttribution``: per head and row, each component's share of the attention-weighted score on
 the query and key sides, the top pairs at the row's most attended key, and the odds-ratio parts
-(docs/math.md §10.3-9.5)."""
+(docs/math.md §10.3-10.5)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,40 @@ PRECAP = (
     "Scores of soft-capped layers are attributed before the cap (cap * tanh(s / cap) acts on "
     "the whole score and cannot be split over components)."
 )
+
+
+# Rows selected by ``positions="focused"``: the row's most attended key is not the first real
+# position (not a sink row) and holds at least FOCUS times the uniform share of the row's keys.
+FOCUS = 2.0
+PRESETS = ("focused",)
+
+
+def check_positions(positions: Any) -> Any:
+    """``positions`` as the results take it: None (every counted row), ``"focused"`` (rows where
+    the head attends a key other than the first at least ``FOCUS`` times the row's uniform share),
+    destination positions (ints, the same in every prompt), or a bool mask ``[pos]`` or
+    ``[batch, pos]``; anything else raises naming what is valid.
+
+    Example:
+        >>> check_positions([3, 5]), check_positions("focused")
+        ([3, 5], 'focused')
+    """
+    if positions is None or (isinstance(positions, str) and positions in PRESETS):
+        return positions
+    if isinstance(positions, str):
+        raise TLDynamicsError(
+            f"qk_attribution: positions {positions!r}; valid: None, {', '.join(map(repr, PRESETS))}, "
+            "destination positions (ints) or a bool mask [pos] or [batch, pos]"
+        )
+    arr = np.asarray(positions)
+    if arr.dtype == bool and arr.ndim in (1, 2):
+        return arr
+    if arr.ndim == 1 and arr.dtype.kind in "iu" and (arr.size == 0 or int(arr.min()) >= 0):
+        return [int(i) for i in arr]
+    raise TLDynamicsError(
+        f"qk_attribution: positions must be None, 'focused', non-negative destination positions "
+        f"or a bool mask [pos] or [batch, pos]; got {positions!r}"
+    )
 
 
 def check_side(side: str, baseline: str) -> None:
@@ -58,6 +92,7 @@ class QKAttribution(viz.Result):
     errors: dict[tuple[int, int], dict[str, float]]
     precap: bool
     features: dict[int, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    positions: Any = None  # the rows read by default (``row_mask``); None: every counted row
 
     def _key(self, layer: int, head: int) -> tuple[int, int]:
         if (layer, head) not in self.rows:
@@ -78,54 +113,113 @@ class QKAttribution(viz.Result):
         """``query_names`` or ``key_names``."""
         return self.query_names(layer) if side == "query" else self.key_names(layer)
 
+    def row_mask(self, layer: int, head: int, positions: Any = None) -> np.ndarray:
+        """``[batch, pos]`` bool: the counted rows (valid, at least two keys) that ``positions``
+        selects (``check_positions``; None: the result's own ``positions``, set by ``compute``).
+
+        Example:
+            >>> from tl_dynamics import qk_attribution, zoo
+            >>> res = qk_attribution.compute(zoo.load("induction-2l"), "ABCDEABCDE", layers=1, heads=1)
+            >>> int(res.row_mask(1, 1).sum()), int(res.row_mask(1, 1, [7, 8]).sum())
+            (10, 2)
+        """
+        r = self.rows[self._key(layer, head)]
+        base = r["rows"].astype(bool)
+        positions = check_positions(self.positions if positions is None else positions)
+        if positions is None:
+            return base
+        if isinstance(positions, str):  # "focused"
+            first = self.key_valid.argmax(-1)[:, None]  # the first real position of each prompt
+            share = r["chosen_p"] * np.maximum(r["n_keys"], 1.0)  # attention over uniform share
+            return base & (r["chosen"] != first) & (share >= FOCUS)
+        if isinstance(positions, np.ndarray):
+            try:
+                return base & np.broadcast_to(positions, base.shape)
+            except ValueError as exc:
+                raise TLDynamicsError(
+                    f"qk_attribution: a positions mask of shape {positions.shape} does not fit "
+                    f"the rows {base.shape} (batch, pos)"
+                ) from exc
+        keep = np.zeros(base.shape[1], dtype=bool)
+        inside = [i for i in positions if i < base.shape[1]]
+        if len(inside) < len(positions):
+            raise TLDynamicsError(
+                f"qk_attribution: positions {sorted(set(positions) - set(inside))} are past the "
+                f"last position {base.shape[1] - 1}"
+            )
+        keep[inside] = True
+        return base & keep[None]
+
     def lifts(
-        self, layer: int, head: int, side: Side = "key", baseline: Baseline = "mean"
+        self,
+        layer: int,
+        head: int,
+        side: Side = "key",
+        baseline: Baseline = "mean",
+        positions: Any = None,
     ) -> np.ndarray:
         """``[batch, pos, components]``: each component's part of the attention-weighted score,
         minus its part of the row's uniform average (``baseline="mean"``, what the softmax sees)
-        or not (``"none"``); NaN off the counted rows."""
+        or not (``"none"``); NaN off the rows ``row_mask(layer, head, positions)`` keeps."""
         check_side(side, baseline)
         r = self.rows[self._key(layer, head)]
         w = r[f"{side}_w"].astype(np.float64)
         if baseline == "mean":
             w = w - r[f"{side}_u"]
-        return np.where(r["rows"][..., None], w, np.nan)
+        return np.where(self.row_mask(layer, head, positions)[..., None], w, np.nan)
 
     def shares(
-        self, layer: int, head: int, side: Side = "key", baseline: Baseline = "mean"
+        self,
+        layer: int,
+        head: int,
+        side: Side = "key",
+        baseline: Baseline = "mean",
+        positions: Any = None,
     ) -> np.ndarray:
         """``lifts`` over their sum per row (the components' shares; NaN where the sum is not
-        positive: a row whose attention is no higher than its average key)."""
-        lift = self.lifts(layer, head, side, baseline)
+        positive: a row whose attention is no higher than its average key). A share can exceed 1
+        and a lift can be negative: a component that works against the attended key makes the
+        others' shares of the total larger than 1."""
+        lift = self.lifts(layer, head, side, baseline, positions)
         total = lift.sum(-1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(total > 0, lift / np.where(total > 0, total, 1.0), np.nan)
 
     def leaders(
-        self, layer: int, head: int, side: Side = "key", baseline: Baseline = "mean"
+        self,
+        layer: int,
+        head: int,
+        side: Side = "key",
+        baseline: Baseline = "mean",
+        positions: Any = None,
     ) -> np.ndarray:
         """``[batch, pos]``: the index of each row's largest component (``names(layer,
-        side)``), -1 off the counted rows."""
-        lift = self.lifts(layer, head, side, baseline)
+        side)``), -1 off the selected rows."""
+        lift = self.lifts(layer, head, side, baseline, positions)
         out = np.nanargmax(np.nan_to_num(lift, nan=-np.inf), axis=-1)
         return np.where(np.isfinite(lift).all(-1), out, -1)
 
     def leader_names(
-        self, layer: int, head: int, side: Side = "key", baseline: Baseline = "mean"
+        self,
+        layer: int,
+        head: int,
+        side: Side = "key",
+        baseline: Baseline = "mean",
+        positions: Any = None,
     ) -> np.ndarray:
-        """``leaders`` as component names (``""`` off the counted rows)."""
+        """``leaders`` as component names (``""`` off the selected rows)."""
         names = np.array(self.names(layer, side) + ("",), dtype=object)
-        return names[self.leaders(layer, head, side, baseline)]
+        return names[self.leaders(layer, head, side, baseline, positions)]
 
-    def to_dataframe(self, baseline: Baseline = "mean") -> pd.DataFrame:
-        """One row per layer, head, side and component: its mean share over the counted rows
-        (rows whose lift is positive), how often it leads, and its mean lift."""
+    def to_dataframe(self, baseline: Baseline = "mean", positions: Any = None) -> pd.DataFrame:
+        """One row per layer, head, side and component: its mean share over the selected rows
+        (``row_mask``; rows whose lift is positive), how often it leads, and its mean lift."""
         out = []
         for layer, head in sorted(self.rows):
             for side in ("query", "key"):
-                share = self.shares(layer, head, side, baseline)
-                lift = self.lifts(layer, head, side, baseline)
-                lead = self.leaders(layer, head, side, baseline)
+                share = self.shares(layer, head, side, baseline, positions)
+                lift = self.lifts(layer, head, side, baseline, positions)
+                lead = self.leaders(layer, head, side, baseline, positions)
                 counted = np.isfinite(share).all(-1)
                 n = max(1, int(counted.sum()))
                 for c, name in enumerate(self.names(layer, side)):
@@ -143,17 +237,21 @@ class QKAttribution(viz.Result):
                     )
         return pd.DataFrame(out)
 
-    def rows_frame(self, layer: int, head: int, row: int = 0) -> pd.DataFrame:
-        """One row per counted destination of prompt ``row``: its token, the most attended key
-        and its attention, the leading key-side and query-side components and the top pair."""
+    def rows_frame(
+        self, layer: int, head: int, row: int = 0, positions: Any = None
+    ) -> pd.DataFrame:
+        """One row per selected destination of prompt ``row`` (``row_mask``): its token, the most
+        attended key and its attention, the leading key-side and query-side components (by lift)
+        with their shares, and the top pair."""
         r = self.rows[self._key(layer, head)]
         toks = self.str_tokens[row]
         ks, qs = self.shares(layer, head, "key"), self.shares(layer, head, "query")
+        kl, ql = self.leaders(layer, head, "key"), self.leaders(layer, head, "query")
         kn, qn = self.key_names(layer), self.query_names(layer)
         out = []
-        for i in np.flatnonzero(r["rows"][row]):
+        for i in np.flatnonzero(self.row_mask(layer, head, positions)[row]):
             j = int(r["chosen"][row, i])
-            kb, qa = int(np.nanargmax(ks[row, i])), int(np.nanargmax(qs[row, i]))
+            kb, qa = int(kl[row, i]), int(ql[row, i])
             a, b = int(r["top_a"][row, i, 0]), int(r["top_b"][row, i, 0])
             out.append(
                 dict(
@@ -172,14 +270,16 @@ class QKAttribution(viz.Result):
             )
         return pd.DataFrame(out)
 
-    def show(self, layer: int | None = None, head: int | None = None, row: int = 0) -> viz.Group:
-        """Per destination, the key-side and query-side shares of the components that lead
-        somewhere, and the table of each row's top pair, for one head (the first computed by
-        default)."""
+    def show(
+        self, layer: int | None = None, head: int | None = None, row: int = 0, positions: Any = None
+    ) -> viz.Group:
+        """Per selected destination (``row_mask``), the key-side and query-side shares of the
+        components that lead somewhere, and the table of each row's top pair, for one head (the
+        first computed by default)."""
         layer = self.layers[0] if layer is None else layer
         head = self.heads[0] if head is None else head
         self._key(layer, head)
-        dests = np.flatnonzero(self.rows[(layer, head)]["rows"][row])
+        dests = np.flatnonzero(self.row_mask(layer, head, positions)[row])
         views = []
         for side in ("key", "query"):
             views.append(
@@ -192,6 +292,7 @@ class QKAttribution(viz.Result):
             )
         notes = [viz.text(PRECAP)] if self.precap else []
         table = viz.table(
-            self.rows_frame(layer, head, row), caption=f"L{layer}H{head}: each row's top pair"
+            self.rows_frame(layer, head, row, positions),
+            caption=f"L{layer}H{head}: each row's top pair",
         )
         return viz.group(*notes, viz.group(*views, row=True), table)

@@ -31,9 +31,10 @@ def share_strips(
         col_title="component",
         value_name="share",
         caption=(
-            f"{title}: each component's share of the row's attention-weighted score above its "
-            f"average key (rows sum to 1 over all components; the {len(keep)} largest shown); "
-            "docs/math.md §10.3."
+            f"{title}: each component's share of the row's lift, its attention-weighted score "
+            f"above the row's average key (a row's shares over all components sum to 1; a "
+            f"component working against the attended key has a negative share, so others can "
+            f"exceed 1; the {len(keep)} largest shown); docs/math.md §10.4."
         ),
     )
 
