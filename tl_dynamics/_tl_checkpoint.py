@@ -87,7 +87,8 @@ def _defaults(cls: Any) -> dict[str, Any]:
             out[f.name] = (
                 f.default if f.default is not dataclasses.MISSING else inspect.Parameter.empty
             )
-    for name, p in inspect.signature(cls).parameters.items():  # subclasses add __init__ params
+    init: Any = cls  # a class: its signature is its __init__'s
+    for name, p in inspect.signature(init).parameters.items():  # subclasses add __init__ params
         if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
             out[name] = p.default
     return out

@@ -12,10 +12,9 @@ such a number into a claim:
   threshold, ``NO`` where it lies wholly below it, ``UNDECIDED`` where it straddles it or
   there are too few units (``too_few``: fewer than ``MIN_UNITS``). ``Verdict`` members compare,
   hash and print as the strings ``"yes"``, ``"no"``, ``"undecided"``.
-- ``all_of(*verdicts)``: the three-valued AND of every label that needs several criteria.
-- ``reason(...)``: a verdict in words from the same numbers (``"too few prompts (3 of 8)"``,
-  ``"interval [a, b] straddles t"``); ``units_to_decide`` and ``need_phrase``: what would
-  decide it, never fewer units than were measured, or that it cannot be said.
+- ``all_of(*verdicts)``: the three-valued AND; ``reason(...)``: a verdict in words from the same
+  numbers (``"too few prompts (3 of 8)"``, ``"interval [a, b] straddles t"``);
+  ``units_to_decide``, ``need_phrase``: what would decide it, never fewer units than measured.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from __future__ import annotations
 import math
 from enum import Enum
 from statistics import NormalDist
-from typing import Sequence
+from typing import Sequence, overload
 
 import numpy as np
 
@@ -248,6 +247,10 @@ def decide(
     return out
 
 
+@overload
+def all_of(*verdicts: str) -> Verdict: ...
+@overload
+def all_of(*verdicts: np.ndarray | str) -> np.ndarray: ...
 def all_of(*verdicts: np.ndarray | str) -> np.ndarray | Verdict:
     """The three-valued AND: ``NO`` where any verdict is no, ``YES`` where all are yes, else
     ``UNDECIDED`` (a label that needs several criteria is a claim only where all hold).
@@ -256,7 +259,7 @@ def all_of(*verdicts: np.ndarray | str) -> np.ndarray | Verdict:
         verdicts: verdicts or arrays of them (broadcast together); at least one.
 
     Returns:
-        An object array of ``Verdict``, or one ``Verdict`` where every input is a scalar.
+        An object array of ``Verdict``, or one ``Verdict`` where every input is a string.
 
     Example:
         >>> all_of(np.array(["yes", "yes", "no"]), np.array(["yes", "undecided", "undecided"]))
@@ -270,7 +273,7 @@ def all_of(*verdicts: np.ndarray | str) -> np.ndarray | Verdict:
     out = np.full(arrays[0].shape, UNDECIDED, dtype=object)
     out[np.logical_and.reduce([a == YES for a in arrays])] = YES
     out[np.logical_or.reduce([a == NO for a in arrays])] = NO
-    if all(np.ndim(v) == 0 for v in verdicts):
+    if all(isinstance(v, str) for v in verdicts):
         return Verdict(out.item())
     return out
 
@@ -295,9 +298,9 @@ def reason(
         min_units: the fewest units a verdict needs.
 
     Returns:
-        ``"too few <units> (n of m)"`` with fewer than ``min_units`` units (never "straddles"),
-        ``"no <what>"`` where an end is missing, else ``"<what> [a, b] lies above t"``,
-        ``"... lies below t"`` or ``"... straddles t"``.
+        ``"too few <units> (n of m)"`` (never "straddles"), ``"no <what>"`` where an end is
+        missing, else ``"<what> [a, b]"`` and ``"lies above t"``, ``"lies below t"`` or
+        ``"straddles t"``.
 
     Example:
         >>> reason(0.226, 0.517, 0.25, 32, what="R² interval")

@@ -107,7 +107,8 @@ class LabelEvidence(viz.Result):
             >>> frame = st.label_evidence(control=control).to_dataframe()
             >>> frame.columns[:5].tolist()
             ['layer', 'head_index', 'label', 'undecided_on', 'units']
-            >>> float(frame.kept_loglik_threshold[0]), frame.kept_loglik_verdict[0], frame.label_control[0]
+            >>> row = frame.iloc[0]
+            >>> float(row.kept_loglik_threshold), row.kept_loglik_verdict, row.label_control
             (0.5, 'undecided', 'undecided')
         """
         rows = []

@@ -151,7 +151,7 @@ def read(res) -> Reading:
     why = np.full((L, H), "", dtype=object)
     steps["explained"] = (control, best_any, None)
     for i, j in zip(*np.nonzero(label == UNDECIDED)):
-        why[i, j] = _why(res, i, j, undecided_on[i, j], int(units[i, j]), verdicts, steps)
+        why[i, j] = _why(res, i, j, str(undecided_on[i, j]), int(units[i, j]), verdicts, steps)
     return Reading(label, claimant, rival, delta, verdicts, undecided_on, need, why)
 
 
@@ -266,7 +266,7 @@ def summary(res, rd: Reading) -> str:
             n = int(units[i, j]) if res.units == PROMPTS else 0
             detail.append(
                 f"L{res.layers[i]}H{res.heads[j]} on {rd.undecided_on[i, j]}: {rd.reason[i, j]}; "
-                + need_phrase(rd.units_needed[i, j], n, HELD)
+                + need_phrase(float(rd.units_needed[i, j]), n, HELD)
             )
         text += " (" + "; ".join(detail[:8]) + ("; ..." if len(detail) > 8 else "") + ")"
     return (
