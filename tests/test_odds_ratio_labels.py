@@ -12,7 +12,7 @@ import torch
 from tl_dynamics import odds_ratio, zoo
 from tl_dynamics.adapter import ModelAdapter, shuffled_weights
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.odds_ratio import _labels, _stats
+from tl_dynamics.odds_ratio import _labels, _stats, _verdicts
 from test_atlas import MINILM_PROMPTS  # the same eight sentences (the notebook's)
 
 
@@ -160,6 +160,34 @@ def test_trained_heads_against_a_shuffled_control(induction):
     assert (frame["top_real"] < 0.9).all()
     assert not frame["label"].isin(_labels.MECHANISM).any()
     assert (frame.loc[[n for n in frame.index if n.startswith("L0")], "label"] == "diffuse").all()
+
+
+def test_label_evidence_shows_thresholds_verdicts_and_its_control(induction):
+    """``label_evidence(control=...)`` (issue 47 item 4): each quantity beside its threshold
+    (``_verdicts.CRITERIA``), its criterion's verdict read off its own interval, and the control
+    head's value and label, which equal the control's own statistics. Before: no threshold and
+    no control in the table."""
+    tokens = repeated(induction)
+    stats = odds_ratio.compute(induction, tokens, keep_tensors=False).stats
+    control = odds_ratio.compute(shuffled_weights(induction, seed=0), tokens, keep_tensors=False)
+    frame = stats.label_evidence(control=control.stats).to_dataframe()
+    own = control.stats.label_evidence().to_dataframe()
+    for criterion, (name, threshold) in _verdicts.CRITERIA.items():
+        assert (frame[f"{name}_threshold"] == threshold).all()
+        assert (frame[f"{name}_control"] == own[name]).all()
+        want = [
+            "yes" if lo > threshold else "no" if hi <= threshold else "undecided"
+            for lo, hi in zip(frame[f"{name}_low"], frame[f"{name}_high"])
+        ]
+        assert frame[f"{name}_verdict"].tolist() == want, criterion
+    assert (frame["label_control"] == own["label"]).all()
+    assert (frame["control_units"] == control.stats.n_prompts).all()
+    l0h0 = frame.set_index(["layer", "head_index"]).loc[(0, 0)]
+    assert l0h0.label == "likelihood-driven" and l0h0.kept_loglik_verdict == "yes"
+    assert l0h0.kept_loglik_control < _labels.KEEP < l0h0.kept_loglik_low
+    other = odds_ratio.compute(induction, tokens, layers=[1], keep_tensors=False).stats
+    with pytest.raises(TLDynamicsError, match="same heads"):
+        stats.label_evidence(control=other)
 
 
 def test_the_view_and_the_table_show_the_evidence_next_to_the_shares(induction):

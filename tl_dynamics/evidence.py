@@ -1,33 +1,56 @@
 """The evidence behind every label: units, a bootstrap interval over them, a control, and a
-three-way verdict (docs/math.md §9).
+three-way verdict (docs/math.md §9). Every label tl_dynamics prints rests on numbers measured
+over **units** (prompts, or stated blocks of destinations); this is the one place that turns
+such a number into a claim:
 
-Every label tl_dynamics prints rests on numbers measured over **units** (prompts, or stated
-blocks of destinations). This module is the one place that turns such a number into a claim:
-
-- ``poisson_weights(units, n_boot, seed)``: Poisson(1) bootstrap weights drawn from a
-  counter-based generator keyed on each unit's index, so the weight of a unit does not depend on
-  which process, shard or batch saw it: sums weighted by them merge exactly, and a statistics
-  file is byte-identical across one process, torchrun and Ray.
-- ``interval(estimate, replicates, n_units)``: Hesterberg's expanded percentile interval (the
-  percentile interval with its tail probability widened for a small number of units, so that
-  it has the width of a t interval; it undercovers less than the plain percentile interval).
-- ``decide(low, high, threshold, n_units)``: ``"yes"`` where the whole interval clears the
-  threshold, ``"no"`` where it lies wholly below it, ``"undecided"`` where it straddles it or
-  there are fewer than ``MIN_UNITS`` units.
-- ``units_to_decide``: roughly how many units would decide an undecided verdict.
+- ``poisson_weights(units, n_boot, seed)``: Poisson(1) bootstrap weights from a counter-based
+  generator keyed on each unit, so a unit's weight does not depend on which process, shard or
+  batch saw it: weighted sums merge exactly (byte-identical across one process, torchrun, Ray).
+- ``interval(replicates, n_units)``: Hesterberg's expanded percentile interval (its tail
+  widened for few units to the width of a t interval; it undercovers less than the plain one).
+- ``decide(low, high, threshold, n_units)``: ``YES`` where the whole interval clears the
+  threshold, ``NO`` where it lies wholly below it, ``UNDECIDED`` where it straddles it or
+  there are too few units (``too_few``: fewer than ``MIN_UNITS``). ``Verdict`` members compare,
+  hash and print as the strings ``"yes"``, ``"no"``, ``"undecided"``.
+- ``all_of(*verdicts)``: the three-valued AND; ``reason(...)``: a verdict in words from the same
+  numbers (``"too few prompts (3 of 8)"``, ``"interval [a, b] straddles t"``);
+  ``units_to_decide``, ``need_phrase``: what would decide it, never fewer units than measured.
 """
 
 from __future__ import annotations
 
 import math
+from enum import Enum
 from statistics import NormalDist
-from typing import Sequence
+from typing import Sequence, overload
 
 import numpy as np
 
 from tl_dynamics.errors import TLDynamicsError
 
-YES, NO, UNDECIDED = "yes", "no", "undecided"
+
+class Verdict(str, Enum):
+    """A three-way verdict. A ``str``: it equals, hashes, formats and prints as its value, so
+    ``verdict == "yes"``, ``{"yes"} == {YES}`` and ``f"{verdict}"`` read as the plain strings.
+
+    Example:
+        >>> YES == "yes", f"{UNDECIDED}", sorted({NO, YES}), Verdict("no") is NO
+        (True, 'undecided', ['no', 'yes'], True)
+    """
+
+    YES = "yes"
+    NO = "no"
+    UNDECIDED = "undecided"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+    __hash__ = str.__hash__
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+YES, NO, UNDECIDED = Verdict.YES, Verdict.NO, Verdict.UNDECIDED
 LEVEL = 0.95  # every interval shown is a 95% interval
 MIN_UNITS = 8  # no verdict from fewer units: fewer than 8 cannot estimate a spread
 N_BOOT = 200  # bootstrap replicates by default
@@ -174,6 +197,24 @@ def interval(
     return low, high
 
 
+def too_few(n_units: np.ndarray | int, min_units: int = MIN_UNITS) -> np.ndarray:
+    """Where there are too few units for any verdict (fewer than ``min_units``): the one
+    definition every labeller uses.
+
+    Args:
+        n_units: the units behind each interval.
+        min_units: the fewest units a verdict needs.
+
+    Returns:
+        bool, the shape of ``n_units``.
+
+    Example:
+        >>> too_few([0, 7, 8]).tolist()
+        [True, True, False]
+    """
+    return np.asarray(n_units) < min_units
+
+
 def decide(
     low: np.ndarray | float,
     high: np.ndarray | float,
@@ -190,8 +231,8 @@ def decide(
         min_units: fewer units than this is always undecided.
 
     Returns:
-        An object array of ``"yes"`` (``low > threshold``), ``"no"`` (``high <= threshold``)
-        or ``"undecided"`` (straddles, NaN, or too few units), broadcast over the inputs.
+        An object array of ``YES`` (``low > threshold``), ``NO`` (``high <= threshold``)
+        or ``UNDECIDED`` (straddles, NaN, or too few units), broadcast over the inputs.
 
     Example:
         >>> decide([0.2, -0.1, 0.0, 0.3], [0.4, 0.01, 0.2, 0.5], 0.05, [20, 20, 20, 4]).tolist()
@@ -200,10 +241,90 @@ def decide(
     lo, hi = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
     lo, hi, n = np.broadcast_arrays(lo, hi, np.asarray(n_units))
     out = np.full(lo.shape, UNDECIDED, dtype=object)
-    enough = n >= min_units
+    enough = ~too_few(n, min_units)
     out[enough & (lo > threshold)] = YES
     out[enough & (hi <= threshold)] = NO
     return out
+
+
+@overload
+def all_of(*verdicts: str) -> Verdict: ...
+@overload
+def all_of(*verdicts: np.ndarray | str) -> np.ndarray: ...
+def all_of(*verdicts: np.ndarray | str) -> np.ndarray | Verdict:
+    """The three-valued AND: ``NO`` where any verdict is no, ``YES`` where all are yes, else
+    ``UNDECIDED`` (a label that needs several criteria is a claim only where all hold).
+
+    Args:
+        verdicts: verdicts or arrays of them (broadcast together); at least one.
+
+    Returns:
+        An object array of ``Verdict``, or one ``Verdict`` where every input is a string.
+
+    Example:
+        >>> all_of(np.array(["yes", "yes", "no"]), np.array(["yes", "undecided", "undecided"]))
+        array(['yes', 'undecided', 'no'], dtype=object)
+        >>> all_of(YES, "undecided"), all_of(YES, YES, NO)
+        ('undecided', 'no')
+    """
+    if not verdicts:
+        raise TLDynamicsError("all_of: give at least one verdict")
+    arrays = np.broadcast_arrays(*(np.asarray(v, dtype=object) for v in verdicts))
+    out = np.full(arrays[0].shape, UNDECIDED, dtype=object)
+    out[np.logical_and.reduce([a == YES for a in arrays])] = YES
+    out[np.logical_or.reduce([a == NO for a in arrays])] = NO
+    if all(isinstance(v, str) for v in verdicts):
+        return Verdict(out.item())
+    return out
+
+
+def reason(
+    low: float,
+    high: float,
+    threshold: float,
+    n_units: int,
+    units: str = "prompts",
+    what: str = "interval",
+    min_units: int = MIN_UNITS,
+) -> str:
+    """One verdict of ``decide`` in words, from the same numbers: why it is what it is.
+
+    Args:
+        low, high: the interval's ends.
+        threshold: what the quantity must exceed.
+        n_units: the units behind the interval.
+        units: what the units are, plural (``"prompts"``, ``"held-out prompts"``, ``"probes"``).
+        what: the name of the interval (``"R² interval"``).
+        min_units: the fewest units a verdict needs.
+
+    Returns:
+        ``"too few <units> (n of m)"`` (never "straddles"), ``"no <what>"`` where an end is
+        missing, else ``"<what> [a, b]"`` and ``"lies above t"``, ``"lies below t"`` or
+        ``"straddles t"``.
+
+    Example:
+        >>> reason(0.226, 0.517, 0.25, 32, what="R² interval")
+        'R² interval [0.226, 0.517] straddles 0.25'
+        >>> reason(0.33, 0.33, 0.1, 1, units="probes"), reason(0.0498, 0.11, 0.05, 16)
+        ('too few probes (1 of 8)', 'interval [0.0498, 0.110] straddles 0.05')
+    """
+    n = int(n_units)
+    if too_few(n, min_units):
+        return f"too few {units} ({n} of {min_units})"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"no {what}"
+    verdict = decide(low, high, threshold, n, min_units).item()
+    where = {YES: "lies above", NO: "lies below", UNDECIDED: "straddles"}[verdict]
+    ends = [_shown(x, threshold) for x in (low, high)]
+    return f"{what} [{ends[0]}, {ends[1]}] {where} {threshold:.3g}"
+
+
+def _shown(x: float, threshold: float) -> str:
+    """``x`` to 3 decimals, more where 3 would print it as the threshold it is not."""
+    digits = 3
+    while digits < 8 and x != threshold and round(x, digits) == round(threshold, digits):
+        digits += 1
+    return f"{x:.{digits}f}"
 
 
 def units_to_decide(
@@ -214,9 +335,13 @@ def units_to_decide(
     n_units: np.ndarray | int,
     min_units: int = MIN_UNITS,
 ) -> np.ndarray:
-    """Roughly how many units would decide an undecided verdict: the interval narrows as
-    ``1 / sqrt(units)``, so it clears the threshold at about ``n (half / |estimate - threshold|)^2``
-    units. NaN where the estimate sits on the threshold or is unknown.
+    """How many units would decide an undecided verdict, where that can be said.
+
+    The interval narrows as ``1 / sqrt(units)``: if the estimate holds, it clears the threshold
+    at about ``n (half / |estimate - threshold|)^2`` units (``half``: the half-width on the
+    threshold's side). Given only where the estimate lies at least a standard error
+    (``half / z``) from the threshold: nearer, the true gap could be any size down to zero (a
+    gap of 0.003 projected 14,764 prompts). Never fewer than ``n + 1`` nor ``min_units``.
 
     Args:
         estimate, low, high: the point estimate and the interval.
@@ -225,17 +350,51 @@ def units_to_decide(
         min_units: the fewest units any verdict needs.
 
     Returns:
-        float ``[...]``: at least ``min_units``, rounded up; NaN where it cannot be said.
+        float ``[...]``, rounded up; NaN where it cannot be said (the estimate near the threshold,
+        outside its interval or unknown; too few units: ``need_phrase`` says what is needed).
 
     Example:
-        >>> units_to_decide(0.1, 0.0, 0.2, 0.05, 16).tolist()
-        64.0
+        >>> units_to_decide([0.1, 0.053, 0.3], [0.0, -0.017, 0.0], [0.2, 0.121, 0.2], 0.05, 32)
+        array([128.,  nan,  nan])
     """
-    est, lo, hi = (np.asarray(x, dtype=float) for x in (estimate, low, high))
-    n = np.asarray(n_units, dtype=float)
+    arrays = (np.asarray(x, dtype=float) for x in (estimate, low, high, n_units))
+    est, lo, hi, n = np.broadcast_arrays(*arrays)
     gap = np.abs(est - threshold)
     half = np.where(est >= threshold, est - lo, hi - est)
+    tail = np.vectorize(expanded_tail, otypes=[float])(np.maximum(n, max(min_units, 3)))
+    z = np.vectorize(NormalDist().inv_cdf, otypes=[float])(1 - tail)  # the interval's z
+    inside = (lo <= est) & (est <= hi) & (half > 0)
+    said = inside & (gap * z >= half) & ~too_few(n, min_units)
     with np.errstate(divide="ignore", invalid="ignore"):
-        need = np.ceil(np.maximum(n, 1.0) * (half / gap) ** 2)
-    need = np.where(gap > 0, np.maximum(need, min_units), np.nan)
-    return np.where(np.isfinite(need), need, np.nan)
+        need = np.ceil(n * (half / gap) ** 2)
+    need = np.maximum(need, np.maximum(n + 1, min_units))
+    return np.where(said & np.isfinite(need), need, np.nan)
+
+
+def need_phrase(
+    need: float, n_units: int, units: str = "prompts", min_units: int = MIN_UNITS
+) -> str:
+    """What would decide an undecided verdict, in words (``units_to_decide``'s number).
+
+    Args:
+        need: ``units_to_decide``'s value (NaN: cannot be said).
+        n_units: the units measured.
+        units: what the units are, plural.
+        min_units: the fewest units any verdict needs.
+
+    Returns:
+        ``"at least m <units> are needed (n here)"``, ``"about N <units> would decide it (n
+        here)"`` or ``"more than the n <units> measured; how many more cannot be said"``.
+
+    Example:
+        >>> need_phrase(45.0, 32, "held-out prompts")
+        'about 45 held-out prompts would decide it (32 here)'
+        >>> need_phrase(float("nan"), 128, "held-out prompts")[:44]
+        'more than the 128 held-out prompts measured;'
+    """
+    n = int(n_units)
+    if too_few(n, min_units):
+        return f"at least {min_units} {units} are needed ({n} here)"
+    if math.isfinite(need):
+        return f"about {int(need)} {units} would decide it ({n} here)"
+    return f"more than the {n} {units} measured; how many more cannot be said"

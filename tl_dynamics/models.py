@@ -15,8 +15,6 @@ float32 on the CPU and then cast and moved (``model.to(dtype)``, as the half-pre
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
 import logging
 import os
@@ -25,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import _model_names, compat, devices, zoo
+from tl_dynamics import _model_names, _tl_checkpoint, compat, devices, zoo
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics._hf_folder import boot_folder
 from tl_dynamics._installs import no_installs
@@ -214,14 +212,10 @@ def _tokenizer(folder: Path) -> Any:
         return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
 
 
-def _accepted(cls: Any) -> set[str]:
-    if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
-    return set(inspect.signature(cls).parameters)
-
-
 def _load_tl_native(folder: Path, config: Path, fields: dict[str, Any]) -> Any:
-    """A ``HookedTransformer`` checkpoint: config fields plus ``model.safetensors``."""
+    """A TransformerLens checkpoint: config fields plus ``model.safetensors``; every field kept
+    or refused by name (``tl_dynamics/_tl_checkpoint.py``)."""
+    _tl_checkpoint.check_fields(fields, compat.has_hooked_transformer())  # before any work
     weights = folder / _WEIGHTS
     if not weights.is_file():
         raise TLDynamicsError(
@@ -234,63 +228,7 @@ def _load_tl_native(folder: Path, config: Path, fields: dict[str, Any]) -> Any:
         state = load_file(str(weights))
     except Exception as err:
         raise TLDynamicsError(f"{weights} is not a readable safetensors file: {err}") from err
-    tokenizer = _tokenizer(folder)
-    try:
-        if compat.has_hooked_transformer():
-            from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-            cfg = HookedTransformerConfig(
-                **{
-                    k: v
-                    for k, v in fields.items()
-                    if k in _accepted(HookedTransformerConfig) and k != "dtype"
-                }
-            )  # built in float32, then cast
-            # TransformerLens 3.x's class; pyright sees 4.x, where the name is the bridge
-            model = HookedTransformer(cfg, tokenizer=tokenizer)  # pyright: ignore[reportCallIssue]
-            missing, unexpected = model.load_state_dict(state, strict=False)
-        else:
-            model, missing, unexpected = _boot_native(folder, fields, state, tokenizer)
-    except TLDynamicsError:
-        raise
-    except Exception as err:  # bad fields or shapes
-        raise TLDynamicsError(
-            f"TransformerLens checkpoint {folder}: {config.name} and {weights.name} "
-            f"do not make a model: {type(err).__name__}: {err}"
-        ) from err
-    if unexpected or [k for k in missing if not k.endswith((".mask", ".IGNORE"))]:
-        raise TLDynamicsError(
-            f"TransformerLens checkpoint {folder}: {weights.name} does not match "
-            f"{config.name}: missing {sorted(missing)[:8]}, unexpected "
-            f"{sorted(unexpected)[:8]}"
-        )
-    return model.eval()
-
-
-def _boot_native(
-    folder: Path, fields: dict[str, Any], state: dict[str, Any], tokenizer: Any
-) -> tuple[Any, list[str], list[str]]:
-    """TransformerLens 4.x: ``boot_native`` and TransformerLens's own checkpoint converter."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
-
-    cfg = TransformerBridgeConfig(
-        architecture="TransformerLensNative",
-        init_weights=False,
-        **{
-            k: v
-            for k, v in fields.items()
-            if k in _accepted(TransformerBridgeConfig)
-            and k not in ("architecture", "init_weights", "dtype")
-        },
-    )
-    model = compat.bridge_class().boot_native(
-        cfg, tokenizer=tokenizer, model_name=fields.get("model_name", folder.name)
-    )
-    missing, unexpected = model.load_state_dict(
-        convert_tl_checkpoint(state, model.cfg), strict=False
-    )
-    return model, list(missing), list(unexpected)
+    return _tl_checkpoint.build(folder, config, fields, state, _tokenizer(folder))
 
 
 def _load_hub(name: str, where: devices.Placement) -> Any:

@@ -331,8 +331,7 @@ class HeadStats(viz.Result):
         """Each head's label: a claim, a "no" or ``"undecided"`` (docs/math.md §2.2, §9).
 
         Returns:
-            ``[len(layers), len(heads)]`` object array of the claims ``"prior-driven"`` and
-            ``"likelihood-driven"``, ``"needs both"``, ``"mixed"``, ``"diffuse"``, ``"undecided"``.
+            ``[len(layers), len(heads)]`` object array of ``_labels.LABELS`` (``label_evidence``).
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
@@ -342,8 +341,11 @@ class HeadStats(viz.Result):
         """
         return self.label_evidence().label.copy()
 
-    def label_evidence(self) -> LabelEvidence:
-        """What every head's label rests on: its criteria's intervals and verdicts (math §9).
+    def label_evidence(self, control: "HeadStats | None" = None) -> LabelEvidence:
+        """Each label's evidence: its quantities' intervals, thresholds and verdicts (§9).
+
+        Args:
+            control: the same heads' statistics on a control model (docs/math.md §9.3), or None.
 
         Returns:
             A ``LabelEvidence``; ``.to_dataframe()`` gives one row per head.
@@ -351,10 +353,10 @@ class HeadStats(viz.Result):
         Example:
             >>> from tl_dynamics import odds_ratio, testing
             >>> ev = odds_ratio.compute(testing.tiny_model("gpt2"), "a = b").stats.label_evidence()
-            >>> ev.units, ev.undecided_on[0, 0]  # one prompt
-            (1, 'too few prompts')
+            >>> ev.units, ev.undecided_on[0, 0], ev.thresholds["kept_loglik"]  # one prompt
+            (1, 'too few prompts', 0.5)
         """
-        return label_evidence(self)
+        return label_evidence(self, control)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per head: shares, agreement, KLs, entropy, label and sink summary.
@@ -390,11 +392,7 @@ class HeadStats(viz.Result):
             True
         """
         capped = [layer for layer, cap in zip(self.layers, self.softcap) if cap is not None]
+        thresholds = (LABEL_THRESHOLD, SHARP, KEEP)
         return _views.stats_view(
-            self.to_dataframe(),
-            self.model,
-            self.n_prompts,
-            capped,
-            (LABEL_THRESHOLD, SHARP, KEEP),
-            max_rows,
+            self.to_dataframe(), self.model, self.n_prompts, capped, thresholds, max_rows
         )

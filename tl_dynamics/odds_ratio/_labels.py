@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tl_dynamics.evidence import NO, UNDECIDED, YES
+from tl_dynamics.evidence import NO, UNDECIDED, YES, all_of
 
 # A head is "prior-driven" when the key prior's additive share of the row-centred score
 # variance, Cov(prior, r) / Var(r), is at least LABEL_THRESHOLD (and the prior-only pattern
@@ -38,19 +38,6 @@ KEEP = 0.5
 MECHANISM = ("prior-driven", "likelihood-driven")
 # Every label a head can carry.
 LABELS = ("prior-driven", "likelihood-driven", "needs both", "mixed", "diffuse", "undecided")
-
-
-def both(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Three-valued AND: yes where both are, no where either is, else undecided.
-
-    >>> both(np.array(["yes", "yes", "no"]), np.array(["yes", "undecided", "undecided"])).tolist()
-    ['yes', 'undecided', 'no']
-    """
-    a, b = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
-    out = np.full(np.broadcast(a, b).shape, UNDECIDED, dtype=object)
-    out[(a == YES) & (b == YES)] = YES
-    out[(a == NO) | (b == NO)] = NO
-    return out
 
 
 def rule(v: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -72,10 +59,10 @@ def rule(v: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     ['likelihood-driven', 'needs both', 'undecided', 'diffuse', 'undecided']
     """
     arr = {k: np.asarray(x, dtype=object) for k, x in v.items()}
-    prior = both(arr["attr_prior"], arr["kept_prior"])
-    lik = both(arr["attr_loglik"], arr["kept_loglik"])
+    prior = np.asarray(all_of(arr["attr_prior"], arr["kept_prior"]), dtype=object)
+    lik = np.asarray(all_of(arr["attr_loglik"], arr["kept_loglik"]), dtype=object)
     shape = prior.shape
-    label = np.full(shape, UNDECIDED, dtype=object)
+    label = np.full(shape, UNDECIDED.value, dtype=object)  # a label, not a verdict: plain str
     waits = np.full(shape, "", dtype=object)
     settled = np.zeros(shape, bool)
 

@@ -4,19 +4,22 @@ The quantities behind a label are ratios of pooled sums (``_stats.BOOT_KEYS``); 
 of the bootstrap replicates' sums (``_boot.Replicates``: Poisson weights per prompt) give each a
 95% expanded percentile interval over the prompts, and ``evidence.decide`` a verdict per
 criterion. Without replicates (an old statistics file) or with fewer than ``evidence.MIN_UNITS``
-prompts every label is ``"undecided"``.
+prompts every label is ``"undecided"``. Each quantity is shown with its threshold and, where a
+control's statistics are given (the same prompts on ``adapter.shuffled_weights``, the control of
+docs/math.md §9.3), with the control head's value and label.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tl_dynamics import viz
-from tl_dynamics.evidence import MIN_UNITS, decide, interval
+from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.evidence import decide, interval, too_few
 from tl_dynamics.odds_ratio._labels import KEEP, LABEL_THRESHOLD, SHARP, rule
 
 # criterion -> (quantity, threshold)
@@ -27,6 +30,7 @@ CRITERIA = {
     "kept_prior": ("kept_prior", KEEP),
     "kept_loglik": ("kept_loglik", KEEP),
 }
+THRESHOLDS = {q: t for q, t in CRITERIA.values()}  # quantity -> its threshold
 FEW = "too few prompts"
 NO_INTERVALS = "no intervals (statistics without bootstrap replicates)"
 
@@ -57,16 +61,21 @@ def quantities(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 @dataclass(frozen=True)
 class LabelEvidence(viz.Result):
     """Per head (``[layer, head]`` arrays): the label, each quantity with its 95% interval over
-    prompts, each criterion's verdict, and what an undecided label waits on.
+    prompts and its threshold, each criterion's verdict, what an undecided label waits on, and
+    the control head's value and label where a control was given.
 
     Attributes:
         layers, heads: the analysed heads.
         label: the labels (``_labels.LABELS``).
         estimate, low, high: ``{quantity: [layer, head]}`` (``quantities``).
-        verdicts: ``{criterion: [layer, head]}`` of ``"yes"``/``"no"``/``"undecided"``.
+        verdicts: ``{criterion: [layer, head]}`` of ``evidence.Verdict``.
         undecided_on: ``""`` or the criterion left open (``"choice"``, ``"prior"``,
             ``"likelihood"``, ``"kept mass"``, ``"too few prompts"``, ``"no intervals ..."``).
         units: the prompts behind the intervals.
+        thresholds: ``{quantity: threshold}`` (``CRITERIA``): a criterion is yes where the
+            quantity's whole interval lies above its threshold.
+        control: None, or ``{quantity: [layer, head]}``: the same quantities of the same heads
+            on the control (``control_label`` its labels, ``control_units`` its prompts).
     """
 
     layers: tuple[int, ...]
@@ -78,16 +87,29 @@ class LabelEvidence(viz.Result):
     verdicts: dict[str, np.ndarray]
     undecided_on: np.ndarray
     units: int
+    thresholds: dict[str, float] = field(default_factory=lambda: dict(THRESHOLDS))
+    control: dict[str, np.ndarray] | None = None
+    control_label: np.ndarray | None = None
+    control_units: int = 0
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per head: ``layer``, ``head_index``, ``label``, ``undecided_on``, ``units``
-        and each quantity with ``_low`` and ``_high``.
+        and each quantity with ``_low``, ``_high``, ``_threshold`` and ``_verdict`` (its
+        criterion's); with a control, each quantity's ``_control``, ``label_control`` and
+        ``control_units``.
 
         Example:
             >>> from tl_dynamics import odds_ratio, testing
-            >>> st = odds_ratio.compute(testing.tiny_model("gpt2"), ["a = 1"] * 2).stats
-            >>> st.label_evidence().to_dataframe().columns[:5].tolist()
+            >>> from tl_dynamics.adapter import ModelAdapter, shuffled_weights
+            >>> ad = ModelAdapter(testing.tiny_model("gpt2"))
+            >>> st = odds_ratio.compute(ad, ["a = 1"] * 2).stats
+            >>> control = odds_ratio.compute(shuffled_weights(ad, seed=1), ["a = 1"] * 2).stats
+            >>> frame = st.label_evidence(control=control).to_dataframe()
+            >>> frame.columns[:5].tolist()
             ['layer', 'head_index', 'label', 'undecided_on', 'units']
+            >>> row = frame.iloc[0]
+            >>> float(row.kept_loglik_threshold), row.kept_loglik_verdict, row.label_control
+            (0.5, 'undecided', 'undecided')
         """
         rows = []
         for i, layer in enumerate(self.layers):
@@ -103,12 +125,23 @@ class LabelEvidence(viz.Result):
                     row[name] = float(est[i, j])
                     row[f"{name}_low"] = float(self.low[name][i, j])
                     row[f"{name}_high"] = float(self.high[name][i, j])
+                    row[f"{name}_threshold"] = self.thresholds[name]
+                    row[f"{name}_verdict"] = str(self.verdicts[_CRITERION[name]][i, j])
+                    if self.control is not None:
+                        row[f"{name}_control"] = float(self.control[name][i, j])
+                if self.control_label is not None:
+                    row["label_control"] = self.control_label[i, j]
+                    row["control_units"] = self.control_units
                 rows.append(row)
         return pd.DataFrame(rows)
 
 
-def label_evidence(stats: Any) -> LabelEvidence:
-    """The labels of a ``HeadStats`` and their evidence."""
+_CRITERION = {q: c for c, (q, _) in CRITERIA.items()}  # quantity -> its criterion
+
+
+def label_evidence(stats: Any, control: Any = None) -> LabelEvidence:
+    """The labels of a ``HeadStats`` and their evidence, beside ``control`` (a ``HeadStats`` of
+    the same heads on a control model, or None)."""
     est = quantities(stats.sums)
     shape = est["top_real"].shape
     units = int(stats.n_prompts)
@@ -122,8 +155,30 @@ def label_evidence(stats: Any) -> LabelEvidence:
         high = {k: np.full(shape, np.nan) for k in est}
     verdicts = {c: decide(low[q], high[q], t, units) for c, (q, t) in CRITERIA.items()}
     label, waits = rule(verdicts)
-    if stats.boot is None or units < MIN_UNITS:
+    if stats.boot is None or too_few(units):
         waits[:] = NO_INTERVALS if stats.boot is None else FEW
+    ctl: dict[str, Any] = {}
+    if control is not None:
+        if (tuple(control.layers), tuple(control.heads)) != (
+            tuple(stats.layers),
+            tuple(stats.heads),
+        ):
+            raise TLDynamicsError(
+                f"label_evidence: the control has layers {list(control.layers)} and heads "
+                f"{list(control.heads)}, the statistics {list(stats.layers)} and "
+                f"{list(stats.heads)}: compute both on the same heads"
+            )
+        ev = label_evidence(control)
+        ctl = dict(control=ev.estimate, control_label=ev.label, control_units=ev.units)
     return LabelEvidence(
-        tuple(stats.layers), tuple(stats.heads), label, est, low, high, verdicts, waits, units
+        tuple(stats.layers),
+        tuple(stats.heads),
+        label,
+        est,
+        low,
+        high,
+        verdicts,
+        waits,
+        units,
+        **ctl,
     )

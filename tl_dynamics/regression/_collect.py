@@ -13,6 +13,7 @@ import torch
 
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.evidence import N_BOOT
 from tl_dynamics.regression._ablation import ablation_effects
 from tl_dynamics.regression._measure import Scores, Sums, band_labels, score
 from tl_dynamics.regression._predict import (
@@ -97,7 +98,7 @@ def compute(
     fit_fraction: float = 0.5,
     ridge_path: Sequence[float] = RIDGE_PATH,
     gd_steps: Sequence[int] = GD_STEPS,
-    n_boot: int = 200,
+    n_boot: int = N_BOOT,
     seed: int = 0,
     memory_budget: int = MEMORY_BUDGET,
     positions: Sequence[int] | torch.Tensor | None = None,
@@ -127,7 +128,7 @@ def compute(
         fit_fraction: the share of units that fit the gains (alternating units).
         ridge_path: ``lambda`` in units of ``tr(G_t) / d_head``.
         gd_steps: the gradient-descent step counts.
-        n_boot: bootstrap resamples of the held-out units.
+        n_boot: bootstrap resamples of the held-out units (of the R² and the ablation).
         seed: seeds the bootstrap.
         memory_budget: bytes of float64 temporaries per chunk.
         ablation: also measure each head's mean-ablation change in next-token loss at the
@@ -217,6 +218,8 @@ def compute(
         n_units=(int(state["fit"].sum()), int((~state["fit"]).sum())),
         stride=stride,
         ablation=effects,
+        n_prompts=int(batch.tokens.shape[0]),
+        n_boot=n_boot,
     )
 
 

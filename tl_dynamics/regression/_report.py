@@ -40,7 +40,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     stride = max(1, -(-batch.tokens.shape[1] // REPORT_DESTINATIONS))
     n_heads = len(adapter.check_attention_layers(None)) * adapter.n_heads
     ablate = n_heads <= REPORT_ABLATION_HEADS
-    result = compute(adapter, batch, n_boot=100, stride=stride, ablation=ablate)
+    result = compute(adapter, batch, stride=stride, ablation=ablate)  # evidence.N_BOOT
     intro = (
         "Each head's output z (before W_O) against what in-context regression of its values on "
         "its keys would give: linear attention, ridge over a lambda path and at the GCV pick, "

@@ -12,7 +12,8 @@ import pandas as pd
 
 from tl_dynamics import viz
 from tl_dynamics.regression._measure import CLAIM, Scores
-from tl_dynamics.regression._readings import Reading, read, summary
+from tl_dynamics.evidence import N_BOOT
+from tl_dynamics.regression._readings import Reading, held_text, read, summary
 
 NOTICE = (
     "Claims are restricted to destinations that see at least {claim:g} d_head = {n} keys "
@@ -72,6 +73,8 @@ class RegressionResult(viz.Result):
     n_units: tuple[int, int]  # fitting, held out
     stride: int
     ablation: np.ndarray | None = None  # [layer, head, 3]: mean-ablation Δ loss (nats), 95%
+    n_prompts: int = 0  # the prompts measured (0: not recorded)
+    n_boot: int = N_BOOT  # bootstrap replicates behind every interval
 
     @classmethod
     def build(cls, *, scores: Sequence[Scores], **fields: Any) -> "RegressionResult":
@@ -133,8 +136,10 @@ class RegressionResult(viz.Result):
         on) with its held-out R² and interval (``r2``, ``r2_low``, ``r2_high``); ``rival`` (the
         predictor it was compared with, the best on the held-out units) and ``r2_rival``;
         ``delta`` with ``delta_low``, ``delta_high`` (predictor minus rival); ``undecided_on``
-        (the step left open: ``regression``, ``linear`` or ``explained``) and ``units_needed``
-        (roughly how many held-out units would decide it); ``units_held`` (the held-out units,
+        (the step left open: ``regression``, ``linear`` or ``explained``), ``reason`` (the
+        undecided criterion with its interval and threshold, in words) and ``units_needed``
+        (roughly how many held-out units would decide it; NaN where that cannot be said, the
+        estimate lying within a standard error of its threshold); ``units_held`` (the held-out units,
         prompts or blocks, in the claim band) and ``n_held`` (their destinations); with the
         ablation measured, ``ablation_dloss`` with ``ablation_low``, ``ablation_high``: the change
         in next-token loss (nats) at the measured destinations when the head is mean-ablated, the
@@ -157,6 +162,7 @@ class RegressionResult(viz.Result):
                 row["r2_rival"] = float(self.r2[i, -1, j, r]) if r >= 0 else np.nan
                 row.update(zip(("delta", "delta_low", "delta_high"), rd.delta[i, j].tolist()))
                 row["undecided_on"] = rd.undecided_on[i, j]
+                row["reason"] = rd.reason[i, j]
                 row["units_needed"] = rd.units_needed[i, j]
                 row["units_held"] = int(self.units_held[i, -1, j])
                 row["n_held"] = int(self.n_held[i, -1, j])
@@ -222,8 +228,8 @@ class RegressionResult(viz.Result):
         caption = (
             "Held-out R² of each head's best ridge or GD predictor (chosen on the fitting units) "
             "minus its best linear or control predictor on the held-out units, destinations with "
-            f"at least {self.min_visible} visible keys; units: {self.units} ({self.n_units[0]} "
-            f"fitting, {self.n_units[1]} held out); docs/math.md §8.4."
+            f"at least {self.min_visible} visible keys; {held_text(self)}, "
+            f"{self.n_boot} bootstrap replicates; docs/math.md §8.4."
         )
         heat = viz.heatmap(
             self.delta_regression[..., 0],
@@ -242,9 +248,11 @@ class RegressionResult(viz.Result):
                 "Each head's reading and its evidence (claim band): the predictor it rests on, "
                 "its held-out R² with a 95% interval over held-out units, the rival it was "
                 "compared with and the difference with its interval; 'undecided_on' names the "
-                "step an interval left open and 'units_needed' roughly how many held-out units "
-                "would decide it. ablation_dloss: the change in next-token loss (nats) at the "
-                "measured destinations when the head's output is replaced by its mean over the "
+                "step an interval left open, 'reason' the criterion with its interval and "
+                "threshold, and 'units_needed' roughly how many held-out units would decide it "
+                "(empty where that cannot be said); 'units_held': "
+                f"{held_text(self)}, {self.n_boot} bootstrap replicates. ablation_dloss: the "
+                "change in next-token loss (nats) at the measured destinations when the head's output is replaced by its mean over the "
                 "prompt (its causal weight; a reading does not claim one)."
             ),
         )
