@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import HAS_HOOKED
 
-from tl_dynamics import qk_attribution, testing, viz
+from tl_dynamics import qk_attribution, testing, viz, zoo
 from tl_dynamics.adapter import ModelAdapter, ResidualSplit
 from tl_dynamics.collect import Collector
 from tl_dynamics.compat import bridge_class
@@ -278,3 +278,17 @@ def test_views_name_components_in_words_and_export(tmp_path):
     strips = next(c for c in group.components if isinstance(c, viz.Group))
     strips.save(tmp_path / "rows.svg")  # the share strips (the table has no .svg)
     group.save(tmp_path / "rows.html")
+
+
+def test_heads_asked_out_of_order_get_their_own_keys():
+    """Heads asked in any order are split in that order: each head's parts sum to its own keys
+    (the grouped projection once returned them sorted, so a later head got an earlier one's)."""
+    ad = ModelAdapter(zoo.load("induction-2l"))
+    batch = ad.tokenize(["KQZ7XMBW2RKQZ7XMBW2R", "ABCDEFGHABCDEFGH"])
+    mixed = qk_attribution.compute(ad, batch, layers=1, heads=[1, 0, 3, 2], pairs=False)
+    for head in (0, 1, 2, 3):
+        alone = qk_attribution.compute(ad, batch, layers=1, heads=head, pairs=False)
+        for field in ("key_w", "query_w"):
+            np.testing.assert_allclose(
+                mixed.rows[(1, head)][field], alone.rows[(1, head)][field], rtol=1e-5, atol=1e-6
+            )

@@ -173,8 +173,9 @@ def test_positions_keep_the_rows_that_do_the_work(induction):
         st = s.stats["key"]
         assert st["mean"][0, k] >= pooled + 0.2, (name, st["mean"][0, k], pooled)
         assert st["diff_low"][0, k] >= 0.4, (name, st["diff_low"][0, k])
-        assert "L1H1, key side" in s.summary() and "led most often by L0H0 output" in s.summary()
-        assert "above the control by" in s.summary()
+        said = s.summary()
+        assert "L1H1 key side" in said and "L0H0 output leads" in said, said
+        assert "above it by" in said, said
     first = list(range(1, 21))
     s = qk_attribution.over_prompts(induction, toks, 1, heads=1, positions=first)
     k = s.names["key"].index("L0H0 output")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import logging
+from pathlib import Path
 from typing import Literal, overload
 
 from tl_dynamics.errors import TLDynamicsError
@@ -199,3 +200,37 @@ def check_corpus(text: str, what: str = "--prompts") -> None:
     except OSError as exc:
         raise TLDynamicsError(f"{what} {text!r}: cannot be read ({exc.strerror or exc})") from None
     raise TLDynamicsError(f"{what} {text!r} holds no prompt: every line is blank ({hint})")
+
+
+def prompt_texts(
+    given: list[str] | None, file: str | None, default: str
+) -> str | tuple[str, ...] | None:
+    """The prompts of ``--prompt`` (repeatable) or ``--prompts FILE`` (one per line, blank lines
+    skipped): one text, a tuple of several, or None (neither given: ``default`` is used). Read
+    and checked before torch is imported; an empty prompt or file is an error naming it.
+
+    Example:
+        >>> prompt_texts(["a b"], None, "the default"), prompt_texts(["a", "b"], None, "")
+        ('a b', ('a', 'b'))
+    """
+    texts: list[str] = []
+    if file is not None:
+        path = Path(file)
+        if not path.is_file():
+            raise TLDynamicsError(f"--prompts {file}: no such file (one prompt per line)")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise TLDynamicsError(f"--prompts {file}: cannot be read as UTF-8 text: {err}") from err
+        texts = [line for line in lines if line.strip()]
+        if not texts:
+            raise TLDynamicsError(f"--prompts {file}: the file holds no prompt (one per line)")
+    for text in given or ():
+        if not text.strip():
+            raise TLDynamicsError(
+                f"--prompt is empty: give some text, or leave --prompt out for {default}"
+            )
+        texts.append(text)
+    if not texts:
+        return None
+    return texts[0] if len(texts) == 1 else tuple(texts)

@@ -43,7 +43,7 @@ def loaded_and_checked(
     loaded = models.resolve(name, placement)
     if prompt is None and default_prompt:
         prompt = loaded.default_prompt
-    if isinstance(prompt, str) and not loaded.has_tokenizer:
+    if isinstance(prompt, (str, tuple)) and not loaded.has_tokenizer:
         raise TLDynamicsError(
             f"{loaded.label} has no tokenizer: give the prompt as token ids, "
             'e.g. --prompt-ids "300 5 17"'
@@ -58,10 +58,10 @@ def loaded_and_checked(
         adapter.check_head(head)
     if layers is not None:
         adapter.check_layers(list(layers))
-    if isinstance(prompt, str):  # its length against the context (unknown tokens: said later)
+    if isinstance(prompt, (str, tuple)):  # lengths against the context (unknown tokens: later)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnknownTokenWarning)
-            adapter.tokenize(prompt)
+            adapter.tokenize(prompt if isinstance(prompt, str) else list(prompt))
     elif isinstance(prompt, list) and len(prompt) > adapter.n_ctx:
         raise TLDynamicsError(
             f"--prompt-ids has {len(prompt)} tokens but this model's context is "

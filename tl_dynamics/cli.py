@@ -77,7 +77,20 @@ def _parser() -> argparse.ArgumentParser:
         "'tiny-random[:arch]' (architectures below), or a hub name (online)",
     )
     prompt = report.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", default=None, help="text to analyse (default: the model's own)")
+    prompt.add_argument(
+        "--prompt",
+        default=None,
+        action="append",
+        help="text to analyse; repeat it for several prompts, every section using them all or "
+        "saying which it reads (default: the model's own)",
+    )
+    prompt.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE",
+        help="read the prompts from FILE, a UTF-8 text file with one prompt per line (blank "
+        "lines skipped)",
+    )
     prompt.add_argument(
         "--prompt-ids",
         default=None,
@@ -194,7 +207,9 @@ def parse_sections(text: str) -> list[str]:
     return names
 
 
-def _prompt(args: argparse.Namespace) -> str | list[int] | None:
+def _prompt(args: argparse.Namespace) -> str | tuple[str, ...] | list[int] | None:
+    """The prompt(s) asked for: one text, several (a tuple, from ``--prompt`` repeated or
+    ``--prompts FILE``), token ids, or None (the model's default)."""
     if args.prompt_env is not None:
         if args.prompt_env not in os.environ:
             raise TLDynamicsError(f"--prompt-env {args.prompt_env}: no such environment variable")
@@ -202,12 +217,7 @@ def _prompt(args: argparse.Namespace) -> str | list[int] | None:
         return text if text else None  # `make report` without PROMPT: the model's default
     if args.prompt_ids is not None:
         return parse_ints(args.prompt_ids, "--prompt-ids")
-    if args.prompt is not None and not args.prompt.strip():
-        raise TLDynamicsError(
-            "--prompt is empty: give some text, or leave --prompt out for the "
-            "model's default prompt"
-        )
-    return args.prompt
+    return _args.prompt_texts(args.prompt, args.prompts, "the model's default prompt")
 
 
 def _models() -> int:

@@ -47,8 +47,16 @@ def cli_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--prompt",
         default=None,
-        help="natural probe text for sinks and the causal losses (default: the "
-        "repeated random token sequences, which need no tokenizer)",
+        action="append",
+        help="natural probe text for sinks, locality and the causal losses; repeat it for "
+        "several (a role read on them needs at least 8; default: the repeated random token "
+        "sequences, which need no tokenizer)",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE",
+        help="read the natural probes from FILE, one prompt per line (blank lines skipped)",
     )
     parser.add_argument("--seq-len", type=int, default=None, help="length of each random sequence")
     parser.add_argument("--n-seq", type=int, default=None, help="number of repeated probes")
@@ -104,18 +112,14 @@ def cli_main(argv: list[str] | None = None) -> int:
             _args.check_suffix(args.out, (".html", ".htm"))
         n_seq = _args.positive_arg(args.n_seq, "--n-seq")
         seq_len = _args.positive_arg(args.seq_len, "--seq-len")
-        if args.prompt is not None and not args.prompt.strip():
-            raise TLDynamicsError(
-                "--prompt is empty: give some text, or leave --prompt out for "
-                "the repeated random token probes"
-            )
+        prompt = _args.prompt_texts(args.prompt, args.prompts, "the repeated random token probes")
         layers, heads, pairs = selection(args.layers, args.heads)
         _args.check_placement_text(args.device, args.dtype)
         name = _loading.check_model(args.model)
         loaded, adapter, _ = _loading.loaded_and_checked(
             name,
             (args.device, args.dtype),
-            args.prompt,
+            prompt,
             layers=layers,
             heads=sorted(pairs) if pairs else None,
             head_indices=heads if not pairs else None,
@@ -127,14 +131,14 @@ def cli_main(argv: list[str] | None = None) -> int:
         # L<l>H<h> names: exactly those heads are measured and ablated, not their layers' grid
         result = atlas.compute(
             adapter,
-            args.prompt,
+            list(prompt) if isinstance(prompt, tuple) else prompt,
             layers=layers if pairs is None else None,
             heads=heads if pairs is None else sorted(pairs),
             causal=not args.no_causal,
             **sizes,
         )
         notes = list(COLUMN_NOTES) if not args.no_causal else list(COLUMN_NOTES[:1])
-        off = off_distribution(result, int(loaded.model.cfg.d_vocab), args.prompt is None)
+        off = off_distribution(result, int(loaded.model.cfg.d_vocab), prompt is None)
         notes += [off] if off else []
         path = None
         if out is not None:

@@ -38,13 +38,15 @@ log = logging.getLogger(__name__)
 SectionFn = Callable[[viz.Page, ModelAdapter, Batch], None]
 
 
-def _registered(package: Any, class_name: str, what: str) -> type[Analysis]:
+def _registered(package: Any, class_name: str, what: str, prompts: str) -> type[Analysis]:
     """The registry entry of an analysis package: its ``compute``, ``attach`` (None where it
-    cannot stream) and ``report_section``, as an ``Analysis`` subclass defined here."""
+    cannot stream) and ``report_section``, as an ``Analysis`` subclass defined here; ``prompts``:
+    whether its report section reads ``"all"`` the report's prompts or the ``"first"``."""
     entries = {
         "__doc__": what,
         "__module__": __name__,
         "name": package.__name__.split(".")[-1],
+        "prompts": prompts,
         "compute": staticmethod(package.compute),
         "report_section": staticmethod(package.report_section),
     }
@@ -57,35 +59,40 @@ AtlasAnalysis = _registered(
     atlas,
     "AtlasAnalysis",
     "What each head does, with causal evidence (a whole-model measurement: no attach).",
+    "all",
 )
 CircuitsAnalysis = _registered(
     circuits,
     "CircuitsAnalysis",
     "Factored QK/OV circuits, copying and composition scores (weights only: no attach).",
+    "first",
 )
 OddsRatioAnalysis = _registered(
-    odds_ratio, "OddsRatioAnalysis", "The odds-ratio split of every score."
+    odds_ratio, "OddsRatioAnalysis", "The odds-ratio split of every score.", "all"
 )
 QKAttributionAnalysis = _registered(
     qk_attribution,
     "QKAttributionAnalysis",
     "Every score split exactly over the components that wrote its query and key.",
+    "all",
 )
 ContextualMLPAnalysis = _registered(
-    contextual_mlp, "ContextualMLPAnalysis", "Attention as a contextual MLP."
+    contextual_mlp, "ContextualMLPAnalysis", "Attention as a contextual MLP.", "first"
 )
 RegressionAnalysis = _registered(
     regression,
     "RegressionAnalysis",
     "Attention as in-context regression (whole prefixes in float64 after the pass: no attach).",
+    "all",
 )
 TrajectoriesAnalysis = _registered(
-    trajectories, "TrajectoriesAnalysis", "Depth-wise trajectories and their statistics."
+    trajectories, "TrajectoriesAnalysis", "Depth-wise trajectories and their statistics.", "all"
 )
 ParticlesAnalysis = _registered(
     particles,
     "ParticlesAnalysis",
     "The idealised particle system beside the model (simulated: no attach).",
+    "first",
 )
 
 
@@ -209,13 +216,23 @@ def _build(
     adapter.check_layers(layers)
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(i, int) for i in prompt):
         prompt = torch.tensor([list(prompt)])  # token ids (a model without a tokenizer)
+    texts = list(prompt) if isinstance(prompt, (list, tuple)) else None  # several prompts
     with warnings.catch_warnings(record=True) as caught:  # said once, below
         warnings.simplefilter("always", UnknownTokenWarning)
-        batch = adapter.tokenize(prompt)
+        batch = adapter.tokenize(texts if texts is not None else prompt)
     for other in (w for w in caught if not issubclass(w.category, UnknownTokenWarning)):
         warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     info = adapter.info
-    shown = prompt if isinstance(prompt, str) else " ".join(str(int(i)) for i in batch.tokens[0])
+    n_prompts = int(batch.tokens.shape[0])
+    if texts is not None:
+        lengths = batch.key_valid.sum(-1).tolist()
+        shown_prompts = "; ".join(f"{_clip(t, 200)!r} ({n} tokens)" for t, n in zip(texts, lengths))
+        prompt_row = ("prompts", f"{n_prompts}: {_clip(shown_prompts, 2000)}")
+    else:
+        shown = (
+            prompt if isinstance(prompt, str) else " ".join(str(int(i)) for i in batch.tokens[0])
+        )
+        prompt_row = ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)")
     architecture = info.architecture + (
         " (a TransformerLens-native checkpoint, run by TransformerBridge.boot_native)"
         if info.family == "native"
@@ -237,7 +254,7 @@ def _build(
                 f"({adapter.n_kv_heads} key/value heads), d_model {adapter.d_model}",
             ),
             ("runs on", f"{batch.tokens.device}, {str(adapter.dtype).removeprefix('torch.')}"),
-            ("prompt", f"{_clip(shown)!r} ({batch.tokens.shape[1]} tokens)"),
+            prompt_row,
             ("versions", compat.versions_line()),
         ],
     )
@@ -249,17 +266,20 @@ def _build(
             progress(f"warning: {warning}")
         else:
             warnings.warn(warning, UnknownTokenWarning, stacklevel=3)
-    steps: list[tuple[str, Callable[..., None]]] = [
-        ("attention", lambda p, a, b: attention_section(p, a, b, layers, heads)),
-        *((analysis.name, analysis.report_section) for analysis in sections),
+    steps: list[tuple[str, Callable[..., None], str]] = [
+        ("attention", lambda p, a, b: attention_section(p, a, b, layers, heads), "first"),
+        *((analysis.name, analysis.report_section, analysis.prompts) for analysis in sections),
     ]
     failed: list[str] = []
-    for name, section in steps:
+    for name, section, reads in steps:
         start = time.perf_counter()
         if progress:
             progress(f"section {name} ...")
+        before = len(page.sections)
         try:
             section(page, adapter, batch)
+            for added in page.sections[before:]:  # every section says which prompts it read
+                added.intro = f"{added.intro} {prompts_read(reads, n_prompts)}".strip()
         except TLDynamicsError as exc:  # e.g. not applicable to this architecture
             page.add_section(name.replace("_", " "), [viz.text(f"Not shown for this model: {exc}")])
         except Exception as exc:  # a bug in one section must not cost the whole page
@@ -273,6 +293,22 @@ def _build(
             progress(f"section {name} done in {time.perf_counter() - start:.1f} s")
     page.failed_sections = failed
     return page
+
+
+def prompts_read(reads: str, n: int) -> str:
+    """The sentence a section ends its introduction with: which of the ``n`` prompts it read.
+
+    Example:
+        >>> prompts_read("all", 2), prompts_read("first", 2), prompts_read("all", 1)
+        ('It reads all 2 prompts.', 'It reads the first of the 2 prompts.', 'It reads the 1 prompt.')
+    """
+    if n == 1:
+        return "It reads the 1 prompt."
+    return (
+        f"It reads all {n} prompts."
+        if reads == "all"
+        else f"It reads the first of the {n} prompts."
+    )
 
 
 def _clip(text: str, limit: int = 400) -> str:

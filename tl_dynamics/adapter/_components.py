@@ -366,4 +366,4 @@ class ResidualSplit:
         out = frozen_parts(
             ad, res, self.norm, ad.W_K(L), ad.b_K(L), [g * group for g in uniq], side, L
         )
-        return out if len(uniq) == len(kv) else out[:, :, :, [uniq.index(g) for g in kv]]
+        return out if kv == uniq else out[:, :, :, [uniq.index(g) for g in kv]]  # heads' order

@@ -8,17 +8,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter, Prompt, shuffled_weights
 from tl_dynamics.atlas import _measure
 from tl_dynamics.atlas._ablate import DELTA_KEYS, EXACT_TOP, causal_columns, unpatchable
 from tl_dynamics.atlas._probes import N_SEQ, SEED, SEQ_LEN, Probes, build_probes
 from tl_dynamics.atlas._result import HeadAtlas
 from tl_dynamics.atlas._evidence import margins
-from tl_dynamics.atlas._mechanism import MECHANISM_KEYS, mechanism_scores
+from tl_dynamics.atlas._mechanism import mechanism_scores
 from tl_dynamics.atlas._roles import (
     FLOORS,
-    LEARNED_SINK_FLOOR,
     MARGIN,
     HeadRoles,
     classify,
@@ -68,7 +66,6 @@ def _supporting_kcomp(
 
 def _mechanisms(
     adapter: ModelAdapter,
-    control: ModelAdapter,
     probes: Probes,
     real: _measure.Measurements,
     ctrl: _measure.Measurements,
@@ -77,9 +74,10 @@ def _mechanisms(
     notes: list[str],
 ) -> None:
     """Fill ``ind_mech`` and ``dup_mech`` (``_mechanism``: read on the pass) for the heads whose
-    induction or duplicate-token pattern comes within half a margin of its control, on the model
-    and on the same heads of the control; per probe, so their intervals are formed like the
-    patterns'."""
+    induction or duplicate-token pattern comes within half a margin of its control, per probe,
+    so their intervals are formed like the patterns'. The control's value is an upper bound, not
+    a second QK attribution: a mechanism share counts only rows whose most attended key is the
+    target, so no control head's share exceeds its ``ind_top`` / ``dup_top``."""
     heads_of: dict[int, list[int]] = {}
     for layer, head in pairs:
         near = [
@@ -87,18 +85,17 @@ def _mechanisms(
         ]
         if any(near):
             heads_of.setdefault(layer, []).append(head)
-    for which, model in ((real, adapter), (ctrl, control)):
-        got, why = mechanism_scores(model, probes, heads_of)
-        if why and which is real:
-            notes.append(why)
-        for key, values in got.items():
-            which.per_probe[key] = values
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # heads not measured stay NaN
-                which.scores[key] = np.nanmean(values, 0) if values.size else values.sum(0)
-    for key in MECHANISM_KEYS:
-        finite = ctrl.scores[key][np.isfinite(ctrl.scores[key])]
-        c[key] = float(finite.max()) if finite.size else 0.0
+    got, why = mechanism_scores(adapter, probes, heads_of)
+    if why:
+        notes.append(why)
+    for key, values in got.items():
+        real.per_probe[key] = values
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # heads not measured stay NaN
+            real.scores[key] = np.nanmean(values, 0) if values.size else values.sum(0)
+        bound = ctrl.per_probe[key.replace("_mech", "_top")]
+        ctrl.per_probe[key], ctrl.scores[key] = bound, bound.mean(0)
+        c[key] = float(np.nanmax(ctrl.scores[key]))
 
 
 def _suppression_circuits(
@@ -256,7 +253,7 @@ def compute(
         if key == "ov_copying":
             c["neg_ov_copying"] = chance
     notes = list(real.notes)
-    _mechanisms(adapter, control, probes, real, ctrl, c, pairs, notes)
+    _mechanisms(adapter, probes, real, ctrl, c, pairs, notes)
     via_of = _supporting_kcomp(adapter, control, probes, real.scores, ctrl.scores, c, pairs)
     _suppression_circuits(adapter, control, probes, real.scores, ctrl.scores, c, pairs, notes)
     ci = margins(real.per_probe, ctrl.per_probe, seed, tuple(FLOORS))  # [layer, head] each
@@ -313,72 +310,4 @@ def compute(
         pairs=tuple(pairs),
         probes=probe_info,
         notes=tuple(notes),
-    )
-
-
-# The report runs the interventions only up to this many heads (three patched variants each);
-# larger models get the scores and a pointer to ``tl-dynamics heads``, which runs them all.
-REPORT_CAUSAL_HEADS = 64
-# The report's natural probe is at most this many leading tokens of its first prompt (the sink
-# split costs the square of the length per head).
-REPORT_NATURAL_TOKENS = 128
-
-
-def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Add "What each head does" to ``page``: the atlas with the report's first prompt as probe.
-
-    The natural probe is the prompt's first 128 real tokens; the causal
-    columns are run only on models with at most 64 heads.
-
-    Args:
-        page: the ``viz.Page`` to add the section to.
-        adapter: the model's ``ModelAdapter``.
-        batch: the report's tokenized prompts (``Batch``, ``[batch, pos]``); row 0 is used.
-
-    Example:
-        >>> from tl_dynamics import atlas, testing, viz
-        >>> from tl_dynamics.adapter import ModelAdapter
-        >>> ad, page = ModelAdapter(testing.tiny_model("gpt2")), viz.Page("report")
-        >>> atlas.report_section(page, ad, ad.tokenize("x = 1"))
-        >>> page.sections[0].title
-        'What each head does'
-    """
-    n_heads = adapter.n_layers * adapter.n_heads
-    causal = n_heads <= REPORT_CAUSAL_HEADS
-    real = batch.real_tokens()
-    natural = real[:REPORT_NATURAL_TOKENS]
-    result = compute(adapter, adapter.tokenize(natural[None]), causal=causal)
-    page.results["atlas"] = result  # the heads a later section (QK attribution) explains
-    cut = (
-        "the report's prompt"
-        if len(natural) == len(real)
-        else f"the report's prompt (its first {len(natural)} of {len(real)} tokens)"
-    )
-    not_run = [n.split(": ", 1)[1] for n in result.notes if n.startswith("causal evidence not run")]
-    if not_run:  # the host cannot patch these heads (delegated attention), or an encoder
-        cost = f"The causal columns are left out: {not_run[0]}."
-    elif causal:
-        cost = (
-            f"Numbers under a role: the change in next-token loss when the head is mean-ablated "
-            f"on {cut}."
-        )
-    else:
-        cost = (
-            f"The causal columns are left out of the report for {n_heads} heads (more than "
-            f"{REPORT_CAUSAL_HEADS}); `tl-dynamics heads --model M` runs them. Sinks and "
-            f"locality are read on {cut}."
-        )
-    page.add_section(
-        "What each head does",
-        [result.show()],
-        intro=(
-            "Each head's roles from mechanism, not one pattern: the pattern on repeated random token "
-            "sequences and the weights that produce it (positional circuit, token-level K-circuit "
-            "through earlier previous-token heads, OV copying, and for a head that writes against "
-            "what it reads the QK circuit that seeks the predicted token), the sink's dominance and "
-            "its cause from the odds-ratio "
-            "split (and, where the model has them, the mass each head's learned sink absorbs, named "
-            f'"learned sink" from {LEARNED_SINK_FLOOR:.2f}), each score against a weight-shuffled copy of the model by a margin of '
-            f"{result.margin}. {cost} Hover a cell for the evidence."
-        ),
     )

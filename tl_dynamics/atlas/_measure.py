@@ -32,7 +32,7 @@ KCOMP_ROWS = 256
 # in n_seq (``tl-dynamics heads --n-seq 100000`` holds 32 probes' patterns at a time).
 PROBE_CHUNK = 32
 
-PATTERN_KEYS = ("prev_pattern", "dup_pattern", "ind_pattern", "copy_pass")
+PATTERN_KEYS = ("prev_pattern", "dup_pattern", "ind_pattern", "ind_top", "dup_top", "copy_pass")
 NATURAL_KEYS = (
     "sink_mass",
     "sink_first",
@@ -70,14 +70,20 @@ def _target_mass(pattern: Tensor, queries: Sequence[int], shift: int) -> Tensor:
 
 def pattern_scores(la: LayerAttention, probes: Probes) -> dict[str, Tensor]:
     """Previous-token, duplicate-token and induction attention on the repeated probes, per
-    probe ``[batch, head]``."""
+    probe ``[batch, head]``; ``ind_top``/``dup_top``: the share of second-copy rows whose most
+    attended key is the induction / duplicate-token target (what bounds a mechanism share, which
+    counts only such rows)."""
     pattern = la.pattern()
     n, start = probes.seq_len, probes.offset
     second = list(probes.second_copy)
+    q = torch.tensor(second, dtype=torch.long, device=pattern.device)
+    top = pattern[:, :, q].argmax(-1)  # [b, h, rows]
     return {
         "prev_pattern": _target_mass(pattern, range(start + 1, start + 2 * n), 1),
         "dup_pattern": _target_mass(pattern, second, n),
         "ind_pattern": _target_mass(pattern, second, n - 1),
+        "ind_top": (top == q - n + 1).float().mean(-1),
+        "dup_top": (top == q - n).float().mean(-1),
     }
 
 

@@ -16,7 +16,10 @@ runs, per second-copy row ``i`` of a probe (``j``: the key the head attends most
   (``i - seq_len``), and both sides' leading components carry their own position's token.
 
 Each score is the share of second-copy rows where all of it holds, per probe (the units of the
-interval), measured on the heads asked for and on the same heads of the control model.
+interval), measured on the heads asked for. Its control is a bound, not a second attribution:
+a share counts only rows whose most attended key is the target, so no head of the
+weight-shuffled control can score more than the share of rows where it attends the target at all
+(``ind_top``, ``dup_top``), and the best control head's such share is the control.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from tl_dynamics.atlas._rules import (
     _meets,
 )
 from tl_dynamics.atlas._sentences import _near_misses, _open_reason, _sentence
-from tl_dynamics.evidence import NO, UNDECIDED, YES, decide
+from tl_dynamics.evidence import MIN_UNITS, NO, UNDECIDED, YES, all_of, decide, too_few
 
 
 @dataclass(frozen=True)
@@ -101,14 +101,13 @@ def classify(
     found: list[tuple[float, str]] = []
     undecided: list[str] = []
     open_on: dict[str, str] = {}  # an undecided role -> the criterion that is open
+    short_of: dict[str, int] = {}  # an undecided role -> its probes, where too few decide it
     for role, (primary, needs) in RULES.items():
         verdicts = {primary: _verdict(primary, s, c, ci)}
         for k in needs:  # each required score: yes, no or undecided too
             if not (k in OPTIONAL and not np.isfinite(s[k])):
                 verdicts[k] = _verdict(k, s, c, ci)
-        verdict = (
-            NO if NO in verdicts.values() else UNDECIDED if UNDECIDED in verdicts.values() else YES
-        )
+        verdict = all_of(*verdicts.values())
         if verdict == NO:
             continue
         if any(r == SUBSUMED.get(role) for _, r in found):
@@ -122,6 +121,8 @@ def classify(
             undecided.append(role)
             k = next((k for k, v in verdicts.items() if v == UNDECIDED), primary)
             open_on.setdefault(role, _open_reason(k, ci))
+            if k in ci and too_few(ci[k][2]):
+                short_of[role] = int(ci[k][2])
     found.sort(key=lambda item: -item[0])
     learned = float(s.get("learned_sink", float("nan")))  # NaN: the layer has no learned sink
     named = bool(np.isfinite(learned)) and learned >= LEARNED_SINK_FLOOR
@@ -132,7 +133,15 @@ def classify(
         for role in roles
         if role not in ("unclassified", "learned sink", "undecided")
     ]
-    parts += [f"undecided {role}: {open_on[role]}" for role in undecided]
+    # roles that too few probes leave open are said in one clause, the count once
+    few = [r for r in undecided if r in short_of]
+    parts += [f"undecided {role}: {open_on[role]}" for role in undecided if role not in few]
+    if few:
+        n = min(short_of[r] for r in few)
+        parts.append(
+            f"undecided on {n} probe{'s' if n != 1 else ''} (too few: a role needs "
+            f"{MIN_UNITS}): {', '.join(few)}"
+        )
     parts += _near_misses(s, c, roles + undecided, via)
     if np.isfinite(learned):
         parts.append(

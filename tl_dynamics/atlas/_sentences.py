@@ -15,7 +15,7 @@ from tl_dynamics.atlas._rules import (
     _clears,
     _meets,
 )
-from tl_dynamics.evidence import MIN_UNITS
+from tl_dynamics.evidence import reason, too_few
 from tl_dynamics.odds_ratio import HeadStats
 
 
@@ -178,21 +178,16 @@ KEY_WORDS = {
 
 
 def _open_reason(key: str, ci: dict[str, tuple[float, float, int]]) -> str:
-    """Why a criterion is undecided: too few probes, not measured, or where its interval lies."""
-    if key not in ci:
-        return f"{KEY_WORDS.get(key, key)} was not measured"
-    low, high, n = ci[key]
+    """Why a criterion is undecided, from its interval (``evidence.reason``): too few probes, not
+    measured, or where its interval lies against its threshold."""
     what = KEY_WORDS.get(key, key)
-    if n < MIN_UNITS:
-        return f"too few probes for {what} ({n} of {MIN_UNITS})"
-    if not (np.isfinite(low) and np.isfinite(high)):
+    if key not in ci:
+        return f"{what} was not measured"
+    low, high, n = ci[key]
+    if not too_few(n) and not (np.isfinite(low) and np.isfinite(high)):
         return f"{what} could not be measured on this pass (see the notes)"
     if key in FLOORS:
-        return (
-            f"{what}, 95% interval [{low:.2f}, {high:.2f}] over {n} probes, straddles its "
-            f"floor {FLOORS[key]:.2f}"
-        )
-    return (
-        f"{what} minus its control, 95% interval [{low:+.2f}, {high:+.2f}] over {n} probes, "
-        f"straddles the margin {MARGIN:.2f}"
-    )
+        said = reason(low, high, FLOORS[key], n, units="probes", what="95% interval")
+        return f"{what}: {said} (its floor), over {n} probes"
+    said = reason(low, high, MARGIN, n, units="probes", what="95% interval")
+    return f"{what} minus its control: {said} (the margin), over {n} probes"

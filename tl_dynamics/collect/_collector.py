@@ -102,10 +102,12 @@ class Analysis(ABC):
 
     ``compute(model, prompt, *, layers=None, heads=None, ...)`` is the one-call entry point,
     ``attach`` (None where the analysis cannot stream) the context manager whose collector is a
-    ``Collector``, and ``report_section(page, adapter, batch)`` adds its section to a report.
+    ``Collector``, and ``report_section(page, adapter, batch)`` adds its section to a report;
+    ``prompts`` says whether that section reads ``"all"`` the report's prompts or the ``"first"``.
     """
 
     name: ClassVar[str]
+    prompts: ClassVar[str] = "all"
     compute: ClassVar[Callable[..., Any]]
     attach: ClassVar[Callable[..., Any] | None] = None
     report_section: ClassVar[Callable[..., None]]

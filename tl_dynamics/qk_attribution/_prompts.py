@@ -14,7 +14,7 @@ from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter, Prompt, shuffled_weights
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.qk_attribution._collect import compute
-from tl_dynamics.evidence import LEVEL, N_BOOT, interval, poisson_weights
+from tl_dynamics.evidence import LEVEL, MIN_UNITS, N_BOOT, interval, poisson_weights, too_few
 from tl_dynamics.qk_attribution._result import FOCUS, Baseline, check_positions, check_side
 
 PROMPTS_PER_PASS = 8
@@ -122,17 +122,19 @@ class PromptSummary(viz.Result):
         return "the given positions"
 
     def summary(self) -> str:
-        """One sentence per head and side: the component that leads most often on the selected
-        rows, its mean share with its interval, and how it compares with the control.
+        """The selected rows in one sentence, then one per head and side: the component that
+        leads most often there, its mean share with its interval, and how it compares with the
+        control (a verdict from at least ``evidence.MIN_UNITS`` prompts; fewer are said to be
+        too few).
 
         Example:
             >>> from tl_dynamics import qk_attribution, zoo
             >>> s = qk_attribution.over_prompts(zoo.load("induction-2l"),
             ...     ["ABCDEFGHABCDEFGH", "QRSTUVWXQRSTUVWX"], 1, heads=1, positions="focused")
-            >>> s.summary().startswith("L1H1, key side")
+            >>> s.summary().split(". ")[1].startswith("L1H1 key side")
             True
         """
-        out = []
+        out = [f"Over {self.rows_said()} of {self.n_prompts} prompts"]
         for j, head in enumerate(self.heads):
             for side in ("key", "query"):
                 st, names = self.stats[side], self.names[side]
@@ -140,33 +142,26 @@ class PromptSummary(viz.Result):
                 c = int(np.argmax(leads))
                 n = int(self.used.get(side, np.full(len(self.heads), self.n_prompts))[j])
                 if leads[c] < 0:
-                    out.append(f"L{self.layer}H{head}, {side} side: no selected row.")
+                    out.append(f"L{self.layer}H{head} {side} side: no selected row")
                     continue
                 text = (
-                    f"L{self.layer}H{head}, {side} side, over {self.rows_said()} of {n} "
-                    f"prompt{'s' if n != 1 else ''}: led most often by {names[c]} "
-                    f"({leads[c]:.0%} of rows), mean share {st['mean'][j, c]:.2f}"
+                    f"L{self.layer}H{head} {side} side ({n} prompt{'s' if n != 1 else ''} with "
+                    f"such rows): {names[c]} leads {leads[c]:.0%} of rows, mean share "
+                    f"{st['mean'][j, c]:.2f}"
                 )
                 if np.isfinite(st["low"][j, c]):
                     text += f" [{st['low'][j, c]:.2f}, {st['high'][j, c]:.2f}]"
-                else:
-                    text += " (fewer than 2 prompts: no interval)"
                 if np.isfinite(st["control_mean"][j, c]):
                     d, lo, hi = st["diff"][j, c], st["diff_low"][j, c], st["diff_high"][j, c]
-                    verdict = (
-                        "above the control"
-                        if lo > 0
-                        else "below the control"
-                        if hi < 0
-                        else "not told apart from the control"
-                    )
-                    text += (
-                        f"; on the weight-shuffled control {st['control_mean'][j, c]:.2f}: "
-                        f"{verdict} by {d:+.2f}"
-                        + (f" [{lo:+.2f}, {hi:+.2f}]" if np.isfinite(lo) else "")
-                    )
-                out.append(text + ".")
-        return " ".join(out)
+                    text += f"; the weight-shuffled control {st['control_mean'][j, c]:.2f}, "
+                    if too_few(n):
+                        text += f"a difference of {d:+.2f} that {n} prompts cannot decide"
+                        text += f" (a verdict needs {MIN_UNITS})"
+                    else:
+                        where = "above" if lo > 0 else "below" if hi < 0 else "not told from"
+                        text += f"{where} it by {d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+                out.append(text)
+        return ". ".join(out) + "."
 
     def show(self) -> viz.Group:
         """Mean shares of the model's heads beside the control's, per side, the summary and the
