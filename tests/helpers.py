@@ -1,6 +1,7 @@
 """Helpers shared by the test modules (``from helpers import ...``); set-up lives in conftest."""
 
 import importlib.util
+import os
 import json
 from pathlib import Path
 
@@ -24,6 +25,14 @@ requires_hooked = pytest.mark.skipif(
 )
 
 
+# The real-model folder `make smollm2` builds (the Makefile exports its path).
+SMOLLM2 = Path(
+    os.environ.get(
+        "TL_DYNAMICS_SMOLLM2", Path(__file__).resolve().parents[1] / ".models" / "smollm2-135m"
+    )
+)
+
+
 def notebook_params(paths: list[Path]) -> list:
     """One ``pytest.param`` per notebook. A notebook whose metadata names the modules it needs
     (``metadata.tl_dynamics.requires``: ``sae_lens`` for ``sae.ipynb``, which needs
@@ -34,6 +43,8 @@ def notebook_params(paths: list[Path]) -> list:
         meta = json.loads(path.read_text()).get("metadata", {}).get("tl_dynamics", {})
         needs = meta.get("requires", [])
         missing = [name for name in needs if importlib.util.find_spec(name) is None]
+        if meta.get("requires_smollm2") and not (SMOLLM2 / "BUILD.json").is_file():
+            missing.append(f"the SmolLM2-135M folder {SMOLLM2}")
         marks = [pytest.mark.tl3] if needs else []
         if missing:
             marks.append(

@@ -38,6 +38,31 @@ class Residual:
     valid: Tensor
     errors: dict[str, float] = field(default_factory=dict)
 
+    def rows(self, index: Tensor) -> "Residual":
+        """The same parts at the positions ``index`` only (``[n]``; e.g. the query rows a caller
+        reads): every per-position tensor sliced along its position axis.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> res = ResidualSplit(ModelAdapter(testing.cached_model("gpt2")), 1).run("a b c")
+            >>> tuple(res.rows(torch.tensor([1, 3])).stream.shape)
+            (1, 2, 64)
+        """
+        i = index.to(self.stream.device)
+        return Residual(
+            self.layer,
+            self.names,
+            self.kinds,
+            [c[:, i] for c in self.coefficients],
+            self.bases,
+            self.stream[:, i],
+            self.scale[:, i],
+            self.positions[:, i],
+            self.valid[:, i],
+            dict(self.errors),
+        )
+
     def vectors(self) -> Float[Tensor, "part batch pos d_model"]:
         """Every part as residual vectors (memory: parts x stream; for checks and small models)."""
         return torch.stack(

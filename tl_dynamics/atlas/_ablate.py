@@ -87,20 +87,25 @@ def exact_pairs(
     estimate: np.ndarray,
     top: int = EXACT_TOP,
     all_up_to: int = EXACT_ALL,
+    feeders: tuple[tuple[int, int], ...] = (),
 ) -> list[tuple[int, int]]:
     """The heads ablated exactly: all of ``pairs`` when the user named them (``named``) or they
-    are at most ``all_up_to``; else the ``top`` whose estimated effect is largest in size.
+    are at most ``all_up_to``; else the ``top`` whose estimated effect is largest in size, and
+    the ``feeders``: heads whose output leads the keys of an induction head, read through that
+    head's softmax, where a linear estimate fails (removing one saturates the reader).
 
     Example:
         >>> est = np.array([[0.1, -2.0], [0.5, 0.0]])
         >>> exact_pairs([(0, 0), (0, 1), (1, 0), (1, 1)], False, est, top=2, all_up_to=3)
         [(0, 1), (1, 0)]
+        >>> exact_pairs([(0, 0), (0, 1), (1, 0), (1, 1)], False, est, 2, 3, feeders=((0, 0),))
+        [(0, 0), (0, 1), (1, 0)]
     """
     if named or len(pairs) <= all_up_to:
         return list(pairs)
     size = [abs(float(estimate[p])) if np.isfinite(estimate[p]) else -1.0 for p in pairs]
     order = np.argsort(size, kind="stable")[::-1][:top]
-    return sorted(pairs[i] for i in order)
+    return sorted({pairs[i] for i in order} | (set(feeders) & set(pairs)))
 
 
 def agreement(estimate: np.ndarray, exact: np.ndarray) -> dict[str, float]:
@@ -134,6 +139,7 @@ def causal_columns(
     notes: list[str],
     n_boot: int = N_BOOT,
     top: int = EXACT_TOP,
+    feeders: tuple[tuple[int, int], ...] = (),
 ) -> dict[str, Any]:
     """The causal columns of ``pairs``: ``delta`` ``{kind: [layer, head]}`` (``DELTA_KEYS``; NaN
     where not run), ``ci`` ``{kind: (low, high)}``, the ``clean`` loss, the ``exact`` heads and
@@ -153,7 +159,7 @@ def causal_columns(
         2,
         seed,
     )
-    chosen = exact_pairs(pairs, named, estimate, top)
+    chosen = exact_pairs(pairs, named, estimate, top, feeders=feeders)
     selected: dict[int, list[int]] = {}
     for layer, head in chosen:
         selected.setdefault(layer, []).append(head)
@@ -205,7 +211,9 @@ def causal_columns(
     if len(chosen) < len(pairs):
         notes.append(
             f"causal evidence: every head's mean-ablation effect is estimated by attribution "
-            f"patching (one forward and one backward pass); the {len(chosen)} heads it ranks "
-            f"first are ablated exactly (delta_loss), the rest show the estimate (delta_loss_atp)"
+            f"patching (one forward and one backward pass); {len(chosen)} heads are ablated "
+            f"exactly (delta_loss): the {top} it ranks first and the heads whose output leads an "
+            f"induction head's keys ({', '.join(f'L{a}H{b}' for a, b in feeders) or 'none'}), "
+            f"which a linear estimate misjudges; the rest show the estimate (delta_loss_atp)"
         )
     return {"delta": delta, "ci": ci, "clean": clean, "exact": chosen, "agreement": agree}

@@ -85,7 +85,8 @@ def _mechanisms(
         ]
         if any(near):
             heads_of.setdefault(layer, []).append(head)
-    got, why = mechanism_scores(adapter, probes, heads_of)
+    got, why, feeders = mechanism_scores(adapter, probes, heads_of)
+    real.feeders = feeders
     if why:
         notes.append(why)
     for key, values in got.items():
@@ -282,8 +283,18 @@ def compute(
     elif causal and (why := unpatchable(adapter, chosen_layers)) is not None:
         notes.append(f"causal evidence not run: {why}")  # e.g. delegated attention
     elif causal:
+        feeders = tuple(
+            sorted(
+                {
+                    lead
+                    for pair, counts in real.feeders.items()
+                    if "induction" in roles[pair].roles
+                    for lead, _ in counts.most_common(1)
+                }
+            )
+        )
         columns = causal_columns(
-            adapter, probes, real.captures, pairs, named, seed, notes, top=exact
+            adapter, probes, real.captures, pairs, named, seed, notes, top=exact, feeders=feeders
         )
     probe_info = {
         "n_seq": n_seq,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -54,6 +54,8 @@ class Measurements:
     captures: dict[int, LayerAttention] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     per_probe: dict[str, np.ndarray] = field(default_factory=dict)  # [probe, layer, head]
+    # per induction head, the heads whose output led its key side (``_mechanism``), counted
+    feeders: dict[tuple[int, int], Any] = field(default_factory=dict)
 
 
 def _rows(la: LayerAttention) -> Tensor:
@@ -140,26 +142,26 @@ def weight_scores(
     the first position left out) is the previous one, in ``(W_pos W_Q)(W_pos W_K)^T``. With
     ``chances``, fills it with the OV copying and QK positivity scores' chance levels, the
     circuits section's own (``circuits.copying_scores(...).chance``: random heads reading the
-    model's own embeddings, docs/math.md §4.3): one null per score."""
+    model's own embeddings, docs/math.md §4.3): one null per score. Without ``chances`` (the
+    control model, whose weights-only scores nothing reads) only the positional circuit."""
     shape = (adapter.n_layers, adapter.n_heads)
     out = {
         "prev_circuit": np.full(shape, np.nan),
         "ov_copying": np.full(shape, np.nan),
         "qk_positivity": np.full(shape, np.nan),
     }
-    try:
-        # The roles compare with the shuffled control, not with the random-head chance level.
-        # rows of the attention layers (every layer but a hybrid's other layer types)
-        rows = adapter.attention_layers
-        want = chances is not None
-        ov = circuits.copying_scores(adapter, chance=want)
-        qk = circuits.qk_positivity_scores(adapter, chance=want)
-        out["ov_copying"][rows] = ov.scores.double().numpy()
-        out["qk_positivity"][rows] = qk.scores.double().numpy()
-        if chances is not None and ov.chance is not None and qk.chance is not None:
-            chances.update(ov_copying=ov.chance, qk_positivity=qk.chance)
-    except TLDynamicsError as exc:
-        notes.append(f"OV copying and QK positivity not available: {exc}")
+    if chances is not None:  # the control's weights-only scores are not read (chance is)
+        try:
+            # rows of the attention layers (every layer but a hybrid's other layer types)
+            rows = adapter.attention_layers
+            ov = circuits.copying_scores(adapter, chance=True)
+            qk = circuits.qk_positivity_scores(adapter, chance=True)
+            out["ov_copying"][rows] = ov.scores.double().numpy()
+            out["qk_positivity"][rows] = qk.scores.double().numpy()
+            if ov.chance is not None and qk.chance is not None:
+                chances.update(ov_copying=ov.chance, qk_positivity=qk.chance)
+        except TLDynamicsError as exc:
+            notes.append(f"OV copying and QK positivity not available: {exc}")
     if adapter.W_pos is None:
         notes.append(
             "no learned position embeddings: the positional circuit does not apply, so "

@@ -24,6 +24,7 @@ weight-shuffled control can score more than the share of rows where it attends t
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -47,8 +48,9 @@ class _MechanismCollector(QKCollector):
     """QK attribution marginals of the asked heads, plus every earlier head's attention on the
     previous position and on its own, per position ``[batch, head, pos]``."""
 
-    def __init__(self, adapter: ModelAdapter, heads_of: dict[int, list[int]]):
+    def __init__(self, adapter: ModelAdapter, heads_of: dict[int, list[int]], rows: Tensor):
         super().__init__(adapter, sorted(heads_of), heads_of, top_k=1, pairs=False)
+        self.query_rows = rows  # the second copy: the only rows the mechanisms read
         self.prev: dict[int, Tensor] = {}
         self.own: dict[int, Tensor] = {}
 
@@ -91,18 +93,23 @@ def _carries(
 
 
 def _pass_scores(
-    collector: _MechanismCollector, probes: Probes, n: int, shape: tuple[int, int]
+    collector: _MechanismCollector,
+    probes: Probes,
+    n: int,
+    shape: tuple[int, int],
+    feeders: dict[tuple[int, int], Counter],
 ) -> dict[str, np.ndarray]:
     """``{key: [n, layer, head]}`` of the collector's last pass over ``n`` probes (NaN where not
-    asked)."""
+    asked); counts into ``feeders[(layer, head)]`` the heads whose output leads the key side of
+    the rows where the induction mechanism holds."""
     out = {k: np.full((n, *shape), np.nan) for k in MECHANISM_KEYS}
     second = torch.tensor(list(probes.second_copy), dtype=torch.long)
     _, rows_of, _ = collector.passes[-1]
     for (layer, head), r in rows_of.items():
         origins = list(collector.splits[layer].origins) + [("bias", -1, -1)]
-        key_lead = (r.key_w - r.key_u).argmax(-1)[:, second]  # [b, rows]
-        query_lead = (r.query_w - r.query_u).argmax(-1)[:, second]
-        chosen = r.chosen[:, second]
+        key_lead = (r.key_w - r.key_u).argmax(-1)  # [b, rows]: the second copy's rows only
+        query_lead = (r.query_w - r.query_u).argmax(-1)
+        chosen = r.chosen
         device = chosen.device
         rows = second.to(device)[None].expand_as(chosen)
         ind_target = chosen == rows - probes.seq_len + 1
@@ -110,7 +117,13 @@ def _pass_scores(
         query_own = _carries(origins, query_lead, rows, collector.own, True)
         key_prev = _carries(origins, key_lead, chosen, collector.prev, False)
         key_own = _carries(origins, key_lead, chosen, collector.own, True)
-        ind = (ind_target & key_prev & query_own).float().mean(1)
+        holds = ind_target & key_prev & query_own
+        for c in key_lead[holds].unique().tolist():
+            kind, l2, h2 = origins[c]
+            feeders.setdefault((layer, head), Counter())[(l2, h2)] += int(
+                (key_lead[holds] == c).sum()
+            )
+        ind = holds.float().mean(1)
         dup = (dup_target & key_own & query_own).float().mean(1)
         out["ind_mech"][:, layer, head] = ind.double().cpu().numpy()
         out["dup_mech"][:, layer, head] = dup.double().cpu().numpy()
@@ -119,31 +132,37 @@ def _pass_scores(
 
 def mechanism_scores(
     adapter: ModelAdapter, probes: Probes, heads_of: dict[int, list[int]], chunk: int = 32
-) -> tuple[dict[str, np.ndarray], str | None]:
-    """``({key: [probe, layer, head]}, note)``: the induction and duplicate-token mechanism
-    shares of the heads in ``heads_of`` (``{layer: [head, ...]}``) on the repeated probes, NaN
-    elsewhere; where the stream cannot be split exactly (``adapter.ResidualSplit`` refuses the
-    architecture) every value is NaN and ``note`` says why.
+) -> tuple[dict[str, np.ndarray], str | None, dict[tuple[int, int], Counter]]:
+    """``({key: [probe, layer, head]}, note, feeders)``: the induction and duplicate-token
+    mechanism shares of the heads in ``heads_of`` (``{layer: [head, ...]}``) on the repeated
+    probes, NaN elsewhere; where the stream cannot be split exactly (``adapter.ResidualSplit``
+    refuses the architecture) every value is NaN and ``note`` says why. ``feeders[(layer,
+    head)]`` counts, over the rows where a head's induction mechanism holds, which previous-token
+    head's output led its key side.
 
     Example:
         >>> from tl_dynamics import zoo
         >>> from tl_dynamics.adapter import ModelAdapter
         >>> from tl_dynamics.atlas._probes import build_probes
         >>> ad = ModelAdapter(zoo.load("induction-2l"))
-        >>> got, note = mechanism_scores(ad, build_probes(ad, None, 8, 20, 0), {1: [1]})
+        >>> got, note, feeders = mechanism_scores(ad, build_probes(ad, None, 8, 20, 0), {1: [1]})
         >>> got["ind_mech"].shape, bool(got["ind_mech"][:, 1, 1].mean() > 0.5), note
         ((8, 2, 4), True, None)
+        >>> feeders[(1, 1)].most_common(1)[0][0]   # L0H0, the previous-token head
+        (0, 0)
     """
     tokens = probes.repeat.tokens
     shape = (adapter.n_layers, adapter.n_heads)
     empty = {k: np.full((tokens.shape[0], *shape), np.nan) for k in MECHANISM_KEYS}
-    heads_of = {layer: hs for layer, hs in heads_of.items() if hs and layer > 0}
+    heads_of = {layer: hs for layer, hs in heads_of.items() if hs}
+    feeders: dict[tuple[int, int], Counter] = {}
     if not heads_of:
-        return empty, None
+        return empty, None, feeders
     try:
-        collector = _MechanismCollector(adapter, heads_of)
+        second = torch.tensor(list(probes.second_copy), dtype=torch.long)
+        collector = _MechanismCollector(adapter, heads_of, second)
     except TLDynamicsError as exc:  # the split's named refusal: no number, the reason
-        return empty, f"the mechanism cannot be read on the pass: {exc}"
+        return empty, f"the mechanism cannot be read on the pass: {exc}", feeders
     parts = []
     for start in range(0, tokens.shape[0], chunk):
         part = Batch(
@@ -153,6 +172,6 @@ def mechanism_scores(
         )
         with torch.no_grad(), adapter.collecting(collector):
             adapter.forward(part)
-        parts.append(_pass_scores(collector, probes, part.tokens.shape[0], shape))
+        parts.append(_pass_scores(collector, probes, part.tokens.shape[0], shape, feeders))
         collector.passes.clear()  # the rows are read: keep no pass
-    return {k: np.concatenate([p[k] for p in parts]) for k in MECHANISM_KEYS}, None
+    return {k: np.concatenate([p[k] for p in parts]) for k in MECHANISM_KEYS}, None, feeders

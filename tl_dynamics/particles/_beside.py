@@ -16,7 +16,7 @@ from tl_dynamics.adapter import Batch, ModelAdapter, Prompt
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.particles._result import ParticleRun
 from tl_dynamics.particles._seeding import HeadDynamics, from_head
-from tl_dynamics.particles._simulation import simulate
+from tl_dynamics.particles._simulation import DEFAULT_TOL, simulate
 from tl_dynamics.particles._views import beside_figure
 
 BESIDE_EPS = 0.05
@@ -199,6 +199,7 @@ def compute(
     eps: float = BESIDE_EPS,
     t_max: float = 20.0,
     radius: float | None = None,
+    tol: float = DEFAULT_TOL,
 ) -> BesideModel:
     """Seed the particle system from heads and the prompt's tokens, beside the model's clustering.
 
@@ -217,6 +218,8 @@ def compute(
         eps: the closeness threshold (``cos > 1 - eps``).
         t_max: simulated time.
         radius: the radius that sets ``beta`` (None: ``sqrt(d_model)``).
+        tol: the integrator's local error per step (``simulate``'s ``tol``; a head with sharp
+            attention makes the flow stiff, and its steps short).
 
     Returns:
         A ``BesideModel``.
@@ -267,7 +270,7 @@ def compute(
         x = states[layer][0][valid.to(states[layer].device)].double().cpu()
         x0.append(x / x.norm(dim=-1, keepdim=True))
     if len(pairs) == 1:
-        run = simulate(x0[0][None], **dynamics[0].kwargs(), t_max=t_max, eps=eps)
+        run = simulate(x0[0][None], **dynamics[0].kwargs(), t_max=t_max, eps=eps, tol=tol)
     else:
         run = simulate(
             torch.stack(x0),
@@ -277,6 +280,7 @@ def compute(
             torch.stack([h.V for h in dynamics]),
             t_max=t_max,
             eps=eps,
+            tol=tol,
         )
     tokens = tuple(t for t, ok in zip(all_tokens, valid.tolist()) if ok)
     return BesideModel(
@@ -299,6 +303,7 @@ def beside_model(
     eps: float = BESIDE_EPS,
     t_max: float = 20.0,
     radius: float | None = None,
+    tol: float = DEFAULT_TOL,
 ) -> BesideModel:
     """``compute`` for one head: ``compute(model, prompt, layers=layer, heads=head, ...)``.
 

@@ -4,6 +4,7 @@ analysis (``docs/developing.md``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -56,6 +57,9 @@ class QKCollector(Collector):
     ):
         # heads: the same heads in every layer, or per layer (the atlas asks a few per layer)
         self.positions: Any = None  # the rows the result reads by default
+        # only these query rows are attributed (the atlas's second copy; HeadRows then holds
+        # those rows, not every position: a caller's own reading, not a QKAttribution)
+        self.query_rows: Tensor | None = None
         self.heads_of = {L: list(heads[L] if isinstance(heads, Mapping) else heads) for L in layers}
         self.heads = (
             sorted({h for hs in self.heads_of.values() for h in hs})
@@ -108,6 +112,12 @@ class QKCollector(Collector):
             sides = {"query": qres.names, "key": kres.names}
             self.features[split.layer] = {s: n for s, n in sides.items() if n != res.names}
         heads = self.heads_of[split.layer]
+        rows = self.query_rows
+        if rows is not None:  # only these query rows (the keys stay at every position)
+            rows = rows.to(pattern.device)
+            qres = qres.rows(rows)
+            la = replace_rows(la, rows)
+            pattern = pattern[:, :, rows]
         # heads per group: the parts of a group of heads are projected and rotated at once, within
         # PARTS_BUDGET bytes (one head at a time on large inputs)
         per_head = 4 * (len(res.names) + 1) * int(res.scale.numel()) * la.q.shape[-1]
@@ -135,8 +145,9 @@ class QKCollector(Collector):
         tol = SUM_RTOL.get(self.adapter.dtype, 5e-2)
         errors = dict(errors_in)
         for side, parts, ref in (("query", Q, la.q[:, :, h]), ("key", K, la.k[:, :, h])):
-            diff = (parts.sum(0) - ref)[valid].abs().max()
-            errors[side] = float(diff / ref[valid].abs().max().clamp_min(1e-30))
+            ok = valid[:, : ref.shape[1]] if ref.shape[1] == valid.shape[1] else la.query_valid
+            diff = (parts.sum(0) - ref)[ok].abs().max()
+            errors[side] = float(diff / ref[ok].abs().max().clamp_min(1e-30))
             if errors[side] > tol:
                 raise TLDynamicsError(
                     f"qk attribution: the {side} parts of L{split.layer}H{h} on "
@@ -193,6 +204,19 @@ class QKCollector(Collector):
             features=dict(self.features),
             positions=self.positions,
         )
+
+
+def replace_rows(la: LayerAttention, rows: Tensor) -> LayerAttention:
+    """``la`` with its queries, masks and position bias at the query ``rows`` only (the keys and
+    values at every position)."""
+    bias = la.position_bias
+    return dataclasses.replace(
+        la,
+        q=la.q[:, rows],
+        allowed=la.allowed[:, rows],
+        query_valid=la.query_valid[:, rows],
+        position_bias=None if bias is None else bias[:, :, rows],
+    )
 
 
 def _pad(x: np.ndarray, n: int, fill: Any) -> np.ndarray:

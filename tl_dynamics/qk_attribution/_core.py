@@ -52,14 +52,15 @@ def uniform(allowed: Tensor) -> Tensor:
 
 
 def _weighted(w: Tensor, K: Tensor, chunk: int) -> Tensor:
-    """``sum_j w_ij K^b_j`` for every component, ``[B, b, pos, d]``, ``chunk`` components at a
-    time (their ``[b, pos, chunk * d]`` copy is the only temporary)."""
+    """``sum_j w_ij K^b_j`` for every component, ``[B, b, rows, d]`` (``w``: ``[b, rows, pos]``),
+    ``chunk`` components at a time (their ``[b, pos, chunk * d]`` copy is the only temporary)."""
     B, b, n, d = K.shape
-    out = K.new_empty(B, b, n, d)
+    rows = w.shape[1]  # the query rows (every position, or the rows a caller reads)
+    out = K.new_empty(B, b, rows, d)
     for c0 in range(0, B, chunk):
         part = K[c0 : c0 + chunk]
         flat = part.permute(1, 2, 0, 3).reshape(b, n, -1)
-        out[c0 : c0 + chunk] = torch.bmm(w, flat).reshape(b, n, -1, d).permute(2, 0, 1, 3)
+        out[c0 : c0 + chunk] = torch.bmm(w, flat).reshape(b, rows, -1, d).permute(2, 0, 1, 3)
     return out
 
 
