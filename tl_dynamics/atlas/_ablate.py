@@ -19,7 +19,8 @@ from tl_dynamics.atlas._atp import atp_deltas
 from tl_dynamics.atlas._causal import KINDS, causal_deltas
 from tl_dynamics.atlas._probes import Probes
 from tl_dynamics.errors import TLDynamicsError
-from tl_dynamics.evidence import N_BOOT, interval, poisson_weights
+from tl_dynamics.ablation import pooled_effect
+from tl_dynamics.evidence import N_BOOT
 
 DELTA_KEYS = KINDS + ("mean_unrepeated", "atp")
 # Every asked head is ablated exactly up to this many heads; beyond, the EXACT_TOP heads the
@@ -67,18 +68,9 @@ def _pooled(
     per_row: np.ndarray, counts: np.ndarray, n_boot: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(estimate, low, high)`` ``[layer, head]`` of per-probe effects ``[rows, layer, head]``
-    pooled over the probes' target pairs (the loss over all of them), the interval over the
-    probes (Poisson bootstrap replicates of the same ratio)."""
-    n = per_row.shape[0]
-    x = np.nan_to_num(per_row)
-    weight = counts / max(float(counts.sum()), 1.0)
-    estimate = np.einsum("r,rlh->lh", weight, x)
-    w = poisson_weights(np.arange(n), n_boot, seed) * counts[:, None]  # [rows, B]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        reps = np.einsum("rb,rlh->blh", w, x) / w.sum(0)[:, None, None]
-    low, high = interval(reps, n)
-    missing = np.isnan(per_row).all(0)
-    return tuple(np.where(missing, np.nan, a) for a in (estimate, low, high))  # type: ignore[return-value]
+    (each probe's mean over its target pairs) pooled over all the pairs, the interval over the
+    probes (``ablation.pooled_effect``)."""
+    return pooled_effect(per_row * counts[:, None, None], counts, n_boot, seed)
 
 
 def exact_pairs(

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from tl_dynamics import odds_ratio
+from tl_dynamics.ablation import position_mean
 from tl_dynamics.adapter import Batch, LayerAttention, ModelAdapter
 from tl_dynamics.errors import TLDynamicsError
 
@@ -111,9 +112,7 @@ class CausalRunner:
         }
 
     def _replacements(self, la: LayerAttention, heads: list[int]) -> dict[str, Tensor]:
-        valid = self.batch.key_valid.to(la.v.device).float()[:, :, None, None]
-        z = la.z(heads)
-        out = {"mean": (z * valid).sum(1) / valid.sum(1).clamp(min=1.0)}  # [b, head, d_head]
+        out = {"mean": position_mean(la.z(heads), self.batch.key_valid)[:, 0]}  # [b, head, d]
         sink = None if la.sink_logit is None else la.sink_logit[heads]  # a virtual key (§2.6)
         parts = odds_ratio.split_scores(
             la.q[:, :, heads], la.k[:, :, heads], la.scale, la.bias(heads), sink=sink

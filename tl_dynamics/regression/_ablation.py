@@ -4,7 +4,7 @@ measured destinations when the head is mean-ablated (docs/math.md §8.4, §9.5).
 A reading says which predictor a head's output is closest to; it does not say that the model's
 prediction needs the head. This is the number that does: for every measured destination ``t``
 whose next token is real, the head's ``z`` is replaced by its mean over the prompt's real
-positions (mean ablation, as the atlas does) and the next-token loss at ``t`` is compared with
+positions (mean ablation, as the atlas does: ``tl_dynamics.ablation``) and the next-token loss at ``t`` is compared with
 the clean pass's. The effect is the mean over those destinations, with a 95% interval over the
 units (``evidence``), all prompts included (nothing is fitted).
 """
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from tl_dynamics.adapter import Batch, ModelAdapter
-from tl_dynamics.evidence import interval, poisson_weights
+from tl_dynamics.ablation import pooled_effect, position_mean
 
 # Largest number of logits (replicas x batch x positions x vocabulary) held at once.
 LOGIT_BUDGET = 1 << 25
@@ -63,9 +63,7 @@ def ablation_effects(
     step = max(1, LOGIT_BUDGET // max(1, rows * n_pos * vocab))
     keyed = torch.unique(u, return_inverse=True)
     n_units, index = int(keyed[0].numel()), keyed[1].cpu().numpy()
-    w = poisson_weights(np.arange(n_units), n_boot, seed)  # [unit, B]
     count = np.bincount(index, minlength=n_units).astype(float)
-    key_valid = batch.key_valid.float()[:, :, None, None]
     for i, layer in enumerate(layers):
         deltas = []
         for start in range(0, len(heads), step):
@@ -74,11 +72,10 @@ def ablation_effects(
 
             def mean_ablate(z: Tensor, part: list[int] = part) -> Tensor:
                 z = z.clone()  # [k * rows, pos, head, d]: replica r ablates head part[r]
-                kv = key_valid.to(z.device, z.dtype)
                 for r, h in enumerate(part):
-                    sl = z[r * rows : (r + 1) * rows, :, h]
-                    mean = (sl * kv[..., 0]).sum(1, keepdim=True) / kv[..., 0].sum(1, keepdim=True)
-                    z[r * rows : (r + 1) * rows, :, h] = mean.expand_as(sl)
+                    sl = z[r * rows : (r + 1) * rows, :, h : h + 1]
+                    mean = position_mean(sl, batch.key_valid)
+                    z[r * rows : (r + 1) * rows, :, h : h + 1] = mean.expand_as(sl)
                 return z
 
             grown = Batch(tokens.repeat(k, 1), batch.key_valid.repeat(k, 1), batch.padding_side)
@@ -87,9 +84,6 @@ def ablation_effects(
             deltas.append(_nll(logits, tokens, b, t) - clean[None])
         d = torch.cat(deltas).double().cpu().numpy()  # [heads, n]
         per_unit = np.stack([np.bincount(index, weights=row, minlength=n_units) for row in d])
-        out[i, :, 0] = per_unit.sum(1) / count.sum()
-        with np.errstate(invalid="ignore"):  # a replicate that drew no unit: NaN, left out
-            reps = (per_unit @ w) / (count @ w)[None]  # [heads, B]
-        low, high = interval(reps.T, n_units)
-        out[i, :, 1], out[i, :, 2] = low, high
+        est, low, high = pooled_effect(per_unit.T, count, n_boot, seed)  # over the units
+        out[i, :, 0], out[i, :, 1], out[i, :, 2] = est, low, high
     return out
