@@ -178,7 +178,8 @@ class HeadAtlas(viz.Result):
         ``delta_loss_likelihood`` (pattern patched to the prior-only / likelihood-only
         counterfactual), ``delta_loss_unrepeated``, ``roles`` (all, ranked), ``margin_low`` and
         ``margin_high`` (the 95% interval over the probes of the top role's score minus its
-        control; NaN for a weight score), ``undecided`` (roles whose interval straddles the
+        control; NaN for a weight score), ``threshold`` (the margin it must clear), ``units``
+        (the probes behind that interval), ``undecided`` (roles whose interval straddles the
         margin), ``sink_position``, ``sink_cause`` and the raw scores.
 
         Returns:
@@ -219,6 +220,8 @@ class HeadAtlas(viz.Result):
                 "roles": ", ".join(entry.roles),
                 "margin_low": entry.margins[0][0] if entry.margins else float("nan"),
                 "margin_high": entry.margins[0][1] if entry.margins else float("nan"),
+                "threshold": self.margin,
+                "units": entry.units[0] if entry.units else 0,
                 "undecided": ", ".join(entry.undecided),
                 "sink_position": entry.sink_position,
                 "sink_cause": entry.sink_cause,

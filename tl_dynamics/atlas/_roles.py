@@ -62,6 +62,7 @@ class HeadRoles:
     sink_cause: str
     undecided: tuple[str, ...] = ()
     margins: tuple[tuple[float, float], ...] = ()
+    units: tuple[int, ...] = ()  # probes behind each role's interval (0: a weights-only score)
 
 
 def controls(shuffled: dict[str, np.ndarray]) -> dict[str, float]:
@@ -173,6 +174,7 @@ def classify(
             (float(ci[k][0]), float(ci[k][1])) if k in ci else (float("nan"), float("nan"))
             for k in primary
         ),
+        units=tuple(int(ci[k][2]) if k in ci else 0 for k in primary),
     )
 
 
