@@ -158,3 +158,21 @@ def test_the_weight_shuffled_copy_holds_almost_no_role(smol):
     )
     for role, held in counts.items():
         assert held <= len(res.roles) // 20, (role, held, counts)
+
+
+def test_the_induction_chain_of_smollm2(smol):
+    """Issue 50 on the pretrained model: at L18H6's second-copy rows that attend the induction
+    target, the chain of causes is the induction chain on most rows: the key led by L16H0's
+    output, which moved the token at src-1, and the query by a component carrying the token at
+    dest (measured on 16 probes: 99-100% for L17H3, L17H4, L17H5; benchmarks/README.md)."""
+    from tl_dynamics import qk_attribution
+
+    probes = _probes.build_probes(smol, None, 8, _probes.SEQ_LEN, _probes.SEED)
+    tokens, n = probes.repeat.tokens, probes.seq_len
+    la = smol.attention(tokens, layers=[18])[18]
+    top = la.pattern()[:, 6].argmax(-1)
+    q = torch.arange(tokens.shape[1])
+    rows = ((q[None] >= probes.offset + n) & (top == q[None] - n + 1)).numpy()
+    s = qk_attribution.chains(smol, tokens, 18, 6, positions=rows, control=False)
+    assert s.shapes[0] == "key: L16H0 <- the token at src-1 | query: the token at dest", s.summary()
+    assert s.stats["mean"][0] >= 0.9, s.summary()

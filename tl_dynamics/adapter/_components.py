@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from tl_dynamics.adapter._frozennorm import InputNorm, read_input_norm
+from tl_dynamics.adapter._maps import bias_part, side_map, value_map
 from tl_dynamics.adapter._qkparts import frozen_parts, side_norms
 from tl_dynamics.adapter._saesplit import feature_residual, refuse_spliced_stream, sae_layer
 from tl_dynamics.adapter._splitrefusals import refuse_split
@@ -337,6 +338,29 @@ class ResidualSplit:
         norm = self.query_norm
         side = None if norm is None else (norm, range(ad.n_heads), list(heads))
         return frozen_parts(ad, res, self.norm, ad.W_Q(L), ad.b_Q(L), heads, side, L)
+
+    def maps(self, res: Residual, head: int) -> dict[str, Tensor]:
+        """The linear maps of head ``head`` on this pass (``_maps``): ``"query"`` and ``"key"``
+        ``[batch, pos, d_model, d_head]`` (a residual vector at a position to its share of the
+        query or key there), ``"query_bias"``/``"key_bias"`` ``[batch, pos, d_head]`` (the part no
+        vector wrote), ``"value"`` likewise and ``"value_bias"`` ``[d_head]``.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter, ResidualSplit
+            >>> split = ResidualSplit(ModelAdapter(testing.cached_model("llama")), 1)
+            >>> sorted(split.maps(split.run("a b"), 0))
+            ['key', 'key_bias', 'query', 'query_bias', 'value', 'value_bias']
+        """
+        value, value_bias = value_map(self, res, head)
+        return {
+            "query": side_map(self, res, head, "query"),
+            "key": side_map(self, res, head, "key"),
+            "query_bias": bias_part(self, res, head, "query"),
+            "key_bias": bias_part(self, res, head, "key"),
+            "value": value,
+            "value_bias": value_bias,
+        }
 
     def keys(self, res: Residual, heads: Sequence[int]) -> Tensor:
         """Every part's share of the keys of ``heads``; grouped heads share one computation.

@@ -11,6 +11,7 @@ from tl_dynamics.viz._builders import (
     text_neuron_activations,
     topk_tokens,
 )
+from tl_dynamics.viz._arcs import arc_diagram
 from tl_dynamics.viz._own_views import attention_grid, figure, heatmap, table, text
 from tl_dynamics.viz._component import Component, html_escape, notebook_bundle, visible_token
 from tl_dynamics.viz._group import Group, group
@@ -21,6 +22,7 @@ from tl_dynamics.viz import _export  # noqa: F401  (registers view.save and Page
 
 __all__ = [
     "Component",
+    "arc_diagram",
     "Group",
     "Page",
     "Result",
