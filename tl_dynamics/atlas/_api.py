@@ -164,7 +164,12 @@ def _pairs_of(adapter: ModelAdapter, layers: Any, heads: Any) -> list[tuple[int,
         match = _HEAD_NAME.match(h) if isinstance(h, str) else None
         if isinstance(h, str) and match is None:
             raise TLDynamicsError(f"atlas.compute: {h!r} is not a head name like 'L1H3'")
-        layer, head = (int(match[1]), int(match[2])) if match else tuple(h)
+        if match is not None:
+            layer, head = int(match[1]), int(match[2])
+        elif isinstance(h, (tuple, list)) and len(h) == 2 and all(isinstance(x, int) for x in h):
+            layer, head = int(h[0]), int(h[1])
+        else:
+            raise TLDynamicsError(f"atlas.compute: {h!r} is not a (layer, head) pair")
         pair = (adapter.check_attention_layers([layer])[0], adapter.check_heads([head])[0])
         if pair not in out:
             out.append(pair)
@@ -176,7 +181,7 @@ def compute(
     prompts: Prompt | Batch | None = None,
     *,
     layers: int | Sequence[int] | None = None,
-    heads: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | Sequence[tuple[int, int]] | Sequence[str] | None = None,
     n_seq: int = N_SEQ,
     seq_len: int = SEQ_LEN,
     seed: int = SEED,

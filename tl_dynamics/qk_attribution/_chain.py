@@ -13,7 +13,7 @@ at ``j`` through ``w = c M_key[j] q_i``, the query side the stream at ``i`` thro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -61,7 +61,7 @@ class Pass:
     """What one pass delivered, for one prompt ``row``: each layer's ``Residual`` (its parts) and
     head maps on demand, the patterns, ``z`` and ``W_O`` of the earlier layers, and names."""
 
-    residual: Callable[[int], object]  # layer -> Residual
+    residual: Callable[[int], Any]  # layer -> Residual
     maps: Callable[[int, int], dict[str, Tensor]]  # (layer, head) -> ResidualSplit.maps
     origins: Callable[[int], tuple[tuple[str, int, int], ...]]  # layer -> part origins
     pattern: dict[int, Tensor]  # layer -> [head, q, k] of prompt ``row``
