@@ -59,9 +59,7 @@ def side_map(
     return parts[:-1, ..., 0, :].permute(1, 2, 0, 3)  # [b, pos, d_model, d_head]
 
 
-def bias_part(
-    split: Any, res: Residual, head: int, side: str
-) -> Float[Tensor, "batch pos d_head"]:
+def bias_part(split: Any, res: Residual, head: int, side: str) -> Float[Tensor, "batch pos d_head"]:
     """The part of head ``head``'s query or key at each position that no residual vector wrote:
     the input norm's shift through ``W`` plus ``b``, through the frozen q/k norm and rotary (the
     last part of ``ResidualSplit.queries``/``keys``), formed without any part."""
