@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-MAX_NAMES = 106  # 93 + regression's three (issue 32) + zoo.untrained and zoo.regression_sequences (its notebook) + viz.Result (issue 42: every result's notebook face) + qk_attribution's six and adapter.ResidualSplit (issue 41)
+MAX_NAMES = 112  # 93 + regression's three (issue 32) + zoo.untrained and zoo.regression_sequences (its notebook) + viz.Result (issue 42: every result's notebook face) + qk_attribution's six and adapter.ResidualSplit (issue 41) + qk_attribution's explain, chains, their two results and QKCollector (the atlas reads marginals with it), viz.arc_diagram (issues 46, 50)
 SURFACE = {
     "adapter": (
         "Batch",
@@ -82,9 +82,14 @@ SURFACE = {
         "stats_page",
     ),
     "qk_attribution": (
+        "ChainSummary",
+        "EdgeExplanation",
         "QKAttribution",
+        "QKCollector",
         "attach",
+        "chains",
         "compute",
+        "explain",
         "over_prompts",
         "pair",
         "report_section",
@@ -105,6 +110,7 @@ SURFACE = {
         "Group",
         "Page",
         "Result",
+        "arc_diagram",
         "attention_grid",
         "attention_heads",
         "attention_pattern",

@@ -340,10 +340,17 @@ class ResidualSplit:
         return frozen_parts(ad, res, self.norm, ad.W_Q(L), ad.b_Q(L), heads, side, L)
 
     def maps(self, res: Residual, head: int) -> dict[str, Tensor]:
-        """The linear maps of head ``head`` on this pass (``_maps``): ``"query"`` and ``"key"``
-        ``[batch, pos, d_model, d_head]`` (a residual vector at a position to its share of the
-        query or key there), ``"query_bias"``/``"key_bias"`` ``[batch, pos, d_head]`` (the part no
-        vector wrote), ``"value"`` likewise and ``"value_bias"`` ``[d_head]``.
+        """The linear maps of head ``head`` on this pass, with its norm scales frozen (``_maps``).
+
+        Args:
+            res: A ``Residual`` of this split (its stream and scales).
+            head: A query head.
+
+        Returns:
+            ``"query"`` and ``"key"`` ``[batch, pos, d_model, d_head]`` (a residual vector at a
+            position to its share of the query or key there), ``"query_bias"``/``"key_bias"``
+            ``[batch, pos, d_head]`` (the part no vector wrote), ``"value"`` likewise and
+            ``"value_bias"`` ``[d_head]``.
 
         Example:
             >>> from tl_dynamics import testing

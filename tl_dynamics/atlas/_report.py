@@ -44,10 +44,11 @@ def _model_arg(page: viz.Page) -> str:
 
 
 def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
-    """Add "What each head does" to ``page``: the atlas with the report's prompts as natural
-    probes (each prompt's first 128 real tokens) beside the repeated random-token probes; the
-    causal columns are run only on models with at most 64 heads. What the prompts are too few to
-    decide is said once, with the command that decides it.
+    """Add "What each head does" to ``page``: the atlas, the report's prompts as natural probes.
+
+    Each prompt's first 128 real tokens is a natural probe, beside the repeated random-token
+    probes; the causal columns are run only on models with at most 64 heads. What the prompts
+    are too few to decide is said once, with the command that decides it.
 
     Args:
         page: the ``viz.Page`` to add the section to.

@@ -22,10 +22,10 @@ from tl_dynamics.viz import _export  # noqa: F401  (registers view.save and Page
 
 __all__ = [
     "Component",
-    "arc_diagram",
     "Group",
     "Page",
     "Result",
+    "arc_diagram",
     "attention_grid",
     "attention_heads",
     "attention_pattern",

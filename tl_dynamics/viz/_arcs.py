@@ -25,8 +25,10 @@ def arc_diagram(
     title: str = "",
     caption: str = "",
 ) -> Component:
-    """Positions as nodes along a line, each labelled with its (escaped) token, and arcs from one
-    position to another, their width the weight (0..1), their hover text the label.
+    """Token positions as nodes on a line, and arcs between them (an inline SVG view).
+
+    Each node is labelled with its (escaped) token; each arc runs from one position to another,
+    its width the weight (0..1), its hover text the label.
 
     Args:
         tokens: the token of each position.
