@@ -116,7 +116,7 @@ def report_section(page: viz.Page, adapter: ModelAdapter, batch: Batch) -> None:
     if marks is not None:
         heads = strongest_heads(marks)
     else:  # this section alone (no atlas on the page): the last layer's heads
-        last = adapter.attention_layers[-1]
+        last = adapter.check_attention_layers(None)[-1]  # none: refused by name
         heads = [(last, h, "no atlas") for h in range(adapter.n_heads)][:MAX_HEADS] if last else []
     shown = _first_positions(batch)
     n_prompts = int(shown.tokens.shape[0])
