@@ -96,6 +96,10 @@ def results():
         "PromptSummary": qk_attribution.over_prompts(
             model, ["a b a b", "c d c d", "e f e f"], 1, heads=0, n_boot=20
         ),
+        "EdgeExplanation": qk_attribution.explain(model, PROMPT, 1, 0, dest=3),
+        "ChainShapes": qk_attribution.chains(
+            model, ["a b a b", "c d c d"], 1, 0, positions=None, n_boot=20
+        ),
         "BarycentricView": odds_ratio.barycentric(model, PROMPT, 0, 0),
         "ChainSummary": odds_ratio.markov(model, PROMPT, 0, 0),
         "BesideModel": particles.compute(model, "a b c d e f", layers=0, heads=0),

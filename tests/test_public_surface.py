@@ -82,7 +82,7 @@ SURFACE = {
         "stats_page",
     ),
     "qk_attribution": (
-        "ChainSummary",
+        "ChainShapes",
         "EdgeExplanation",
         "QKAttribution",
         "QKCollector",

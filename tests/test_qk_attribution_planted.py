@@ -152,7 +152,9 @@ def test_over_prompts_separates_the_model_from_its_control(induction):
     assert st["diff_low"][0, k] > 0  # above the control, paired by prompt
     assert st["low"][0, k] <= st["mean"][0, k] <= st["high"][0, k]
     frame = s.to_dataframe()
-    assert {"mean_share", "low", "high", "control_mean_share", "diff_low"} <= set(frame.columns)
+    assert {"mean_share", "low", "high", "control_mean_share", "diff_mean", "diff_low"} <= set(
+        frame.columns
+    )
 
 
 def test_positions_keep_the_rows_that_do_the_work(induction):

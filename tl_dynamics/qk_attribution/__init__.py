@@ -17,7 +17,7 @@ that wrote its query and its key, on this pass (docs/math.md §10).
 - ``report_section``: the report page's section (the heads the atlas marks).
 """
 
-from tl_dynamics.qk_attribution._chains import ChainSummary, chains
+from tl_dynamics.qk_attribution._chains import ChainShapes, chains
 from tl_dynamics.qk_attribution._collect import QKCollector, attach, compute
 from tl_dynamics.qk_attribution._edge import EdgeExplanation
 from tl_dynamics.qk_attribution._explain import explain
@@ -27,7 +27,7 @@ from tl_dynamics.qk_attribution._report import report_section
 from tl_dynamics.qk_attribution._result import QKAttribution
 
 __all__ = [
-    "ChainSummary",
+    "ChainShapes",
     "EdgeExplanation",
     "QKAttribution",
     "QKCollector",

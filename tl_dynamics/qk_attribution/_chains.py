@@ -78,7 +78,7 @@ def _shares(counts: list[collections.Counter], shapes: list[str]) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class ChainSummary(viz.Result):
+class ChainShapes(viz.Result):
     """How often each chain shape (``EdgeExplanation.shape``) explains a head's edges: per shape,
     its mean share of the selected rows over the prompts with a 95% interval, and the same on the
     weight-shuffled control (NaN without one)."""
@@ -93,10 +93,10 @@ class ChainSummary(viz.Result):
     depth: int
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per shape: its mean share, interval and control."""
+        """One row per chain shape (``chain``): its mean share, interval and control."""
         return pd.DataFrame(
             [
-                dict(layer=self.layer, head_index=self.head, shape=s)
+                dict(layer=self.layer, head_index=self.head, chain=s)
                 | {k: float(v[i]) for k, v in self.stats.items()}
                 for i, s in enumerate(self.shapes)
             ]
@@ -141,7 +141,7 @@ def chains(
     control: bool = True,
     n_boot: int = N_BOOT,
     seed: int = 0,
-) -> ChainSummary:
+) -> ChainShapes:
     """How often each chain shape explains head ``head``'s edges: every selected row of every
     prompt explained at its most attended key (``explain``'s links, ``depth`` levels, ``top``
     expanded per link), its shape counted, and each shape's share over the prompts with an
@@ -160,7 +160,7 @@ def chains(
         seed: seeds the replicates and the shuffle.
 
     Returns:
-        A ``ChainSummary``.
+        A ``ChainShapes``.
 
     Example:
         >>> from tl_dynamics import qk_attribution, zoo
@@ -187,7 +187,7 @@ def chains(
         c_counts = _shapes(shuffled, batch, layer, head, positions, depth, top)
         cm, cl, ch = prompt_interval(_shares(c_counts, shapes), n_boot, seed)
         stats.update(control_mean=np.nan_to_num(cm), control_low=cl, control_high=ch)
-    return ChainSummary(
+    return ChainShapes(
         layer, head, tuple(shapes), stats, int(batch.tokens.shape[0]), sum(total.values()),
         positions, depth,
     )  # fmt: skip

@@ -20,7 +20,7 @@ from tl_dynamics.qk_attribution._result import FOCUS, Baseline, check_positions,
 PROMPTS_PER_PASS = 8
 
 # to_dataframe's column names where a statistic's own name is a DataFrame attribute
-_COLUMN = {"mean": "mean_share", "control_mean": "control_mean_share"}
+_COLUMN = {"mean": "mean_share", "control_mean": "control_mean_share", "diff": "diff_mean"}
 
 
 def prompt_interval(
