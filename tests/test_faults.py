@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -243,32 +242,20 @@ def test_a_model_with_a_nan_weight_is_refused_naming_the_tensor(tmp_path, capsys
 
 
 # ---------------------------------------------------------------------- 3. leftovers, reading
-_PAUSE_IN_WRITE = """
-import os, sys, time
-from tl_dynamics import cli
-real = os.fsync
-def pause(fd):  # inside the atomic write: the temporary file is written, not yet renamed
-    open(sys.argv[1], "w").close()
-    time.sleep(600)
-os.fsync = pause
-sys.exit(cli.main(sys.argv[2:]))
-"""
-
-
 def test_a_write_killed_midway_leaves_a_temporary_file_the_next_run_removes(
     model, tmp_path, capsys
 ):
+    from fault_points import reached
+
     stats = scale.save_stats(run(model, CORPUS[:4]), tmp_path / "s.safetensors")
-    page, marker = tmp_path / "page.html", tmp_path / "in-write"
+    page, points = tmp_path / "page.html", tmp_path / "points"
+    points.mkdir()
     argv = ["report", "--stats", str(stats), "--out", str(page)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", _PAUSE_IN_WRITE, str(marker), *argv], env=env)
+    stop = [sys.executable, str(ROOT / "tests" / "fault_points.py"), str(points), "write"]
+    proc = subprocess.Popen([*stop, *argv], env=env)  # waits inside the write: temporary written
     try:
-        for _ in range(1200):
-            if marker.exists() or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert marker.exists(), "the subprocess never reached its write"
+        assert reached(points, "write", proc), "the subprocess never reached its write"
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
@@ -352,6 +339,79 @@ def test_ray_start_up_failure_is_one_line_with_what_to_try():
         "Ray could not start a local cluster (RuntimeError: The current node timed out during "
         "startup); try again when the machine is less busy"
     )
+
+
+class StartingRay:
+    """A Ray whose ``init`` starts processes from its own folder (a ``raylet`` among them) and
+    then looks its node up once, as Ray 2.60's ``Node`` does after its 30 s: a node that has not
+    registered by then fails the start."""
+
+    def __init__(self, folder: Path, raylet_lives: bool, registers_after: int | None):
+        self.__file__ = str(folder / "__init__.py")
+        self.folder, self.raylet_lives, self.registers_after = folder, raylet_lives, registers_after
+        self._private = type("private", (), {})()
+        self._private.services = type("services", (), {})()
+        self._private.services.get_node = self.get_node
+        self.started: list[subprocess.Popen] = []
+        self.options: dict = {}
+        self.lookups, self.initialized, self.patient = 0, False, False
+
+    def is_initialized(self):
+        return self.initialized
+
+    def init(self, **options):
+        self.options = options
+        for name, lives in (
+            ("gcs_server", True),
+            ("core/src/ray/raylet/raylet", self.raylet_lives),
+        ):
+            code = "import time; time.sleep(600)" if lives else "pass"
+            self.started.append(
+                subprocess.Popen([sys.executable, "-c", code, str(self.folder / name)])
+            )
+        self.patient = self._private.services.get_node != self.get_node
+        try:
+            self._private.services.get_node("gcs", "node")
+        except RuntimeError:
+            raise RuntimeError("The current node timed out during startup. This could...") from None
+        self.initialized = True
+
+    def get_node(self, *args):
+        self.lookups += 1
+        if self.registers_after is None or self.lookups <= self.registers_after:
+            raise RuntimeError("node not registered yet")
+        return {"node_manager_port": 1}
+
+    def shutdown(self):
+        self.initialized = False
+        for process in self.started:
+            process.kill()
+            process.wait()
+
+
+def test_a_loaded_machine_gets_time_to_start_a_local_cluster(tmp_path):
+    """The node registers after Ray's own wait (its fourth look-up here): the start waits for it
+    while its raylet lives, with Ray's worker registration raised by its setting too."""
+    ray = StartingRay(tmp_path, raylet_lives=True, registers_after=3)
+    real = ray._private.services.get_node
+    with _ray_session.cluster(ray, "local") as started:
+        assert started and ray.lookups == 4 and ray.patient  # patient while Ray starts ...
+        assert ray._private.services.get_node == real  # ... and Ray's own again after
+    assert ray.options["include_dashboard"] is False and ray.options["address"] == "local"
+    assert ray.options["_system_config"] == {"worker_register_timeout_seconds": 600}
+
+
+def test_a_failed_start_of_a_local_cluster_leaves_no_process(tmp_path):
+    """Ray's ``shutdown`` cannot reach what a failed start left (Ray's dashboards outlived the
+    pytest run's failed starts): the processes the start began are ended, and the look-up
+    stops waiting once the raylet is gone."""
+    ray = StartingRay(tmp_path, raylet_lives=False, registers_after=None)
+    ray.shutdown = lambda: None  # as Ray's, after a failed start: reaches nothing
+    with pytest.raises(TLDynamicsError, match="^Ray could not start a local cluster"):
+        with _ray_session.cluster(ray, "local"):
+            pass
+    assert all(process.wait(timeout=60) is not None for process in ray.started)
+    assert ray.started[0].returncode == -signal.SIGTERM  # the sleeping "GCS", ended
 
 
 # ---------------------------------------------------------------------- 4. a full disk
