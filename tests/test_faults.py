@@ -341,77 +341,64 @@ def test_ray_start_up_failure_is_one_line_with_what_to_try():
     )
 
 
-class StartingRay:
-    """A Ray whose ``init`` starts processes from its own folder (a ``raylet`` among them) and
-    then looks its node up once, as Ray 2.60's ``Node`` does after its 30 s: a node that has not
-    registered by then fails the start."""
+# a process whose parent has ended (its pid on stdout), as a raylet's agents after it aborted
+_ORPHAN = """import subprocess
+child = subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(child.pid)
+"""
 
-    def __init__(self, folder: Path, raylet_lives: bool, registers_after: int | None):
-        self.__file__ = str(folder / "__init__.py")
-        self.folder, self.raylet_lives, self.registers_after = folder, raylet_lives, registers_after
-        self._private = type("private", (), {})()
-        self._private.services = type("services", (), {})()
-        self._private.services.get_node = self.get_node
-        self.started: list[subprocess.Popen] = []
-        self.options: dict = {}
-        self.lookups, self.initialized, self.patient = 0, False, False
+
+class StartingRay:
+    """A Ray whose ``init`` begins processes as a real start does (one of them orphaned, as the
+    agents of a raylet that aborted are) and then fails, or not."""
+
+    def __init__(self, fails: bool):
+        self.fails, self.options, self.started = fails, {}, []
+        self.initialized = False
 
     def is_initialized(self):
         return self.initialized
 
     def init(self, **options):
         self.options = options
-        for name, lives in (
-            ("gcs_server", True),
-            ("core/src/ray/raylet/raylet", self.raylet_lives),
-        ):
-            code = "import time; time.sleep(600)" if lives else "pass"
-            self.started.append(
-                subprocess.Popen([sys.executable, "-c", code, str(self.folder / name)])
-            )
-        self.patient = self._private.services.get_node != self.get_node
-        try:
-            self._private.services.get_node("gcs", "node")
-        except RuntimeError:
-            raise RuntimeError("The current node timed out during startup. This could...") from None
+        self.started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
+        parent = subprocess.run(
+            [sys.executable, "-c", _ORPHAN], capture_output=True, text=True, check=True
+        )
+        self.orphan = int(parent.stdout)  # its parent gone: no longer under this process
+        if self.fails:
+            raise RuntimeError("The current node timed out during startup. This could...")
         self.initialized = True
 
-    def get_node(self, *args):
-        self.lookups += 1
-        if self.registers_after is None or self.lookups <= self.registers_after:
-            raise RuntimeError("node not registered yet")
-        return {"node_manager_port": 1}
-
-    def shutdown(self):
+    def shutdown(self):  # as Ray's after a failed start: reaches nothing
         self.initialized = False
-        for process in self.started:
+
+
+def test_a_local_cluster_starts_with_ray_settings_for_a_loaded_machine():
+    ray = StartingRay(fails=False)
+    try:
+        with _ray_session.cluster(ray, "local") as started:
+            assert started and ray.options["address"] == "local"
+            assert _ray_session.MARK not in os.environ  # only while Ray starts
+        assert ray.options["include_dashboard"] is False
+        assert ray.options["_system_config"] == {"worker_register_timeout_seconds": 600}
+    finally:
+        for process in ray.started:
             process.kill()
             process.wait()
+        os.kill(ray.orphan, signal.SIGKILL)
 
 
-def test_a_loaded_machine_gets_time_to_start_a_local_cluster(tmp_path):
-    """The node registers after Ray's own wait (its fourth look-up here): the start waits for it
-    while its raylet lives, with Ray's worker registration raised by its setting too."""
-    ray = StartingRay(tmp_path, raylet_lives=True, registers_after=3)
-    real = ray._private.services.get_node
-    with _ray_session.cluster(ray, "local") as started:
-        assert started and ray.lookups == 4 and ray.patient  # patient while Ray starts ...
-        assert ray._private.services.get_node == real  # ... and Ray's own again after
-    assert ray.options["include_dashboard"] is False and ray.options["address"] == "local"
-    assert ray.options["_system_config"] == {"worker_register_timeout_seconds": 600}
-
-
-def test_a_failed_start_of_a_local_cluster_leaves_no_process(tmp_path):
-    """Ray's ``shutdown`` cannot reach what a failed start left (Ray's dashboards outlived the
-    pytest run's failed starts): the processes the start began are ended, and the look-up
-    stops waiting once the raylet is gone."""
-    ray = StartingRay(tmp_path, raylet_lives=False, registers_after=None)
-    ray.shutdown = lambda: None  # as Ray's, after a failed start: reaches nothing
+def test_a_failed_start_of_a_local_cluster_leaves_no_process():
+    """Ray's ``shutdown`` cannot reach what a failed start began (Ray's dashboards outlived the
+    pytest run's failed starts, and a raylet's agents outlive it): every process the start
+    began is ended, orphans included."""
+    ray = StartingRay(fails=True)
     with pytest.raises(TLDynamicsError, match="^Ray could not start a local cluster"):
         with _ray_session.cluster(ray, "local"):
             pass
-    assert all(process.wait(timeout=60) is not None for process in ray.started)
-    assert ray.started[0].returncode == -signal.SIGTERM  # the sleeping "GCS", ended
+    assert ray.started[0].wait(timeout=60) == -signal.SIGTERM  # ended, not waited out
+    assert not _ray_session._alive(ray.orphan) and _ray_session.MARK not in os.environ
 
 
 # ---------------------------------------------------------------------- 4. a full disk

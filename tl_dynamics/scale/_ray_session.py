@@ -2,16 +2,17 @@
 shut down afterwards whatever happens (a normal end, an error, SIGTERM), and a failure to
 start said in one line with what to try.
 
-A local cluster gets the time a loaded machine needs to start (``start``): a worker process
-may take ``REGISTER_S`` to register with its raylet (Ray's setting
-``worker_register_timeout_seconds``, 60 s by default: a worker imports torch before it
-registers), and the node ``START_S`` to register with the GCS. Ray 2.60 waits 30 s for the
-latter, a constant in ``ray/_private/node.py`` rather than a setting, while its raylet
-registers only once its Python agents have started (10 s on an idle 2-core machine, more than
-30 s at load 5): so while ``ray.init`` starts the cluster, the lookup that wait repeats waits
-itself, as long as the node's raylet lives. A start that fails anyway ends the processes it
-left (Ray's ``shutdown`` cannot reach them: its node object was never made), so no GCS,
-raylet, dashboard or agent outlives it.
+Starting a local cluster on a loaded machine (``start``). Where Ray has a setting, it gets room:
+a worker process may take ``REGISTER_S`` to register with its raylet
+(``worker_register_timeout_seconds``; Ray's default 60 s is short for a worker that imports
+torch at niceness 15 beside busy cores). Two waits have no setting in Ray 2.60: its raylet
+aborts when its dashboard agent has not reported its ports within 15 s of starting (about 10 s
+on an idle 2-core machine, 20 s at load 6: ``agent_register_timeout_ms`` and
+``raylet_start_wait_time_s`` do not reach it), and ``ray.init`` gives the node 30 s to register.
+Past them the start fails as one line that says to try again on a less busy machine. A failed
+start leaves nothing running: Ray's ``shutdown`` cannot reach its processes (the node object
+was never made) and the agents of a raylet that aborted outlive it, so every process the start
+began carries a mark in its environment and each one still running is ended.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ import os
 import signal
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from tl_dynamics.errors import TLDynamicsError
 
 REGISTER_S = 600
-START_S = 300
+# in the environment of every process a local start begins (its value names the start)
+MARK = "TL_DYNAMICS_RAY_START"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -119,101 +122,66 @@ def _restore(before: dict[int, Any], terminate: bool = False) -> None:
 
 
 def start(ray: Any, address: str, **options: Any) -> None:
-    """``ray.init(address=address, **options)`` without a dashboard or the workers' logs, with
-    the room a loaded machine needs to start a local cluster (``"local"``; see this module's
-    docstring). A failure is one ``TLDynamicsError`` line with what to try, and leaves no process
-    of the failed start behind."""
+    """``ray.init(address=address, **options)`` without a dashboard or the workers' logs; a
+    local cluster (``"local"``) with the room Ray's settings give a loaded machine (see this
+    module's docstring). A failure is one ``TLDynamicsError`` line with what to try, and leaves
+    no process of the failed start running."""
     options = {
         "include_dashboard": False,
         "log_to_driver": False,
         "logging_level": "ERROR",
         **options,
     }
-    root = os.path.dirname(getattr(ray, "__file__", None) or "")
     local = address == "local"
     if local:
         config = {"worker_register_timeout_seconds": REGISTER_S}
         options["_system_config"] = config | options.get("_system_config", {})
-    earlier = set(_descendants()) if local else set()
+    mark, before = uuid.uuid4().hex, os.environ.get(MARK)
+    if local:
+        os.environ[MARK] = mark  # inherited by every process the start begins
     try:
-        with _patient(ray, root) if local else nullcontext():
-            ray.init(address=address, **options)
+        ray.init(address=address, **options)
     except Exception as exc:  # noqa: BLE001 - Ray raises many kinds here; all are one line
         ray.shutdown()  # whatever half started and Ray can still reach
-        if local and root:
-            _end(pid for pid, line in _descendants().items() if pid not in earlier and root in line)
+        if local:
+            _end(marked(mark))
         raise startup_failure(address, exc) from None
-
-
-@contextmanager
-def _patient(ray: Any, root: str) -> Iterator[None]:
-    """While the body runs, Ray's lookup of a starting node waits for the node itself (up to
-    ``START_S``, while its raylet lives) instead of failing at once."""
-    services = getattr(getattr(ray, "_private", None), "services", None)
-    real = getattr(services, "get_node", None)
-    if real is None:
-        yield
-        return
-    raylet = os.path.join(root, "core", "src", "ray", "raylet", "raylet")
-
-    def get_node(*args: Any, **kwargs: Any) -> Any:
-        deadline = time.monotonic() + START_S
-        while True:
-            try:
-                return real(*args, **kwargs)
-            except RuntimeError:  # not registered yet
-                alive = not Path("/proc").is_dir() or any(
-                    raylet in line for line in _descendants().values()
-                )
-                if not alive or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
-    services.get_node = get_node
-    try:
-        yield
     finally:
-        services.get_node = real
+        if local and before is None:
+            os.environ.pop(MARK, None)
+        elif local:
+            os.environ[MARK] = before
 
 
-def _descendants(pid: int | None = None) -> dict[int, str]:
-    """The live processes under ``pid`` (default: this one), with their command lines (Linux
-    ``/proc``; none found elsewhere)."""
-    parents: dict[int, int] = {}
-    lines: dict[int, str] = {}
+def marked(mark: str) -> list[int]:
+    """The live processes (this one aside) whose environment holds ``MARK=mark`` (Linux
+    ``/proc``, readable for this user's processes only; none found elsewhere)."""
+    wanted = f"{MARK}={mark}".encode()
     try:
-        names = [n for n in os.listdir("/proc") if n.isdigit()]
+        names = [n for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
     except OSError:
-        return {}
+        return []
+    found = []
     for name in names:
         try:
-            state, parent = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[:2]
-            line = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
-        except (OSError, ValueError):  # gone meanwhile
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or another user's
             continue
-        if state not in ("Z", "X"):  # a zombie is dead
-            parents[int(name)], lines[int(name)] = int(parent), line.decode(errors="replace")
-    found: dict[int, str] = {}
-    frontier = [os.getpid() if pid is None else pid]
-    while frontier:
-        here = frontier.pop()
-        for child, parent in parents.items():
-            if parent == here and child not in found:
-                found[child] = lines[child]
-                frontier.append(child)
+        if wanted in environ and _alive(int(name)):
+            found.append(int(name))
     return found
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie is dead)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
     except (OSError, IndexError):
         return False
 
 
-def _end(pids: Any, grace_s: float = 30.0) -> None:
+def _end(pids: list[int], grace_s: float = 10.0) -> None:
     """SIGTERM to each process, then SIGKILL to those still alive after ``grace_s``."""
-    pids = list(pids)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
