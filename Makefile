@@ -133,7 +133,7 @@ STRESS_TESTS := tests/test_cli_interrupts.py tests/test_scale_ray.py \
   'tests/test_docstrings.py::test_docstring_examples_run[tl_dynamics.scale._ray]' \
   tests/test_faults.py::test_a_write_killed_midway_leaves_a_temporary_file_the_next_run_removes \
   tests/test_faults.py::test_ray_start_up_failure_is_one_line_with_what_to_try \
-  tests/test_faults.py::test_a_loaded_machine_gets_time_to_start_a_local_cluster \
+  tests/test_faults.py::test_a_local_cluster_starts_with_ray_settings_for_a_loaded_machine \
   tests/test_faults.py::test_a_failed_start_of_a_local_cluster_leaves_no_process
 test-stress: $(VENV)/.installed
 	$(VENV)/bin/python scripts/stress.py --runs $(STRESS_RUNS) -- -q $(STRESS_TESTS)

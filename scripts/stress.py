@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                 ended = [h.pid for h in hogs if h.poll() is not None]
                 if ended:
                     raise SystemExit(f"stress: the hogs {ended} ended early: not a loaded run")
+                if code in (4, 5):  # pytest's usage error, or no tests: no run will differ
+                    raise SystemExit(f"stress: pytest exit {code}: check the tests named")
                 passed += code == 0
                 verdict = "passed" if code == 0 else f"FAILED (pytest exit {code})"
                 print(
