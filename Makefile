@@ -127,7 +127,7 @@ test-tl3: $(VENV3)/.installed chromium
 # The tests that once assumed an idle machine (issue 49): the Ctrl-C/SIGTERM tests, the atomic
 # writes and their faults, Ray's start-up and its tests, run $(STRESS_RUNS) times beside CPU hogs
 # that keep every core busy (scripts/stress.py starts them and ends them however it ends). Every
-# run must pass; docs/developing.md records the last result and its time (about 25 minutes).
+# run must pass; docs/developing.md records the last result and its time (89 minutes here).
 STRESS_RUNS ?= 5
 STRESS_TESTS := tests/test_cli_interrupts.py tests/test_scale_ray.py \
   'tests/test_docstrings.py::test_docstring_examples_run[tl_dynamics.scale._ray]' \

@@ -147,10 +147,11 @@ def start(ray: Any, address: str, **options: Any) -> None:
             _end(marked(mark))
         raise startup_failure(address, exc) from None
     finally:
-        if local and before is None:
-            os.environ.pop(MARK, None)
-        elif local:
-            os.environ[MARK] = before
+        if local:
+            if before is None:
+                os.environ.pop(MARK, None)
+            else:
+                os.environ[MARK] = before
 
 
 def marked(mark: str) -> list[int]:
