@@ -10,7 +10,7 @@ lands there on an idle machine or a loaded one; no test waits for the clock. Ctr
 processes here even where the suite runs as a background job (which ignores SIGINT).
 
 Cost: three stopped processes on the tiny random GPT-2 and induction-2l, and one resumed run in
-this process: about 17 s on a loaded 2-core machine.
+this process: about 45 s on the 2-core machine at load 4.
 """
 
 import os
