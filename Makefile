@@ -16,7 +16,7 @@ export PROMPT OUT
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: report test test-main test-tl3 setup chromium docs notebooks lint lock test-latest smollm2
+.PHONY: report test test-main test-tl3 setup chromium docs notebooks lint lock test-latest smollm2 test-stress
 
 # The project's own environments install exact versions from committed lock files
 # (requirements/lock-tl4.txt, requirements/lock-tl3.txt: `pip install -c`), so a release made
@@ -123,6 +123,20 @@ test-main: $(VENV)/.installed chromium
 # skipped above).
 test-tl3: $(VENV3)/.installed chromium
 	$(VENV3)/bin/python -m pytest -m "(not browser and not notebook) or tl3"
+
+# The tests that once assumed an idle machine (issue 49): the Ctrl-C/SIGTERM tests, the atomic
+# writes and their faults, Ray's start-up and its tests, run $(STRESS_RUNS) times beside CPU hogs
+# that keep every core busy (scripts/stress.py starts them and ends them however it ends). Every
+# run must pass; docs/developing.md records the last result and its time (89 minutes here).
+STRESS_RUNS ?= 5
+STRESS_TESTS := tests/test_cli_interrupts.py tests/test_scale_ray.py \
+  'tests/test_docstrings.py::test_docstring_examples_run[tl_dynamics.scale._ray]' \
+  tests/test_faults.py::test_a_write_killed_midway_leaves_a_temporary_file_the_next_run_removes \
+  tests/test_faults.py::test_ray_start_up_failure_is_one_line_with_what_to_try \
+  tests/test_faults.py::test_a_local_cluster_starts_with_ray_settings_for_a_loaded_machine \
+  tests/test_faults.py::test_a_failed_start_of_a_local_cluster_leaves_no_process
+test-stress: $(VENV)/.installed
+	$(VENV)/bin/python scripts/stress.py --runs $(STRESS_RUNS) -- -q $(STRESS_TESTS)
 
 # Execute the notebooks and keep their outputs as static pictures of each view (for viewers that
 # cannot run scripts), each notebook under the size budget (scripts/notebook_outputs.py).

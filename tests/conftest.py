@@ -1,7 +1,11 @@
-"""Shared test set-up: offline, quiet, one intra-op thread. Helpers shared by test modules (tiny
-models per architecture, host markers) live in ``tests/helpers.py``."""
+"""Shared test set-up: offline, quiet, one intra-op thread, and no Ray process left when the suite
+ends. Helpers shared by test modules (tiny models per architecture, host markers) live in
+``tests/helpers.py``."""
 
 import os
+import uuid
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -12,3 +16,18 @@ import torch  # noqa: E402
 # Tiny models: one intra-op thread is fastest and deterministic (on a loaded machine, threads
 # waiting for each other make small matmuls far slower).
 torch.set_num_threads(1)
+
+# Every process the suite starts carries this in its environment (and so does everything those
+# start): when the suite ends, none of them that is Ray's may still run (issue 49: three Ray
+# dashboards outlived their clusters under the pytest process).
+SUITE_MARK = f"TL_DYNAMICS_SUITE_{uuid.uuid4().hex}"
+os.environ[SUITE_MARK] = "1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_ray_process_outlives_the_suite():
+    yield
+    from helpers import processes_left
+
+    left = processes_left(SUITE_MARK, ray_only=True)
+    assert not left, f"Ray processes the suite started still run after it: {left}"

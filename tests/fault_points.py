@@ -1,23 +1,82 @@
-"""A model loader for ``ray_stats`` that stops a Ray worker at named points until the test kills
-it (issue 43's fault tests). Imported on the workers (the test puts this folder on their
-``PYTHONPATH``); every point is claimed once across all workers and restarts, through files in
-``folder``:
+"""Points where a process under test stops until the test acts: a signal or a kill lands at the
+point named, on an idle machine or a loaded one, never at whatever point the clock reached.
 
-- ``loading``: the first worker to load writes its pid to ``loading.pid`` and waits there;
-- ``mid``: the first forward pass over a batch whose text holds ``mid`` does the same
-  (``mid.pid``);
+Every point is claimed once (across processes and restarts) through a file in a folder the test
+names: the first process to reach it writes its pid to ``POINT.pid`` and waits there; the test
+waits for that file (an event), then acts.
+
+**Ray workers** (issue 43's fault tests): ``KillPoints`` is a model loader for ``ray_stats``,
+imported on the workers (the test puts this folder on their ``PYTHONPATH``):
+
+- ``loading``: the first worker to load waits there (the test kills it);
+- ``mid``: the first forward pass over a batch whose text holds ``mid`` does the same;
 - ``hold``: a forward pass over a batch whose text holds ``hold`` writes ``hold.pid`` and waits
   until ``go`` exists (the test kills it after the checkpoint appears, then creates ``go``).
 
 Every process that loads writes ``loaded-PID``, so the test can see which processes a run used.
+
+**The command line** (issue 49's signal tests): run as a program,
+
+    python tests/fault_points.py FOLDER POINT CLI-ARGUMENTS...
+
+is ``tl-dynamics CLI-ARGUMENTS...`` (``tl_dynamics.cli.main``) stopped at ``POINT``, where it
+waits until a signal's handler raises there (the interrupt then unwinds from that point, as it
+would had the signal come just then) or the test kills it:
+
+- ``batch``: ``stats``, as its first batch starts (before any checkpoint);
+- ``checkpoint``: ``stats``, once its first checkpoint (``OUT.partial``) is written;
+- ``section``: ``report``, as its first section starts (its ``section NAME ...`` line printed);
+- ``write``: inside an atomic write (``tl_dynamics.files``): the temporary file written, not yet
+  renamed into place.
+
+A point the code no longer reaches fails the test that waits for it, by name (``reached``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+# the longest a stopped process waits for the test (a safety net: the test acts in seconds)
+WAIT_S = 900.0
+
+
+def claim(folder: str | os.PathLike, point: str) -> bool:
+    """Write this pid to ``FOLDER/POINT.pid`` if no process did before; True if this one did."""
+    try:
+        fd = os.open(Path(folder) / f"{point}.pid", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
+def wait_here(point: str, until: Callable[[], bool] = lambda: False) -> None:
+    """Wait at ``point`` until ``until()`` holds, a signal's handler raises (the test's Ctrl-C
+    or SIGTERM), or the process is killed; past ``WAIT_S``, exit saying so."""
+    deadline = time.monotonic() + WAIT_S
+    while not until():
+        if time.monotonic() > deadline:
+            sys.exit(f"fault_points: nothing came in {WAIT_S:.0f} s at the point {point!r}")
+        time.sleep(0.05)
+
+
+def reached(folder: Path, point: str, process: Any = None, timeout: float = WAIT_S) -> Path | None:
+    """Wait until a process claimed ``point`` in ``folder`` (its marker, or None when
+    ``process`` ended first); fails naming the point when neither happens in ``timeout`` s (a
+    safety net)."""
+    marker = Path(folder) / f"{point}.pid"
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if process is not None and process.poll() is not None:
+            return None
+        assert time.monotonic() < deadline, f"no process reached the point {point!r}"
+        time.sleep(0.02)
+    return marker
 
 
 class KillPoints:
@@ -34,18 +93,10 @@ class KillPoints:
         return model
 
     def _claim(self, point: str) -> bool:
-        """Write this pid to ``POINT.pid`` if no process did before; True if this one did."""
-        if point not in self.points:
+        if point not in self.points or not claim(self.folder, point):
             return False
-        try:
-            fd = os.open(Path(self.folder) / f"{point}.pid", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return False
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
         if point != "hold":
-            while True:  # the test's SIGKILL ends this process here
-                time.sleep(0.05)
+            wait_here(point)  # the test's SIGKILL ends this process here
         return True
 
     def _forward(self, module: Any, args: tuple, kwargs: dict) -> None:
@@ -57,5 +108,54 @@ class KillPoints:
             self._claim("mid")
         if "hold" in text and "hold" in self.points:
             self._claim("hold")
-            while not (Path(self.folder) / "go").exists():
-                time.sleep(0.05)
+            wait_here("hold", (Path(self.folder) / "go").exists)
+
+
+def _stop(folder: str, point: str) -> None:
+    if claim(folder, point):
+        wait_here(point)
+
+
+def _before(folder: str, point: str, real: Callable) -> Callable:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        _stop(folder, point)
+        return real(*args, **kwargs)
+
+    return call
+
+
+def stop_cli_at(folder: str, point: str) -> None:
+    """Make this process's ``tl_dynamics`` stop at ``point`` (the module docstring's list)."""
+    if point == "batch":
+        from tl_dynamics.scale import _shard
+
+        _shard.ShardRunner.add = _before(folder, point, _shard.ShardRunner.add)
+    elif point == "checkpoint":
+        from tl_dynamics import files
+
+        write_bytes = files.write_bytes
+
+        def written(path: Any, data: bytes) -> Path:
+            done = write_bytes(path, data)
+            if str(path).endswith(files.PARTIAL_SUFFIX):
+                _stop(folder, point)
+            return done
+
+        files.write_bytes = written
+    elif point == "section":
+        from tl_dynamics import report
+
+        report.attention_section = _before(folder, point, report.attention_section)
+    elif point == "write":
+        from tl_dynamics import files
+
+        files.os.fsync = _before(folder, point, os.fsync)
+    else:
+        raise SystemExit(f"fault_points: no point {point!r}")
+
+
+if __name__ == "__main__":
+    stop_cli_at(sys.argv[1], sys.argv[2])
+    from tl_dynamics import cli
+
+    sys.exit(cli.main(sys.argv[3:]))

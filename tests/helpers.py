@@ -3,6 +3,8 @@
 import importlib.util
 import os
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,38 @@ def notebook_params(paths: list[Path]) -> list:
             )
         params.append(pytest.param(path, id=path.stem, marks=marks))
     return params
+
+
+def _ray_folder() -> str | None:
+    spec = importlib.util.find_spec("ray")
+    return None if spec is None or spec.origin is None else str(Path(spec.origin).parent)
+
+
+def marked_processes(marker: str, ray_only: bool = False) -> dict[int, str]:
+    """The live processes whose environment carries ``marker`` (every process a test or the
+    suite started, and everything those started), with their command lines; ``ray_only``:
+    Ray's alone (its programs, and its workers, named ``ray::...``)."""
+    folder, found = _ray_folder(), {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() + b"=" not in (entry / "environ").read_bytes():
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):  # gone, or not ours to read
+            continue
+        is_ray = line.startswith("ray::") or (folder is not None and folder in line)
+        if state not in ("Z", "X") and (is_ray or not ray_only):  # a zombie is dead
+            found[int(entry.name)] = line.strip()[:160]
+    return found
+
+
+def processes_left(marker: str, ray_only: bool = False, timeout: float = 120.0) -> dict[int, str]:
+    """``marked_processes`` once none is left, or those still there after ``timeout`` s (a
+    safety net: processes end a moment after whatever ended them returns)."""
+    deadline = time.monotonic() + timeout
+    while (left := marked_processes(marker, ray_only)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

@@ -4,8 +4,13 @@ was done, what is kept and the command that resumes, exits 130 (143 for SIGTERM)
 traceback, and leaves nothing half-written; resuming with the printed command gives the bytes
 of an uninterrupted run.
 
+Each stopped process waits at the point its test names (``tests/fault_points.py``: the first
+batch, the first checkpoint, the first report section) until the signal comes, so the signal
+lands there on an idle machine or a loaded one; no test waits for the clock. Ctrl-C reaches the
+processes here even where the suite runs as a background job (which ignores SIGINT).
+
 Cost: three stopped processes on the tiny random GPT-2 and induction-2l, and one resumed run in
-this process: about 17 s on a loaded 2-core machine.
+this process: about 45 s on the 2-core machine at load 4.
 """
 
 import os
@@ -14,11 +19,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from fault_points import reached
 from tl_dynamics import cli, scale
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,13 +40,27 @@ def corpus(folder: Path, n: int = 80) -> Path:
     return path
 
 
-def start(argv: list[str], cwd: Path) -> subprocess.Popen:
+@pytest.fixture(autouse=True)
+def ctrl_c_is_delivered():
+    """Python's own Ctrl-C handler in this process, and so the default in the processes it
+    starts: a background job of a shell inherits SIGINT ignored, where no Ctrl-C test could
+    pass (issue 49: "DID NOT RAISE KeyboardInterrupt", no "stopped by" line)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def start(argv: list[str], cwd: Path, point: str) -> subprocess.Popen:
+    """``tl-dynamics ARGV`` in ``cwd``, stopped at ``point`` (``tests/fault_points.py``)."""
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     )
+    (cwd / "points").mkdir()
     return subprocess.Popen(
-        [sys.executable, "-m", "tl_dynamics", *argv],
+        [sys.executable, str(ROOT / "tests" / "fault_points.py"), "points", point, *argv],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -50,16 +69,16 @@ def start(argv: list[str], cwd: Path) -> subprocess.Popen:
     )
 
 
-def stop_when(
-    process: subprocess.Popen, ready, sig: int, timeout: float = 120.0
-) -> tuple[int, str]:
-    """Send ``sig`` once ``ready()`` holds; the exit status and what the process wrote on stderr."""
-    deadline = time.monotonic() + timeout
-    while not ready() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert process.poll() is None, "the run ended before the signal: give it more work"
-    process.send_signal(sig)
-    _, err = process.communicate(timeout=120)
+def stop_at(process: subprocess.Popen, point: str, sig: int, cwd: Path) -> tuple[int, str]:
+    """Send ``sig`` once the process waits at ``point``; its exit status and its stderr."""
+    try:
+        if reached(cwd / "points", point, process) is None:
+            pytest.fail(f"the run ended before it reached {point!r}: {process.communicate()}")
+        process.send_signal(sig)
+        _, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+        process.wait()
     return process.returncode, err
 
 
@@ -74,16 +93,22 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
 
 
+def written(folder: Path) -> list[str]:
+    """What is in ``folder`` but the stop point's own marker folder."""
+    return sorted(p.name for p in folder.iterdir() if p.name != "points")
+
+
 def test_stats_stopped_keeps_its_checkpoint_and_resumes_to_the_same_bytes(tmp_path, monkeypatch):
     text = corpus(tmp_path)
     out = tmp_path / "s.safetensors"
     argv = ["stats", "--model", "tiny-random", "--prompts", text.name, "--out", out.name]
     argv += ["--batch-size", "4", "--checkpoint-every", "1", "--no-progress"]
     partial = Path(f"{out}.partial")
-    code, err = stop_when(start(argv, tmp_path), partial.exists, signal.SIGINT)
+    code, err = stop_at(start(argv, tmp_path, "checkpoint"), "checkpoint", signal.SIGINT, tmp_path)
     line = the_line(err, "Ctrl-C")
     assert code == 130 and not out.exists() and leftovers(tmp_path) == []
     kept = scale.load_stats(partial, allow_partial=True).n_prompts  # whole, and readable
+    assert kept == 4  # stopped just after the first checkpoint: one batch of 4
     assert f"{partial.name} keeps the statistics of its first {kept} prompts" in line
     assert f"({out.name} is not written); resume with: " in line
     resume = shlex.split(line.split("resume with: ", 1)[1])
@@ -100,29 +125,21 @@ def test_sigterm_before_the_first_checkpoint_writes_nothing_and_says_how_to_star
     out = tmp_path / "s.safetensors"
     argv = ["stats", "--model", "tiny-random", "--prompts", text.name, "--out", out.name]
     argv += ["--batch-size", "4", "--checkpoint-every", "1000", "--resume"]
-    process = start(argv, tmp_path)
-    began = time.monotonic()
-    code, err = stop_when(process, lambda: time.monotonic() - began > 1.0, signal.SIGTERM)
+    code, err = stop_at(start(argv, tmp_path, "batch"), "batch", signal.SIGTERM, tmp_path)
     line = the_line(err, "SIGTERM")
     assert code == 143 and "no checkpoint was reached, so nothing was written" in line, line
     assert line.endswith(shlex.join(argv[:-1]))  # start again: without --resume
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+    assert written(tmp_path) == ["corpus.txt"]
 
 
 def test_report_stopped_while_building_leaves_the_old_page(tmp_path):
     out = tmp_path / "r.html"
     out.write_text("the previous page")
     argv = ["report", "--model", "induction-2l", "--out", out.name, "--layers", "0"]
-    process = start(argv, tmp_path)
-    seen: list[str] = []
-
-    def building() -> bool:
-        seen.append(process.stderr.readline())
-        return seen[-1].startswith("section ")
-
-    code, err = stop_when(process, building, signal.SIGINT)
-    line = the_line("".join(seen) + err, "Ctrl-C")
-    assert code == 130 and re.search(r" s in, while section \w+: ", line), line
+    code, err = stop_at(start(argv, tmp_path, "section"), "section", signal.SIGINT, tmp_path)
+    line = the_line(err, "Ctrl-C")
+    assert "\nsection attention ...\n" in err, err  # stopped while building, not before
+    assert code == 130 and re.search(r" s in, while section attention: ", line), line
     assert line.endswith(
         "nothing was written (r.html is as it was); run it again with: python -m tl_dynamics "
         + shlex.join(argv)
@@ -138,10 +155,10 @@ def test_sigterm_reraised_as_a_plain_keyboardinterrupt_still_reads_as_sigterm(ca
 
     def library_wait() -> None:  # what Ray's check_signals does with the handler's exception
         try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)
+            signal.raise_signal(signal.SIGTERM)  # its handler has run when this returns
         except KeyboardInterrupt:
             raise KeyboardInterrupt() from None
+        pytest.fail("SIGTERM raised nothing")
 
     with _interrupt.signals():
         try:
@@ -170,8 +187,7 @@ def test_ctrl_c_during_an_atomic_write_waits_for_it_and_leaves_no_temporary(
 
     def interrupted(real):
         def call(*args):
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, handled before the next bytecode
-            time.sleep(0.05)
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C: its handler has run when this returns
             return real(*args)
 
         return call
@@ -185,3 +201,25 @@ def test_ctrl_c_during_an_atomic_write_waits_for_it_and_leaves_no_temporary(
     monkeypatch.undo()
     assert target.read_bytes() == b"old" and leftovers(tmp_path) == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+
+
+def test_an_ignored_ctrl_c_during_an_atomic_write_lets_it_finish(tmp_path, monkeypatch):
+    """A background job of a shell ignores SIGINT, so a SIGINT there means nothing: the write
+    finishes and SIGINT stays ignored (the write held it, as if Ctrl-C, and left the old file
+    without a word, before)."""
+    from tl_dynamics import files
+
+    target = tmp_path / "s.safetensors"
+    target.write_bytes(b"old")
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        signal.raise_signal(signal.SIGINT)  # ignored: nothing runs
+        return real_fsync(fd)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ctrl_c_is_delivered puts Ctrl-C back after
+    monkeypatch.setattr(os, "fsync", fsync)
+    files.write_bytes(target, b"new bytes")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"new bytes" and leftovers(tmp_path) == []
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import tl_dynamics
+from tl_dynamics.errors import TLDynamicsError
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPLETE_FACES = (
@@ -36,6 +37,8 @@ COMPLETE_FACES = (
 )
 # module -> the optional dependency it imports at module level (skipped with this reason if absent)
 OPTIONAL = {"tl_dynamics.scale._ray": "ray"}
+# how ``ray_stats(ray_address="local")`` says a loaded machine could not start its cluster
+RAY_COULD_NOT_START = "Ray could not start a local cluster"
 
 # ``python -m tl_dynamics`` runs the CLI when imported; it has no docstring to run
 SCRIPTS = {"tl_dynamics.__main__"}
@@ -53,13 +56,28 @@ def _import(name: str):
     return importlib.import_module(name)
 
 
+class _Runner(doctest.DocTestRunner):
+    """A doctest runner that keeps the exceptions examples raised."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.raised: list[BaseException] = []
+
+    def report_unexpected_exception(self, out, test, example, exc_info):
+        self.raised.append(exc_info[1])
+        super().report_unexpected_exception(out, test, example, exc_info)
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name):
     module = _import(name)
     finder = doctest.DocTestFinder(exclude_empty=True)
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    runner = _Runner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     for test in finder.find(module, name):
         runner.run(test)
+    for exc in runner.raised:  # a machine too busy to start Ray: said, never a failure
+        if isinstance(exc, TLDynamicsError) and str(exc).startswith(RAY_COULD_NOT_START):
+            pytest.skip(str(exc))
     result = runner.summarize(verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
 

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -243,32 +242,20 @@ def test_a_model_with_a_nan_weight_is_refused_naming_the_tensor(tmp_path, capsys
 
 
 # ---------------------------------------------------------------------- 3. leftovers, reading
-_PAUSE_IN_WRITE = """
-import os, sys, time
-from tl_dynamics import cli
-real = os.fsync
-def pause(fd):  # inside the atomic write: the temporary file is written, not yet renamed
-    open(sys.argv[1], "w").close()
-    time.sleep(600)
-os.fsync = pause
-sys.exit(cli.main(sys.argv[2:]))
-"""
-
-
 def test_a_write_killed_midway_leaves_a_temporary_file_the_next_run_removes(
     model, tmp_path, capsys
 ):
+    from fault_points import reached
+
     stats = scale.save_stats(run(model, CORPUS[:4]), tmp_path / "s.safetensors")
-    page, marker = tmp_path / "page.html", tmp_path / "in-write"
+    page, points = tmp_path / "page.html", tmp_path / "points"
+    points.mkdir()
     argv = ["report", "--stats", str(stats), "--out", str(page)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", _PAUSE_IN_WRITE, str(marker), *argv], env=env)
+    stop = [sys.executable, str(ROOT / "tests" / "fault_points.py"), str(points), "write"]
+    proc = subprocess.Popen([*stop, *argv], env=env)  # waits inside the write: temporary written
     try:
-        for _ in range(1200):
-            if marker.exists() or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert marker.exists(), "the subprocess never reached its write"
+        assert reached(points, "write", proc), "the subprocess never reached its write"
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
@@ -352,6 +339,66 @@ def test_ray_start_up_failure_is_one_line_with_what_to_try():
         "Ray could not start a local cluster (RuntimeError: The current node timed out during "
         "startup); try again when the machine is less busy"
     )
+
+
+# a process whose parent has ended (its pid on stdout), as a raylet's agents after it aborted
+_ORPHAN = """import subprocess
+child = subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(child.pid)
+"""
+
+
+class StartingRay:
+    """A Ray whose ``init`` begins processes as a real start does (one of them orphaned, as the
+    agents of a raylet that aborted are) and then fails, or not."""
+
+    def __init__(self, fails: bool):
+        self.fails, self.options, self.started = fails, {}, []
+        self.initialized = False
+
+    def is_initialized(self):
+        return self.initialized
+
+    def init(self, **options):
+        self.options = options
+        self.started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
+        parent = subprocess.run(
+            [sys.executable, "-c", _ORPHAN], capture_output=True, text=True, check=True
+        )
+        self.orphan = int(parent.stdout)  # its parent gone: no longer under this process
+        if self.fails:
+            raise RuntimeError("The current node timed out during startup. This could...")
+        self.initialized = True
+
+    def shutdown(self):  # as Ray's after a failed start: reaches nothing
+        self.initialized = False
+
+
+def test_a_local_cluster_starts_with_ray_settings_for_a_loaded_machine():
+    ray = StartingRay(fails=False)
+    try:
+        with _ray_session.cluster(ray, "local") as started:
+            assert started and ray.options["address"] == "local"
+            assert _ray_session.MARK not in os.environ  # only while Ray starts
+        assert ray.options["include_dashboard"] is False
+        assert ray.options["_system_config"] == {"worker_register_timeout_seconds": 600}
+    finally:
+        for process in ray.started:
+            process.kill()
+            process.wait()
+        os.kill(ray.orphan, signal.SIGKILL)
+
+
+def test_a_failed_start_of_a_local_cluster_leaves_no_process():
+    """Ray's ``shutdown`` cannot reach what a failed start began (Ray's dashboards outlived the
+    pytest run's failed starts, and a raylet's agents outlive it): every process the start
+    began is ended, orphans included."""
+    ray = StartingRay(fails=True)
+    with pytest.raises(TLDynamicsError, match="^Ray could not start a local cluster"):
+        with _ray_session.cluster(ray, "local"):
+            pass
+    assert ray.started[0].wait(timeout=60) == -signal.SIGTERM  # ended, not waited out
+    assert not _ray_session._alive(ray.orphan) and _ray_session.MARK not in os.environ
 
 
 # ---------------------------------------------------------------------- 4. a full disk

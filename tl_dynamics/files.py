@@ -263,7 +263,8 @@ def _held_temporary(path: Path) -> tuple[int, str]:
 def _interrupts_deferred() -> Iterator[list[int]]:
     """SIGINT and SIGTERM arriving inside the block are held (the list it yields names them) and
     raised at its end, to the handlers from before (the main thread only: Python delivers
-    signals nowhere else)."""
+    signals nowhere else). A signal the process ignores stays ignored: a background job of a
+    shell ignores SIGINT, and holding it would stop the write for a signal that means nothing."""
     held: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield held
@@ -271,7 +272,8 @@ def _interrupts_deferred() -> Iterator[list[int]]:
     previous: dict[int, Any] = {}
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(sig) is not None:  # None: set outside Python, not ours to hold
+            handler = signal.getsignal(sig)  # None: set outside Python, not ours to hold
+            if handler is not None and handler != signal.SIG_IGN:
                 previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
         yield held
     finally:

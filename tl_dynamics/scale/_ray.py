@@ -214,17 +214,14 @@ def ray_stats(
         The merged ``DatasetStats``.
 
     Example:
-        On a local Ray cluster (starting it takes some seconds), the bytes of a single-process
-        run:
+        On a local Ray cluster the call starts and shuts down (``ray_address="local"``;
+        starting it takes some seconds), the bytes of a single-process run:
 
         >>> import functools
         >>> from tl_dynamics import scale, testing
         >>> loader = functools.partial(testing.cached_model, "gpt2")
-        >>> import ray
-        >>> _ = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         >>> stats = scale.ray_stats(loader, ["a = 1"] * 8, model_name="tiny-gpt2", batch_size=4,
-        ...                         progress=False)
-        >>> ray.shutdown()
+        ...                         progress=False, ray_address="local")
         >>> single = scale.run_stats(loader(), ["a = 1"] * 8, model_name="tiny-gpt2",
         ...                          batch_size=4, progress=False)
         >>> stats == single
