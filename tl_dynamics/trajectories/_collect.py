@@ -18,6 +18,7 @@ from tl_dynamics import sphere
 from tl_dynamics.adapter import Batch, LayerState, ModelAdapter, Prompt
 from tl_dynamics.collect import Collector, to_host
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.trajectories._lens import LensArg, lens_mode
 from tl_dynamics.trajectories._meta import lens_applies, lens_note, stats_meta
 from tl_dynamics.trajectories._points import (
     Config,
@@ -135,7 +136,7 @@ def _config(
     layers: int | Sequence[int] | None,
     eps: Sequence[float],
     flattened: bool,
-    lens: bool,
+    lens: LensArg,
     standardize: StandardizeArg,
     skip_first: bool,
 ) -> Config:
@@ -144,7 +145,7 @@ def _config(
         eps=tuple(eps),
         layers=selected,
         flattened=flattened,
-        lens=lens,
+        lens=lens_mode(lens),
         standardize=standardize,
         skip_first=skip_first,
     )
@@ -157,7 +158,7 @@ def attach(
     layers: int | Sequence[int] | None = None,
     eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
     flattened: bool = False,
-    lens: bool = True,
+    lens: LensArg = "view",
     standardize: StandardizeArg = None,
     skip_first: bool = False,
 ) -> Iterator[TrajectoryCollector]:
@@ -175,7 +176,11 @@ def attach(
         layers: a layer index, a list of them, or None (all layers).
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points.
-        lens: compute the next-token (logit-lens) statistics (decoders only).
+        lens: the logit lens (decoders only): ``"view"`` reads the next token's rank and the
+            top tokens at the cells the view shows (the last positions of each prompt at up to
+            16 points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``), ``"full"`` (or True) at every
+            point and token (one unembedding per point: ``n_points`` times the model's head),
+            False not at all. The approach statistics are read at every token either way.
         standardize: None, ``"prompt"`` or ``TrajectoryStats.standardizer()``'s result.
         skip_first: leave each prompt's first real token out of the particle statistics.
 
@@ -231,7 +236,7 @@ def stream(
     layers: int | Sequence[int] | None = None,
     eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
     flattened: bool = False,
-    lens: bool = True,
+    lens: LensArg = True,
     standardize: StandardizeArg = None,
     skip_first: bool = False,
     padding_side: str = "right",
@@ -251,7 +256,9 @@ def stream(
         layers: a layer index, a list of them, or None (all layers).
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points.
-        lens: compute the next-token (logit-lens) statistics (decoders only).
+        lens: the logit lens at every point and token (``True`` or ``"full"``: one unembedding
+            per point, ``n_points`` times the model's head; the rank statistics need it), or
+            False (decoders only).
         standardize: None, ``"prompt"`` or ``TrajectoryStats.standardizer()``'s result.
         skip_first: leave each prompt's first real token out of the particle statistics.
         padding_side: where texts are padded.
@@ -315,7 +322,7 @@ def compute(
     layers: int | Sequence[int] | None = None,
     eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
     flattened: bool = False,
-    lens: bool = True,
+    lens: LensArg = "view",
     standardize: StandardizeArg = None,
     skip_first: bool = False,
     padding_side: str = "right",
@@ -330,7 +337,11 @@ def compute(
             final point.
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points (not available on parallel-block models).
-        lens: compute the next-token (logit-lens) statistics (decoders only).
+        lens: the logit lens (decoders only): ``"view"`` reads the next token's rank and the
+            top tokens at the cells the view shows (the last positions of each prompt at up to
+            16 points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``), ``"full"`` (or True) at every
+            point and token (one unembedding per point: ``n_points`` times the model's head),
+            False not at all. The approach statistics are read at every token either way.
         standardize: None, ``"prompt"`` (per-prompt per-dimension z-scores) or
             ``TrajectoryStats.standardizer()``'s result, applied before the particle statistics
             only.

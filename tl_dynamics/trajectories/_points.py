@@ -23,6 +23,7 @@ from tl_dynamics import sphere
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories import _cloud
+from tl_dynamics.trajectories._lens import LensMode, ViewCells, read_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,13 +47,14 @@ StandardizeArg = Standardizer | str | bool | None
 
 @dataclass(frozen=True)
 class Config:
-    """What to compute. ``lens`` is dropped (None targets) for encoders or unknown tokens;
-    ``layers`` (None: all) picks the blocks whose input is a trajectory point."""
+    """What to compute. ``lens`` (``_lens.lens_mode``: ``"view"``, ``"full"`` or None) is
+    dropped (None targets) for encoders or unknown tokens; ``layers`` (None: all) picks the
+    blocks whose input is a trajectory point."""
 
     eps: tuple[float, ...] = sphere.TRAJECTORY_EPS_GRID
     layers: tuple[int, ...] | None = None
     flattened: bool = False
-    lens: bool = True
+    lens: LensMode | None = "full"
     standardize: StandardizeArg = None
     skip_first: bool = False
 
@@ -139,8 +141,6 @@ def _cos(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = Non
 POINT_BUDGET_BYTES = 512 << 20
 # ... on the CPU (not launch-bound), groups small enough to stay near the cache
 CPU_POINT_BUDGET_BYTES = 16 << 20
-# Logit-lens logits of one group of points ([points, batch, pos, vocab] float32).
-LENS_BUDGET_BYTES = 256 << 20
 
 
 def point_statistics(
@@ -169,10 +169,10 @@ def point_statistics(
         group = max(1, CPU_POINT_BUDGET_BYTES // max(1, 8 * b * n * d))  # their float64 sums
     z = _Points(zs, group)
     res, unit = _elementwise(z, key_valid)
-    if targets is not None:
-        res.update(_lens(adapter, z, targets))
+    if targets is not None and cfg.lens is not None:
+        res.update(_lens(adapter, cfg.lens, z, key_valid, targets))
     res.update(_particles(cfg, z, key_valid, unit))
-    if "rank" in res and targets is not None:  # the lens ran: it needs the targets
+    if cfg.lens == "full" and targets is not None:  # every point read: when each settles
         res["settling"] = settling_point(res["rank"], targets)
     return res
 
@@ -249,28 +249,48 @@ def _elementwise(z: _Points, key_valid: Tensor) -> tuple[dict[str, Tensor], _Poi
     return res, _Points([u for group in units for u in group.unbind(0)], z.group)
 
 
-def _lens(adapter: "ModelAdapter", z: _Points, targets: Tensor) -> dict[str, Tensor]:
-    """Next-token statistics of every point, in groups of points within ``LENS_BUDGET_BYTES``."""
-    n_points, b, n = z.shape[:3]
+def _lens(
+    adapter: "ModelAdapter", mode: LensMode, z: _Points, key_valid: Tensor, targets: Tensor
+) -> dict[str, Tensor]:
+    """Next-token statistics of every point: the approach to the target's embedding and
+    unembedding at every token, and the lens (rank, top tokens) at ``mode``'s cells
+    (``_lens``), a group of points at a time."""
+    n_points, b, n, d = z.shape
     has = targets >= 0
     safe = targets.clamp_min(0)
     emb, unemb = adapter.W_E[safe].float(), adapter.W_U.T[safe].float()
-    per_point = b * n * adapter.W_U.shape[-1] * 4
-    group = max(1, LENS_BUDGET_BYTES // max(1, per_point))
+    view = ViewCells.of(n_points, key_valid) if mode == "view" else None
     out: dict[str, list[Tensor]] = {}
-    for p0 in range(0, n_points, group):
-        x = adapter.final_norm(z[p0 : p0 + group])
-        logits = adapter.unembed(x)
-        tgt_logit = logits.gather(-1, safe.expand(x.shape[0], -1, -1)[..., None])
-        rank = (logits > tgt_logit).sum(-1)
-        del logits
-        out.setdefault("rank", []).append(torch.where(has, rank, -1))
+    for p0 in range(0, n_points, z.group):
+        x = adapter.final_norm(z[p0 : p0 + z.group])
         for name, ref in (("embed", emb), ("unembed", unemb)):
             out.setdefault(f"cos_{name}", []).append(torch.where(has, _cos(x, ref), math.nan))
             out.setdefault(f"dist_{name}", []).append(
                 torch.where(has, (x - ref).norm(dim=-1), math.nan)
             )
-    return {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
+        if view is not None:
+            out.setdefault("rows", []).append(view.gather(x, p0))
+        else:
+            rows = targets[None].expand(x.shape[0], -1, -1).reshape(-1)
+            rank, ids, logits = read_rows(adapter, x.reshape(-1, d), rows)
+            g = x.shape[0]
+            out.setdefault("rank", []).append(rank.view(g, b, n))
+            out.setdefault("lens_top", []).append(ids.view(g, b, n, -1))
+            out.setdefault("lens_top_logit", []).append(logits.view(g, b, n, -1))
+    rows = out.pop("rows", None)
+    res = {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
+    if view is not None and rows is not None:
+        got = read_rows(
+            adapter, torch.cat(rows) if len(rows) > 1 else rows[0], view.targets(targets)
+        )
+        res.update(view.scatter(*got, n_points, n))
+    else:  # every real token at every point
+        cells = key_valid[:, None].expand(-1, n_points, -1)
+        res["rank"] = torch.where(cells, res["rank"], -1)
+        res["lens_top"] = torch.where(cells[..., None], res["lens_top"], -1)
+        res["lens_top_logit"] = torch.where(cells[..., None], res["lens_top_logit"], math.nan)
+        res["lens_cells"] = cells
+    return res
 
 
 def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dict[str, Tensor]:

@@ -52,7 +52,8 @@ class StatsReadouts:
         if name in _TOKEN_FLOATS:
             return self._mean(name, self.ints[f"count_{name}"])
         if name in _LENS_FLOATS:
-            self._need_lens(name)
+            if f"count_{name}" not in self.ints:
+                self._need_lens(name)
             return self._mean(name, self.ints[f"count_{name}"])
         if name == "log_rank":
             self._need_lens(name)
@@ -77,7 +78,8 @@ class StatsReadouts:
 
         Example:
             >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                               lens="full").stats
             >>> stats.mean_rank().shape
             (3,)
         """
@@ -92,7 +94,8 @@ class StatsReadouts:
 
         Example:
             >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                               lens="full").stats
             >>> stats.top1_rate().shape
             (3,)
         """
@@ -107,7 +110,8 @@ class StatsReadouts:
 
         Example:
             >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                               lens="full").stats
             >>> int(stats.settling_histogram().sum()) == stats.n_tokens - 1  # the last has no next
             True
         """

@@ -1,0 +1,207 @@
+"""The logit lens of a pass's trajectory points, read where it is read (docs/math.md §5.3).
+
+A cell is one (point, prompt, position). At each cell the lens reads the true next token's rank
+and the ``TOP_K`` tokens with the largest lens logits (ids and logits), from the final-normalised
+state ``x = N_f(z)``: ``l = x W_U + b_U`` (soft-capped where the model caps its logits). Which
+cells (``LensMode``):
+
+- ``"view"`` (``compute`` and ``attach``'s default): the cells the view shows
+  (``Trajectory.show``): the last ``VIEW_POSITIONS`` real positions of every prompt at
+  ``view_points`` (every point up to ``VIEW_POINTS``, else that many spread over depth, the first
+  and last included). Cost: ``len(view_points) x VIEW_POSITIONS`` unembeddings per prompt;
+- ``"full"`` (``True``; ``stream``'s default): every point and real position. Cost: one
+  unembedding per point and token, ``n_points`` times the model's own head;
+- ``False``: none.
+
+The states go in blocks of ``ROW_BLOCK`` rows (the last one padded with zeros) and the
+vocabulary in chunks (``vocab_chunk``), so memory stays at one block's chunk of logits whatever
+the vocabulary, the tokens and the points, and every block is the same matrix product in both
+modes: a cell that both modes read gets the same bits (a BLAS may round a product of a few rows
+differently from a larger one, so the block size never depends on how many cells are read).
+The rank counts the vocabulary entries whose logit is strictly above the target's, which is
+``x . W_U[:, tau] + b_U[tau]`` (``target_logits``), the target itself never counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor
+
+from tl_dynamics.collect import Collector
+from tl_dynamics.errors import TLDynamicsError
+
+if TYPE_CHECKING:
+    from tl_dynamics.adapter import ModelAdapter
+
+LensMode = Literal["view", "full"]
+LensArg = bool | str | None
+
+VIEW_POSITIONS = 8  # the last real positions of each prompt the view shows
+VIEW_POINTS = 16  # the points the view shows at most
+TOP_K = 5  # the tokens read at each cell
+# Rows of one product (states), the same in both modes; on the CPU a block's chunk of logits
+# is about 2 MB (cache-sized), on a launch-bound device one block and chunk holds a pass's view
+ROW_BLOCK = 128
+GPU_ROW_BLOCK = 1024
+CPU_CHUNK_ELEMENTS = 1 << 19
+GPU_CHUNK_BYTES = 256 << 20
+
+
+def lens_mode(lens: LensArg) -> LensMode | None:
+    """``lens`` as a mode: ``"view"``, ``"full"`` (also ``True``) or None (``False``, None).
+
+    Example:
+        >>> lens_mode(True), lens_mode("view"), lens_mode(False)
+        ('full', 'view', None)
+    """
+    if lens is True or lens == "full":
+        return "full"
+    if lens == "view":
+        return "view"
+    if lens is False or lens is None:
+        return None
+    raise TLDynamicsError(
+        f"lens must be 'view' (the cells the view shows), 'full' (every point and token; True "
+        f"is the same) or False, got {lens!r}"
+    )
+
+
+def view_points(n_points: int) -> list[int]:
+    """The points the view shows: all up to ``VIEW_POINTS``, else ``VIEW_POINTS`` of them
+    spread evenly over depth, the first and the last included.
+
+    Example:
+        >>> view_points(3), view_points(31)[:4], view_points(31)[-1]
+        ([0, 1, 2], [0, 2, 4, 6], 30)
+    """
+    if n_points <= VIEW_POINTS:
+        return list(range(n_points))
+    step = (n_points - 1) / (VIEW_POINTS - 1)
+    return sorted({round(i * step) for i in range(VIEW_POINTS)})
+
+
+def view_positions(key_valid: Tensor) -> tuple[Tensor, Tensor]:
+    """``[batch, VIEW_POSITIONS]`` indices of each prompt's last real positions (in order) and
+    whether each is real (a prompt shorter than that has fewer): fixed shapes, no host read."""
+    n = key_valid.shape[1]
+    w = min(VIEW_POSITIONS, n)
+    order = torch.arange(1, n + 1, device=key_valid.device) * key_valid
+    top, idx = order.topk(w, dim=1, sorted=True)  # the largest real indices, last first
+    return idx.flip(1), (top > 0).flip(1)
+
+
+def vocab_chunk(n_vocab: int, launch_bound: bool) -> int:
+    """Vocabulary entries per product: a cache-sized block of logits on the CPU, one chunk of
+    at most ``GPU_CHUNK_BYTES`` on a launch-bound device (the same in both modes)."""
+    if launch_bound:
+        return min(n_vocab, max(1, GPU_CHUNK_BYTES // (4 * GPU_ROW_BLOCK)))
+    return min(n_vocab, max(256, CPU_CHUNK_ELEMENTS // ROW_BLOCK))
+
+
+def target_logits(adapter: "ModelAdapter", x: Tensor, targets: Tensor) -> Tensor:
+    """``x . W_U[:, tau] + b_U[tau]`` for each row (``x [rows, d]``, ``targets [rows]`` >= 0),
+    soft-capped as the model caps its logits."""
+    w = adapter.W_U.T[targets]  # [rows, d]
+    logit = (x * w).sum(-1) + adapter.b_U[targets]
+    cap = adapter.final_softcap
+    return logit if cap is None else cap * torch.tanh(logit / cap)
+
+
+def read_rows(adapter: "ModelAdapter", x: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The lens at each row of ``x [rows, d]`` (final-normalised states): the rank of
+    ``targets [rows]`` (-1 where a target is < 0) and the ``TOP_K`` ids and logits, in blocks
+    of ``ROW_BLOCK`` rows (zero-padded) and chunks of the vocabulary."""
+    launch_bound = Collector.launch_bound(x.device)
+    block = GPU_ROW_BLOCK if launch_bound else ROW_BLOCK
+    w_u, b_u, cap = adapter.W_U, adapter.b_U, adapter.final_softcap
+    n_vocab = w_u.shape[1]
+    chunk = vocab_chunk(n_vocab, launch_bound)
+    k = min(TOP_K, n_vocab)
+    rows = x.shape[0]
+    padded = -(-rows // block) * block
+    if padded != rows:
+        x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
+        targets = torch.cat([targets, targets.new_full((padded - rows,), -1)])
+    safe = targets.clamp_min(0)
+    ranks, ids, logits = [], [], []
+    for r0 in range(0, padded, block):
+        xb, tb = x[r0 : r0 + block], safe[r0 : r0 + block]
+        t = target_logits(adapter, xb, tb)[:, None]
+        count = torch.zeros(block, dtype=torch.long, device=x.device)
+        top_v = top_i = None
+        for v0 in range(0, n_vocab, chunk):
+            v1 = min(n_vocab, v0 + chunk)
+            lg = torch.addmm(b_u[v0:v1], xb, w_u[:, v0:v1])
+            if cap is not None:
+                lg = cap * torch.tanh(lg / cap)
+            above = lg > t
+            count += above.sum(-1)
+            inside = (tb >= v0) & (tb < v1)  # the target itself is never counted
+            own = above.gather(1, (tb - v0).clamp(0, v1 - v0 - 1)[:, None]).squeeze(1)
+            count -= (own & inside).long()
+            cv, ci = lg.topk(min(k, v1 - v0), dim=-1)
+            ci = ci + v0
+            if top_v is None or top_i is None:
+                top_v, top_i = cv, ci
+            else:  # earlier chunks first: ties keep the smaller id
+                top_v, pick = torch.cat([top_v, cv], 1).topk(k, dim=-1)
+                top_i = torch.cat([top_i, ci], 1).gather(1, pick)
+        ranks.append(count)
+        ids.append(top_i)
+        logits.append(top_v)
+    rank = torch.cat(ranks)[:rows]
+    rank = torch.where(targets[:rows] >= 0, rank, -1)
+    return rank, torch.cat(ids)[:rows], torch.cat(logits)[:rows]
+
+
+@dataclass(frozen=True)
+class ViewCells:
+    """The cells ``"view"`` reads in a pass: ``points`` (``view_points``) x each prompt's last
+    real positions ``pos [batch, w]`` (``real``: whether each is a real position)."""
+
+    points: list[int]
+    pos: Tensor
+    real: Tensor
+
+    @classmethod
+    def of(cls, n_points: int, key_valid: Tensor) -> "ViewCells":
+        pos, real = view_positions(key_valid)
+        return cls(view_points(n_points), pos, real)
+
+    def gather(self, x: Tensor, p0: int) -> Tensor:
+        """The rows of ``x [points, batch, pos, d]`` (points ``p0 ..``) the view reads, in the
+        order (point, prompt, position)."""
+        mine = [p - p0 for p in self.points if p0 <= p < p0 + x.shape[0]]
+        rows = torch.arange(x.shape[1], device=x.device)[:, None].expand_as(self.pos)
+        return x[mine][:, rows, self.pos].reshape(-1, x.shape[-1])
+
+    def targets(self, targets: Tensor) -> Tensor:
+        """Each view row's target (-1 at a position that is not real)."""
+        rows = torch.arange(targets.shape[0], device=targets.device)[:, None].expand_as(self.pos)
+        picked = torch.where(self.real, targets[rows, self.pos], -1)
+        return picked[None].expand(len(self.points), -1, -1).reshape(-1)
+
+    def scatter(
+        self, rank: Tensor, ids: Tensor, logits: Tensor, n_points: int, n_pos: int
+    ) -> dict[str, Tensor]:
+        """The view rows' results as ``[batch, point, pos(, k)]`` arrays (``-1``/NaN elsewhere)."""
+        (b, w), p, k, dev = self.pos.shape, len(self.points), ids.shape[-1], rank.device
+        pts = torch.tensor(self.points, device=dev)[:, None, None].expand(-1, b, w)
+        rows = torch.arange(b, device=dev)[None, :, None].expand(p, -1, w)
+        index = (rows, pts, self.pos[None].expand(p, -1, -1))
+        ok = self.real[None].expand(p, -1, -1)
+        out = {
+            "rank": torch.full((b, n_points, n_pos), -1, dtype=torch.long, device=dev),
+            "lens_top": torch.full((b, n_points, n_pos, k), -1, dtype=torch.long, device=dev),
+            "lens_top_logit": torch.full((b, n_points, n_pos, k), torch.nan, device=dev),
+            "lens_cells": torch.zeros(b, n_points, n_pos, dtype=torch.bool, device=dev),
+        }
+        out["rank"].index_put_(index, torch.where(ok, rank.view(p, b, w), -1))
+        out["lens_top"].index_put_(index, torch.where(ok[..., None], ids.view(p, b, w, k), -1))
+        chosen = torch.where(ok[..., None], logits.view(p, b, w, k), torch.nan)
+        out["lens_top_logit"].index_put_(index, chosen)
+        out["lens_cells"].index_put_(index, ok)
+        return out
