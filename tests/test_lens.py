@@ -1,5 +1,5 @@
 """The logit lens reads what it shows (issue 48): by default the trajectories' lens is read at the
-cells the view shows (the last positions of each prompt at up to 16 points), in blocks of rows
+cells the view shows (the last 8 positions of each prompt at up to 8 points), in blocks of rows
 and chunks of the vocabulary; where both the view and the full lens are read, they are equal bit
 for bit, on the shipped models and on a random model with a large vocabulary.
 
@@ -77,9 +77,9 @@ def test_the_view_equals_the_full_lens_on_the_shipped_models(name):
 def test_the_view_equals_the_full_lens_on_a_large_vocabulary_over_many_points():
     ad = large_vocab()
     batch = padded_batch(ad, (40, 6, 23, 40), 50257)
-    view = assert_view_is_the_full_lens(ad, batch, flattened=True)  # 19 points: 16 shown
+    view = assert_view_is_the_full_lens(ad, batch, flattened=True)  # 19 points: 8 shown
     points = _lens.view_points(view.n_points)
-    assert view.n_points == 19 and len(points) == 16 and points[0] == 0 and points[-1] == 18
+    assert view.n_points == 19 and len(points) == 8 and points[0] == 0 and points[-1] == 18
     for row, length in enumerate((40, 6, 23, 40)):
         real = batch.key_valid[row].nonzero().flatten()
         shown = real[-_lens.VIEW_POSITIONS :]

@@ -178,7 +178,7 @@ def attach(
         flattened: interleave the mid-block points.
         lens: the logit lens (decoders only): ``"view"`` reads the next token's rank and the
             top tokens at the cells the view shows (the last positions of each prompt at up to
-            16 points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``), ``"full"`` (or True) at every
+            8 points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``), ``"full"`` (or True) at every
             point and token (one unembedding per point: ``n_points`` times the model's head),
             False not at all. The approach statistics are read at every token either way.
         standardize: None, ``"prompt"`` or ``TrajectoryStats.standardizer()``'s result.
@@ -339,7 +339,7 @@ def compute(
         flattened: interleave the mid-block points (not available on parallel-block models).
         lens: the logit lens (decoders only): ``"view"`` reads the next token's rank and the
             top tokens at the cells the view shows (the last positions of each prompt at up to
-            16 points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``), ``"full"`` (or True) at every
+            8 points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``), ``"full"`` (or True) at every
             point and token (one unembedding per point: ``n_points`` times the model's head),
             False not at all. The approach statistics are read at every token either way.
         standardize: None, ``"prompt"`` (per-prompt per-dimension z-scores) or

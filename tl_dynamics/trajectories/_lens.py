@@ -40,11 +40,11 @@ LensMode = Literal["view", "full"]
 LensArg = bool | str | None
 
 VIEW_POSITIONS = 8  # the last real positions of each prompt the view shows
-VIEW_POINTS = 16  # the points the view shows at most
+VIEW_POINTS = 8  # the points the view shows at most
 TOP_K = 5  # the tokens read at each cell
 # Rows of one product (states), the same in both modes; on the CPU a block's chunk of logits
 # is about 2 MB (cache-sized), on a launch-bound device one block and chunk holds a pass's view
-ROW_BLOCK = 128
+ROW_BLOCK = 64
 GPU_ROW_BLOCK = 1024
 CPU_CHUNK_ELEMENTS = 1 << 19
 GPU_CHUNK_BYTES = 256 << 20
