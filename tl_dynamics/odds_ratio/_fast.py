@@ -19,7 +19,6 @@ per head.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor
 
 from tl_dynamics.collect import Collector
+from tl_dynamics.odds_ratio._scratch import LIK_FLOOR, _Scratch  # noqa: F401 (re-exported)
 
 # Score-sized temporaries of one chunk, in units of one layer's full [batch, head, q, k] scores
 # (what the forward itself forms): chunks are sized by this memory budget, so a pass's layers
@@ -43,9 +43,6 @@ CPU_CHUNK_ELEMENTS = 1 << 19
 # 1 x 1,024 tokens and 0.48 s at 4 x 256 with 8-row chunks over all heads, 0.66 s and 0.31 s
 # with 64-row chunks over groups of 8 heads; 32 to 128 rows were within 10% of that)
 CPU_CHUNK_ROWS = 64
-# The smallest ``sum_j p_ij w_j`` the CPU's likelihood log-partition trusts (``_Scratch.lse_lik``):
-# terms lost to float32 underflow (< 1.4e-45 each) are then below 1e-11 of the sum at 4,096 keys.
-LIK_FLOOR = 2.0**-100
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,10 +152,13 @@ def row_facts(
     p_min = prior.masked_fill(~kv, float("inf")).amin(-1, keepdim=True)
 
     d = kh.shape[-1]
-    # a GPU: row means of r through the keys (no [b, h, i, j] pass); the CPU sums each chunk's
-    # rows instead (one pass over a chunk in cache, against a float64 prefix sum of the keys)
+    # row means of r through the keys, no [b, h, i, j] pass: on a GPU always; on the CPU where
+    # the row sums of the keys are prefix sums (causal, no window: O(pos) work), else each
+    # chunk sums its rows (a [pos, pos] product of the mask with the keys would cost more)
     mean_r = (
-        scale * (qh * _row_sums(allowed_f, kh, prefix)).sum(-1) / n_safe if launch_bound else None
+        scale * (qh * _row_sums(allowed_f, kh, prefix)).sum(-1) / n_safe
+        if launch_bound or prefix is not None
+        else None
     )
     p64 = prior.double()
     sum_p = _row_sums(allowed_f, p64, prefix)
@@ -186,7 +186,9 @@ def row_facts(
     # formed once per pass, sliced per chunk: the per-key prior columns the chunk products read
     prior_col = prior.view(-1, n_pos, 1)
     shifted_col = shifted_prior.view(-1, n_pos, 1)
-    scratch = _Scratch(not launch_bound, n_batch * n_heads * step * n_pos, qs, shifted_prior, kv)
+    scratch = _Scratch(
+        not launch_bound, n_batch * n_heads * step * n_pos, qs, shifted_prior, kv, prior
+    )
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
         j0, j1 = masks.band(i0, i1, n_pos)
@@ -196,24 +198,35 @@ def row_facts(
         r = torch.bmm(qs[:, i0:i1], kt[:, :, j0:j1], out=scratch.get(0, flat)).view(shape)
         add = additive[:, None, i0:i1, j0:j1]
         s = torch.add(r, add, out=scratch.get(1, shape))
-        log_p = torch.log_softmax(s, dim=-1, out=scratch.get(2, shape))
         # each row's top key under the real pattern: its log-mass, score and index (the row's
         # log-partition is r - log p at any allowed key; the top one loses no precision)
-        logp_top, top_j = log_p.max(-1, keepdim=True)
+        if scratch.reuse:  # the CPU: the pattern in one pass, the top key's log-mass from it
+            p = torch.softmax(s, dim=-1, out=scratch.get(2, shape))
+            p_top, top_j = p.max(-1, keepdim=True)
+            logp_top = p_top.log()
+        else:
+            log_p = torch.log_softmax(s, dim=-1)
+            logp_top, top_j = log_p.max(-1, keepdim=True)
+            p = log_p.exp_()  # the pattern, in place of its log
         r_top_row = r.gather(-1, top_j)
         parts["logp_top"].append(logp_top)
         parts["r_top_row"].append(r_top_row)
         parts["top_j"].append(top_j if j0 == 0 else top_j + j0)
         lse_c = (r_top_row - logp_top).squeeze(-1) if scratch.reuse else None
-        p = log_p.exp_()  # the pattern, in place of its log
         pr = prior[:, :, None, j0:j1]
         parts["sum_pr"].append(scratch.vecdot(p, r))
-        parts["pattern_prior"].append(
-            torch.bmm(p.view(-1, c, m), prior_col[:, j0:j1]).view(n_batch, n_heads, c)
-        )
+        if scratch.reuse:  # both of the pattern's products with a per-key column in one pass
+            both = torch.bmm(p.view(-1, c, m), scratch.cols[:, j0:j1]).view(n_batch, n_heads, c, 2)
+            parts["pattern_prior"].append(both[..., 0])
+            lik = both[..., 1]
+        else:
+            parts["pattern_prior"].append(
+                torch.bmm(p.view(-1, c, m), prior_col[:, j0:j1]).view(n_batch, n_heads, c)
+            )
+            lik = None
         if prefix is None:
             parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
-        parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, p_min, j0, j1))
+        parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, p_min, j0, j1, lik))
         column[..., j0:j1] += torch.matmul(valid_f[:, None, None, i0:i1], p).squeeze(-2)
         # centred in place (the row means are known already): no cancellation in the moments
         allowed_c = allowed_f[:, None, i0:i1, j0:j1]
@@ -305,66 +318,6 @@ def heads(x: "Tensor | Sequence[Tensor]", h0: int, h1: int) -> Tensor:
             picked.append(part[:, :, lo - start : hi - start])
         start += part.shape[2]
     return picked[0] if len(picked) == 1 else torch.cat(picked, 2)
-
-
-class _Scratch:
-    """On the CPU, each chunk's score-sized tensors are written into buffers kept for the pass
-    (``out=``): a fresh 2 MB tensor was a fresh mapping, page-faulted in at every chunk (150 us
-    against 48 us for the same pass in place). Elsewhere ``get`` gives None (allocate: a GPU's
-    caching allocator costs nothing, and each buffer view would be one more launch)."""
-
-    def __init__(self, reuse: bool, size: int, like: Tensor, shifted_prior: Tensor, kv: Tensor):
-        self.reuse, self.size, self.like = reuse, size, like
-        self.buffers: dict[int, Tensor] = {}
-        if reuse:  # per key w_j = exp(-(P_j - P_min)), 0 at keys not valid (``lse_lik``)
-            w = torch.exp(-shifted_prior).masked_fill_(~kv, 0.0)
-            self.w_col = w.view(-1, w.shape[-1], 1)
-
-    def get(self, slot: int, shape: tuple[int, ...]) -> Tensor | None:
-        if not self.reuse:
-            return None
-        if slot not in self.buffers:
-            self.buffers[slot] = self.like.new_empty(self.size)
-        return self.buffers[slot][: math.prod(shape)].view(shape)
-
-    def vecdot(self, a: Tensor, b: Tensor) -> Tensor:
-        """``linalg.vecdot`` (real: ``(a * b).sum(-1)``), its product in a buffer."""
-        if not self.reuse:
-            return torch.linalg.vecdot(a, b)
-        return torch.mul(a, b, out=self.get(3, tuple(a.shape))).sum(-1)
-
-    def lse_lik(
-        self,
-        s: Tensor,
-        prior: Tensor,
-        p: Tensor,
-        lse: Tensor | None,
-        p_min: Tensor,
-        j0: int,
-        j1: int,
-    ) -> Tensor:
-        """``log sum_j A_ij exp(r_ij - P_j)`` of a chunk (``s``: its masked scores, ``p`` its
-        pattern, ``lse`` its rows' log-partitions, ``p_min`` the least prior, keys ``j0 .. j1 - 1``).
-
-        On the CPU, from the pattern by one product and no pass of exponentials:
-        ``exp(r_ij - P_j) = exp(lse_i - P_min) p_ij w_j``, so the log-partition is
-        ``lse_i - P_min + log sum_j p_ij w_j``, a sum of positive terms (no cancellation). Where
-        a row's sum falls below ``LIK_FLOOR`` (its mass on keys whose products underflow in
-        float32), the chunk takes the masked log-sum-exp of ``s - P`` instead, exact for any
-        spread of the priors. Elsewhere always the latter (it needs no read of the device)."""
-        if not self.reuse or lse is None:
-            return torch.logsumexp(s.sub_(prior), -1)
-        b, h, c, m = p.shape
-        lik = torch.bmm(p.view(-1, c, m), self.w_col[:, j0:j1]).view(b, h, c)
-        if bool((lik < LIK_FLOOR).any()):
-            return self.logsumexp_(s.sub_(prior))
-        return (lik.double().log_() + (lse.double() - p_min.double())).float()
-
-    def logsumexp_(self, x: Tensor) -> Tensor:
-        """``torch.logsumexp(x, -1)`` for rows with a finite maximum, overwriting ``x``: the
-        same operations (``amax``, ``(x - max).exp_()``, ``sum``, ``log_``, ``add_``) in place."""
-        top = x.amax(-1, keepdim=True)
-        return x.sub_(top).exp_().sum(-1).log_().add_(top.squeeze(-1))
 
 
 def _row_sums(allowed_f: Tensor, values: Tensor, prefix: Tensor | None) -> Tensor:
