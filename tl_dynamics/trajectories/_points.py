@@ -141,6 +141,8 @@ def _cos(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = Non
 POINT_BUDGET_BYTES = 512 << 20
 # ... on the CPU (not launch-bound), groups small enough to stay near the cache
 CPU_POINT_BUDGET_BYTES = 16 << 20
+# ... and the cosines of every point kept for one clustering call (sphere.TREE_MAX_POINTS)
+TREE_COS_BYTES = 64 << 20
 
 
 def point_statistics(
@@ -307,6 +309,11 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
     std = cfg.standardize
     budget = POINT_BUDGET_BYTES if Collector.launch_bound(z.device) else CPU_POINT_BUDGET_BYTES
     group = max(1, budget // max(1, 30 * b * n * n))
+    # the CPU reads clusters off spanning trees (n rounds per call, whatever the points): every
+    # point's cosines are kept and clustered in one call where they fit TREE_COS_BYTES
+    together = not Collector.launch_bound(z.device) and n <= sphere.TREE_MAX_POINTS
+    together = together and 4 * n_points * b * n * n <= TREE_COS_BYTES
+    kept: list[tuple[Tensor, Tensor]] = []
     out: dict[str, list[Tensor]] = {}
     last: Tensor | None = None  # the labels of the group before's last point
     for p0 in range(0, n_points, group):
@@ -329,15 +336,17 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         erank, cos_sum = _cloud.rank_and_pair_sum(u.double())  # u is zero off the mask
         out.setdefault("cos_sum", []).append(cos_sum.reshape(g, b))
         out.setdefault("erank", []).append(erank.reshape(g, b))
+        if together:
+            kept.append((cos, flat_mask))
+            continue
         labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask).reshape(len(cfg.eps), g, b, n)
         del cos, u
-        out.setdefault("clusters", []).append(sphere.count_clusters(labels))  # [E, g, b]
-        chain = labels if last is None else torch.cat([last, labels], 1)
-        if chain.shape[1] > 1:
-            events = sphere.merge_events(chain[:, :-1], chain[:, 1:])
-            out.setdefault("merges", []).append(events.merges)
-            out.setdefault("splits", []).append(events.splits)
-        last = labels[:, -1:]
+        last = _events(out, labels, last)
+    if kept:
+        cos = torch.cat([c for c, _ in kept]) if len(kept) > 1 else kept[0][0]
+        flat_mask = torch.cat([m for _, m in kept]) if len(kept) > 1 else kept[0][1]
+        labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask)
+        _events(out, labels.reshape(len(cfg.eps), n_points, b, n), None)
     res = {"n_pairs": n_pairs[:, None].expand(b, n_points).contiguous()}
     for name in ("cos_hist", "cos_sum", "erank"):  # [P, b, ...] -> [b, P, ...]
         res[name] = torch.cat(out[name]).transpose(0, 1)
@@ -347,6 +356,19 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         else:
             res[name] = torch.zeros(b, len(cfg.eps), 0, dtype=torch.long, device=z.device)
     return res
+
+
+def _events(out: dict[str, list[Tensor]], labels: Tensor, last: Tensor | None) -> Tensor:
+    """A group of points' cluster counts and the merge events into and within it (``labels``
+    ``[E, g, b, n]``; ``last``: the labels of the point before the group); returns its last
+    point's labels."""
+    out.setdefault("clusters", []).append(sphere.count_clusters(labels))  # [E, g, b]
+    chain = labels if last is None else torch.cat([last, labels], 1)
+    if chain.shape[1] > 1:
+        events = sphere.merge_events(chain[:, :-1], chain[:, 1:])
+        out.setdefault("merges", []).append(events.merges)
+        out.setdefault("splits", []).append(events.splits)
+    return labels[:, -1:]
 
 
 def settling_point(
