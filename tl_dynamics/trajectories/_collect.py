@@ -176,11 +176,13 @@ def attach(
         layers: a layer index, a list of them, or None (all layers).
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points.
-        lens: the logit lens (decoders only): ``"view"`` reads the next token's rank and the
-            top tokens at the cells the view shows (the last positions of each prompt at up to
-            8 points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``), ``"full"`` (or True) at every
-            point and token (one unembedding per point: ``n_points`` times the model's head),
-            False not at all. The approach statistics are read at every token either way.
+        lens: the next-token statistics (decoders only: the logit lens's rank of the next
+            token and top tokens, the approach to its embedding and unembedding): ``"view"``
+            at the cells the view shows (the last 8 positions of each prompt at up to 8
+            points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``: about 64 unembedded states per
+            prompt), ``"full"`` (or True) at every point and token (one unembedding per point
+            and token: ``n_points`` times the model's own head; the rank statistics and the
+            settling point need it), False not at all.
         standardize: None, ``"prompt"`` or ``TrajectoryStats.standardizer()``'s result.
         skip_first: leave each prompt's first real token out of the particle statistics.
 
@@ -337,11 +339,13 @@ def compute(
             final point.
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points (not available on parallel-block models).
-        lens: the logit lens (decoders only): ``"view"`` reads the next token's rank and the
-            top tokens at the cells the view shows (the last positions of each prompt at up to
-            8 points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``), ``"full"`` (or True) at every
-            point and token (one unembedding per point: ``n_points`` times the model's head),
-            False not at all. The approach statistics are read at every token either way.
+        lens: the next-token statistics (decoders only: the logit lens's rank of the next
+            token and top tokens, the approach to its embedding and unembedding): ``"view"``
+            at the cells the view shows (the last 8 positions of each prompt at up to 8
+            points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``: about 64 unembedded states per
+            prompt), ``"full"`` (or True) at every point and token (one unembedding per point
+            and token: ``n_points`` times the model's own head; the rank statistics and the
+            settling point need it), False not at all.
         standardize: None, ``"prompt"`` (per-prompt per-dimension z-scores) or
             ``TrajectoryStats.standardizer()``'s result, applied before the particle statistics
             only.

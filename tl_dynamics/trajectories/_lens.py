@@ -24,12 +24,14 @@ The rank counts the vocabulary entries whose logit is strictly above the target'
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
+from tl_dynamics import sphere
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 LensMode = Literal["view", "full"]
 LensArg = bool | str | None
+PointStates = Any  # ``_points._Points``: ``.shape``, ``.group`` and slices of points
 
 VIEW_POSITIONS = 8  # the last real positions of each prompt the view shows
 VIEW_POINTS = 8  # the points the view shows at most
@@ -171,12 +174,14 @@ class ViewCells:
         pos, real = view_positions(key_valid)
         return cls(view_points(n_points), pos, real)
 
-    def gather(self, x: Tensor, p0: int) -> Tensor:
-        """The rows of ``x [points, batch, pos, d]`` (points ``p0 ..``) the view reads, in the
-        order (point, prompt, position)."""
-        mine = [p - p0 for p in self.points if p0 <= p < p0 + x.shape[0]]
-        rows = torch.arange(x.shape[1], device=x.device)[:, None].expand_as(self.pos)
-        return x[mine][:, rows, self.pos].reshape(-1, x.shape[-1])
+    def rows(self, z: "PointStates") -> Tensor:
+        """The states ``[rows, d]`` the view reads, in the order (point, prompt, position)."""
+        picked = []
+        for p in self.points:
+            state = z[p : p + 1][0]  # [batch, pos, d]
+            rows = torch.arange(state.shape[0], device=state.device)[:, None]
+            picked.append(state[rows.expand_as(self.pos), self.pos])
+        return torch.stack(picked).reshape(-1, picked[0].shape[-1])
 
     def targets(self, targets: Tensor) -> Tensor:
         """Each view row's target (-1 at a position that is not real)."""
@@ -184,24 +189,76 @@ class ViewCells:
         picked = torch.where(self.real, targets[rows, self.pos], -1)
         return picked[None].expand(len(self.points), -1, -1).reshape(-1)
 
-    def scatter(
-        self, rank: Tensor, ids: Tensor, logits: Tensor, n_points: int, n_pos: int
-    ) -> dict[str, Tensor]:
-        """The view rows' results as ``[batch, point, pos(, k)]`` arrays (``-1``/NaN elsewhere)."""
-        (b, w), p, k, dev = self.pos.shape, len(self.points), ids.shape[-1], rank.device
+    def scatter(self, values: dict[str, Tensor], n_points: int, n_pos: int) -> dict[str, Tensor]:
+        """The view rows' values (``[rows, ...]``) as ``[batch, point, pos, ...]`` arrays, -1,
+        NaN or False elsewhere, and ``lens_cells``."""
+        (b, w), p, dev = self.pos.shape, len(self.points), self.pos.device
         pts = torch.tensor(self.points, device=dev)[:, None, None].expand(-1, b, w)
         rows = torch.arange(b, device=dev)[None, :, None].expand(p, -1, w)
         index = (rows, pts, self.pos[None].expand(p, -1, -1))
         ok = self.real[None].expand(p, -1, -1)
-        out = {
-            "rank": torch.full((b, n_points, n_pos), -1, dtype=torch.long, device=dev),
-            "lens_top": torch.full((b, n_points, n_pos, k), -1, dtype=torch.long, device=dev),
-            "lens_top_logit": torch.full((b, n_points, n_pos, k), torch.nan, device=dev),
-            "lens_cells": torch.zeros(b, n_points, n_pos, dtype=torch.bool, device=dev),
-        }
-        out["rank"].index_put_(index, torch.where(ok, rank.view(p, b, w), -1))
-        out["lens_top"].index_put_(index, torch.where(ok[..., None], ids.view(p, b, w, k), -1))
-        chosen = torch.where(ok[..., None], logits.view(p, b, w, k), torch.nan)
-        out["lens_top_logit"].index_put_(index, chosen)
+        out = {"lens_cells": torch.zeros(b, n_points, n_pos, dtype=torch.bool, device=dev)}
         out["lens_cells"].index_put_(index, ok)
+        for name, v in values.items():
+            v = v.view(p, b, w, *v.shape[1:])
+            fill = -1 if not v.is_floating_point() else math.nan
+            full = torch.full((b, n_points, n_pos, *v.shape[3:]), fill, dtype=v.dtype, device=dev)
+            keep = ok.view(p, b, w, *([1] * (v.dim() - 3)))
+            full.index_put_(index, torch.where(keep, v, fill))
+            out[name] = full
         return out
+
+
+def cosine(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = None) -> Tensor:
+    """Cosine along the last axis; NaN where either vector is zero (no direction). ``na`` and
+    ``nb`` are the vectors' norms where known already."""
+    na = a.norm(dim=-1) if na is None else na
+    nb = b.norm(dim=-1) if nb is None else nb
+    c = (a * b).sum(-1) / (na * nb).clamp_min(sphere.NORM_FLOOR)
+    return torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
+
+
+def approach(adapter: "ModelAdapter", x: Tensor, targets: Tensor) -> dict[str, Tensor]:
+    """The final-normalised states ``x [..., d]`` against their targets' embedding and
+    unembedding (``targets`` broadcast to ``x``'s leading axes; NaN where it is -1)."""
+    has, safe = targets >= 0, targets.clamp_min(0)
+    out = {}
+    for name, ref in (("embed", adapter.W_E[safe].float()), ("unembed", adapter.W_U.T[safe])):
+        out[f"cos_{name}"] = torch.where(has, cosine(x, ref), math.nan)
+        out[f"dist_{name}"] = torch.where(has, (x - ref).norm(dim=-1), math.nan)
+    return out
+
+
+def point_lens(
+    adapter: "ModelAdapter", mode: LensMode, z: "PointStates", key_valid: Tensor, targets: Tensor
+) -> dict[str, Tensor]:
+    """The next-token statistics of a pass at ``mode``'s cells (``[batch, point, pos(, k)]``):
+    the approach to the target's embedding and unembedding, the target's rank and the top
+    tokens, from the final-normalised states (``z``: the pass's states, a group of points at
+    a time)."""
+    n_points, b, n, d = z.shape
+    if mode == "view":
+        view = ViewCells.of(n_points, key_valid)
+        x = adapter.final_norm(view.rows(z))
+        rows = view.targets(targets)
+        got = approach(adapter, x, rows)
+        got["rank"], got["lens_top"], got["lens_top_logit"] = read_rows(adapter, x, rows)
+        return view.scatter(got, n_points, n)
+    out: dict[str, list[Tensor]] = {}
+    for p0 in range(0, n_points, z.group):
+        x = adapter.final_norm(z[p0 : p0 + z.group])  # [g, batch, pos, d]
+        g = x.shape[0]
+        for name, v in approach(adapter, x, targets).items():
+            out.setdefault(name, []).append(v)
+        rows = targets[None].expand(g, -1, -1).reshape(-1)
+        rank, ids, logits = read_rows(adapter, x.reshape(-1, d), rows)
+        out.setdefault("rank", []).append(rank.view(g, b, n))
+        out.setdefault("lens_top", []).append(ids.view(g, b, n, -1))
+        out.setdefault("lens_top_logit", []).append(logits.view(g, b, n, -1))
+    res = {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
+    cells = key_valid[:, None].expand(-1, n_points, -1)  # every real token at every point
+    res["rank"] = torch.where(cells, res["rank"], -1)
+    res["lens_top"] = torch.where(cells[..., None], res["lens_top"], -1)
+    res["lens_top_logit"] = torch.where(cells[..., None], res["lens_top_logit"], math.nan)
+    res["lens_cells"] = cells
+    return res

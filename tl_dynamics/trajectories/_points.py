@@ -23,7 +23,7 @@ from tl_dynamics import sphere
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories import _cloud
-from tl_dynamics.trajectories._lens import LensMode, ViewCells, read_rows
+from tl_dynamics.trajectories._lens import LensMode, cosine, point_lens
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -127,13 +127,7 @@ def next_tokens(
     return nxt
 
 
-def _cos(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = None) -> Tensor:
-    """Cosine along the last axis; NaN where either vector is zero (no direction). ``na`` and
-    ``nb`` are the vectors' norms where known already."""
-    na = a.norm(dim=-1) if na is None else na
-    nb = b.norm(dim=-1) if nb is None else nb
-    c = (a * b).sum(-1) / (na * nb).clamp_min(sphere.NORM_FLOOR)
-    return torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
+_cos = cosine  # (trajectories._lens.cosine)
 
 
 # Memory for one group of points' particle statistics (cosines, eps-adjacency, labels; about
@@ -172,7 +166,7 @@ def point_statistics(
     z = _Points(zs, group)
     res, unit = _elementwise(z, key_valid)
     if targets is not None and cfg.lens is not None:
-        res.update(_lens(adapter, cfg.lens, z, key_valid, targets))
+        res.update(point_lens(adapter, cfg.lens, z, key_valid, targets))
     res.update(_particles(cfg, z, key_valid, unit))
     if cfg.lens == "full" and targets is not None:  # every point read: when each settles
         res["settling"] = settling_point(res["rank"], targets)
@@ -249,50 +243,6 @@ def _elementwise(z: _Points, key_valid: Tensor) -> tuple[dict[str, Tensor], _Poi
     if z.whole is not None:
         return res, _Points([], z.group, whole=units[0])
     return res, _Points([u for group in units for u in group.unbind(0)], z.group)
-
-
-def _lens(
-    adapter: "ModelAdapter", mode: LensMode, z: _Points, key_valid: Tensor, targets: Tensor
-) -> dict[str, Tensor]:
-    """Next-token statistics of every point: the approach to the target's embedding and
-    unembedding at every token, and the lens (rank, top tokens) at ``mode``'s cells
-    (``_lens``), a group of points at a time."""
-    n_points, b, n, d = z.shape
-    has = targets >= 0
-    safe = targets.clamp_min(0)
-    emb, unemb = adapter.W_E[safe].float(), adapter.W_U.T[safe].float()
-    view = ViewCells.of(n_points, key_valid) if mode == "view" else None
-    out: dict[str, list[Tensor]] = {}
-    for p0 in range(0, n_points, z.group):
-        x = adapter.final_norm(z[p0 : p0 + z.group])
-        for name, ref in (("embed", emb), ("unembed", unemb)):
-            out.setdefault(f"cos_{name}", []).append(torch.where(has, _cos(x, ref), math.nan))
-            out.setdefault(f"dist_{name}", []).append(
-                torch.where(has, (x - ref).norm(dim=-1), math.nan)
-            )
-        if view is not None:
-            out.setdefault("rows", []).append(view.gather(x, p0))
-        else:
-            rows = targets[None].expand(x.shape[0], -1, -1).reshape(-1)
-            rank, ids, logits = read_rows(adapter, x.reshape(-1, d), rows)
-            g = x.shape[0]
-            out.setdefault("rank", []).append(rank.view(g, b, n))
-            out.setdefault("lens_top", []).append(ids.view(g, b, n, -1))
-            out.setdefault("lens_top_logit", []).append(logits.view(g, b, n, -1))
-    rows = out.pop("rows", None)
-    res = {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
-    if view is not None and rows is not None:
-        got = read_rows(
-            adapter, torch.cat(rows) if len(rows) > 1 else rows[0], view.targets(targets)
-        )
-        res.update(view.scatter(*got, n_points, n))
-    else:  # every real token at every point
-        cells = key_valid[:, None].expand(-1, n_points, -1)
-        res["rank"] = torch.where(cells, res["rank"], -1)
-        res["lens_top"] = torch.where(cells[..., None], res["lens_top"], -1)
-        res["lens_top_logit"] = torch.where(cells[..., None], res["lens_top_logit"], math.nan)
-        res["lens_cells"] = cells
-    return res
 
 
 def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dict[str, Tensor]:

@@ -53,8 +53,7 @@ def reduce_batch(
         settle = raw["settling"][has[:, 0]]
         n_points = rank.shape[1]
         ints["settling"] = torch.bincount(settle, minlength=n_points + 1).numpy().astype(np.int64)
-    if "cos_embed" in raw:  # the approach, at every token with a next token (else NaN)
-        for name in _LENS_FLOATS:
+        for name in _LENS_FLOATS:  # the approach, at every token with a next token (else NaN)
             _add_float(ints, sums, name, raw[name], key_valid)
     ints["cos_hist"] = raw["cos_hist"].sum(0).numpy().astype(np.int64)
     ints["n_pairs"] = raw["n_pairs"].sum(0).numpy().astype(np.int64)

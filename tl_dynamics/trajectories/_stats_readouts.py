@@ -52,8 +52,7 @@ class StatsReadouts:
         if name in _TOKEN_FLOATS:
             return self._mean(name, self.ints[f"count_{name}"])
         if name in _LENS_FLOATS:
-            if f"count_{name}" not in self.ints:
-                self._need_lens(name)
+            self._need_lens(name)
             return self._mean(name, self.ints[f"count_{name}"])
         if name == "log_rank":
             self._need_lens(name)
