@@ -1,14 +1,16 @@
-"""The logit lens of a pass's trajectory points, read where it is read (docs/math.md §5.3).
+"""The next-token statistics of a pass's trajectory points, read where they are read
+(docs/math.md §5.3).
 
 A cell is one (point, prompt, position). At each cell the lens reads the true next token's rank
 and the ``TOP_K`` tokens with the largest lens logits (ids and logits), from the final-normalised
-state ``x = N_f(z)``: ``l = x W_U + b_U`` (soft-capped where the model caps its logits). Which
-cells (``LensMode``):
+state ``x = N_f(z)``: ``l = x W_U + b_U`` (soft-capped where the model caps its logits), and the
+approach of ``x`` to the next token's embedding and unembedding. Which cells (``LensMode``):
 
 - ``"view"`` (``compute`` and ``attach``'s default): the cells the view shows
   (``Trajectory.show``): the last ``VIEW_POSITIONS`` real positions of every prompt at
   ``view_points`` (every point up to ``VIEW_POINTS``, else that many spread over depth, the first
-  and last included). Cost: ``len(view_points) x VIEW_POSITIONS`` unembeddings per prompt;
+  and last included). Cost: ``len(view_points) x VIEW_POSITIONS`` (at most 64) unembeddings per
+  prompt, in blocks of ``ROW_BLOCK`` rows;
 - ``"full"`` (``True``; ``stream``'s default): every point and real position. Cost: one
   unembedding per point and token, ``n_points`` times the model's own head;
 - ``False``: none.
@@ -78,7 +80,7 @@ def view_points(n_points: int) -> list[int]:
 
     Example:
         >>> view_points(3), view_points(31)[:4], view_points(31)[-1]
-        ([0, 1, 2], [0, 2, 4, 6], 30)
+        ([0, 1, 2], [0, 4, 9, 13], 30)
     """
     if n_points <= VIEW_POINTS:
         return list(range(n_points))
