@@ -27,9 +27,9 @@ The rank counts the vocabulary entries whose logit is strictly above the target'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -128,87 +128,47 @@ def read_rows(adapter: "ModelAdapter", x: Tensor, targets: Tensor) -> tuple[Tens
     rows = x.shape[0]
     padded = -(-rows // block) * block
     if padded != rows:
-        x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
-        targets = torch.cat([targets, targets.new_full((padded - rows,), -1)])
+        x = torch.nn.functional.pad(x, (0, 0, 0, padded - rows))
+        targets = torch.nn.functional.pad(targets, (0, padded - rows), value=-1)
     safe = targets.clamp_min(0)
+    t_all = target_logits(adapter, x, safe)  # row by row: the same bits in any block
     ranks, ids, logits = [], [], []
     for r0 in range(0, padded, block):
-        xb, tb = x[r0 : r0 + block], safe[r0 : r0 + block]
-        t = target_logits(adapter, xb, tb)[:, None]
-        count = torch.zeros(block, dtype=torch.long, device=x.device)
-        top_v = top_i = None
+        one = padded == block
+        xb, tb = (x, safe) if one else (x[r0 : r0 + block], safe[r0 : r0 + block])
+        t = (t_all if one else t_all[r0 : r0 + block])[:, None]
+        count = top_v = top_i = None
         for v0 in range(0, n_vocab, chunk):
             v1 = min(n_vocab, v0 + chunk)
-            lg = torch.addmm(b_u[v0:v1], xb, w_u[:, v0:v1])
+            whole = (v0, v1) == (0, n_vocab)
+            lg = torch.addmm(b_u, xb, w_u) if whole else torch.addmm(b_u[v0:v1], xb, w_u[:, v0:v1])
             if cap is not None:
                 lg = cap * torch.tanh(lg / cap)
             above = lg > t
-            count += above.sum(-1)
-            inside = (tb >= v0) & (tb < v1)  # the target itself is never counted
-            own = above.gather(1, (tb - v0).clamp(0, v1 - v0 - 1)[:, None]).squeeze(1)
-            count -= (own & inside).long()
+            if whole:  # the target itself is never counted
+                above.scatter_(1, tb[:, None], False)
+                count = above.sum(-1)
+            else:
+                inside = (tb >= v0) & (tb < v1)
+                own = above.gather(1, (tb - v0).clamp(0, v1 - v0 - 1)[:, None]).squeeze(1)
+                part = above.sum(-1) - (own & inside).long()
+                count = part if count is None else count + part
             cv, ci = lg.topk(min(k, v1 - v0), dim=-1)
-            ci = ci + v0
             if top_v is None or top_i is None:
-                top_v, top_i = cv, ci
+                top_v, top_i = cv, ci if v0 == 0 else ci + v0
             else:  # earlier chunks first: ties keep the smaller id
                 top_v, pick = torch.cat([top_v, cv], 1).topk(k, dim=-1)
-                top_i = torch.cat([top_i, ci], 1).gather(1, pick)
+                top_i = torch.cat([top_i, ci + v0], 1).gather(1, pick)
         ranks.append(count)
         ids.append(top_i)
         logits.append(top_v)
-    rank = torch.cat(ranks)[:rows]
-    rank = torch.where(targets[:rows] >= 0, rank, -1)
-    return rank, torch.cat(ids)[:rows], torch.cat(logits)[:rows]
-
-
-@dataclass(frozen=True)
-class ViewCells:
-    """The cells ``"view"`` reads in a pass: ``points`` (``view_points``) x each prompt's last
-    real positions ``pos [batch, w]`` (``real``: whether each is a real position)."""
-
-    points: list[int]
-    pos: Tensor
-    real: Tensor
-
-    @classmethod
-    def of(cls, n_points: int, key_valid: Tensor) -> "ViewCells":
-        pos, real = view_positions(key_valid)
-        return cls(view_points(n_points), pos, real)
-
-    def rows(self, z: "PointStates") -> Tensor:
-        """The states ``[rows, d]`` the view reads, in the order (point, prompt, position)."""
-        picked = []
-        for p in self.points:
-            state = z[p : p + 1][0]  # [batch, pos, d]
-            rows = torch.arange(state.shape[0], device=state.device)[:, None]
-            picked.append(state[rows.expand_as(self.pos), self.pos])
-        return torch.stack(picked).reshape(-1, picked[0].shape[-1])
-
-    def targets(self, targets: Tensor) -> Tensor:
-        """Each view row's target (-1 at a position that is not real)."""
-        rows = torch.arange(targets.shape[0], device=targets.device)[:, None].expand_as(self.pos)
-        picked = torch.where(self.real, targets[rows, self.pos], -1)
-        return picked[None].expand(len(self.points), -1, -1).reshape(-1)
-
-    def scatter(self, values: dict[str, Tensor], n_points: int, n_pos: int) -> dict[str, Tensor]:
-        """The view rows' values (``[rows, ...]``) as ``[batch, point, pos, ...]`` arrays, -1,
-        NaN or False elsewhere, and ``lens_cells``."""
-        (b, w), p, dev = self.pos.shape, len(self.points), self.pos.device
-        pts = torch.tensor(self.points, device=dev)[:, None, None].expand(-1, b, w)
-        rows = torch.arange(b, device=dev)[None, :, None].expand(p, -1, w)
-        index = (rows, pts, self.pos[None].expand(p, -1, -1))
-        ok = self.real[None].expand(p, -1, -1)
-        out = {"lens_cells": torch.zeros(b, n_points, n_pos, dtype=torch.bool, device=dev)}
-        out["lens_cells"].index_put_(index, ok)
-        for name, v in values.items():
-            v = v.view(p, b, w, *v.shape[1:])
-            fill = -1 if not v.is_floating_point() else math.nan
-            full = torch.full((b, n_points, n_pos, *v.shape[3:]), fill, dtype=v.dtype, device=dev)
-            keep = ok.view(p, b, w, *([1] * (v.dim() - 3)))
-            full.index_put_(index, torch.where(keep, v, fill))
-            out[name] = full
-        return out
+    if len(ranks) == 1:
+        rank, top_i, top_v = ranks[0], ids[0], logits[0]
+    else:
+        rank, top_i, top_v = torch.cat(ranks), torch.cat(ids), torch.cat(logits)
+    if padded != rows:
+        rank, top_i, top_v, targets = rank[:rows], top_i[:rows], top_v[:rows], targets[:rows]
+    return torch.where(targets >= 0, rank, -1), top_i, top_v
 
 
 def cosine(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = None) -> Tensor:
@@ -220,37 +180,53 @@ def cosine(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = N
     return torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
 
 
-def approach(adapter: "ModelAdapter", x: Tensor, targets: Tensor) -> dict[str, Tensor]:
-    """The final-normalised states ``x [..., d]`` against their targets' embedding and
-    unembedding (``targets`` broadcast to ``x``'s leading axes; NaN where it is -1)."""
+APPROACH = ("cos_embed", "cos_unembed", "dist_embed", "dist_unembed")
+
+
+def approach(adapter: "ModelAdapter", x: Tensor, targets: Tensor) -> Tensor:
+    """``APPROACH`` of the final-normalised states ``x [..., d]`` against their targets'
+    embedding and unembedding (``targets`` broadcast to ``x``'s leading axes; NaN where it is
+    -1), stacked along a new first axis: ``[4, ...]``."""
     has, safe = targets >= 0, targets.clamp_min(0)
-    out = {}
-    for name, ref in (("embed", adapter.W_E[safe].float()), ("unembed", adapter.W_U.T[safe])):
-        out[f"cos_{name}"] = torch.where(has, cosine(x, ref), math.nan)
-        out[f"dist_{name}"] = torch.where(has, (x - ref).norm(dim=-1), math.nan)
-    return out
+    ref = torch.stack([adapter.W_E[safe].float(), adapter.W_U.T[safe]])  # [2, *targets, d]
+    if x.dim() > targets.dim() + 1:  # x has leading axes of its own (points)
+        ref = ref.view(2, *([1] * (x.dim() - 1 - targets.dim())), *ref.shape[1:])
+    cos = cosine(x[None], ref, x.norm(dim=-1)[None])
+    dist = (x[None] - ref).norm(dim=-1)
+    return torch.where(has, torch.cat([cos, dist]), math.nan)
 
 
 def point_lens(
     adapter: "ModelAdapter", mode: LensMode, z: "PointStates", key_valid: Tensor, targets: Tensor
 ) -> dict[str, Tensor]:
-    """The next-token statistics of a pass at ``mode``'s cells (``[batch, point, pos(, k)]``):
-    the approach to the target's embedding and unembedding, the target's rank and the top
-    tokens, from the final-normalised states (``z``: the pass's states, a group of points at
-    a time)."""
+    """The next-token statistics of a pass at ``mode``'s cells, from the final-normalised
+    states (``z``: the pass's states, a group of points at a time). ``"full"``: ``rank
+    [batch, point, pos]``, ``lens_top``/``lens_top_logit`` ``[batch, point, pos, k]`` and the
+    ``APPROACH`` arrays; ``"view"``: its rows packed for one read (``view_rows``; ``expand_view``
+    lays them out as those arrays on the host)."""
     n_points, b, n, d = z.shape
     if mode == "view":
-        view = ViewCells.of(n_points, key_valid)
-        x = adapter.final_norm(view.rows(z))
-        rows = view.targets(targets)
-        got = approach(adapter, x, rows)
-        got["rank"], got["lens_top"], got["lens_top_logit"] = read_rows(adapter, x, rows)
-        return view.scatter(got, n_points, n)
+        pos, real = view_positions(key_valid)
+        points = view_points(n_points)
+        rows_b = torch.arange(b, device=pos.device)[:, None]
+        if getattr(z, "whole", None) is not None:  # every point at once: one gather
+            pts = torch.tensor(points, device=pos.device)[:, None, None]
+            states = z.whole[pts, rows_b, pos]
+        else:
+            states = torch.stack([z[p : p + 1][0][rows_b, pos] for p in points])
+        x = adapter.final_norm(states.reshape(-1, d))  # [points x batch x w, d]
+        tg = torch.where(real, targets[rows_b, pos], -1).repeat(len(points), 1).reshape(-1)
+        rank, ids, logits = read_rows(adapter, x, tg)
+        return {
+            "view_long": torch.cat([rank[:, None], ids], 1),
+            "view_float": torch.cat([approach(adapter, x, tg).T, logits], 1),
+            "view_pos": torch.where(real, pos, -1),
+        }
     out: dict[str, list[Tensor]] = {}
     for p0 in range(0, n_points, z.group):
         x = adapter.final_norm(z[p0 : p0 + z.group])  # [g, batch, pos, d]
         g = x.shape[0]
-        for name, v in approach(adapter, x, targets).items():
+        for name, v in zip(APPROACH, approach(adapter, x, targets)):
             out.setdefault(name, []).append(v)
         rows = targets[None].expand(g, -1, -1).reshape(-1)
         rank, ids, logits = read_rows(adapter, x.reshape(-1, d), rows)
@@ -264,3 +240,30 @@ def point_lens(
     res["lens_top_logit"] = torch.where(cells[..., None], res["lens_top_logit"], math.nan)
     res["lens_cells"] = cells
     return res
+
+
+def expand_view(raw: dict[str, Tensor], n_points: int) -> dict[str, Tensor]:
+    """The packed view rows of ``point_lens`` (read to the host) as ``[batch, point, pos(, k)]``
+    arrays (-1, NaN or False where the lens was not read), ``lens_cells`` among them; laid out
+    with numpy, no torch op."""
+    pos = raw["view_pos"].numpy()  # [b, w], -1 where not real
+    b, w = pos.shape
+    n = raw["norm"].shape[-1]
+    points = np.array(view_points(n_points))
+    longs = raw["view_long"].numpy().reshape(len(points), b, w, -1)
+    floats = raw["view_float"].numpy().reshape(len(points), b, w, -1)
+    b_idx, w_idx = np.nonzero(pos >= 0)
+    index = (b_idx[None], points[:, None], pos[b_idx, w_idx][None])  # [points, cells]
+    cells = np.zeros((b, n_points, n), dtype=bool)
+    cells[index] = True
+    out = {"lens_cells": torch.from_numpy(cells)}
+    for name, fill, values in (
+        ("rank", -1, longs[..., 0]),
+        ("lens_top", -1, longs[..., 1:]),
+        ("lens_top_logit", np.nan, floats[..., len(APPROACH) :]),
+        *((a, np.nan, floats[..., i]) for i, a in enumerate(APPROACH)),
+    ):
+        full = np.full((b, n_points, n) + values.shape[3:], fill, dtype=values.dtype)
+        full[index] = values[:, b_idx, w_idx]
+        out[name] = torch.from_numpy(full)
+    return out

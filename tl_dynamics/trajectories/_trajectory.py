@@ -19,7 +19,7 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._points import Config, in_depth_order, point_labels, point_roles
 from tl_dynamics.trajectories._reduce import reduce_batch
 from tl_dynamics.trajectories._stats import TrajectoryStats
-from tl_dynamics.trajectories._lens import VIEW_POSITIONS, view_points
+from tl_dynamics.trajectories._lens import VIEW_POSITIONS, expand_view, view_points
 from tl_dynamics.trajectories._views import lens_view, token_views
 from tl_dynamics.trajectories._meta import lens_note, stats_meta
 
@@ -243,6 +243,8 @@ def build(
     (a forward pass ``attach`` saw without being told its tokens) every position is real and
     the token ids and strings are unknown (-1 and "")."""
     b, n_pos = raw["norm"].shape[0], raw["norm"].shape[2]
+    if "view_long" in raw:  # lens="view": its packed rows laid out as the full lens's arrays
+        raw = {**raw, **expand_view(raw, raw["norm"].shape[1])}
     if batch is None:
         valid = torch.ones(b, n_pos, dtype=torch.bool)
         tokens = torch.full((b, n_pos), -1, dtype=torch.long)
@@ -296,11 +298,12 @@ def _view_words(adapter: ModelAdapter, raw: dict[str, Tensor], valid: Tensor) ->
     top = raw.get("lens_top")
     if top is None:
         return {}
+    top, real = top.numpy(), valid.numpy()
     points = view_points(top.shape[1])
     ids: set[int] = set()
     for row in range(top.shape[0]):
-        shown = valid[row].nonzero().flatten()[-VIEW_POSITIONS:]
-        ids.update(int(t) for t in top[row][points][:, shown].reshape(-1).tolist() if t >= 0)
+        shown = np.flatnonzero(real[row])[-VIEW_POSITIONS:]
+        ids.update(int(t) for t in top[row][points][:, shown].reshape(-1) if t >= 0)
     ordered = sorted(ids)
     return dict(zip(ordered, adapter.decode(ordered)))
 
