@@ -61,11 +61,8 @@ def assert_view_is_the_full_lens(ad: ModelAdapter, batch, **kwargs) -> trajector
         assert torch.equal(mine[cells], theirs[cells]), name  # bit for bit
         outside = mine[~cells]
         assert bool((outside == -1).all() if name != "lens_top_logit" else outside.isnan().all())
-    for name in ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed"):  # the approach
-        mine, theirs = getattr(view, name), getattr(full, name)
-        torch.testing.assert_close(mine[cells], theirs[cells], equal_nan=True)
-        assert bool(mine[~cells].isnan().all())
-    assert view.settling is None and full.settling is not None
+    for name in ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed", "settling"):
+        assert getattr(view, name) is None and getattr(full, name) is not None  # full only
     return view
 
 

@@ -9,6 +9,7 @@ points (``point_statistics``), and stay on the device until they are read."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
@@ -128,6 +129,8 @@ class TrajectoryCollector(Collector):
         if not self.keep_tokens:
             raise TLDynamicsError("this collector keeps statistics only (stream): use stats()")
         total = self.stats()
+        if len(self.parts) == 1:  # one pass: its own trajectory, nothing to pad or stack
+            return replace(self.parts[0], stats=total)
         return join(self.parts, total)
 
 

@@ -1,17 +1,17 @@
-"""The next-token statistics of a pass's trajectory points, read where they are read
-(docs/math.md §5.3).
+"""The logit lens of a pass's trajectory points, read where it is read (docs/math.md §5.3).
 
 A cell is one (point, prompt, position). At each cell the lens reads the true next token's rank
 and the ``TOP_K`` tokens with the largest lens logits (ids and logits), from the final-normalised
-state ``x = N_f(z)``: ``l = x W_U + b_U`` (soft-capped where the model caps its logits), and the
-approach of ``x`` to the next token's embedding and unembedding. Which cells (``LensMode``):
+state ``x = N_f(z)``: ``l = x W_U + b_U`` (soft-capped where the model caps its logits). Which
+cells (``LensMode``):
 
 - ``"view"`` (``compute`` and ``attach``'s default): the cells the view shows
   (``Trajectory.show``): the last ``VIEW_POSITIONS`` real positions of every prompt at
   ``view_points`` (every point up to ``VIEW_POINTS``, else that many spread over depth, the first
   and last included). Cost: ``len(view_points) x VIEW_POSITIONS`` (at most 64) unembeddings per
   prompt, in blocks of ``ROW_BLOCK`` rows;
-- ``"full"`` (``True``; ``stream``'s default): every point and real position. Cost: one
+- ``"full"`` (``True``; ``stream``'s default): every point and real position, with the approach
+  of ``x`` to the next token's embedding and unembedding and the settling point. Cost: one
   unembedding per point and token, ``n_points`` times the model's own head;
 - ``False``: none.
 
@@ -177,7 +177,7 @@ def cosine(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = N
     na = a.norm(dim=-1) if na is None else na
     nb = b.norm(dim=-1) if nb is None else nb
     c = (a * b).sum(-1) / (na * nb).clamp_min(sphere.NORM_FLOOR)
-    return torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
+    return torch.where(torch.minimum(na, nb) > sphere.NORM_FLOOR, c, math.nan)
 
 
 APPROACH = ("cos_embed", "cos_unembed", "dist_embed", "dist_unembed")
@@ -202,8 +202,8 @@ def point_lens(
     """The next-token statistics of a pass at ``mode``'s cells, from the final-normalised
     states (``z``: the pass's states, a group of points at a time). ``"full"``: ``rank
     [batch, point, pos]``, ``lens_top``/``lens_top_logit`` ``[batch, point, pos, k]`` and the
-    ``APPROACH`` arrays; ``"view"``: its rows packed for one read (``view_rows``; ``expand_view``
-    lays them out as those arrays on the host)."""
+    ``APPROACH`` arrays; ``"view"``: the rank and top tokens of its rows, packed for one read
+    (``expand_view`` lays them out as those arrays on the host)."""
     n_points, b, n, d = z.shape
     if mode == "view":
         pos, real = view_positions(key_valid)
@@ -219,7 +219,7 @@ def point_lens(
         rank, ids, logits = read_rows(adapter, x, tg)
         return {
             "view_long": torch.cat([rank[:, None], ids], 1),
-            "view_float": torch.cat([approach(adapter, x, tg).T, logits], 1),
+            "view_logit": logits,
             "view_pos": torch.where(real, pos, -1),
         }
     out: dict[str, list[Tensor]] = {}
@@ -251,7 +251,7 @@ def expand_view(raw: dict[str, Tensor], n_points: int) -> dict[str, Tensor]:
     n = raw["norm"].shape[-1]
     points = np.array(view_points(n_points))
     longs = raw["view_long"].numpy().reshape(len(points), b, w, -1)
-    floats = raw["view_float"].numpy().reshape(len(points), b, w, -1)
+    logits = raw["view_logit"].numpy().reshape(len(points), b, w, -1)
     b_idx, w_idx = np.nonzero(pos >= 0)
     index = (b_idx[None], points[:, None], pos[b_idx, w_idx][None])  # [points, cells]
     cells = np.zeros((b, n_points, n), dtype=bool)
@@ -260,8 +260,7 @@ def expand_view(raw: dict[str, Tensor], n_points: int) -> dict[str, Tensor]:
     for name, fill, values in (
         ("rank", -1, longs[..., 0]),
         ("lens_top", -1, longs[..., 1:]),
-        ("lens_top_logit", np.nan, floats[..., len(APPROACH) :]),
-        *((a, np.nan, floats[..., i]) for i, a in enumerate(APPROACH)),
+        ("lens_top_logit", np.nan, logits),
     ):
         full = np.full((b, n_points, n) + values.shape[3:], fill, dtype=values.dtype)
         full[index] = values[:, b_idx, w_idx]

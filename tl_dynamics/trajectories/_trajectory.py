@@ -45,7 +45,7 @@ class Trajectory(viz.Result):
         lens_cells: ``[batch, point, pos]`` where the lens was read: the cells the view shows
             (``lens="view"``) or every real token (``lens="full"``).
         cos_embed, dist_embed, cos_unembed, dist_unembed: the final-normalised state against
-            ``W_E[next]`` and ``W_U[:, next]`` (NaN where the lens was not read).
+            ``W_E[next]`` and ``W_U[:, next]`` (``lens="full"`` only).
         settling: first point from which the next token stays top-1; ``n_points`` if never
             (``lens="full"`` only: it reads every point).
         cos_hist: pairwise-cosine counts in ``N_BINS`` fixed bins on [-1, 1].
