@@ -183,8 +183,12 @@ def row_facts(
     if prefix is not None:  # causal, no window: each row's keys are a prefix, one pass for all
         parts["lse_prior"].append(torch.logcumsumexp(prior.masked_fill(~kv, float("-inf")), -1))
     column = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
-    # formed once per pass, sliced per chunk: the per-key prior columns the chunk products read
+    # the rows that choose (valid_f) per head, laid out for one bmm with each chunk's pattern
+    valid_rows = valid_f[:, None, None].expand(-1, n_heads, 1, -1).reshape(-1, 1, n_pos)
+    # formed once per pass, sliced per chunk: the per-key prior columns the chunk products read,
+    # and the masks and priors with a heads (or rows) axis
     prior_col = prior.view(-1, n_pos, 1)
+    allowed_h, additive_h, prior_r = allowed_f[:, None], additive[:, None], prior[:, :, None]
     shifted_col = shifted_prior.view(-1, n_pos, 1)
     scratch = _Scratch(
         not launch_bound, n_batch * n_heads * step * n_pos, qs, shifted_prior, kv, prior
@@ -196,7 +200,7 @@ def row_facts(
         shape = (n_batch, n_heads, c, m)
         flat = (n_batch * n_heads, c, m)
         r = torch.bmm(qs[:, i0:i1], kt[:, :, j0:j1], out=scratch.get(0, flat)).view(shape)
-        add = additive[:, None, i0:i1, j0:j1]
+        add = additive_h[..., i0:i1, j0:j1]
         s = torch.add(r, add, out=scratch.get(1, shape))
         # each row's top key under the real pattern: its log-mass, score and index (the row's
         # log-partition is r - log p at any allowed key; the top one loses no precision)
@@ -213,7 +217,7 @@ def row_facts(
         parts["r_top_row"].append(r_top_row)
         parts["top_j"].append(top_j if j0 == 0 else top_j + j0)
         lse_c = (r_top_row - logp_top).squeeze(-1) if scratch.reuse else None
-        pr = prior[:, :, None, j0:j1]
+        pr = prior_r[..., j0:j1]
         parts["sum_pr"].append(scratch.vecdot(p, r))
         if scratch.reuse:  # both of the pattern's products with a per-key column in one pass
             both = torch.bmm(p.view(-1, c, m), scratch.cols[:, j0:j1]).view(n_batch, n_heads, c, 2)
@@ -227,9 +231,10 @@ def row_facts(
         if prefix is None:
             parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
         parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, p_min, j0, j1, lik))
-        column[..., j0:j1] += torch.matmul(valid_f[:, None, None, i0:i1], p).squeeze(-2)
+        summed = torch.bmm(valid_rows[..., i0:i1], p.view(-1, c, m))  # [b * h, 1, m]
+        column[..., j0:j1] += summed.view(n_batch, n_heads, m)
         # centred in place (the row means are known already): no cancellation in the moments
-        allowed_c = allowed_f[:, None, i0:i1, j0:j1]
+        allowed_c = allowed_h[..., i0:i1, j0:j1]
         if mean_r is None:
             mean_c = scratch.vecdot(r, allowed_c) / n_safe[..., i0:i1]
             parts["mean_r"].append(mean_c)

@@ -18,7 +18,7 @@ def _valid_sum(x: Tensor, valid: Tensor) -> tuple[Tensor, np.ndarray]:
     """Sum (float64) and count over batch and position of ``x [batch, point, pos]`` at valid
     tokens where it is defined (not NaN)."""
     v = valid[:, None, :].expand_as(x) & ~torch.isnan(x)
-    return torch.where(v, x.double(), 0.0).sum((0, 2)), v.sum((0, 2)).numpy().astype(np.int64)
+    return x.double().masked_fill(~v, 0.0).sum((0, 2)), v.sum((0, 2)).numpy().astype(np.int64)
 
 
 def _add_float(ints: dict, sums: dict, name: str, x: Tensor, valid: Tensor) -> None:

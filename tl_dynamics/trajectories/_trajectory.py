@@ -233,7 +233,7 @@ class Trajectory(viz.Result):
 
 
 def _pad(x: Tensor, valid: Tensor, fill: float) -> Tensor:
-    return torch.where(valid[:, None, :], x, torch.tensor(fill, dtype=x.dtype))
+    return x.masked_fill(~valid[:, None, :], fill)
 
 
 def build(
