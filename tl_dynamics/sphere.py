@@ -198,7 +198,7 @@ def cluster_labels(
 CHECK_EVERY = 4
 # Up to this many points the CPU reads clusters off a spanning tree (``_spanning``: n rounds of
 # [prompts, n] work); above it, label propagation (rounds of [prompts, n, n] passes)
-TREE_MAX_POINTS = 1024
+TREE_MAX_POINTS = 8192
 # On the CPU, label look-ups (``labels[labels]``) per propagation round: each is a cheap [n]
 # gather, and every one can halve the rounds a long chain of points needs.
 JUMPS = 4

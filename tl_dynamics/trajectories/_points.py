@@ -259,13 +259,25 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
     std = cfg.standardize
     budget = POINT_BUDGET_BYTES if Collector.launch_bound(z.device) else CPU_POINT_BUDGET_BYTES
     group = max(1, budget // max(1, 30 * b * n * n))
-    # the CPU reads clusters off spanning trees (n rounds per call, whatever the points): every
-    # point's cosines are kept and clustered in one call where they fit TREE_COS_BYTES
+    # the CPU reads clusters off spanning trees (n rounds per call, whatever the points): the
+    # points' cosines are kept and clustered together, as many as fit TREE_COS_BYTES
     together = not Collector.launch_bound(z.device) and n <= sphere.TREE_MAX_POINTS
-    together = together and 4 * n_points * b * n * n <= TREE_COS_BYTES
     kept: list[tuple[Tensor, Tensor]] = []
     out: dict[str, list[Tensor]] = {}
     last: Tensor | None = None  # the labels of the group before's last point
+
+    def cluster(cos: Tensor, flat_mask: Tensor, last: Tensor | None) -> Tensor:
+        labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask)
+        return _events(out, labels.reshape(len(cfg.eps), -1, b, n), last)
+
+    def flush(last: Tensor | None) -> Tensor | None:
+        if not kept:
+            return last
+        cos = torch.cat([c for c, _ in kept]) if len(kept) > 1 else kept[0][0]
+        flat_mask = torch.cat([m for _, m in kept]) if len(kept) > 1 else kept[0][1]
+        kept.clear()
+        return cluster(cos, flat_mask, last)
+
     for p0 in range(0, n_points, group):
         if std is True or std == "prompt":
             zg = z[p0 : p0 + group]
@@ -286,17 +298,13 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         erank, cos_sum = _cloud.rank_and_pair_sum(u.double())  # u is zero off the mask
         out.setdefault("cos_sum", []).append(cos_sum.reshape(g, b))
         out.setdefault("erank", []).append(erank.reshape(g, b))
-        if together:
-            kept.append((cos, flat_mask))
+        if not together:
+            last = cluster(cos, flat_mask, last)
             continue
-        labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask).reshape(len(cfg.eps), g, b, n)
-        del cos, u
-        last = _events(out, labels, last)
-    if kept:
-        cos = torch.cat([c for c, _ in kept]) if len(kept) > 1 else kept[0][0]
-        flat_mask = torch.cat([m for _, m in kept]) if len(kept) > 1 else kept[0][1]
-        labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask)
-        _events(out, labels.reshape(len(cfg.eps), n_points, b, n), None)
+        if kept and 4 * (sum(c.shape[0] for c, _ in kept) + g * b) * n * n > TREE_COS_BYTES:
+            last = flush(last)
+        kept.append((cos, flat_mask))
+    flush(last)
     res = {"n_pairs": n_pairs[:, None].expand(b, n_points).contiguous()}
     for name in ("cos_hist", "cos_sum", "erank"):  # [P, b, ...] -> [b, P, ...]
         res[name] = torch.cat(out[name]).transpose(0, 1)
