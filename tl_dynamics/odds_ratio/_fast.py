@@ -19,6 +19,7 @@ per head.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -26,7 +27,7 @@ import torch
 from torch import Tensor
 
 from tl_dynamics.collect import Collector
-from tl_dynamics.odds_ratio._scratch import LIK_FLOOR, _Scratch  # noqa: F401 (re-exported)
+from tl_dynamics.odds_ratio._scratch import LIK_FLOOR, _Scratch, first_max  # noqa: F401
 
 # Score-sized temporaries of one chunk, in units of one layer's full [batch, head, q, k] scores
 # (what the forward itself forms): chunks are sized by this memory budget, so a pass's layers
@@ -90,6 +91,14 @@ class MaskFacts:
             causal=causal,
             window=window,
         )
+
+    @functools.cached_property
+    def lower_triangular(self) -> bool:
+        """Whether ``allowed`` is the plain causal mask (every row ``i`` sees keys ``0 .. i``,
+        no padding): a read of the device, asked on the CPU only."""
+        n = self.n_allowed.shape[-1]
+        rows = torch.arange(1, n + 1, device=self.n_allowed.device)
+        return self.causal and self.window is None and bool((self.n_allowed == rows).all())
 
     def matches(self, allowed: Tensor, query_valid: Tensor) -> bool:
         """Whether these are the facts of ``allowed`` and ``query_valid`` (the same tensors)."""
@@ -193,6 +202,11 @@ def row_facts(
     scratch = _Scratch(
         not launch_bound, n_batch * n_heads * step * n_pos, qs, shifted_prior, kv, prior
     )
+    # the CPU, causal without padding: a chunk's masked keys are the upper triangle of its last
+    # c x c block alone, so only that block is masked (with the least float, whose exponential
+    # is 0 as -inf's, and whose product with a 0 is 0), not every key of the chunk
+    clean = scratch.reuse and masks.lower_triangular
+    upper: dict[int, Tensor] = {}
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
         j0, j1 = masks.band(i0, i1, n_pos)
@@ -201,12 +215,18 @@ def row_facts(
         flat = (n_batch * n_heads, c, m)
         r = torch.bmm(qs[:, i0:i1], kt[:, :, j0:j1], out=scratch.get(0, flat)).view(shape)
         add = additive_h[..., i0:i1, j0:j1]
-        s = torch.add(r, add, out=scratch.get(1, shape))
+        if clean:  # keys j0 = 0 .. i1 - 1: the masked ones are j > i in the last c columns
+            if c not in upper:
+                upper[c] = torch.ones(c, c, dtype=torch.bool, device=r.device).triu(1)
+            s = r
+            s[..., i0:i1].masked_fill_(upper[c], torch.finfo(r.dtype).min)
+        else:
+            s = torch.add(r, add, out=scratch.get(1, shape))
         # each row's top key under the real pattern: its log-mass, score and index (the row's
         # log-partition is r - log p at any allowed key; the top one loses no precision)
         if scratch.reuse:  # the CPU: the pattern in one pass, the top key's log-mass from it
             p = torch.softmax(s, dim=-1, out=scratch.get(2, shape))
-            p_top, top_j = p.max(-1, keepdim=True)
+            p_top, top_j = first_max(p)
             logp_top = p_top.log()
         else:
             log_p = torch.log_softmax(s, dim=-1)
@@ -230,7 +250,7 @@ def row_facts(
             lik = None
         if prefix is None:
             parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
-        parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, p_min, j0, j1, lik))
+        parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, p_min, j0, j1, lik, own=not clean))
         summed = torch.bmm(valid_rows[..., i0:i1], p.view(-1, c, m))  # [b * h, 1, m]
         column[..., j0:j1] += summed.view(n_batch, n_heads, m)
         # centred in place (the row means are known already): no cancellation in the moments
@@ -240,7 +260,10 @@ def row_facts(
             parts["mean_r"].append(mean_c)
         else:
             mean_c = mean_r[..., i0:i1]
-        r.sub_(mean_c[..., None]).mul_(allowed_c)
+        if clean:
+            r.sub_(mean_c[..., None])[..., i0:i1].masked_fill_(upper[c], 0.0)
+        else:
+            r.sub_(mean_c[..., None]).mul_(allowed_c)
         parts["sum_sq"].append(torch.linalg.vector_norm(r, dim=-1).square())
         parts["cov_rp"].append(
             torch.bmm(r.view(-1, c, m), shifted_col[:, j0:j1]).view(n_batch, n_heads, c)

@@ -58,6 +58,7 @@ class _Scratch:
         j0: int,
         j1: int,
         lik: Tensor | None = None,
+        own: bool = True,
     ) -> Tensor:
         """``log sum_j A_ij exp(r_ij - P_j)`` of a chunk (``s``: its masked scores, ``p`` its
         pattern, ``lse`` its rows' log-partitions, ``p_min`` the least prior, keys ``j0 .. j1 - 1``).
@@ -67,14 +68,15 @@ class _Scratch:
         ``lse_i - P_min + log sum_j p_ij w_j``, a sum of positive terms (no cancellation). Where
         a row's sum falls below ``LIK_FLOOR`` (its mass on keys whose products underflow in
         float32), the chunk takes the masked log-sum-exp of ``s - P`` instead, exact for any
-        spread of the priors. Elsewhere always the latter (it needs no read of the device)."""
+        spread of the priors. Elsewhere always the latter (it needs no read of the device).
+        ``own``: ``s`` may be overwritten (else a copy is)."""
         if not self.reuse or lse is None:
             return torch.logsumexp(s.sub_(prior), -1)
         b, h, c, m = p.shape
         if lik is None:
             lik = torch.bmm(p.view(-1, c, m), self.w_col[:, j0:j1]).view(b, h, c)
         if float(lik.amin()) < LIK_FLOOR:
-            return self.logsumexp_(s.sub_(prior))
+            return self.logsumexp_((s if own else s.clone()).sub_(prior))
         return (lik.double().log_() + (lse.double() - p_min.double())).float()
 
     def logsumexp_(self, x: Tensor) -> Tensor:
@@ -82,3 +84,33 @@ class _Scratch:
         same operations (``amax``, ``(x - max).exp_()``, ``sum``, ``log_``, ``add_``) in place."""
         top = x.amax(-1, keepdim=True)
         return x.sub_(top).exp_().sum(-1).log_().add_(top.squeeze(-1))
+
+
+# Rows at least this long find their maximum's index from block maxima (``first_max``).
+FIRST_MAX_ROWS = 512
+FIRST_MAX_BLOCK = 64
+
+
+def first_max(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x.max(-1, keepdim=True)``: each row's maximum and the first index holding it. On the
+    CPU a reduction that keeps indices is an order of magnitude slower than one that does not;
+    long rows take the maxima of blocks of ``FIRST_MAX_BLOCK`` without indices, then the first
+    block holding the row's maximum, then the first index in it (the same value and index).
+
+    Example:
+        >>> x = torch.zeros(2, 600)
+        >>> x[0, 70] = x[0, 500] = 1.0
+        >>> [t.flatten().tolist() for t in first_max(x)]
+        [[1.0, 0.0], [70, 0]]
+    """
+    m, block = x.shape[-1], FIRST_MAX_BLOCK
+    if m < FIRST_MAX_ROWS:
+        return x.max(-1, keepdim=True)
+    full = m - m % block
+    blocks = x[..., :full].unflatten(-1, (full // block, block)).amax(-1)
+    if full < m:
+        blocks = torch.cat([blocks, x[..., full:].amax(-1, keepdim=True)], -1)
+    first = blocks.max(-1, keepdim=True)[1]
+    idx = (first * block + torch.arange(block, device=x.device)).clamp_max_(m - 1)
+    value, at = x.gather(-1, idx).max(-1, keepdim=True)
+    return value, idx.gather(-1, at)
