@@ -87,11 +87,14 @@ def gram(x: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
     return x @ x.transpose(-1, -2)
 
 
-def cosines(u: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
+def cosines(
+    u: Float[Tensor, "*batch n d"], out: Tensor | None = None
+) -> Float[Tensor, "*batch n n"]:
     """Pairwise cosines of unit vectors: ``gram(u)`` clamped to ``[-1, 1]`` (rounding).
 
     Args:
         u: Unit vectors, ``[*batch, n, d]``.
+        out: where to write them (a buffer of that shape), or None.
 
     Returns:
         The cosines, ``[*batch, n, n]``.
@@ -100,7 +103,9 @@ def cosines(u: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
         >>> cosines(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])).tolist()
         [[1.0, -1.0], [-1.0, 1.0]]
     """
-    return gram(u).clamp(-1.0, 1.0)
+    if out is None:
+        return gram(u).clamp(-1.0, 1.0)
+    return torch.matmul(u, u.transpose(-1, -2), out=out).clamp_(-1.0, 1.0)
 
 
 def pair_mask(mask: Bool[Tensor, "*batch n"]) -> Bool[Tensor, "*batch n n"]:
@@ -196,8 +201,8 @@ def cluster_labels(
 # Rounds of label propagation between two reads of "did anything change?" (each read waits for
 # the device): rounds after convergence change nothing, so checking rarely is exact.
 CHECK_EVERY = 4
-# Up to this many points the CPU reads clusters off a spanning tree (``_spanning``: n rounds of
-# [prompts, n] work); above it, label propagation (rounds of [prompts, n, n] passes)
+# Up to this many points the CPU reads clusters off a spanning tree (``_spanning``: n rounds
+# of [prompts, n] work); above it, by label propagation
 TREE_MAX_POINTS = 8192
 # On the CPU, label look-ups (``labels[labels]``) per propagation round: each is a cheap [n]
 # gather, and every one can halve the rounds a long chain of points needs.
@@ -276,7 +281,12 @@ def _cpu_labels(
     labels = torch.arange(n, dtype=width).repeat(n_eps * n_batch, 1)
     todo = torch.arange(n_eps * n_batch)
     if (mask is None or bool(mask.all())) and float(thresholds.min()) >= 0.0:
-        closest = torch.tril(flat, -1).amax((-2, -1))  # zeros above: below any threshold >= 0
+        # each prompt's closest pair: the largest entry off the diagonal (set below any cosine)
+        diagonal = flat.diagonal(dim1=-2, dim2=-1)
+        kept = diagonal.clone()
+        diagonal.fill_(-2.0)
+        closest = flat.amax((-2, -1))
+        diagonal.copy_(kept)
         todo = (closest[None, :] > thresholds[:, None]).flatten().nonzero().flatten()
         if len(todo) == 0:
             return labels

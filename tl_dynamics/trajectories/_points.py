@@ -262,7 +262,9 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
     # the CPU reads clusters off spanning trees (n rounds per call, whatever the points): the
     # points' cosines are kept and clustered together, as many as fit TREE_COS_BYTES
     together = not Collector.launch_bound(z.device) and n <= sphere.TREE_MAX_POINTS
-    kept: list[tuple[Tensor, Tensor]] = []
+    slots = min(n_points * b, max(1, TREE_COS_BYTES // (4 * n * n))) if together else 0
+    pending = torch.empty(slots, n, n, device=z.device) if slots else None
+    kept: list[Tensor] = []  # the masks of the slices in ``pending``
     out: dict[str, list[Tensor]] = {}
     last: Tensor | None = None  # the labels of the group before's last point
 
@@ -271,12 +273,11 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         return _events(out, labels.reshape(len(cfg.eps), -1, b, n), last)
 
     def flush(last: Tensor | None) -> Tensor | None:
-        if not kept:
+        if not kept or pending is None:
             return last
-        cos = torch.cat([c for c, _ in kept]) if len(kept) > 1 else kept[0][0]
-        flat_mask = torch.cat([m for _, m in kept]) if len(kept) > 1 else kept[0][1]
+        flat_mask = torch.cat(kept) if len(kept) > 1 else kept[0]
         kept.clear()
-        return cluster(cos, flat_mask, last)
+        return cluster(pending[: flat_mask.shape[0]], flat_mask, last)
 
     for p0 in range(0, n_points, group):
         if std is True or std == "prompt":
@@ -290,7 +291,11 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         g = ug.shape[0]
         flat_mask = mask.expand(g, -1, -1).reshape(g * b, n)
         u = ug.reshape(g * b, n, -1) * flat_mask[..., None]
-        cos = sphere.cosines(u)
+        held = sum(m.shape[0] for m in kept)
+        if pending is not None and held + g * b > slots:
+            last, held = flush(last), 0
+        fits = pending is not None and g * b <= slots  # written where it waits for the trees
+        cos = sphere.cosines(u, out=pending[held : held + g * b] if fits else None)
         flat_pairs = pairs.expand(g, -1, -1, -1).reshape(g * b, n, n)
         out.setdefault("cos_hist", []).append(
             _cloud.cos_histogram(cos, flat_pairs).reshape(g, b, -1)
@@ -298,12 +303,10 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         erank, cos_sum = _cloud.rank_and_pair_sum(u.double())  # u is zero off the mask
         out.setdefault("cos_sum", []).append(cos_sum.reshape(g, b))
         out.setdefault("erank", []).append(erank.reshape(g, b))
-        if not together:
+        if fits:
+            kept.append(flat_mask)
+        else:
             last = cluster(cos, flat_mask, last)
-            continue
-        if kept and 4 * (sum(c.shape[0] for c, _ in kept) + g * b) * n * n > TREE_COS_BYTES:
-            last = flush(last)
-        kept.append((cos, flat_mask))
     flush(last)
     res = {"n_pairs": n_pairs[:, None].expand(b, n_points).contiguous()}
     for name in ("cos_hist", "cos_sum", "erank"):  # [P, b, ...] -> [b, P, ...]
