@@ -6,8 +6,8 @@ cosine above ``t``; they are the components of a maximum spanning tree of the co
 (weights: the cosines) cut at its edges of weight ``<= t``, for every ``t`` at once (the cut
 property: a pair above ``t`` joins two parts of the tree only through tree edges at least as
 heavy). Prim's algorithm runs over every slice (prompt and point) together: ``n`` rounds of a
-few ``[slices, n]`` operations, where label propagation took rounds of ``[slices, n, n]``
-passes; the canonical labels (each point's cluster's smallest index) are then read off the
+few ``[slices, n]`` numpy operations (a torch operation costs several times more at this size),
+where label propagation took rounds of ``[slices, n, n]`` passes; the canonical labels (each point's cluster's smallest index) are then read off the
 tree by pointer jumping, the same labels propagation reaches.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -39,29 +40,30 @@ def spanning_tree(cos: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tens
         >>> parent.tolist(), weight.tolist()
         ([[0, 0, 1]], [[-inf, 0.8999999761581421, 0.5]])
     """
-    s, n = cos.shape[0], cos.shape[-1]
-    rows = torch.arange(s, device=cos.device)
-    # a point's best edge into the tree so far, and where from; once a point joins, its entry
-    # no longer changes (it is dead: -inf added to its candidates and its key)
-    best = torch.full((s, n), NO_LINK, device=cos.device, dtype=cos.dtype)
-    best_from = torch.zeros(s, n, dtype=torch.long, device=cos.device)
-    dead = torch.zeros(s, n, device=cos.device, dtype=cos.dtype)
+    c = cos.detach().cpu().numpy()  # n rounds of small steps: numpy's are cheaper than torch's
+    s, n = c.shape[0], c.shape[-1]
+    rows = np.arange(s)
+    best = np.full((s, n), NO_LINK, dtype=c.dtype)
+    best_from = np.zeros((s, n), dtype=np.int64)
+    dead = np.zeros((s, n), dtype=c.dtype)
+    first = np.zeros(s, dtype=np.int64)
     if mask is not None:
-        dead.masked_fill_(~mask, -math.inf)  # padding never joins through a real edge
-    first = torch.zeros(s, dtype=torch.long, device=cos.device)
-    if mask is not None:
-        first = mask.long().argmax(-1)
+        m = mask.cpu().numpy()
+        dead[~m] = -np.inf  # padding never joins through a real edge
+        first = m.argmax(-1)
     v = first
+    cand, key = np.empty_like(best), np.empty_like(best)
+    better = np.empty((s, n), dtype=bool)
     for _ in range(n - 1):
-        dead[rows, v] = -math.inf
-        cand = cos[rows, v] + dead  # [s, n]: the open points' cosines to the one just joined
-        better = cand > best
-        best = torch.where(better, cand, best)
-        best_from = torch.where(better, v[:, None], best_from)
-        v = (best + dead).argmax(-1)  # the heaviest edge out of the tree
-    best[rows, first] = -math.inf
+        dead[rows, v] = -np.inf
+        np.add(c[rows, v], dead, out=cand)
+        np.greater(cand, best, out=better)
+        np.copyto(best, cand, where=better)
+        np.copyto(best_from, v[:, None], where=better)
+        v = np.add(best, dead, out=key).argmax(-1)
+    best[rows, first] = -np.inf
     best_from[rows, first] = first
-    return best_from, best
+    return torch.from_numpy(best_from), torch.from_numpy(best)
 
 
 def tree_labels(
