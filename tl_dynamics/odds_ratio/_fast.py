@@ -54,15 +54,27 @@ class MaskFacts:
 
     allowed: Tensor  # [b, i, j]
     query_valid: Tensor  # [b, i]
-    allowed_f: Tensor  # [b, i, j] float
     n_allowed: Tensor  # [b, i]: allowed keys per row
     n_safe: Tensor  # [b, 1, i] float, at least 1
     key_valid: Tensor  # [b, j]
     prefix: Tensor | None  # key_valid where the mask is causal (row sums are prefix sums)
-    additive: Tensor  # [b, i, j]: 0 on allowed keys, -inf elsewhere (0 on rows with none)
     valid_f: Tensor  # [b, i] float: rows that choose among >= 2 keys (sinks, §2.3)
     causal: bool
     window: int | None
+
+    @functools.cached_property
+    def allowed_f(self) -> Tensor:
+        """``[b, i, j]`` the mask as floats (formed when first read: the CPU's causal chunks
+        without padding never read it, and at 4,096 tokens it is 64 MB)."""
+        return self.allowed.float()
+
+    @functools.cached_property
+    def additive(self) -> Tensor:
+        """``[b, i, j]``: 0 on allowed keys, -inf elsewhere (0 on rows with none)."""
+        additive = torch.zeros(self.allowed.shape, device=self.allowed.device).masked_fill(
+            ~self.allowed, float("-inf")
+        )
+        return additive.masked_fill_((self.n_allowed == 0)[..., None], 0.0)  # never counted
 
     @classmethod
     def of(
@@ -71,22 +83,15 @@ class MaskFacts:
         """``causal`` and ``window`` describe how ``allowed`` was built (the layer's spec):
         they bound the keys a query may see, and a causal mask without a window makes row sums
         prefix sums."""
-        allowed_f = allowed.float()
         n_allowed = allowed.sum(-1)
         key_valid = allowed.any(1)
-        additive = torch.zeros(allowed.shape, device=allowed.device).masked_fill(
-            ~allowed, float("-inf")
-        )
-        additive.masked_fill_((n_allowed == 0)[..., None], 0.0)  # rows with no key: never counted
         return cls(
             allowed=allowed,
             query_valid=query_valid,
-            allowed_f=allowed_f,
             n_allowed=n_allowed,
-            n_safe=allowed_f.sum(-1).clamp(min=1.0)[:, None],
+            n_safe=n_allowed.float().clamp(min=1.0)[:, None],
             key_valid=key_valid,
             prefix=key_valid if causal and window is None else None,
-            additive=additive,
             valid_f=(query_valid & (n_allowed >= 2)).float(),
             causal=causal,
             window=window,
@@ -151,12 +156,7 @@ def row_facts(
     qh = q.permute(0, 2, 1, 3).contiguous()  # [b, h, i, d]: each chunk's product reads it
     kh = k.permute(0, 2, 1, 3).contiguous()  # in place (a strided view was copied per chunk)
     prior = (scale / 2.0) * kh.pow(2).sum(-1)  # [b, h, j]
-    key_valid, prefix, allowed_f, n_safe = (
-        masks.key_valid,
-        masks.prefix,
-        masks.allowed_f,
-        masks.n_safe,
-    )
+    key_valid, prefix, n_safe = masks.key_valid, masks.prefix, masks.n_safe
     kv = key_valid[:, None]
     p_min = prior.masked_fill(~kv, float("inf")).amin(-1, keepdim=True)
 
@@ -165,15 +165,20 @@ def row_facts(
     # the row sums of the keys are prefix sums (causal, no window: O(pos) work), else each
     # chunk sums its rows (a [pos, pos] product of the mask with the keys would cost more)
     mean_r = (
-        scale * (qh * _row_sums(allowed_f, kh, prefix)).sum(-1) / n_safe
+        scale * (qh * _row_sums(masks, kh, prefix)).sum(-1) / n_safe
         if launch_bound or prefix is not None
         else None
     )
     p64 = prior.double()
-    sum_p = _row_sums(allowed_f, p64, prefix)
-    var_prior = _row_sums(allowed_f, p64 * p64, prefix) - sum_p * sum_p / n_safe.double()
+    sum_p = _row_sums(masks, p64, prefix)
+    var_prior = _row_sums(masks, p64 * p64, prefix) - sum_p * sum_p / n_safe.double()
     mean_p = sum_p / n_safe.double()
-    additive, valid_f = masks.additive, masks.valid_f
+    valid_f = masks.valid_f
+    # the CPU, causal without padding: a chunk's masked keys are the upper triangle of its last
+    # c x c block alone, so only that block is masked (with the least float, whose exponential
+    # is 0 as -inf's, and whose product with a 0 is 0), not every key of the chunk, and the
+    # float masks are never formed
+    clean = not launch_bound and masks.lower_triangular
 
     shifted_prior = prior - p_min
     if launch_bound:
@@ -197,15 +202,14 @@ def row_facts(
     # formed once per pass, sliced per chunk: the per-key prior columns the chunk products read,
     # and the masks and priors with a heads (or rows) axis
     prior_col = prior.view(-1, n_pos, 1)
-    allowed_h, additive_h, prior_r = allowed_f[:, None], additive[:, None], prior[:, :, None]
+    prior_r = prior[:, :, None]
+    allowed_h = additive_h = None  # [b, 1, i, j]; read only where not clean
+    if not clean:
+        allowed_h, additive_h = masks.allowed_f[:, None], masks.additive[:, None]
     shifted_col = shifted_prior.view(-1, n_pos, 1)
     scratch = _Scratch(
         not launch_bound, n_batch * n_heads * step * n_pos, qs, shifted_prior, kv, prior
     )
-    # the CPU, causal without padding: a chunk's masked keys are the upper triangle of its last
-    # c x c block alone, so only that block is masked (with the least float, whose exponential
-    # is 0 as -inf's, and whose product with a 0 is 0), not every key of the chunk
-    clean = scratch.reuse and masks.lower_triangular
     upper: dict[int, Tensor] = {}
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
@@ -214,7 +218,7 @@ def row_facts(
         shape = (n_batch, n_heads, c, m)
         flat = (n_batch * n_heads, c, m)
         r = torch.bmm(qs[:, i0:i1], kt[:, :, j0:j1], out=scratch.get(0, flat)).view(shape)
-        add = additive_h[..., i0:i1, j0:j1]
+        add = None if clean else additive_h[..., i0:i1, j0:j1]
         if clean:  # keys j0 = 0 .. i1 - 1: the masked ones are j > i in the last c columns
             if c not in upper:
                 upper[c] = torch.ones(c, c, dtype=torch.bool, device=r.device).triu(1)
@@ -254,7 +258,7 @@ def row_facts(
         summed = torch.bmm(valid_rows[..., i0:i1], p.view(-1, c, m))  # [b * h, 1, m]
         column[..., j0:j1] += summed.view(n_batch, n_heads, m)
         # centred in place (the row means are known already): no cancellation in the moments
-        allowed_c = allowed_h[..., i0:i1, j0:j1]
+        allowed_c = None if allowed_h is None else allowed_h[..., i0:i1, j0:j1]
         if mean_r is None:
             mean_c = scratch.vecdot(r, allowed_c) / n_safe[..., i0:i1]
             parts["mean_r"].append(mean_c)
@@ -348,11 +352,13 @@ def heads(x: "Tensor | Sequence[Tensor]", h0: int, h1: int) -> Tensor:
     return picked[0] if len(picked) == 1 else torch.cat(picked, 2)
 
 
-def _row_sums(allowed_f: Tensor, values: Tensor, prefix: Tensor | None) -> Tensor:
-    """``sum_j allowed[b, i, j] values[b, h, j, ...]`` for every row ``i``. With ``prefix`` (the
-    valid keys ``[b, j]`` of a causal mask without a window) a float64 prefix sum: O(pos) rather
-    than a ``[pos, pos]`` product, which at 4,096 tokens was 26 GFLOP per layer for the keys."""
+def _row_sums(masks: "MaskFacts | Tensor", values: Tensor, prefix: Tensor | None) -> Tensor:
+    """``sum_j allowed[b, i, j] values[b, h, j, ...]`` for every row ``i`` (``masks``: the
+    facts, or the float mask itself). With ``prefix`` (the valid keys ``[b, j]`` of a causal
+    mask without a window) a float64 prefix sum: O(pos) rather than a ``[pos, pos]`` product,
+    which at 4,096 tokens was 26 GFLOP per layer for the keys."""
     if prefix is None:
+        allowed_f = masks.allowed_f if isinstance(masks, MaskFacts) else masks
         if values.dim() == 3:
             return torch.einsum("bij,bhj->bhi", allowed_f.to(values.dtype), values)
         return torch.einsum("bij,bhjd->bhid", allowed_f.to(values.dtype), values)
