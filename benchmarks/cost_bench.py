@@ -202,6 +202,7 @@ def attach_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict
     odds = lambda: odds_ratio.attach(adapter)  # noqa: E731
     mlp = lambda: contextual_mlp.attach(adapter)  # noqa: E731
     traj = lambda: trajectories.attach(adapter, lens=False)  # noqa: E731
+    view = lambda: trajectories.attach(adapter)  # noqa: E731
     attached = _attached(model, tokens)
     return {
         "plain forward": lambda: model(tokens),
@@ -210,6 +211,8 @@ def attach_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict
         "contextual_mlp.attach, all layers and heads": attached(mlp),
         "trajectories.attach(lens=False)": attached(traj),
         "all three attached at once": attached(odds, mlp, traj),
+        # issue 48: the defaults, the trajectories' lens read where the view reads it
+        "all three attached, defaults (lens='view')": attached(odds, mlp, view),
     }
 
 
