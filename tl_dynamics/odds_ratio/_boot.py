@@ -123,8 +123,8 @@ class BootSums:
                 reps = np.einsum("bB,bklh->Blkh", w, per.astype(np.float64), optimize=False)
                 totals.append(ExactSum.of(reps))
         self._pending = []
-        if totals:
-            total = ExactSum.total(totals)
+        if totals:  # (one pass: its sums are canonical already)
+            total = totals[0] if len(totals) == 1 else ExactSum.total(totals)
             self._total = total if self._total is None else self._total + total
 
     def _fold(self) -> None:

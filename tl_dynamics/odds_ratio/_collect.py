@@ -214,7 +214,8 @@ class OddsRatioCollector(Collector):
         if self._pass_sums:  # one read from the device for every pass so far
             host = to_host({"sums": torch.stack(self._pass_sums)} | self._boot.pending())
             self._boot.absorb(host)
-            exact = ExactSum.total([ExactSum.of(x) for x in host["sums"]])
+            parts = [ExactSum.of(x) for x in host["sums"]]
+            exact = parts[0] if len(parts) == 1 else ExactSum.total(parts)
         else:
             exact = ExactSum.zeros((len(self.layers), keys, len(self.heads)))
         stats = HeadStats.from_exact(
