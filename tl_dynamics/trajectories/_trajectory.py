@@ -127,7 +127,10 @@ class Trajectory(viz.Result):
             >>> from tl_dynamics import testing, trajectories
             >>> traj = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x")
             >>> traj.to_dataframe().shape  # 8 tokens x 3 points
-            (24, 16)
+            (24, 12)
+            >>> trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                      lens="full").to_dataframe().shape  # + settling, approach
+            (24, 17)
         """
         rows = []
         approach = ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")
