@@ -43,11 +43,9 @@ def config_file(name: str | None) -> Path | None:
     """
     name = name or _model_names.DEFAULT_MODEL
     if name in _model_names.shipped_names():
-        from tl_dynamics.zoo import _load  # the zoo's names and folders need no torch
+        from tl_dynamics import zoo  # its names and files need no torch
 
-        if not _model_names.is_installed(name):
-            return None
-        folder = _load.model_folder(name)
+        folder = Path(zoo.__file__).resolve().parent / "models" / name  # (an optional one: None)
     else:
         folder = Path(name).expanduser()
         if not _model_names.is_dir(folder):
