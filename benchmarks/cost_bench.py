@@ -25,6 +25,7 @@ import argparse
 import gc
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -34,6 +35,9 @@ from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# this checkout's tl_dynamics, not an installed one (an editable install of another checkout
+# would be measured instead)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
