@@ -25,6 +25,7 @@ import argparse
 import gc
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -34,6 +35,9 @@ from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# this checkout's tl_dynamics, not an installed one (an editable install of another checkout
+# would be measured instead)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
@@ -202,6 +206,7 @@ def attach_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict
     odds = lambda: odds_ratio.attach(adapter)  # noqa: E731
     mlp = lambda: contextual_mlp.attach(adapter)  # noqa: E731
     traj = lambda: trajectories.attach(adapter, lens=False)  # noqa: E731
+    view = lambda: trajectories.attach(adapter)  # noqa: E731
     attached = _attached(model, tokens)
     return {
         "plain forward": lambda: model(tokens),
@@ -210,6 +215,8 @@ def attach_rows(model: Any, adapter: ModelAdapter, tokens: torch.Tensor) -> dict
         "contextual_mlp.attach, all layers and heads": attached(mlp),
         "trajectories.attach(lens=False)": attached(traj),
         "all three attached at once": attached(odds, mlp, traj),
+        # issue 48: the defaults, the trajectories' lens read where the view reads it
+        "all three attached, defaults (lens='view')": attached(odds, mlp, view),
     }
 
 

@@ -5,7 +5,9 @@
   2,048, MLP 8,192, vocab 128,256, rotary (theta 500,000; without Llama 3.2's rope scaling),
   tied embeddings, bfloat16;
 - ``llama-8b``: the Llama-3-8B shape: 32 layers, 32 query heads, 8 key/value heads, d_model
-  4,096, MLP 14,336, vocab 128,256, rotary (theta 500,000), bfloat16.
+  4,096, MLP 14,336, vocab 128,256, rotary (theta 500,000), bfloat16;
+- ``llama-long``: issue 48's long-context shape: 4 layers, 8 query heads, 2 key/value heads,
+  d_model 256 (d_head 32), MLP 1,024, vocab 1,024, rotary, float32, at 512-4,096 tokens.
 
 ``folder(name, root)`` writes the model (config, ``model.safetensors``, the tiny test tokenizer)
 once and returns its folder, so ``tl-dynamics report --model FOLDER`` loads it like any Hugging Face
@@ -89,6 +91,25 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any], torch.dtype]] = {
         ),
         torch.bfloat16,
     ),
+    # issue 48's long-context shape: small d_model, grouped-query attention 8/2, rotary, so
+    # attention (quadratic in tokens) is most of the forward at 512-4,096 tokens
+    "llama-long": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            LLAMA_COMMON,
+            num_hidden_layers=4,
+            hidden_size=256,
+            intermediate_size=1024,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=1024,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        ),
+        torch.float32,
+    ),
 }
 NAMES = tuple(SHAPES)
 # The token shapes (batch, positions) each shape is benchmarked at (issue 22's targets).
@@ -96,6 +117,7 @@ ATTACH_TOKENS = {
     "gpt2-small": ((4, 256), (1, 1024)),
     "llama-1b": ((1, 2048), (8, 512)),
     "llama-8b": ((1, 4096),),
+    "llama-long": ((1, 512), (1, 1024), (1, 2048), (1, 4096)),
 }
 TINY = {
     "gpt2-small": dict(n_layer=2, n_embd=96, vocab_size=1024),
@@ -105,6 +127,7 @@ TINY = {
     "llama-8b": dict(
         num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=8, vocab_size=1024
     ),
+    "llama-long": dict(num_hidden_layers=2),
 }
 
 

@@ -3,7 +3,9 @@
 tokens, and reads the device a handful of times per forward. Counted, never timed: ops and syncs
 with ``count_ops`` on a 12-layer GPT-2 shape (narrow, so it runs in seconds; the counts do not
 depend on the width), on the GPU's plan (``launch_bound=True``: the launches a GPU would make; on
-the CPU itself the same code works in cache-sized pieces, with the same numbers)."""
+the CPU itself the same code works in cache-sized pieces, with the same numbers). The analyses
+run with their defaults, the trajectories' logit lens read where the view reads it (issue 48:
+at most the forward's own ops per layer, about 78 here)."""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def attached(adapter: ModelAdapter, tokens: torch.Tensor, which: tuple[str, ...]
     makers = {
         "odds_ratio": lambda: odds_ratio.attach(adapter),
         "contextual_mlp": lambda: contextual_mlp.attach(adapter),
-        "trajectories": lambda: trajectories.attach(adapter, lens=False),
+        "trajectories": lambda: trajectories.attach(adapter),  # the lens as the view reads it
     }
 
     def run():
@@ -235,7 +237,7 @@ def test_the_cpu_and_gpu_plans_give_the_same_numbers(monkeypatch):
         with planned_as(launch_bound=plan), torch.no_grad():
             runs[plan] = (
                 odds_ratio.compute(adapter, tokens, keep_tensors=False).stats,
-                trajectories.compute(adapter, tokens, lens=False),
+                trajectories.compute(adapter, tokens),
             )
     (odds_cpu, traj_cpu), (odds_gpu, traj_gpu) = runs[False], runs[True]
     for key in odds_cpu.sums:
@@ -243,6 +245,11 @@ def test_the_cpu_and_gpu_plans_give_the_same_numbers(monkeypatch):
     for name in ("clusters", "merges", "splits", "cos_hist"):  # integer statistics: equal
         assert torch.equal(getattr(traj_cpu, name), getattr(traj_gpu, name)), name
     torch.testing.assert_close(traj_cpu.erank, traj_gpu.erank, rtol=1e-6, atol=1e-6)
+    # the lens's rows go in 64-row blocks and vocabulary chunks on the CPU, in one block and
+    # one product on a GPU: the same ranks and top tokens, logits to rounding
+    for name in ("rank", "lens_top", "lens_cells"):
+        assert torch.equal(getattr(traj_cpu, name), getattr(traj_gpu, name)), name
+    torch.testing.assert_close(traj_cpu.lens_top_logit, traj_gpu.lens_top_logit, equal_nan=True)
 
 
 def test_nothing_keeps_a_model_alive_after_collecting():

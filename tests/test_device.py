@@ -224,7 +224,7 @@ def test_contextual_mlp_compute_attach_and_readouts(pair):
     )
 
 
-@pytest.mark.parametrize("lens", [False, True])
+@pytest.mark.parametrize("lens", [False, "view", True])
 def test_trajectories_compute_and_attach(pair, lens):
     assert_same(
         *both(pair, lambda ad: trajectories.compute(ad, PROMPTS, lens=lens)),

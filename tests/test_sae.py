@@ -120,7 +120,7 @@ def test_saes_in_the_stream_are_read_as_spliced(model, hooks):
     def stream(name: str):
         return cache[f"{name}.hook_sae_output"] if name in hooks else cache[name]
 
-    traj = trajectories.compute(model, PROMPT, flattened=True)
+    traj = trajectories.compute(model, PROMPT, flattened=True, lens="full")
     names = [
         f"blocks.{layer}.hook_{kind}"
         for layer in range(model.cfg.n_layers)

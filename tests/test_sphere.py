@@ -114,19 +114,25 @@ def test_batched_labels_equal_single_ones():
     assert counts[0, 0] == len(set(batched[0, 0].tolist()) - {-1})
 
 
-def test_grid_on_both_plans_equals_union_find_slice_by_slice():
+@pytest.mark.parametrize("tree_max", [0, sphere.TREE_MAX_POINTS])
+def test_grid_on_both_plans_equals_union_find_slice_by_slice(tree_max, monkeypatch):
     """``cluster_labels_grid`` over prompts and thresholds where some (threshold, prompt) slices
     have no pair closer than the threshold (the CPU settles those from the closest pair alone)
-    and others chain: every slice equals union-find, with and without a mask, on the CPU's plan
-    and a GPU's."""
+    and others chain: every slice equals union-find, with and without a mask (the first points
+    padding in one prompt), on the CPU's plan (read off a spanning tree, or propagated) and a
+    GPU's."""
     from tl_dynamics.collect._policy import planned_as
+
+    monkeypatch.setattr(sphere, "TREE_MAX_POINTS", tree_max)
 
     x = sphere.unit(torch.randn(4, 30, 16, generator=gen(4), dtype=torch.float64)).float()
     x[1, 3:] = x[1, 2]  # one clump of 28 points: links at every eps
     x[2, 5:9] = x[2, 4]  # a clump of 5 in a spread prompt
     cos = sphere.cosines(x)
     eps = (0.001, 0.02, 0.3, 1.5)  # 1 - 1.5 < 0: no shortcut on thresholds below zero
-    for mask in (None, torch.rand(4, 30, generator=gen(5)) > 0.2):
+    left_padded = torch.rand(4, 30, generator=gen(5)) > 0.2
+    left_padded[1, :4] = False
+    for mask in (None, left_padded):
         for plan in (False, True):
             with planned_as(launch_bound=plan):
                 grid = sphere.cluster_labels_grid(cos, eps, mask)

@@ -160,7 +160,7 @@ def test_statistics_match_naive_recomputation(arch, compat):
     bidirectional_hooked = ad.info.host == "hooked" and ad.is_encoder
     prompts = PROMPTS[:1] if bidirectional_hooked else PROMPTS[:2]
     batch = ad.tokenize(prompts)
-    traj = T.compute(ad, batch)
+    traj = T.compute(ad, batch, lens="full")
     ref = naive(ad, batch)
     for b, r in enumerate(ref["prompts"]):
         real = batch.key_valid[b]
@@ -191,9 +191,9 @@ def test_statistics_match_naive_recomputation(arch, compat):
 def test_padding_does_not_change_per_token_results(arch, side):
     ad = adapter(arch)
     prompts = PROMPTS[:3]
-    padded = T.compute(ad, prompts, padding_side=side)
+    padded = T.compute(ad, prompts, padding_side=side, lens="full")
     for b, prompt in enumerate(prompts):
-        single = T.compute(ad, prompt)
+        single = T.compute(ad, prompt, lens="full")
         real = padded.key_valid[b]
         for name in (
             "norm",
@@ -286,7 +286,9 @@ def test_merge_refuses_different_settings():
 def test_attach_during_user_forward_and_hooks_removed():
     ad = adapter("gpt2")
     batch = ad.tokenize(PROMPTS[:4])
-    with T.attach(ad.model) as acc:  # the pass's own Batch (its padding) reaches the collector
+    with T.attach(
+        ad.model, lens=True
+    ) as acc:  # the pass's own Batch (its padding) reaches the collector
         ad.forward(batch)
     assert acc.stats() == T.stream(ad, [batch], progress=False) == acc.result().stats
     n = acc.stats().n_prompts
@@ -298,7 +300,9 @@ def test_attach_during_user_forward_and_hooks_removed():
     ad.forward(batch)
     with pytest.raises(TLDynamicsError, match="no forward pass has run inside attach"):
         acc2.result()
-    with T.attach(ad) as acc3:  # the user's own call: its token ids are the pass's tokens
+    with T.attach(
+        ad, lens=True
+    ) as acc3:  # the user's own call: its token ids are the pass's tokens
         ad.model(batch.tokens[:1])
     own = acc3.result()
     assert own.stats.has_lens and torch.equal(own.tokens, batch.tokens[:1].cpu())
@@ -310,14 +314,16 @@ def test_attach_result_is_computes_trajectory_for_every_pass():
     stacked (the shorter padded), and the statistics of both."""
     ad = adapter("gpt2")
     first, second = ad.tokenize(PROMPTS[:2]), ad.tokenize(PROMPTS[2:5])
-    with T.attach(ad) as acc:  # each pass brings its own Batch: nothing to set between them
+    with T.attach(
+        ad, lens=True
+    ) as acc:  # each pass brings its own Batch: nothing to set between them
         ad.forward(first)
         ad.forward(second)
     both = acc.result()
     assert isinstance(both, T.Trajectory) and both.tokens.shape[0] == 5
     assert both.stats == T.stream(ad, [first, second], progress=False)
     for rows, batch in ((slice(0, 2), first), (slice(2, 5), second)):
-        alone = T.compute(ad, batch)
+        alone = T.compute(ad, batch, lens="full")
         n = batch.tokens.shape[1]
         for name in ("norm", "step", "cos_final", "rank", "settling", "tokens", "key_valid"):
             torch.testing.assert_close(
@@ -361,8 +367,8 @@ def test_layers_select_the_trajectory_points():
     """``layers`` keeps the inputs of the chosen blocks (and the final output): every per-point
     number is the full run's at those points, steps and events join the kept points."""
     ad = adapter("gpt2")
-    full = T.compute(ad, PROMPTS[:2])
-    one = T.compute(ad, PROMPTS[:2], layers=1)
+    full = T.compute(ad, PROMPTS[:2], lens="full")
+    one = T.compute(ad, PROMPTS[:2], layers=1, lens="full")
     assert one.labels == ("resid_pre1", "resid_post1") == one.stats.labels
 
     def same(a, b):  # bit for bit, NaN at padding included
@@ -507,7 +513,7 @@ def test_standardize_options():
 def test_views_and_report_section():
     ad = adapter("gpt2")
     batch = ad.tokenize(PROMPTS[:3])
-    traj = T.compute(ad, batch)
+    traj = T.compute(ad, batch, lens="full")
     df = traj.to_dataframe()
     assert len(df) == int(batch.key_valid.sum()) * traj.n_points
     assert {"lens_rank", "settling", "step", "turning_deg", "cos_unembed"} <= set(df.columns)
@@ -554,7 +560,7 @@ def test_induction_model_lens_rank_improves_on_repeats():
     except TLDynamicsError as exc:
         pytest.skip(f"shipped model induction-2l cannot be used on this host: {exc}")
     seq = torch.randint(1, 64, (16, 20), generator=torch.Generator().manual_seed(0))
-    traj = T.compute(ad, ad.tokenize(torch.cat([seq, seq], 1)))
+    traj = T.compute(ad, ad.tokenize(torch.cat([seq, seq], 1)), lens="full")
     second = traj.rank[:, :, 20:39].double().mean((0, 2))  # next token predictable by induction
     first = traj.rank[:, :, :19].double().mean((0, 2))  # random: nothing to predict
     assert second[-1] < 0.5 * second[0], second

@@ -2,7 +2,8 @@
 
 Arguments first, imports later: everything that can be checked without torch (the output path,
 the prompt, layers and heads as numbers, sections, threads, device and dtype as words, the model
-name, a hub name that cannot load offline) is checked in milliseconds; then torch and
+name, a hub name that cannot load offline, layers, heads and token ids against the sizes the
+model's config file states: ``_model_config``) is checked in milliseconds; then torch and
 TransformerLens are imported and the model loads; then what needs the model (layers, heads,
 token ids, the context length) is checked before any analysis runs.
 """
@@ -18,7 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import _args, _interrupt, _loading, _model_names, _registries, devices, files
+from tl_dynamics import (
+    _args,
+    _interrupt,
+    _loading,
+    _model_config,
+    _model_names,
+    _registries,
+    devices,
+    files,
+)
 from tl_dynamics.errors import TLDynamicsError
 
 HTML = (".html", ".htm")
@@ -287,6 +297,8 @@ def _report_command(args: argparse.Namespace, argv: list[str]) -> int:
         _args.check_placement_text(args.device, args.dtype)
         figures = check_figures(args.figures) if args.figures is not None else None
         name = _loading.check_model(args.model)
+        ids = prompt if isinstance(prompt, list) else None
+        _model_config.check_selection(name, layers, heads, token_ids=ids)  # before torch
         path, label, failed = _report(
             name, prompt, out, layers, heads, sections, threads, (args.device, args.dtype),
             figures, state,

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from tl_dynamics import _args, _interrupt, _loading, _model_names, devices, files
+from tl_dynamics import _args, _interrupt, _loading, _model_config, _model_names, devices, files
 from tl_dynamics.errors import TLDynamicsError
 
 TABLE_COLUMNS = [
@@ -116,6 +116,9 @@ def cli_main(argv: list[str] | None = None) -> int:
         layers, heads, pairs = selection(args.layers, args.heads)
         _args.check_placement_text(args.device, args.dtype)
         name = _loading.check_model(args.model)
+        _model_config.check_selection(  # before torch
+            name, layers, sorted(pairs) if pairs else None, heads if not pairs else None
+        )
         loaded, adapter, _ = _loading.loaded_and_checked(
             name,
             (args.device, args.dtype),

@@ -15,7 +15,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tl_dynamics import _args, _interrupt, _loading, _model_names, _registries, devices, files
+from tl_dynamics import (
+    _args,
+    _interrupt,
+    _loading,
+    _model_config,
+    _model_names,
+    _registries,
+    devices,
+    files,
+)
 from tl_dynamics.errors import TLDynamicsError
 
 STATS_SUFFIX = ".safetensors"
@@ -182,6 +191,9 @@ def cli_main(argv: list[str]) -> int:
         common = _common(args)
         _args.check_placement_text(args.device, args.dtype)
         _loading.check_model(args.model)
+        _model_config.check_selection(  # before torch
+            args.model, common["layers"], head_indices=common["heads"]
+        )
         if args.resume and not _checkpoints(out) and os.environ.get("RANK", "0") == "0":
             print(
                 f"tl-dynamics: note: --resume: there is no checkpoint {out}{files.PARTIAL_SUFFIX} "

@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_dynamics import _spanning
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 
@@ -86,11 +87,14 @@ def gram(x: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
     return x @ x.transpose(-1, -2)
 
 
-def cosines(u: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
+def cosines(
+    u: Float[Tensor, "*batch n d"], out: Tensor | None = None
+) -> Float[Tensor, "*batch n n"]:
     """Pairwise cosines of unit vectors: ``gram(u)`` clamped to ``[-1, 1]`` (rounding).
 
     Args:
         u: Unit vectors, ``[*batch, n, d]``.
+        out: where to write them (a buffer of that shape), or None.
 
     Returns:
         The cosines, ``[*batch, n, n]``.
@@ -99,7 +103,9 @@ def cosines(u: Float[Tensor, "*batch n d"]) -> Float[Tensor, "*batch n n"]:
         >>> cosines(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])).tolist()
         [[1.0, -1.0], [-1.0, 1.0]]
     """
-    return gram(u).clamp(-1.0, 1.0)
+    if out is None:
+        return gram(u).clamp(-1.0, 1.0)
+    return torch.matmul(u, u.transpose(-1, -2), out=out).clamp_(-1.0, 1.0)
 
 
 def pair_mask(mask: Bool[Tensor, "*batch n"]) -> Bool[Tensor, "*batch n n"]:
@@ -195,6 +201,9 @@ def cluster_labels(
 # Rounds of label propagation between two reads of "did anything change?" (each read waits for
 # the device): rounds after convergence change nothing, so checking rarely is exact.
 CHECK_EVERY = 4
+# Up to this many points the CPU reads clusters off a spanning tree (``_spanning``: n rounds
+# of [prompts, n] work); above it, by label propagation
+TREE_MAX_POINTS = 8192
 # On the CPU, label look-ups (``labels[labels]``) per propagation round: each is a cheap [n]
 # gather, and every one can halve the rounds a long chain of points needs.
 JUMPS = 4
@@ -262,19 +271,33 @@ def _cpu_labels(
 ) -> Tensor:
     """``cluster_labels_grid`` on the CPU, where reading a value costs nothing: a (threshold,
     prompt) slice with no pair closer than the threshold is all singletons, found from each
-    prompt's closest pair (one pass, no links formed); on the others the first round is each
-    row's first neighbour (no [n, n] labels written) and each round follows labels ``JUMPS``
-    times. Labels only fall and stay a node of the same cluster, so the fixed point is the one
-    the GPU's propagation reaches (tests/test_collect.py compares them)."""
+    prompt's closest pair (one pass, no links formed); the others are read off one maximum
+    spanning tree per prompt (``_spanning``, up to ``TREE_MAX_POINTS`` points) or, above that,
+    propagated: the first round is each row's first neighbour (no [n, n] labels written) and
+    each round follows labels ``JUMPS`` times. Labels only fall and stay a node of the same
+    cluster, so the fixed point is the one the GPU's propagation reaches (tests/test_collect.py
+    compares them)."""
     n_eps, (n_batch, n) = len(thresholds), (flat.shape[0], flat.shape[-1])
     labels = torch.arange(n, dtype=width).repeat(n_eps * n_batch, 1)
     todo = torch.arange(n_eps * n_batch)
     if (mask is None or bool(mask.all())) and float(thresholds.min()) >= 0.0:
-        closest = torch.tril(flat, -1).amax((-2, -1))  # zeros above: below any threshold >= 0
+        # each prompt's closest pair: the largest entry off the diagonal (set below any cosine)
+        diagonal = flat.diagonal(dim1=-2, dim2=-1)
+        kept = diagonal.clone()
+        diagonal.fill_(-2.0)
+        closest = flat.amax((-2, -1))
+        diagonal.copy_(kept)
         todo = (closest[None, :] > thresholds[:, None]).flatten().nonzero().flatten()
         if len(todo) == 0:
             return labels
     e, b = todo // n_batch, todo % n_batch
+    if n <= TREE_MAX_POINTS:  # one spanning tree per prompt serves every threshold
+        prompts, slot = torch.unique(b, return_inverse=True)
+        sub_mask = None if mask is None else mask.reshape(-1, n)[prompts]
+        tree = _spanning.spanning_tree(flat[prompts], sub_mask)
+        found = _spanning.tree_labels(*tree, thresholds, sub_mask)  # [eps, prompts, n]
+        labels[todo] = found[e, slot].clamp_min(0).to(width)  # padding: masked by the caller
+        return labels
     m = None if mask is None else mask.reshape(-1, n)[b]
     adj = _links((flat[b] > thresholds[e][:, None, None])[None], m, n)
     sub = adj.view(torch.uint8).argmax(-1).to(width)  # labels 0..n-1: the first True per row

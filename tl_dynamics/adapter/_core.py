@@ -99,6 +99,7 @@ class AdapterCore:
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self._cache: dict[tuple, Any] = {}
         self._params: list[Tensor] | None = None  # for weights_version (see _cached)
+        self._pass_version: int | None = None  # the weights' version while a pass runs
         self._hooks_seen: tuple[int, int] | None = None  # hook_dict checked for SAEs (_sae)
 
     @property
@@ -223,13 +224,24 @@ class AdapterCore:
         return [(str(name), fn) for name, (_, _, fn) in zip(names, entries)]
 
     # ----------------------------------------------------------------- cache
+    def _weights_version(self) -> int:
+        if self._params is None:  # listed once: walking a bridge's module tree is slow
+            self._params = list(self.model.parameters())
+        return _weights.weights_version(self._params)
+
+    def pass_weights(self, open_: bool) -> None:
+        """A forward pass opens (``open_``) or closes: while it runs, cached weights are read
+        against the version taken at its start (the hub's passes; weights are not edited inside
+        a forward)."""
+        self._pass_version = self._weights_version() if open_ else None
+
     def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
         """``compute()``, read once under ``key`` and read again only when the weights changed
         (edited in place, or the bridge's compatibility mode switched)."""
         self.info  # noqa: B018 (drops the cache when the compatibility mode changed)
-        if self._params is None:  # listed once: walking a bridge's module tree is slow
-            self._params = list(self.model.parameters())
-        version = _weights.weights_version(self._params)
+        version = self._pass_version
+        if version is None:
+            version = self._weights_version()
         if version != self._cache.get(("weights_version",)):  # weights edited in place: re-read
             self._cache.clear()
             self._cache[("weights_version",)] = version

@@ -162,6 +162,41 @@ class ExactSum:
             special = _special_add(special, p.special)
         return ExactSum(parts[0].shape, exponent, acc, special)
 
+    def weighted(self, weights: np.ndarray) -> "ExactSum":
+        """``sum_n weights[n, c] * self[n]`` for every column ``c``, exactly: integer weights
+        scale the limbs (no rounding at all; ``self`` ``[n, ...]`` finite).
+
+        Args:
+            weights: non-negative integers ``[n, columns]`` (e.g. Poisson bootstrap counts),
+                each column summing to under ``2**30``.
+
+        Returns:
+            An ``ExactSum`` of shape ``[columns, ...]``.
+
+        Example:
+            >>> x = ExactSum.of(np.array([[0.1, 2.0], [1e20, -1.0]]))
+            >>> x.weighted(np.array([[3, 0], [1, 2]])).value().tolist()
+            [[1e+20, 5.0], [2e+20, -2.0]]
+        """
+        w = np.asarray(weights)
+        if (
+            w.ndim != 2
+            or w.shape[0] != (self.shape[0] if self.shape else -1)
+            or not np.array_equal(w, np.floor(w))
+            or (w.size and (w.min() < 0 or w.sum(0).max() >= 1 << 30))
+        ):
+            raise TLDynamicsError(
+                f"ExactSum.weighted: weights must be non-negative integers [n, columns] with n = "
+                f"{self.shape[:1]} and column sums under 2**30, got shape {w.shape}"
+            )
+        if self.special is not None:
+            raise TLDynamicsError("ExactSum.weighted: the sums hold non-finite values")
+        limbs = np.einsum("ln...,nc->lc...", self.limbs, w.astype(np.int64))
+        limbs = np.concatenate([limbs, np.zeros((2,) + limbs.shape[1:], dtype=np.int64)])
+        _carry(limbs)
+        exponent, limbs = _canonical(self.exponent, limbs)
+        return ExactSum((w.shape[1],) + self.shape[1:], exponent, limbs)
+
     @staticmethod
     def stack(parts: Sequence["ExactSum"]) -> "ExactSum":
         """Stack sums of one shape along a new first axis (like ``np.stack``), exactly."""

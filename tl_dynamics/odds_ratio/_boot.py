@@ -116,11 +116,15 @@ class BootSums:
             else:
                 units = np.arange(start, start + per.shape[0])
             w = poisson_weights(units, self.n_boot, self.seed)  # [b, B]
-            reps = np.einsum("bB,bklh->Blkh", w, per.astype(np.float64), optimize=False)
-            totals.append(ExactSum.of(reps))
+            exact = ExactSum.of(per.transpose(0, 2, 1, 3))  # [b, layer, key, head]
+            if exact.special is None:  # integer weights: the limbs scaled, nothing rounded
+                totals.append(exact.weighted(w))
+            else:  # a non-finite sum: as float arithmetic has it (0 * inf = nan)
+                reps = np.einsum("bB,bklh->Blkh", w, per.astype(np.float64), optimize=False)
+                totals.append(ExactSum.of(reps))
         self._pending = []
-        if totals:
-            total = ExactSum.total(totals)
+        if totals:  # (one pass: its sums are canonical already)
+            total = totals[0] if len(totals) == 1 else ExactSum.total(totals)
             self._total = total if self._total is None else self._total + total
 
     def _fold(self) -> None:

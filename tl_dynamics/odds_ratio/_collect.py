@@ -91,7 +91,7 @@ class OddsRatioCollector(Collector):
         h = self.heads
         n_h = len(h)
         pick = slice(None) if h == list(range(layers[0][0].n_heads)) else h  # all heads: no copy
-        by_layer: dict[int, torch.Tensor] = {}
+        whole: list[tuple[list[int], torch.Tensor]] = []  # each group's [layer, key, head] sums
         by_prompt: list[tuple[list[int], torch.Tensor]] = []  # per group: its label sums
         groups: dict[tuple, list[LayerAttention]] = {}
         facts: dict[tuple, MaskFacts] = {}
@@ -106,8 +106,8 @@ class OddsRatioCollector(Collector):
         join = Collector.launch_bound(layers[0][0].q.device)
         for key, group in groups.items():
             first, masks = group[0], facts[key]
-            q = [la.q[:, :, pick] for la in group]
-            k = [la.k[:, :, pick] for la in group]
+            q = [la.q if pick == slice(None) else la.q[:, :, pick] for la in group]
+            k = [la.k if pick == slice(None) else la.k[:, :, pick] for la in group]
             if join or len(group) == 1:
                 q = torch.cat(q, 2) if len(group) > 1 else q[0]
                 k = torch.cat(k, 2) if len(group) > 1 else k[0]
@@ -119,7 +119,7 @@ class OddsRatioCollector(Collector):
                 and isinstance(k, torch.Tensor)
             ):
                 part, sinks, per = pass_group_sums(q, k, masks, first.scale, n_h, len(group))
-                self._keep(group, part, sinks, per, by_layer, by_prompt)
+                self._keep(group, part, sinks, per, whole, by_prompt)
                 continue
             sums, sinks = _stats.layer_sums(
                 q,
@@ -135,9 +135,15 @@ class OddsRatioCollector(Collector):
             )
             per = sums.pop("per_prompt")
             part = stacked(sums, sinks, len(group), n_h)
-            self._keep(group, part, sinks, per, by_layer, by_prompt)
-        zero = torch.zeros_like(next(iter(by_layer.values())))
-        self._pass_sums.append(torch.stack([by_layer.get(layer, zero) for layer in self.layers]))
+            self._keep(group, part, sinks, per, whole, by_prompt)
+        if len(whole) == 1 and whole[0][0] == list(self.layers):  # one group, every layer
+            self._pass_sums.append(whole[0][1])
+        else:
+            by_layer = {la: part[i] for ls, part in whole for i, la in enumerate(ls)}
+            zero = torch.zeros_like(next(iter(by_layer.values())))
+            self._pass_sums.append(
+                torch.stack([by_layer.get(layer, zero) for layer in self.layers])
+            )
         n_rows = int(layers[0][0].q.shape[0])
         b = self._batch  # its prompts key their bootstrap weights (else their running indices)
         known = b is not None and b.tokens.shape[0] == n_rows
@@ -155,15 +161,15 @@ class OddsRatioCollector(Collector):
         part: torch.Tensor,
         sinks: dict[str, torch.Tensor],
         per_prompt: torch.Tensor,
-        by_layer: dict[int, torch.Tensor],
+        whole: list[tuple[list[int], torch.Tensor]],
         by_prompt: list[tuple[list[int], torch.Tensor]],
     ) -> None:
-        """A group's ``[layer, key, head]`` sums by layer, its ``[batch, key, layer x head]``
-        label sums, and its sink facts if kept."""
+        """A group's ``[layer, key, head]`` sums, its ``[batch, key, layer x head]`` label sums,
+        and its sink facts if kept."""
         n_h = len(self.heads)
+        whole.append(([la.layer for la in group], part))
         by_prompt.append(([la.layer for la in group], per_prompt))
         for i, la in enumerate(group):
-            by_layer[la.layer] = part[i]
             if self.keep_tensors:
                 self._sinks[-1][la.layer] = {
                     name: v.reshape(v.shape[0], len(group), n_h)[:, i].cpu()
@@ -208,7 +214,8 @@ class OddsRatioCollector(Collector):
         if self._pass_sums:  # one read from the device for every pass so far
             host = to_host({"sums": torch.stack(self._pass_sums)} | self._boot.pending())
             self._boot.absorb(host)
-            exact = ExactSum.total([ExactSum.of(x) for x in host["sums"]])
+            parts = [ExactSum.of(x) for x in host["sums"]]
+            exact = parts[0] if len(parts) == 1 else ExactSum.total(parts)
         else:
             exact = ExactSum.zeros((len(self.layers), keys, len(self.heads)))
         stats = HeadStats.from_exact(

@@ -19,7 +19,7 @@ per head.
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from tl_dynamics.collect import Collector
+from tl_dynamics.odds_ratio._scratch import LIK_FLOOR, _Scratch, first_max  # noqa: F401
 
 # Score-sized temporaries of one chunk, in units of one layer's full [batch, head, q, k] scores
 # (what the forward itself forms): chunks are sized by this memory budget, so a pass's layers
@@ -43,9 +44,6 @@ CPU_CHUNK_ELEMENTS = 1 << 19
 # 1 x 1,024 tokens and 0.48 s at 4 x 256 with 8-row chunks over all heads, 0.66 s and 0.31 s
 # with 64-row chunks over groups of 8 heads; 32 to 128 rows were within 10% of that)
 CPU_CHUNK_ROWS = 64
-# The smallest ``sum_j p_ij w_j`` the CPU's likelihood log-partition trusts (``_Scratch.lse_lik``):
-# terms lost to float32 underflow (< 1.4e-45 each) are then below 1e-11 of the sum at 4,096 keys.
-LIK_FLOOR = 2.0**-100
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,15 +54,27 @@ class MaskFacts:
 
     allowed: Tensor  # [b, i, j]
     query_valid: Tensor  # [b, i]
-    allowed_f: Tensor  # [b, i, j] float
     n_allowed: Tensor  # [b, i]: allowed keys per row
     n_safe: Tensor  # [b, 1, i] float, at least 1
     key_valid: Tensor  # [b, j]
     prefix: Tensor | None  # key_valid where the mask is causal (row sums are prefix sums)
-    additive: Tensor  # [b, i, j]: 0 on allowed keys, -inf elsewhere (0 on rows with none)
     valid_f: Tensor  # [b, i] float: rows that choose among >= 2 keys (sinks, §2.3)
     causal: bool
     window: int | None
+
+    @functools.cached_property
+    def allowed_f(self) -> Tensor:
+        """``[b, i, j]`` the mask as floats (formed when first read: the CPU's causal chunks
+        without padding never read it, and at 4,096 tokens it is 64 MB)."""
+        return self.allowed.float()
+
+    @functools.cached_property
+    def additive(self) -> Tensor:
+        """``[b, i, j]``: 0 on allowed keys, -inf elsewhere (0 on rows with none)."""
+        additive = torch.zeros(self.allowed.shape, device=self.allowed.device).masked_fill(
+            ~self.allowed, float("-inf")
+        )
+        return additive.masked_fill_((self.n_allowed == 0)[..., None], 0.0)  # never counted
 
     @classmethod
     def of(
@@ -73,26 +83,27 @@ class MaskFacts:
         """``causal`` and ``window`` describe how ``allowed`` was built (the layer's spec):
         they bound the keys a query may see, and a causal mask without a window makes row sums
         prefix sums."""
-        allowed_f = allowed.float()
         n_allowed = allowed.sum(-1)
         key_valid = allowed.any(1)
-        additive = torch.zeros(allowed.shape, device=allowed.device).masked_fill(
-            ~allowed, float("-inf")
-        )
-        additive.masked_fill_((n_allowed == 0)[..., None], 0.0)  # rows with no key: never counted
         return cls(
             allowed=allowed,
             query_valid=query_valid,
-            allowed_f=allowed_f,
             n_allowed=n_allowed,
-            n_safe=allowed_f.sum(-1).clamp(min=1.0)[:, None],
+            n_safe=n_allowed.float().clamp(min=1.0)[:, None],
             key_valid=key_valid,
             prefix=key_valid if causal and window is None else None,
-            additive=additive,
             valid_f=(query_valid & (n_allowed >= 2)).float(),
             causal=causal,
             window=window,
         )
+
+    @functools.cached_property
+    def lower_triangular(self) -> bool:
+        """Whether ``allowed`` is the plain causal mask (every row ``i`` sees keys ``0 .. i``,
+        no padding): a read of the device, asked on the CPU only."""
+        n = self.n_allowed.shape[-1]
+        rows = torch.arange(1, n + 1, device=self.n_allowed.device)
+        return self.causal and self.window is None and bool((self.n_allowed == rows).all())
 
     def matches(self, allowed: Tensor, query_valid: Tensor) -> bool:
         """Whether these are the facts of ``allowed`` and ``query_valid`` (the same tensors)."""
@@ -145,26 +156,29 @@ def row_facts(
     qh = q.permute(0, 2, 1, 3).contiguous()  # [b, h, i, d]: each chunk's product reads it
     kh = k.permute(0, 2, 1, 3).contiguous()  # in place (a strided view was copied per chunk)
     prior = (scale / 2.0) * kh.pow(2).sum(-1)  # [b, h, j]
-    key_valid, prefix, allowed_f, n_safe = (
-        masks.key_valid,
-        masks.prefix,
-        masks.allowed_f,
-        masks.n_safe,
-    )
+    key_valid, prefix, n_safe = masks.key_valid, masks.prefix, masks.n_safe
     kv = key_valid[:, None]
     p_min = prior.masked_fill(~kv, float("inf")).amin(-1, keepdim=True)
 
     d = kh.shape[-1]
-    # a GPU: row means of r through the keys (no [b, h, i, j] pass); the CPU sums each chunk's
-    # rows instead (one pass over a chunk in cache, against a float64 prefix sum of the keys)
+    # row means of r through the keys, no [b, h, i, j] pass: on a GPU always; on the CPU where
+    # the row sums of the keys are prefix sums (causal, no window: O(pos) work), else each
+    # chunk sums its rows (a [pos, pos] product of the mask with the keys would cost more)
     mean_r = (
-        scale * (qh * _row_sums(allowed_f, kh, prefix)).sum(-1) / n_safe if launch_bound else None
+        scale * (qh * _row_sums(masks, kh, prefix)).sum(-1) / n_safe
+        if launch_bound or prefix is not None
+        else None
     )
     p64 = prior.double()
-    sum_p = _row_sums(allowed_f, p64, prefix)
-    var_prior = _row_sums(allowed_f, p64 * p64, prefix) - sum_p * sum_p / n_safe.double()
+    sum_p = _row_sums(masks, p64, prefix)
+    var_prior = _row_sums(masks, p64 * p64, prefix) - sum_p * sum_p / n_safe.double()
     mean_p = sum_p / n_safe.double()
-    additive, valid_f = masks.additive, masks.valid_f
+    valid_f = masks.valid_f
+    # the CPU, causal without padding: a chunk's masked keys are the upper triangle of its last
+    # c x c block alone, so only that block is masked (with the least float, whose exponential
+    # is 0 as -inf's, and whose product with a 0 is 0), not every key of the chunk, and the
+    # float masks are never formed
+    clean = not launch_bound and masks.lower_triangular
 
     shifted_prior = prior - p_min
     if launch_bound:
@@ -183,10 +197,20 @@ def row_facts(
     if prefix is not None:  # causal, no window: each row's keys are a prefix, one pass for all
         parts["lse_prior"].append(torch.logcumsumexp(prior.masked_fill(~kv, float("-inf")), -1))
     column = torch.zeros(n_batch, n_heads, n_pos, device=q.device)
-    # formed once per pass, sliced per chunk: the per-key prior columns the chunk products read
+    # the rows that choose (valid_f) per head, laid out for one bmm with each chunk's pattern
+    valid_rows = valid_f[:, None, None].expand(-1, n_heads, 1, -1).reshape(-1, 1, n_pos)
+    # formed once per pass, sliced per chunk: the per-key prior columns the chunk products read,
+    # and the masks and priors with a heads (or rows) axis
     prior_col = prior.view(-1, n_pos, 1)
+    prior_r = prior[:, :, None]
+    allowed_h = additive_h = None  # [b, 1, i, j]; read only where not clean
+    if not clean:
+        allowed_h, additive_h = masks.allowed_f[:, None], masks.additive[:, None]
     shifted_col = shifted_prior.view(-1, n_pos, 1)
-    scratch = _Scratch(not launch_bound, n_batch * n_heads * step * n_pos, qs, shifted_prior, kv)
+    scratch = _Scratch(
+        not launch_bound, n_batch * n_heads * step * n_pos, qs, shifted_prior, kv, prior
+    )
+    upper: dict[int, Tensor] = {}
     for i0 in range(0, n_pos, step):
         i1 = min(n_pos, i0 + step)
         j0, j1 = masks.band(i0, i1, n_pos)
@@ -194,35 +218,56 @@ def row_facts(
         shape = (n_batch, n_heads, c, m)
         flat = (n_batch * n_heads, c, m)
         r = torch.bmm(qs[:, i0:i1], kt[:, :, j0:j1], out=scratch.get(0, flat)).view(shape)
-        add = additive[:, None, i0:i1, j0:j1]
-        s = torch.add(r, add, out=scratch.get(1, shape))
-        log_p = torch.log_softmax(s, dim=-1, out=scratch.get(2, shape))
+        add = None if clean else additive_h[..., i0:i1, j0:j1]
+        if clean:  # keys j0 = 0 .. i1 - 1: the masked ones are j > i in the last c columns
+            if c not in upper:
+                upper[c] = torch.ones(c, c, dtype=torch.bool, device=r.device).triu(1)
+            s = r
+            s[..., i0:i1].masked_fill_(upper[c], torch.finfo(r.dtype).min)
+        else:
+            s = torch.add(r, add, out=scratch.get(1, shape))
         # each row's top key under the real pattern: its log-mass, score and index (the row's
         # log-partition is r - log p at any allowed key; the top one loses no precision)
-        logp_top, top_j = log_p.max(-1, keepdim=True)
+        if scratch.reuse:  # the CPU: the pattern in one pass, the top key's log-mass from it
+            p = torch.softmax(s, dim=-1, out=scratch.get(2, shape))
+            p_top, top_j = first_max(p)
+            logp_top = p_top.log()
+        else:
+            log_p = torch.log_softmax(s, dim=-1)
+            logp_top, top_j = log_p.max(-1, keepdim=True)
+            p = log_p.exp_()  # the pattern, in place of its log
         r_top_row = r.gather(-1, top_j)
         parts["logp_top"].append(logp_top)
         parts["r_top_row"].append(r_top_row)
         parts["top_j"].append(top_j if j0 == 0 else top_j + j0)
         lse_c = (r_top_row - logp_top).squeeze(-1) if scratch.reuse else None
-        p = log_p.exp_()  # the pattern, in place of its log
-        pr = prior[:, :, None, j0:j1]
+        pr = prior_r[..., j0:j1]
         parts["sum_pr"].append(scratch.vecdot(p, r))
-        parts["pattern_prior"].append(
-            torch.bmm(p.view(-1, c, m), prior_col[:, j0:j1]).view(n_batch, n_heads, c)
-        )
+        if scratch.reuse:  # both of the pattern's products with a per-key column in one pass
+            both = torch.bmm(p.view(-1, c, m), scratch.cols[:, j0:j1]).view(n_batch, n_heads, c, 2)
+            parts["pattern_prior"].append(both[..., 0])
+            lik = both[..., 1]
+        else:
+            parts["pattern_prior"].append(
+                torch.bmm(p.view(-1, c, m), prior_col[:, j0:j1]).view(n_batch, n_heads, c)
+            )
+            lik = None
         if prefix is None:
             parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
-        parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, p_min, j0, j1))
-        column[..., j0:j1] += torch.matmul(valid_f[:, None, None, i0:i1], p).squeeze(-2)
+        parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, p_min, j0, j1, lik, own=not clean))
+        summed = torch.bmm(valid_rows[..., i0:i1], p.view(-1, c, m))  # [b * h, 1, m]
+        column[..., j0:j1] += summed.view(n_batch, n_heads, m)
         # centred in place (the row means are known already): no cancellation in the moments
-        allowed_c = allowed_f[:, None, i0:i1, j0:j1]
+        allowed_c = None if allowed_h is None else allowed_h[..., i0:i1, j0:j1]
         if mean_r is None:
             mean_c = scratch.vecdot(r, allowed_c) / n_safe[..., i0:i1]
             parts["mean_r"].append(mean_c)
         else:
             mean_c = mean_r[..., i0:i1]
-        r.sub_(mean_c[..., None]).mul_(allowed_c)
+        if clean:
+            r.sub_(mean_c[..., None])[..., i0:i1].masked_fill_(upper[c], 0.0)
+        else:
+            r.sub_(mean_c[..., None]).mul_(allowed_c)
         parts["sum_sq"].append(torch.linalg.vector_norm(r, dim=-1).square())
         parts["cov_rp"].append(
             torch.bmm(r.view(-1, c, m), shifted_col[:, j0:j1]).view(n_batch, n_heads, c)
@@ -307,71 +352,13 @@ def heads(x: "Tensor | Sequence[Tensor]", h0: int, h1: int) -> Tensor:
     return picked[0] if len(picked) == 1 else torch.cat(picked, 2)
 
 
-class _Scratch:
-    """On the CPU, each chunk's score-sized tensors are written into buffers kept for the pass
-    (``out=``): a fresh 2 MB tensor was a fresh mapping, page-faulted in at every chunk (150 us
-    against 48 us for the same pass in place). Elsewhere ``get`` gives None (allocate: a GPU's
-    caching allocator costs nothing, and each buffer view would be one more launch)."""
-
-    def __init__(self, reuse: bool, size: int, like: Tensor, shifted_prior: Tensor, kv: Tensor):
-        self.reuse, self.size, self.like = reuse, size, like
-        self.buffers: dict[int, Tensor] = {}
-        if reuse:  # per key w_j = exp(-(P_j - P_min)), 0 at keys not valid (``lse_lik``)
-            w = torch.exp(-shifted_prior).masked_fill_(~kv, 0.0)
-            self.w_col = w.view(-1, w.shape[-1], 1)
-
-    def get(self, slot: int, shape: tuple[int, ...]) -> Tensor | None:
-        if not self.reuse:
-            return None
-        if slot not in self.buffers:
-            self.buffers[slot] = self.like.new_empty(self.size)
-        return self.buffers[slot][: math.prod(shape)].view(shape)
-
-    def vecdot(self, a: Tensor, b: Tensor) -> Tensor:
-        """``linalg.vecdot`` (real: ``(a * b).sum(-1)``), its product in a buffer."""
-        if not self.reuse:
-            return torch.linalg.vecdot(a, b)
-        return torch.mul(a, b, out=self.get(3, tuple(a.shape))).sum(-1)
-
-    def lse_lik(
-        self,
-        s: Tensor,
-        prior: Tensor,
-        p: Tensor,
-        lse: Tensor | None,
-        p_min: Tensor,
-        j0: int,
-        j1: int,
-    ) -> Tensor:
-        """``log sum_j A_ij exp(r_ij - P_j)`` of a chunk (``s``: its masked scores, ``p`` its
-        pattern, ``lse`` its rows' log-partitions, ``p_min`` the least prior, keys ``j0 .. j1 - 1``).
-
-        On the CPU, from the pattern by one product and no pass of exponentials:
-        ``exp(r_ij - P_j) = exp(lse_i - P_min) p_ij w_j``, so the log-partition is
-        ``lse_i - P_min + log sum_j p_ij w_j``, a sum of positive terms (no cancellation). Where
-        a row's sum falls below ``LIK_FLOOR`` (its mass on keys whose products underflow in
-        float32), the chunk takes the masked log-sum-exp of ``s - P`` instead, exact for any
-        spread of the priors. Elsewhere always the latter (it needs no read of the device)."""
-        if not self.reuse or lse is None:
-            return torch.logsumexp(s.sub_(prior), -1)
-        b, h, c, m = p.shape
-        lik = torch.bmm(p.view(-1, c, m), self.w_col[:, j0:j1]).view(b, h, c)
-        if bool((lik < LIK_FLOOR).any()):
-            return self.logsumexp_(s.sub_(prior))
-        return (lik.double().log_() + (lse.double() - p_min.double())).float()
-
-    def logsumexp_(self, x: Tensor) -> Tensor:
-        """``torch.logsumexp(x, -1)`` for rows with a finite maximum, overwriting ``x``: the
-        same operations (``amax``, ``(x - max).exp_()``, ``sum``, ``log_``, ``add_``) in place."""
-        top = x.amax(-1, keepdim=True)
-        return x.sub_(top).exp_().sum(-1).log_().add_(top.squeeze(-1))
-
-
-def _row_sums(allowed_f: Tensor, values: Tensor, prefix: Tensor | None) -> Tensor:
-    """``sum_j allowed[b, i, j] values[b, h, j, ...]`` for every row ``i``. With ``prefix`` (the
-    valid keys ``[b, j]`` of a causal mask without a window) a float64 prefix sum: O(pos) rather
-    than a ``[pos, pos]`` product, which at 4,096 tokens was 26 GFLOP per layer for the keys."""
+def _row_sums(masks: "MaskFacts | Tensor", values: Tensor, prefix: Tensor | None) -> Tensor:
+    """``sum_j allowed[b, i, j] values[b, h, j, ...]`` for every row ``i`` (``masks``: the
+    facts, or the float mask itself). With ``prefix`` (the valid keys ``[b, j]`` of a causal
+    mask without a window) a float64 prefix sum: O(pos) rather than a ``[pos, pos]`` product,
+    which at 4,096 tokens was 26 GFLOP per layer for the keys."""
     if prefix is None:
+        allowed_f = masks.allowed_f if isinstance(masks, MaskFacts) else masks
         if values.dim() == 3:
             return torch.einsum("bij,bhj->bhi", allowed_f.to(values.dtype), values)
         return torch.einsum("bij,bhjd->bhid", allowed_f.to(values.dtype), values)

@@ -53,10 +53,11 @@ def cos_histogram(
     # (about half the matrix rather than all of it).
     n = cos.shape[-1]
     thresholds = _THRESHOLDS.to(cos.device)
-    step = max(1, -(-n // HIST_BLOCKS))
     # the CPU bins by arithmetic (``bins``) and counts with a bincount; a GPU bins with
-    # ``bucketize`` and counts in place (a bincount would wait for the device)
+    # ``bucketize`` and counts in place (a bincount would wait for the device), all rows in one
+    # block (a few launches rather than half the elements)
     cpu = not Collector.launch_bound(cos.device)
+    step = max(1, -(-n // HIST_BLOCKS)) if cpu else n
     offset = (N_BINS * torch.arange(b, device=cos.device))[:, None, None]
     counts = torch.zeros(b * N_BINS + 1, dtype=torch.long, device=cos.device)
     for i0 in range(0, n, step):

@@ -9,6 +9,7 @@ points (``point_statistics``), and stay on the device until they are read."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
@@ -18,6 +19,7 @@ from tl_dynamics import sphere
 from tl_dynamics.adapter import Batch, LayerState, ModelAdapter, Prompt
 from tl_dynamics.collect import Collector, to_host
 from tl_dynamics.errors import TLDynamicsError
+from tl_dynamics.trajectories._lens import LensArg, lens_mode
 from tl_dynamics.trajectories._meta import lens_applies, lens_note, stats_meta
 from tl_dynamics.trajectories._points import (
     Config,
@@ -127,6 +129,8 @@ class TrajectoryCollector(Collector):
         if not self.keep_tokens:
             raise TLDynamicsError("this collector keeps statistics only (stream): use stats()")
         total = self.stats()
+        if len(self.parts) == 1:  # one pass: its own trajectory, nothing to pad or stack
+            return replace(self.parts[0], stats=total)
         return join(self.parts, total)
 
 
@@ -135,7 +139,7 @@ def _config(
     layers: int | Sequence[int] | None,
     eps: Sequence[float],
     flattened: bool,
-    lens: bool,
+    lens: LensArg,
     standardize: StandardizeArg,
     skip_first: bool,
 ) -> Config:
@@ -144,7 +148,7 @@ def _config(
         eps=tuple(eps),
         layers=selected,
         flattened=flattened,
-        lens=lens,
+        lens=lens_mode(lens),
         standardize=standardize,
         skip_first=skip_first,
     )
@@ -157,7 +161,7 @@ def attach(
     layers: int | Sequence[int] | None = None,
     eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
     flattened: bool = False,
-    lens: bool = True,
+    lens: LensArg = "view",
     standardize: StandardizeArg = None,
     skip_first: bool = False,
 ) -> Iterator[TrajectoryCollector]:
@@ -175,7 +179,13 @@ def attach(
         layers: a layer index, a list of them, or None (all layers).
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points.
-        lens: compute the next-token (logit-lens) statistics (decoders only).
+        lens: the next-token statistics (decoders only: the logit lens's rank of the next
+            token and top tokens, the approach to its embedding and unembedding): ``"view"``
+            at the cells the view shows (the last 8 positions of each prompt at up to 8
+            points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``: about 64 unembedded states per
+            prompt), ``"full"`` (or True) at every point and token (one unembedding per point
+            and token: ``n_points`` times the model's own head; the rank statistics and the
+            settling point need it), False not at all.
         standardize: None, ``"prompt"`` or ``TrajectoryStats.standardizer()``'s result.
         skip_first: leave each prompt's first real token out of the particle statistics.
 
@@ -231,7 +241,7 @@ def stream(
     layers: int | Sequence[int] | None = None,
     eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
     flattened: bool = False,
-    lens: bool = True,
+    lens: LensArg = True,
     standardize: StandardizeArg = None,
     skip_first: bool = False,
     padding_side: str = "right",
@@ -251,7 +261,9 @@ def stream(
         layers: a layer index, a list of them, or None (all layers).
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points.
-        lens: compute the next-token (logit-lens) statistics (decoders only).
+        lens: the logit lens at every point and token (``True`` or ``"full"``: one unembedding
+            per point, ``n_points`` times the model's head; the rank statistics need it), or
+            False (decoders only).
         standardize: None, ``"prompt"`` or ``TrajectoryStats.standardizer()``'s result.
         skip_first: leave each prompt's first real token out of the particle statistics.
         padding_side: where texts are padded.
@@ -315,7 +327,7 @@ def compute(
     layers: int | Sequence[int] | None = None,
     eps: Sequence[float] = sphere.TRAJECTORY_EPS_GRID,
     flattened: bool = False,
-    lens: bool = True,
+    lens: LensArg = "view",
     standardize: StandardizeArg = None,
     skip_first: bool = False,
     padding_side: str = "right",
@@ -330,7 +342,13 @@ def compute(
             final point.
         eps: cluster thresholds (link tokens with ``cos > 1 - eps``).
         flattened: interleave the mid-block points (not available on parallel-block models).
-        lens: compute the next-token (logit-lens) statistics (decoders only).
+        lens: the next-token statistics (decoders only: the logit lens's rank of the next
+            token and top tokens, the approach to its embedding and unembedding): ``"view"``
+            at the cells the view shows (the last 8 positions of each prompt at up to 8
+            points; ``_lens.VIEW_POSITIONS``, ``VIEW_POINTS``: about 64 unembedded states per
+            prompt), ``"full"`` (or True) at every point and token (one unembedding per point
+            and token: ``n_points`` times the model's own head; the rank statistics and the
+            settling point need it), False not at all.
         standardize: None, ``"prompt"`` (per-prompt per-dimension z-scores) or
             ``TrajectoryStats.standardizer()``'s result, applied before the particle statistics
             only.

@@ -16,7 +16,14 @@ def lens_applies(adapter: "ModelAdapter") -> bool:
     return not adapter.is_encoder
 
 
-def lens_note(adapter: "ModelAdapter", lens: bool, batch: "Batch | None") -> str:
+# What a run with lens="view" says in place of the rank statistics it does not have.
+VIEW_NOTE = (
+    "the logit lens was read at the cells the view shows only (lens='view'); the dataset "
+    "statistics of the rank (mean rank, top-1 rate, settling) need lens='full'"
+)
+
+
+def lens_note(adapter: "ModelAdapter", lens: str | None, batch: "Batch | None") -> str:
     """Why the next-token statistics are absent ("" when present)."""
     if not lens:
         return "next-token statistics switched off (lens=False)"
@@ -44,5 +51,5 @@ def stats_meta(adapter: "ModelAdapter", cfg: Config, note: str) -> dict[str, Any
         standardize="dataset"
         if isinstance(std, Standardizer)
         else ("prompt" if std in (True, "prompt") else "none"),
-        lens_note=note,
+        lens_note=VIEW_NOTE if cfg.lens == "view" and not note else note,
     )

@@ -23,6 +23,7 @@ from tl_dynamics import sphere
 from tl_dynamics.collect import Collector
 from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories import _cloud
+from tl_dynamics.trajectories._lens import LensMode, cosine, point_lens
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,13 +47,14 @@ StandardizeArg = Standardizer | str | bool | None
 
 @dataclass(frozen=True)
 class Config:
-    """What to compute. ``lens`` is dropped (None targets) for encoders or unknown tokens;
-    ``layers`` (None: all) picks the blocks whose input is a trajectory point."""
+    """What to compute. ``lens`` (``_lens.lens_mode``: ``"view"``, ``"full"`` or None) is
+    dropped (None targets) for encoders or unknown tokens; ``layers`` (None: all) picks the
+    blocks whose input is a trajectory point."""
 
     eps: tuple[float, ...] = sphere.TRAJECTORY_EPS_GRID
     layers: tuple[int, ...] | None = None
     flattened: bool = False
-    lens: bool = True
+    lens: LensMode | None = "full"
     standardize: StandardizeArg = None
     skip_first: bool = False
 
@@ -125,13 +127,7 @@ def next_tokens(
     return nxt
 
 
-def _cos(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = None) -> Tensor:
-    """Cosine along the last axis; NaN where either vector is zero (no direction). ``na`` and
-    ``nb`` are the vectors' norms where known already."""
-    na = a.norm(dim=-1) if na is None else na
-    nb = b.norm(dim=-1) if nb is None else nb
-    c = (a * b).sum(-1) / (na * nb).clamp_min(sphere.NORM_FLOOR)
-    return torch.where((na > sphere.NORM_FLOOR) & (nb > sphere.NORM_FLOOR), c, math.nan)
+_cos = cosine  # (trajectories._lens.cosine)
 
 
 # Memory for one group of points' particle statistics (cosines, eps-adjacency, labels; about
@@ -139,8 +135,8 @@ def _cos(a: Tensor, b: Tensor, na: Tensor | None = None, nb: Tensor | None = Non
 POINT_BUDGET_BYTES = 512 << 20
 # ... on the CPU (not launch-bound), groups small enough to stay near the cache
 CPU_POINT_BUDGET_BYTES = 16 << 20
-# Logit-lens logits of one group of points ([points, batch, pos, vocab] float32).
-LENS_BUDGET_BYTES = 256 << 20
+# ... and the cosines of every point kept for one clustering call (sphere.TREE_MAX_POINTS)
+TREE_COS_BYTES = 64 << 20
 
 
 def point_statistics(
@@ -169,10 +165,10 @@ def point_statistics(
         group = max(1, CPU_POINT_BUDGET_BYTES // max(1, 8 * b * n * d))  # their float64 sums
     z = _Points(zs, group)
     res, unit = _elementwise(z, key_valid)
-    if targets is not None:
-        res.update(_lens(adapter, z, targets))
+    if targets is not None and cfg.lens is not None:
+        res.update(point_lens(adapter, cfg.lens, z, key_valid, targets))
     res.update(_particles(cfg, z, key_valid, unit))
-    if "rank" in res and targets is not None:  # the lens ran: it needs the targets
+    if cfg.lens == "full" and targets is not None:  # every point read: when each settles
         res["settling"] = settling_point(res["rank"], targets)
     return res
 
@@ -249,30 +245,6 @@ def _elementwise(z: _Points, key_valid: Tensor) -> tuple[dict[str, Tensor], _Poi
     return res, _Points([u for group in units for u in group.unbind(0)], z.group)
 
 
-def _lens(adapter: "ModelAdapter", z: _Points, targets: Tensor) -> dict[str, Tensor]:
-    """Next-token statistics of every point, in groups of points within ``LENS_BUDGET_BYTES``."""
-    n_points, b, n = z.shape[:3]
-    has = targets >= 0
-    safe = targets.clamp_min(0)
-    emb, unemb = adapter.W_E[safe].float(), adapter.W_U.T[safe].float()
-    per_point = b * n * adapter.W_U.shape[-1] * 4
-    group = max(1, LENS_BUDGET_BYTES // max(1, per_point))
-    out: dict[str, list[Tensor]] = {}
-    for p0 in range(0, n_points, group):
-        x = adapter.final_norm(z[p0 : p0 + group])
-        logits = adapter.unembed(x)
-        tgt_logit = logits.gather(-1, safe.expand(x.shape[0], -1, -1)[..., None])
-        rank = (logits > tgt_logit).sum(-1)
-        del logits
-        out.setdefault("rank", []).append(torch.where(has, rank, -1))
-        for name, ref in (("embed", emb), ("unembed", unemb)):
-            out.setdefault(f"cos_{name}", []).append(torch.where(has, _cos(x, ref), math.nan))
-            out.setdefault(f"dist_{name}", []).append(
-                torch.where(has, (x - ref).norm(dim=-1), math.nan)
-            )
-    return {k: torch.cat(v).transpose(0, 1) for k, v in out.items()}
-
-
 def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dict[str, Tensor]:
     """The token cloud's statistics at every point: cosine histograms and sums, effective rank,
     eps-clusters and the merge events between consecutive points (groups of points within
@@ -287,8 +259,26 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
     std = cfg.standardize
     budget = POINT_BUDGET_BYTES if Collector.launch_bound(z.device) else CPU_POINT_BUDGET_BYTES
     group = max(1, budget // max(1, 30 * b * n * n))
+    # the CPU reads clusters off spanning trees (n rounds per call, whatever the points): the
+    # points' cosines are kept and clustered together, as many as fit TREE_COS_BYTES
+    together = not Collector.launch_bound(z.device) and n <= sphere.TREE_MAX_POINTS
+    slots = min(n_points * b, max(1, TREE_COS_BYTES // (4 * n * n))) if together else 0
+    pending = torch.empty(slots, n, n, device=z.device) if slots else None
+    kept: list[Tensor] = []  # the masks of the slices in ``pending``
     out: dict[str, list[Tensor]] = {}
     last: Tensor | None = None  # the labels of the group before's last point
+
+    def cluster(cos: Tensor, flat_mask: Tensor, last: Tensor | None) -> Tensor:
+        labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask)
+        return _events(out, labels.reshape(len(cfg.eps), -1, b, n), last)
+
+    def flush(last: Tensor | None) -> Tensor | None:
+        if not kept or pending is None:
+            return last
+        flat_mask = torch.cat(kept) if len(kept) > 1 else kept[0]
+        kept.clear()
+        return cluster(pending[: flat_mask.shape[0]], flat_mask, last)
+
     for p0 in range(0, n_points, group):
         if std is True or std == "prompt":
             zg = z[p0 : p0 + group]
@@ -301,7 +291,11 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         g = ug.shape[0]
         flat_mask = mask.expand(g, -1, -1).reshape(g * b, n)
         u = ug.reshape(g * b, n, -1) * flat_mask[..., None]
-        cos = sphere.cosines(u)
+        held = sum(m.shape[0] for m in kept)
+        if pending is not None and held + g * b > slots:
+            last, held = flush(last), 0
+        fits = pending is not None and g * b <= slots  # written where it waits for the trees
+        cos = sphere.cosines(u, out=pending[held : held + g * b] if fits else None)
         flat_pairs = pairs.expand(g, -1, -1, -1).reshape(g * b, n, n)
         out.setdefault("cos_hist", []).append(
             _cloud.cos_histogram(cos, flat_pairs).reshape(g, b, -1)
@@ -309,15 +303,11 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         erank, cos_sum = _cloud.rank_and_pair_sum(u.double())  # u is zero off the mask
         out.setdefault("cos_sum", []).append(cos_sum.reshape(g, b))
         out.setdefault("erank", []).append(erank.reshape(g, b))
-        labels = sphere.cluster_labels_grid(cos, cfg.eps, flat_mask).reshape(len(cfg.eps), g, b, n)
-        del cos, u
-        out.setdefault("clusters", []).append(sphere.count_clusters(labels))  # [E, g, b]
-        chain = labels if last is None else torch.cat([last, labels], 1)
-        if chain.shape[1] > 1:
-            events = sphere.merge_events(chain[:, :-1], chain[:, 1:])
-            out.setdefault("merges", []).append(events.merges)
-            out.setdefault("splits", []).append(events.splits)
-        last = labels[:, -1:]
+        if fits:
+            kept.append(flat_mask)
+        else:
+            last = cluster(cos, flat_mask, last)
+    flush(last)
     res = {"n_pairs": n_pairs[:, None].expand(b, n_points).contiguous()}
     for name in ("cos_hist", "cos_sum", "erank"):  # [P, b, ...] -> [b, P, ...]
         res[name] = torch.cat(out[name]).transpose(0, 1)
@@ -327,6 +317,19 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         else:
             res[name] = torch.zeros(b, len(cfg.eps), 0, dtype=torch.long, device=z.device)
     return res
+
+
+def _events(out: dict[str, list[Tensor]], labels: Tensor, last: Tensor | None) -> Tensor:
+    """A group of points' cluster counts and the merge events into and within it (``labels``
+    ``[E, g, b, n]``; ``last``: the labels of the point before the group); returns its last
+    point's labels."""
+    out.setdefault("clusters", []).append(sphere.count_clusters(labels))  # [E, g, b]
+    chain = labels if last is None else torch.cat([last, labels], 1)
+    if chain.shape[1] > 1:
+        events = sphere.merge_events(chain[:, :-1], chain[:, 1:])
+        out.setdefault("merges", []).append(events.merges)
+        out.setdefault("splits", []).append(events.splits)
+    return labels[:, -1:]
 
 
 def settling_point(

@@ -18,7 +18,7 @@ def _valid_sum(x: Tensor, valid: Tensor) -> tuple[Tensor, np.ndarray]:
     """Sum (float64) and count over batch and position of ``x [batch, point, pos]`` at valid
     tokens where it is defined (not NaN)."""
     v = valid[:, None, :].expand_as(x) & ~torch.isnan(x)
-    return torch.where(v, x.double(), 0.0).sum((0, 2)), v.sum((0, 2)).numpy().astype(np.int64)
+    return x.double().masked_fill(~v, 0.0).sum((0, 2)), v.sum((0, 2)).numpy().astype(np.int64)
 
 
 def _add_float(ints: dict, sums: dict, name: str, x: Tensor, valid: Tensor) -> None:
@@ -41,7 +41,7 @@ def reduce_batch(
             _add_float(ints, sums, name, raw[name], key_valid)
     sums["state_sum"] = ExactSum.of(raw["state_sum"])
     sums["state_sumsq"] = ExactSum.of(raw["state_sumsq"])
-    if "rank" in raw:
+    if "settling" in raw:  # the full lens: every point's rank at every token
         rank = raw["rank"]
         has = rank >= 0  # [batch, point, pos]
         ints["n_lens_tokens"] = np.array(int(has[:, 0].sum()), dtype=np.int64)
@@ -50,12 +50,11 @@ def reduce_batch(
         sums["log_rank"] = ExactSum.of(
             torch.where(has, torch.log1p(rank.double()), 0.0).sum((0, 2))
         )
-        lens_valid = has[:, 0]
-        for name in _LENS_FLOATS:
-            _add_float(ints, sums, name, raw[name], lens_valid)
-        settle = raw["settling"][lens_valid]
+        settle = raw["settling"][has[:, 0]]
         n_points = rank.shape[1]
         ints["settling"] = torch.bincount(settle, minlength=n_points + 1).numpy().astype(np.int64)
+        for name in _LENS_FLOATS:  # the approach, at every token with a next token (else NaN)
+            _add_float(ints, sums, name, raw[name], key_valid)
     ints["cos_hist"] = raw["cos_hist"].sum(0).numpy().astype(np.int64)
     ints["n_pairs"] = raw["n_pairs"].sum(0).numpy().astype(np.int64)
     sums["cos_sum"] = ExactSum.of(raw["cos_sum"].sum(0))

@@ -153,7 +153,8 @@ class TrajectoryStats(StatsReadouts, viz.Result):
 
         Example:
             >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                               lens="full").stats
             >>> stats.has_lens
             True
         """
@@ -193,7 +194,8 @@ class TrajectoryStats(StatsReadouts, viz.Result):
 
         Example:
             >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                               lens="full").stats
             >>> stats.to_dataframe().shape
             (3, 23)
         """

@@ -77,7 +77,8 @@ class StatsReadouts:
 
         Example:
             >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                               lens="full").stats
             >>> stats.mean_rank().shape
             (3,)
         """
@@ -92,7 +93,8 @@ class StatsReadouts:
 
         Example:
             >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                               lens="full").stats
             >>> stats.top1_rate().shape
             (3,)
         """
@@ -107,7 +109,8 @@ class StatsReadouts:
 
         Example:
             >>> from tl_dynamics import testing, trajectories
-            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x").stats
+            >>> stats = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                               lens="full").stats
             >>> int(stats.settling_histogram().sum()) == stats.n_tokens - 1  # the last has no next
             True
         """

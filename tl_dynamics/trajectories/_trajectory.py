@@ -4,7 +4,7 @@ one pass's point statistics and ``join`` of several passes."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,7 +19,8 @@ from tl_dynamics.errors import TLDynamicsError
 from tl_dynamics.trajectories._points import Config, in_depth_order, point_labels, point_roles
 from tl_dynamics.trajectories._reduce import reduce_batch
 from tl_dynamics.trajectories._stats import TrajectoryStats
-from tl_dynamics.trajectories._views import token_views
+from tl_dynamics.trajectories._lens import VIEW_POSITIONS, expand_view, view_points
+from tl_dynamics.trajectories._views import lens_view, token_views
 from tl_dynamics.trajectories._meta import lens_note, stats_meta
 
 
@@ -37,10 +38,16 @@ class Trajectory(viz.Result):
         norm, cos_final: ``|z|`` and ``cos(z, z_final)`` per point.
         step, rel_step: ``|z^(p+1) - z^(p)|`` and that divided by ``|z^(p)|`` (``point - 1``).
         turning: angle in degrees between consecutive steps (``point - 2``).
-        rank: logit-lens rank of the true next token (0 = top-1), -1 without a next token.
+        rank: logit-lens rank of the true next token (0 = top-1), -1 without a next token or
+            where the lens was not read (``lens_cells``).
+        lens_top, lens_top_logit: ``[batch, point, pos, k]`` the lens's top ``k`` token ids and
+            their logits (-1 and NaN where it was not read); ``lens_words`` their strings.
+        lens_cells: ``[batch, point, pos]`` where the lens was read: the cells the view shows
+            (``lens="view"``) or every real token (``lens="full"``).
         cos_embed, dist_embed, cos_unembed, dist_unembed: the final-normalised state against
-            ``W_E[next]`` and ``W_U[:, next]``.
-        settling: first point from which the next token stays top-1; ``n_points`` if never.
+            ``W_E[next]`` and ``W_U[:, next]`` (``lens="full"`` only).
+        settling: first point from which the next token stays top-1; ``n_points`` if never
+            (``lens="full"`` only: it reads every point).
         cos_hist: pairwise-cosine counts in ``N_BINS`` fixed bins on [-1, 1].
         clusters: ``[batch, eps, point]`` connected components of ``cos > 1 - eps``;
             merges/splits: ``[batch, eps, point - 1]`` events between consecutive points.
@@ -81,6 +88,10 @@ class Trajectory(viz.Result):
     erank: Float[Tensor, "batch point"]
     stats: TrajectoryStats
     bos: tuple[bool, ...] = ()  # per prompt: its first real token is the tokenizer's BOS
+    lens_top: Int[Tensor, "batch point pos k"] | None = None
+    lens_top_logit: Float[Tensor, "batch point pos k"] | None = None
+    lens_cells: Bool[Tensor, "batch point pos"] | None = None
+    lens_words: dict[int, str] = field(default_factory=dict)
 
     @property
     def n_points(self) -> int:
@@ -107,25 +118,22 @@ class Trajectory(viz.Result):
             A pandas DataFrame with ``prompt, pos, token, bos`` (whether the prompt begins with
             the BOS token, beside its first token's statistics), ``point, norm, cos_final, step,
             rel_step, turning_deg`` (``point`` an ordered categorical in depth order) and, with the
-            lens, ``lens_rank`` (the logit-lens rank of the true next token), ``settling,
-            cos_embed, dist_embed, cos_unembed,
+            lens, ``lens_rank`` (the logit-lens rank of the true next token; -1 where there is
+            none or the lens was not read), ``lens_top1`` (the lens's top token id, -1 where not
+            read), ``settling`` (``lens="full"``), ``cos_embed, dist_embed, cos_unembed,
             dist_unembed``.
 
         Example:
             >>> from tl_dynamics import testing, trajectories
             >>> traj = trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x")
             >>> traj.to_dataframe().shape  # 8 tokens x 3 points
-            (24, 16)
+            (24, 12)
+            >>> trajectories.compute(testing.tiny_model("gpt2"), "def f(x): return x",
+            ...                      lens="full").to_dataframe().shape  # + settling, approach
+            (24, 17)
         """
         rows = []
-        lens = (
-            self.rank,
-            self.settling,
-            self.cos_embed,
-            self.dist_embed,
-            self.cos_unembed,
-            self.dist_unembed,
-        )
+        approach = ("cos_embed", "dist_embed", "cos_unembed", "dist_unembed")
         for b in range(self.tokens.shape[0]):
             for t in self.key_valid[b].nonzero().flatten().tolist():
                 for p in range(self.n_points):
@@ -141,23 +149,16 @@ class Trajectory(viz.Result):
                         "rel_step": float(self.rel_step[b, p - 1, t]) if p >= 1 else np.nan,
                         "turning_deg": float(self.turning[b, p - 2, t]) if p >= 2 else np.nan,
                     }
-                    rank, settling, cos_e, dist_e, cos_u, dist_u = lens  # all set with the lens
-                    if (
-                        rank is not None
-                        and settling is not None
-                        and cos_e is not None
-                        and dist_e is not None
-                        and cos_u is not None
-                        and dist_u is not None
-                    ):
-                        row.update(
-                            lens_rank=int(rank[b, p, t]),
-                            settling=int(settling[b, t]),
-                            cos_embed=float(cos_e[b, p, t]),
-                            dist_embed=float(dist_e[b, p, t]),
-                            cos_unembed=float(cos_u[b, p, t]),
-                            dist_unembed=float(dist_u[b, p, t]),
-                        )
+                    if self.rank is not None:  # -1: no next token, or the lens not read here
+                        row["lens_rank"] = int(self.rank[b, p, t])
+                    if self.lens_top is not None:
+                        row["lens_top1"] = int(self.lens_top[b, p, t, 0])
+                    if self.settling is not None:
+                        row["settling"] = int(self.settling[b, t])
+                    for name in approach:
+                        values = getattr(self, name)
+                        if values is not None:
+                            row[name] = float(values[b, p, t])
                     rows.append(row)
         frame = pd.DataFrame(rows)
         if len(frame):  # sorts in depth order (resid_pre0 before resid_post1)
@@ -198,11 +199,44 @@ class Trajectory(viz.Result):
             steps=self.step[row][:, real].T.numpy(),
             cos_final=self.cos_final[row][:, real].T.numpy(),
         )
-        return viz.group(*views.components, *self.stats.show().components, caption=views.caption)
+        lens = self._lens_view(row, real.tolist())
+        return viz.group(
+            *views.components, *lens, *self.stats.show().components, caption=views.caption
+        )
+
+    def _lens_view(self, row: int, real: list[int]) -> list[viz.Component]:
+        """The logit lens at the cells the view shows (``_lens.view_points`` x the last
+        ``VIEW_POSITIONS`` real positions of prompt ``row``), where it was read."""
+        if self.lens_top is None or self.lens_top_logit is None or self.rank is None:
+            return []
+        points = view_points(self.n_points)
+        shown = real[-VIEW_POSITIONS:]
+        if self.lens_cells is None or not bool(self.lens_cells[row][points][:, shown].all()):
+            return []
+        strs = self.str_tokens[row]
+        after = {t: real[i + 1] for i, t in enumerate(real[:-1])}
+        caption = (
+            f"logit lens, prompt {row}: the top token at each point (rows) and the last "
+            f"{len(shown)} positions (columns, 'position:token'), coloured by the rank of the true "
+            "next token (green: top-1, light green: top 5, yellow: top 100, red: below; none: "
+            "no next token); hover a cell for its top tokens and their logits"
+        )
+        return [
+            lens_view(
+                [self.labels[p] for p in points],
+                [f"{t}:{viz.visible_token(strs[t])}" for t in shown],
+                [strs[after[t]] if t in after else None for t in shown],
+                self.rank[row][points][:, shown].numpy(),
+                self.lens_top[row][points][:, shown].numpy(),
+                self.lens_top_logit[row][points][:, shown].numpy(),
+                self.lens_words,
+                caption,
+            )
+        ]
 
 
 def _pad(x: Tensor, valid: Tensor, fill: float) -> Tensor:
-    return torch.where(valid[:, None, :], x, torch.tensor(fill, dtype=x.dtype))
+    return x.masked_fill(~valid[:, None, :], fill)
 
 
 def build(
@@ -212,6 +246,8 @@ def build(
     (a forward pass ``attach`` saw without being told its tokens) every position is real and
     the token ids and strings are unknown (-1 and "")."""
     b, n_pos = raw["norm"].shape[0], raw["norm"].shape[2]
+    if "view_long" in raw:  # lens="view": its packed rows laid out as the full lens's arrays
+        raw = {**raw, **expand_view(raw, raw["norm"].shape[1])}
     if batch is None:
         valid = torch.ones(b, n_pos, dtype=torch.bool)
         tokens = torch.full((b, n_pos), -1, dtype=torch.long)
@@ -252,8 +288,27 @@ def build(
         erank=raw["erank"].float(),
         stats=reduce_batch(raw, valid, stats_meta(adapter, cfg, note)),
         bos=() if batch is None else batch.begins_with_bos(_bos_id(adapter)),
+        lens_top=raw.get("lens_top"),
+        lens_top_logit=raw.get("lens_top_logit"),
+        lens_cells=raw.get("lens_cells"),
+        lens_words=_view_words(adapter, raw, valid),
         **lens,
     )
+
+
+def _view_words(adapter: ModelAdapter, raw: dict[str, Tensor], valid: Tensor) -> dict[int, str]:
+    """The strings of the top tokens at the cells the view shows (what ``show`` writes)."""
+    top = raw.get("lens_top")
+    if top is None:
+        return {}
+    top, real = top.numpy(), valid.numpy()
+    points = view_points(top.shape[1])
+    ids: set[int] = set()
+    for row in range(top.shape[0]):
+        shown = np.flatnonzero(real[row])[-VIEW_POSITIONS:]
+        ids.update(int(t) for t in top[row][points][:, shown].reshape(-1) if t >= 0)
+    ordered = sorted(ids)
+    return dict(zip(ordered, adapter.decode(ordered)))
 
 
 def _bos_id(adapter: ModelAdapter) -> int | None:
@@ -277,7 +332,9 @@ _PADS = {
     "cos_unembed": math.nan,
     "dist_unembed": math.nan,
     "settling": -1,
+    "lens_cells": False,
 }
+_TOP = {"lens_top": -1, "lens_top_logit": math.nan}  # [batch, point, pos, k]: pos is dim 2
 _BY_PROMPT = ("cos_hist", "mean_cos", "clusters", "merges", "splits", "erank")
 
 
@@ -302,6 +359,15 @@ def join(parts: Sequence[Trajectory], stats: TrajectoryStats) -> Trajectory:
         fields[name] = None if values[0] is None else torch.cat([padded(v, fill) for v in values])
     for name in _BY_PROMPT:
         fields[name] = torch.cat([getattr(p, name) for p in parts])
+    for name, fill in _TOP.items():
+        values = [getattr(p, name) for p in parts]
+        fields[name] = (
+            None
+            if values[0] is None
+            else torch.cat([torch.nn.functional.pad(v, (0, 0, 0, n_pos - v.shape[2]), value=fill)
+                            for v in values])
+        )  # fmt: skip
+    fields["lens_words"] = {k: v for p in parts for k, v in p.lens_words.items()}
     rows = tuple(row + ("",) * (n_pos - len(row)) for p in parts for row in p.str_tokens)
     return Trajectory(
         architecture=first.architecture,

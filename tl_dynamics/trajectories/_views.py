@@ -38,7 +38,7 @@ def token_views(
                 + ", ".join(f"{i}={lab}" for i, lab in enumerate(labels)),
             )
         )
-    else:
+    elif lens_note:
         parts.append(viz.text(f"next-token statistics: {lens_note}"))
     parts.append(
         viz.colored_tokens_multi(
@@ -57,6 +57,77 @@ def token_views(
         )
     )
     return viz.group(*parts, caption=f"{architecture}: token trajectories, prompt {row}")
+
+
+# A lens cell's colour by the rank of the true next token (docs/math.md §5.3).
+RANK_COLOURS = ((0, "#59a14f"), (5, "#b6d7a8"), (100, "#ffe599"), (None, "#f4cccc"))
+
+
+def rank_colour(rank: int) -> str:
+    """The colour of a lens cell whose next token has ``rank`` ("" without one).
+
+    Example:
+        >>> rank_colour(0), rank_colour(3), rank_colour(-1)
+        ('#59a14f', '#b6d7a8', '')
+    """
+    if rank < 0:
+        return ""
+    return next(c for bound, c in RANK_COLOURS if bound is None or rank <= bound)
+
+
+def lens_view(
+    labels: Sequence[str],
+    columns: Sequence[str],
+    nexts: Sequence[str | None],
+    rank: np.ndarray,
+    top: np.ndarray,
+    top_logit: np.ndarray,
+    words: Mapping[int, str],
+    caption: str,
+) -> viz.Component:
+    """The logit lens at a grid of cells: one row per point (``labels``), one column per position
+    (``columns``, with its true next token ``nexts``; None: none), each cell its top token,
+    coloured by the next token's rank, its hover the top tokens and their logits (``rank
+    [point, pos]``, ``top``/``top_logit [point, pos, k]``, ``words``: id -> string).
+
+    Example:
+        >>> c = lens_view(["p0"], ["0:a"], ["b"], np.array([[0]]), np.array([[[7, 8]]]),
+        ...               np.array([[[2.0, 1.0]]]), {7: "b", 8: "c"}, "lens")
+        >>> 'style="background:#59a14f"' in c.html
+        True
+    """
+    cells, colours, titles = {}, {}, {}
+    for j, name in enumerate(columns):
+        shown, colour, title = [], [], []
+        for i in range(len(labels)):
+            ids = [int(t) for t in top[i, j] if t >= 0]
+            if not ids:
+                shown.append("")
+                colour.append("")
+                title.append("not read")
+                continue
+            shown.append(viz.visible_token(words.get(ids[0], str(ids[0]))))
+            colour.append(rank_colour(int(rank[i, j])))
+            tops = ", ".join(
+                f"{viz.visible_token(words.get(t, str(t)))} ({v:.2f})"
+                for t, v in zip(ids, top_logit[i, j])
+            )
+            nxt = nexts[j]
+            said = (
+                f"next token {viz.visible_token(nxt)} at rank {int(rank[i, j])}"
+                if nxt is not None and rank[i, j] >= 0
+                else "no next token"
+            )
+            title.append(f"{labels[i]}: {said}; top {len(ids)}: {tops}")
+        cells[name], colours[name], titles[name] = shown, colour, title
+    index = pd.Index(list(labels), name="point")
+    return viz.table(
+        pd.DataFrame(cells, index=index),
+        caption=caption,
+        max_rows=len(labels) + 1,
+        colours=pd.DataFrame(colours, index=index),
+        titles=pd.DataFrame(titles, index=index),
+    )
 
 
 def histogram_views(
