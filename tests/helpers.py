@@ -3,7 +3,6 @@
 import importlib.util
 import os
 import json
-import os
 import time
 from pathlib import Path
 
