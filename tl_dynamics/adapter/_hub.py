@@ -293,10 +293,11 @@ class Hub:
             ad.pass_weights(state is not None)
 
     def _open(self, batch: Batch | None) -> _Pass:
-        self._set_pass(_Pass(batch))
+        state = _Pass(batch)
+        self._set_pass(state)
         for c in list(self.collectors):
             c.start_pass(batch)
-        return self._pass
+        return state
 
     def _returned(self) -> None:
         """The model's own call returned: a pass still open never reached its end."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import torch
 from torch import Tensor
@@ -218,14 +218,14 @@ def row_facts(
         shape = (n_batch, n_heads, c, m)
         flat = (n_batch * n_heads, c, m)
         r = torch.bmm(qs[:, i0:i1], kt[:, :, j0:j1], out=scratch.get(0, flat)).view(shape)
-        add = None if clean else additive_h[..., i0:i1, j0:j1]
+        add = None if clean else cast(Tensor, additive_h)[..., i0:i1, j0:j1]
         if clean:  # keys j0 = 0 .. i1 - 1: the masked ones are j > i in the last c columns
             if c not in upper:
                 upper[c] = torch.ones(c, c, dtype=torch.bool, device=r.device).triu(1)
             s = r
             s[..., i0:i1].masked_fill_(upper[c], torch.finfo(r.dtype).min)
         else:
-            s = torch.add(r, add, out=scratch.get(1, shape))
+            s = torch.add(r, cast(Tensor, add), out=scratch.get(1, shape))
         # each row's top key under the real pattern: its log-mass, score and index (the row's
         # log-partition is r - log p at any allowed key; the top one loses no precision)
         if scratch.reuse:  # the CPU: the pattern in one pass, the top key's log-mass from it
@@ -253,21 +253,21 @@ def row_facts(
             )
             lik = None
         if prefix is None:
-            parts["lse_prior"].append(torch.logsumexp(pr + add, -1))
+            parts["lse_prior"].append(torch.logsumexp(pr + cast(Tensor, add), -1))
         parts["lse_lik"].append(scratch.lse_lik(s, pr, p, lse_c, p_min, j0, j1, lik, own=not clean))
         summed = torch.bmm(valid_rows[..., i0:i1], p.view(-1, c, m))  # [b * h, 1, m]
         column[..., j0:j1] += summed.view(n_batch, n_heads, m)
         # centred in place (the row means are known already): no cancellation in the moments
         allowed_c = None if allowed_h is None else allowed_h[..., i0:i1, j0:j1]
         if mean_r is None:
-            mean_c = scratch.vecdot(r, allowed_c) / n_safe[..., i0:i1]
+            mean_c = scratch.vecdot(r, cast(Tensor, allowed_c)) / n_safe[..., i0:i1]
             parts["mean_r"].append(mean_c)
         else:
             mean_c = mean_r[..., i0:i1]
         if clean:
             r.sub_(mean_c[..., None])[..., i0:i1].masked_fill_(upper[c], 0.0)
         else:
-            r.sub_(mean_c[..., None]).mul_(allowed_c)
+            r.sub_(mean_c[..., None]).mul_(cast(Tensor, allowed_c))
         parts["sum_sq"].append(torch.linalg.vector_norm(r, dim=-1).square())
         parts["cov_rp"].append(
             torch.bmm(r.view(-1, c, m), shifted_col[:, j0:j1]).view(n_batch, n_heads, c)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -33,7 +34,7 @@ class _Scratch:
             w = torch.exp(-shifted_prior).masked_fill_(~kv, 0.0)
             self.w_col = w.view(-1, w.shape[-1], 1)
             # the prior beside it: the pattern's two per-key products in one [.., 2] product
-            self.cols = torch.cat([prior.reshape(-1, w.shape[-1], 1), self.w_col], -1)
+            self.cols = torch.cat([cast(Tensor, prior).reshape(-1, w.shape[-1], 1), self.w_col], -1)
 
     def get(self, slot: int, shape: tuple[int, ...]) -> Tensor | None:
         if not self.reuse:

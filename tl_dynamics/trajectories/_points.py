@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -295,7 +295,7 @@ def _particles(cfg: Config, z: _Points, key_valid: Tensor, unit: _Points) -> dic
         if pending is not None and held + g * b > slots:
             last, held = flush(last), 0
         fits = pending is not None and g * b <= slots  # written where it waits for the trees
-        cos = sphere.cosines(u, out=pending[held : held + g * b] if fits else None)
+        cos = sphere.cosines(u, out=cast(Tensor, pending)[held : held + g * b] if fits else None)
         flat_pairs = pairs.expand(g, -1, -1, -1).reshape(g * b, n, n)
         out.setdefault("cos_hist", []).append(
             _cloud.cos_histogram(cos, flat_pairs).reshape(g, b, -1)
