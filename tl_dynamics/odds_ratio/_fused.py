@@ -94,4 +94,7 @@ def pass_group_sums(
     n_batch, n_pos, n_heads = q.shape[0], q.shape[1], q.shape[2]
     if launch_chunks(n_batch, n_heads, n_pos, layer_heads) > MAX_COMPILED_CHUNKS:
         return group_sums(q, k, masks, scale, layer_heads, n_layers, True)
+    # the launch-bound plan reads both masks: formed here, outside the compiled region (a
+    # functools.cached_property takes a lock that torch.compile cannot trace: it ran eagerly)
+    masks.allowed_f, masks.additive  # noqa: B018
     return GROUP_SUMS(q.device, q, k, masks, scale, layer_heads, n_layers, True)
