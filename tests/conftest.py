@@ -31,3 +31,12 @@ def no_ray_process_outlives_the_suite():
 
     left = processes_left(SUITE_MARK, ray_only=True)
     assert not left, f"Ray processes the suite started still run after it: {left}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs the suite on two pytest-xdist workers (``--dist loadgroup``): the tests
+    that start Ray share one group, so one worker runs them in turn, beside one module-scoped
+    cluster, and two clusters never start at once."""
+    for item in items:
+        if item.path.name == "test_scale_ray.py" or item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.xdist_group("ray"))

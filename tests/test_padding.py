@@ -79,6 +79,18 @@ def assert_close(
                 assert g[col].tolist() == w[col].tolist(), f"{where}: {col}"
 
 
+@pytest.fixture(autouse=True)
+def tokenizers_pad_on_the_right():
+    """The hosts' tokenizers pad on the right, as built (what these tests are about); a
+    ``padding_side`` another test's host call left on a shared model is undone for these."""
+    sides = {host: model_of(host).tokenizer.padding_side for host in HOSTS}
+    for host in HOSTS:
+        model_of(host).tokenizer.padding_side = "right"
+    yield
+    for host, side in sides.items():
+        model_of(host).tokenizer.padding_side = side
+
+
 @functools.lru_cache(maxsize=None)
 def alone(host: str, name: str) -> list[pd.DataFrame]:
     """Each text run on its own, one pass each."""

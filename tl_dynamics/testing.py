@@ -78,10 +78,19 @@ TOKENIZER_FILE = Path(__file__).parent / "data" / "test_tokenizer.json"
 def tokenizer():
     """The tiny models' byte-level BPE tokenizer (512 ids, shipped); pad = BOS = EOS = id 0.
 
+    One object per process, shared by its callers (do not mutate it). Each tiny model gets its
+    own copy, so what a model's host sets on its tokenizer (``padding_side`` among others) stays
+    with that model.
+
     Example:
         >>> len(tokenizer()), tokenizer().pad_token_id
         (512, 0)
     """
+    return _new_tokenizer()
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_folder() -> Path:
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
@@ -94,7 +103,14 @@ def tokenizer():
     # Round-trip through a folder: HookedTransformer re-loads tokenizers by name_or_path.
     folder = Path(tempfile.mkdtemp(prefix="tl_dynamics_tok_"))
     fast.save_pretrained(folder)
-    return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    return folder
+
+
+def _new_tokenizer():
+    """A fresh copy of the test tokenizer, as saved (it pads on the right)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(_tokenizer_folder()))
 
 
 def _quiet_transformers() -> None:
@@ -127,7 +143,7 @@ def hf_folder(arch: str, root: str | os.PathLike | None = None, seed: int = 0) -
 
     _quiet_transformers()
     config_name, model_name, kwargs = archs[arch]
-    tok = tokenizer()
+    tok = _new_tokenizer()  # as saved, whatever a model's host set on the shared one
     config = getattr(transformers, config_name)(
         vocab_size=len(tok), bos_token_id=0, eos_token_id=0, **kwargs
     )
@@ -191,7 +207,7 @@ def tiny_hooked(variant: str = "gpt2-like", **overrides: Any) -> Any:
     cfg = tl.HookedTransformerConfig(
         **{**HOOKED_VARIANTS[variant], **overrides}, d_vocab=len(tokenizer())
     )
-    model = tl.HookedTransformer(cfg, tokenizer=tokenizer())
+    model = tl.HookedTransformer(cfg, tokenizer=_new_tokenizer())  # its own: it sets its state
     return model.eval()
 
 
