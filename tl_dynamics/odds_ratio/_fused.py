@@ -96,5 +96,5 @@ def pass_group_sums(
         return group_sums(q, k, masks, scale, layer_heads, n_layers, True)
     # the launch-bound plan reads both masks: formed here, outside the compiled region (a
     # functools.cached_property takes a lock that torch.compile cannot trace: it ran eagerly)
-    masks.allowed_f, masks.additive  # noqa: B018
+    _ = (masks.allowed_f, masks.additive)
     return GROUP_SUMS(q.device, q, k, masks, scale, layer_heads, n_layers, True)
