@@ -244,7 +244,7 @@ def tiny_native(variant: str = "native", seed: int = 0) -> Any:
         architecture="TransformerLensNative", d_vocab=len(tokenizer()), **NATIVE_VARIANTS[variant]
     )
     torch.manual_seed(seed)
-    model = bridge_cls.boot_native(cfg, tokenizer=tokenizer(), model_name=variant)
+    model = bridge_cls.boot_native(cfg, tokenizer=_new_tokenizer(), model_name=variant)
     with torch.no_grad():
         for param in model.parameters():
             if param.ndim > 1:
