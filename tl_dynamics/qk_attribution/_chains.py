@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from tl_dynamics import viz
 from tl_dynamics.adapter import Batch, ModelAdapter, Prompt, shuffled_weights
@@ -17,31 +16,29 @@ from tl_dynamics.evidence import MIN_UNITS, N_BOOT, too_few
 from tl_dynamics.qk_attribution._edge import shape_of
 from tl_dynamics.qk_attribution._explain import edge_links, pass_of, trace
 from tl_dynamics.qk_attribution._prompts import PROMPTS_PER_PASS, prompt_interval
-from tl_dynamics.qk_attribution._result import FOCUS, check_positions
+from tl_dynamics.qk_attribution._result import check_positions, select_rows
 
 SHOWN = 6  # shapes named in the summary and the table, most frequent first
 
 
 def _rows(la: Any, row: int, head: int, positions: Any, prompt: int) -> list[tuple[int, int]]:
     """``[(dest, src)]``: the rows of prompt ``row`` of this pass (``prompt`` of all) that
-    ``positions`` selects (as ``QKAttribution.row_mask``), each at its most attended key."""
+    ``positions`` selects (``select_rows``, as ``QKAttribution.row_mask``; destination
+    positions past this pass's end are left out), each at its most attended key."""
     pattern = la.pattern()[row, head]  # [q, k]
     allowed = la.allowed[row]
-    valid = la.query_valid[row] & (allowed.sum(-1) >= 2)
+    n_keys = allowed.sum(-1)
+    valid = la.query_valid[row] & (n_keys >= 2)
     top_p, top = pattern.max(-1)
-    if positions is None:
-        keep = valid
-    elif isinstance(positions, str):  # "focused"
-        first = int(allowed.any(0).float().argmax())
-        keep = valid & (top != first) & (top_p * allowed.sum(-1) >= FOCUS)
-    else:
-        mask = np.zeros(valid.shape[0], dtype=bool)
-        if isinstance(positions, np.ndarray):
-            mask = positions if positions.ndim == 1 else positions[prompt]
-        else:
-            mask[[i for i in positions if i < valid.shape[0]]] = True
-        keep = valid & torch.as_tensor(np.asarray(mask, dtype=bool), device=valid.device)
-    return [(int(i), int(top[i])) for i in np.flatnonzero(keep.cpu().numpy())]
+    n = valid.shape[0]
+    if isinstance(positions, np.ndarray) and positions.ndim == 2:
+        positions = positions[prompt]
+    elif isinstance(positions, list):
+        positions = [i for i in positions if i < n]
+    first = np.array([[int(allowed.any(0).float().argmax())]])
+    base, chosen, chosen_p, keys = (t.cpu().numpy()[None] for t in (valid, top, top_p, n_keys))
+    keep = select_rows(base, chosen, chosen_p, keys, first, positions)[0]
+    return [(int(i), int(top[i])) for i in np.flatnonzero(keep)]
 
 
 def _shapes(

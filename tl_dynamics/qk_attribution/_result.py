@@ -56,6 +56,49 @@ def check_positions(positions: Any) -> Any:
     )
 
 
+def select_rows(
+    base: np.ndarray,
+    chosen: np.ndarray,
+    chosen_p: np.ndarray,
+    n_keys: np.ndarray,
+    first: np.ndarray,
+    positions: Any,
+) -> np.ndarray:
+    """``[batch, pos]`` bool: the rows of ``base`` (counted: valid, at least two keys) that
+    ``positions`` (checked by ``check_positions``) selects, given each row's most attended key
+    ``chosen``, its attention ``chosen_p``, the row's key count ``n_keys`` and each prompt's first
+    real position ``first`` (``[batch, 1]``). Destination positions past the last raise.
+
+    Example:
+        >>> base = np.ones((1, 3), dtype=bool)
+        >>> select_rows(base, np.array([[0, 0, 1]]), np.array([[1.0, 0.5, 0.9]]),
+        ...             np.array([[1, 2, 3]]), np.zeros((1, 1), int), "focused").tolist()
+        [[False, False, True]]
+    """
+    if positions is None:
+        return base
+    if isinstance(positions, str):  # "focused"
+        share = chosen_p * np.maximum(n_keys, 1.0)  # attention over the uniform share
+        return base & (chosen != first) & (share >= FOCUS)
+    if isinstance(positions, np.ndarray):
+        try:
+            return base & np.broadcast_to(positions, base.shape)
+        except ValueError as exc:
+            raise TLDynamicsError(
+                f"qk_attribution: a positions mask of shape {positions.shape} does not fit "
+                f"the rows {base.shape} (batch, pos)"
+            ) from exc
+    keep = np.zeros(base.shape[1], dtype=bool)
+    inside = [i for i in positions if i < base.shape[1]]
+    if len(inside) < len(positions):
+        raise TLDynamicsError(
+            f"qk_attribution: positions {sorted(set(positions) - set(inside))} are past the "
+            f"last position {base.shape[1] - 1}"
+        )
+    keep[inside] = True
+    return base & keep[None]
+
+
 def check_side(side: str, baseline: str) -> None:
     if side not in ("query", "key"):
         raise TLDynamicsError(f"qk_attribution: side {side!r}; valid: 'query', 'key'")
@@ -124,31 +167,11 @@ class QKAttribution(viz.Result):
             (10, 2)
         """
         r = self.rows[self._key(layer, head)]
-        base = r["rows"].astype(bool)
+        first = self.key_valid.argmax(-1)[:, None]  # the first real position of each prompt
         positions = check_positions(self.positions if positions is None else positions)
-        if positions is None:
-            return base
-        if isinstance(positions, str):  # "focused"
-            first = self.key_valid.argmax(-1)[:, None]  # the first real position of each prompt
-            share = r["chosen_p"] * np.maximum(r["n_keys"], 1.0)  # attention over uniform share
-            return base & (r["chosen"] != first) & (share >= FOCUS)
-        if isinstance(positions, np.ndarray):
-            try:
-                return base & np.broadcast_to(positions, base.shape)
-            except ValueError as exc:
-                raise TLDynamicsError(
-                    f"qk_attribution: a positions mask of shape {positions.shape} does not fit "
-                    f"the rows {base.shape} (batch, pos)"
-                ) from exc
-        keep = np.zeros(base.shape[1], dtype=bool)
-        inside = [i for i in positions if i < base.shape[1]]
-        if len(inside) < len(positions):
-            raise TLDynamicsError(
-                f"qk_attribution: positions {sorted(set(positions) - set(inside))} are past the "
-                f"last position {base.shape[1] - 1}"
-            )
-        keep[inside] = True
-        return base & keep[None]
+        return select_rows(
+            r["rows"].astype(bool), r["chosen"], r["chosen_p"], r["n_keys"], first, positions
+        )
 
     def lifts(
         self,
