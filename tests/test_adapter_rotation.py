@@ -125,6 +125,36 @@ def test_rotation_algebra():
     assert torch.allclose(R(9) @ R(4).T, R(5) * rotation.magnitude**2, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("rot", [16, 4])  # full and partial rotary of a 16-wide head
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_rotary_apply_is_the_one_expression_bit_for_bit(layout, rot, transpose, dtype):
+    """``_rotary.apply`` writes each half of a pair in place, a block at a time; it is the same
+    products and sums as ``x cos + turned(x) sin``, bit for bit, on parts that share the tables
+    (QK attribution's ``[part, batch, pos, head, d]``) and on tables with their own leading axis;
+    with a graph to record it takes the one expression (``out=`` records none)."""
+    from tl_dynamics.adapter import _rotary
+
+    gen = torch.Generator().manual_seed(0)
+    angles = torch.randn(3, 7, 1, rot // 2, generator=gen)
+    cos = _rotary.layout_order(torch.cos(angles), layout)
+    sin = _rotary.layout_order(torch.sin(angles), layout)
+    for x, c, s in (
+        (torch.randn(2000, 3, 7, 2, 16, generator=gen), cos, sin),  # many blocks, shared tables
+        (torch.randn(3, 7, 2, 16, generator=gen), cos[0], sin[0]),
+        (torch.randn(3, 7, 1, 16, generator=gen), cos, sin),  # tables with their own leading axis
+    ):
+        x = x.to(dtype)
+        got = _rotary.apply(x, c, s, layout, transpose)
+        s_t = -s if transpose else s
+        want = _rotary._apply_differentiable(x, c.to(dtype), s_t.to(dtype), layout)
+        assert got.shape == want.shape and torch.equal(got, want)
+    x = torch.randn(4, 7, 1, 16, requires_grad=True)
+    _rotary.apply(x, cos[0], sin[0], layout, transpose).square().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 def test_rotation_is_read_once_and_cached_per_layer():
     adapter = ModelAdapter(testing.cached_model("llama"))
     assert adapter.rotation(0) is adapter.rotation(0)

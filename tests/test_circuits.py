@@ -542,3 +542,19 @@ def test_k_circuit_of_an_untrained_induction_model_is_at_chance():
         for h in range(adapter.n_heads)
     ]
     assert max(fractions) < 0.2, fractions
+
+
+def test_weight_scores_are_computed_once_per_weights_version():
+    """The report's atlas and circuits sections read the same copying and positivity scores:
+    the second call is the first's result, and an in-place edit of the weights recomputes it."""
+    adapter = ModelAdapter(testing.tiny_model("gpt2"))
+    first = circuits.copying_scores(adapter)
+    assert circuits.copying_scores(adapter) is first
+    assert circuits.copying_scores(adapter, chance=False) is not first  # another key
+    qk = circuits.qk_positivity_scores(adapter)
+    assert circuits.qk_positivity_scores(adapter) is qk
+    with torch.no_grad():
+        adapter.W_V(1).mul_(-1.0)  # the weights themselves (W_V reads the model's tensor)
+    again = circuits.copying_scores(adapter)
+    assert again is not first
+    assert torch.allclose(again.scores[1], -first.scores[1], atol=1e-5)  # V -> -V flips copying

@@ -432,6 +432,25 @@ def test_from_head_maps_qk_ov_and_scale():
     assert run.params.source == hd.source and run.params.qkv == "custom"
 
 
+def test_a_heads_factored_ov_runs_the_dense_field():
+    """``kwargs()`` passes ``V`` as the head's ``(W_V, W_O)``: each step costs ``d_head`` per
+    value instead of ``d_model``, and the run is the dense ``V``'s (to rounding), one run or a
+    batch of them."""
+    stub, _ = _stub_head()
+    hd = from_head(stub, 2, 1, radius=2.0)
+    assert hd.V_factors is not None and hd.kwargs()["V"] is hd.V_factors
+    assert torch.allclose((hd.V_factors[0] @ hd.V_factors[1]).T, hd.V, atol=1e-15)
+    x0 = random_init(2, 5, 6, gen(23))
+    dense = simulate(x0, t_max=1.0, record_every=0.5, **{**hd.kwargs(), "V": hd.V})
+    factored = simulate(x0, t_max=1.0, record_every=0.5, **hd.kwargs())
+    assert torch.allclose(factored.states, dense.states, atol=1e-10)
+    runs = tuple(torch.stack([f, f]) for f in hd.V_factors)
+    batched = simulate(x0, hd.beta, torch.stack([hd.Q] * 2), torch.stack([hd.K] * 2), runs,
+                       t_max=1.0, record_every=0.5)  # fmt: skip
+    assert torch.allclose(batched.states, dense.states, atol=1e-10)
+    assert suggest_dt(hd.beta, hd.Q, hd.K, hd.V_factors) == suggest_dt(hd.beta, hd.Q, hd.K, hd.V)
+
+
 def test_from_head_rejects_inconsistent_weights():
     stub, w = _stub_head()
     w.W_O = torch.zeros(4, 6)
@@ -526,6 +545,15 @@ X0 = random_init(2, 4, 3, gen(25))
             dict(V=torch.eye(4)),
             r"V must have shape \[3, 3\] or \[2, 3, 3\] \(d = 3\), got \[4, 4\]",
         ),
+        (
+            dict(V=(torch.eye(3, 2), torch.eye(3))),
+            r"V's W_V must have shape \[3, 3\] or \[2, 3, 3\] \(d = 3\), got \[3, 2\]",
+        ),
+        (
+            dict(V=(torch.eye(4, 2), torch.eye(2, 4))),
+            r"V's W_O must have shape \[m, 3\] or \[2, m, 3\] \(d = 3\), got \[2, 4\]",
+        ),
+        (dict(V=(torch.eye(3),)), r"V must be a \[d, d\] tensor, None, or a head's \(W_V"),
         (dict(times=[0.0, 2.0, 1.0]), r"times must be finite, >= 0 and strictly increasing"),
         (
             dict(times=[0.0, 1.0], t_max=2.0),

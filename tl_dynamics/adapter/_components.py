@@ -212,21 +212,15 @@ class ResidualSplit:
             bases.append(None)
         for l in range(L):
             z, W_O, b_O = kept[l]["z"], kept[l]["W_O"], kept[l]["b_O"]
-            attn = torch.einsum("bihd,hdm->bim", z, W_O) + b_O
             for h in range(z.shape[2]):
                 coefs.append(z[:, :, h])
                 bases.append(W_O[h])
             if self.attn_bias[l]:
                 coefs.append(torch.ones(*z.shape[:2], 1, device=z.device))
                 bases.append(b_O[None])
-            if self.sequential[l]:
-                mid = kept[l]["resid_mid"]
-                errors[f"L{l} attention"] = _rel(attn, mid - pre[l], valid)
-                mlp = pre[l + 1] - mid
-            else:
-                mlp = pre[l + 1] - pre[l] - attn
-                if not self.mlp[l]:
-                    errors[f"L{l} attention"] = _rel(attn, pre[l + 1] - pre[l], valid)
+            mlp, err = self._layer_parts(kept[l], l, pre, valid)
+            if err is not None:
+                errors[f"L{l} attention"] = err
             if self.mlp[l]:
                 coefs.append(mlp)
                 bases.append(None)
@@ -251,6 +245,28 @@ class ResidualSplit:
         return Residual(
             L, self.names, self.kinds, coefs, bases, pre[L], scale, positions, valid, errors
         )
+
+    def _layer_parts(
+        self, part: dict[str, Tensor], l: int, pre: dict[int, Tensor], valid: Tensor
+    ) -> tuple[Tensor, float | None]:
+        """Layer ``l``'s MLP output (what its block added besides attention) and the relative
+        error of its attention output against the stream (None where no check applies). Formed
+        once per pass: kept in ``part`` (``kept[l]``, which every later layer's split of the pass
+        reads; qk_attribution splits up to 30 layers from one pass's ``kept``)."""
+        if "split mlp" not in part:
+            z, W_O, b_O = part["z"], part["W_O"], part["b_O"]
+            attn = torch.einsum("bihd,hdm->bim", z, W_O) + b_O
+            err: float | None = None
+            if self.sequential[l]:
+                mid = part["resid_mid"]
+                err = _rel(attn, mid - pre[l], valid)
+                mlp = pre[l + 1] - mid
+            else:
+                mlp = pre[l + 1] - pre[l] - attn
+                if not self.mlp[l]:
+                    err = _rel(attn, pre[l + 1] - pre[l], valid)
+            part["split mlp"], part["split error"] = mlp, err  # type: ignore[assignment]
+        return part["split mlp"], part["split error"]  # type: ignore[return-value]
 
     def run(self, prompt: Any) -> Residual:
         """One pass of the model on ``prompt``, kept and gathered: its ``Residual``.

@@ -235,6 +235,23 @@ class AdapterCore:
         a forward)."""
         self._pass_version = self._weights_version() if open_ else None
 
+    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()``, an analysis's value derived from the weights alone, computed once under
+        ``key`` and again only after the weights change (edited in place, or the bridge's
+        compatibility mode switched). The report's sections share the weights-only head scores
+        this way instead of computing them once per section.
+
+        Example:
+            >>> from tl_dynamics import testing
+            >>> from tl_dynamics.adapter import ModelAdapter
+            >>> ad = ModelAdapter(testing.cached_model("gpt2"))
+            >>> calls = []
+            >>> first = ad.memo(("norm of W_E",), lambda: calls.append(1) or float(ad.W_E.norm()))
+            >>> ad.memo(("norm of W_E",), lambda: calls.append(1) or 0.0) == first, len(calls)
+            (True, 1)
+        """
+        return self._cached(("memo", *key), compute)
+
     def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
         """``compute()``, read once under ``key`` and read again only when the weights changed
         (edited in place, or the bridge's compatibility mode switched)."""

@@ -43,19 +43,23 @@ class CopyReader:
         self.vocab_ok = bool(self.ids.max() < adapter.W_U.shape[1]) if self.ids.numel() else False
 
     def __call__(self, la: LayerAttention, tokens: Tensor) -> Tensor:
-        """``[batch, head]``: each head's ``copy_pass`` on the probes ``tokens`` ``[batch, pos]``."""
+        """``[batch, head]``: each head's ``copy_pass`` on the probes ``tokens`` ``[batch, pos]``.
+
+        The logits are read as ``v_j (W_O[h] W_dir)``: the head's ``[d_head, tokens]`` map is
+        formed once per layer (centred first for LayerNorm: ``(u - mean u) W = u (W - mean_rows
+        W)``), a tenth of the work of writing every ``u_j`` into ``d_model`` on SmolLM2."""
         v = la.v[:, self.start :]  # [b, n, h, d]
         t = tokens[:, self.start :].to(v.device).contiguous()
         own = torch.searchsorted(self.ids.to(v.device), t)  # index of t_j in the comparison set
         W = self.W.to(v.device)
+        if self.center:
+            W = W - W.mean(0, keepdim=True)
+        per_head = torch.einsum("hdm,mt->hdt", la.W_O.float(), W)  # [h, d_head, tokens]
         b, n, h, _ = v.shape
         flat_v, flat_own = v.reshape(b * n, h, -1), own.reshape(b * n)
         out = torch.empty(b * n, h, device=v.device)
         for s0 in range(0, b * n, SOURCE_CHUNK):
-            u = torch.einsum("shd,hdm->shm", flat_v[s0 : s0 + SOURCE_CHUNK], la.W_O.float())
-            if self.center:
-                u = u - u.mean(-1, keepdim=True)
-            logits = u @ W  # [s, h, tokens]
+            logits = torch.einsum("shd,hdt->sht", flat_v[s0 : s0 + SOURCE_CHUNK], per_head)
             idx = flat_own[s0 : s0 + SOURCE_CHUNK, None, None].expand(-1, h, 1)
             mine = logits.gather(-1, idx)
             out[s0 : s0 + SOURCE_CHUNK] = torch.sign(mine - logits).mean(-1)

@@ -208,6 +208,13 @@ def copying_scores(
     """
     adapter = ModelAdapter.of(model)
     layers = _checked_layers(adapter, layers)
+    key = ("copying_scores", tuple(layers), bool(biases), bool(chance))
+    return adapter.memo(key, lambda: _copying_scores(adapter, layers, biases, chance))
+
+
+def _copying_scores(
+    adapter: ModelAdapter, layers: list[int], biases: bool, chance: bool
+) -> HeadScores:
     E = _embedding(adapter, biases)
     if adapter.W_U.shape[1] != E.shape[0]:
         raise TLDynamicsError(
@@ -270,6 +277,13 @@ def qk_positivity_scores(
     """
     adapter = ModelAdapter.of(model)
     layers = _checked_layers(adapter, layers)
+    key = ("qk_positivity_scores", tuple(layers), offset, bool(biases), bool(chance))
+    return adapter.memo(key, lambda: _qk_positivity_scores(adapter, layers, offset, biases, chance))
+
+
+def _qk_positivity_scores(
+    adapter: ModelAdapter, layers: list[int], offset: int | None, biases: bool, chance: bool
+) -> HeadScores:
     E = _embedding(adapter, biases)
     gram = E.T @ E
     eig, used = [], None

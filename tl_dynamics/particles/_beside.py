@@ -277,7 +277,7 @@ def compute(
             torch.tensor([h.beta for h in dynamics]),
             torch.stack([h.Q for h in dynamics]),
             torch.stack([h.K for h in dynamics]),
-            torch.stack([h.V for h in dynamics]),
+            _stacked_values(dynamics),
             t_max=t_max,
             eps=eps,
             tol=tol,
@@ -293,6 +293,15 @@ def compute(
         run=run,
         zero_tokens=dropped,
     )
+
+
+def _stacked_values(dynamics: tuple[HeadDynamics, ...]) -> Any:
+    """Every run's ``V`` for ``simulate``: the heads' ``(W_V, W_O)`` stacked where all are
+    factored with one width, else the dense ``V`` matrices."""
+    factors = [h.V_factors for h in dynamics]
+    if all(f is not None for f in factors) and len({f[0].shape for f in factors if f}) == 1:
+        return tuple(torch.stack([f[i] for f in factors if f]) for i in (0, 1))
+    return torch.stack([h.V for h in dynamics])
 
 
 def beside_model(

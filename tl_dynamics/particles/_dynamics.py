@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -27,6 +28,7 @@ from tl_dynamics.particles._checks import (
     check_dynamics,
     check_matrix,
     check_states,
+    shape_str,
 )
 
 #: Largest beta * ||Q^T K||_2 for which exp() in (USA) cannot overflow, per dtype.
@@ -116,7 +118,9 @@ class Field:
 
     ``beta`` is a scalar or ``[runs, 1, 1]``; the score matrix is ``beta * x B x^T`` with
     ``B = Q^T K`` (``[d, d]`` or ``[runs, d, d]``), or ``beta * (x Q^T)(x K^T)^T`` when
-    ``Q, K`` are thin (``m < d``); ``Vt = V^T``. ``None`` stands for the identity.
+    ``Q, K`` are thin (``m < d``); ``Vt = V^T``, or its first factor when ``V`` was given as a
+    head's ``(W_V, W_O)`` (``V^T = W_V W_O`` = ``Vt @ Vo``, ``Vo`` its second). ``None`` stands
+    for the identity.
     """
 
     beta: Tensor
@@ -126,6 +130,7 @@ class Field:
     Vt: Tensor | None
     dynamics: str
     causal: bool
+    Vo: Tensor | None = None
 
     def select(self, idx: Tensor) -> "Field":
         """The same field restricted to the runs ``idx`` (per-run parameters are indexed)."""
@@ -140,6 +145,7 @@ class Field:
             Qt=pick(self.Qt),
             Kt=pick(self.Kt),
             Vt=pick(self.Vt),
+            Vo=pick(self.Vo),
         )
 
     def drive(self, x: Float[Tensor, "runs n d"]) -> Float[Tensor, "runs n d"]:
@@ -162,6 +168,8 @@ class Field:
             if self.causal:
                 w = w.masked_fill_(_upper(n, x.device), 0.0)
         vx = x if self.Vt is None else x @ self.Vt
+        if self.Vo is not None:  # the factored OV: weights on the d_head values, then W_O
+            return (w @ vx) @ self.Vo
         return w @ vx
 
 
@@ -183,7 +191,7 @@ def make_field(
     beta: float | Tensor,
     Q: Tensor | None,
     K: Tensor | None,
-    V: Tensor | None,
+    V: Tensor | tuple[Tensor, Tensor] | None,
     dynamics: str,
     causal: bool,
 ) -> Field | None:
@@ -196,7 +204,8 @@ def make_field(
     if (Q is None) != (K is None):
         p.add("Q and K must be given together (or both None for the identity)")
     ok = check_matrix(p, "Q", Q, d, None, runs) & check_matrix(p, "K", K, d, None, runs)
-    ok &= check_matrix(p, "V", V, d, d, runs)
+    V, Vo, ok_v = _value_map(p, V, d, runs)
+    ok &= ok_v
     if ok and Q is not None and K is not None and Q.shape[-2] != K.shape[-2]:
         p.add(
             f"Q and K must have the same number of rows m (scores are <Q x, K y>), got {list(Q.shape)} and {list(K.shape)}"
@@ -215,7 +224,10 @@ def make_field(
             B = Q.transpose(-1, -2) @ K
         else:
             Qt, Kt = Q.transpose(-1, -2), K.transpose(-1, -2)
-    Vt = None if V is None or _is_eye(V) else V.transpose(-1, -2)
+    if Vo is not None:  # factored: V is W_V, and x V^T = (x W_V) W_O
+        Vt, Vo = V, Vo.detach().to(dt)
+    else:
+        Vt = None if V is None or _is_eye(V) else V.transpose(-1, -2)
     if dynamics == "USA":
         qk = float(b.max()) * _opnorm(B, Qt, Kt)
         limit = USA_EXP_LIMIT[dt]
@@ -226,7 +238,28 @@ def make_field(
             )
             return None
     beta_t = b.to(dt).reshape(-1, 1, 1) if b.ndim == 1 else b.to(dt)
-    return Field(beta_t, B, Qt, Kt, Vt, dynamics, causal)
+    return Field(beta_t, B, Qt, Kt, Vt, dynamics, causal, Vo)
+
+
+def _value_map(p: Problems, V: Any, d: int, runs: int) -> tuple[Tensor | None, Tensor | None, bool]:
+    """``(V, None, ok)`` for a ``[d, d]`` ``V`` (or None), or ``(W_V, W_O, ok)`` for a head's OV
+    given as the pair ``(W_V [d, r], W_O [r, d])``, ``V = (W_V W_O)^T`` (each may carry a leading
+    ``runs`` axis)."""
+    if not isinstance(V, (tuple, list)):
+        return V, None, check_matrix(p, "V", V, d, d, runs)
+    if len(V) != 2 or not all(isinstance(m, Tensor) for m in V):
+        p.add("V must be a [d, d] tensor, None, or a head's (W_V [d, r], W_O [r, d]) pair")
+        return None, None, False
+    W_V, W_O = V
+    ok = check_matrix(p, "V's W_O", W_O, d, None, runs)
+    if ok and not check_matrix(p, "V's W_V", W_V, int(W_O.shape[-2]), d, runs):
+        ok = False
+    if ok and W_V.ndim != W_O.ndim:
+        p.add(
+            f"V's W_V and W_O must both have a runs axis or neither: {shape_str(W_V)}, {shape_str(W_O)}"
+        )
+        ok = False
+    return W_V, W_O, ok
 
 
 def _opnorm(B: Tensor | None, Qt: Tensor | None, Kt: Tensor | None) -> float:
@@ -244,7 +277,7 @@ def velocity(
     beta: float | Float[Tensor, " runs"] = 1.0,
     Q: Float[Tensor, "*runs m d"] | None = None,
     K: Float[Tensor, "*runs m d"] | None = None,
-    V: Float[Tensor, "*runs d d"] | None = None,
+    V: Float[Tensor, "*runs d d"] | tuple[Tensor, Tensor] | None = None,
     dynamics: str = "SA",
     causal: bool = False,
 ) -> Float[Tensor, "runs n d"]:
@@ -265,7 +298,7 @@ def suggest_dt(
     beta: float | Float[Tensor, " runs"] = 1.0,
     Q: Tensor | None = None,
     K: Tensor | None = None,
-    V: Tensor | None = None,
+    V: Tensor | tuple[Tensor, Tensor] | None = None,
     dynamics: str = "SA",
 ) -> float:
     """A fixed step for ``simulate(..., dt=...)``: ``dt = min(0.1, 0.25 / rate)``.
@@ -283,6 +316,8 @@ def suggest_dt(
     p = Problems("suggest_dt")
     check_dynamics(p, dynamics)
     b = check_beta(p, beta, None)
+    if isinstance(V, (tuple, list)) and len(V) == 2:  # a head's (W_V, W_O): V = (W_V W_O)^T
+        V = (V[0].to(torch.float64) @ V[1].to(torch.float64)).transpose(-1, -2)
     for name, m in (("Q", Q), ("K", K), ("V", V)):
         if m is not None and (not isinstance(m, torch.Tensor) or m.ndim not in (2, 3)):
             p.add(f"{name} must be None or a [m, d] / [runs, m, d] tensor, got {type(m).__name__}")

@@ -61,6 +61,8 @@ class HeadDynamics:
     """``Q, K, V, beta`` for :func:`simulate`, taken from one head, with provenance.
 
     ``Q, K: [d_head, d_model]``, ``V: [d_model, d_model]``; ``simulate(x0, **hd.kwargs())``.
+    ``V_factors``: ``(W_V [d_model, d_head], W_O [d_head, d_model])``, ``V = (W_V W_O)^T``,
+    which ``kwargs()`` passes so that a step costs ``d_head`` per value rather than ``d_model``.
     """
 
     Q: Float[Tensor, "d_head d_model"]
@@ -68,6 +70,7 @@ class HeadDynamics:
     V: Float[Tensor, "d_model d_model"]
     beta: float
     source: HeadSource
+    V_factors: tuple[Tensor, Tensor] | None = None
 
     @property
     def d(self) -> int:
@@ -84,8 +87,10 @@ class HeadDynamics:
         return self.V.transpose(-1, -2)
 
     def kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`simulate` (``beta, Q, K, V, source``)."""
-        return {"beta": self.beta, "Q": self.Q, "K": self.K, "V": self.V, "source": self.source}
+        """Keyword arguments for :func:`simulate` (``beta, Q, K, V, source``; ``V`` factored
+        where ``V_factors`` is known)."""
+        V = self.V if self.V_factors is None else self.V_factors
+        return {"beta": self.beta, "Q": self.Q, "K": self.K, "V": V, "source": self.source}
 
     def __repr__(self) -> str:
         s = self.source
@@ -187,6 +192,7 @@ def from_head(
         V=(WV @ WO).T.contiguous(),
         beta=scale * r * r,
         source=source,
+        V_factors=(WV.contiguous(), WO.contiguous()),
     )
 
 

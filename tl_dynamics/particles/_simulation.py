@@ -70,7 +70,7 @@ def simulate(
     beta: float | Float[Tensor, " runs"] = 1.0,
     Q: Float[Tensor, "*runs m d"] | None = None,
     K: Float[Tensor, "*runs m d"] | None = None,
-    V: Float[Tensor, "*runs d d"] | None = None,
+    V: Float[Tensor, "*runs d d"] | tuple[Tensor, Tensor] | None = None,
     *,
     dynamics: str = "SA",
     t_max: float | None = None,
@@ -92,7 +92,10 @@ def simulate(
         beta: inverse temperature, a number or a ``[runs]`` tensor (one per run).
         Q: ``[m, d]`` (or ``[runs, m, d]``); scores are ``beta <Q x_i, K x_j>``. ``None``: identity.
         K: ``[m, d]`` (or ``[runs, m, d]``), as ``Q``. ``None``: identity.
-        V: ``[d, d]`` (or ``[runs, d, d]``); values are ``V x_j``. ``None``: identity.
+        V: ``[d, d]`` (or ``[runs, d, d]``); values are ``V x_j``. ``None``: identity. Or a
+            head's OV in factored form, the pair ``(W_V [d, r], W_O [r, d])`` (each may carry the
+            ``runs`` axis): ``V = (W_V W_O)^T``, and each step costs ``r`` rather than ``d`` per
+            value (what ``HeadDynamics.kwargs()`` passes).
         dynamics: ``"SA"`` (softmax-normalised) or ``"USA"`` (unnormalised, ``1/n``).
         t_max: record until ``t_max`` (default 10), at ``0, record_every, ...`` and ``t_max``;
             or give ``times`` explicitly.
