@@ -60,11 +60,15 @@ RUN_ALL = """async () => {
   }
   await app.commands.execute('notebook:run-all-cells');
 }"""
+# Done when the kernel is idle with no cell queued, and every cell ran or one failed (run-all
+# stops at an error, leaving the later cells unrun: the error is then reported at once).
 DONE = """() => {
   const panel = window.jupyterapp.shell.currentWidget, kernel = panel.sessionContext.session?.kernel;
   const cells = panel.content.widgets.filter(c => c.model.type === 'code');
-  return kernel && kernel.status === 'idle' && cells.every(c => c.model.executionCount !== null
-    && !c.node.querySelector('.jp-InputArea-prompt')?.textContent.includes('*'));
+  const queued = cells.some(c => c.node.querySelector('.jp-InputArea-prompt')?.textContent.includes('*'));
+  const failed = cells.some(c => c.model.outputs.toJSON().some(o => o.output_type === 'error'));
+  return kernel && kernel.status === 'idle' && !queued
+    && (failed || cells.every(c => c.model.executionCount !== null));
 }"""
 OUTPUTS = """() => {
   const panel = window.jupyterapp.shell.currentWidget, out = {errors: [], views: 0, html: 0};

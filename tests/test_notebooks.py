@@ -1,7 +1,9 @@
 """The notebooks execute offline, top to bottom, with this checkout's package.
 
 ``sae.ipynb`` needs sae-lens, which needs TransformerLens 3.x: it is marked ``tl3`` and runs in
-``.venv-tl3`` (``make test-tl3``), and is skipped, saying so, in ``.venv``."""
+``.venv-tl3`` (``make test-tl3``), and is skipped, saying so, in ``.venv``. A notebook that
+``test_jupyterlab`` runs in the same session is executed there only (every cell from the UI, any
+error output fails it; ``conftest.py``): here it is skipped, saying so."""
 
 import os
 from pathlib import Path
