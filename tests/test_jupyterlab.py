@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from helpers import notebook_params
+from helpers import SMOLLM2, notebook_params
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -118,6 +118,7 @@ def lab(tmp_path_factory):
         JUPYTER_RUNTIME_DIR=str(folder / ".runtime"),
         HF_HUB_OFFLINE="1",
         JUPYTER_PLATFORM_DIRS="1",
+        TL_DYNAMICS_SMOLLM2=str(SMOLLM2),  # real_model.ipynb runs in a copy, away from ../.models
     )
     server = subprocess.Popen(
         [

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import notebook_params
+from helpers import SMOLLM2, notebook_params
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -21,6 +21,7 @@ nbclient = pytest.importorskip("nbclient", reason="nbclient is part of the test 
 @pytest.mark.parametrize("path", notebook_params(NOTEBOOKS))
 def test_notebook_executes(path, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TL_DYNAMICS_SMOLLM2", str(SMOLLM2))  # the notebook runs from tmp_path
     # the kernel imports this checkout's tl_dynamics, whatever the environment has installed
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
