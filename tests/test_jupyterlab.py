@@ -4,8 +4,10 @@ circuitsvis components mounted), with no page error, no error output and no requ
 leaves the machine. Views share one circuitsvis bundle per kernel session, so this is also the
 check that later outputs find the bundle an earlier one sent.
 
-Cost: all six notebooks in 100 s on a loaded 2-core machine (server and
-kernel start, the cells, the drawing).
+Where this test runs, it is the notebooks' one execution in the session (``test_notebooks``
+skips the ones run here: ``conftest.py``). Cost on the 2-core development machine: the nine
+notebooks of ``.venv`` in about 280 s of one worker (real_model.ipynb 62 s, attractors.ipynb 49 s;
+server and kernel start, the cells, the drawing).
 """
 
 import json
