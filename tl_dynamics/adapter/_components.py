@@ -22,7 +22,7 @@ from tl_dynamics.adapter._maps import bias_part, side_map, value_map
 from tl_dynamics.adapter._qkparts import frozen_parts, side_norms
 from tl_dynamics.adapter._saesplit import feature_residual, refuse_spliced_stream, sae_layer
 from tl_dynamics.adapter._splitrefusals import refuse_split
-from tl_dynamics.adapter._residual import Residual, relative_error as _rel
+from tl_dynamics.adapter._residual import Residual, layer_parts, relative_error as _rel
 from tl_dynamics.errors import TLDynamicsError
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class ResidualSplit:
             if self.attn_bias[l]:
                 coefs.append(torch.ones(*z.shape[:2], 1, device=z.device))
                 bases.append(b_O[None])
-            mlp, err = self._layer_parts(kept[l], l, pre, valid)
+            mlp, err = layer_parts(kept[l], l, pre, valid, self.sequential[l], self.mlp[l])
             if err is not None:
                 errors[f"L{l} attention"] = err
             if self.mlp[l]:
@@ -245,28 +245,6 @@ class ResidualSplit:
         return Residual(
             L, self.names, self.kinds, coefs, bases, pre[L], scale, positions, valid, errors
         )
-
-    def _layer_parts(
-        self, part: dict[str, Tensor], l: int, pre: dict[int, Tensor], valid: Tensor
-    ) -> tuple[Tensor, float | None]:
-        """Layer ``l``'s MLP output (what its block added besides attention) and the relative
-        error of its attention output against the stream (None where no check applies). Formed
-        once per pass: kept in ``part`` (``kept[l]``, which every later layer's split of the pass
-        reads; qk_attribution splits up to 30 layers from one pass's ``kept``)."""
-        if "split mlp" not in part:
-            z, W_O, b_O = part["z"], part["W_O"], part["b_O"]
-            attn = torch.einsum("bihd,hdm->bim", z, W_O) + b_O
-            err: float | None = None
-            if self.sequential[l]:
-                mid = part["resid_mid"]
-                err = _rel(attn, mid - pre[l], valid)
-                mlp = pre[l + 1] - mid
-            else:
-                mlp = pre[l + 1] - pre[l] - attn
-                if not self.mlp[l]:
-                    err = _rel(attn, pre[l + 1] - pre[l], valid)
-            part["split mlp"], part["split error"] = mlp, err  # type: ignore[assignment]
-        return part["split mlp"], part["split error"]  # type: ignore[return-value]
 
     def run(self, prompt: Any) -> Residual:
         """One pass of the model on ``prompt``, kept and gathered: its ``Residual``.

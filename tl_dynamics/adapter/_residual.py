@@ -18,6 +18,36 @@ def relative_error(a: Tensor, b: Tensor, valid: Tensor) -> float:
     return float(diff.abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
+def layer_parts(
+    part: dict[str, Tensor],
+    l: int,
+    pre: dict[int, Tensor],
+    valid: Tensor,
+    sequential: bool,
+    has_mlp: bool,
+) -> tuple[Tensor, float | None]:
+    """Layer ``l``'s MLP output (what its block added besides attention) and the relative error
+    of its attention output ``sum_h z_h W_O[h] + b_O`` against the stream (None where no check
+    applies), from ``part`` (``kept[l]`` of ``ResidualSplit.keep``). Formed once per pass and
+    kept in ``part``, which every later layer's split of the pass reads (QK attribution splits up
+    to 30 layers from one pass)."""
+    if "split mlp" not in part:
+        attn = torch.einsum("bihd,hdm->bim", part["z"], part["W_O"]) + part["b_O"]
+        err: float | None = None
+        if sequential:
+            mid = part["resid_mid"]
+            err = relative_error(attn, mid - pre[l], valid)
+            mlp = pre[l + 1] - mid
+        else:
+            mlp = pre[l + 1] - pre[l] - attn
+            if not has_mlp:
+                err = relative_error(attn, pre[l + 1] - pre[l], valid)
+        part["split mlp"] = mlp
+        part["split error"] = torch.tensor(float("nan") if err is None else err)
+    error = float(part["split error"])
+    return part["split mlp"], None if error != error else error
+
+
 @dataclass(frozen=True)
 class Residual:
     """The parts of the stream entering one layer on one pass, and the layer's frozen norm.
