@@ -43,9 +43,10 @@ def layer_parts(
             if not has_mlp:
                 err = relative_error(attn, pre[l + 1] - pre[l], valid)
         part["split mlp"] = mlp
-        part["split error"] = torch.tensor(float("nan") if err is None else err)
-    error = float(part["split error"])
-    return part["split mlp"], None if error != error else error
+        if err is not None:
+            part["split error"] = torch.tensor(err)
+    error = part.get("split error")
+    return part["split mlp"], None if error is None else float(error)
 
 
 @dataclass(frozen=True)

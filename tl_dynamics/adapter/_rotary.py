@@ -65,12 +65,11 @@ def apply(
     out = torch.empty(*shape, x.shape[-1], dtype=x.dtype, device=x.device)
     if rot < x.shape[-1]:
         out[..., rot:] = x[..., rot:]
-    blocks = x.ndim > 1 and x.shape[0] == out.shape[0]
+    blocks = x.ndim > 1 and x.shape[0] == out.shape[0]  # else one block: the whole of x
     step = max(1, BLOCK_BYTES // max(1, x[0].numel() * x.element_size())) if blocks else len(out)
-    for i in range(0, len(out) if out.ndim else 1, step):
-        if out.ndim == 0 or not blocks:
-            xi, oi, ci, si = x, out, cos, sin
-        else:
+    for i in range(0, len(out), step):
+        xi, oi, ci, si = x, out, cos, sin
+        if blocks:
             xi, oi = x[i : i + step], out[i : i + step]
             ci, si = (
                 t if t.ndim < x.ndim or t.shape[0] == 1 else t[i : i + step] for t in (cos, sin)

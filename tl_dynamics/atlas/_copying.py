@@ -38,7 +38,9 @@ class CopyReader:
     def __init__(self, adapter: ModelAdapter, probes: Probes):
         toks = probes.repeat.tokens[:, probes.offset :]
         self.ids = toks.reshape(-1).unique()  # the probe tokens, sorted: the comparison set
-        self.center, self.W = adapter.logit_directions(self.ids)
+        center, W = adapter.logit_directions(self.ids)
+        # centred once for LayerNorm: (u - mean u) W = u (W - mean over rows of W)
+        self.W = W - W.mean(0, keepdim=True) if center else W
         self.start = probes.offset + 1  # the positions after the first real one
         self.vocab_ok = bool(self.ids.max() < adapter.W_U.shape[1]) if self.ids.numel() else False
 
@@ -46,14 +48,12 @@ class CopyReader:
         """``[batch, head]``: each head's ``copy_pass`` on the probes ``tokens`` ``[batch, pos]``.
 
         The logits are read as ``v_j (W_O[h] W_dir)``: the head's ``[d_head, tokens]`` map is
-        formed once per layer (centred first for LayerNorm: ``(u - mean u) W = u (W - mean_rows
-        W)``), a tenth of the work of writing every ``u_j`` into ``d_model`` on SmolLM2."""
+        formed once per layer (from the directions, centred once for LayerNorm), a tenth of the
+        work of writing every ``u_j`` into ``d_model`` on SmolLM2."""
         v = la.v[:, self.start :]  # [b, n, h, d]
         t = tokens[:, self.start :].to(v.device).contiguous()
         own = torch.searchsorted(self.ids.to(v.device), t)  # index of t_j in the comparison set
         W = self.W.to(v.device)
-        if self.center:
-            W = W - W.mean(0, keepdim=True)
         per_head = torch.einsum("hdm,mt->hdt", la.W_O.float(), W)  # [h, d_head, tokens]
         b, n, h, _ = v.shape
         flat_v, flat_own = v.reshape(b * n, h, -1), own.reshape(b * n)
