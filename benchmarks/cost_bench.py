@@ -180,13 +180,32 @@ def run_rows(
         mems = {name: [peak_memory(fn, device)] for name, fn in rows.items()}  # after the times
     base_t = statistics.median(times["plain forward"])
     base_m = max(statistics.median(mems["plain forward"]), 1 << 20)
+    plain = times["plain forward"]
     print(f"\n## {title}  (load average {os.getloadavg()[0]:.2f}, clock {CLOCK})")
-    print("| run | median s | x plain | peak MB above start | extra vs forward's peak |")
-    print("|---|---|---|---|---|")
+    print(
+        "| run | median s | x plain | paired x plain (quartiles) | min / min | peak MB above "
+        "start | extra vs forward's peak |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name in rows:
         t, m = statistics.median(times[name]), statistics.median(mems[name])
         extra = (m - base_m) / base_m
-        print(f"| {name} | {t:.3f} | {t / base_t:.2f}x | {m / 2**20:.0f} | {extra:+.0%} |")
+        paired = _quartiles([a / b for a, b in zip(times[name], plain)])
+        print(
+            f"| {name} | {t:.3f} | {t / base_t:.2f}x | {paired} | "
+            f"{min(times[name]) / min(plain):.2f}x | {m / 2**20:.0f} | {extra:+.0%} |"
+        )
+
+
+def _quartiles(ratios: list[float]) -> str:
+    """``median (q1-q3)`` of each round's ratio to the plain forward of the same round. On the
+    2-core VM of benchmarks/README.md the plain forward's own CPU time moved from 0.76 to 1.25 s
+    over 10 rounds with nothing else running (SmolLM2, 1 x 256), so one row's median beside
+    another's says little; a ratio within a round cancels what the round shares."""
+    if len(ratios) < 4:
+        return f"{statistics.median(ratios):.2f}x"
+    q1, med, q3 = statistics.quantiles(ratios, n=4)
+    return f"{med:.2f}x ({q1:.2f}-{q3:.2f})"
 
 
 def profile_row(rows: dict[str, Callable[[], Any]], name: str | None, title: str) -> None:

@@ -75,6 +75,28 @@ def test_exact_sums_are_canonical_compact_and_correctly_rounded():
     assert math.isnan(v[0]) and v[1] == math.inf and math.isnan(v[2])
 
 
+def test_weighted_exact_sums_are_exact_up_to_the_weights_bound():
+    """``ExactSum.weighted`` (the bootstrap replicates) against exact rational arithmetic, with
+    column sums of the weights just under their bound (2**30) and values of both signs from
+    subnormal to 1e298: one limb more than the input's holds every carry, and the result is
+    canonical (equal to the same values summed by ``ExactSum.of``)."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 5)) * 10.0 ** rng.integers(-300, 290, size=(3, 5))
+    x[0, 0], x[1, 1], x[2, 2] = 5e-324, -1.7e298, 0.0
+    w = np.array([[2**29 - 1, 0, 7], [2**29, 1, 0], [0, 3, 2**29 + 2**28]])
+    got = ExactSum.of(torch.tensor(x)).weighted(w)
+    assert got.limbs.shape[0] <= ExactSum.of(torch.tensor(x)).limbs.shape[0] + 1
+    for c in range(w.shape[1]):
+        exact = [
+            sum(Fraction(int(w[n, c])) * Fraction(x[n, j]) for n in range(3)) for j in range(5)
+        ]
+        assert got.value()[c].tolist() == [float(v) for v in exact]  # rounded once, correctly
+    again = got + ExactSum.zeros(got.shape)  # canonical: forming it again changes no limb
+    assert again.exponent == got.exponent and np.array_equal(again.limbs, got.limbs)
+
+
 def test_corrupt_exact_arrays_are_refused():
     good = ExactSum.of(torch.tensor([1.5, -2.25], dtype=torch.float64)).arrays()
     bad = dict(good, limbs=np.concatenate([good["limbs"], np.zeros_like(good["limbs"])]))

@@ -60,8 +60,9 @@ def _canonical(exponent: int, limbs: np.ndarray) -> tuple[int, np.ndarray]:
         if not np.all(((t == 0) & (below < _HALF)) | ((t == -1) & (below >= _HALF))):
             break
         top -= 1
-    out = limbs[low:top].copy()
-    out[-1] = np.where(out[-1] >= _HALF, out[-1] - (1 << _BITS), out[-1])
+    out = limbs[low:top]  # every caller's own fresh array: a view, not a copy
+    last = out[-1]
+    np.subtract(last, 1 << _BITS, out=last, where=last >= _HALF)
     return exponent + _BITS * low, out
 
 
@@ -191,8 +192,12 @@ class ExactSum:
             )
         if self.special is not None:
             raise TLDynamicsError("ExactSum.weighted: the sums hold non-finite values")
-        limbs = np.einsum("ln...,nc->lc...", self.limbs, w.astype(np.int64))
-        limbs = np.concatenate([limbs, np.zeros((2,) + limbs.shape[1:], dtype=np.int64)])
+        # one limb more holds the carries: a limb below the top is < 2**32 and the top one
+        # < 2**31 in size, so with column sums of the weights < 2**30 every product sum is
+        # < 2**62 and the carry out of the top < 2**30
+        n_limbs = self.limbs.shape[0]
+        limbs = np.zeros((n_limbs + 1, w.shape[1]) + self.shape[1:], dtype=np.int64)
+        np.einsum("ln...,nc->lc...", self.limbs, w.astype(np.int64), out=limbs[:n_limbs])
         _carry(limbs)
         exponent, limbs = _canonical(self.exponent, limbs)
         return ExactSum((w.shape[1],) + self.shape[1:], exponent, limbs)
