@@ -10,6 +10,7 @@ peak memory from one more call), timed by the main thread's CPU time on one torc
     TL_DYNAMICS_SMOLLM2=.models/smollm2-135m python benchmarks/smollm2_bench.py --repeats 5
     python benchmarks/smollm2_bench.py --full       # also the full lens (minutes)
     python benchmarks/smollm2_bench.py --profile "all three attached, defaults"
+    python benchmarks/smollm2_bench.py --parts      # what each piece of the work costs
 """
 
 from __future__ import annotations
@@ -55,6 +56,69 @@ def rows(model, adapter: ModelAdapter, tokens: torch.Tensor, full: bool) -> dict
     return out
 
 
+def parts(model, adapter: ModelAdapter, tokens: torch.Tensor, repeats: int) -> None:
+    """CPU time of each piece of work the attached pass adds, each timed alone on this pass's
+    own states (median of ``repeats`` after a warm-up), beside the plain forward: where the
+    ratio goes, and which pieces are the statistics' own arithmetic (the effective rank's
+    float64 spectra, the lens view's vocabulary products)."""
+    import statistics
+
+    from tl_dynamics import sphere
+    from tl_dynamics.trajectories import _cloud, _collect, _lens, _points
+
+    def timed(fn) -> float:
+        times = []
+        with torch.no_grad():  # as cost_bench.measure
+            fn()
+            for _ in range(repeats):
+                start = time.thread_time()
+                fn()
+                times.append(time.thread_time() - start)
+        return statistics.median(times)
+
+    _, cache = model.run_with_cache(tokens)
+    n_layers = adapter.n_layers
+    zs = [cache[adapter.hook_name("resid_pre", layer)] for layer in range(n_layers)]
+    zs.append(cache[adapter.hook_name("resid_post", n_layers - 1)])
+    del cache
+    valid = torch.ones(tokens.shape, dtype=torch.bool)
+    targets = _points.next_tokens(tokens, valid)
+    cfg = _collect._config(adapter, None, sphere.TRAJECTORY_EPS_GRID, False, "view", None, False)
+    b, n = tokens.shape
+    z = _points._Points(zs, max(1, _points.CPU_POINT_BUDGET_BYTES // (8 * b * n * zs[0].shape[-1])))
+    res, unit = _points._elementwise(z, valid)
+    u = torch.stack([unit[i : i + 1][0] for i in range(len(zs))]).flatten(0, 1)
+    ud = u.double()
+    gram = _cloud._lower_gram(ud if n <= ud.shape[-1] else ud.transpose(1, 2))
+    odds = cost_bench._attached(model, tokens)(lambda: odds_ratio.attach(adapter))
+    forward = timed(lambda: model(tokens))
+    odds_pass = timed(odds)
+    pieces = {
+        "plain forward": forward,
+        "trajectories: every point's statistics (point_statistics)": timed(
+            lambda: _points.point_statistics(adapter, cfg, zs, valid, targets)
+        ),
+        "  per-token statistics (_elementwise)": timed(lambda: _points._elementwise(z, valid)),
+        "  the lens view (point_lens, 'view')": timed(
+            lambda: _lens.point_lens(adapter, "view", z, valid, targets)
+        ),
+        "  cosines, float32": timed(lambda: sphere.cosines(u)),
+        "  unit vectors to float64": timed(lambda: u.double()),
+        "  float64 Grams (lower triangle)": timed(
+            lambda: _cloud._lower_gram(ud if n <= ud.shape[-1] else ud.transpose(1, 2))
+        ),
+        "  float64 spectra (eigvalsh, one thread)": timed(
+            lambda: _cloud._eigvalsh_one_thread(gram)
+        ),
+        "odds_ratio: attached pass and result(), less the forward": odds_pass - forward,
+    }
+    print(f"\n## where the attached pass's own work goes ({b} x {n}, CPU s, one thread)")
+    print("| piece | CPU s | x plain forward |")
+    print("|---|---|---|")
+    for name, t in pieces.items():
+        print(f"| {name} | {t:.3f} | {t / forward:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -62,6 +126,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--full", action="store_true", help="also the rows with lens='full'")
     parser.add_argument("--profile", help="print a torch profiler table for the row of this name")
+    parser.add_argument("--parts", action="store_true", help="time each piece of the work alone")
     args = parser.parse_args()
     folder = os.environ.get("TL_DYNAMICS_SMOLLM2")
     if not folder or not Path(folder, "config.json").is_file():
@@ -80,6 +145,9 @@ def main() -> None:
         f"{torch.__version__}, 1 thread, {platform.machine()} with {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
+    if args.parts:
+        parts(model, adapter, tokens, args.repeats)
+        return
     table = rows(model, adapter, tokens, args.full)
     if args.profile:
         cost_bench.profile_row(table, args.profile, f"{args.batch} x {args.tokens}")
