@@ -89,7 +89,8 @@ def parts(model, adapter: ModelAdapter, tokens: torch.Tensor, repeats: int) -> N
     res, unit = _points._elementwise(z, valid)
     u = torch.stack([unit[i : i + 1][0] for i in range(len(zs))]).flatten(0, 1)
     ud = u.double()
-    gram = _cloud._lower_gram(ud if n <= ud.shape[-1] else ud.transpose(1, 2))
+    side = ud if n <= ud.shape[-1] else ud.transpose(1, 2)  # the smaller Gram, as rank_and_pair_sum
+    gram = _cloud._lower_gram(side)
     odds = cost_bench._attached(model, tokens)(lambda: odds_ratio.attach(adapter))
     forward = timed(lambda: model(tokens))
     odds_pass = timed(odds)
@@ -104,9 +105,7 @@ def parts(model, adapter: ModelAdapter, tokens: torch.Tensor, repeats: int) -> N
         ),
         "  cosines, float32": timed(lambda: sphere.cosines(u)),
         "  unit vectors to float64": timed(lambda: u.double()),
-        "  float64 Grams (lower triangle)": timed(
-            lambda: _cloud._lower_gram(ud if n <= ud.shape[-1] else ud.transpose(1, 2))
-        ),
+        "  float64 Grams (lower triangle)": timed(lambda: _cloud._lower_gram(side)),
         "  float64 spectra (eigvalsh, one thread)": timed(
             lambda: _cloud._eigvalsh_one_thread(gram)
         ),
